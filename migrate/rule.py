@@ -1,0 +1,122 @@
+"""The base of every rule: a batchable libcst visitor that reports findings, with or without a fix.
+
+All rules of a run visit one parsed module together, sharing one metadata resolution
+(the engine calls ``MetadataWrapper.visit_batched``). A rule never edits the tree itself:
+it reports ``(node, replacement)`` pairs and the imports the replacement needs, and the
+engine applies the fixes it is allowed to apply, then schedules the imports once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Union
+
+import libcst as cst
+from libcst.metadata import PositionProvider, QualifiedNameProvider
+
+from migrate.types import Safety
+
+Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
+
+
+@dataclass(frozen=True)
+class ImportChange:
+    """``import module`` (obj None) or ``from module import obj [as asname]``."""
+
+    module: str
+    obj: str | None = None
+    asname: str | None = None
+
+
+@dataclass
+class Report:
+    """What a rule found at one node; ``replacement`` is the fix, if the rule has one."""
+
+    code: str
+    node: cst.CSTNode
+    message: str
+    replacement: Replacement | None = None
+    safety: Safety = Safety.SAFE
+    fix_message: str = ""
+    add_imports: tuple[ImportChange, ...] = ()
+    remove_imports: tuple[ImportChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Source the rule must leave alone and report nothing on."""
+
+    code: str
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Source the rule must report; ``expected_replacement`` is the fixed source, if it fixes it.
+
+    ``unsafe_fixes`` says the replacement is only produced with unsafe fixes enabled.
+    """
+
+    code: str
+    expected_replacement: str | None = None
+    unsafe_fixes: bool = False
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule may know about the run: the file, and the options that change its output."""
+
+    filename: str = "<stdin>"
+    unsafe_fixes: bool = False
+    settings: dict = field(default_factory=dict)
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Subclass this, set ``CODE``, ``MESSAGE``, ``VALID`` and ``INVALID``, and call ``report``.
+
+    The class docstring is the rule's documentation, in this order: What it does, Why is this bad?,
+    Fix safety (and Options, References when there are any). ``--explain`` prints it with
+    ``INVALID[0]`` as the example, so the text cannot drift from the tests.
+    """
+
+    CODE: ClassVar[str] = ""
+    MESSAGE: ClassVar[str] = ""
+    VALID: ClassVar[list[Valid]] = []
+    INVALID: ClassVar[list[Invalid]] = []
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
+
+    def __init__(self, context: RuleContext | None = None) -> None:
+        super().__init__()
+        self.context = context or RuleContext()
+        self.reports: list[Report] = []
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__
+
+    @classmethod
+    def fixable(cls) -> bool:
+        """Worked out from the examples, never declared."""
+        return any(case.expected_replacement is not None for case in cls.INVALID)
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str | None = None,
+        *,
+        replacement: Replacement | None = None,
+        safety: Safety = Safety.SAFE,
+        fix_message: str = "",
+        add_imports: tuple[ImportChange, ...] = (),
+        remove_imports: tuple[ImportChange, ...] = (),
+    ) -> None:
+        self.reports.append(
+            Report(
+                code=self.CODE,
+                node=node,
+                message=message or self.MESSAGE,
+                replacement=replacement,
+                safety=safety,
+                fix_message=fix_message,
+                add_imports=tuple(add_imports),
+                remove_imports=tuple(remove_imports),
+            )
+        )
