@@ -12,27 +12,25 @@ def _randomize(module):
     return module
 
 
-def _grads(module, x, out):
-    g = torch.randn_like(out)
-    out.backward(g)
-    return [x.grad] + [p.grad for p in module.parameters()]
+def _assert_same_as_native(ours, native, x_shape):
+    """Same output and same gradients (input and parameters) as the native module."""
+    native.load_state_dict(ours.state_dict())
+    x = torch.randn(x_shape, requires_grad=True)
+    x_native = x.detach().clone().requires_grad_()
+    y, y_native = ours(x), native(x_native)
+    torch.testing.assert_close(y, y_native)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    y_native.backward(grad)
+    torch.testing.assert_close(x.grad, x_native.grad)
+    for p, p_native in zip(ours.parameters(), native.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, p_native.grad)
 
 
 @pytest.mark.parametrize("shape", [8, (3, 8)])
 def test_layer_norm_matches_torch_forward_and_backward(shape):
     torch.manual_seed(0)
-    ours = _randomize(FusedLayerNorm(shape))
-    ref = torch.nn.LayerNorm(shape)
-    ref.load_state_dict(ours.state_dict())
-    x = torch.randn(4, 3, 8, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_()
-    torch.manual_seed(1)
-    got = _grads(ours, x, ours(x))
-    torch.manual_seed(1)
-    want = _grads(ref, x_ref, ref(x_ref))
-    torch.testing.assert_close(ours(x), ref(x_ref))
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b)
+    _assert_same_as_native(_randomize(FusedLayerNorm(shape)), torch.nn.LayerNorm(shape), (4, 3, 8))
 
 
 def test_layer_norm_without_affine_matches_torch():
@@ -50,16 +48,8 @@ def test_layer_norm_without_affine_matches_torch():
 def test_rms_norm_matches_torch_forward_and_backward(affine):
     torch.manual_seed(0)
     ours = _randomize(FusedRMSNorm((3, 8), elementwise_affine=affine))
-    ref = torch.nn.RMSNorm((3, 8), eps=1e-5, elementwise_affine=affine)
-    ref.load_state_dict(ours.state_dict())
-    x = torch.randn(4, 3, 8, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_()
-    torch.manual_seed(1)
-    got = _grads(ours, x, ours(x))
-    torch.manual_seed(1)
-    want = _grads(ref, x_ref, ref(x_ref))
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b)
+    native = torch.nn.RMSNorm((3, 8), eps=1e-5, elementwise_affine=affine)
+    _assert_same_as_native(ours, native, (4, 3, 8))
 
 
 def test_rms_norm_follows_apexs_formula_with_fp32_variance():
