@@ -1,0 +1,38 @@
+import warnings
+
+import pytest
+import torch
+
+import ampshim.device as device
+
+
+def test_device_follows_the_first_floating_parameter():
+    model = torch.nn.Sequential(torch.nn.Embedding(3, 2), torch.nn.Linear(2, 2))
+    assert device.device_type_of(model) == "cpu"
+    assert device.device_type_of([model]) == "cpu"
+
+
+def test_cpu_half_is_bfloat16_with_one_warning_per_process(monkeypatch):
+    monkeypatch.setattr(device, "_warned_cpu", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert device.half_dtype("cpu") is torch.bfloat16
+        assert device.half_dtype("cpu") is torch.bfloat16
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "bfloat16" in messages[0]
+
+
+def test_cuda_half_is_float16_unless_asked_for_bfloat16(monkeypatch):
+    monkeypatch.delenv(device.DTYPE_ENV_VAR, raising=False)
+    assert device.half_dtype("cuda") is torch.float16
+    monkeypatch.setenv(device.DTYPE_ENV_VAR, "bfloat16")
+    assert device.half_dtype("cuda") is torch.bfloat16
+    monkeypatch.setenv(device.DTYPE_ENV_VAR, "int8")
+    with pytest.raises(ValueError, match="AMPSHIM_DTYPE='int8'"):
+        device.half_dtype("cuda")
+
+
+def test_resolve_dtype_maps_only_float16():
+    assert device.resolve_dtype(torch.float16, "cpu") is torch.bfloat16
+    assert device.resolve_dtype(torch.float32, "cpu") is torch.float32
+    assert device.resolve_dtype(None, "cpu") is None
