@@ -1,0 +1,153 @@
+"""The O1 handle: autocast scope, state restore, no stale weight casts, the 2018 handle API."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ampshim.handle import AmpHandle, NoOpHandle, init
+from ampshim.state import _amp_state
+
+LOW = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def clean_o1():
+    """Deactivate whatever handle a test made, so global autocast state does not leak."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the one-time "bfloat16 on CPU" notice
+        yield
+    if _amp_state.handle is not None:
+        _amp_state.handle._deactivate()
+    _amp_state.handle = None
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def o1(**kwargs):
+    return init(device_type="cpu", **kwargs)
+
+
+def test_init_turns_on_autocast_process_wide_with_cache_off():
+    handle = o1()
+    assert isinstance(handle, AmpHandle) and handle.is_active()
+    assert _amp_state.handle is handle
+    assert torch.is_autocast_enabled("cpu")
+    assert torch.get_autocast_dtype("cpu") == LOW
+    assert not torch.is_autocast_cache_enabled()
+    # Code outside any model (a metric, a loss) runs under autocast's policies too.
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert (a @ b).dtype == LOW
+    assert F.mse_loss(a.to(LOW), b.to(LOW)).dtype == torch.float32
+
+
+def test_disabled_init_returns_a_no_op_handle():
+    handle = init(enabled=False)
+    assert isinstance(handle, NoOpHandle) and not handle.is_active()
+    assert _amp_state.handle is handle
+    assert not torch.is_autocast_enabled("cpu")
+    loss = torch.tensor(2.0)
+    with handle.scale_loss(loss, None) as scaled:
+        assert scaled is loss
+
+
+def test_deactivate_restores_the_previous_autocast_state():
+    before = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+              torch.is_autocast_cache_enabled())
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        handle = o1()
+        handle._deactivate()
+        assert not handle.is_active()
+        assert torch.get_autocast_dtype("cpu") == torch.float16
+        assert not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_cache_enabled()
+        handle._deactivate()  # a second call changes nothing
+        assert not torch.is_autocast_enabled("cpu")
+    finally:
+        torch.set_autocast_dtype("cpu", before[1])
+
+
+def test_deactivate_inside_disable_casts_stays_deactivated():
+    handle = o1()
+    with handle._disable_casts():
+        handle._deactivate()
+    assert not torch.is_autocast_enabled("cpu") and not handle.is_active()
+
+
+def test_a_second_init_replaces_the_first_handle():
+    first = o1()
+    second = o1()
+    assert not first.is_active() and second.is_active()
+    second._deactivate()
+    assert not torch.is_autocast_enabled("cpu")  # not left on by the first handle
+
+
+def test_clear_cache_is_harmless():
+    handle = o1()
+    handle._clear_cache()
+    assert handle.is_active() and (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == LOW
+
+
+# --- no stale weight casts ------------------------------------------------------------------
+
+def _forward(model):
+    return model(torch.ones(1, 4)).float()
+
+
+def _edit_in_place(model):
+    with torch.no_grad():
+        model.weight.mul_(2.0)
+
+
+def _load_state_dict(model):
+    doubled = copy.deepcopy(model.state_dict())
+    doubled["weight"] = doubled["weight"] * 2.0
+    model.load_state_dict(doubled)
+
+
+def _optimizer_step(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.weight.grad = -model.weight.detach().clone()  # step doubles the weight
+    model.bias.grad = torch.zeros_like(model.bias)
+    with _amp_state.handle._disable_casts():
+        optimizer.step()
+
+
+@pytest.mark.parametrize("change", [_edit_in_place, _load_state_dict, _optimizer_step])
+def test_second_forward_sees_the_changed_weight(change):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    with torch.no_grad():
+        model.bias.zero_()
+    o1()
+    first = _forward(model)
+    change(model)
+    second = _forward(model)
+    assert torch.allclose(second, 2.0 * first, rtol=2e-2)
+
+
+def test_the_stale_weight_test_detects_a_cache():
+    # Control: with autocast's weight cache on, the same in-place edit goes unseen.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    o1()
+    torch.set_autocast_cache_enabled(True)
+    try:
+        first = _forward(model)
+        _edit_in_place(model)
+        assert torch.equal(_forward(model), first)
+    finally:
+        torch.clear_autocast_cache()
+        torch.set_autocast_cache_enabled(False)
+
+
+def test_eval_under_no_grad_then_train_still_reaches_the_weights():
+    model = nn.Linear(4, 3)
+    o1()
+    with torch.no_grad():
+        model(torch.ones(2, 4))
+    model(torch.ones(2, 4)).float().sum().backward()
+    assert model.weight.grad is not None
+    assert torch.count_nonzero(model.weight.grad) > 0
