@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+
+from migrate.types import ImportChange
 
 _RESOLVED = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
 
@@ -21,3 +24,33 @@ def resolves_to(visitor: cst.MetadataDependent, node: cst.CSTNode, *names: str) 
     """The first of ``names`` that ``node`` resolves to, or None."""
     found = qualified_names(visitor, node)
     return next((name for name in names if name in found), None)
+
+
+def import_binding(visitor: cst.MetadataDependent, name: cst.Name) -> ImportChange | None:
+    """The import statement that binds ``name`` where it is used, as an ``ImportChange``.
+
+    ``from torch.cuda import amp as A`` gives ``ImportChange("torch.cuda", "amp", "A")`` for ``A``;
+    ``import torch.cuda.amp`` gives ``ImportChange("torch.cuda.amp")`` for ``torch``. Hand it to
+    ``remove_imports`` once a fix no longer uses the name. None for local names and relative imports.
+    The visitor must declare ``ScopeProvider`` (``Rule`` does).
+    """
+    scope = visitor.get_metadata(ScopeProvider, name, None)
+    if scope is None:
+        return None
+    for assignment in scope[name.value]:
+        statement = getattr(assignment, "node", None)
+        if not isinstance(statement, (cst.Import, cst.ImportFrom)) or isinstance(statement.names, cst.ImportStar):
+            continue
+        if isinstance(statement, cst.ImportFrom) and (statement.relative or statement.module is None):
+            continue
+        for alias in statement.names:
+            bound = alias.evaluated_alias or (
+                alias.evaluated_name.split(".")[0] if isinstance(statement, cst.Import) else alias.evaluated_name
+            )
+            if bound != name.value:
+                continue
+            if isinstance(statement, cst.Import):
+                return ImportChange(alias.evaluated_name, None, alias.evaluated_alias)
+            module = get_full_name_for_node(statement.module)
+            return ImportChange(module, alias.evaluated_name, alias.evaluated_alias)
+    return None

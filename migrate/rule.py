@@ -7,24 +7,23 @@ engine applies the fixes it is allowed to apply, then schedules the imports once
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import Callable, ClassVar, Mapping, Union
 
 import libcst as cst
-from libcst.metadata import PositionProvider, QualifiedNameProvider
+from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from migrate.types import Safety
+from migrate.types import ImportChange, Safety  # ImportChange: re-exported for rules
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
 
-@dataclass(frozen=True)
-class ImportChange:
-    """``import module`` (obj None) or ``from module import obj [as asname]``."""
+class SkipFile(Exception):
+    """Raised by a rule that has nothing to do in this file (e.g. ``SkipFile("no apex import")``).
 
-    module: str
-    obj: str | None = None
-    asname: str | None = None
+    Only that rule stops: its reports for the file are dropped, the other rules go on.
+    """
 
 
 @dataclass
@@ -81,12 +80,34 @@ class Rule(cst.BatchableCSTVisitor):
     MESSAGE: ClassVar[str] = ""
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
-    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
+    # Words a file must contain (any one of them) for this rule to have anything to do: files
+    # with none of the selected rules' words are skipped unparsed. Empty: always parse.
+    TRIGGERS: ClassVar[tuple[str, ...]] = ()
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
     def __init__(self, context: RuleContext | None = None) -> None:
         super().__init__()
         self.context = context or RuleContext()
         self.reports: list[Report] = []
+        self.skipped: str | None = None  # the reason given with SkipFile, once raised
+
+    def get_visitors(self) -> Mapping[str, Callable]:
+        """The visit/leave methods, each stopping this rule alone when it raises ``SkipFile``."""
+        return {name: self._until_skipped(method) for name, method in super().get_visitors().items()}
+
+    def _until_skipped(self, method: Callable) -> Callable:
+        @functools.wraps(method)
+        def guarded(node: cst.CSTNode) -> None:
+            if self.skipped is not None:
+                return None
+            try:
+                return method(node)
+            except SkipFile as skip:
+                self.skipped = str(skip) or type(self).__name__
+                self.reports.clear()
+                return None
+
+        return guarded
 
     @classmethod
     def name(cls) -> str:

@@ -5,11 +5,25 @@ import enum
 from dataclasses import dataclass
 
 
+# Codes of the findings the tool itself makes about a file, rather than a rule.
+ERROR_CODE = "AMP900"  # the file could not be read, decoded, parsed or written
+INTERNAL_ERROR_CODE = "AMP901"  # a rule crashed, or its fixes gave code that does not compile
+
+
 class Safety(str, enum.Enum):
     """How far a fix may be trusted (Ruff's "applicability")."""
 
     SAFE = "safe"  # keeps behaviour: applied by default
     UNSAFE = "unsafe"  # may change behaviour: applied only with --unsafe-fixes
+
+
+@dataclass(frozen=True)
+class ImportChange:
+    """``import module`` (obj None) or ``from module import obj [as asname]``."""
+
+    module: str
+    obj: str | None = None
+    asname: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,3 +51,25 @@ class Diagnostic:
     end_location: Position
     fix: Fix | None = None
     applied: bool = False  # the fix was written (or would be, under --diff/--check)
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What a run did to one file.
+
+    ``source`` is the text read and ``new_source`` the text after the fixes allowed (the same
+    string when nothing changed); both are None when the file was not read through, or was
+    skipped because it cannot contain anything the selected rules look for. ``error`` says why a
+    file could not be read, decoded, parsed, fixed or written; such a file is left untouched.
+    """
+
+    filename: str
+    diagnostics: tuple[Diagnostic, ...] = ()
+    source: str | None = None
+    new_source: str | None = None
+    error: str | None = None
+    encoding: str = "utf-8"  # as found in the file; "utf-8-sig" keeps a byte-order mark
+
+    @property
+    def changed(self) -> bool:
+        return self.source is not None and self.new_source is not None and self.new_source != self.source

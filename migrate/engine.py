@@ -1,0 +1,220 @@
+"""Run rules over one file's text: one parse, one metadata resolution, fixes applied to a fixed point.
+
+Every round parses the current text once, lets all rules visit it together
+(``MetadataWrapper.visit_batched``), replaces the reported nodes whose fixes are allowed in one
+transformer pass (the outermost wins where fixes nest; the inner ones come back next round),
+then schedules the applied fixes' imports once. Rounds repeat on the new text until nothing
+changes, so a second run changes nothing. Output that does not compile is never returned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from migrate.rule import Replacement, Report, Rule, RuleContext
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
+
+_MAX_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """The text after fixes, the findings located in the original text, and an error if any."""
+
+    source: str
+    diagnostics: tuple[Diagnostic, ...]
+    error: str | None = None
+
+
+class _RoundFailed(Exception):
+    """A rule or a fix failed; the file keeps its original text."""
+
+
+def run_rules(
+    source: str,
+    filename: str,
+    rules: Sequence[type[Rule]],
+    *,
+    fix: bool = True,
+    unsafe_fixes: bool = False,
+    settings: dict | None = None,
+) -> EngineResult:
+    """Report what ``rules`` find in ``source`` and, if ``fix``, apply the fixes allowed.
+
+    Safe fixes are always allowed, unsafe ones only with ``unsafe_fixes``. Diagnostics carry
+    positions in ``source``; ``applied`` says whether their fix is in the returned text
+    (or would be, with ``fix=False``). A file with nothing to do comes back as the same string.
+    """
+    context = RuleContext(filename=filename, unsafe_fixes=unsafe_fixes, settings=dict(settings or {}))
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        message = f"cannot parse ({error.message}); fix the syntax error, then run again"
+        return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
+    try:
+        wrapper, reports = _visit(module, rules, context)
+    except _RoundFailed as failure:
+        return _failed(source, filename, INTERNAL_ERROR_CODE, str(failure))
+
+    positions = wrapper.resolve(PositionProvider)
+    diagnostics = tuple(_diagnostic(report, positions.get(report.node), filename, unsafe_fixes) for report in reports)
+    if not fix or not any(d.applied for d in diagnostics):
+        return EngineResult(source, diagnostics)
+
+    try:
+        fixed = _fix_to_fixed_point(wrapper, reports, rules, context)
+    except _RoundFailed as failure:
+        return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
+    if fixed == source:
+        return EngineResult(source, diagnostics)
+    problem = _compile_error(fixed, filename)
+    if problem is not None:
+        if _compile_error(source, filename) is not None:
+            return _failed(source, filename, ERROR_CODE, f"does not compile: {problem}", diagnostics=diagnostics)
+        message = f"the fixes produced code that does not compile ({problem}); the file was left unchanged"
+        return _failed(source, filename, INTERNAL_ERROR_CODE, message, diagnostics=diagnostics)
+    return EngineResult(fixed, diagnostics)
+
+
+def _visit(
+    module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext
+) -> tuple[MetadataWrapper, list[Report]]:
+    wrapper = MetadataWrapper(module)
+    visitors = [rule_class(context) for rule_class in rules]
+    try:
+        wrapper.visit_batched(visitors)
+    except Exception as error:  # a crashing rule must not cost the user their file
+        raise _RoundFailed(f"a rule crashed: {type(error).__name__}: {error}") from error
+    return wrapper, [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
+
+
+def _fix_to_fixed_point(
+    wrapper: MetadataWrapper, reports: list[Report], rules: Sequence[type[Rule]], context: RuleContext
+) -> str:
+    text = wrapper.module.code
+    for _ in range(_MAX_ROUNDS):
+        allowed = [r for r in reports if r.replacement is not None and _allowed(r.safety, context.unsafe_fixes)]
+        if not allowed:
+            return text
+        new_text = _apply(wrapper.module, allowed, context.filename)
+        if new_text == text:
+            return text
+        text = new_text
+        try:
+            wrapper, reports = _visit(cst.parse_module(text), rules, context)
+        except cst.ParserSyntaxError as error:
+            raise _RoundFailed(f"the fixes produced code that does not parse ({error.message})") from error
+    raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")
+
+
+def _apply(module: cst.Module, reports: list[Report], filename: str) -> str:
+    """Replace the reported nodes (by identity) in one pass, then schedule the imports once."""
+    replacer = _Replacer(reports)
+    try:
+        module = module.visit(replacer)
+    except Exception as error:
+        raise _RoundFailed(f"a fix could not be applied: {type(error).__name__}: {error}") from error
+    applied = [report for report in reports if id(report) in replacer.applied]
+    adds = _unique(imp for report in applied for imp in report.add_imports)
+    removes = _unique(imp for report in applied for imp in report.remove_imports)
+    if adds or removes:
+        module = _schedule_imports(module, adds, removes, filename)
+    return module.code
+
+
+class _Replacer(cst.CSTTransformer):
+    """Swaps each reported node for its replacement; nodes inside a replaced one are left alone."""
+
+    def __init__(self, reports: list[Report]) -> None:
+        super().__init__()
+        self._by_node: dict[int, Report] = {}
+        for report in reports:  # the first fix reported for a node wins
+            self._by_node.setdefault(id(report.node), report)
+        self.applied: set[int] = set()
+
+    def _report_for(self, node: cst.CSTNode) -> Report | None:
+        report = self._by_node.get(id(node))
+        return report if report is not None and report.node is node else None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self._report_for(node) is None
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
+        report = self._report_for(original_node)
+        if report is None:
+            return updated_node
+        self.applied.add(id(report))
+        return report.replacement
+
+
+def _schedule_imports(
+    module: cst.Module, adds: list[ImportChange], removes: list[ImportChange], filename: str
+) -> cst.Module:
+    # Imported here: libcst.codemod pulls in libcst.matchers, which costs a fifth of a second
+    # at start-up, and only files that change need it.
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
+    context = CodemodContext(filename=filename)
+    for imp in adds:
+        AddImportsVisitor.add_needed_import(context, imp.module, imp.obj, imp.asname)
+    for imp in removes:
+        RemoveImportsVisitor.remove_unused_import(context, imp.module, imp.obj, imp.asname)
+    if adds:
+        module = AddImportsVisitor(context).transform_module(module)
+    if removes:
+        module = RemoveImportsVisitor(context).transform_module(module)
+    return module
+
+
+def _unique(imports) -> list[ImportChange]:
+    return list(dict.fromkeys(imports))
+
+
+def _allowed(safety: Safety, unsafe_fixes: bool) -> bool:
+    return safety is Safety.SAFE or unsafe_fixes
+
+
+def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_fixes: bool) -> Diagnostic:
+    """``where`` is None for a node that is not in the parsed tree (a rule's mistake): file start."""
+    fix = None
+    if report.replacement is not None:
+        fix = Fix(applicability=report.safety, message=report.fix_message)
+    start = Position(where.start.line, where.start.column + 1) if where else Position(1, 1)
+    end = Position(where.end.line, where.end.column + 1) if where else Position(1, 1)
+    return Diagnostic(
+        code=report.code,
+        message=report.message,
+        filename=filename,
+        location=start,
+        end_location=end,
+        fix=fix,
+        applied=fix is not None and _allowed(report.safety, unsafe_fixes),
+    )
+
+
+def _compile_error(source: str, filename: str) -> str | None:
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        line = getattr(error, "lineno", None)
+        return f"{getattr(error, 'msg', error)} (line {line})" if line else str(error)
+    return None
+
+
+def _failed(
+    source: str,
+    filename: str,
+    code: str,
+    message: str,
+    where: tuple[int, int] = (1, 1),
+    diagnostics: tuple[Diagnostic, ...] = (),
+) -> EngineResult:
+    """The original text, untouched, with an error finding first and no fix marked applied."""
+    unapplied = tuple(replace(d, applied=False) for d in diagnostics)
+    at = Position(*where)
+    error = Diagnostic(code=code, message=message, filename=filename, location=at, end_location=at)
+    return EngineResult(source, (error, *unapplied), error=message)

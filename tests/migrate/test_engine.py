@@ -1,0 +1,215 @@
+"""The engine: one parse for all rules, fixes by node identity, imports scheduled once, never a broken file."""
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from migrate.engine import run_rules
+from migrate.rule import ImportChange, Invalid, Rule, SkipFile
+from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
+from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Position, Safety
+
+
+class PrintCall(Rule):
+    """Reports every ``print(...)`` call and has no fix: a report-only lint rule."""
+
+    CODE = "TST001"
+    MESSAGE = "print() in training code"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "print":
+            self.report(node)
+
+
+class RenameOld(Rule):
+    """Renames the name ``old`` to ``new``; unsafe when the module says ``UNSAFE = True``."""
+
+    CODE = "TST002"
+    MESSAGE = "old is renamed new"
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        self.unsafe = False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if any(isinstance(t.target, cst.Name) and t.target.value == "UNSAFE" for t in node.targets):
+            self.unsafe = True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "old":
+            safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
+            self.report(node, replacement=node.with_changes(value="new"), safety=safety, fix_message="rename")
+
+
+class WrapInList(Rule):
+    """Replaces ``wrap(x)`` by ``[x]``: nests, so an inner fix must wait for the outer one."""
+
+    CODE = "TST003"
+    MESSAGE = "wrap() is a list"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "wrap" and len(node.args) == 1:
+            self.report(node, replacement=cst.List([cst.Element(node.args[0].value)]))
+
+
+class UseOsPath(Rule):
+    """Replaces ``join(a, b)`` by ``os.path.join(a, b)``, scheduling ``import os`` and dropping ``from os.path import join``."""
+
+    CODE = "TST004"
+    MESSAGE = "use os.path.join"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "join":
+            self.report(
+                node,
+                replacement=node.with_changes(func=cst.parse_expression("os.path.join")),
+                add_imports=(ImportChange("os"),),
+                remove_imports=(ImportChange("os.path", "join"),),
+            )
+
+
+class BreaksCode(Rule):
+    """Replaces ``x = 1`` by a statement that parses with libcst but does not compile."""
+
+    CODE = "TST005"
+    MESSAGE = "x"
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if cst.Module([node]).code.strip() == "x = 1":
+            self.report(node, replacement=cst.parse_statement("return 1\n"))
+
+
+class Crashes(Rule):
+    CODE = "TST006"
+    MESSAGE = "x"
+
+    def visit_Name(self, node: cst.Name) -> None:
+        raise RuntimeError("boom")
+
+
+class NeedsMarker(Rule):
+    """Stops at once in files without a ``# marker`` comment, like a rule for files with no apex import."""
+
+    CODE = "TST007"
+    MESSAGE = "old name in a marked file"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        if "# marker" not in node.code:
+            raise SkipFile("no marker")
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "old":
+            self.report(node)
+
+
+class NeverSettles(Rule):
+    """Every round appends a statement: the engine must give up instead of looping."""
+
+    CODE = "TST008"
+    MESSAGE = "x"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.report(node, replacement=node.with_changes(body=[*node.body, cst.parse_statement("y = 1\n")]))
+
+
+def test_nothing_to_do_returns_the_same_string():
+    source = "import torch\r\n\r\nx = 1  # comment\r\n"
+    result = run_rules(source, "f.py", [PrintCall, RenameOld, DeprecatedCudaAutocast])
+    assert result.source is source
+    assert result.diagnostics == () and result.error is None
+
+
+def test_report_only_rule_reports_with_1_based_positions_and_no_fix():
+    result = run_rules("x = 1\nif x:\n    print(x)\n", "f.py", [PrintCall])
+    assert result.source == "x = 1\nif x:\n    print(x)\n"
+    [d] = result.diagnostics
+    assert (d.code, d.filename, d.location, d.end_location) == ("TST001", "f.py", Position(3, 5), Position(3, 13))
+    assert d.fix is None and not d.applied
+
+
+def test_all_rules_share_one_visit_and_fixes_from_several_rules_apply_together():
+    source = "import torch\nold = torch.cuda.amp.GradScaler()\nprint(old)\n"
+    result = run_rules(source, "f.py", [PrintCall, RenameOld, DeprecatedCudaGradScaler])
+    assert result.source == 'import torch\nnew = torch.amp.GradScaler("cuda")\nprint(new)\n'
+    assert sorted(d.code for d in result.diagnostics) == ["AMP021", "TST001", "TST002", "TST002"]
+    assert {d.code for d in result.diagnostics if d.applied} == {"AMP021", "TST002"}
+
+
+def test_unsafe_fixes_apply_only_when_asked():
+    source = "UNSAFE = True\nold = 1\n"
+    result = run_rules(source, "f.py", [RenameOld])
+    assert result.source == source
+    [d] = result.diagnostics
+    assert d.fix.applicability is Safety.UNSAFE and not d.applied
+    fixed = run_rules(source, "f.py", [RenameOld], unsafe_fixes=True)
+    assert fixed.source == "UNSAFE = True\nnew = 1\n" and fixed.diagnostics[0].applied
+
+
+def test_fix_false_reports_what_would_be_fixed_without_changing_anything():
+    result = run_rules("old = 1\n", "f.py", [RenameOld], fix=False)
+    assert result.source == "old = 1\n"
+    assert result.diagnostics[0].applied
+
+
+def test_nested_fixes_outermost_first_then_inner_in_a_later_round():
+    source = "value = wrap(wrap(wrap(1)))\n"
+    result = run_rules(source, "f.py", [WrapInList])
+    assert result.source == "value = [[[1]]]\n"
+    # positions are those of the original text: all three sites, as the user saw them
+    assert [d.location.column for d in result.diagnostics] == [9, 14, 19]
+    assert run_rules(result.source, "f.py", [WrapInList]).source == result.source
+
+
+def test_imports_are_scheduled_once_and_unused_ones_removed():
+    source = "from os.path import join\n\na = join('x', 'y')\nb = join('z', 'w')\n"
+    result = run_rules(source, "f.py", [UseOsPath])
+    assert result.source == "import os\n\na = os.path.join('x', 'y')\nb = os.path.join('z', 'w')\n"
+
+
+def test_imports_still_used_elsewhere_are_kept():
+    source = "from os.path import join\n\na = join('x', 'y')\nf = join\n"
+    result = run_rules(source, "f.py", [UseOsPath])
+    assert "from os.path import join\n" in result.source and "a = os.path.join('x', 'y')" in result.source
+
+
+def test_output_that_does_not_compile_is_discarded_with_an_internal_error():
+    source = "x = 1\nold = 2\n"
+    result = run_rules(source, "f.py", [BreaksCode, RenameOld])
+    assert result.source is source
+    assert result.diagnostics[0].code == INTERNAL_ERROR_CODE
+    assert "does not compile" in result.error
+    assert not any(d.applied for d in result.diagnostics)
+
+
+def test_a_crashing_rule_leaves_the_file_untouched():
+    result = run_rules("old = 1\n", "f.py", [Crashes, RenameOld])
+    assert result.source == "old = 1\n"
+    assert result.diagnostics[0].code == INTERNAL_ERROR_CODE and "RuntimeError: boom" in result.error
+
+
+def test_skip_file_stops_only_the_rule_that_raised_it():
+    result = run_rules("old = 1\nprint(old)\n", "f.py", [NeedsMarker, PrintCall])
+    assert [d.code for d in result.diagnostics] == ["TST001"]
+    marked = run_rules("# marker\nold = 1\n", "f.py", [NeedsMarker])
+    assert [d.code for d in marked.diagnostics] == ["TST007"]
+
+
+def test_fixes_that_never_settle_are_abandoned():
+    result = run_rules("x = 0\n", "f.py", [NeverSettles])
+    assert result.source == "x = 0\n"
+    assert result.diagnostics[0].code == INTERNAL_ERROR_CODE and "did not settle" in result.error
+
+
+def test_syntax_error_is_a_file_error_at_its_line():
+    result = run_rules("x = 1\ndef f(:\n    pass\n", "bad.py", [RenameOld])
+    [d] = result.diagnostics
+    assert d.code == ERROR_CODE and d.location.row == 3 and "cannot parse" in d.message
+    assert result.source == "x = 1\ndef f(:\n    pass\n"
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_line_endings_and_comments_elsewhere_are_kept(newline):
+    source = newline.join(["import torch  # keep me", "", "# and me", "s = torch.cuda.amp.GradScaler()", ""])
+    result = run_rules(source, "f.py", [DeprecatedCudaGradScaler])
+    assert result.source == source.replace("torch.cuda.amp.GradScaler()", 'torch.amp.GradScaler("cuda")')

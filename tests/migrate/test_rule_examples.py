@@ -1,0 +1,60 @@
+"""Every catalogue rule's VALID/INVALID examples, run through the engine: the examples are the tests."""
+from __future__ import annotations
+
+import pytest
+
+from migrate.engine import run_rules
+from migrate.rule import Rule
+from migrate.rules import all_rules
+
+_RULES = all_rules()
+
+
+def _cases(kind: str):
+    return [
+        pytest.param(rule, case, id=f"{rule.CODE}-{rule.name()}-{kind}{index}")
+        for rule in _RULES
+        for index, case in enumerate(getattr(rule, kind))
+    ]
+
+
+def _compiles(source: str) -> None:
+    compile(source, "<example>", "exec", dont_inherit=True)
+
+
+@pytest.mark.parametrize(("rule", "case"), _cases("VALID"))
+def test_valid_example_is_left_alone(rule, case):
+    for unsafe_fixes in (False, True):
+        result = run_rules(case.code, "example.py", [rule], unsafe_fixes=unsafe_fixes)
+        assert result.diagnostics == (), f"{rule.CODE} reported on VALID code:\n{case.code}"
+        assert result.source == case.code
+
+
+@pytest.mark.parametrize(("rule", "case"), _cases("INVALID"))
+def test_invalid_example_is_reported_and_fixed_as_documented(rule, case):
+    result = run_rules(case.code, "example.py", [rule], unsafe_fixes=case.unsafe_fixes)
+    assert result.error is None, result.error
+    assert any(d.code == rule.CODE for d in result.diagnostics), f"{rule.CODE} missed INVALID code:\n{case.code}"
+    expected = case.code if case.expected_replacement is None else case.expected_replacement
+    assert result.source == expected
+    _compiles(result.source)
+    again = run_rules(result.source, "example.py", [rule], unsafe_fixes=case.unsafe_fixes)
+    assert again.source == result.source, "a second run changed the output again"
+    if case.unsafe_fixes and case.expected_replacement is not None:
+        assert run_rules(case.code, "example.py", [rule]).source == case.code, "an unsafe fix applied by default"
+
+
+def test_catalogue_holds_every_rule_module_with_unique_codes_and_documentation():
+    assert _RULES, "the catalogue is empty"
+    codes = [rule.CODE for rule in _RULES]
+    assert len(codes) == len(set(codes))
+    for rule in _RULES:
+        assert issubclass(rule, Rule) and rule.MESSAGE and rule.INVALID, rule
+        assert not rule.__name__.endswith("Rule"), f"{rule.__name__}: name the pattern, without a Rule suffix"
+        for heading in ("What it does", "Why is this bad?", "Fix safety"):
+            assert heading in (rule.__doc__ or ""), f"{rule.__name__} docstring lacks {heading!r}"
+
+
+def test_catalogue_finds_the_deprecated_spelling_rules_by_import():
+    codes = {rule.CODE for rule in _RULES}
+    assert {"AMP020", "AMP021", "AMP022"} <= codes
