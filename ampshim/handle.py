@@ -1,4 +1,4 @@
-"""The O1 handle: ``amp.init()`` and the ``AmpHandle``/``NoOpHandle`` it returns.
+"""The O1 handle: ``amp.init()``, the ``AmpHandle``/``NoOpHandle`` it returns, ``OptimWrapper``.
 
 ``amp.initialize(..., opt_level="O1")`` calls :func:`init`; 2018-era scripts call ``amp.init()``
 themselves and use the returned handle's ``scale_loss``. The handle owns one activation of O1:
@@ -16,9 +16,11 @@ import torch
 
 from ampshim import casting
 from ampshim.device import device_type_of, half_dtype
+from ampshim.optimizer import _stash_grads, _unscale_and_restore_stash
+from ampshim.scaler import LossScaler
 from ampshim.state import _amp_state, maybe_print
 
-__all__ = ["init", "AmpHandle", "NoOpHandle"]
+__all__ = ["init", "AmpHandle", "NoOpHandle", "OptimWrapper"]
 
 
 def init(enabled=True, loss_scale="dynamic", enable_caching=True, verbose=False,
@@ -136,6 +138,18 @@ class AmpHandle:
     def verbose(self):
         return self._verbose
 
+    def wrap_optimizer(self, optimizer, num_loss=1):
+        """Wrap ``optimizer`` in the legacy :class:`OptimWrapper` (one dynamic scaler per loss).
+
+        Afterwards use ``optimizer.scale_loss(loss)`` instead of ``handle.scale_loss``.
+
+        Args:
+            optimizer (torch.optim.Optimizer): the optimizer to wrap.
+            num_loss (int, optional, default=1): backward passes per ``step()``.
+        """
+        self._default_scaler = None
+        return OptimWrapper(optimizer, self, num_loss)
+
     def __repr__(self):
         state = "active" if self._is_active else "inactive"
         return f"AmpHandle({state}, device_type={self.device_type!r}, dtype={self.dtype})"
@@ -156,6 +170,9 @@ class NoOpHandle:
     def _disable_casts(self):
         yield
 
+    def wrap_optimizer(self, optimizer, num_loss=1):
+        return OptimWrapper(optimizer, self, num_loss)
+
     @contextlib.contextmanager
     def scale_loss(self, loss, optimizer):
         yield loss
@@ -168,3 +185,93 @@ class NoOpHandle:
 
     def __repr__(self):
         return "NoOpHandle()"
+
+
+class OptimWrapper:
+    """The 2018 optimizer wrapper returned by ``handle.wrap_optimizer`` (apex's ``amp.opt``).
+
+    Each of the ``num_loss`` backward passes between two ``step()`` calls has its own dynamic
+    loss scaler, in call order. After each ``scale_loss`` block the gradients are unscaled and
+    added to those of the earlier losses; ``step()`` is skipped if any of them overflowed.
+    Everything else is forwarded to the wrapped optimizer.
+
+    Example::
+
+        >>> amp_handle = amp.init()
+        >>> optimizer = amp_handle.wrap_optimizer(optimizer, num_loss=2)
+        >>> for loss in (loss_a, loss_b):
+        ...     with optimizer.scale_loss(loss) as scaled_loss:
+        ...         scaled_loss.backward()
+        >>> optimizer.step()
+
+    Args:
+        optimizer (torch.optim.Optimizer): the optimizer to wrap.
+        amp_handle (AmpHandle or NoOpHandle): the handle from ``amp.init()``.
+        num_loss (int): backward passes per ``step()``.
+    """
+
+    def __init__(self, optimizer, amp_handle, num_loss):
+        self._optimizer = optimizer
+        self._amp_handle = amp_handle
+        self._num_loss = num_loss
+        self._loss_idx = 0
+        self._skip_next = [False] * num_loss
+        self._loss_scaler = [LossScaler("dynamic") for _ in range(num_loss)]
+
+    @contextlib.contextmanager
+    def scale_loss(self, loss):
+        """Yield ``loss`` times the current loss's scale; unscale and accumulate at exit."""
+        if not self._amp_handle.is_active():
+            yield loss
+            return
+        if self._loss_idx >= self._num_loss:
+            raise RuntimeError(
+                f"scale_loss() was called {self._loss_idx + 1} times since the last step(), but "
+                f"the optimizer was wrapped with num_loss={self._num_loss}. Pass the number of "
+                f"backward passes per step: handle.wrap_optimizer(optimizer, "
+                f"num_loss={self._loss_idx + 1}).")
+        scaler = self._loss_scaler[self._loss_idx]
+        params = [param for group in self._optimizer.param_groups for param in group["params"]]
+        stash = [None] * len(params)
+        _stash_grads(params, stash)  # grads of earlier losses are already unscaled
+        with self._amp_handle._disable_casts():  # backward runs outside autocast
+            yield loss.float() * scaler.loss_scale()
+        scaler.clear_overflow_state()
+        _unscale_and_restore_stash(scaler, params, stash)
+        self._skip_next[self._loss_idx] = scaler.update_scale()
+        self._loss_idx += 1
+
+    def step(self, closure=None):
+        """Step the wrapped optimizer with casts disabled, unless a loss overflowed since the last step."""
+        if not self._amp_handle.is_active():
+            return self._optimizer.step(closure=closure)
+        self._loss_idx = 0
+        if closure is not None:
+            raise NotImplementedError(
+                "The `closure` argument is unsupported by the amp optimizer wrapper.")
+        if any(self._skip_next):
+            maybe_print("Gradient overflow, skipping update")
+            self._skip_next = [False] * self._num_loss
+            return None
+        with self._amp_handle._disable_casts():
+            return self._optimizer.step()
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self._optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, *args, **kwargs):
+        return self._optimizer.zero_grad(*args, **kwargs)
+
+    def add_param_group(self, param_group):
+        return self._optimizer.add_param_group(param_group)
+
+    def __getattr__(self, name):
+        if name == "_optimizer":  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __repr__(self):
+        return f"OptimWrapper({self._optimizer!r}, num_loss={self._num_loss})"

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ampshim.handle import AmpHandle, NoOpHandle, init
+from ampshim.handle import AmpHandle, NoOpHandle, OptimWrapper, init
 from ampshim.state import _amp_state
 
 LOW = torch.bfloat16
@@ -151,3 +151,72 @@ def test_eval_under_no_grad_then_train_still_reaches_the_weights():
     model(torch.ones(2, 4)).float().sum().backward()
     assert model.weight.grad is not None
     assert torch.count_nonzero(model.weight.grad) > 0
+
+
+# --- the legacy OptimWrapper ----------------------------------------------------------------
+
+def _weight_and_wrapper(handle, num_loss):
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = handle.wrap_optimizer(torch.optim.SGD([weight], lr=1.0), num_loss=num_loss)
+    return weight, optimizer
+
+
+def _backward(optimizer, loss):
+    with optimizer.scale_loss(loss) as scaled_loss:
+        assert not torch.is_autocast_enabled("cpu")  # backward runs outside autocast
+        scaled_loss.backward()
+
+
+def test_optim_wrapper_accumulates_unscaled_grads_of_each_loss():
+    weight, optimizer = _weight_and_wrapper(o1(), num_loss=2)
+    assert isinstance(optimizer, OptimWrapper)
+    optimizer.zero_grad()
+    _backward(optimizer, (weight * 2.0).sum())
+    assert torch.equal(weight.grad, torch.full((3,), 2.0))
+    _backward(optimizer, (weight * 3.0).sum())
+    assert torch.equal(weight.grad, torch.full((3,), 5.0))
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.full((3,), -4.0))
+    assert [scaler.loss_scale() for scaler in optimizer._loss_scaler] == [2.0 ** 16] * 2
+
+
+def test_optim_wrapper_skips_the_step_after_an_overflow_in_any_loss():
+    weight, optimizer = _weight_and_wrapper(o1(), num_loss=2)
+    optimizer.zero_grad()
+    _backward(optimizer, (weight * 2.0).sum())
+    _backward(optimizer, (weight * float("inf")).sum())
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.ones(3))  # skipped
+    assert [scaler.loss_scale() for scaler in optimizer._loss_scaler] == [2.0 ** 16, 2.0 ** 15]
+    optimizer.zero_grad()
+    _backward(optimizer, (weight * 2.0).sum())
+    _backward(optimizer, (weight * 1.0).sum())
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.full((3,), -2.0))  # the next step runs
+
+
+def test_optim_wrapper_errors():
+    weight, optimizer = _weight_and_wrapper(o1(), num_loss=1)
+    _backward(optimizer, weight.sum())
+    with pytest.raises(RuntimeError, match=r"num_loss=2"):
+        _backward(optimizer, weight.sum())
+    with pytest.raises(NotImplementedError, match="closure"):
+        optimizer.step(lambda: None)
+
+
+def test_optim_wrapper_forwards_to_the_optimizer():
+    weight, optimizer = _weight_and_wrapper(o1(), num_loss=1)
+    assert optimizer.param_groups[0]["params"] == [weight]
+    assert optimizer.defaults["lr"] == 1.0
+    assert optimizer.state_dict()["param_groups"][0]["lr"] == 1.0
+    assert "SGD" in repr(optimizer)
+
+
+def test_optim_wrapper_of_a_disabled_handle_is_plain():
+    weight, optimizer = _weight_and_wrapper(init(enabled=False), num_loss=1)
+    loss = weight.sum()
+    with optimizer.scale_loss(loss) as scaled_loss:
+        assert scaled_loss is loss
+        scaled_loss.backward()
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.zeros(3))
