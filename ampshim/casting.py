@@ -200,14 +200,25 @@ def _banned_wrapper(fn, message, device_type, dtype, allow_banned):
 
 
 def _inplace_guard(fn, message, device_type, dtype, self_only):
-    """Refuse an in-place float32-list function on half tensors, as apex did."""
+    """Refuse an in-place float32-list function on half tensors, as apex did.
+
+    Costs one Python call (about 0.3 us for methods) per call of a guarded in-place function,
+    and nothing for any other op.
+    """
+    if self_only:
+        @functools.wraps(fn)
+        def run_inplace_method(self, *args, **kwargs):
+            if (self.dtype is dtype and torch.is_autocast_enabled(device_type)
+                    and self.device.type == device_type):
+                raise NotImplementedError(message)
+            return fn(self, *args, **kwargs)
+
+        return run_inplace_method
 
     @functools.wraps(fn)
     def run_inplace(*args, **kwargs):
-        if torch.is_autocast_enabled(device_type):
-            checked = args[:1] if self_only else (args, kwargs)
-            if _has_dtype(checked, {}, dtype, device_type):
-                raise NotImplementedError(message)
+        if torch.is_autocast_enabled(device_type) and _has_dtype(args, kwargs, dtype, device_type):
+            raise NotImplementedError(message)
         return fn(*args, **kwargs)
 
     return run_inplace
