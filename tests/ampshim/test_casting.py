@@ -333,3 +333,11 @@ def test_inplace_guard_follows_the_lists_and_is_removed():
     handle._deactivate()
     assert "log_" not in torch.Tensor.__dict__
     assert x().to(LOW).log_().dtype == LOW
+
+
+def test_verbose_init_names_each_wrapped_function(capsys):
+    functional_overrides.FP32_FUNCS.remove("softmax")
+    functional_overrides.FP16_FUNCS.append("softmax")
+    init(device_type="cpu", verbose=True)
+    out = capsys.readouterr().out
+    assert "F.softmax -> half" in out and "F.binary_cross_entropy -> banned" in out
