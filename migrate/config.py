@@ -1,0 +1,105 @@
+"""``[tool.ampmigrate]`` from the nearest ``pyproject.toml``.
+
+Example::
+
+    [tool.ampmigrate]
+    select = ["AMP0"]
+    ignore = ["AMP022"]
+    exclude = ["legacy/*", "third_party"]
+    unsafe-fixes = false
+
+Command-line options override these. On Python 3.10, where ``tomllib`` is missing, ``tomli`` is
+used if installed; without it a file that has a ``[tool.ampmigrate]`` table is reported, not guessed at.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["Config", "ConfigError", "find_pyproject", "load_config"]
+
+class ConfigError(Exception):
+    """The configuration cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The settings read (defaults where the file says nothing); ``path`` is None without a file."""
+
+    path: Path | None = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    unsafe_fixes: bool = False
+    output_format: str | None = None
+    settings: dict = field(default_factory=dict)  # per-rule options, passed to the rules as they are
+
+
+# key in the file -> (Config field, expected type)
+_KEYS = {
+    "select": ("select", list),
+    "ignore": ("ignore", list),
+    "exclude": ("exclude", list),
+    "unsafe-fixes": ("unsafe_fixes", bool),
+    "output-format": ("output_format", str),
+    "settings": ("settings", dict),
+}
+
+
+def find_pyproject(paths: Iterable[str | os.PathLike] = ()) -> Path | None:
+    """The nearest ``pyproject.toml`` at or above the common directory of ``paths`` (or the cwd)."""
+    resolved = [Path(p).resolve() for p in paths if str(p) != "-"]
+    start = Path(os.path.commonpath(resolved)) if resolved else Path.cwd()
+    if start.is_file():
+        start = start.parent
+    for directory in (start, *start.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(pyproject: Path | None) -> Config:
+    """Read ``[tool.ampmigrate]`` from ``pyproject`` (an empty ``Config`` when None or absent).
+
+    Raises ConfigError for a file that is not valid TOML, an unknown key, or a value of the wrong type.
+    """
+    if pyproject is None:
+        return Config()
+    text = pyproject.read_text(encoding="utf-8")
+    if "ampmigrate" not in text:  # no table to read: spare the TOML parse
+        return Config()
+    toml = _toml_module()
+    if toml is None:
+        raise ConfigError(
+            f"{str(pyproject)!r} configures ampmigrate, but this Python has no TOML reader; "
+            "install 'tomli' (pip install tomli) or use Python 3.11+"
+        )
+    try:
+        table = toml.loads(text).get("tool", {}).get("ampmigrate", {})
+    except toml.TOMLDecodeError as error:
+        raise ConfigError(f"{str(pyproject)!r} is not valid TOML: {error}") from error
+    values: dict = {}
+    for key, value in table.items():
+        if key not in _KEYS:
+            known = ", ".join(sorted(_KEYS))
+            raise ConfigError(f"unknown key {key!r} in [tool.ampmigrate] of {str(pyproject)!r}; known keys: {known}")
+        name, expected = _KEYS[key]
+        if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
+            wanted = "a list of strings" if expected is list else f"a {expected.__name__}"
+            raise ConfigError(f"[tool.ampmigrate] {key} in {str(pyproject)!r} must be {wanted}, not {value!r}")
+        values[name] = tuple(value) if expected is list else value
+    return Config(path=pyproject, **values)
+
+
+def _toml_module():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            return None
+    return tomllib

@@ -1,0 +1,186 @@
+"""The API over files and trees: discovery, the text pre-check, encodings, atomic writes, per-file errors."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from migrate import api
+from migrate.api import discover, migrate_paths, migrate_source, select_rules
+from migrate.types import ERROR_CODE
+
+OLD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+NEW = 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def test_migrate_source_returns_the_fixed_text_and_diagnostics():
+    result = migrate_source(OLD, "train.py")
+    assert result.new_source == NEW and result.changed and result.error is None
+    assert [(d.code, d.filename, d.applied) for d in result.diagnostics] == [("AMP021", "train.py", True)]
+
+
+def test_migrate_source_with_nothing_to_do_is_unchanged():
+    result = migrate_source("import torch\nprint(torch.ones(1))\n")
+    assert not result.changed and result.diagnostics == ()
+
+
+def test_select_and_ignore_by_code_prefix():
+    assert [r.CODE for r in select_rules(["AMP02"], ["AMP022"]) if r.CODE.startswith("AMP02")] == ["AMP020", "AMP021"]
+    assert migrate_source(OLD, ignore=["AMP021"]).new_source == OLD
+    assert migrate_source(OLD, select=["amp021"]).new_source == NEW
+    with pytest.raises(ValueError, match="no rule code starts with 'XYZ'"):
+        select_rules(["XYZ"])
+
+
+def test_discovery_skips_vcs_build_virtualenvs_and_user_excludes(tmp_path):
+    for relative in [
+        "pkg/train.py", "pkg/sub/model.py", ".git/hooks/x.py", "build/lib/x.py", "dist/x.py",
+        "pkg/__pycache__/x.py", "node_modules/x.py", "env/lib/x.py", "pkg/legacy/old.py", "pkg/gen_pb2.py",
+        ".tox/py/x.py", "pkg/notes.txt",
+    ]:
+        _write(tmp_path / relative, "x = 1\n")
+    _write(tmp_path / "env/pyvenv.cfg", "home = /usr\n")
+    found = discover([tmp_path], exclude=["legacy", "*_pb2.py"])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["pkg/sub/model.py", "pkg/train.py"]
+    # an explicit file is taken whatever its suffix, unless excluded
+    assert discover([tmp_path / "pkg/notes.txt"]) == [tmp_path / "pkg/notes.txt"]
+    assert discover([tmp_path / "pkg/gen_pb2.py"], exclude=["*_pb2.py"]) == []
+
+
+def test_missing_path_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        discover([tmp_path / "nope"])
+
+
+def test_files_without_trigger_words_are_not_parsed(tmp_path, monkeypatch):
+    plain = _write(tmp_path / "plain.py", "import torch\n")
+    relevant = _write(tmp_path / "train.py", OLD)
+    parsed = []
+    real = api._migrate_one
+
+    def spy(filename, *args, **kwargs):
+        parsed.append(Path(filename).name)
+        return real(filename, *args, **kwargs)
+
+    monkeypatch.setattr(api, "_migrate_one", spy)
+    results = migrate_paths([tmp_path], write=False, jobs=1)
+    assert [Path(r.filename).name for r in results] == ["plain.py", "train.py"]
+    assert parsed == ["train.py"]
+    assert results[0].diagnostics == () and not results[0].changed
+    assert plain.read_text() == "import torch\n" and relevant.read_text() == OLD  # write=False
+
+
+def test_rewrites_in_place_and_leaves_files_with_nothing_to_do_byte_identical(tmp_path):
+    changed = _write(tmp_path / "a.py", OLD)
+    untouched_bytes = b"# GradScaler is mentioned, nothing else\r\nx = 1   \r\n\r\n"
+    untouched = _write(tmp_path / "b.py", untouched_bytes)
+    before = untouched.stat().st_mtime_ns
+    results = migrate_paths([tmp_path], jobs=1)
+    assert changed.read_text() == NEW
+    assert untouched.read_bytes() == untouched_bytes and untouched.stat().st_mtime_ns == before
+    assert [r.changed for r in results] == [True, False]
+    assert migrate_paths([tmp_path], jobs=1)[0].changed is False  # second run: nothing to do
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "a temporary file was left behind"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        ("crlf.py", OLD.replace("\n", "\r\n").encode(), NEW.replace("\n", "\r\n").encode()),
+        ("bom.py", b"\xef\xbb\xbf" + OLD.encode(), b"\xef\xbb\xbf" + NEW.encode()),
+        (
+            "latin1.py",
+            ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + OLD).encode("latin-1"),
+            ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + NEW).encode("latin-1"),
+        ),
+        ("utf8.py", ("# h\u00e9llo \u2192\n" + OLD).encode(), ("# h\u00e9llo \u2192\n" + NEW).encode()),
+    ],
+)
+def test_encoding_bom_and_line_endings_are_kept(tmp_path, name, data, expected):
+    path = _write(tmp_path / name, data)
+    [result] = migrate_paths([path])
+    assert result.error is None and result.changed
+    assert path.read_bytes() == expected
+
+
+def test_file_mode_is_kept(tmp_path):
+    path = _write(tmp_path / "run.py", "#!/usr/bin/env python\n" + OLD)
+    path.chmod(0o751)
+    migrate_paths([path])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o751
+    assert path.read_text().endswith(NEW)
+
+
+def test_symlinked_file_is_written_through(tmp_path):
+    target = _write(tmp_path / "real.py", OLD)
+    link = tmp_path / "link.py"
+    link.symlink_to(target)
+    migrate_paths([link])
+    assert link.is_symlink() and target.read_text() == NEW
+
+
+def test_bad_files_are_reported_and_left_untouched_while_the_rest_is_processed(tmp_path):
+    syntax = _write(tmp_path / "a_syntax.py", "import torch\nx = torch.cuda.amp.GradScaler(\n")
+    not_utf8 = _write(tmp_path / "b_latin.py", b"# caf\xe9\n" + OLD.encode())
+    bad_cookie = _write(tmp_path / "c_cookie.py", b"# -*- coding: nonsense -*-\n" + OLD.encode())
+    good = _write(tmp_path / "d_good.py", OLD)
+    results = migrate_paths([tmp_path], jobs=1)
+    by_name = {Path(r.filename).name: r for r in results}
+    for path in (syntax, not_utf8, bad_cookie):
+        result = by_name[path.name]
+        assert result.error and result.diagnostics[0].code == ERROR_CODE, path.name
+        assert not result.changed
+    assert "cannot parse" in by_name["a_syntax.py"].error
+    assert "cannot decode as 'utf-8'" in by_name["b_latin.py"].error and "PEP 263" in by_name["b_latin.py"].error
+    assert syntax.read_text() == "import torch\nx = torch.cuda.amp.GradScaler(\n"
+    assert not_utf8.read_bytes() == b"# caf\xe9\n" + OLD.encode()
+    assert good.read_text() == NEW
+
+
+def test_read_only_file_is_reported_and_left_untouched(tmp_path):
+    path = _write(tmp_path / "ro.py", OLD)
+    path.chmod(0o444)
+    [result] = migrate_paths([path])
+    assert result.error and "read-only" in result.error and not result.changed
+    assert not any(d.applied for d in result.diagnostics)
+    assert path.read_text() == OLD
+
+
+def test_failed_write_leaves_the_original_and_no_temporary_file(tmp_path, monkeypatch):
+    path = _write(tmp_path / "a.py", OLD)
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    [result] = migrate_paths([path])
+    assert "cannot write: Permission denied" in result.error
+    assert path.read_text() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
+
+
+def test_parallel_run_gives_the_same_results_as_a_serial_one(tmp_path):
+    for index in range(12):
+        _write(tmp_path / f"m{index:02}.py", OLD if index % 3 else "import torch\nprint(torch.ones(2))\n")
+    serial = migrate_paths([tmp_path], write=False, jobs=1)
+    parallel = migrate_paths([tmp_path], write=False, jobs=2)
+    assert parallel == serial
+    assert sum(r.changed for r in parallel) == 8
+    written = migrate_paths([tmp_path], jobs=2)
+    assert sum(r.changed for r in written) == 8
+    assert all(p.read_text() != OLD for p in tmp_path.iterdir())
+
+
+def test_check_mode_computes_no_new_text_but_marks_fixable_findings(tmp_path):
+    path = _write(tmp_path / "a.py", OLD)
+    [result] = migrate_paths([path], fix=False, write=False)
+    assert not result.changed and result.diagnostics[0].applied
+    assert path.read_text() == OLD

@@ -1,0 +1,182 @@
+"""The ampmigrate command: modes, options, exit codes (0 clean, 1 findings or changes, 2 errors)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from migrate.cli import main
+
+OLD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+NEW = 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
+REPORT_ONLY = "import torch\nassert isinstance(s, torch.cuda.amp.GradScaler)\n"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(OLD)
+    (tmp_path / "pkg" / "clean.py").write_text("import torch\n")
+    return tmp_path
+
+
+def test_rewrites_in_place_and_exits_1_then_0(tree):
+    result = _run(tree / "pkg")
+    assert result.exit_code == 1, result.output
+    assert (tree / "pkg" / "train.py").read_text() == NEW
+    assert "1 fixed, 0 remaining" in result.output
+    again = _run(tree / "pkg")
+    assert again.exit_code == 0 and "All checked!" in again.output
+
+
+def test_check_writes_nothing_and_exits_1(tree):
+    result = _run("--check", tree)
+    assert result.exit_code == 1
+    assert f"{tree / 'pkg' / 'train.py'}:2:10: AMP021 " in result.output and "[*]" in result.output
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+    (tree / "pkg" / "train.py").write_text(NEW)
+    assert _run("--check", tree).exit_code == 0
+
+
+def test_report_only_finding_fails_check_and_stays_after_a_rewrite(tree):
+    (tree / "pkg" / "train.py").write_text(REPORT_ONLY)
+    assert _run("--check", tree).exit_code == 1
+    result = _run(tree)
+    assert result.exit_code == 1 and "needs a manual change" in result.output
+    assert (tree / "pkg" / "train.py").read_text() == REPORT_ONLY
+
+
+def test_diff_prints_a_unified_diff_and_writes_nothing(tree):
+    result = _run("--diff", tree / "pkg" / "train.py")
+    assert result.exit_code == 1
+    assert "-scaler = torch.cuda.amp.GradScaler()\n+scaler = torch.amp.GradScaler(\"cuda\")\n" in result.output
+    assert result.output.splitlines()[0].startswith("--- a/") and result.output.splitlines()[0].endswith("train.py")
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+
+
+def test_select_ignore_and_exclude(tree):
+    assert _run("--check", "--ignore", "AMP020,AMP021", tree).exit_code == 0
+    assert _run("--check", "--select", "AMP022", "--select", "AMP020", tree).exit_code == 0
+    assert _run("--check", "--select", "AMP02", tree).exit_code == 1
+    assert _run("--check", "--exclude", "train.py", tree).exit_code == 0
+
+
+def test_unknown_code_prefix_is_a_usage_error(tree):
+    result = _run("--check", "--select", "APX", tree)
+    assert result.exit_code == 2 and "no rule code starts with 'APX'" in result.output
+
+
+def test_missing_path_and_no_path_are_usage_errors(tree):
+    assert _run(tree / "nope.py").exit_code == 2
+    result = _run()
+    assert result.exit_code == 2 and "no paths given" in result.output
+
+
+def test_syntax_error_exits_2_while_other_files_are_fixed(tree):
+    (tree / "pkg" / "broken.py").write_text("scaler = torch.cuda.amp.GradScaler(\n")
+    result = _run(tree)
+    assert result.exit_code == 3  # bitmask: changes (1) and an error (2)
+    assert "broken.py:" in result.output and "AMP900 cannot parse" in result.output
+    assert (tree / "pkg" / "train.py").read_text() == NEW
+    assert (tree / "pkg" / "broken.py").read_text() == "scaler = torch.cuda.amp.GradScaler(\n"
+
+
+def test_json_output(tree):
+    result = _run("--check", "--output-format", "json", tree)
+    [item] = json.loads(result.stdout)
+    assert item["code"] == "AMP021" and item["location"] == {"row": 2, "column": 10}
+    assert item["fix"]["applicability"] == "safe"
+
+
+def test_github_and_sarif_output(tree):
+    github = _run("--check", "--output-format", "github", tree)
+    assert github.stdout.startswith("::error file=") and "AMP021" in github.stdout
+    sarif = json.loads(_run("--check", "--output-format", "sarif", tree).stdout)
+    assert sarif["version"] == "2.1.0" and sarif["runs"][0]["results"][0]["ruleId"] == "AMP021"
+
+
+def test_stdin_to_stdout(tree):
+    result = _run("-", "--stdin-filename", "train.py", input=OLD)
+    assert result.exit_code == 1
+    assert result.stdout == NEW
+    unchanged = _run("-", input="x = 1\r\n")
+    assert unchanged.exit_code == 0 and unchanged.stdout_bytes == b"x = 1\r\n"
+    checked = _run("--check", "-", "--stdin-filename", "train.py", input=OLD)
+    assert checked.stdout.startswith("train.py:2:10: AMP021")
+
+
+def test_stdin_cannot_be_mixed_with_paths(tree):
+    assert _run("-", tree).exit_code == 2
+
+
+def test_report_file(tree):
+    report = tree / "report.md"
+    result = _run("--report", report, tree)
+    assert result.exit_code == 1
+    text = report.read_text()
+    assert text.startswith("# ampmigrate migration report") and "train.py" in text and "Changed:" in text
+
+
+def test_configuration_from_pyproject(tree):
+    (tree / "pyproject.toml").write_text('[tool.ampmigrate]\nignore = ["AMP021"]\n')
+    assert _run("--check", tree / "pkg").exit_code == 0
+    assert _run("--check", "--select", "AMP021", tree / "pkg").exit_code == 0  # ignore still applies
+    (tree / "pyproject.toml").write_text('[tool.ampmigrate]\noutput-format = "json"\n')
+    assert json.loads(_run("--check", tree / "pkg").stdout)[0]["code"] == "AMP021"
+    (tree / "pyproject.toml").write_text("[tool.ampmigrate]\nbogus = 1\n")
+    bad = _run("--check", tree / "pkg")
+    assert bad.exit_code == 2 and "unknown key 'bogus'" in bad.output
+
+
+def test_explain_and_list_rules_are_eager():
+    explained = _run("--explain", "amp020")
+    assert explained.exit_code == 0
+    assert explained.output.startswith("# DeprecatedCudaAutocast (AMP020)") and "Why is this bad?" in explained.output
+    assert 'torch.amp.autocast("cuda")' in explained.output
+    unknown = _run("--explain", "AMP999")
+    assert unknown.exit_code == 2 and "no rule has the code 'AMP999'" in unknown.output
+    listed = _run("--list-rules")
+    assert listed.exit_code == 0
+    assert any(line.split()[:3] == ["AMP021", "DeprecatedCudaGradScaler", "yes"] for line in listed.output.splitlines())
+
+
+def _subprocess(*args, input=None, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *map(str, args)]
+    return subprocess.run(command, input=input, capture_output=True, cwd=cwd, env=env, timeout=60)
+
+
+def test_real_process_check_and_rewrite(tree):
+    checked = _subprocess("--check", tree)
+    assert checked.returncode == 1 and b"AMP021" in checked.stdout
+    rewritten = _subprocess("-j", "2", tree)
+    assert rewritten.returncode == 1 and (tree / "pkg" / "train.py").read_text() == NEW
+    assert _subprocess("--check", tree).returncode == 0
+
+
+def test_real_process_stdin_keeps_bytes_and_encoding():
+    source = b"\xef\xbb\xbfimport torch\r\nscaler = torch.cuda.amp.GradScaler()\r\n"
+    result = _subprocess("-", input=source)
+    assert result.returncode == 1
+    assert result.stdout == b'\xef\xbb\xbfimport torch\r\nscaler = torch.amp.GradScaler("cuda")\r\n'
+
+
+def test_migrate_does_not_import_torch_or_ampshim(tree):
+    probe = (
+        "import sys\nfrom migrate.cli import main\ntry:\n    main([sys.argv[1], '--check'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ampshim')))\n"
+    )
+    # AMPSHIM_AUTOLOAD=0: the runtime's start-up hook would import ampshim on its own
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-c", probe, str(tree)], capture_output=True, env=env, timeout=60)
+    assert result.stdout.decode().splitlines()[-1] == "[]", result.stderr.decode()

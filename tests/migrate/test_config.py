@@ -1,0 +1,63 @@
+"""[tool.ampmigrate] in the nearest pyproject.toml."""
+from __future__ import annotations
+
+import pytest
+
+from migrate import config as config_module
+from migrate.config import Config, ConfigError, find_pyproject, load_config
+
+
+def _project(tmp_path, body: str):
+    (tmp_path / "pyproject.toml").write_text(body)
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    return tmp_path
+
+
+def test_nearest_pyproject_above_the_paths_is_found(tmp_path):
+    root = _project(tmp_path, "[project]\nname = 'x'\n")
+    assert find_pyproject([root / "src" / "pkg"]) == root / "pyproject.toml"
+    assert find_pyproject([root / "src" / "pkg", root / "src"]) == root / "pyproject.toml"
+
+
+def test_settings_are_read(tmp_path):
+    root = _project(
+        tmp_path,
+        '[tool.ampmigrate]\nselect = ["AMP02"]\nignore = ["AMP022"]\nexclude = ["legacy/*"]\n'
+        'unsafe-fixes = true\noutput-format = "json"\n',
+    )
+    config = load_config(root / "pyproject.toml")
+    assert config == Config(
+        path=root / "pyproject.toml", select=("AMP02",), ignore=("AMP022",), exclude=("legacy/*",),
+        unsafe_fixes=True, output_format="json",
+    )
+
+
+def test_no_file_or_no_table_means_defaults(tmp_path):
+    assert load_config(None) == Config()
+    root = _project(tmp_path, "[tool.black]\nline-length = 100\n")
+    assert load_config(root / "pyproject.toml") == Config()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("[tool.ampmigrate]\nselekt = ['AMP0']\n", "unknown key 'selekt'"),
+        ("[tool.ampmigrate]\nselect = 'AMP0'\n", "select in .* must be a list of strings, not 'AMP0'"),
+        ("[tool.ampmigrate]\nunsafe-fixes = 'yes'\n", "unsafe-fixes in .* must be a bool"),
+        ("[tool.ampmigrate]\nselect = [\n", "is not valid TOML"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(tmp_path, body, message):
+    root = _project(tmp_path, body)
+    with pytest.raises(ConfigError, match=message):
+        load_config(root / "pyproject.toml")
+
+
+def test_without_a_toml_reader_a_configured_project_gets_told_what_to_install(tmp_path, monkeypatch):
+    root = _project(tmp_path, "[tool.ampmigrate]\nselect = ['AMP0']\n")
+    monkeypatch.setattr(config_module, "_toml_module", lambda: None)
+    with pytest.raises(ConfigError, match="install 'tomli'"):
+        load_config(root / "pyproject.toml")
+    # an unconfigured project does not need a TOML reader at all
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert load_config(root / "pyproject.toml") == Config()
