@@ -1,7 +1,7 @@
 """apex's ``FusedMixedPrecisionLamb``: LAMB on fp32 master weights, driven by ``GradScaler``."""
 import torch
 
-from ampshim.optimizers._base import _evaluate, _fp32_state
+from ampshim.optimizers._base import _evaluate, _fp32_state, _write_back
 from ampshim.optimizers.fused_lamb import FusedLAMB
 
 __all__ = ["FusedMixedPrecisionLamb"]
@@ -83,7 +83,5 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         grads = [p.grad.float() for p in params]
         group_view = dict(group, step=int(group["step"]), lr=float(group["lr"]))
         self._lamb(group_view, weights, grads, exp_avgs, exp_avg_sqs, clip)
-        pairs = [(p, w) for p, w in zip(params, weights) if p is not w]
-        if pairs:
-            torch._foreach_copy_([p for p, _ in pairs], [w for _, w in pairs])
+        _write_back(params, weights)
 

@@ -1,0 +1,223 @@
+import copy
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ampshim.parallel as parallel
+from ampshim.deprecation import DeprecatedFeatureWarning
+from ampshim.parallel import (
+    DistributedDataParallel,
+    Reducer,
+    SyncBatchNorm,
+    convert_syncbn_model,
+    create_syncbn_process_group,
+    multiproc,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::ampshim.deprecation.DeprecatedFeatureWarning")
+
+
+def _local_grads(model, x):
+    """Gradients of ``model(x).sum()`` computed on a private copy."""
+    twin = copy.deepcopy(model)
+    twin(x).sum().backward()
+    return [p.grad for p in twin.parameters()]
+
+
+def _two_rank_worker(rank, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        inputs = [torch.full((2, 3), 1.0), torch.full((2, 3), 3.0)]
+
+        # DDP: parameters broadcast from rank 0 at construction; buffers left alone.
+        torch.manual_seed(rank)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+        net[1].running_mean.fill_(float(rank))
+        model = DistributedDataParallel(net)
+        weights = [torch.zeros_like(model.module[0].weight) for _ in range(2)]
+        dist.all_gather(weights, model.module[0].weight.detach())
+        assert torch.equal(weights[0], weights[1])
+        model.eval()
+        model(inputs[rank])
+        assert model.module[1].running_mean[0].item() == float(rank)  # no buffer broadcast
+        model.train()
+
+        # Averaged gradients (apex's default).
+        linear = torch.nn.Linear(3, 2)
+        both = [_local_grads(DistributedDataParallel(linear).module, x) for x in inputs]
+        model = DistributedDataParallel(linear)
+        model(inputs[rank]).sum().backward()
+        for p, g0, g1 in zip(model.parameters(), *both):
+            torch.testing.assert_close(p.grad, (g0 + g1) / 2)
+
+        # Summed gradients, and the predivide factor (which must not change an average).
+        for kwargs, combine in [(dict(gradient_average=False), lambda a, b: a + b),
+                                (dict(gradient_predivide_factor=2.0), lambda a, b: (a + b) / 2),
+                                (dict(allreduce_always_fp32=True), lambda a, b: (a + b) / 2)]:
+            model = DistributedDataParallel(copy.deepcopy(linear), **kwargs)
+            model(inputs[rank]).sum().backward()
+            for p, g0, g1 in zip(model.parameters(), *both):
+                torch.testing.assert_close(p.grad, combine(g0, g1))
+
+        # disable_allreduce() keeps gradients local until enable_allreduce().
+        model = DistributedDataParallel(copy.deepcopy(linear))
+        model.disable_allreduce()
+        model(inputs[rank]).sum().backward()
+        for p, g in zip(model.parameters(), both[rank]):
+            torch.testing.assert_close(p.grad, g)
+        model.enable_allreduce()
+        model.zero_grad()
+        model(inputs[rank]).sum().backward()
+        for p, g0, g1 in zip(model.parameters(), *both):
+            torch.testing.assert_close(p.grad, (g0 + g1) / 2)
+
+        # delay_allreduce tolerates parameters that get no gradient.
+        unused = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 2)})
+        unused.forward = lambda x: unused["used"](x)
+        model = DistributedDataParallel(unused, delay_allreduce=True)
+        for _ in range(2):
+            model(inputs[rank]).sum().backward()
+
+        # Reducer: manual averaging of a module's grads.
+        torch.manual_seed(rank)
+        plain = torch.nn.Linear(3, 2)
+        reducer = Reducer(plain)
+        both = [_local_grads(plain, x) for x in inputs]
+        plain(inputs[rank]).sum().backward()
+        reducer.reduce()
+        for p, g0, g1 in zip(plain.parameters(), *both):
+            torch.testing.assert_close(p.grad, (g0 + g1) / 2)
+
+        # SyncBatchNorm: statistics over both ranks' batches = BatchNorm over the joint batch.
+        torch.manual_seed(0)
+        full = torch.randn(8, 3, 5)
+        reference = torch.nn.BatchNorm1d(3)
+        with torch.no_grad():
+            reference.weight.uniform_()
+            reference.bias.uniform_()
+        bn = convert_syncbn_model(copy.deepcopy(reference))
+        joint = full.clone().requires_grad_()
+        upstream = torch.randn(8, 3, 5)
+        joint_out = reference(joint)
+        (joint_out * upstream).sum().backward()
+        assert isinstance(bn, SyncBatchNorm)
+        mine = full[4 * rank:4 * rank + 4].clone().requires_grad_()
+        out = bn(mine)
+        (out * upstream[4 * rank:4 * rank + 4]).sum().backward()
+        torch.testing.assert_close(out, joint_out[4 * rank:4 * rank + 4])
+        torch.testing.assert_close(mine.grad, joint.grad[4 * rank:4 * rank + 4])
+        torch.testing.assert_close(bn.running_mean, reference.running_mean)
+        torch.testing.assert_close(bn.running_var, reference.running_var)
+        weight_grads = [torch.zeros(3) for _ in range(2)]
+        dist.all_gather(weight_grads, bn.weight.grad)
+        torch.testing.assert_close(weight_grads[0] + weight_grads[1], reference.weight.grad)
+
+        # Process groups of one rank each: statistics stay local.
+        group = create_syncbn_process_group(1)
+        local_bn = SyncBatchNorm(3, process_group=group)
+        local = full[4 * rank:4 * rank + 4]
+        torch.testing.assert_close(local_bn(local), torch.nn.functional.batch_norm(local, None, None, training=True))
+        assert create_syncbn_process_group(0) is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_gloo(tmp_path):
+    mp.spawn(_two_rank_worker, args=(str(tmp_path / "init"),), nprocs=2, join=True)
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_single_process_world(world_of_one):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(3, 2), message_size=100)
+    x = torch.randn(4, 3)
+    expected = _local_grads(model.module, x)
+    model(x).sum().backward()
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g)
+    bn = SyncBatchNorm(3)
+    y = torch.randn(6, 3)
+    torch.testing.assert_close(bn(y), torch.nn.functional.batch_norm(y, None, None, training=True))
+
+
+def test_ddp_needs_a_process_group_and_rejects_apexs_removed_options():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedDataParallel(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="shared_param is no longer supported"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), shared_param=True)
+    with pytest.raises(ValueError, match="allreduce_trigger_params"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), delay_allreduce=True, allreduce_trigger_params=[])
+    with pytest.raises(ValueError, match="num_allreduce_streams"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), delay_allreduce=True, num_allreduce_streams=2)
+
+
+def test_sync_batchnorm_without_distributed_is_plain_batchnorm():
+    torch.manual_seed(0)
+    reference = torch.nn.BatchNorm2d(3)
+    bn = SyncBatchNorm(3)
+    bn.load_state_dict(reference.state_dict())
+    x = torch.randn(4, 3, 2, 2)
+    torch.testing.assert_close(bn(x), reference(x))
+    torch.testing.assert_close(bn.running_var, reference.running_var)
+    bn.eval(), reference.eval()
+    torch.testing.assert_close(bn(x), reference(x))
+
+
+def test_sync_batchnorm_adds_z_and_fuses_relu():
+    bn = SyncBatchNorm(2, fuse_relu=True)
+    x, z = torch.randn(4, 2), torch.randn(4, 2)
+    want = torch.relu(torch.nn.functional.batch_norm(x, None, None, training=True) + z)
+    torch.testing.assert_close(bn(x, z), want)
+
+
+def test_sync_batchnorm_channel_last_is_an_error_and_warns_deprecated():
+    with pytest.raises(AttributeError, match="channel_last"):
+        SyncBatchNorm(3, channel_last=True)
+    with pytest.warns(DeprecatedFeatureWarning, match="torch.nn.SyncBatchNorm"):
+        SyncBatchNorm(3)
+
+
+def test_convert_syncbn_model_shares_running_stats_and_copies_affine_params():
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2), torch.nn.InstanceNorm2d(2))
+    old_bn = model[1]
+    with pytest.warns(DeprecatedFeatureWarning, match="convert_sync_batchnorm"):
+        converted = convert_syncbn_model(model)
+    new_bn = converted[1]
+    assert isinstance(new_bn, SyncBatchNorm) and not isinstance(converted[2], SyncBatchNorm)
+    assert new_bn.running_mean is old_bn.running_mean
+    assert new_bn.weight is not old_bn.weight and torch.equal(new_bn.weight, old_bn.weight)
+    assert converted[0] is model[0]
+
+
+def test_package_surface_matches_apex():
+    assert parallel.ReduceOp is dist.ReduceOp
+    assert parallel.LARC.__name__ == "ampshim.parallel.LARC"  # the submodule, not the class
+    from apex.parallel.LARC import LARC
+
+    assert isinstance(LARC, type)
+
+
+def test_multiproc_launches_one_process_per_rank(tmp_path, monkeypatch, capfd):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        rank = sys.argv[sys.argv.index("--rank") + 1]
+        open(f"args_{rank}.txt", "w").write(" ".join(sys.argv[1:]))
+        print("hello from", rank)
+        sys.exit(int(rank) * 3)
+    """))
+    monkeypatch.chdir(tmp_path)
+    assert multiproc.main([str(script), "--lr", "0.1", "--world-size", "2"]) == 3  # rank 1's exit code
+    assert (tmp_path / "args_0.txt").read_text() == "--lr 0.1 --world-size 2 --rank 0"
+    assert (tmp_path / "args_1.txt").read_text() == "--lr 0.1 --world-size 2 --rank 1"
+    assert "hello from 0" in capfd.readouterr().out
+    assert (tmp_path / "GPU_1.log").read_text() == "hello from 1\n"
