@@ -128,3 +128,12 @@ def test_apex_import_paths():
 
     assert ApexFusedLayerNorm is FusedLayerNorm
     assert FusedLayerNormAffineFunction is fln.FusedLayerNormAffineFunction
+
+
+@pytest.mark.cuda
+def test_cuda_autocast_gives_float16_like_apex():
+    x = torch.randn(2, 8, device="cuda")
+    with torch.autocast("cuda"):
+        assert FusedLayerNorm(8).cuda()(x).dtype == torch.float16
+        assert FusedRMSNorm(8).cuda()(x).dtype == torch.float16
+    assert MixedFusedLayerNorm(8).cuda()(x.half()).dtype == torch.float32

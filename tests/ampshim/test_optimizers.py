@@ -356,3 +356,31 @@ def test_apex_import_path():
     from apex.optimizers import FusedAdam as ApexFusedAdam
 
     assert ApexFusedAdam is FusedAdam
+
+
+def test_fused_adam_loads_a_state_dict_in_apexs_layout():
+    # What apex wrote for a half parameter after 5 steps: fp32 moments, step in the param group.
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0], dtype=torch.float16))
+    opt = FusedAdam([p], lr=0.1, betas=(0.5, 0.5), eps=0.0)
+    opt.load_state_dict({
+        "state": {0: {"exp_avg": torch.tensor([0.2, 0.2]), "exp_avg_sq": torch.tensor([0.04, 0.16])}},
+        "param_groups": [{"lr": 0.1, "bias_correction": True, "betas": (0.5, 0.5), "eps": 0.0,
+                          "weight_decay": 0.0, "step": 5, "params": [0]}],
+    })
+    p.grad = torch.tensor([0.2, 0.4], dtype=torch.float16)
+    opt.step()
+    m = 0.5 * torch.tensor([0.2, 0.2]) + 0.5 * torch.tensor([0.2, 0.4])
+    v = 0.5 * torch.tensor([0.04, 0.16]) + 0.5 * torch.tensor([0.04, 0.16])
+    expected = torch.tensor([1.0, -1.0]) - 0.1 * (m / (1 - 0.5 ** 6)) / (v / (1 - 0.5 ** 6)).sqrt()
+    torch.testing.assert_close(p.detach().float(), expected.half().float())
+    assert opt.param_groups[0]["step"] == 6
+    assert opt.state[p]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.cuda
+def test_fused_adam_on_cuda_matches_adamw():
+    ours = [p.detach().cuda().requires_grad_() for p in _params()]
+    ref = [p.detach().cuda().requires_grad_() for p in _params()]
+    got = _run(FusedAdam(ours, lr=1e-2, weight_decay=0.1), ours)
+    want = _run(torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1), ref)
+    _assert_all_close(got, want)
