@@ -142,7 +142,11 @@ def _initialize(models, optimizers, properties, num_losses, cast_model_outputs, 
         cast_models(models, resolve_dtype(properties.cast_model_type, device_type),
                     properties.keep_batchnorm_fp32, output_dtype, device_type)
         for optimizer in optimizers:
-            optimizer.load_state_dict(optimizer.state_dict())  # recast per-parameter state
+            # Recast per-parameter state to the new dtypes. With master weights the state is
+            # recast when the fp32 masters are created instead: a detour through half precision
+            # (as in apex) would lose precision, or underflow Adam's second moments in float16.
+            if not properties.master_weights:
+                optimizer.load_state_dict(optimizer.state_dict())
     elif cast_model_outputs is not None:
         patch_forward_outputs(models, resolve_dtype(cast_model_outputs, device_type),
                               device_type)

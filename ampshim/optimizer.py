@@ -8,15 +8,18 @@ Every processed optimizer gets ``optimizer._amp_stash`` and the methods ``scale_
   so the optimizer always sees unscaled, correctly accumulated gradients, even when successive
   backward passes used different loss scales;
 * ``_amp_lazy_init()`` sorts the parameters (and, with master weights, creates the masters) the
-  first time any of the above, ``zero_grad`` or ``add_param_group`` runs.
+  first time any of the above, ``zero_grad``, ``add_param_group`` (or, with master weights,
+  ``step`` or ``load_state_dict``) runs.
 
 With master weights (O2) every half-precision parameter is replaced IN ``param_group['params']``
 by an fp32 master; ``step()`` updates the masters and copies them back into the model with one
 fused ``torch._foreach_copy_`` per (device, dtype) group.
 
 Half precision means float16 or bfloat16 on any device (apex required CUDA float16).
-Deliberate deviation: the patched ``zero_grad`` accepts ``set_to_none=`` (apex's took no argument
-and raised TypeError); without it, gradients are zeroed in place as apex did.
+Deliberate deviations: the patched ``zero_grad`` accepts ``set_to_none=`` (apex's took no argument
+and raised TypeError; without it, gradients are zeroed in place as apex did); with master weights,
+optimizer state loaded or already present is kept in fp32 instead of passing through half
+precision.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ def _process_optimizer(optimizer, properties):
         bind(_post_backward_with_master_weights, "_post_amp_backward")
         bind(_step_with_master_weights(optimizer.step), "step")
         bind(_zero_grad_with_master_weights, "zero_grad")
+        bind(_load_state_dict_into_masters(optimizer.load_state_dict), "load_state_dict")
     else:
         bind(_lazy_init_no_master_weights, "_lazy_init_maybe_master_weights")
         bind(_prepare_backward_no_master_weights, "_prepare_amp_backward")
@@ -81,9 +85,15 @@ def _process_optimizer(optimizer, properties):
 
 
 def _amp_lazy_init(self):
-    if not self._amp_stash.lazy_init_called:
+    stash = self._amp_stash
+    if stash.lazy_init_called:
+        return
+    stash.lazy_init_called = True  # first: the init itself reloads the optimizer state
+    try:
         self._lazy_init_maybe_master_weights()
-        self._amp_stash.lazy_init_called = True
+    except BaseException:
+        stash.lazy_init_called = False
+        raise
 
 
 def _type_error(param):
@@ -250,12 +260,24 @@ def _step_with_master_weights(original_step):
     def step(self, closure=None):
         if closure is not None:
             raise RuntimeError(_CLOSURE_ERROR)
+        self._amp_lazy_init()
         result = original_step()
         self._master_params_to_model_params()
         _set_grads_to_none(self._amp_stash.all_fp32_from_fp16_params)
         return result
 
     return step
+
+
+def _load_state_dict_into_masters(original_load_state_dict):
+    # Create the masters first, so loaded state lands in fp32 directly. apex loaded it into the
+    # half params (casting e.g. Adam's second moments to float16, where they can underflow)
+    # and only then recast it to fp32.
+    def load_state_dict(self, state_dict):
+        self._amp_lazy_init()
+        return original_load_state_dict(state_dict)
+
+    return load_state_dict
 
 
 def _zero_grad_with_master_weights(self, set_to_none=False):

@@ -52,6 +52,42 @@ def test_existing_optimizer_state_is_rekeyed_to_fp32_masters():
     assert optimizer.state[master]["exp_avg"].dtype == torch.float32
 
 
+def _adam_with_tiny_second_moments():
+    model = exact_linear()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    (model(int_batch(1)).sum() * 1e-5).backward()
+    optimizer.step()
+    exp_avg_sq = optimizer.state[model.weight]["exp_avg_sq"]
+    assert exp_avg_sq.max() < 1e-10  # underflows in float16, rounds in bfloat16
+    return model, optimizer, exp_avg_sq.clone()
+
+
+def test_existing_fp32_state_never_passes_through_half_precision():
+    model, optimizer, exp_avg_sq = _adam_with_tiny_second_moments()
+    model, optimizer = o2(model, optimizer)
+    backward(model, optimizer, 1)
+    [master] = optimizer.param_groups[0]["params"]
+    assert torch.equal(optimizer.state[master]["exp_avg_sq"], exp_avg_sq)
+
+
+def test_loading_a_checkpoint_after_initialize_keeps_fp32_state():
+    model, optimizer, exp_avg_sq = _adam_with_tiny_second_moments()
+    checkpoint = optimizer.state_dict()
+    fresh = exact_linear()
+    fresh, fresh_optimizer = o2(fresh, torch.optim.Adam(fresh.parameters(), lr=0.1))
+    fresh_optimizer.load_state_dict(checkpoint)
+    [master] = fresh_optimizer.param_groups[0]["params"]
+    assert master.dtype == torch.float32
+    assert torch.equal(fresh_optimizer.state[master]["exp_avg_sq"], exp_avg_sq)
+
+
+def test_step_before_any_backward_is_harmless():
+    model, optimizer = o2(exact_linear())
+    before = model.weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(model.weight, before)
+
+
 def test_step_copies_masters_back_and_drops_master_grads():
     model, optimizer = o2(exact_linear())
     before = model.weight.detach().float().clone()
