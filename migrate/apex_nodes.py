@@ -1,0 +1,148 @@
+"""Small helpers the apex rewrites share: source text of nodes, building statements, purity."""
+from __future__ import annotations
+
+import libcst as cst
+
+_EMPTY = cst.Module(body=[])
+
+# Expression node types whose evaluation has no side effect we care about (no calls).
+_PURE = (
+    cst.Name,
+    cst.Attribute,
+    cst.Integer,
+    cst.Float,
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.Comparison,
+    cst.ComparisonTarget,
+    cst.BooleanOperation,
+    cst.UnaryOperation,
+    cst.Subscript,
+    cst.SubscriptElement,
+    cst.Index,
+)
+
+
+def code(node: cst.CSTNode) -> str:
+    """The source text of ``node`` alone (without the whitespace that belongs to its parent)."""
+    return _EMPTY.code_for_node(node)
+
+
+def is_pure(expression: cst.BaseExpression) -> bool:
+    """Whether evaluating ``expression`` twice is the same as once: names, attributes, operators."""
+    found_impure = False
+
+    class _Check(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found_impure
+            if isinstance(node, cst.BaseExpression) and not isinstance(node, _PURE):
+                found_impure = True
+            return not found_impure
+
+    expression.visit(_Check())
+    return not found_impure
+
+
+def call_name(call: cst.Call) -> str:
+    """``f`` for ``f(x)``, ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(x)``, else ""."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return ""
+
+
+def argument(call: cst.Call, position: int | None, keyword: str) -> cst.Arg | None:
+    """The argument bound to a parameter given by position (None: keyword-only) and keyword."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    if position is None:
+        return None
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    return positional[position] if position < len(positional) else None
+
+
+def keyword_names(call: cst.Call) -> set[str]:
+    return {arg.keyword.value for arg in call.args if arg.keyword is not None}
+
+
+def has_star(call: cst.Call) -> bool:
+    return any(arg.star for arg in call.args)
+
+
+def literal_string(node: cst.BaseExpression | None) -> str | None:
+    """The value of a plain string literal, else None."""
+    if isinstance(node, cst.SimpleString) and "f" not in node.prefix.lower():
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def number_text(node: cst.BaseExpression | None) -> str | None:
+    """A number literal as Python source (``128.0``), also from a numeric string (``"128.0"``)."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return node.value
+    text = literal_string(node)
+    if text is None:
+        return None
+    try:
+        return repr(float(text))
+    except ValueError:
+        return None
+
+
+def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]:
+    """Statements parsed with the file's own indentation and line endings."""
+    text = source.replace("    ", module.default_indent).replace("\n", module.default_newline)
+    return list(cst.parse_module(text, config=module.config_for_parsing).body)
+
+
+def parse_expression(source: str, module: cst.Module) -> cst.BaseExpression:
+    return cst.parse_expression(source, config=module.config_for_parsing)
+
+
+def with_leading(statement: cst.BaseStatement, leading: cst.CSTNode) -> cst.BaseStatement:
+    """``statement`` carrying the comments and blank lines that stood above ``leading``."""
+    return statement.with_changes(leading_lines=getattr(leading, "leading_lines", ()))
+
+
+def apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
+    """Every import of an ``apex`` module in the file, by the local name it binds.
+
+    A fix hands the ones it stops using to ``remove_imports``; the engine removes an import
+    only when nothing uses it any more, so ``from apex import amp, optimizers`` keeps what is left.
+    """
+    from migrate.rule import ImportChange
+
+    found: dict[str, list[ImportChange]] = {}
+
+    class _Imports(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> bool:
+            for alias in node.names:
+                name = alias.evaluated_name
+                if name == "apex" or name.startswith("apex."):
+                    bound = alias.evaluated_alias or name.split(".")[0]
+                    found.setdefault(bound, []).append(ImportChange(name, None, alias.evaluated_alias))
+            return False
+
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+            if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+                return False
+            module_name = code(node.module)
+            if module_name == "apex" or module_name.startswith("apex."):
+                for alias in node.names:
+                    bound = alias.evaluated_alias or alias.evaluated_name
+                    found.setdefault(bound, []).append(ImportChange(module_name, alias.evaluated_name, alias.evaluated_alias))
+            return False
+
+    module.visit(_Imports())
+    return found
+
+
+def root_name(node: cst.BaseExpression) -> str | None:
+    """``apex`` for ``apex.amp.initialize``, ``amp`` for ``amp``; None for anything else."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None

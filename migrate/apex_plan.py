@@ -1,0 +1,907 @@
+"""One analysis per file of how it uses ``apex.amp``, shared by the AMP002-AMP005 rewrites.
+
+``amp.initialize``, ``amp.scale_loss``, ``amp.master_params`` and ``amp.state_dict`` only make
+sense together: a ``scaler.scale(loss)`` needs the ``scaler`` that replaces ``initialize``, and a
+``scaler.step(opt)`` must replace the ``opt.step()`` that follows. So the file is planned as a
+whole: either every such site gets a consistent fix (all with the same safety, so that a run
+applies all of them or none), or every site is reported with the reason, and nothing is
+half-rewritten. The rules read the plan through ``ApexPlanProvider`` (a libcst metadata
+provider), which runs once per file however many rules ask for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import BatchableMetadataProvider, PositionProvider, QualifiedNameProvider
+
+from migrate.names import qualified_names
+from migrate.rule import ImportChange, Replacement, Report
+from migrate import apex_nodes as nodes
+from migrate.types import Safety
+
+CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
+# apex.amp names handled by their own rules, independently of initialize (no scaler involved).
+CAST_API = frozenset(
+    {
+        "half_function",
+        "float_function",
+        "bfloat16_function",
+        "promote_function",
+        "register_half_function",
+        "register_float_function",
+        "register_bfloat16_function",
+        "register_promote_function",
+        "disable_casts",
+        "lists",
+    }
+)
+INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
+HELPER_NAME = "_scaler_state_from_apex"
+HELPER_SOURCE = '''
+
+def _scaler_state_from_apex(state):
+    """GradScaler state from ``state``, which may also be an apex ``amp.state_dict()``."""
+    if "loss_scaler0" not in state:
+        return state
+    apex_state = state["loss_scaler0"]
+    return {
+        "scale": float(apex_state["loss_scale"]),
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 2000,
+        "_growth_tracker": int(apex_state["unskipped"]),
+    }
+'''
+_INITIALIZE_KEYWORDS = frozenset(
+    {
+        "models",
+        "optimizers",
+        "enabled",
+        "opt_level",
+        "cast_model_type",
+        "patch_torch_functions",
+        "keep_batchnorm_fp32",
+        "master_weights",
+        "loss_scale",
+        "cast_model_outputs",
+        "num_losses",
+        "verbosity",
+        "min_loss_scale",
+        "max_loss_scale",
+    }
+)
+_NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
+_SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
+_SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
+_AUTOCAST = 'torch.autocast("cuda", dtype=torch.float16{enabled})'
+# Statement kinds that a search for the following optimizer.step() may look into.
+_TRANSPARENT = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With)
+
+
+@dataclass
+class ApexPlan:
+    """The reports of the file's apex.amp sites, with their fixes, for each rule to pass on."""
+
+    findings: list[Report] = field(default_factory=list)
+
+    def findings_for(self, code: str) -> list[Report]:
+        return [finding for finding in self.findings if finding.code == code]
+
+
+class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
+    """Attaches the file's ``ApexPlan`` to the ``Module`` node."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.set_metadata(node, _Planner(self, node).plan())
+        return False
+
+
+def plan_of(visitor: cst.MetadataDependent, module: cst.Module) -> ApexPlan:
+    return visitor.get_metadata(ApexPlanProvider, module)
+
+
+class _Unplannable(Exception):
+    """The file cannot be rewritten consistently; ``node`` and the message say where and why."""
+
+    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+@dataclass
+class _Initialize:
+    call: cst.Call
+    statement: cst.SimpleStatementLine
+    level: str | None  # "O0".."O3", None when computed at run time
+    enabled: cst.BaseExpression | None
+    scaler_args: list[str]
+    restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
+    model_codes: set[str]
+    on_self: bool
+
+
+@dataclass
+class _ScaleLoss:
+    call: cst.Call
+    statement: cst.With
+    loss: cst.BaseExpression
+    optimizers: list[cst.BaseExpression]
+    scaled_name: str
+    backward_args: list[cst.Arg] | None  # set when the body is only ``scaled.backward(...)``
+    body: list[cst.BaseStatement]
+
+
+class _Planner:
+    def __init__(self, provider: cst.MetadataDependent, module: cst.Module) -> None:
+        self.provider = provider
+        self.module = module
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.refs: list[tuple[cst.CSTNode, str]] = []
+        self.names: set[str] = set()
+        self.attributes: set[str] = set()
+        self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
+        self.blockers: list[tuple[cst.CSTNode, str]] = []
+        self.unsafe: list[str] = []
+        self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
+        self.findings: list[Report] = []
+        self.order: dict[int, int] = {}  # statement lines in source order
+        self._kinds: dict[int, tuple[str, str, str]] = {}
+        self.imports = nodes.apex_imports(module)
+        module.visit(_Collect(self))
+
+    # ---- the plan -------------------------------------------------------------------------
+
+    def plan(self) -> ApexPlan:
+        self._classify()
+        core = [call for kind in CORE for call in self.sites[kind]]
+        if not core:
+            return ApexPlan()
+        try:
+            if self.blockers:
+                node, reason = self.blockers[0]
+                raise _Unplannable(node, reason)
+            self._rewrite()
+            self._check_disjoint()
+        except _Unplannable as problem:
+            return ApexPlan(self._report_only(problem))
+        return ApexPlan(self.findings)
+
+    def _classify(self) -> None:
+        for node, name in self.refs:
+            attr = name[len("apex.amp.") :] if name != "apex.amp" else ""
+            parent = self.parent.get(id(node))
+            if attr in CORE and isinstance(parent, cst.Call) and parent.func is node:
+                self.sites[attr].append(parent)
+            elif attr.split(".")[0] in CAST_API:
+                continue
+            elif attr == "":
+                if not self._in_test(node):
+                    self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
+            else:
+                self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
+
+    def _in_test(self, node: cst.CSTNode) -> bool:
+        """``if amp:``, ``amp is not None``, ``not amp``: an availability check, not a use."""
+        parent = self.parent.get(id(node))
+        if isinstance(parent, (cst.If, cst.While, cst.Assert)) and parent.test is node:
+            return True
+        if isinstance(parent, cst.IfExp) and parent.test is node:
+            return True
+        return isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation, cst.BooleanOperation))
+
+    def _report_only(self, problem: _Unplannable) -> list[Report]:
+        line = self._line(problem.node)
+        where = f" (line {line})" if line else ""
+        reason = f"not rewritten: {problem.reason}{where}; migrate this file by hand or keep it running on ampshim"
+        messages = {
+            "initialize": (INITIALIZE, "`amp.initialize`"),
+            "scale_loss": (SCALE_LOSS, "`amp.scale_loss`"),
+            "master_params": (MASTER_PARAMS, "`amp.master_params`"),
+            "state_dict": (STATE_DICT, "`amp.state_dict`"),
+            "load_state_dict": (STATE_DICT, "`amp.load_state_dict`"),
+        }
+        findings = []
+        for kind in CORE:
+            code, what = messages[kind]
+            for call in self.sites[kind]:
+                findings.append(Report(code, call, f"{what} is apex mixed precision; {reason}"))
+        return findings
+
+    def _line(self, node: cst.CSTNode) -> int | None:
+        where = self.provider.get_metadata(PositionProvider, node, None)
+        return where.start.line if where is not None else None
+
+    # ---- the rewrite ----------------------------------------------------------------------
+
+    def _rewrite(self) -> None:
+        if len(self.sites["initialize"]) != 1:
+            if not self.sites["initialize"]:
+                anchor = next(call for kind in CORE for call in self.sites[kind])
+                raise _Unplannable(anchor, "no `amp.initialize` in this file, so the scaler is created elsewhere")
+            raise _Unplannable(self.sites["initialize"][1], "`amp.initialize` is called more than once")
+        init = self._initialize(self.sites["initialize"][0])
+        scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
+        if not scales:
+            raise _Unplannable(init.call, "no `amp.scale_loss` in this file, so the backward pass is elsewhere")
+        self.init = init
+        self.o0 = init.level == "O0"
+        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales]
+        scaler_sites += self.sites["state_dict"] + self.sites["load_state_dict"] + self.sites["master_params"]
+        self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
+        hoist = self._hoist_guard(init, scaler_sites)
+        self._guard_test = nodes.code(hoist.test) if hoist is not None else None
+        self.may_be_disabled = init.enabled is not None or hoist is not None
+
+        # Each optimizer step after a scaled backward goes through the scaler; the scale is
+        # updated once per scaled backward, after the last of its optimizers' steps.
+        steps: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
+        for scale in scales:
+            self._plan_scale_loss(scale)
+            if self.o0:
+                continue
+            found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
+            found.sort(key=lambda hit: (self.order[id(hit[0])], hit[1]))
+            for k, (line, index, condition) in enumerate(found):
+                entry = steps.setdefault(id(line), (line, {}, condition))
+                entry[1][index] = entry[1].get(index, False) or k == len(found) - 1
+        for line, updates, condition in steps.values():
+            self._replace(line, self._step_replacement(line, updates, condition))
+        self._plan_master_params()
+        self._plan_state_dicts()
+        self._plan_initialize(init, hoist)
+        if not self.o0:
+            for scale in scales:
+                self._plan_autocast(scale, init)
+        self._emit(init, scales, steps)
+
+    def _emit(self, init: _Initialize, scales: list[_ScaleLoss], steps: dict) -> None:
+        safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
+        why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
+        removes = tuple(
+            change
+            for node, _ in self.refs
+            for change in self.imports.get(nodes.root_name(node) or "", ())
+            if isinstance(node, (cst.Name, cst.Attribute))
+        )
+        removes = tuple(dict.fromkeys(removes))
+        adds = () if self.o0 else (ImportChange("torch"),)
+        messages = {
+            id(init.statement): (INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix()),
+        }
+        for scale in scales:
+            messages[id(scale.statement)] = (
+                SCALE_LOSS,
+                "`amp.scale_loss` is apex mixed precision",
+                f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)",
+            )
+        for line, _, _ in steps.values():
+            messages[id(line)] = (SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+        for node, replacement in self.replacements.values():
+            code, message, fix = messages.get(id(node), self._message_for(node))
+            self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
+
+    def _message_for(self, node: cst.CSTNode) -> tuple[str, str, str]:
+        kind = self._kinds.get(id(node))
+        if kind is not None:
+            return kind
+        return (INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
+
+    def _initialize_fix(self) -> str:
+        if self.o0:
+            return "Remove it: O0 is plain fp32"
+        return f'Create `{self.scaler} = torch.amp.GradScaler("cuda")`'
+
+    def _kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
+        self._kinds[id(node)] = (code, message, fix)
+
+    def _replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
+        self.replacements[id(node)] = (node, replacement)
+
+    def _check_disjoint(self) -> None:
+        for node, _ in self.replacements.values():
+            ancestor = self.parent.get(id(node))
+            while ancestor is not None:
+                if id(ancestor) in self.replacements:
+                    raise _Unplannable(node, "two rewrites would overlap here")
+                ancestor = self.parent.get(id(ancestor))
+
+    # ---- initialize -----------------------------------------------------------------------
+
+    def _initialize(self, call: cst.Call) -> _Initialize:
+        statement = self._statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if isinstance(small, cst.Assign) and (len(small.targets) != 1 or small.value is not call):
+            small = None
+        if isinstance(small, cst.Expr) and small.value is not call:
+            small = None
+        if not isinstance(small, (cst.Assign, cst.Expr)):
+            raise _Unplannable(call, "`amp.initialize` is part of a larger statement")
+        if nodes.has_star(call):
+            raise _Unplannable(call, "`amp.initialize` takes `*args`/`**kwargs`, so its options cannot be seen")
+        unknown = nodes.keyword_names(call) - _INITIALIZE_KEYWORDS
+        if unknown or len([a for a in call.args if a.keyword is None]) > 4:
+            raise _Unplannable(call, f"`amp.initialize` has arguments apex does not take: {sorted(unknown)!r}")
+        models = nodes.argument(call, 0, "models")
+        optimizers = nodes.argument(call, 1, "optimizers")
+        if models is None:
+            raise _Unplannable(call, "`amp.initialize` is called without models")
+        has_optimizers = optimizers is not None and not (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+        level_arg = nodes.argument(call, 3, "opt_level")
+        level: str | None = "O1"
+        if level_arg is not None:
+            level = nodes.literal_string(level_arg.value)
+            if level is None:
+                self.unsafe.append("the opt_level is computed at run time; the rewrite is O1 (autocast + scaler)")
+            elif level not in ("O0", "O1", "O2", "O3"):
+                raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
+            elif level in ("O2", "O3"):
+                self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
+        if not has_optimizers and level != "O0":
+            raise _Unplannable(call, "`amp.initialize` without optimizers (inference): put the forward pass under `torch.autocast` by hand")
+        enabled_arg = nodes.argument(call, 2, "enabled")
+        enabled = enabled_arg.value if enabled_arg is not None else None
+        if isinstance(enabled, cst.Name) and enabled.value == "True":
+            enabled = None
+        scaler_args = self._scaler_options(call)
+        restore = None
+        values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
+        if isinstance(small, cst.Assign):
+            target = nodes.code(small.targets[0].target)
+            if _normal(target) != _normal(values):
+                restore = f"{target} = {values}"
+        model_codes = self._codes(models.value)
+        if isinstance(small, cst.Assign):
+            target = small.targets[0].target
+            if optimizers is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
+                target = target.elements[0].value
+            model_codes |= self._codes(target)
+        on_self = any(code.startswith("self.") for code in model_codes)
+        return _Initialize(call, statement, level, enabled, scaler_args, restore, model_codes, on_self)
+
+    @staticmethod
+    def _codes(expression: cst.BaseExpression) -> set[str]:
+        """The source of each model in a ``models`` argument or target: one, or a list of them."""
+        if isinstance(expression, (cst.List, cst.Tuple)):
+            return {nodes.code(element.value) for element in expression.elements}
+        return {nodes.code(expression)}
+
+    def _scaler_options(self, call: cst.Call) -> list[str]:
+        options = []
+        loss_scale = nodes.argument(call, None, "loss_scale")
+        if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
+            number = nodes.number_text(loss_scale.value)
+            if number is not None:
+                options.append(f"init_scale={number}")
+                self.unsafe.append("a static loss scale has no native equivalent: GradScaler starts there but stays dynamic")
+            else:
+                self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
+        for name in ("min_loss_scale", "max_loss_scale", "num_losses", *_NO_NATIVE_OPTION):
+            arg = nodes.argument(call, None, name)
+            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+                continue
+            if name == "num_losses" and nodes.code(arg.value) == "1":
+                continue
+            if name == "num_losses":
+                self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss)")
+            else:
+                self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
+        return options
+
+    def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
+        lines: list[str] = []
+        if not self.o0:
+            if self.scaler_scope == "global":
+                lines.append(f"global {self.scaler}")
+            args = "".join(f", {option}" for option in init.scaler_args)
+            enabled = self._enabled_expression(init, hoist)
+            if enabled:
+                args += f", enabled={enabled}"
+            lines.append(f'{self.scaler} = torch.amp.GradScaler("cuda"{args})')
+        if hoist is None:
+            if init.restore:
+                lines.append(init.restore)
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.module) if lines else []
+            if not new:
+                self._replace(init.statement, cst.RemoveFromParent())
+                return
+            new[0] = nodes.with_leading(new[0], init.statement)
+            self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
+            return
+        new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
+        new[0] = nodes.with_leading(new[0], hoist)
+        body = list(hoist.body.body)
+        position = body.index(init.statement)
+        if init.restore:
+            body[position] = nodes.with_leading(nodes.parse_statements(init.restore + "\n", self.module)[0], init.statement)
+        else:
+            del body[position]
+        if body or hoist.orelse is not None:
+            kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])]))
+            new.append(kept)
+        self._replace(hoist, cst.FlattenSentinel(new))
+        self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix() + ", enabled by the same flag")
+
+    def _enabled_expression(self, init: _Initialize, hoist: cst.If | None) -> str | None:
+        parts = []
+        if hoist is not None:
+            parts.append(_as_bool(hoist.test))
+        if init.enabled is not None:
+            parts.append(_as_bool(init.enabled))
+        return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
+
+    def _hoist_guard(self, init: _Initialize, sites: list[cst.CSTNode]) -> cst.If | None:
+        """The ``if flag:`` whose body holds initialize, when the scaler must exist outside it.
+
+        Moved before the ``if`` as ``GradScaler(enabled=flag)``, the scaler exists on every path
+        and does nothing where apex was not initialized.
+        """
+        block = self.parent.get(id(init.statement))
+        owner = self.parent.get(id(block))
+        if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
+            return None
+        if isinstance(owner, cst.If) and owner.body is block:
+            if all(self._inside(site, block) for site in sites):
+                return None
+            if any(self._inside(site, owner) for site in sites):
+                self.unsafe.append("`amp.initialize` sits in a conditional block with other amp code")
+                return None
+            alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
+            if nodes.is_pure(owner.test) or alone:
+                return owner
+        self.unsafe.append("`amp.initialize` sits inside a block: the scaler may not exist everywhere it is used")
+        return None
+
+    def _scaler_name(self, init: _Initialize, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
+        if init.level == "O0":
+            return None, "none"
+        function = self._function(init.statement)
+        if init.on_self and function is not None and self._first_param(function) == "self":
+            owner = self._class(function)
+            if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
+                attribute = next(name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
+                return f"self.{attribute}", "self"
+        name = next((name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+        if all(self._function(site) is function for site in sites):
+            return name, "local"
+        if function is None:
+            return name, "module"
+        return name, "global"
+
+    # ---- scale_loss and the optimizer step ---------------------------------------------------
+
+    def _scale_loss(self, call: cst.Call) -> _ScaleLoss:
+        item = self.parent.get(id(call))
+        statement = self.parent.get(id(item))
+        if not (isinstance(item, cst.WithItem) and isinstance(statement, cst.With) and item.item is call):
+            raise _Unplannable(call, "`amp.scale_loss` is not used as a `with` statement (it is entered by hand or returned)")
+        if len(statement.items) != 1 or statement.asynchronous is not None:
+            raise _Unplannable(call, "`amp.scale_loss` shares its `with` statement with other context managers")
+        if item.asname is None or not isinstance(item.asname.name, cst.Name):
+            raise _Unplannable(call, "`amp.scale_loss` does not bind the scaled loss to a name")
+        if nodes.has_star(call):
+            raise _Unplannable(call, "`amp.scale_loss` takes `*args`/`**kwargs`")
+        unknown = nodes.keyword_names(call) - _SCALE_LOSS_KEYWORDS
+        if unknown:
+            raise _Unplannable(call, f"`amp.scale_loss` has arguments apex does not take: {sorted(unknown)!r}")
+        loss = nodes.argument(call, 0, "loss")
+        optimizers = nodes.argument(call, 1, "optimizers")
+        if loss is None or optimizers is None:
+            raise _Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
+        for name, why in (
+            ("loss_id", "one GradScaler serves every loss id (apex keeps one scaler per loss)"),
+            ("delay_unscale", "gradient accumulation: the scaler steps only where the optimizer steps, at the accumulation boundary"),
+            ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
+        ):
+            arg = nodes.argument(call, None, name)
+            if arg is not None and nodes.code(arg.value) not in ("False", "0"):
+                self.unsafe.append(why)
+        value = optimizers.value
+        listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
+        scaled = item.asname.name.value
+        body = statement.body
+        statements: list[cst.BaseStatement]
+        if isinstance(body, cst.SimpleStatementSuite):
+            smalls = list(body.body)
+            statements = [cst.SimpleStatementLine([s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in smalls])]
+        else:
+            smalls = list(body.body[0].body) if len(body.body) == 1 and isinstance(body.body[0], cst.SimpleStatementLine) else []
+            statements = list(body.body)
+            if any(line.comment for line in (*body.body[0].leading_lines, *body.footer)) or body.header.comment:
+                smalls = []
+        backward_args = None
+        if len(smalls) == 1 and isinstance(smalls[0], cst.Expr):
+            call_node = smalls[0].value
+            if (
+                isinstance(call_node, cst.Call)
+                and isinstance(call_node.func, cst.Attribute)
+                and call_node.func.attr.value == "backward"
+                and nodes.code(call_node.func.value) == scaled
+                and scaled != nodes.code(loss.value)
+            ):
+                backward_args = list(call_node.args)
+        if backward_args is None and scaled != nodes.code(loss.value):
+            self.unsafe.append("the `with amp.scale_loss` body does more than `backward()`")
+        return _ScaleLoss(call, statement, loss.value, listed, scaled, backward_args, statements)
+
+    def _plan_scale_loss(self, scale: _ScaleLoss) -> None:
+        loss = nodes.code(scale.loss)
+        if isinstance(scale.loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
+            loss = f"({loss})"
+        scaled = loss if self.o0 else f"{self.scaler}.scale({nodes.code(scale.loss)})"
+        if scale.backward_args is not None:
+            args = ", ".join(nodes.code(arg) for arg in scale.backward_args)
+            new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
+            self._replace(scale.statement, nodes.with_leading(new, scale.statement))
+            return
+        first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.module)[0]
+        self._replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
+
+    def _plan_steps(self, scale: _ScaleLoss, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
+        """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
+        wanted = nodes.code(optimizer)
+        current: cst.CSTNode = scale.statement
+        conditions: list[cst.If] = []
+        while True:
+            block = self.parent.get(id(current))
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                break
+            body = list(block.body)
+            found: list[tuple[cst.SimpleStatementLine, int]] = []
+            for sibling in body[body.index(current) + 1 :]:
+                found = self._steps_in(sibling, wanted)
+                if found:
+                    break
+            if found:
+                condition = self._step_condition(conditions)
+                return [(line, index, condition) for line, index in found]
+            owner = self.parent.get(id(block))
+            if isinstance(owner, cst.If) and owner.body is block:
+                conditions.append(owner)
+            elif isinstance(owner, cst.Else) or isinstance(owner, cst.If):
+                conditions.append(None)
+            elif not isinstance(owner, _TRANSPARENT):
+                break
+            while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
+                isinstance(self.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
+            ):
+                owner = self.parent.get(id(owner))
+            current = owner
+        anywhere = self._steps_in_file(wanted)
+        if not anywhere:
+            raise _Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
+        self.unsafe.append(f"`{wanted}.step()` is not next to `amp.scale_loss`; every `{wanted}.step()` in the file goes through the scaler")
+        return [(line, index, None) for line, index in anywhere]
+
+    def _step_condition(self, conditions: list) -> str | None:
+        """The test under which the scaled backward ran, when the step sits outside that ``if``."""
+        if not conditions:
+            return None
+        if len(conditions) == 1 and conditions[0] is not None:
+            test = conditions[0].test
+            if nodes.code(test) == self._guard_test:
+                return None
+            if nodes.is_pure(test):
+                return nodes.code(test)
+        self.unsafe.append("the scaled backward is conditional but the optimizer step is not")
+        return None
+
+    def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            return [(statement, i) for i, small in enumerate(statement.body) if _is_step(small, wanted)]
+        if not isinstance(statement, _TRANSPARENT):
+            return []
+        found = []
+        for child in statement.children:
+            if isinstance(child, cst.IndentedBlock):
+                for inner in child.body:
+                    found += self._steps_in(inner, wanted)
+            elif isinstance(child, _TRANSPARENT):
+                found += self._steps_in(child, wanted)
+        return found
+
+    def _steps_in_file(self, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        found = []
+
+        class _Steps(cst.CSTVisitor):
+            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+                found.extend((node, i) for i, small in enumerate(node.body) if _is_step(small, wanted))
+                return False
+
+        self.module.visit(_Steps())
+        return found
+
+    def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None) -> Replacement:
+        smalls: list[cst.BaseSmallStatement] = []
+        for i, small in enumerate(line.body):
+            if i not in updates:
+                smalls.append(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
+                continue
+            call = small.value
+            args = "".join(f", {nodes.code(arg)}" for arg in call.args)
+            optimizer = nodes.code(call.func.value)
+            new = [cst.Expr(nodes.parse_expression(f"{self.scaler}.step({optimizer}{args})", self.module))]
+            if updates[i]:
+                new.append(cst.Expr(nodes.parse_expression(f"{self.scaler}.update()", self.module)))
+            if condition is not None and len(line.body) == 1:
+                body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
+                text = f"if {condition}:\n{body}else:\n    {nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))}\n"
+                return nodes.with_leading(nodes.parse_statements(text, self.module)[0], line)
+            smalls += new
+        if len(line.body) == 1:
+            first = line.with_changes(body=[smalls[0]])
+            return cst.FlattenSentinel([first, *(cst.SimpleStatementLine([small]) for small in smalls[1:])]) if len(smalls) > 1 else first
+        return line.with_changes(body=smalls)
+
+    # ---- autocast placement -----------------------------------------------------------------
+
+    def _plan_autocast(self, scale: _ScaleLoss, init: _Initialize) -> None:
+        loss = nodes.code(scale.loss)
+        current: cst.CSTNode = scale.statement
+        while True:
+            block = self.parent.get(id(current))
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                break
+            window = self._window(block, current)
+            start = next((i for i, s in enumerate(window) if self._calls_model(s, init.model_codes)), None)
+            if start is not None:
+                self._wrap(window[start:], scale)
+                return
+            owner = self.parent.get(id(block))
+            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
+                owner = self.parent.get(id(owner))
+            if not isinstance(owner, (cst.If, cst.Try, cst.With)):
+                break
+            current = owner
+        block = self.parent.get(id(scale.statement))
+        window = self._window(block, scale.statement)
+        start = next((i for i, s in enumerate(window) if _assigns(s, loss)), None)
+        if start is not None:
+            self.unsafe.append("the model's forward call is not next to `amp.scale_loss`: only the loss computation goes under autocast")
+            self._wrap(window[start:], scale)
+            return
+        self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
+
+    def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
+        body = list(block.body)
+        end = body.index(current)
+        start = end
+        while start > 0 and not self._touched(body[start - 1]) and not _defines(body[start - 1]):
+            start -= 1
+        return body[start:end]
+
+    def _touched(self, statement: cst.CSTNode) -> bool:
+        targets = self.replacements
+        hit = False
+
+        class _Find(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                nonlocal hit
+                hit = hit or id(node) in targets
+                return not hit
+
+        statement.visit(_Find())
+        return hit
+
+    def _calls_model(self, statement: cst.CSTNode, models: set[str]) -> bool:
+        hit = False
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                nonlocal hit
+                func = node.func
+                if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):
+                    hit = True
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return False
+
+        statement.visit(_Find())
+        return hit
+
+    def _wrap(self, statements: list[cst.BaseStatement], scale: _ScaleLoss) -> None:
+        # Stop at the last statement that computes the loss or calls the model: what follows
+        # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
+        loss = nodes.code(scale.loss)
+        relevant = [i for i, s in enumerate(statements) if _assigns(s, loss) or self._calls_model(s, self.init.model_codes)]
+        if relevant:
+            statements = statements[: relevant[-1] + 1]
+        enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
+        head = nodes.parse_statements(f"with {_AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
+        first = statements[0]
+        body = [nodes.with_leading(first, cst.SimpleStatementLine([])), *statements[1:]]
+        wrapped = head.with_changes(body=head.body.with_changes(body=body), leading_lines=first.leading_lines)
+        self._replace(first, wrapped)
+        self._kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
+        for statement in statements[1:]:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Moved under `torch.autocast`")
+
+    # ---- master_params and state_dict ---------------------------------------------------------
+
+    def _plan_master_params(self) -> None:
+        unscaled: set[tuple[int, str]] = set()
+        for call in self.sites["master_params"]:
+            optimizer = nodes.argument(call, 0, "optimizer")
+            if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
+                raise _Unplannable(call, "`amp.master_params` is not called with one optimizer")
+            if self.init.level in ("O2", "O3", None):
+                self.unsafe.append("under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters")
+            opt = nodes.code(optimizer.value)
+            generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
+            arg = self.parent.get(id(call))
+            outer = self.parent.get(id(arg))
+            if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
+                generator = generator.with_changes(lpar=[], rpar=[])
+            statement = self._statement(call)
+            key = (id(self._function(call)), opt)
+            inspects_grads = self._feeds_grad_consumer(call, statement)
+            self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
+            if self.o0 or not inspects_grads or key in unscaled or not isinstance(statement, cst.SimpleStatementLine):
+                self._replace(call, generator)
+                if inspects_grads and not self.o0 and key not in unscaled:
+                    self.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
+                continue
+            unscaled.add(key)
+            unscale = nodes.parse_statements(f"{self.scaler}.unscale_({opt})\n", self.module)[0]
+            updated = statement.deep_replace(call, generator)
+            new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
+            self._replace(statement, new)
+            self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+
+    def _feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
+        """Whether the parameters go into something that reads gradients (clipping, norms)."""
+        node = self.parent.get(id(call))
+        while node is not None and node is not statement:
+            if isinstance(node, cst.Call) and any(word in nodes.call_name(node).lower() for word in ("clip", "norm", "grad")):
+                return True
+            node = self.parent.get(id(node))
+        return False
+
+    def _plan_state_dicts(self) -> None:
+        calls = self.sites["state_dict"] + self.sites["load_state_dict"]
+        if calls and self.o0:
+            raise _Unplannable(calls[0], "O0 has no loss scaler whose state could be saved")
+        for call in self.sites["state_dict"]:
+            if call.args:
+                raise _Unplannable(call, "`amp.state_dict(destination)` has no native equivalent")
+            self._replace(call, nodes.parse_expression(f"{self.scaler}.state_dict()", self.module))
+            self._kind(call, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.state_dict()`")
+        for call in self.sites["load_state_dict"]:
+            state = nodes.argument(call, 0, "state_dict")
+            if state is None or len(call.args) != 1 or nodes.has_star(call):
+                raise _Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
+            self._replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}))", self.module))
+            self._kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
+        if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
+            self._add_helper()
+
+    def _add_helper(self) -> None:
+        anchor = None
+        for statement in self.module.body:
+            if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+                anchor = statement
+        if anchor is None:
+            raise _Unplannable(self.sites["load_state_dict"][0], "no top-level import to put the checkpoint conversion helper after")
+        helper = nodes.parse_statements(HELPER_SOURCE, self.module)
+        helper[0] = helper[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        self._replace(anchor, cst.FlattenSentinel([anchor, *helper]))
+        self._kind(anchor, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Add `{HELPER_NAME}` so old apex checkpoints keep loading")
+
+    # ---- tree helpers --------------------------------------------------------------------
+
+    def _statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            node = self.parent[id(node)]
+        return node
+
+    def _function(self, node: cst.CSTNode | None) -> cst.FunctionDef | None:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.parent.get(id(node))
+        return node
+
+    def _class(self, function: cst.FunctionDef | None) -> cst.ClassDef | None:
+        block = self.parent.get(id(function)) if function is not None else None
+        owner = self.parent.get(id(block))
+        return owner if isinstance(owner, cst.ClassDef) else None
+
+    @staticmethod
+    def _first_param(function: cst.FunctionDef | None) -> str | None:
+        params = function.params.params if function is not None else ()
+        return params[0].name.value if params else None
+
+    def _inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        while node is not None:
+            if node is container:
+                return True
+            node = self.parent.get(id(node))
+        return False
+
+
+class _Collect(cst.CSTVisitor):
+    """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
+
+    def __init__(self, planner: _Planner) -> None:
+        super().__init__()
+        self.planner = planner
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        planner = self.planner
+        if self.stack:
+            planner.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, cst.SimpleStatementLine):
+            planner.order[id(node)] = len(planner.order)
+        if isinstance(node, cst.Name):
+            planner.names.add(node.value)
+        elif isinstance(node, cst.Attribute):
+            planner.attributes.add(node.attr.value)
+        if isinstance(node, (cst.Name, cst.Attribute)) and not self._binding(node):
+            found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
+            if found:
+                planner.refs.append((node, found[0]))
+                return False
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+    def _binding(self, node: cst.CSTNode) -> bool:
+        """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        if isinstance(parent, cst.AssignTarget) and parent.target is node:
+            return True
+        if isinstance(parent, (cst.AnnAssign, cst.AugAssign)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return True
+        return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))
+
+
+def _is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    func = small.value.func
+    return isinstance(func, cst.Attribute) and func.attr.value == "step" and nodes.code(func.value) == optimizer
+
+
+def _assigns(statement: cst.CSTNode, name: str) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and any(nodes.code(t.target) == name for t in small.targets):
+            return True
+        if isinstance(small, (cst.AugAssign, cst.AnnAssign)) and nodes.code(small.target) == name:
+            return True
+    return False
+
+
+def _defines(statement: cst.CSTNode) -> bool:
+    """Statements autocast must not swallow: definitions, imports and scope declarations."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return True
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)) for s in statement.body
+    )
+
+
+def _normal(text: str) -> str:
+    text = "".join(text.split())
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return text
+
+
+def _as_bool(expression: cst.BaseExpression) -> str:
+    text = nodes.code(expression)
+    if isinstance(expression, (cst.Comparison,)) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
+        return text
+    if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
+        return text
+    return f"bool({text})"

@@ -1,0 +1,144 @@
+"""The base of the rewrites that swap an apex class or function for its native counterpart."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from migrate import apex_nodes as nodes
+from migrate.names import qualified_names
+from migrate.rule import ImportChange, Rule
+from migrate.types import Safety
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """How a call is rewritten: the new source of the call, its safety, and why (when unsafe)."""
+
+    source: str
+    safety: Safety = Safety.SAFE
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NoFix:
+    """Why a call (or reference) is only reported."""
+
+    reason: str
+
+
+class ApexRename(Rule):
+    """Finds every use of the apex names in ``TARGETS`` (resolved through imports) and rewrites it.
+
+    A call goes through ``native_call``; a use that is not a call (``isinstance``, a base class,
+    an alias) becomes ``REFERENCES[name]`` when there is one, and is reported otherwise.
+    """
+
+    TRIGGERS = ("apex",)
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    TARGETS: ClassVar[tuple[str, ...]] = ()
+    REFERENCES: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        self._funcs: set[int] = set()
+        self._imports: dict[str, list[ImportChange]] = {}
+        self._in_import = 0
+        self._module: cst.Module | None = None
+        self._call_outcomes: dict[str, list[Safety | None]] = {}  # per target: each call's fix safety, None: no fix
+        self._pending: list[tuple[cst.CSTNode, str, str]] = []  # references, fixed once all calls are known
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
+        self._imports = nodes.apex_imports(node)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self._in_import += 1
+
+    def leave_Import(self, original_node: cst.Import) -> None:
+        self._in_import -= 1
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._in_import += 1
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom) -> None:
+        self._in_import -= 1
+
+    def _target(self, node: cst.CSTNode) -> str | None:
+        if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
+            return None
+        return next((name for name in self.TARGETS if name in qualified_names(self, node)), None)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        target = self._target(node.func)
+        if target is None:
+            return
+        self._funcs.add(id(node.func))
+        outcome = self.native_call(node, target)
+        self._call_outcomes.setdefault(target, []).append(None if isinstance(outcome, NoFix) else outcome.safety)
+        if isinstance(outcome, NoFix):
+            self.report(node, f"{self.MESSAGE}; not rewritten: {outcome.reason}")
+            return
+        replacement = nodes.parse_expression(outcome.source, self._module)
+        note = f" (unsafe: {outcome.note})" if outcome.note else ""
+        self._fix(node, replacement, outcome.safety, f"Use `{outcome.source.split('(')[0]}`{note}")
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._reference(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._reference(node)
+
+    def _reference(self, node: cst.BaseExpression) -> None:
+        if id(node) in self._funcs:
+            return
+        target = self._target(node)
+        if target is None:
+            return
+        native = self.REFERENCES.get(target)
+        if native is None:
+            self.report(node, f"{self.MESSAGE}; not rewritten: this use is not a call, and no single native name replaces it")
+            return
+        self._pending.append((node, target, native))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        """References follow the calls: an ``isinstance`` check must name the class the calls build."""
+        for node, target, native in self._pending:
+            outcomes = self._call_outcomes.get(target, [])
+            if None in outcomes:
+                self.report(node, f"{self.MESSAGE}; not rewritten: a call of it in this file is not rewritten either")
+                continue
+            safety = Safety.UNSAFE if Safety.UNSAFE in outcomes else Safety.SAFE
+            self._fix(node, nodes.parse_expression(native, self._module), safety, f"Use `{native}`")
+
+    def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str) -> None:
+        root = nodes.root_name(node.func if isinstance(node, cst.Call) else node)
+        self.report(
+            node,
+            replacement=replacement,
+            safety=safety,
+            fix_message=message,
+            add_imports=(ImportChange("torch"),),
+            remove_imports=tuple(self._imports.get(root or "", ())),
+        )
+
+    def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
+        raise NotImplementedError
+
+    # Helpers for subclasses.
+    @staticmethod
+    def rebuild(native: str, call: cst.Call, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
+        """``native(<the call's arguments without the keywords in drop>, <extra>)``."""
+        kept = [nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for arg in call.args if arg.keyword is None or arg.keyword.value not in drop]
+        return f"{native}({', '.join([*kept, *extra])})"
+
+
+def binds(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """``node`` is a name being defined (``class X``, ``X = ...``, a parameter), not a use."""
+    if isinstance(parent, (cst.ClassDef, cst.FunctionDef)) and parent.name is node:
+        return True
+    if isinstance(parent, cst.Attribute) and parent.attr is node:
+        return True
+    return isinstance(parent, (cst.AssignTarget, cst.Param, cst.AsName, cst.NameItem))

@@ -1,0 +1,103 @@
+"""AMP002: ``amp.initialize`` -> a ``torch.amp.GradScaler`` and ``torch.autocast`` around the forward pass."""
+from __future__ import annotations
+
+from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import PlannedApexRule
+
+
+class AmpInitialize(PlannedApexRule):
+    """What it does:
+    Replaces ``model, optimizer = amp.initialize(model, optimizer, opt_level="O1")`` with
+    ``scaler = torch.amp.GradScaler("cuda")`` (``self.scaler`` when the targets are attributes;
+    another name when ``scaler`` is taken), and wraps the statements from the model's forward call
+    up to the loss that goes into ``amp.scale_loss`` in
+    ``with torch.autocast("cuda", dtype=torch.float16):``. ``enabled=`` (and an ``if flag:`` around
+    the call, which the scaler creation moves out of) becomes ``GradScaler(enabled=...)`` and
+    ``torch.autocast(..., enabled=scaler.is_enabled())``; a numeric ``loss_scale`` becomes
+    ``init_scale``. O0 is plain fp32: the call goes, nothing is added.
+
+    Why is this bad?
+    apex's ``amp`` was removed from apex; native ``torch.amp`` is the supported way to train in
+    mixed precision, and O1 (patched casts + dynamic loss scaling) is exactly autocast + GradScaler.
+
+    Fix safety:
+    Safe for a literal or default O1 with one optimizer, when the forward call sits next to
+    ``amp.scale_loss``. Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32
+    master copies become fp32 weights under autocast), a computed opt level, a static
+    ``loss_scale`` or ``min/max_loss_scale`` (GradScaler is always dynamic, without bounds), several
+    losses, or an autocast region that could only be guessed. Reported without a fix when the file
+    cannot be rewritten consistently (no ``scale_loss`` here, ``amp`` handed to other code,
+    ``**kwargs``, an invalid opt level); the message says why. Applied together with AMP003-AMP005.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP002"
+    MESSAGE = "`amp.initialize` is apex mixed precision"
+    VALID = [
+        Valid('import torch\nscaler = torch.amp.GradScaler("cuda")\n'),
+        Valid("def initialize(model, optimizer, opt_level):\n    return model, optimizer\n\nmodel, optimizer = initialize(model, optimizer, opt_level='O1')\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x, y in loader:
+    optimizer.zero_grad()
+    out = model(x)
+    loss = criterion(out, y)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    optimizer.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = model(x)
+        loss = criterion(out, y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+""",
+        ),
+        Invalid(
+            """import apex
+
+class Trainer:
+    def __init__(self, model, optimizer, args):
+        self.model, self.optimizer = apex.amp.initialize(model, optimizer, opt_level="O2", loss_scale=128.0)
+
+    def step(self, batch):
+        loss = self.model(batch).mean()
+        with apex.amp.scale_loss(loss, self.optimizer) as scaled:
+            scaled.backward()
+        self.optimizer.step()
+""",
+            """import torch
+
+class Trainer:
+    def __init__(self, model, optimizer, args):
+        self.scaler = torch.amp.GradScaler("cuda", init_scale=128.0)
+        self.model, self.optimizer = model, optimizer
+
+    def step(self, batch):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(batch).mean()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+""",
+            unsafe_fixes=True,
+        ),
+        Invalid(
+            """from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level, **amp_args)
+"""
+        ),
+    ]

@@ -1,0 +1,114 @@
+"""AMP007: ``amp.register_half_function(torch, "einsum")`` and ``amp.lists`` edits: dropped or reported."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.names import qualified_names
+from migrate.rule import Invalid, Valid
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.types import Safety
+
+# What native CUDA autocast already runs in float16 ...
+_NATIVE_FP16 = frozenset(
+    "conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d convolution prelu addmm addmv "
+    "addr matmul einsum mm mv linear addbmm baddbmm bmm chain_matmul multi_dot lstm_cell gru_cell rnn_tanh_cell "
+    "rnn_relu_cell scaled_dot_product_attention".split()
+)
+# ... and in float32.
+_NATIVE_FP32 = frozenset(
+    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm "
+    "group_norm norm nuclear_norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss hinge_embedding_loss "
+    "kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss "
+    "triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp "
+    "softmax log_softmax cumsum cumprod sum prod".split()
+)
+_REGISTER = {
+    "apex.amp.register_half_function": _NATIVE_FP16,
+    "apex.amp.register_float_function": _NATIVE_FP32,
+    "apex.amp.register_bfloat16_function": frozenset(),
+    "apex.amp.register_promote_function": frozenset(),
+}
+_MODULES = ("torch", "torch.nn.functional", "torch.Tensor")
+
+
+class AmpRegisterFunction(ApexRename):
+    """What it does:
+    Removes ``amp.register_half_function(torch, "einsum")`` (and ``register_float_function``) when
+    native autocast already runs that function in that dtype, and reports the others and any
+    change to ``amp.lists``.
+
+    Why is this bad?
+    Native autocast has no registry to add functions to; these calls only fed apex's patching.
+
+    Fix safety:
+    Safe when the function is on native autocast's own float16 (or float32) list: the behaviour
+    is already there. Otherwise reported: wrap the calls in
+    ``with torch.autocast("cuda", enabled=False):`` and cast the inputs by hand.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP007"
+    MESSAGE = "apex's cast registry does not exist in native autocast"
+    TARGETS = tuple(_REGISTER)
+    VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
+    INVALID = [
+        Invalid(
+            "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n",
+            "import torch\n\nif args.fp16:\n    pass\n",
+        ),
+        Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"),
+        Invalid("from apex import amp\namp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n"),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        target = self._target(node.func)
+        if target is None:
+            return
+        self._funcs.add(id(node.func))
+        module = nodes.argument(node, 0, "module")
+        name = nodes.literal_string(getattr(nodes.argument(node, 1, "name"), "value", None))
+        native = bool(module) and name in _REGISTER[target] and bool(set(_MODULES) & qualified_names(self, module.value))
+        statement = self._statements.get(id(node))
+        if not native or statement is None:
+            self.report(node, f"{self.MESSAGE}; not rewritten: native autocast does not treat {name or 'this function'!r} this way: "
+                        "wrap its calls in `with torch.autocast(\"cuda\", enabled=False):` and cast the inputs by hand")
+            return
+        self._fix_statement(node, statement)
+
+    def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine) -> None:
+        root = nodes.root_name(call.func)
+        self.report(
+            statement,
+            f"{self.MESSAGE}; native autocast already casts this function the same way",
+            replacement=cst.RemoveFromParent(),
+            safety=Safety.SAFE,
+            fix_message="Remove the registration",
+            remove_imports=tuple(self._imports.get(root or "", ())),
+        )
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if not hasattr(self, "_statements"):
+            self._statements: dict[int, cst.SimpleStatementLine] = {}
+        if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
+            self._statements[id(node.body[0].value)] = node
+
+    def _reference(self, node: cst.BaseExpression) -> None:
+        if id(node) in self._funcs or getattr(self, "_inside_lists", False):
+            return
+        names = qualified_names(self, node)
+        if any(n == "apex.amp.lists" or n.startswith("apex.amp.lists.") for n in names):
+            self.report(node, f"{self.MESSAGE}; not rewritten: `amp.lists` edits have no native equivalent; "
+                        "wrap the affected calls in `with torch.autocast(\"cuda\", enabled=False):` and cast by hand")
+            self._inside_lists = node
+        elif self._target(node) is not None:
+            self.report(node, f"{self.MESSAGE}; not rewritten: this use is not a call")
+
+    def leave_Attribute(self, original_node: cst.Attribute) -> None:
+        if getattr(self, "_inside_lists", None) is original_node:
+            self._inside_lists = False
+
+    def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
+        return NoFix("")

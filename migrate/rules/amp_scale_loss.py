@@ -1,0 +1,94 @@
+"""AMP003: ``with amp.scale_loss(loss, opt) as s: s.backward()`` -> ``scaler.scale(loss).backward()``."""
+from __future__ import annotations
+
+from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import PlannedApexRule
+
+
+class AmpScaleLoss(PlannedApexRule):
+    """What it does:
+    Replaces ``with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward(...)``
+    with ``scaler.scale(loss).backward(...)``, and the ``optimizer.step()`` that follows it (in the
+    same block, or at the accumulation boundary after it) with ``scaler.step(optimizer)`` and
+    ``scaler.update()``. A list of optimizers steps each through the scaler. A body that does more
+    than ``backward()`` becomes ``scaled_loss = scaler.scale(loss)`` followed by the body. When the
+    scaled backward runs only under ``if flag:`` and the step runs on both paths, the step becomes
+    ``if flag: scaler.step(opt); scaler.update()`` / ``else: opt.step()``.
+
+    Why is this bad?
+    ``amp.scale_loss`` is apex's loss scaling, removed from apex; GradScaler is the native one.
+
+    Fix safety:
+    Safe for one loss and one optimizer with a body that is only ``backward()``. Unsafe with
+    ``loss_id`` (one GradScaler serves every loss, where apex kept one scaler per loss),
+    ``delay_unscale`` (gradient accumulation: the scaler steps only at the boundary, never in the
+    micro-batch loop), ``delay_overflow_check``, a body that does more, or an optimizer step
+    found only elsewhere in the file. Reported without a fix when ``scale_loss`` is not a ``with``
+    (entered by hand, returned), when nothing is initialized in this file, or when no
+    ``optimizer.step()`` follows. Applied together with AMP002, AMP004 and AMP005.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP003"
+    MESSAGE = "`amp.scale_loss` is apex mixed precision"
+    VALID = [
+        Valid("def scale_loss(loss, optimizer):\n    return loss\n\nscale_loss(loss, optimizer).backward()\n"),
+        Valid("from torch.cuda import amp\nscaler = amp.GradScaler()\nscaler.scale(loss).backward()\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """from apex import amp
+
+model, opt = amp.initialize(model, opt)
+for batch in loader:
+    loss = model(batch)
+    with amp.scale_loss(loss, opt) as scaled_loss: scaled_loss.backward()
+    opt.step(); opt.zero_grad()
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for batch in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(batch)
+    scaler.scale(loss).backward()
+    scaler.step(opt); scaler.update(); opt.zero_grad()
+""",
+        ),
+        Invalid(
+            """from apex import amp
+
+model, opt = amp.initialize(model, opt, opt_level="O1")
+for i, batch in enumerate(loader):
+    loss = model(batch) / accumulation
+    with amp.scale_loss(loss, opt, delay_unscale=(i + 1) % accumulation != 0) as scaled_loss:
+        scaled_loss.backward()
+    if (i + 1) % accumulation == 0:
+        opt.step()
+        opt.zero_grad()
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for i, batch in enumerate(loader):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(batch) / accumulation
+    scaler.scale(loss).backward()
+    if (i + 1) % accumulation == 0:
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+""",
+            unsafe_fixes=True,
+        ),
+        Invalid(
+            """from apex import amp
+
+def backward(loss, optimizer):
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+"""
+        ),
+    ]

@@ -1,0 +1,69 @@
+"""AMP005: ``amp.state_dict()`` / ``amp.load_state_dict(x)`` -> the GradScaler's, old checkpoints included."""
+from __future__ import annotations
+
+from migrate.apex_plan import HELPER_SOURCE
+from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import PlannedApexRule
+
+
+class AmpStateDict(PlannedApexRule):
+    """What it does:
+    Replaces ``amp.state_dict()`` with ``scaler.state_dict()`` and ``amp.load_state_dict(x)`` with
+    ``scaler.load_state_dict(_scaler_state_from_apex(x))``, adding that small helper once after the
+    imports: it turns apex's ``{"loss_scaler0": {"loss_scale": ..., "unskipped": ...}}`` into
+    GradScaler's state (apex's dynamic defaults: growth 2.0 every 2000 steps, backoff 0.5) and
+    passes native state through, so checkpoints written before and after the migration both load.
+
+    Why is this bad?
+    apex's loss-scaler state no longer exists once ``amp.initialize`` is gone; resuming would
+    restart the loss scale at 2**16 and fail on old checkpoints.
+
+    Fix safety:
+    Safe with the rest of the file's rewrite; it shares their safety. ``amp.state_dict(destination)``
+    and O0 (no scaler) are reported. Applied together with AMP002-AMP004.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP005"
+    MESSAGE = "`amp.state_dict` is apex's loss-scaler state"
+    VALID = [
+        Valid("import torch\ncheckpoint = {'model': model.state_dict(), 'scaler': scaler.state_dict()}\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """import os
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+amp.load_state_dict(checkpoint["amp"])
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+save({"model": model.state_dict(), "amp": amp.state_dict()}, os.path.join(out, "last.pt"))
+""",
+            "import os\nimport torch\n"
+            + HELPER_SOURCE
+            + """
+scaler = torch.amp.GradScaler("cuda")
+scaler.load_state_dict(_scaler_state_from_apex(checkpoint["amp"]))
+for x in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+save({"model": model.state_dict(), "amp": scaler.state_dict()}, os.path.join(out, "last.pt"))
+""",
+        ),
+        Invalid(
+            """from apex import amp
+
+def save(path):
+    torch.save({"amp": amp.state_dict()}, path)
+"""
+        ),
+    ]

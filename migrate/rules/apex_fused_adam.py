@@ -1,0 +1,81 @@
+"""AMP012: ``apex.optimizers.FusedAdam`` -> ``torch.optim.AdamW(..., fused=True)`` (or ``Adam``)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.rule import Invalid, Valid
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.types import Safety
+
+# Keywords both take with the same meaning.
+_SHARED = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "capturable"}
+
+
+class ApexFusedAdam(ApexRename):
+    """What it does:
+    Replaces ``FusedAdam(params, ...)`` with ``torch.optim.AdamW(params, ..., fused=True)``, or with
+    ``torch.optim.Adam(..., fused=True)`` for ``adam_w_mode=False``. apex's default weight decay is 0
+    where AdamW's is 0.01, so ``weight_decay=0.0`` is written out when it was not given.
+
+    Why is this bad?
+    The native optimizers have fused implementations with the same update rule; they need no
+    apex build.
+
+    Fix safety:
+    Safe for the standard arguments (``set_grad_none`` is dropped: native ``zero_grad`` already sets
+    gradients to None). Reported for ``bias_correction=False``, ``master_weights``, the old
+    ``max_grad_norm``/``eps_inside_sqrt`` signature, a computed ``adam_w_mode``, and positional
+    arguments after ``lr`` (apex's third parameter is ``bias_correction``, torch's is ``betas``).
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP012"
+    MESSAGE = "`apex.optimizers.FusedAdam` needs an apex build; torch has a fused Adam"
+    TARGETS = ("apex.optimizers.FusedAdam", "apex.optimizers.fused_adam.FusedAdam")
+    VALID = [
+        Valid("import torch\noptimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n"),
+        Valid("class FusedAdam:\n    pass\noptimizer = FusedAdam()\n"),
+    ]
+    INVALID = [
+        Invalid(
+            "from apex.optimizers import FusedAdam\n\noptimizer = FusedAdam(model.parameters(), lr=1e-3)\n",
+            "import torch\n\noptimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)\n",
+        ),
+        Invalid(
+            "from apex.optimizers import FusedAdam as Adam\noptimizer = Adam(params, lr=args.lr, adam_w_mode=False, weight_decay=0.01)\n",
+            "import torch\n\noptimizer = torch.optim.Adam(params, lr=args.lr, weight_decay=0.01, fused=True)\n",
+        ),
+        Invalid("from apex.optimizers import FusedAdam\noptimizer = FusedAdam(params, lr=1e-3, bias_correction=False, max_grad_norm=1.0)\n"),
+    ]
+
+    def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
+        if nodes.has_star(call):
+            return NoFix("its arguments are passed through `*args`/`**kwargs`")
+        if len([a for a in call.args if a.keyword is None]) > 2:
+            return NoFix("arguments after `lr` are positional, and apex's order differs from torch's")
+        keywords = nodes.keyword_names(call)
+        unknown = keywords - _SHARED - {"adam_w_mode", "set_grad_none", "bias_correction"}
+        if unknown:
+            return NoFix(f"{sorted(unknown)!r} have no native equivalent")
+        bias = nodes.argument(call, None, "bias_correction")
+        if bias is not None and nodes.code(bias.value) not in ("True", "1"):
+            return NoFix("torch's Adam always corrects the bias")
+        mode = nodes.argument(call, None, "adam_w_mode")
+        mode_text = nodes.code(mode.value) if mode is not None else "True"
+        if mode_text not in ("True", "False", "1", "0"):
+            return NoFix("`adam_w_mode` is computed: choose `torch.optim.AdamW` (True) or `torch.optim.Adam` (False)")
+        decoupled = mode_text in ("True", "1")
+        extra = ["fused=True"]
+        if decoupled and "weight_decay" not in keywords:
+            extra.insert(0, "weight_decay=0.0")
+        native = "torch.optim.AdamW" if decoupled else "torch.optim.Adam"
+        grad_none = nodes.argument(call, None, "set_grad_none")
+        safety = Safety.SAFE
+        note = ""
+        if grad_none is not None and nodes.code(grad_none.value) not in ("True", "1"):
+            safety, note = Safety.UNSAFE, "`set_grad_none=False` dropped: call `zero_grad(set_to_none=False)` to keep zeroed gradients"
+        source = self.rebuild(native, call, drop=("adam_w_mode", "set_grad_none", "bias_correction"), extra=tuple(extra))
+        return NativeCall(source, safety, note)

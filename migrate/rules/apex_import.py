@@ -1,0 +1,133 @@
+"""AMP001: apex imports: dead ``try: ... except ImportError:`` guards removed, unresolvable imports reported."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from migrate import apex_nodes as nodes
+from migrate.names import qualified_names
+from migrate.rule import Invalid, Rule, Valid
+from migrate.types import Safety
+
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
+class ApexImport(Rule):
+    """What it does:
+    Once the apex names an import brought in are no longer used, the rewrites' import cleanup
+    removes the import itself (``from apex import amp``, ``import apex.amp as apex_amp``,
+    ``import apex``, and so on, resolved by qualified name). This rule finishes the job on the
+    guards around it: a ``try:`` left holding only ``pass`` or constant flags
+    (``APEX_AVAILABLE = True``) cannot raise, so its ``except ImportError:`` branch is dead and
+    the ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
+    ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
+    (``if amp is not None:``) that keep apex imported.
+
+    Why is this bad?
+    An import guard around nothing is noise, and an import the codemod cannot resolve hides apex
+    use from it.
+
+    Fix safety:
+    Safe: a body of ``pass`` and constant assignments cannot raise, so the handlers never run.
+    The rest is reported without a fix.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP001"
+    MESSAGE = "apex import"
+    TRIGGERS = ("apex", "amp")
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    VALID = [
+        Valid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"),
+        Valid("try:\n    import torch_xla\nexcept ImportError:\n    pass\n"),
+        Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
+    ]
+    INVALID = [
+        Invalid(
+            "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n",
+            "import torch\n\nAPEX_AVAILABLE = True\n",
+        ),
+        Invalid("import torch\n\ntry:\n    pass\nexcept ImportError:\n    amp = None\n", "import torch\n"),
+        Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
+        Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
+    ]
+
+    def visit_Try(self, node: cst.Try) -> None:
+        if node.finalbody is not None or not node.handlers:
+            return
+        if not all(self._catches_import_error(handler) for handler in node.handlers):
+            return
+        statements = list(node.body.body)
+        smalls = [s for line in statements if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+        if len(smalls) != sum(len(line.body) for line in statements if isinstance(line, cst.SimpleStatementLine)):
+            return
+        if len(smalls) != sum(1 for line in statements for _ in getattr(line, "body", ())) or len(statements) != len(
+            [s for s in statements if isinstance(s, cst.SimpleStatementLine)]
+        ):
+            return
+        if not all(isinstance(s, cst.Pass) or _constant_flag(s) for s in smalls):
+            return
+        flags = [s for s in smalls if not isinstance(s, cst.Pass)]
+        if flags and not any("apex" in name.lower() or "amp" in name.lower() for s in flags for name in _targets(s)):
+            return
+        kept = [line for line in statements if not all(isinstance(s, cst.Pass) for s in line.body)]
+        if node.orelse is not None:
+            kept += list(node.orelse.body.body)
+        if kept:
+            kept[0] = nodes.with_leading(kept[0], node)
+            replacement = cst.FlattenSentinel(kept)
+        else:
+            replacement = cst.RemoveFromParent()
+        self.report(
+            node,
+            "this `try` guards an apex import that is gone: its `except ImportError` branch can no longer run",
+            replacement=replacement,
+            safety=Safety.SAFE,
+            fix_message="Replace the `try` statement by its body",
+        )
+
+    @staticmethod
+    def _catches_import_error(handler: cst.ExceptHandler) -> bool:
+        if handler.type is None:
+            return False
+        kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
+        names = [nodes.code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]
+        return any(name in _IMPORT_ERRORS for name in names)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        function = qualified_names(self, node.func)
+        if not function & {"importlib.import_module", "builtins.__import__"}:
+            return
+        module = nodes.literal_string(node.args[0].value) if node.args else None
+        if module is not None and (module == "apex" or module.startswith("apex.")):
+            self.report(node, f"`{module}` is imported dynamically, so its uses cannot be resolved or rewritten; "
+                        "import it with an import statement, or migrate its uses by hand")
+
+    def visit_Name(self, node: cst.Name) -> None:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, (cst.AssignTarget, cst.Attribute, cst.ImportAlias, cst.AsName)):
+            return
+        if not qualified_names(self, node) & {"apex", "apex.amp"}:
+            return
+        tested = (isinstance(parent, (cst.If, cst.While, cst.IfExp, cst.Assert)) and parent.test is node) or isinstance(
+            parent, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
+        )
+        if tested:
+            self.report(node, "this availability check keeps apex imported: test a flag of your own "
+                        "(e.g. `args.fp16`) once the file no longer uses apex")
+
+
+def _constant_flag(small: cst.BaseSmallStatement) -> bool:
+    """``NAME = <literal>``: cannot raise."""
+    if not isinstance(small, cst.Assign) or not all(isinstance(t.target, cst.Name) for t in small.targets):
+        return False
+    value = small.value
+    if isinstance(value, cst.Name):
+        return value.value in ("True", "False", "None")
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString))
+
+
+def _targets(small: cst.Assign) -> list[str]:
+    return [t.target.value for t in small.targets]

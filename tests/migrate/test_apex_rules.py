@@ -1,0 +1,186 @@
+"""What the apex rewrites guarantee beyond their examples: one consistent rewrite per file or none,
+free names, the checkpoint helper, and safety decided per file."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from migrate.apex_plan import HELPER_SOURCE
+from migrate.api import migrate_source
+from migrate.rules import all_rules
+
+
+def _migrate(source: str, unsafe_fixes: bool = False):
+    result = migrate_source(textwrap.dedent(source), "train.py", unsafe_fixes=unsafe_fixes)
+    assert result.error is None, result.error
+    return (result.new_source if result.new_source is not None else result.source), result.diagnostics
+
+
+CANONICAL = """\
+    from apex import amp
+
+    model, optimizer = amp.initialize(model, optimizer, opt_level="{level}")
+    for x in loader:
+        loss = model(x)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
+def _helper():
+    namespace: dict = {}
+    exec(HELPER_SOURCE, namespace)
+    return namespace["_scaler_state_from_apex"]
+
+
+def test_checkpoint_helper_turns_apex_state_into_grad_scaler_state():
+    convert = _helper()
+    state = convert({"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}})
+    assert state == {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
+
+
+def test_checkpoint_helper_passes_native_state_through():
+    native = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 3}
+    assert _helper()(native) is native
+
+
+def test_checkpoint_helper_state_loads_into_a_grad_scaler():
+    torch = pytest.importorskip("torch")
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict(_helper()({"loss_scaler0": {"loss_scale": 256.0, "unskipped": 5}}))
+    assert scaler.state_dict()["scale"] == 256.0
+    assert scaler.state_dict()["_growth_tracker"] == 5
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_o2_o3_rewrite_is_all_or_nothing_by_default(level):
+    source = CANONICAL.format(level=level)
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source), "an unsafe file must not be half-rewritten by default"
+    assert {d.code for d in diagnostics} >= {"AMP002", "AMP003"}
+    assert all(d.fix is not None and d.fix.applicability.value == "unsafe" for d in diagnostics)
+    unsafe_output, _ = _migrate(source, unsafe_fixes=True)
+    assert "apex" not in unsafe_output and "scaler.scale(loss).backward()" in unsafe_output
+
+
+def test_scaler_name_avoids_a_name_already_in_the_file():
+    output, _ = _migrate(
+        """\
+        from apex import amp
+
+        scaler = make_scaler()
+        model, optimizer = amp.initialize(model, optimizer)
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        """
+    )
+    assert 'grad_scaler = torch.amp.GradScaler("cuda")' in output
+    assert "grad_scaler.scale(loss).backward()" in output and "scaler = make_scaler()" in output
+
+
+def test_a_file_with_any_unplannable_site_is_only_reported():
+    source = """\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        context = amp.scale_loss(other_loss, optimizer)
+        """
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert output == textwrap.dedent(source)
+    assert [d.code for d in diagnostics].count("AMP003") == 2
+    assert all(d.fix is None and "not rewritten" in d.message for d in diagnostics)
+
+
+def test_missing_optimizer_step_blocks_the_rewrite():
+    source = """\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer)
+
+        def backward(loss):
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        """
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert output == textwrap.dedent(source)
+    assert any("optimizer.step()" in d.message for d in diagnostics)
+
+
+def test_initialize_under_a_flag_creates_a_scaler_that_exists_on_every_path():
+    output, _ = _migrate(
+        """\
+        from apex import amp
+
+        if args.fp16:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            if args.fp16:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+        """
+    )
+    assert output.startswith('import torch\n\nscaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))\n')
+    assert "enabled=scaler.is_enabled()" in output
+    assert "    scaler.step(optimizer)\n    scaler.update()\n" in output  # the disabled scaler steps plainly
+
+
+def test_step_after_a_conditional_backward_keeps_the_plain_path_when_the_scaler_is_always_on():
+    output, _ = _migrate(
+        """\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            if use_amp:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+        """
+    )
+    assert "    if use_amp:\n        scaler.step(optimizer)\n        scaler.update()\n    else:\n        optimizer.step()\n" in output
+
+
+def test_two_clips_of_one_optimizer_unscale_once():
+    output, _ = _migrate(
+        """\
+        import torch
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer)
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            norm = get_grad_norm(amp.master_params(optimizer))
+            torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+            optimizer.step()
+        """
+    )
+    assert output.count("scaler.unscale_(optimizer)") == 1
+    assert output.index("scaler.unscale_(optimizer)") < output.index("get_grad_norm(")
+
+
+def test_the_four_planned_rules_form_one_fix_group():
+    groups = {rule.CODE: getattr(rule, "FIX_GROUP", None) for rule in all_rules()}
+    assert {groups[code] for code in ("AMP002", "AMP003", "AMP004", "AMP005")} == {"apex.amp"}
+
+
+def test_every_apex_rule_declares_the_apex_trigger():
+    for rule in all_rules():
+        if "AMP001" <= rule.CODE <= "AMP019":
+            assert "apex" in rule.TRIGGERS, rule
