@@ -80,7 +80,10 @@ class FusedAdam(_FusedOptimizer):
         exp_avgs = [_fp32_state(s, "exp_avg", p) for s, p in zip(states, params)]
         exp_avg_sqs = [_fp32_state(s, "exp_avg_sq", p) for s, p in zip(states, params)]
         if self.master_weights:
-            weights = [s.setdefault("master_param", p.detach().float()) for s, p in zip(states, params)]
+            for s, p in zip(states, params):
+                if "master_param" not in s:
+                    s["master_param"] = p.detach().float()
+            weights = [s["master_param"] for s in states]
         else:
             weights = _as_fp32(params)
         grads = _as_fp32([p.grad for p in params])
