@@ -81,8 +81,9 @@ class FusedAdam(_FusedOptimizer):
         exp_avg_sqs = [_fp32_state(s, "exp_avg_sq", p) for s, p in zip(states, params)]
         if self.master_weights:
             for s, p in zip(states, params):
-                if "master_param" not in s:
-                    s["master_param"] = p.detach().float()
+                master = s.get("master_param")
+                if master is None or master.dtype != torch.float32:  # new, or cast by a state-dict load
+                    s["master_param"] = (p if master is None else master).detach().float()
             weights = [s["master_param"] for s in states]
         else:
             weights = _as_fp32(params)

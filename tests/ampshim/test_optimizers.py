@@ -82,6 +82,10 @@ def test_fused_adam_master_weights_accumulate_small_updates():
     master = opt.state[p]["master_param"]
     torch.testing.assert_close(master, torch.full((4,), 1 - 1e-3), atol=1e-6, rtol=0)
     assert p.dtype == torch.bfloat16
+    opt.load_state_dict(opt.state_dict())  # torch casts state to the param dtype on load
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.state[p]["master_param"].dtype == torch.float32
 
 
 def test_fused_adam_step_count_lives_in_the_param_group_and_reloads():
