@@ -56,18 +56,38 @@ def test_apex_modules_are_ampshim_modules_shared_not_copied():
 
 
 def test_old_pickled_class_paths_resolve():
+    # A loss scaler as real apex pickled it (FP16_Optimizer checkpoints): made under stand-in
+    # apex modules, then loaded with only ampshim present.
     completed = run_python("""
-        import ampshim, pickle
+        import pickle, sys, types
+        import torch
+        for name in ("apex", "apex.amp", "apex.amp.scaler"):
+            sys.modules[name] = types.ModuleType(name)
+        class LossScaler:
+            pass
+        LossScaler.__module__, LossScaler.__qualname__ = "apex.amp.scaler", "LossScaler"
+        sys.modules["apex.amp.scaler"].LossScaler = LossScaler
+        old = LossScaler()
+        old.__dict__.update(dynamic=True, _loss_scale=1024.0, _max_loss_scale=2.**24,
+                            _min_loss_scale=None, _scale_seq_len=2000, _unskipped=7,
+                            _has_overflow=False, _overflow_buf=torch.zeros(1, dtype=torch.int))
+        data = pickle.dumps(old)
+        for name in ("apex", "apex.amp", "apex.amp.scaler"):
+            del sys.modules[name]
+
+        import ampshim
         from ampshim.scaler import LossScaler
-        data = pickle.dumps(LossScaler("dynamic")).replace(b"ampshim.scaler", b"apex.amp.scaler")
-        assert type(pickle.loads(data)) is LossScaler
+        loaded = pickle.loads(data)
+        assert type(loaded) is LossScaler
+        assert loaded.loss_scale() == 1024.0 and loaded._unskipped == 7
         print("ok")
     """)
     assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "ok"
 
 
-def test_without_ampshim_there_is_no_apex():
-    completed = run_python("import apex")
+def test_with_the_hook_off_and_no_import_there_is_no_apex():
+    completed = run_python("import apex", env={"AMPSHIM_AUTOLOAD": "0"})
     assert completed.returncode != 0 and "No module named 'apex'" in completed.stderr
 
 
