@@ -5,7 +5,7 @@ class is ``apex.parallel.LARC.LARC``.
 """
 import torch
 
-from ampshim.parallel import LARC, multiproc  # noqa: F401  (submodules, bound as in apex)
+from ampshim.parallel import LARC  # noqa: F401  (the submodule, bound as in apex)
 from ampshim.parallel.distributed import DistributedDataParallel, Reducer
 from ampshim.parallel.sync_batchnorm import SyncBatchNorm, convert_syncbn_model, create_syncbn_process_group
 
