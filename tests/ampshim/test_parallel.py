@@ -62,6 +62,15 @@ def _two_rank_worker(rank, init_file):
             for p, g0, g1 in zip(model.parameters(), *both):
                 torch.testing.assert_close(p.grad, combine(g0, g1))
 
+        # bf16 buckets reduced in fp32.
+        half = copy.deepcopy(linear).to(torch.bfloat16)
+        half_grads = [_local_grads(half, x.to(torch.bfloat16)) for x in inputs]
+        model = DistributedDataParallel(half, allreduce_always_fp32=True)
+        model(inputs[rank].to(torch.bfloat16)).sum().backward()
+        for p, g0, g1 in zip(model.parameters(), *half_grads):
+            assert p.grad.dtype == torch.bfloat16
+            torch.testing.assert_close(p.grad, ((g0.float() + g1.float()) / 2).to(torch.bfloat16))
+
         # disable_allreduce() keeps gradients local until enable_allreduce().
         model = DistributedDataParallel(copy.deepcopy(linear))
         model.disable_allreduce()
