@@ -297,8 +297,8 @@ def _zero_grad_with_master_weights(self, set_to_none=False):
                 grad.detach_()
             else:
                 grad.requires_grad_(False)
-        for group in _groups(grads).values():
-            torch._foreach_zero_([grads[i] for i in group])
+        for group, _ in _groups(grads).values():
+            torch._foreach_zero_(group)
     _set_grads_to_none(stash.all_fp32_from_fp16_params)
 
 

@@ -184,12 +184,12 @@ class LossScaler:
                 _grouped_mul_(tensors, inv_scale)
             return
         inv_scale_on = {}
-        for (device, _dtype), group in _groups(tensors).items():
+        for (device, _dtype), (group, _) in _groups(tensors).items():
             if device not in inv_scale_on:
                 inv_scale_on[device] = torch.full((1,), inv_scale, dtype=torch.float32,
                                                   device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(
-                [tensors[i] for i in group], self._found_inf(device), inv_scale_on[device])
+                group, self._found_inf(device), inv_scale_on[device])
 
     def __getstate__(self):
         state = {name: self.__dict__[name] for name in _APEX_ATTRIBUTES if name in self.__dict__}
@@ -217,24 +217,24 @@ def _same_tensors(a, b):
 
 
 def _groups(tensors):
-    """Indices of ``tensors`` grouped by (device, dtype): the unit a foreach kernel fuses over."""
-    groups = {}
-    for index, tensor in enumerate(tensors):
-        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-    return groups
+    """``{(device, dtype): (tensors of that group, their indices)}``: the unit a foreach kernel
+    fuses over (grouped in C++ by the helper torch's own optimizers use)."""
+    if not tensors:
+        return {}
+    grouped = torch._C._group_tensors_by_device_and_dtype([tensors], True)
+    return {key: (lists[0], indices) for key, (lists, indices) in grouped.items()}
 
 
 def _grouped_copy_(destinations, sources):
-    for group in _groups(destinations).values():
-        torch._foreach_copy_([destinations[i] for i in group], [sources[i] for i in group])
+    for group, indices in _groups(destinations).values():
+        torch._foreach_copy_(group, [sources[i] for i in indices])
 
 
 def _grouped_add_(destinations, others, alpha=1.0):
-    for group in _groups(destinations).values():
-        torch._foreach_add_([destinations[i] for i in group], [others[i] for i in group],
-                            alpha=alpha)
+    for group, indices in _groups(destinations).values():
+        torch._foreach_add_(group, [others[i] for i in indices], alpha=alpha)
 
 
 def _grouped_mul_(tensors, factor):
-    for group in _groups(tensors).values():
-        torch._foreach_mul_([tensors[i] for i in group], factor)
+    for group, _ in _groups(tensors).values():
+        torch._foreach_mul_(group, factor)
