@@ -41,7 +41,12 @@ class FusedAdam(_FusedOptimizer):
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0., amsgrad=False, set_grad_none=True,
-                 capturable=False, master_weights=False):
+                 capturable=False, master_weights=False, **removed):
+        if removed:
+            raise TypeError(
+                f"FusedAdam got unexpected keyword arguments {sorted(removed)!r}. apex removed "
+                "max_grad_norm and eps_inside_sqrt from FusedAdam in 2019: clip gradients with "
+                "torch.nn.utils.clip_grad_norm_ before step() instead.")
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use "
                                "torch.optim.Adam(amsgrad=True) for it.")

@@ -108,6 +108,8 @@ def test_fused_adam_step_count_lives_in_the_param_group_and_reloads():
 def test_fused_adam_apexs_errors():
     with pytest.raises(RuntimeError, match="AMSGrad"):
         FusedAdam(_params(), amsgrad=True)
+    with pytest.raises(TypeError, match="clip_grad_norm_"):
+        FusedAdam(_params(), bias_correction=False, max_grad_norm=1.0)  # the pre-2019 signature
     with pytest.raises(RuntimeError, match="capturable"):
         FusedAdam(_params(), master_weights=True)
     opt = FusedAdam(_params())
