@@ -1,7 +1,6 @@
 """apex's ``FusedAdam``: AdamW by default (``adam_w_mode=True``), Adam with L2 penalty otherwise."""
-import math
-
 import torch
+from torch.optim.adam import adam as _adam_step
 
 from ampshim.optimizers._base import REDUCED_AND_FP32, _as_fp32, _fp32_state, _FusedOptimizer, _write_back
 
@@ -9,12 +8,14 @@ __all__ = ["FusedAdam"]
 
 
 class FusedAdam(_FusedOptimizer):
-    """Adam/AdamW with apex's signature and defaults, vectorised with ``torch._foreach_*`` ops.
+    """Adam/AdamW with apex's signature and defaults, computed by torch's own Adam.
 
-    The update is torch's: ``torch.optim.AdamW`` when ``adam_w_mode=True`` (apex's default!) and
-    ``torch.optim.Adam`` (weight decay added to the gradient) when ``adam_w_mode=False``. The math
-    runs in fp32 for fp16/bf16 parameters, with fp32 ``exp_avg``/``exp_avg_sq`` state; the step count
-    is ``param_group['step']``, as in apex checkpoints. ``zero_grad()`` sets grads to None unless
+    The update is torch's functional Adam (its fused kernel on CUDA, foreach ops elsewhere):
+    ``torch.optim.AdamW`` when ``adam_w_mode=True`` (apex's default!) and ``torch.optim.Adam``
+    (weight decay added to the gradient) when ``adam_w_mode=False``; ``bias_correction=False``,
+    which torch lacks, uses the same formula without the correction. The math runs in fp32 for
+    fp16/bf16 parameters, with fp32 ``exp_avg``/``exp_avg_sq`` state; the step count is
+    ``param_group['step']``, as in apex checkpoints. ``zero_grad()`` sets grads to None unless
     ``set_grad_none=False``.
 
     Example::
@@ -93,20 +94,36 @@ class FusedAdam(_FusedOptimizer):
         else:
             weights = _as_fp32(params)
         grads = _as_fp32([p.grad for p in params])
-        beta1, beta2 = group["betas"]
-        lr, wd, step = group["lr"], group["weight_decay"], group["step"]
-
-        if wd != 0 and not self.adam_w_mode:
-            grads = torch._foreach_add(grads, weights, alpha=wd)  # Adam: L2 penalty in the gradient
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-        if wd != 0 and self.adam_w_mode:
-            torch._foreach_mul_(weights, 1 - lr * wd)  # AdamW: decoupled decay
-        bias_correction1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
-        bias_correction2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
-        denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denom, math.sqrt(bias_correction2))
-        torch._foreach_add_(denom, group["eps"])
-        torch._foreach_addcdiv_(weights, exp_avgs, denom, -lr / bias_correction1)
+        if group["bias_correction"]:
+            _torch_adam(weights, grads, exp_avgs, exp_avg_sqs, group, decoupled=bool(self.adam_w_mode))
+        else:
+            _adam_without_bias_correction(weights, grads, exp_avgs, exp_avg_sqs, group,
+                                          decoupled=bool(self.adam_w_mode))
         _write_back(params, weights)
+
+
+def _torch_adam(weights, grads, exp_avgs, exp_avg_sqs, group, decoupled):
+    """torch's own Adam/AdamW step (its fused kernel on CUDA, foreach ops elsewhere)."""
+    fused = all(w.is_cuda for w in weights)
+    # torch counts steps per tensor and increments them itself; apex counts per group.
+    steps = [torch.tensor(float(group["step"] - 1), device=w.device if fused else None) for w in weights]
+    beta1, beta2 = group["betas"]
+    _adam_step(weights, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=not fused, fused=fused,
+               decoupled_weight_decay=decoupled, amsgrad=False, beta1=beta1, beta2=beta2,
+               lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+
+
+def _adam_without_bias_correction(weights, grads, exp_avgs, exp_avg_sqs, group, decoupled):
+    """apex's ``bias_correction=False``, which torch does not offer: ``p -= lr * m / (sqrt(v) + eps)``."""
+    beta1, beta2 = group["betas"]
+    lr, wd = group["lr"], group["weight_decay"]
+    if wd != 0 and not decoupled:
+        grads = torch._foreach_add(grads, weights, alpha=wd)  # Adam: L2 penalty in the gradient
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    if wd != 0 and decoupled:
+        torch._foreach_mul_(weights, 1 - lr * wd)  # AdamW: decoupled decay
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denom, group["eps"])
+    torch._foreach_addcdiv_(weights, exp_avgs, denom, -lr)
