@@ -17,6 +17,7 @@ import torch
 from ampshim import casting
 from ampshim.device import device_type_of, half_dtype
 from ampshim.optimizer import _stash_grads, _unscale_and_restore_stash
+from ampshim.scale_loss import _as_optimizer_list, _ScaleLoss
 from ampshim.scaler import LossScaler
 from ampshim.state import _amp_state, maybe_print
 
@@ -85,7 +86,7 @@ class AmpHandle:
         self._verbose = verbose
         self._allow_banned = allow_banned
         self._registrations = tuple(registrations)
-        self._default_scaler = None
+        self._default_scaler = LossScaler(loss_scale)
         self._is_active = False
         self._saved_autocast = None
         self._patches = []
@@ -115,6 +116,9 @@ class AmpHandle:
     @contextlib.contextmanager
     def _disable_casts(self):
         """Run the block with autocast off; restore it on exit, even on an exception."""
+        if self._saved_autocast is None:  # deactivated: nothing of ours to turn off
+            yield
+            return
         was_active = self._is_active
         was_enabled = torch.is_autocast_enabled(self.device_type)
         self._is_active = False
@@ -137,6 +141,39 @@ class AmpHandle:
     @property
     def verbose(self):
         return self._verbose
+
+    def scale_loss(self, loss, optimizer):
+        """The 2018 API's loss scaling: ``with handle.scale_loss(loss, optimizer) as scaled_loss``.
+
+        apex's last releases raised "The old Amp API is no longer supported" here; ampshim runs
+        the old code instead, with ``amp.scale_loss``'s semantics and the handle's own scaler
+        (``loss_scale`` of :func:`init`): the block yields ``loss.float() * scale`` and runs with
+        casts disabled; at exit the gradients are unscaled (added to any accumulated before) and
+        on overflow the optimizer's next ``step()`` is skipped and the scale halved. The
+        optimizer's ``step()`` is made to run with casts disabled too.
+
+        Example::
+
+            >>> amp_handle = amp.init()
+            >>> with amp_handle.scale_loss(loss, optimizer) as scaled_loss:
+            ...     scaled_loss.backward()
+            >>> optimizer.step()
+
+        Args:
+            loss (Tensor): the loss to backpropagate.
+            optimizer (torch.optim.Optimizer or list): the optimizer(s) stepping after backward.
+        """
+        if not self.is_active():
+            return contextlib.nullcontext(loss)
+        if self._default_scaler is None:
+            raise RuntimeError(
+                "handle.scale_loss() was called after handle.wrap_optimizer(); the wrapped "
+                "optimizer scales its own losses: use `with optimizer.scale_loss(loss) as "
+                "scaled_loss:` with the optimizer wrap_optimizer() returned.")
+        for each in _as_optimizer_list(optimizer):
+            if not hasattr(each, "_amp_stash"):  # first use: not through amp.initialize
+                _run_step_without_casts(each)
+        return _ScaleLoss(loss, optimizer, self._default_scaler, clear_cache=self._clear_cache)
 
     def wrap_optimizer(self, optimizer, num_loss=1):
         """Wrap ``optimizer`` in the legacy :class:`OptimWrapper` (one dynamic scaler per loss).
@@ -173,9 +210,8 @@ class NoOpHandle:
     def wrap_optimizer(self, optimizer, num_loss=1):
         return OptimWrapper(optimizer, self, num_loss)
 
-    @contextlib.contextmanager
     def scale_loss(self, loss, optimizer):
-        yield loss
+        return contextlib.nullcontext(loss)
 
     def _clear_cache(self):
         pass
@@ -185,6 +221,19 @@ class NoOpHandle:
 
     def __repr__(self):
         return "NoOpHandle()"
+
+
+def _run_step_without_casts(optimizer):
+    """Make ``optimizer.step`` run with O1 casts disabled (whichever handle is current then)."""
+    step = optimizer.step
+
+    def step_without_casts(*args, **kwargs):
+        handle = _amp_state.handle
+        casts_off = handle._disable_casts() if handle is not None else contextlib.nullcontext()
+        with casts_off:
+            return step(*args, **kwargs)
+
+    optimizer.step = step_without_casts
 
 
 class OptimWrapper:

@@ -220,3 +220,64 @@ def test_optim_wrapper_of_a_disabled_handle_is_plain():
         scaled_loss.backward()
     optimizer.step()
     assert torch.equal(weight.detach(), torch.zeros(3))
+
+
+# --- the 2018 handle.scale_loss -------------------------------------------------------------
+
+class _RecordingSGD(torch.optim.SGD):
+    """Records whether autocast was on when step() ran."""
+
+    def step(self, closure=None):
+        self.autocast_during_step = torch.is_autocast_enabled("cpu")
+        return super().step(closure)
+
+
+def test_handle_scale_loss_trains_with_unscaled_grads():
+    torch.manual_seed(0)
+    handle = o1()
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = _RecordingSGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 8)
+    y = x.sum(dim=1, keepdim=True).sin()
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        with handle.scale_loss(loss, optimizer) as scaled_loss:
+            assert scaled_loss.dtype == torch.float32
+            assert torch.allclose(scaled_loss, loss.float() * 2.0 ** 16)
+            assert not torch.is_autocast_enabled("cpu")
+            scaled_loss.backward()
+        assert torch.is_autocast_enabled("cpu")
+        assert model[0].weight.grad.abs().max() < 100  # unscaled at exit
+        optimizer.step()
+        assert optimizer.autocast_during_step is False
+        losses.append(loss.item())
+    assert losses[-1] < 0.75 * losses[0]
+    assert handle._default_scaler._unskipped == 30
+
+
+def test_handle_scale_loss_skips_the_step_after_an_overflow():
+    handle = o1()
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    with handle.scale_loss((weight * float("inf")).sum(), optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.ones(3))
+    assert handle._default_scaler.loss_scale() == 2.0 ** 15
+    optimizer.zero_grad()
+    context = handle.scale_loss((weight * 2.0).sum(), optimizer)  # manual use, as some code does
+    context.__enter__().backward()
+    assert context.__exit__(None, None, None) is False
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.full((3,), -1.0))
+
+
+def test_handle_scale_loss_after_wrap_optimizer_points_to_the_wrapper():
+    handle = o1()
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    handle.wrap_optimizer(optimizer)
+    with pytest.raises(RuntimeError, match=r"optimizer\.scale_loss\(loss\)"):
+        handle.scale_loss(weight.sum(), optimizer)
