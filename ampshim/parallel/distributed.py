@@ -148,6 +148,15 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         self.require_backward_grad_sync = False
 
 
+def _tensors_in(value):
+    """The tensors in ``value``, a tensor or (nested) lists and tuples of them, in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+
+
 class Reducer:
     """apex's manual gradient averaging: broadcast a module's parameters now, allreduce on ``reduce()``.
 
@@ -160,7 +169,7 @@ class Reducer:
     Args:
         module_or_grads_list (torch.nn.Module or list of Tensor): a module, whose parameters are
             broadcast from rank 0 and whose existing gradients ``reduce()`` averages; or a fixed
-            list of tensors that ``reduce()`` averages.
+            (possibly nested) list of tensors that ``reduce()`` averages.
     """
 
     def __init__(self, module_or_grads_list):
@@ -171,7 +180,7 @@ class Reducer:
                 flat_dist_call(list(self.module.parameters()), dist.broadcast, (0,))
         else:
             self.module = None
-            self.grads = [t for t in module_or_grads_list if t is not None]
+            self.grads = list(_tensors_in(module_or_grads_list))
 
     def reduce(self):
         """Average the gradients over all ranks, in place."""

@@ -100,6 +100,11 @@ def _two_rank_worker(rank, init_file):
         for p, g0, g1 in zip(plain.parameters(), *both):
             torch.testing.assert_close(p.grad, (g0 + g1) / 2)
 
+        # Reducer over a fixed, nested list of tensors.
+        values = [torch.full((2,), float(rank)), (torch.full((1,), 2.0 * rank),)]
+        Reducer(values).reduce()
+        assert values[0].tolist() == [0.5, 0.5] and values[1][0].tolist() == [1.0]
+
         # SyncBatchNorm: statistics over both ranks' batches = BatchNorm over the joint batch.
         torch.manual_seed(0)
         full = torch.randn(8, 3, 5)
