@@ -13,9 +13,7 @@ import fnmatch
 import io
 import os
 import stat
-import tempfile
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
@@ -160,6 +158,8 @@ def migrate_paths(
 
     workers = min(jobs or _cores(), len(todo))
     if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES:
+        from concurrent.futures import ProcessPoolExecutor  # imported here: single-file runs start faster
+
         with ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context()) as pool:
             done = pool.map(
                 _migrate_path, [p for p, _ in todo], repeat(rules), repeat(options), repeat(write),
@@ -216,16 +216,16 @@ def _triggers(rules: Sequence[type]) -> tuple[str, ...] | None:
     """The words one of which a file must contain to be parsed; None when a rule needs every file."""
     if any(not rule.TRIGGERS for rule in rules):
         return None
-    return tuple(dict.fromkeys(word for rule in rules for word in rule.TRIGGERS))
+    return tuple(sorted({word for rule in rules for word in rule.TRIGGERS}))
 
 
 def _may_apply(content: bytes | str, triggers: tuple[str, ...] | None) -> bool:
-    """The cheap check before parsing (on bytes: the words are ASCII, as in any PEP 263 encoding)."""
+    """The cheap check before parsing: one regex search (on bytes: the words are ASCII, as in any PEP 263 encoding)."""
     if triggers is None:
         return True
-    if isinstance(content, bytes):
-        return any(word.encode() in content for word in triggers)
-    return any(word in content for word in triggers)
+    from migrate.rule import triggers_pattern  # loaded already: the rules were selected
+
+    return triggers_pattern(triggers, isinstance(content, bytes)).search(content) is not None
 
 
 def _migrate_path(path: Path, rules: tuple, options: Options, write: bool) -> FileResult:
@@ -268,6 +268,8 @@ def _migrate_one(
 
 def _write_atomic(path: Path, data: bytes) -> None:
     """Replace the file in one step (temp file in the same directory, then rename), keeping its mode."""
+    import tempfile
+
     target = Path(os.path.realpath(path))  # write through a symlink, not over it
     mode = stat.S_IMODE(target.stat().st_mode)
     if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):

@@ -6,7 +6,6 @@ pre-commit run on one file fast.
 """
 from __future__ import annotations
 
-import difflib
 import sys
 from typing import Sequence
 
@@ -159,6 +158,8 @@ def _without_applied(result):
 
 
 def _unified_diff(result) -> str:
+    import difflib
+
     before = result.source.splitlines(keepends=True)
     after = result.new_source.splitlines(keepends=True)
     name = result.filename.lstrip("/")

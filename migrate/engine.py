@@ -54,6 +54,7 @@ def run_rules(
     except cst.ParserSyntaxError as error:
         message = f"cannot parse ({error.message}); fix the syntax error, then run again"
         return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
+    rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
         wrapper, reports = _visit(module, rules, context)
     except _RoundFailed as failure:
@@ -82,8 +83,10 @@ def run_rules(
 def _visit(
     module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext
 ) -> tuple[MetadataWrapper, list[Report]]:
-    wrapper = MetadataWrapper(module)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the module is ours alone: no deep copy
     visitors = [rule_class(context) for rule_class in rules]
+    if not visitors:
+        return wrapper, []
     try:
         wrapper.visit_batched(visitors)
     except Exception as error:  # a crashing rule must not cost the user their file

@@ -8,6 +8,7 @@ engine applies the fixes it is allowed to apply, then schedules the imports once
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping, Union
 
@@ -80,8 +81,10 @@ class Rule(cst.BatchableCSTVisitor):
     MESSAGE: ClassVar[str] = ""
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
-    # Words a file must contain (any one of them) for this rule to have anything to do: files
-    # with none of the selected rules' words are skipped unparsed. Empty: always parse.
+    # Words a file must contain for this rule to have anything to do: any one of them, in any case,
+    # as a word or a part of a snake_case name ("amp" is found in "use_amp" and "AMP_LEVEL", not in
+    # "clamp"). Files holding none of the selected rules' words are skipped unparsed, and a rule
+    # whose words a file lacks does not visit it. Empty: every file.
     TRIGGERS: ClassVar[tuple[str, ...]] = ()
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
@@ -92,8 +95,12 @@ class Rule(cst.BatchableCSTVisitor):
         self.skipped: str | None = None  # the reason given with SkipFile, once raised
 
     def get_visitors(self) -> Mapping[str, Callable]:
-        """The visit/leave methods, each stopping this rule alone when it raises ``SkipFile``."""
-        return {name: self._until_skipped(method) for name, method in super().get_visitors().items()}
+        """The visit/leave methods, each stopping this rule alone when it raises ``SkipFile``.
+
+        libcst looks them up with ``inspect.getmembers`` over some 1,600 stubs on every instance,
+        which costs more than parsing a small file; the names are found once per class instead.
+        """
+        return {name: self._until_skipped(getattr(self, name)) for name in _visitor_names(type(self))}
 
     def _until_skipped(self, method: Callable) -> Callable:
         @functools.wraps(method)
@@ -112,6 +119,11 @@ class Rule(cst.BatchableCSTVisitor):
     @classmethod
     def name(cls) -> str:
         return cls.__name__
+
+    @classmethod
+    def may_apply(cls, source: str) -> bool:
+        """Whether ``source`` contains one of ``TRIGGERS`` (always True without triggers)."""
+        return not cls.TRIGGERS or triggers_pattern(cls.TRIGGERS).search(source) is not None
 
     @classmethod
     def fixable(cls) -> bool:
@@ -141,3 +153,23 @@ class Rule(cst.BatchableCSTVisitor):
                 remove_imports=tuple(remove_imports),
             )
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _visitor_names(rule_class: type) -> tuple[str, ...]:
+    """The ``visit_*``/``leave_*`` methods a rule class defines (libcst's empty stubs left out)."""
+    return tuple(
+        name
+        for name in dir(rule_class)
+        if name.startswith(("visit_", "leave_"))
+        and callable(getattr(rule_class, name))
+        and not getattr(getattr(rule_class, name), "_is_no_op", False)
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def triggers_pattern(words: tuple[str, ...], binary: bool = False) -> re.Pattern:
+    """A regex finding any of ``words`` (as ``TRIGGERS`` says), in text or (``binary``) in undecoded bytes."""
+    alternatives = "|".join(re.escape(word) for word in sorted(words, key=len, reverse=True))
+    body = rf"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])"
+    return re.compile(body.encode() if binary else body, re.IGNORECASE)

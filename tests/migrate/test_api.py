@@ -71,11 +71,19 @@ def test_files_without_trigger_words_are_not_parsed(tmp_path, monkeypatch):
         return real(filename, *args, **kwargs)
 
     monkeypatch.setattr(api, "_migrate_one", spy)
-    results = migrate_paths([tmp_path], write=False, jobs=1)
+    results = migrate_paths([tmp_path], write=False, jobs=1, select=["AMP02"])
     assert [Path(r.filename).name for r in results] == ["plain.py", "train.py"]
     assert parsed == ["train.py"]
     assert results[0].diagnostics == () and not results[0].changed
     assert plain.read_text() == "import torch\n" and relevant.read_text() == OLD  # write=False
+
+
+def test_trigger_words_match_whole_words_only(tmp_path):
+    lookalike = _write(tmp_path / "a.py", "x = MyGradScalerFactory()\nautocasting = 1\n")
+    [result] = migrate_paths([lookalike], write=False, select=["AMP02"])
+    assert result.source is None  # skipped unparsed
+    [parsed] = migrate_paths([_write(tmp_path / "b.py", "from torch.cuda.amp import GradScaler as S\n")], write=False, select=["AMP02"])
+    assert parsed.source is not None
 
 
 def test_rewrites_in_place_and_leaves_files_with_nothing_to_do_byte_identical(tmp_path):

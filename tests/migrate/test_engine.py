@@ -213,3 +213,45 @@ def test_line_endings_and_comments_elsewhere_are_kept(newline):
     source = newline.join(["import torch  # keep me", "", "# and me", "s = torch.cuda.amp.GradScaler()", ""])
     result = run_rules(source, "f.py", [DeprecatedCudaGradScaler])
     assert result.source == source.replace("torch.cuda.amp.GradScaler()", 'torch.amp.GradScaler("cuda")')
+
+
+class DropApexThenFlag(Rule):
+    """Removes ``import apex``; once it is gone (a later round, whose text no longer says apex),
+    turns ``flag = 1`` into ``flag = 2``."""
+
+    CODE = "TST010"
+    MESSAGE = "x"
+    TRIGGERS = ("apex",)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.imports_apex = "import apex" in node.code
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if cst.Module([node]).code.strip() == "import apex":
+            self.report(node, replacement=cst.RemoveFromParent())
+        elif cst.Module([node]).code.strip() == "flag = 1" and not self.imports_apex:
+            self.report(node, replacement=cst.parse_statement("flag = 2\n"))
+
+
+def test_rules_chosen_by_trigger_words_keep_running_in_later_rounds():
+    result = run_rules("import apex\nflag = 1\n", "f.py", [DropApexThenFlag])
+    assert result.source == "flag = 2\n"
+
+
+class OnlyWithApex(Rule):
+    """Reports every name, but only claims files that mention ``apex`` as a word."""
+
+    CODE = "TST009"
+    MESSAGE = "x"
+    TRIGGERS = ("apex",)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.report(node)
+
+
+def test_rules_visit_only_files_holding_one_of_their_trigger_words():
+    assert run_rules("apex = 1\n", "f.py", [OnlyWithApex]).diagnostics[0].code == "TST009"
+    # a word or part of a snake_case name, in any case; not a part of another word
+    assert run_rules("HAS_APEX = 1\n", "f.py", [OnlyWithApex]).diagnostics[0].code == "TST009"
+    assert run_rules("capex = apexify = 1\n", "f.py", [OnlyWithApex, PrintCall]).diagnostics == ()
+    assert [d.code for d in run_rules("x = 1\nprint(x)\n", "f.py", [OnlyWithApex, PrintCall]).diagnostics] == ["TST001"]
