@@ -47,10 +47,20 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32, device=device)
             group["step"] = torch.tensor([group.get("step", step)], dtype=torch.int, device=device)
         self.reduced_precision_dtype = reduced_precision_dtype
-        self.param_groups_full_precision = [
-            {"params": [p.detach().float() if p.dtype == reduced_precision_dtype else None
-                        for p in group["params"]]}
-            for group in self.param_groups]
+        self.param_groups_full_precision = []
+        self._add_masters()
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if hasattr(self, "param_groups_full_precision"):  # not during the base constructor
+            self._add_masters()
+
+    def _add_masters(self):
+        """fp32 masters (None where not needed) for the param groups that have none yet."""
+        for group in self.param_groups[len(self.param_groups_full_precision):]:
+            self.param_groups_full_precision.append(
+                {"params": [p.detach().float() if p.dtype == self.reduced_precision_dtype else None
+                            for p in group["params"]]})
 
     @torch.no_grad()
     def step(self, closure=None, grad_scaler=None):

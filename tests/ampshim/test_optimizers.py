@@ -282,6 +282,16 @@ def test_fused_mixed_precision_lamb_tracks_fp32_masters():
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
 
 
+def test_fused_mixed_precision_lamb_gives_added_param_groups_masters():
+    opt = FusedMixedPrecisionLamb(_params(torch.bfloat16)[:1], reduced_precision_dtype=torch.bfloat16)
+    extra = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    opt.add_param_group({"params": [extra], "lr": 0.1})
+    assert opt.param_groups_full_precision[1]["params"][0].dtype == torch.float32
+    extra.grad = torch.ones_like(extra)
+    opt.step()
+    assert not torch.equal(extra.detach(), torch.ones(3, dtype=torch.bfloat16))
+
+
 def test_fused_mixed_precision_lamb_steps_through_grad_scaler_and_skips_overflow():
     model = torch.nn.Linear(3, 1)
     opt = FusedMixedPrecisionLamb(model.parameters(), lr=1e-2)
