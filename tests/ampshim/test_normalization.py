@@ -93,6 +93,8 @@ def test_under_autocast_output_is_the_autocast_dtype():
         assert torch.nn.LayerNorm(8)(x).dtype == torch.float32  # the native difference
         assert FusedLayerNorm(8)(x).dtype == torch.bfloat16
         assert FusedRMSNorm(8)(x).dtype == torch.bfloat16
+        # apex casts the parameters too, so the "weight dtype" is then the autocast dtype
+        assert MixedFusedLayerNorm(8)(x).dtype == torch.bfloat16
         y = fln.fused_layer_norm(x, (8,))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), torch.nn.functional.layer_norm(x, (8,), eps=1e-6),
