@@ -113,9 +113,12 @@ def test_accumulation_into_masters_is_exact_across_scales():
     assert torch.equal(master.grad, torch.full((3, 2), 2. * (1 + 3 + 5 + 7)))
 
 
-def test_fp32_params_accumulate_through_the_stash():
+@pytest.mark.parametrize("loss_scale", ["dynamic", 1.0])
+def test_fp32_params_accumulate_through_the_stash(loss_scale):
+    # With a static scale of 1.0 apex dropped the accumulated grads of fp32 params (its post
+    # step returned early without restoring the stash); ampshim keeps them.
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.BatchNorm1d(2))
-    model, optimizer = o2(model)
+    model, optimizer = o2(model, loss_scale=loss_scale)
     x = torch.randn(4, 2)
     grads = []
     for _ in range(2):
@@ -215,3 +218,4 @@ def test_step_copy_back_is_one_fused_copy(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: pytest.fail("per-tensor copy"))
     optimizer.step()
     assert calls == [10]
+
