@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from migrate.types import ERROR_CODE, Diagnostic, FileResult, Position
 
-__all__ = ["DEFAULT_EXCLUDES", "Options", "discover", "migrate_paths", "migrate_source", "select_rules"]
+__all__ = ["DEFAULT_EXCLUDES", "discover", "migrate_paths", "migrate_source", "select_rules"]
 
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
@@ -32,11 +32,9 @@ _PARALLEL_MIN_FILES = 8  # below this, starting worker processes costs more than
 
 
 @dataclass(frozen=True)
-class Options:
-    """What changes a run's output. ``fix=False`` only reports (``--check``); ``write`` saves fixed files."""
+class _Options:
+    """What changes a file's result. ``fix=False`` only reports (``--check``)."""
 
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     fix: bool = True
     settings: dict = field(default_factory=dict)
@@ -101,7 +99,7 @@ def migrate_source(
     """
     if rules is None:
         rules = select_rules(select, ignore)
-    options = Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return _migrate_one(filename, data, text, tuple(rules), options, write=False)
@@ -140,7 +138,7 @@ def migrate_paths(
     if rules is None:
         rules = select_rules(select, ignore)
     rules = tuple(rules)
-    options = Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     triggers = _triggers(rules)
     results: dict[Path, FileResult] = {}
     todo: list[tuple[Path, bytes]] = []
@@ -228,7 +226,7 @@ def _may_apply(content: bytes | str, triggers: tuple[str, ...] | None) -> bool:
     return triggers_pattern(triggers, isinstance(content, bytes)).search(content) is not None
 
 
-def _migrate_path(path: Path, rules: tuple, options: Options, write: bool) -> FileResult:
+def _migrate_path(path: Path, rules: tuple, options: _Options, write: bool) -> FileResult:
     """One file in a worker process (re-read there: cheaper than sending its bytes over)."""
     try:
         data = path.read_bytes()
@@ -238,7 +236,7 @@ def _migrate_path(path: Path, rules: tuple, options: Options, write: bool) -> Fi
 
 
 def _migrate_one(
-    filename: str, data: bytes | None, text: str | None, rules: tuple, options: Options, write: bool
+    filename: str, data: bytes | None, text: str | None, rules: tuple, options: _Options, write: bool
 ) -> FileResult:
     encoding = "utf-8"
     if data is not None:
@@ -255,7 +253,7 @@ def _migrate_one(
     outcome = run_rules(
         text, filename, rules, fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings
     )
-    result = FileResult(filename, outcome.diagnostics, text, outcome.source, outcome.error, encoding)
+    result = FileResult(filename, outcome.diagnostics, text, outcome.source, outcome.error, encoding, outcome.remaining)
     if write and result.changed:
         try:
             _write_atomic(Path(filename), result.new_source.encode(encoding))
@@ -291,13 +289,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _unwritten(result: FileResult, message: str) -> FileResult:
     """The result of a file whose fixes could not be saved: it is as it was."""
     error = _error_result(result.filename, message)
-    unapplied = tuple(replace(d, applied=False) for d in result.diagnostics)
-    return FileResult(result.filename, (*error.diagnostics, *unapplied), result.source, result.source, message, result.encoding)
+    diagnostics = (*error.diagnostics, *(replace(d, applied=False) for d in result.diagnostics))
+    return FileResult(result.filename, diagnostics, result.source, result.source, message, result.encoding, diagnostics)
 
 
 def _error_result(filename: str, message: str) -> FileResult:
     start = Position(1, 1)
-    return FileResult(filename, (Diagnostic(ERROR_CODE, message, filename, start, start),), error=message)
+    error = (Diagnostic(ERROR_CODE, message, filename, start, start),)
+    return FileResult(filename, error, error=message, remaining=error)
 
 
 def _cores() -> int:

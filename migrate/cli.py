@@ -7,6 +7,7 @@ pre-commit run on one file fast.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 import click
@@ -143,18 +144,13 @@ def _print(results, rules, output_format: str, *, diff: bool, wrote: bool, unsaf
         click.echo(summary(results, wrote=False, unsafe_fixes=unsafe), nl=False, err=True)
         return
     if wrote and output_format == "text":
-        shown = [_without_applied(result) for result in results]  # what was fixed is gone: show what is left
+        # what was fixed is gone: show what is left, where it now is
+        shown = [replace(result, diagnostics=result.remaining) for result in results]
     else:
         shown = results
     click.echo(format_results(shown, output_format, rules), nl=False, err=not to_stdout)
     if output_format == "text":
         click.echo(summary(results, wrote=wrote, unsafe_fixes=unsafe), nl=False, err=True)
-
-
-def _without_applied(result):
-    from dataclasses import replace
-
-    return replace(result, diagnostics=tuple(d for d in result.diagnostics if not d.applied))
 
 
 def _unified_diff(result) -> str:

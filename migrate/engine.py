@@ -22,11 +22,15 @@ _MAX_ROUNDS = 8
 
 @dataclass(frozen=True)
 class EngineResult:
-    """The text after fixes, the findings located in the original text, and an error if any."""
+    """The text after fixes, the findings located in the original text, and an error if any.
+
+    ``remaining`` are the findings still there after the fixes, located in the returned text.
+    """
 
     source: str
     diagnostics: tuple[Diagnostic, ...]
     error: str | None = None
+    remaining: tuple[Diagnostic, ...] = ()
 
 
 class _RoundFailed(Exception):
@@ -63,21 +67,26 @@ def run_rules(
     positions = wrapper.resolve(PositionProvider)
     diagnostics = tuple(_diagnostic(report, positions.get(report.node), filename, unsafe_fixes) for report in reports)
     if not fix or not any(d.applied for d in diagnostics):
-        return EngineResult(source, diagnostics)
+        return EngineResult(source, diagnostics, remaining=tuple(d for d in diagnostics if not d.applied))
 
     try:
-        fixed = _fix_to_fixed_point(wrapper, reports, rules, context)
+        fixed, wrapper, reports = _fix_to_fixed_point(source, wrapper, reports, rules, context)
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
+    positions = wrapper.resolve(PositionProvider)
+    remaining = tuple(
+        replace(_diagnostic(report, positions.get(report.node), filename, unsafe_fixes), applied=False)
+        for report in reports
+    )
     if fixed == source:
-        return EngineResult(source, diagnostics)
+        return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
     if problem is not None:
         if _compile_error(source, filename) is not None:
             return _failed(source, filename, ERROR_CODE, f"does not compile: {problem}", diagnostics=diagnostics)
         message = f"the fixes produced code that does not compile ({problem}); the file was left unchanged"
         return _failed(source, filename, INTERNAL_ERROR_CODE, message, diagnostics=diagnostics)
-    return EngineResult(fixed, diagnostics)
+    return EngineResult(fixed, diagnostics, remaining=remaining)
 
 
 def _visit(
@@ -95,16 +104,16 @@ def _visit(
 
 
 def _fix_to_fixed_point(
-    wrapper: MetadataWrapper, reports: list[Report], rules: Sequence[type[Rule]], context: RuleContext
-) -> str:
-    text = wrapper.module.code
+    text: str, wrapper: MetadataWrapper, reports: list[Report], rules: Sequence[type[Rule]], context: RuleContext
+) -> tuple[str, MetadataWrapper, list[Report]]:
+    """Apply fixes round after round; returns the final text with its own wrapper and reports."""
     for _ in range(_MAX_ROUNDS):
         allowed = [r for r in reports if r.replacement is not None and _allowed(r.safety, context.unsafe_fixes)]
         if not allowed:
-            return text
+            return text, wrapper, reports
         new_text = _apply(wrapper.module, allowed, context.filename)
         if new_text == text:
-            return text
+            return text, wrapper, reports
         text = new_text
         try:
             wrapper, reports = _visit(cst.parse_module(text), rules, context)
@@ -220,4 +229,4 @@ def _failed(
     unapplied = tuple(replace(d, applied=False) for d in diagnostics)
     at = Position(*where)
     error = Diagnostic(code=code, message=message, filename=filename, location=at, end_location=at)
-    return EngineResult(source, (error, *unapplied), error=message)
+    return EngineResult(source, (error, *unapplied), error=message, remaining=(error, *unapplied))

@@ -59,8 +59,9 @@ class FileResult:
 
     ``source`` is the text read and ``new_source`` the text after the fixes allowed (the same
     string when nothing changed); both are None when the file was not read through, or was
-    skipped because it cannot contain anything the selected rules look for. ``error`` says why a
-    file could not be read, decoded, parsed, fixed or written; such a file is left untouched.
+    skipped because it cannot contain anything the selected rules look for. ``diagnostics`` are
+    located in ``source``. ``error`` says why a file could not be read, decoded, parsed, fixed or
+    written; such a file is left untouched.
     """
 
     filename: str
@@ -69,6 +70,7 @@ class FileResult:
     new_source: str | None = None
     error: str | None = None
     encoding: str = "utf-8"  # as found in the file; "utf-8-sig" keeps a byte-order mark
+    remaining: tuple[Diagnostic, ...] = ()  # the findings left after the fixes, located in new_source
 
     @property
     def changed(self) -> bool:

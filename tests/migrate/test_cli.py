@@ -180,3 +180,15 @@ def test_migrate_does_not_import_torch_or_ampshim(tree):
     env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
     result = subprocess.run([sys.executable, "-c", probe, str(tree)], capture_output=True, env=env, timeout=60)
     assert result.stdout.decode().splitlines()[-1] == "[]", result.stderr.decode()
+
+
+def test_rewrite_lists_what_remains_where_it_now_is(tree):
+    (tree / "pkg" / "train.py").write_text(
+        "from torch.cuda.amp import GradScaler\nimport torch\nscaler = GradScaler()\n" + REPORT_ONLY.split("\n", 1)[1]
+    )
+    result = _run(tree / "pkg" / "train.py")
+    assert result.exit_code == 1
+    text = (tree / "pkg" / "train.py").read_text()
+    row = text.splitlines().index("assert isinstance(s, torch.cuda.amp.GradScaler)") + 1
+    [line] = [line for line in result.output.splitlines() if "AMP021" in line]
+    assert f"train.py:{row}:" in line and "needs a manual change" in line and "[*]" not in line

@@ -255,3 +255,13 @@ def test_rules_visit_only_files_holding_one_of_their_trigger_words():
     assert run_rules("HAS_APEX = 1\n", "f.py", [OnlyWithApex]).diagnostics[0].code == "TST009"
     assert run_rules("capex = apexify = 1\n", "f.py", [OnlyWithApex, PrintCall]).diagnostics == ()
     assert [d.code for d in run_rules("x = 1\nprint(x)\n", "f.py", [OnlyWithApex, PrintCall]).diagnostics] == ["TST001"]
+
+
+def test_remaining_findings_are_located_in_the_fixed_text():
+    source = "from os.path import join\na = join('x', 'y')\nprint(a)\n"
+    result = run_rules(source, "f.py", [UseOsPath, PrintCall])
+    assert result.source == "import os\n\na = os.path.join('x', 'y')\nprint(a)\n"
+    [before] = [d for d in result.diagnostics if d.code == "TST001"]
+    [after] = result.remaining
+    assert (after.code, before.location.row, after.location.row) == ("TST001", 3, 4)
+    assert not after.applied
