@@ -63,7 +63,8 @@ class Properties:
         options[name] = check(value) if check is not None else value
 
     def _check_cast_model_type(self, value):
-        if self.opt_level == "O1" and not (value is None or value is False or value is torch.float32):
+        harmless = value is None or value is False or value is torch.float32
+        if self.opt_level == "O1" and not harmless:
             _warn_or_err(
                 "O1 inserts casts around Torch functions rather than model weights, so with O1, "
                 "the model weights themselves should remain FP32. If you wish to cast the model "

@@ -148,6 +148,21 @@ def _post_backward_no_master_weights(self, scaler):
                                stash.all_fp16_grad_stash, stash.all_fp32_grad_stash)
 
 
+def _restore_stashed_grads(optimizer):
+    """Undo ``_prepare_amp_backward``: drop the fresh grads and put the stashed ones back."""
+    stash = optimizer._amp_stash
+    if hasattr(stash, "all_fp32_from_fp32_params"):  # with master weights
+        _set_grads_to_none(stash.all_fp16_params)
+        pairs = [(stash.all_fp32_from_fp32_params, stash.all_fp32_from_fp32_grad_stash)]
+    else:
+        pairs = [(stash.all_fp16_params, stash.all_fp16_grad_stash),
+                 (stash.all_fp32_params, stash.all_fp32_grad_stash)]
+    for params, grad_stash in pairs:
+        for index, param in enumerate(params):
+            param.grad = grad_stash[index]
+            grad_stash[index] = None
+
+
 def _stash_grads(params, grad_stash):
     for index, param in enumerate(params):
         grad_stash[index] = param.grad

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ampshim.optimizer import _CLOSURE_ERROR, _process_optimizer
+from ampshim.optimizer import _CLOSURE_ERROR, _process_optimizer, _restore_stashed_grads
 from ampshim.opt_levels import Properties
 from ampshim.state import _amp_state, maybe_print
 
@@ -118,6 +118,7 @@ class _ScaleLoss:
         self._clear_cache = clear_cache
         self._casts_off = None
         self._short_circuit = False
+        self._prepared = []
 
     def __enter__(self):
         for optimizer in self._optimizers:
@@ -131,9 +132,10 @@ class _ScaleLoss:
             # Stash what was accumulated (unscaled) before this backward. Unlike apex, a delayed
             # pass opening an accumulation window stashes too, so earlier unscaled gradients are
             # not divided by the scale again when the window is unscaled.
-            for optimizer in self._optimizers:
-                if not optimizer._amp_stash.params_have_scaled_gradients:
-                    optimizer._prepare_amp_backward()
+            self._prepared = [optimizer for optimizer in self._optimizers
+                              if not optimizer._amp_stash.params_have_scaled_gradients]
+            for optimizer in self._prepared:
+                optimizer._prepare_amp_backward()
         # backward() must run outside autocast; O1 keeps autocast on process-wide.
         self._casts_off = _casts_disabled()
         self._casts_off.__enter__()
@@ -143,7 +145,12 @@ class _ScaleLoss:
 
     def __exit__(self, exc_type, exc_value, traceback):
         try:
-            if exc_type is None and not self._short_circuit:
+            if exc_type is not None:
+                # e.g. an out-of-memory error the caller skips: grads go back to what they
+                # were before the block (apex left them stashed, and lost them).
+                for optimizer in self._prepared:
+                    _restore_stashed_grads(optimizer)
+            elif not self._short_circuit:
                 self._unscale_and_update()
         finally:
             casts_off, self._casts_off = self._casts_off, None

@@ -1,9 +1,10 @@
 """The process-wide amp state (``apex.amp._amp_state``) and the functions that read it.
 
 Real scripts poke these names directly, so they keep apex's meaning:
-``_amp_state.opt_properties`` (absent until ``amp.initialize`` runs), ``loss_scalers[i]._loss_scale``
-and ``._unskipped``, ``verbosity``, ``allow_incoming_model_not_fp32``, ``hard_override``,
-``handle`` (the O1 handle, None without one), ``min_loss_scale`` / ``max_loss_scale``.
+``_amp_state.opt_properties`` (absent until ``amp.initialize`` runs),
+``loss_scalers[i]._loss_scale`` and ``._unskipped``, ``verbosity``,
+``allow_incoming_model_not_fp32``, ``hard_override``, ``handle`` (the O1 handle, None without
+one), ``min_loss_scale`` / ``max_loss_scale``.
 
 This module is also served as ``apex.amp._amp_state``. In apex that name resolved to the state
 OBJECT, so attribute reads and writes on this module are forwarded to ``_amp_state``
@@ -35,7 +36,7 @@ _amp_state = AmpState()
 
 
 def maybe_print(msg, rank0=False):
-    """Print ``msg`` when ``verbosity > 0``; with ``rank0=True`` only on rank 0 of a process group."""
+    """Print ``msg`` if ``verbosity > 0``; with ``rank0=True`` only on rank 0 of a process group."""
     if _amp_state.verbosity <= 0:
         return
     if rank0 and _is_distributed() and torch.distributed.get_rank() != 0:

@@ -86,7 +86,8 @@ def test_forward_is_an_instance_attribute_casting_inputs_recursively():
     assert isinstance(args[1][1], tuple)
     assert isinstance(args[2], Pair) and args[2].a.dtype == HALF and args[2].b == 3
     assert args[3].dtype == torch.int64  # non-floating tensors are untouched
-    assert args[4] == "text" and args[5] is batch and batch.casts == [HALF, torch.float32]  # in, then out
+    assert args[4] == "text" and args[5] is batch
+    assert batch.casts == [HALF, torch.float32]  # cast in, then out
     assert type(kwargs["mapping"]) is dict and kwargs["mapping"]["x"].dtype == HALF
 
 

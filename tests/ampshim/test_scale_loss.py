@@ -5,7 +5,7 @@ from _amp_testing import exact_linear, fresh_amp_state, int_batch, quiet  # noqa
 from ampshim.initialize import initialize
 from ampshim.scale_loss import _ScaleLoss, scale_loss
 from ampshim.scaler import LossScaler
-from ampshim.state import _amp_state
+from ampshim.state import _amp_state, master_params
 
 pytestmark = quiet
 
@@ -248,13 +248,18 @@ def test_manual_enter_exit_is_falsy():
     assert torch.equal(model.weight.grad, grad_of(1))
 
 
-def test_exception_in_body_propagates_and_leaves_grads_alone():
-    [model], [optimizer] = setup(loss_scale="dynamic")
+@pytest.mark.parametrize("opt_level", ["O0", "O2"])
+def test_exception_in_body_propagates_and_restores_earlier_grads(opt_level):
+    [model], [optimizer] = setup(opt_level, loss_scale="dynamic")
+    backward(model, optimizer, 1)
     with pytest.raises(ValueError):
-        with scale_loss(model(int_batch(1)).sum(), optimizer) as scaled:
+        with scale_loss(model(int_batch(2)).sum(), optimizer) as scaled:
             scaled.backward()
-            raise ValueError("boom")
-    assert _amp_state.loss_scalers[0]._unskipped == 0
+            raise ValueError("e.g. out of memory; the caller skips this batch")
+    assert _amp_state.loss_scalers[0]._unskipped == 1
+    backward(model, optimizer, 3)
+    [accumulated] = [p.grad for p in master_params(optimizer)]
+    assert torch.equal(accumulated, grad_of(1) + grad_of(3))
 
 
 def test_wrapper_with_param_groups_and_step_is_accepted(capsys):
