@@ -64,56 +64,71 @@ def test_tensor_lists_copy_the_torch_names_that_are_tensor_methods():
     assert tensor_overrides.FP32_FUNCS is not torch_overrides.FP32_FUNCS
 
 
-def _x(dtype):
-    return torch.rand(4, 4, dtype=dtype) + 0.5
+class _Inputs:
+    """Fresh inputs of one floating dtype on one device, for the probes below."""
+
+    def __init__(self, dtype, device):
+        self.dtype, self.device = dtype, device
+
+    def x(self):
+        return torch.rand(4, 4, dtype=self.dtype, device=self.device) + 0.5
+
+    def target(self):
+        return torch.tensor([0, 1, 2, 3], device=self.device)
 
 
-_TARGET = torch.tensor([0, 1, 2, 3])
-
-# One call per name, parameterised by the floating input dtype.
+# One call per name.
 _PROBES = {
-    "softmax": lambda d: F.softmax(_x(d), -1),
-    "log_softmax": lambda d: F.log_softmax(_x(d), -1),
-    "gelu": lambda d: F.gelu(_x(d)),
-    "layer_norm": lambda d: F.layer_norm(_x(d), (4,)),
-    "exp": lambda d: torch.exp(_x(d)),
-    "sum": lambda d: torch.sum(_x(d)),
-    "cumsum": lambda d: torch.cumsum(_x(d), 0),
-    "mv": lambda d: torch.mv(_x(d), _x(d)[0]),
-    "linear": lambda d: F.linear(_x(d), _x(d)),
-    "conv1d": lambda d: F.conv1d(_x(d)[None], _x(d)[:, :, None]),
-    "mm": lambda d: torch.mm(_x(d), _x(d)),
-    "addmm": lambda d: torch.addmm(_x(d), _x(d), _x(d)),
-    "matmul": lambda d: torch.matmul(_x(d), _x(d)),
-    "bmm": lambda d: torch.bmm(_x(d)[None], _x(d)[None]),
-    "einsum": lambda d: torch.einsum("ij,jk->ik", _x(d), _x(d)),
-    "prelu": lambda d: F.prelu(_x(d), torch.ones(1, dtype=d)),
-    "mse_loss": lambda d: F.mse_loss(_x(d), _x(d)),
-    "l1_loss": lambda d: F.l1_loss(_x(d), _x(d)),
-    "nll_loss": lambda d: F.nll_loss(_x(d), _TARGET),
-    "cross_entropy": lambda d: F.cross_entropy(_x(d), _TARGET),
-    "binary_cross_entropy": lambda d: F.binary_cross_entropy(_x(d) - 0.5, _x(d) - 0.5),
-    "binary_cross_entropy_with_logits": lambda d: F.binary_cross_entropy_with_logits(_x(d), _x(d)),
-    "prod": lambda d: torch.prod(_x(d)),
-    "cdist": lambda d: torch.cdist(_x(d), _x(d)),
+    "softmax": lambda i: F.softmax(i.x(), -1),
+    "log_softmax": lambda i: F.log_softmax(i.x(), -1),
+    "gelu": lambda i: F.gelu(i.x()),
+    "layer_norm": lambda i: F.layer_norm(i.x(), (4,)),
+    "exp": lambda i: torch.exp(i.x()),
+    "sum": lambda i: torch.sum(i.x()),
+    "cumsum": lambda i: torch.cumsum(i.x(), 0),
+    "mv": lambda i: torch.mv(i.x(), i.x()[0]),
+    "linear": lambda i: F.linear(i.x(), i.x()),
+    "conv1d": lambda i: F.conv1d(i.x()[None], i.x()[:, :, None]),
+    "mm": lambda i: torch.mm(i.x(), i.x()),
+    "addmm": lambda i: torch.addmm(i.x(), i.x(), i.x()),
+    "matmul": lambda i: torch.matmul(i.x(), i.x()),
+    "bmm": lambda i: torch.bmm(i.x()[None], i.x()[None]),
+    "einsum": lambda i: torch.einsum("ij,jk->ik", i.x(), i.x()),
+    "prelu": lambda i: F.prelu(i.x(), torch.ones(1, dtype=i.dtype, device=i.device)),
+    "mse_loss": lambda i: F.mse_loss(i.x(), i.x()),
+    "l1_loss": lambda i: F.l1_loss(i.x(), i.x()),
+    "nll_loss": lambda i: F.nll_loss(i.x(), i.target()),
+    "cross_entropy": lambda i: F.cross_entropy(i.x(), i.target()),
+    "binary_cross_entropy": lambda i: F.binary_cross_entropy(i.x() - 0.5, i.x() - 0.5),
+    "binary_cross_entropy_with_logits": lambda i: F.binary_cross_entropy_with_logits(i.x(), i.x()),
+    "prod": lambda i: torch.prod(i.x()),
+    "cdist": lambda i: torch.cdist(i.x(), i.x()),
 }
 
 
-def _observed_cpu_policy(probe):
-    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        if probe(torch.float32).dtype == torch.bfloat16:
-            return "half"
-        if probe(torch.bfloat16).dtype == torch.float32:
-            return "float"
+def _observed_policy(probe, device_type, low):
+    with warnings.catch_warnings(), torch.autocast(device_type, dtype=low, cache_enabled=False):
+        warnings.simplefilter("ignore")
+        try:
+            if probe(_Inputs(torch.float32, device_type)).dtype == low:
+                return "half"
+            if probe(_Inputs(low, device_type)).dtype == torch.float32:
+                return "float"
+        except RuntimeError:  # CUDA autocast refuses binary_cross_entropy outright
+            return "banned"
     return None
 
 
 @pytest.mark.parametrize("name", sorted(_PROBES))
 def test_cpu_native_table_matches_torch(name):
     # A wrong entry would make a user's list edit silently ignored; check the data against torch.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert native_policy("cpu", name) == _observed_cpu_policy(_PROBES[name])
+    assert native_policy("cpu", name) == _observed_policy(_PROBES[name], "cpu", torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(_PROBES))
+def test_cuda_native_table_matches_torch(name):
+    assert native_policy("cuda", name) == _observed_policy(_PROBES[name], "cuda", torch.float16)
 
 
 def test_native_table_keeps_cuda_and_cpu_apart():
