@@ -80,6 +80,10 @@ class DeprecatedSpelling(Rule):
     ) -> None:
         native_name = self.RENAMES[deprecated]
         message = f"`{deprecated}` is deprecated; use `{native_name}`"
+        others = qualified_names(self, func) - {deprecated}
+        if others:  # e.g. imported from torch.cuda.amp on one branch, from contextlib on the other
+            self.report(node, message + f" (the name may also be {', '.join(sorted(others))} here: change it by hand)")
+            return
         if args is None:
             self.report(node, message + " (its arguments need a manual change)")
             return

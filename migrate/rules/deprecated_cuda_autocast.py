@@ -23,7 +23,8 @@ class DeprecatedCudaAutocast(DeprecatedSpelling):
     Fix safety:
     Safe: the native form with device type ``"cuda"`` has the same defaults (float16, cache on).
     Positional arguments are passed by keyword, since the native signature orders them differently.
-    A call with ``*args``, and a use that is not a call (an alias, ``isinstance``), are only reported.
+    A call with ``*args``, a name that may also be something else (imported from elsewhere on
+    another branch), and a use that is not a call (an alias, ``isinstance``) are only reported.
     """
 
     CODE = "AMP020"
@@ -59,6 +60,10 @@ class DeprecatedCudaAutocast(DeprecatedSpelling):
             'import torch\n\nwith torch.amp.autocast("cuda", **options):\n    pass\n',
         ),
         Invalid("import torch\nwith torch.cuda.amp.autocast(*flags):\n    pass\n"),
+        Invalid(
+            "if USE_CUDA:\n    from torch.cuda.amp import autocast\nelse:\n"
+            "    from contextlib import nullcontext as autocast\nwith autocast():\n    pass\n"
+        ),
         Invalid("import torch\ncontext = torch.cuda.amp.autocast\n"),
     ]
 
