@@ -13,6 +13,7 @@ import types
 
 import torch
 
+from ampshim import handle
 from ampshim.deprecation import deprecated_warning
 from ampshim.device import device_type_of, resolve_dtype
 from ampshim.model import cast_models, patch_forward_outputs
@@ -160,8 +161,6 @@ def _initialize(models, optimizers, properties, num_losses, cast_model_outputs, 
         for _ in range(num_losses)]
 
     if properties.patch_torch_functions:
-        from ampshim import handle  # O1 machinery, loaded only when O1 is used
-
         handle.init(loss_scale=properties.loss_scale, verbose=(_amp_state.verbosity == 2),
                     device_type=device_type)
         for optimizer in optimizers:
