@@ -74,6 +74,8 @@ _INITIALIZE_KEYWORDS = frozenset(
 _NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
 _SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
 _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
+# Without amp.initialize in the file, calls of these stand for the forward pass.
+_GUESSED_MODELS = frozenset({"model", "self.model", "net", "self.net", "network", "self.network", "module", "self.module"})
 _AUTOCAST = 'torch.autocast("cuda", dtype=torch.float16{enabled})'
 # Statement kinds that a search for the following optimizer.step() may look into.
 _TRANSPARENT = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With)
@@ -149,6 +151,7 @@ class _Planner:
         self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
         self.findings: list[Report] = []
         self.order: dict[int, int] = {}  # statement lines in source order
+        self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self._kinds: dict[int, tuple[str, str, str]] = {}
         self.imports = nodes.apex_imports(module)
         module.visit(_Collect(self))
@@ -178,6 +181,8 @@ class _Planner:
                 self.sites[attr].append(parent)
             elif attr.split(".")[0] in CAST_API:
                 continue
+            elif attr == "__dict__" and self._in_test(node):
+                continue  # `"state_dict" in amp.__dict__`: a probe, left as it is and reported as internals
             elif attr == "":
                 if not self._in_test(node):
                     self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
@@ -218,23 +223,31 @@ class _Planner:
     # ---- the rewrite ----------------------------------------------------------------------
 
     def _rewrite(self) -> None:
-        if len(self.sites["initialize"]) != 1:
-            if not self.sites["initialize"]:
-                anchor = next(call for kind in CORE for call in self.sites[kind])
-                raise _Unplannable(anchor, "no `amp.initialize` in this file, so the scaler is created elsewhere")
-            raise _Unplannable(self.sites["initialize"][1], "`amp.initialize` is called more than once")
-        init = self._initialize(self.sites["initialize"][0])
+        inits = [self._initialize(call) for call in self.sites["initialize"]]
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
+        others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         if not scales:
-            raise _Unplannable(init.call, "no `amp.scale_loss` in this file, so the backward pass is elsewhere")
-        self.init = init
-        self.o0 = init.level == "O0"
-        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales]
-        scaler_sites += self.sites["state_dict"] + self.sites["load_state_dict"] + self.sites["master_params"]
+            if not inits or others:
+                anchor = next(call for kind in CORE for call in self.sites[kind])
+                raise _Unplannable(anchor, "neither `amp.initialize` nor `amp.scale_loss` is in this file with it, so its scaler lives elsewhere")
+            self._hand_off(inits)
+            return
+        init = inits[0] if inits else None
+        if init is None:
+            self.unsafe.append(
+                "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
+                "(the opt level and options given to `amp.initialize` elsewhere are not seen)"
+            )
+        if len(inits) > 1:
+            self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
+        self.level = init.level if init is not None else "O1"
+        self.o0 = self.level == "O0"
+        self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else _GUESSED_MODELS
+        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales] + others
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
-        hoist = self._hoist_guard(init, scaler_sites)
+        hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
-        self.may_be_disabled = init.enabled is not None or hoist is not None
+        self.may_be_disabled = hoist is not None or (init is not None and init.enabled is not None)
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps.
@@ -250,45 +263,79 @@ class _Planner:
                 entry[1][index] = entry[1].get(index, False) or k == len(found) - 1
         for line, updates, condition in steps.values():
             self._replace(line, self._step_replacement(line, updates, condition))
+            self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
         self._plan_master_params()
         self._plan_state_dicts()
-        self._plan_initialize(init, hoist)
+        if init is not None:
+            self._plan_initialize(init, hoist)
+        else:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
+        for extra in inits[1:]:
+            self._plan_initialize_removal(extra)
         if not self.o0:
             for scale in scales:
-                self._plan_autocast(scale, init)
-        self._emit(init, scales, steps)
+                self._plan_autocast(scale)
+        self._plan_after_imports()
+        self._emit(scales)
 
-    def _emit(self, init: _Initialize, scales: list[_ScaleLoss], steps: dict) -> None:
+    def _hand_off(self, inits: list[_Initialize]) -> None:
+        """``amp.initialize`` with the scaled backward in another file: the call goes, nothing else.
+
+        Under O1 the returned models and optimizers are the ones passed in; the file that scales
+        the loss gets its own GradScaler when it is migrated.
+        """
+        self.level = inits[0].level
+        self.o0 = True
+        if all(init.level != "O0" for init in inits):
+            self.unsafe.append(
+                "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
+                "autocast when it is migrated (migrate both, or neither)"
+            )
+        for init in inits:
+            self._plan_initialize_removal(init)
+        self._emit([])
+
+    def _plan_initialize_removal(self, init: _Initialize) -> None:
+        if init.restore:
+            new = nodes.parse_statements(init.restore + "\n", self.module)[0]
+            self._replace(init.statement, nodes.with_leading(new, init.statement))
+        else:
+            self._replace(init.statement, cst.RemoveFromParent())
+        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+
+    def _plan_after_imports(self) -> None:
+        """Definitions the rewrite needs at module level go after the last top-level import."""
+        if not self.after_imports:
+            return
+        anchor = None
+        for statement in self.module.body:
+            if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+                anchor = statement
+        if anchor is None or self._touched(anchor):
+            first = next(call for kind in CORE for call in self.sites[kind])
+            raise _Unplannable(first, "no top-level import to put the module-level definitions after")
+        added = []
+        for source in sorted(self.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
+            statements = nodes.parse_statements(source, self.module)
+            blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
+            added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank), *statements[1:]]
+        self._replace(anchor, cst.FlattenSentinel([anchor, *added]))
+        self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
+
+    def _emit(self, scales: list[_ScaleLoss]) -> None:
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
         why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
-        removes = tuple(
-            change
-            for node, _ in self.refs
-            for change in self.imports.get(nodes.root_name(node) or "", ())
-            if isinstance(node, (cst.Name, cst.Attribute))
-        )
-        removes = tuple(dict.fromkeys(removes))
+        removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
         adds = () if self.o0 else (ImportChange("torch"),)
-        messages = {
-            id(init.statement): (INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix()),
-        }
         for scale in scales:
-            messages[id(scale.statement)] = (
-                SCALE_LOSS,
-                "`amp.scale_loss` is apex mixed precision",
-                f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)",
-            )
-        for line, _, _ in steps.values():
-            messages[id(line)] = (SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+            fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
+            self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.replacements.values():
-            code, message, fix = messages.get(id(node), self._message_for(node))
+            code, message, fix = self._message_for(node)
             self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
 
     def _message_for(self, node: cst.CSTNode) -> tuple[str, str, str]:
-        kind = self._kinds.get(id(node))
-        if kind is not None:
-            return kind
-        return (INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
+        return self._kinds[id(node)]
 
     def _initialize_fix(self) -> str:
         if self.o0:
@@ -341,7 +388,7 @@ class _Planner:
             elif level in ("O2", "O3"):
                 self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
         if not has_optimizers and level != "O0":
-            raise _Unplannable(call, "`amp.initialize` without optimizers (inference): put the forward pass under `torch.autocast` by hand")
+            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
@@ -407,9 +454,11 @@ class _Planner:
             new = nodes.parse_statements("\n".join(lines) + "\n", self.module) if lines else []
             if not new:
                 self._replace(init.statement, cst.RemoveFromParent())
+                self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
                 return
             new[0] = nodes.with_leading(new[0], init.statement)
             self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
+            self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
             return
         new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
         new[0] = nodes.with_leading(new[0], hoist)
@@ -455,7 +504,10 @@ class _Planner:
         self.unsafe.append("`amp.initialize` sits inside a block: the scaler may not exist everywhere it is used")
         return None
 
-    def _scaler_name(self, init: _Initialize, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
+    def _scaler_name(self, init: _Initialize | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
+        name = next((name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+        if init is None:
+            return name, "module"
         if init.level == "O0":
             return None, "none"
         function = self._function(init.statement)
@@ -464,7 +516,6 @@ class _Planner:
             if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
                 return f"self.{attribute}", "self"
-        name = next((name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
         if all(self._function(site) is function for site in sites):
             return name, "local"
         if function is None:
@@ -638,7 +689,7 @@ class _Planner:
 
     # ---- autocast placement -----------------------------------------------------------------
 
-    def _plan_autocast(self, scale: _ScaleLoss, init: _Initialize) -> None:
+    def _plan_autocast(self, scale: _ScaleLoss) -> None:
         loss = nodes.code(scale.loss)
         current: cst.CSTNode = scale.statement
         while True:
@@ -646,7 +697,7 @@ class _Planner:
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 break
             window = self._window(block, current)
-            start = next((i for i, s in enumerate(window) if self._calls_model(s, init.model_codes)), None)
+            start = next((i for i, s in enumerate(window) if self._calls_model(s, self.model_codes)), None)
             if start is not None:
                 self._wrap(window[start:], scale)
                 return
@@ -706,7 +757,7 @@ class _Planner:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
         loss = nodes.code(scale.loss)
-        relevant = [i for i, s in enumerate(statements) if _assigns(s, loss) or self._calls_model(s, self.init.model_codes)]
+        relevant = [i for i, s in enumerate(statements) if _assigns(s, loss) or self._calls_model(s, self.model_codes)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
@@ -728,7 +779,7 @@ class _Planner:
             optimizer = nodes.argument(call, 0, "optimizer")
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise _Unplannable(call, "`amp.master_params` is not called with one optimizer")
-            if self.init.level in ("O2", "O3", None):
+            if self.level in ("O2", "O3", None):
                 self.unsafe.append("under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters")
             opt = nodes.code(optimizer.value)
             generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
@@ -777,19 +828,7 @@ class _Planner:
             self._replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}))", self.module))
             self._kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
         if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
-            self._add_helper()
-
-    def _add_helper(self) -> None:
-        anchor = None
-        for statement in self.module.body:
-            if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
-                anchor = statement
-        if anchor is None:
-            raise _Unplannable(self.sites["load_state_dict"][0], "no top-level import to put the checkpoint conversion helper after")
-        helper = nodes.parse_statements(HELPER_SOURCE, self.module)
-        helper[0] = helper[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        self._replace(anchor, cst.FlattenSentinel([anchor, *helper]))
-        self._kind(anchor, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Add `{HELPER_NAME}` so old apex checkpoints keep loading")
+            self.after_imports.append(HELPER_SOURCE)
 
     # ---- tree helpers --------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ class ApexFusedNorm(ApexRename):
             "import torch\n\nnorm = torch.nn.RMSNorm(hidden, eps=1e-5)\n",
         ),
         Invalid(
-            "try:\n    from apex.normalization import FusedLayerNorm as LayerNorm\nexcept ImportError:\n    from torch.nn import LayerNorm\n\nclass BertLayerNorm(LayerNorm):\n    pass\n",
+            "from apex.normalization import FusedLayerNorm\n\nclass BertLayerNorm(FusedLayerNorm):\n    pass\n",
             "import torch\n\nclass BertLayerNorm(torch.nn.LayerNorm):\n    pass\n",
         ),
     ]

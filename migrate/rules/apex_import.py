@@ -46,10 +46,14 @@ class ApexImport(Rule):
     ]
     INVALID = [
         Invalid(
-            "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n",
+            "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    raise ImportError('Please install apex')\n",
             "import torch\n\nAPEX_AVAILABLE = True\n",
         ),
         Invalid("import torch\n\ntry:\n    pass\nexcept ImportError:\n    amp = None\n", "import torch\n"),
+        Invalid(
+            "import torch\n\nif args.fp16:\n    try:\n        pass\n    except ImportError:\n        raise ImportError('Please install apex')\n",
+            "import torch\n",
+        ),
         Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
         Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
     ]
@@ -75,18 +79,32 @@ class ApexImport(Rule):
         kept = [line for line in statements if not all(isinstance(s, cst.Pass) for s in line.body)]
         if node.orelse is not None:
             kept += list(node.orelse.body.body)
+        target: cst.CSTNode = node
+        guard = self._sole_statement_of_if(node)
+        if not kept and guard is not None:
+            target = guard  # `if args.fp16:` around nothing but the dead guard goes too
         if kept:
             kept[0] = nodes.with_leading(kept[0], node)
             replacement = cst.FlattenSentinel(kept)
         else:
             replacement = cst.RemoveFromParent()
         self.report(
-            node,
+            target,
             "this `try` guards an apex import that is gone: its `except ImportError` branch can no longer run",
             replacement=replacement,
             safety=Safety.SAFE,
             fix_message="Replace the `try` statement by its body",
         )
+
+    def _sole_statement_of_if(self, node: cst.Try) -> cst.If | None:
+        """The ``if <names and comparisons>:`` (no ``else``) whose body is only ``node``."""
+        block = self.get_metadata(ParentNodeProvider, node, None)
+        owner = self.get_metadata(ParentNodeProvider, block, None) if block is not None else None
+        if not isinstance(owner, cst.If) or owner.body is not block or owner.orelse is not None:
+            return None
+        if len(block.body) != 1 or not nodes.is_pure(owner.test):
+            return None
+        return owner
 
     @staticmethod
     def _catches_import_error(handler: cst.ExceptHandler) -> bool:

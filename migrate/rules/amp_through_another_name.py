@@ -1,0 +1,74 @@
+"""AMP016: apex's amp reached through a name the codemod cannot resolve (``self.amp``, a parameter): reported."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import PositionProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+
+from migrate.apex_plan import CORE
+from migrate.names import qualified_names
+from migrate.rule import Invalid, Rule, Valid
+
+
+class AmpThroughAnotherName(Rule):
+    """What it does:
+    Reports calls of apex's amp API made through something that is not an import: ``self.amp.scale_loss(...)``,
+    ``trainer.amp.initialize(...)``, an ``amp`` parameter (``def train(..., amp=None)``), or the handle
+    returned by the legacy ``amp.init()`` (``amp_handle.scale_loss(...)``).
+
+    Why is this bad?
+    These are apex calls the codemod cannot follow to their import, so it cannot rewrite them
+    consistently with the ``amp.initialize`` they depend on. Left alone, they keep the file on apex.
+
+    Fix safety:
+    No fix. Migrate them together with the place ``amp`` comes from (pass a ``GradScaler`` instead
+    of the amp module), or keep the file running on ampshim.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP016"
+    MESSAGE = "apex amp reached through a name that cannot be resolved to its import"
+    TRIGGERS = ("amp", "apex")
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
+    VALID = [
+        Valid("from torch.cuda import amp\nscaler = amp.GradScaler()\n"),
+        Valid("model_ref.amp_scale_loss(loss, optimizer)\n"),
+        Valid("def scale_loss(loss, optimizer):\n    return loss\n\nscale_loss(loss, optimizer)\n"),
+    ]
+    INVALID = [
+        Invalid("class Hook:\n    def after_train_iter(self, runner):\n        with self.amp.scale_loss(runner.outputs['loss'], runner.optimizer) as scaled:\n            scaled.backward()\n"),
+        Invalid("def train(model, optimizer, loss, amp=None):\n    if amp:\n        with amp.scale_loss(loss, optimizer) as scaled:\n            scaled.backward()\n"),
+        Invalid("from apex import amp\n\nhandle = amp.init(enabled=True)\nwith handle.scale_loss(loss, optimizer) as scaled:\n    scaled.backward()\n"),
+    ]
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        self._handles: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        if isinstance(value, cst.Call) and "apex.amp.init" in qualified_names(self, value.func):
+            self._handles.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in CORE:
+            return
+        receiver = func.value
+        if isinstance(receiver, cst.Name) and receiver.value in self._handles:
+            self.report(node, f"{self.MESSAGE}: `{receiver.value}` is the legacy `amp.init()` handle; "
+                        "replace it with `torch.amp.GradScaler` and `torch.autocast` by hand")
+            return
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
+            where = "an attribute"
+        elif isinstance(receiver, cst.Name) and receiver.value == "amp" and not self._imported(receiver):
+            where = "a parameter or local variable"
+        else:
+            return
+        self.report(node, f"{self.MESSAGE}: `amp` is {where} here; migrate this call together with where `amp` "
+                    "comes from (hand a GradScaler over instead), or keep the file running on ampshim")
+
+    def _imported(self, name: cst.Name) -> bool:
+        found = self.get_metadata(QualifiedNameProvider, name, set())
+        return any(q.source is QualifiedNameSource.IMPORT for q in found)
