@@ -1,10 +1,12 @@
+import io
+
 import pytest
 import torch
 
 from _amp_testing import exact_linear, fresh_amp_state, int_batch, mlp, quiet  # noqa: F401
 from ampshim.initialize import initialize
 from ampshim.scale_loss import scale_loss
-from ampshim.state import _amp_state, master_params
+from ampshim.state import _amp_state, load_state_dict, master_params, state_dict
 
 pytestmark = quiet
 
@@ -219,3 +221,35 @@ def test_step_copy_back_is_one_fused_copy(monkeypatch):
     optimizer.step()
     assert calls == [10]
 
+
+
+def test_canonical_checkpoint_resume():
+    def build():
+        model = mlp()
+        return o2(model, torch.optim.Adam(model.parameters(), lr=1e-2))
+
+    model, optimizer = build()
+    inputs = torch.randn(16, 4)
+    for _ in range(3):
+        optimizer.zero_grad()
+        with scale_loss(model(inputs).pow(2).mean(), optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+    _amp_state.loss_scalers[0]._loss_scale = 1024.0
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "amp": state_dict()}, buffer)
+    buffer.seek(0)
+
+    resumed, resumed_optimizer = build()
+    checkpoint = torch.load(buffer, weights_only=True)
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_optimizer.load_state_dict(checkpoint["optimizer"])
+    load_state_dict(checkpoint["amp"])
+    assert _amp_state.loss_scalers[0].loss_scale() == 1024.0
+    assert torch.equal(resumed[0].weight, model[0].weight) and resumed[0].weight.dtype == HALF
+    saved = optimizer.state[optimizer.param_groups[0]["params"][0]]["exp_avg_sq"]
+    loaded = resumed_optimizer.state[resumed_optimizer.param_groups[0]["params"][0]]
+    assert loaded["exp_avg_sq"].dtype == torch.float32
+    assert torch.equal(loaded["exp_avg_sq"], saved)
+    assert torch.equal(resumed(inputs), model(inputs))
