@@ -4,20 +4,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from _amp_testing import fresh_amp_state, quiet  # noqa: F401
 from ampshim.handle import init
 from ampshim.lists import functional_overrides
-from ampshim.state import _amp_state
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, quiet]
 
 
 @pytest.fixture(autouse=True)
-def clean_o1():
+def restore_lists():
     fp16, fp32 = list(functional_overrides.FP16_FUNCS), list(functional_overrides.FP32_FUNCS)
     yield
-    if _amp_state.handle is not None:
-        _amp_state.handle._deactivate()
-    _amp_state.handle = None
     functional_overrides.FP16_FUNCS[:], functional_overrides.FP32_FUNCS[:] = fp16, fp32
     assert not torch.is_autocast_enabled("cuda")
 

@@ -1,28 +1,18 @@
 """The O1 handle: autocast scope, state restore, no stale weight casts, the 2018 handle API."""
 import copy
-import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from _amp_testing import fresh_amp_state, quiet  # noqa: F401
 from ampshim.handle import AmpHandle, NoOpHandle, OptimWrapper, init
 from ampshim.state import _amp_state
 
+pytestmark = quiet
 LOW = torch.bfloat16
 
-
-@pytest.fixture(autouse=True)
-def clean_o1():
-    """Deactivate whatever handle a test made, so global autocast state does not leak."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the one-time "bfloat16 on CPU" notice
-        yield
-    if _amp_state.handle is not None:
-        _amp_state.handle._deactivate()
-    _amp_state.handle = None
-    assert not torch.is_autocast_enabled("cpu")
 
 
 def o1(**kwargs):
