@@ -86,6 +86,7 @@ class ApexPlan:
     """The reports of the file's apex.amp sites, with their fixes, for each rule to pass on."""
 
     findings: list[Report] = field(default_factory=list)
+    active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
 
     def findings_for(self, code: str) -> list[Report]:
         return [finding for finding in self.findings if finding.code == code]
@@ -561,7 +562,7 @@ class _Planner:
         else:
             smalls = list(body.body[0].body) if len(body.body) == 1 and isinstance(body.body[0], cst.SimpleStatementLine) else []
             statements = list(body.body)
-            if any(line.comment for line in (*body.body[0].leading_lines, *body.footer)) or body.header.comment:
+            if any(line.comment for line in body.footer):
                 smalls = []
         backward_args = None
         if len(smalls) == 1 and isinstance(smalls[0], cst.Expr):
@@ -586,10 +587,24 @@ class _Planner:
         if scale.backward_args is not None:
             args = ", ".join(nodes.code(arg) for arg in scale.backward_args)
             new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
-            self._replace(scale.statement, nodes.with_leading(new, scale.statement))
+            self._replace(scale.statement, self._keep_comments(new, scale.statement))
             return
         first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.module)[0]
         self._replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
+
+    @staticmethod
+    def _keep_comments(new: cst.SimpleStatementLine, statement: cst.With) -> cst.SimpleStatementLine:
+        """The one-line replacement of a ``with`` keeps the comments that were on and in it."""
+        leading = list(statement.leading_lines)
+        trailing = new.trailing_whitespace
+        body = statement.body
+        if isinstance(body, cst.IndentedBlock):
+            inner = body.body[0]
+            leading += [line for line in inner.leading_lines if line.comment]
+            trailing = body.header if body.header.comment else inner.trailing_whitespace
+        elif body.trailing_whitespace.comment:
+            trailing = body.trailing_whitespace
+        return new.with_changes(leading_lines=leading, trailing_whitespace=trailing)
 
     def _plan_steps(self, scale: _ScaleLoss, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
         """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""

@@ -15,7 +15,8 @@ class PlannedApexRule(Rule):
 
     ``FIX_GROUP``: the fixes of AMP002-AMP005 only make sense together (the scaler that
     ``scaler.scale(loss)`` uses is created where ``amp.initialize`` was), so they are planned as
-    one and share one safety; select or ignore them together.
+    one and share one safety. When a run selects only some of the codes a file's rewrite needs,
+    the selected ones report without a fix.
     """
 
     TRIGGERS = ("apex",)
@@ -23,14 +24,30 @@ class PlannedApexRule(Rule):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider)
 
     def visit_Module(self, node: cst.Module) -> bool:
-        for finding in plan_of(self, node).findings_for(self.CODE):
-            self.report(
-                finding.node,
-                finding.message,
-                replacement=finding.replacement,
-                safety=finding.safety,
-                fix_message=finding.fix_message,
-                add_imports=finding.add_imports,
-                remove_imports=finding.remove_imports,
-            )
+        self._plan = plan_of(self, node)
+        self._plan.active_codes.add(self.CODE)
         return False
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # Every rule of the run has visited the module by now: if a code whose fixes the
+        # rewrite needs is not selected, the others only report, so nothing is half-rewritten.
+        plan = self._plan
+        needed = {finding.code for finding in plan.findings if finding.replacement is not None}
+        whole = needed <= plan.active_codes
+        for finding in plan.findings_for(self.CODE):
+            if whole or finding.replacement is None:
+                self._pass_on(finding)
+                continue
+            missing = ", ".join(sorted(needed - plan.active_codes))
+            self.report(finding.node, f"{finding.message}; the fix also needs {missing} (select AMP002-AMP005 together)")
+
+    def _pass_on(self, finding) -> None:
+        self.report(
+            finding.node,
+            finding.message,
+            replacement=finding.replacement,
+            safety=finding.safety,
+            fix_message=finding.fix_message,
+            add_imports=finding.add_imports,
+            remove_imports=finding.remove_imports,
+        )

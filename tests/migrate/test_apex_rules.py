@@ -184,3 +184,12 @@ def test_every_apex_rule_declares_the_apex_trigger():
     for rule in all_rules():
         if "AMP001" <= rule.CODE <= "AMP019":
             assert "apex" in rule.TRIGGERS, rule
+
+
+@pytest.mark.parametrize("selection", [("AMP003",), ("AMP002", "AMP004", "AMP005")])
+def test_selecting_part_of_the_fix_group_reports_without_fixing(selection):
+    source = textwrap.dedent(CANONICAL.format(level="O1"))
+    result = migrate_source(source, "train.py", select=selection)
+    assert (result.new_source or source) == source
+    assert result.diagnostics and all(d.fix is None for d in result.diagnostics)
+    assert all("select AMP002-AMP005 together" in d.message for d in result.diagnostics)
