@@ -57,6 +57,10 @@ class _AliasLoader:
         self.target = target
         self._own_spec = None
 
+    def get_code(self, fullname):
+        # For `python -m apex.parallel.multiproc`: runpy runs the target's own code as __main__.
+        return _find(self.target).loader.get_code(self.target)
+
     def create_module(self, spec):
         module = importlib.import_module(self.target)
         self._own_spec = module.__spec__
@@ -98,19 +102,23 @@ class ApexFinder:
             if search and importlib.machinery.PathFinder.find_spec(fullname, search) is not None:
                 return None  # the real apex has this module
         ampshim_name = target_of(fullname)
-        if ampshim_name is None or not _exists(ampshim_name):
+        own_spec = _find(ampshim_name) if ampshim_name else None
+        if own_spec is None:
             return None
+        # apex.amp is a package in apex (apex.amp.scaler, ...) but a module here.
+        is_package = own_spec.submodule_search_locations is not None or any(
+            name.startswith(fullname + ".") for name in _MODULES)
         return importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(ampshim_name), is_package=True)
+            fullname, _AliasLoader(ampshim_name), is_package=is_package)
 
 
-def _exists(module_name: str) -> bool:
+def _find(module_name: str):
     import importlib.util  # not needed at interpreter start, only once apex is imported
 
     try:
-        return importlib.util.find_spec(module_name) is not None
+        return importlib.util.find_spec(module_name)
     except ModuleNotFoundError:  # a parent package is missing
-        return False
+        return None
 
 
 _finder = ApexFinder()

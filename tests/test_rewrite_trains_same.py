@@ -2,12 +2,14 @@
 ``ampmigrate`` rewrote it under plain PyTorch (apex unavailable), from the same seed; their loss
 trajectories must agree.
 
-On a CPU the original trains with ampshim's bfloat16 autocast, while the rewrite's
-``torch.autocast("cuda", ...)`` and ``GradScaler("cuda")`` disable themselves and train in fp32,
-so the tolerance is bfloat16's, not bitwise.
+The rewrite targets CUDA (``torch.autocast("cuda", dtype=torch.float16)``), which on a CPU-only
+machine would silently disable itself and train in fp32. So on such a machine the rewritten script
+runs with CUDA's autocast and GradScaler mapped to the CPU and float16 to bfloat16 — exactly what
+ampshim does for the original — and the two must then agree closely, step by step.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,30 @@ CASES = {
 }
 
 
+# Loaded first by the rewritten script's interpreter when there is no CUDA.
+CPU_AS_CUDA = """
+import torch
+
+if not torch.cuda.is_available():
+    def _on_cpu(device_type, dtype):
+        if device_type != "cuda":
+            return device_type, dtype
+        return "cpu", torch.bfloat16 if dtype in (None, torch.float16) else dtype
+
+    class autocast(torch.amp.autocast):
+        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            device_type, dtype = _on_cpu(device_type, dtype)
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    class GradScaler(torch.amp.GradScaler):
+        def __init__(self, device="cuda", *args, **kwargs):
+            super().__init__(_on_cpu(device, None)[0], *args, **kwargs)
+
+    torch.autocast = torch.amp.autocast = autocast
+    torch.amp.GradScaler = GradScaler
+"""
+
+
 def run(path, *, under_ampshim, cwd):
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
     if under_ampshim:
@@ -36,6 +62,10 @@ def run(path, *, under_ampshim, cwd):
         command = [sys.executable, "-m", "ampshim", str(path)]
     else:
         env["AMPSHIM_AUTOLOAD"] = "0"  # no apex import name: the rewrite must not need it
+        site = Path(cwd) / "site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(CPU_AS_CUDA)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
         command = [sys.executable, str(path)]
     completed = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -51,7 +81,7 @@ def test_rewritten_script_trains_like_the_original(script, tmp_path):
     source = (LEGACY / script).read_text()
     result = migrate_source(source, filename=script, unsafe_fixes=True)
     assert result.error is None, result.error
-    assert "apex" not in result.new_source, result.new_source
+    assert not re.search(r"^\s*(from|import)\s+apex\b", result.new_source, re.M), result.new_source
     rewritten = tmp_path / script
     rewritten.write_text(result.new_source)
 
@@ -62,4 +92,4 @@ def test_rewritten_script_trains_like_the_original(script, tmp_path):
         before, after = original[key], migrated[key]
         assert len(before) == len(after)
         for step, (a, b) in enumerate(zip(before, after)):
-            assert abs(a - b) <= 0.03 + 0.05 * abs(b), f"{key}[{step}]: {a} under ampshim, {b} rewritten"
+            assert abs(a - b) <= 1e-3 + 1e-2 * abs(b), f"{key}[{step}]: {a} under ampshim, {b} rewritten"

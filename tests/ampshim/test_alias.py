@@ -177,3 +177,13 @@ def test_python_dash_m_ampshim_reports_a_missing_script():
                                env=dict(os.environ, PYTHONPATH=str(ROOT)),
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2 and "no_such_script.py" in completed.stderr
+
+
+def test_python_dash_m_runs_an_apex_module(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text("import sys; print(sys.argv[1:])")
+    completed = subprocess.run(
+        [sys.executable, "-m", "ampshim", "-m", "apex.parallel.multiproc", str(script), "--world-size", "1"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "['--world-size', '1', '--rank', '0']" in completed.stdout
