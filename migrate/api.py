@@ -19,7 +19,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from migrate.types import ERROR_CODE, Diagnostic, FileResult, Position
+from migrate.types import ERROR_CODE, Diagnostic, FileResult, Position, triggers_pattern
 
 __all__ = ["DEFAULT_EXCLUDES", "discover", "migrate_paths", "migrate_source", "select_rules"]
 
@@ -97,12 +97,10 @@ def migrate_source(
         fix (bool, optional, default=True): apply fixes; False only reports.
         rules (sequence of rule classes, optional): run these instead of the catalogue's selection.
     """
-    if rules is None:
-        rules = select_rules(select, ignore)
     options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
-    return _migrate_one(filename, data, text, tuple(rules), options, write=False)
+    return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options, write=False)
 
 
 def migrate_paths(
@@ -135,9 +133,7 @@ def migrate_paths(
 
     Returns one ``FileResult`` per file found, in path order.
     """
-    if rules is None:
-        rules = select_rules(select, ignore)
-    rules = tuple(rules)
+    rules = _chosen(rules, select, ignore)
     options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     triggers = _triggers(rules)
     results: dict[Path, FileResult] = {}
@@ -154,6 +150,8 @@ def migrate_paths(
             todo.append((path, data))
             results[path] = None  # keeps discovery order
 
+    if todo and rules is None:
+        rules = tuple(select_rules())
     workers = min(jobs or _cores(), len(todo))
     if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES:
         from concurrent.futures import ProcessPoolExecutor  # imported here: single-file runs start faster
@@ -210,8 +208,21 @@ def _excluded(path: Path, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(c, p) or fnmatch.fnmatch(c, f"*/{p}") for p in patterns for c in candidates)
 
 
-def _triggers(rules: Sequence[type]) -> tuple[str, ...] | None:
+def _chosen(rules: Sequence[type] | None, select: Sequence[str], ignore: Sequence[str]) -> tuple | None:
+    """The rules to run; None for the whole catalogue, which is imported only once a file needs it."""
+    if rules is not None:
+        return tuple(rules)
+    if select or ignore:
+        return tuple(select_rules(select, ignore))
+    return None
+
+
+def _triggers(rules: Sequence[type] | None) -> tuple[str, ...] | None:
     """The words one of which a file must contain to be parsed; None when a rule needs every file."""
+    if rules is None:
+        from migrate.rules import TRIGGER_WORDS
+
+        return TRIGGER_WORDS
     if any(not rule.TRIGGERS for rule in rules):
         return None
     return tuple(sorted({word for rule in rules for word in rule.TRIGGERS}))
@@ -221,12 +232,10 @@ def _may_apply(content: bytes | str, triggers: tuple[str, ...] | None) -> bool:
     """The cheap check before parsing: one regex search (on bytes: the words are ASCII, as in any PEP 263 encoding)."""
     if triggers is None:
         return True
-    from migrate.rule import triggers_pattern  # loaded already: the rules were selected
-
     return triggers_pattern(triggers, isinstance(content, bytes)).search(content) is not None
 
 
-def _migrate_path(path: Path, rules: tuple, options: _Options, write: bool) -> FileResult:
+def _migrate_path(path: Path, rules: tuple | None, options: _Options, write: bool) -> FileResult:
     """One file in a worker process (re-read there: cheaper than sending its bytes over)."""
     try:
         data = path.read_bytes()
@@ -236,7 +245,7 @@ def _migrate_path(path: Path, rules: tuple, options: _Options, write: bool) -> F
 
 
 def _migrate_one(
-    filename: str, data: bytes | None, text: str | None, rules: tuple, options: _Options, write: bool
+    filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: _Options, write: bool
 ) -> FileResult:
     encoding = "utf-8"
     if data is not None:
@@ -247,6 +256,8 @@ def _migrate_one(
             return _error_result(filename, f"cannot decode as {encoding!r}: {error}; save it as UTF-8 or declare its encoding (PEP 263)")
     if not _may_apply(text, _triggers(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
+    if rules is None:
+        rules = tuple(select_rules())
 
     from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
 

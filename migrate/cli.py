@@ -101,8 +101,10 @@ def main(
     output_format = output_format or config.output_format or "text"
     if output_format not in FORMATS:
         raise click.UsageError(f"output-format {output_format!r} in {str(config.path)!r} is not one of {', '.join(FORMATS)}")
+    selected, ignored = _split_codes(select) or config.select, config.ignore + _split_codes(ignore)
     try:
-        rules = api.select_rules(_split_codes(select) or config.select, config.ignore + _split_codes(ignore))
+        # the whole catalogue is left to the API, which imports it only once a file needs it
+        rules = api.select_rules(selected, ignored) if selected or ignored else None
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     write = not (check or diff)
@@ -148,7 +150,11 @@ def _print(results, rules, output_format: str, *, diff: bool, wrote: bool, unsaf
         shown = [replace(result, diagnostics=result.remaining) for result in results]
     else:
         shown = results
-    click.echo(format_results(shown, output_format, rules), nl=False, err=not to_stdout)
+    if output_format == "sarif" and rules is None:
+        from migrate.rules import all_rules
+
+        rules = all_rules()
+    click.echo(format_results(shown, output_format, rules or ()), nl=False, err=not to_stdout)
     if output_format == "text":
         click.echo(summary(results, wrote=wrote, unsafe_fixes=unsafe), nl=False, err=True)
 

@@ -8,14 +8,13 @@ engine applies the fixes it is allowed to apply, then schedules the imports once
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping, Union
 
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from migrate.types import ImportChange, Safety  # ImportChange: re-exported for rules
+from migrate.types import ImportChange, Safety, triggers_pattern  # ImportChange: re-exported for rules
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
@@ -166,10 +165,3 @@ def _visitor_names(rule_class: type) -> tuple[str, ...]:
         and not getattr(getattr(rule_class, name), "_is_no_op", False)
     )
 
-
-@functools.lru_cache(maxsize=None)
-def triggers_pattern(words: tuple[str, ...], binary: bool = False) -> re.Pattern:
-    """A regex finding any of ``words`` (as ``TRIGGERS`` says), in text or (``binary``) in undecoded bytes."""
-    alternatives = "|".join(re.escape(word) for word in sorted(words, key=len, reverse=True))
-    body = rf"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])"
-    return re.compile(body.encode() if binary else body, re.IGNORECASE)

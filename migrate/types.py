@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import enum
+import functools
+import re
 from dataclasses import dataclass
 
 
@@ -75,3 +77,16 @@ class FileResult:
     @property
     def changed(self) -> bool:
         return self.source is not None and self.new_source is not None and self.new_source != self.source
+
+
+@functools.lru_cache(maxsize=None)
+def triggers_pattern(words: tuple[str, ...], binary: bool = False) -> re.Pattern:
+    """A regex finding any of a rule's ``TRIGGERS`` words, in text or (``binary``) undecoded bytes.
+
+    A word matches in any case, alone or as a part of a snake_case name: ``amp`` is found in
+    ``use_amp`` and ``AMP_LEVEL``, not in ``clamp``. Kept here, below libcst, so that files can be
+    skipped before anything heavy is imported.
+    """
+    alternatives = "|".join(re.escape(word) for word in sorted(words, key=len, reverse=True))
+    body = rf"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])"
+    return re.compile(body.encode() if binary else body, re.IGNORECASE)

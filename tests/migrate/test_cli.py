@@ -192,3 +192,15 @@ def test_rewrite_lists_what_remains_where_it_now_is(tree):
     row = text.splitlines().index("assert isinstance(s, torch.cuda.amp.GradScaler)") + 1
     [line] = [line for line in result.output.splitlines() if "AMP021" in line]
     assert f"train.py:{row}:" in line and "needs a manual change" in line and "[*]" not in line
+
+
+def test_files_with_nothing_to_do_are_checked_without_importing_libcst(tree):
+    probe = (
+        "import sys\nfrom migrate.cli import main\ntry:\n    main([sys.argv[1], '--check'])\nexcept SystemExit as e:\n"
+        "    print(e.code, 'libcst' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "clean.py")], capture_output=True, env=env, timeout=60)
+    assert result.stdout.decode().splitlines()[-1].split() == ["0", "False"], result.stderr.decode()
+    result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "train.py")], capture_output=True, env=env, timeout=60)
+    assert result.stdout.decode().splitlines()[-1].split() == ["1", "True"], result.stderr.decode()
