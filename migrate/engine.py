@@ -17,6 +17,8 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from migrate.rule import Replacement, Report, Rule, RuleContext
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
 
+__all__ = ["EngineResult", "run_rules"]
+
 _MAX_ROUNDS = 8
 
 
