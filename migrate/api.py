@@ -19,7 +19,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from migrate.types import ERROR_CODE, Diagnostic, FileResult, Position, triggers_pattern
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position, triggers_pattern
 
 __all__ = ["DEFAULT_EXCLUDES", "discover", "migrate_paths", "migrate_source", "select_rules"]
 
@@ -261,9 +261,12 @@ def _migrate_one(
 
     from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
 
-    outcome = run_rules(
-        text, filename, rules, fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings
-    )
+    try:
+        outcome = run_rules(
+            text, filename, rules, fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings
+        )
+    except Exception as error:  # one file must never end the run over the others
+        return _error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)
     result = FileResult(filename, outcome.diagnostics, text, outcome.source, outcome.error, encoding, outcome.remaining)
     if write and result.changed:
         try:
@@ -304,9 +307,9 @@ def _unwritten(result: FileResult, message: str) -> FileResult:
     return FileResult(result.filename, diagnostics, result.source, result.source, message, result.encoding, diagnostics)
 
 
-def _error_result(filename: str, message: str) -> FileResult:
+def _error_result(filename: str, message: str, code: str = ERROR_CODE) -> FileResult:
     start = Position(1, 1)
-    error = (Diagnostic(ERROR_CODE, message, filename, start, start),)
+    error = (Diagnostic(code, message, filename, start, start),)
     return FileResult(filename, error, error=message, remaining=error)
 
 

@@ -60,6 +60,8 @@ def run_rules(
     except cst.ParserSyntaxError as error:
         message = f"cannot parse ({error.message}); fix the syntax error, then run again"
         return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
+    except (RecursionError, MemoryError) as error:  # pathologically nested code
+        return _failed(source, filename, ERROR_CODE, f"cannot parse: {type(error).__name__}; the file was left untouched")
     rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
         wrapper, reports = _visit(module, rules, context)

@@ -9,7 +9,7 @@ import pytest
 
 from migrate import api
 from migrate.api import discover, migrate_paths, migrate_source, select_rules
-from migrate.types import ERROR_CODE
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE
 
 OLD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
 NEW = 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
@@ -192,3 +192,21 @@ def test_check_mode_computes_no_new_text_but_marks_fixable_findings(tmp_path):
     [result] = migrate_paths([path], fix=False, write=False)
     assert not result.changed and result.diagnostics[0].applied
     assert path.read_text() == OLD
+
+
+def test_an_unexpected_failure_on_one_file_does_not_stop_the_others(tmp_path, monkeypatch):
+    import migrate.engine
+
+    bad = _write(tmp_path / "a.py", OLD)
+    good = _write(tmp_path / "b.py", OLD)
+    real = migrate.engine.run_rules
+
+    def flaky(text, filename, *args, **kwargs):
+        if filename.endswith("a.py"):
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(text, filename, *args, **kwargs)
+
+    monkeypatch.setattr(migrate.engine, "run_rules", flaky)
+    first, second = migrate_paths([tmp_path], jobs=1)
+    assert first.diagnostics[0].code == INTERNAL_ERROR_CODE and "RecursionError" in first.error
+    assert bad.read_text() == OLD and good.read_text() == NEW and second.changed
