@@ -283,7 +283,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     import tempfile
 
     target = Path(os.path.realpath(path))  # write through a symlink, not over it
-    mode = stat.S_IMODE(target.stat().st_mode)
+    status = target.stat()
+    mode = stat.S_IMODE(status.st_mode)
     if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise PermissionError(errno.EACCES, "the file is read-only", str(path))
     descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -291,6 +292,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(data)
         os.chmod(temporary, mode)
+        if hasattr(os, "chown") and (status.st_uid, status.st_gid) != (os.getuid(), os.getgid()):
+            try:  # keep the owner when run by another user (e.g. root in a container)
+                os.chown(temporary, status.st_uid, status.st_gid)
+            except PermissionError:
+                pass
         os.replace(temporary, target)
     except BaseException:
         try:

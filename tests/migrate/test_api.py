@@ -127,6 +127,14 @@ def test_file_mode_is_kept(tmp_path):
     assert path.read_text().endswith(NEW)
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="only root can give a file away")
+def test_owner_is_kept_when_run_as_another_user(tmp_path):
+    path = _write(tmp_path / "theirs.py", OLD)
+    os.chown(path, 1234, 5678)
+    migrate_paths([path])
+    assert (path.stat().st_uid, path.stat().st_gid) == (1234, 5678) and path.read_text() == NEW
+
+
 def test_symlinked_file_is_written_through(tmp_path):
     target = _write(tmp_path / "real.py", OLD)
     link = tmp_path / "link.py"
