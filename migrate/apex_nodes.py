@@ -146,3 +146,18 @@ def root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, cst.Attribute):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
+
+
+def guarding_if(statement: cst.CSTNode, parent_of) -> cst.If | None:
+    """The ``if <names and comparisons>:`` (no ``else``) whose whole body is ``statement``.
+
+    Removing ``statement`` then removes the ``if`` too: evaluating such a test has no effect.
+    ``parent_of`` maps a node to its parent (e.g. ParentNodeProvider metadata).
+    """
+    block = parent_of(statement)
+    owner = parent_of(block) if block is not None else None
+    if not isinstance(owner, cst.If) or owner.body is not block or owner.orelse is not None:
+        return None
+    if len(block.body) != 1 or not is_pure(owner.test):
+        return None
+    return owner

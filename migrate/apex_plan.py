@@ -251,7 +251,8 @@ class _Planner:
         self.may_be_disabled = hoist is not None or (init is not None and init.enabled is not None)
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
-        # updated once per scaled backward, after the last of its optimizers' steps.
+        # updated once per scaled backward, after the last of its optimizers' steps (in each
+        # branch, when the steps sit in different branches).
         steps: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
         for scale in scales:
             self._plan_scale_loss(scale)
@@ -259,9 +260,11 @@ class _Planner:
                 continue
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
             found.sort(key=lambda hit: (self.order[id(hit[0])], hit[1]))
-            for k, (line, index, condition) in enumerate(found):
+            last_in_block = {id(self.parent[id(line)]): (id(line), index) for line, index, _ in found}
+            for line, index, condition in found:
                 entry = steps.setdefault(id(line), (line, {}, condition))
-                entry[1][index] = entry[1].get(index, False) or k == len(found) - 1
+                last = last_in_block[id(self.parent[id(line)])] == (id(line), index)
+                entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in steps.values():
             self._replace(line, self._step_replacement(line, updates, condition))
             self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
@@ -315,11 +318,16 @@ class _Planner:
         if anchor is None or self._touched(anchor):
             first = next(call for kind in CORE for call in self.sites[kind])
             raise _Unplannable(first, "no top-level import to put the module-level definitions after")
+        following = self.module.body[self.module.body.index(anchor) + 1 :]
+        blank_after = sum(1 for line in following[0].leading_lines if line.comment is None) if following else 2
         added = []
         for source in sorted(self.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
             statements = nodes.parse_statements(source, self.module)
             blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
             added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank), *statements[1:]]
+        if isinstance(added[-1], cst.FunctionDef) and blank_after < 2:  # two blank lines after a def
+            footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
+            added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))
         self._replace(anchor, cst.FlattenSentinel([anchor, *added]))
         self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
 
@@ -622,6 +630,7 @@ class _Planner:
                 if found:
                     break
             if found:
+                self._no_closure(scale, found)
                 condition = self._step_condition(conditions)
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
@@ -637,10 +646,16 @@ class _Planner:
                 owner = self.parent.get(id(owner))
             current = owner
         anywhere = self._steps_in_file(wanted)
+        self._no_closure(scale, anywhere)
         if not anywhere:
             raise _Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
         self.unsafe.append(f"`{wanted}.step()` is not next to `amp.scale_loss`; every `{wanted}.step()` in the file goes through the scaler")
         return [(line, index, None) for line, index in anywhere]
+
+    def _no_closure(self, scale: _ScaleLoss, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
+        for line, index in found:
+            if line.body[index].value.args:
+                raise _Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
     def _step_condition(self, conditions: list) -> str | None:
         """The test under which the scaled backward ran, when the step sits outside that ``if``."""

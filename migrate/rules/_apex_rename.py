@@ -47,8 +47,8 @@ class ApexRename(Rule):
         self._imports: dict[str, list[ImportChange]] = {}
         self._in_import = 0
         self._module: cst.Module | None = None
-        self._call_outcomes: dict[str, list[Safety | None]] = {}  # per target: each call's fix safety, None: no fix
-        self._pending: list[tuple[cst.CSTNode, str, str]] = []  # references, fixed once all calls are known
+        self._pending: list[tuple[cst.CSTNode, str, NativeCall | NoFix]] = []  # decided once every use is known
+        self._references: set[str] = set()  # targets also used outside calls
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
@@ -76,14 +76,7 @@ class ApexRename(Rule):
         if target is None:
             return
         self._funcs.add(id(node.func))
-        outcome = self.native_call(node, target)
-        self._call_outcomes.setdefault(target, []).append(None if isinstance(outcome, NoFix) else outcome.safety)
-        if isinstance(outcome, NoFix):
-            self.report(node, f"{self.MESSAGE}; not rewritten: {outcome.reason}")
-            return
-        replacement = nodes.parse_expression(outcome.source, self._module)
-        note = f" (unsafe: {outcome.note})" if outcome.note else ""
-        self._fix(node, replacement, outcome.safety, f"Use `{outcome.source.split('(')[0]}`{note}")
+        self._pending.append((node, target, self.native_call(node, target)))
 
     def visit_Name(self, node: cst.Name) -> None:
         self._reference(node)
@@ -99,19 +92,29 @@ class ApexRename(Rule):
             return
         native = self.REFERENCES.get(target)
         if native is None:
-            self.report(node, f"{self.MESSAGE}; not rewritten: this use is not a call, and no single native name replaces it")
-            return
-        self._pending.append((node, target, native))
+            outcome: NativeCall | NoFix = NoFix("this use is not a call, and no single native name replaces it")
+        else:
+            outcome = NativeCall(native)
+        self._references.add(target)
+        self._pending.append((node, target, outcome))
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        """References follow the calls: an ``isinstance`` check must name the class the calls build."""
-        for node, target, native in self._pending:
-            outcomes = self._call_outcomes.get(target, [])
-            if None in outcomes:
-                self.report(node, f"{self.MESSAGE}; not rewritten: a call of it in this file is not rewritten either")
+        """Uses of a name that is also referenced (``isinstance``, a base class) change together.
+
+        An object built by the native class fails ``isinstance(x, ApexClass)``: where the file
+        names the class outside calls, either every use is rewritten (with the least safe of their
+        safeties) or none is.
+        """
+        for node, target, outcome in self._pending:
+            together = [o for _, t, o in self._pending if t == target] if target in self._references else [outcome]
+            if any(isinstance(o, NoFix) for o in together):
+                reason = outcome.reason if isinstance(outcome, NoFix) else "another use of it in this file is not rewritten"
+                self.report(node, f"{self.MESSAGE}; not rewritten: {reason}")
                 continue
-            safety = Safety.UNSAFE if Safety.UNSAFE in outcomes else Safety.SAFE
-            self._fix(node, nodes.parse_expression(native, self._module), safety, f"Use `{native}`")
+            safety = Safety.UNSAFE if any(o.safety is Safety.UNSAFE for o in together) else Safety.SAFE
+            note = f" (unsafe: {outcome.note})" if outcome.note else ""
+            replacement = nodes.parse_expression(outcome.source, self._module)
+            self._fix(node, replacement, safety, f"Use `{outcome.source.split('(')[0]}`{note}")
 
     def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str) -> None:
         root = nodes.root_name(node.func if isinstance(node, cst.Call) else node)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
@@ -56,8 +57,8 @@ class AmpRegisterFunction(ApexRename):
     VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
     INVALID = [
         Invalid(
-            "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n",
-            "import torch\n\nif args.fp16:\n    pass\n",
+            "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n\nrun()\n",
+            "import torch\n\nrun()\n",
         ),
         Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"),
         Invalid("from apex import amp\namp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n"),
@@ -80,8 +81,9 @@ class AmpRegisterFunction(ApexRename):
 
     def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine) -> None:
         root = nodes.root_name(call.func)
+        guard = nodes.guarding_if(statement, lambda n: self.get_metadata(ParentNodeProvider, n, None))
         self.report(
-            statement,
+            guard or statement,
             f"{self.MESSAGE}; native autocast already casts this function the same way",
             replacement=cst.RemoveFromParent(),
             safety=Safety.SAFE,

@@ -48,6 +48,7 @@ save({"model": model.state_dict(), "amp": amp.state_dict()}, os.path.join(out, "
             "import os\nimport torch\n"
             + HELPER_SOURCE
             + """
+
 scaler = torch.amp.GradScaler("cuda")
 scaler.load_state_dict(_scaler_state_from_apex(checkpoint["amp"]))
 for x in loader:

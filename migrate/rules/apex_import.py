@@ -80,7 +80,7 @@ class ApexImport(Rule):
         if node.orelse is not None:
             kept += list(node.orelse.body.body)
         target: cst.CSTNode = node
-        guard = self._sole_statement_of_if(node)
+        guard = nodes.guarding_if(node, lambda n: self.get_metadata(ParentNodeProvider, n, None))
         if not kept and guard is not None:
             target = guard  # `if args.fp16:` around nothing but the dead guard goes too
         if kept:
@@ -95,16 +95,6 @@ class ApexImport(Rule):
             safety=Safety.SAFE,
             fix_message="Replace the `try` statement by its body",
         )
-
-    def _sole_statement_of_if(self, node: cst.Try) -> cst.If | None:
-        """The ``if <names and comparisons>:`` (no ``else``) whose body is only ``node``."""
-        block = self.get_metadata(ParentNodeProvider, node, None)
-        owner = self.get_metadata(ParentNodeProvider, block, None) if block is not None else None
-        if not isinstance(owner, cst.If) or owner.body is not block or owner.orelse is not None:
-            return None
-        if len(block.body) != 1 or not nodes.is_pure(owner.test):
-            return None
-        return owner
 
     @staticmethod
     def _catches_import_error(handler: cst.ExceptHandler) -> bool:
