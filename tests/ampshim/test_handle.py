@@ -133,6 +133,21 @@ def test_the_stale_weight_test_detects_a_cache():
         torch.set_autocast_cache_enabled(False)
 
 
+def test_a_cached_autocast_block_inside_o1_is_cleared_on_exit():
+    # The documented tip for weights reused many times per forward (an RNN cell stepped in a
+    # loop): a nested `torch.autocast(..., cache_enabled=True)` caches only for its own block.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3, bias=False)
+    o1()
+    with torch.autocast("cpu", dtype=LOW, cache_enabled=True):
+        first = _forward(model)
+        assert torch.equal(_forward(model), first)
+    assert not torch.is_autocast_cache_enabled() and torch.is_autocast_enabled("cpu")
+    _edit_in_place(model)
+    with torch.autocast("cpu", dtype=LOW, cache_enabled=True):  # would reuse a surviving cast
+        assert torch.allclose(_forward(model), 2.0 * first, rtol=2e-2)
+
+
 def test_eval_under_no_grad_then_train_still_reaches_the_weights():
     model = nn.Linear(4, 3)
     o1()
