@@ -74,3 +74,29 @@ def test_trigger_words_list_every_rules_words():
     assert TRIGGER_WORDS is not None and tuple(sorted(TRIGGER_WORDS)) == words, (
         f"set migrate.rules.TRIGGER_WORDS = {words!r}"
     )
+
+
+_DEPRECATED_SPELLINGS = [rule for rule in _RULES if rule.__module__.rsplit(".", 1)[-1].startswith("deprecated_")]
+
+
+@pytest.mark.parametrize(
+    ("rule", "case"),
+    [
+        pytest.param(rule, case, id=f"{rule.CODE}-INVALID{index}")
+        for rule in _DEPRECATED_SPELLINGS
+        for index, case in enumerate(rule.INVALID)
+        if case.expected_replacement is not None
+    ],
+)
+def test_deprecated_spelling_rewrites_run_on_torch_without_deprecation_warnings(rule, case):
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    names = dict(model=lambda x: x, x=torch.ones(2), forward=lambda ctx, x: x, use_amp=False, options={})
+    names["args"] = type("Args", (), {"fp16": False, "amp": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)  # e.g. "CUDA is not available" on a CPU machine
+        exec(compile(case.expected_replacement, f"{rule.CODE}-example", "exec"), names)
+        with pytest.raises(FutureWarning, match="is deprecated"):
+            exec(compile(rule.INVALID[0].code, f"{rule.CODE}-original", "exec"), dict(names))
