@@ -74,7 +74,10 @@ def _enable_autocast(device_type: str, dtype: torch.dtype) -> _AutocastState:
     # exits, which here is "never": a cached cast would outlive optimizer.step(),
     # load_state_dict() and in-place edits, and one made under no_grad has no grad_fn and would
     # silently stop gradients later. Ordinary models use each weight once per forward, so the
-    # cache saves nothing measurable.
+    # cache saves nothing measurable. A weight reused many times per forward (an RNN cell stepped
+    # in a Python loop) is recast on each use; a nested `torch.autocast(..., cache_enabled=True)`
+    # around such a loop caches within it and clears on exit, because O1 does not count itself
+    # in autocast's nesting depth.
     torch.set_autocast_cache_enabled(False)
     torch.clear_autocast_cache()
     return saved
