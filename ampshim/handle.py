@@ -41,6 +41,12 @@ def init(enabled=True, loss_scale="dynamic", enable_caching=True, verbose=False,
         ...     scaled_loss.backward()
         >>> optimizer.step()
 
+    .. warning::
+        Autocast state belongs to a thread: threads your code starts later do not run under O1
+        (``nn.DataParallel`` replicas do). Call ``backward()`` inside ``scale_loss`` (as apex
+        required) or inside ``amp.disable_casts()``: native autocast would also apply to the ops
+        that backward runs.
+
     Args:
         enabled (bool, optional, default=True): False returns a :class:`NoOpHandle`.
         loss_scale (float or "dynamic", optional, default="dynamic"): the scale used by
