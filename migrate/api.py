@@ -45,7 +45,7 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalog
 
     Example::
 
-        >>> [rule.CODE for rule in select_rules(["AMP02"], ignore=["AMP022"])]
+        >>> [rule.CODE for rule in select_rules(["AMP02"], ignore=["AMP022", "AMP023", "AMP024"])]
         ['AMP020', 'AMP021']
 
     Raises ValueError naming a prefix that matches no rule, since that is almost always a typo.
