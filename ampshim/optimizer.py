@@ -28,8 +28,9 @@ import types
 import torch
 
 from ampshim.scaler import _grouped_copy_, _groups
+from ampshim.state import maybe_print
 
-__all__ = ["AmpOptimizerState", "_process_optimizer"]
+__all__ = ["AmpOptimizerState", "_process_optimizer", "_skip_next_step"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -40,11 +41,16 @@ _CLOSURE_ERROR = "Currently, Amp does not support closure use with optimizers."
 
 
 class AmpOptimizerState:
-    """``optimizer._amp_stash``: flags, parameter lists and gradient stashes of one optimizer."""
+    """``optimizer._amp_stash``: flags, parameter lists and gradient stashes of one optimizer.
+
+    ``already_patched`` (apex's name) is True while the next ``step()`` is to be skipped after an
+    overflow; ``skip_reason`` then holds the ``(scaler, loss_id)`` that overflowed.
+    """
 
     def __init__(self):
         self.lazy_init_called = False
         self.already_patched = False
+        self.skip_reason = None
         self.params_have_scaled_gradients = False
 
 
@@ -81,7 +87,39 @@ def _process_optimizer(optimizer, properties):
     bind(_amp_lazy_init, "_amp_lazy_init")
     bind(_add_param_group(optimizer.add_param_group, properties.master_weights),
          "add_param_group")
+    bind(_step_unless_skipped(optimizer.step), "step")
     return optimizer
+
+
+def _skip_next_step(optimizer, scaler, loss_id):
+    """Make the next ``optimizer.step()`` a no-op that reports the overflow (apex's skip)."""
+    stash = optimizer._amp_stash
+    if not stash.already_patched:  # several overflows before a step: one skip
+        stash.already_patched = True
+        stash.skip_reason = (scaler, loss_id)
+
+
+def _step_unless_skipped(original_step):
+    # apex swapped `step` for a one-shot replacement on overflow; a flag checked by a permanent
+    # wrapper behaves the same and survives whatever wraps `step` later (e.g. LR schedulers).
+    def step(self, *args, **kwargs):
+        stash = self._amp_stash
+        if not stash.already_patched:
+            return original_step(*args, **kwargs)
+        if (args[0] if args else kwargs.get("closure")) is not None:
+            raise RuntimeError(_CLOSURE_ERROR)
+        scaler, loss_id = stash.skip_reason
+        maybe_print("Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
+                    .format(loss_id, scaler.loss_scale()))
+        _set_grads_to_none(getattr(stash, "all_fp32_from_fp16_params", ()))
+        if hasattr(self, "most_recent_scale"):  # apex's FusedSGD bookkeeping
+            self.most_recent_scale = 1.0
+            self.scale_set_by_backward = False
+        stash.already_patched = False
+        stash.skip_reason = None
+        return None
+
+    return step
 
 
 def _amp_lazy_init(self):

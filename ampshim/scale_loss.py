@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 
-from ampshim.optimizer import _CLOSURE_ERROR, _process_optimizer, _restore_stashed_grads
+from ampshim.optimizer import _process_optimizer, _restore_stashed_grads, _skip_next_step
 from ampshim.opt_levels import Properties
-from ampshim.state import _amp_state, maybe_print
+from ampshim.state import _amp_state
 
 __all__ = ["scale_loss"]
 
@@ -175,8 +175,7 @@ class _ScaleLoss:
         should_skip = False if self._delay_overflow_check else scaler.update_scale()
         if should_skip:
             for optimizer in self._optimizers:
-                if not optimizer._amp_stash.already_patched:
-                    _skip_next_step(optimizer, scaler, self._loss_id)
+                _skip_next_step(optimizer, scaler, self._loss_id)
 
 
 _WITHOUT_MASTER_WEIGHTS = Properties()
@@ -202,29 +201,3 @@ def _casts_disabled():
     if handle is not None and handle.is_active():
         return handle._disable_casts()
     return contextlib.nullcontext()
-
-
-def _skip_next_step(optimizer, scaler, loss_id):
-    """Replace ``optimizer.step`` once by a no-op that reports the overflow and restores it."""
-    had_own_step = "step" in vars(optimizer)
-    previous_step = optimizer.step
-
-    def skip_step(closure=None):
-        if closure is not None:
-            raise RuntimeError(_CLOSURE_ERROR)
-        maybe_print("Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
-                    .format(loss_id, scaler.loss_scale()))
-        stash = optimizer._amp_stash
-        for master in getattr(stash, "all_fp32_from_fp16_params", ()):
-            master.grad = None
-        if hasattr(optimizer, "most_recent_scale"):
-            optimizer.most_recent_scale = 1.0
-            optimizer.scale_set_by_backward = False
-        if had_own_step:
-            optimizer.step = previous_step
-        else:
-            del optimizer.step
-        stash.already_patched = False
-
-    optimizer.step = skip_step
-    optimizer._amp_stash.already_patched = True

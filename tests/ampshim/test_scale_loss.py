@@ -92,10 +92,11 @@ def test_forced_overflow_skips_the_next_step_once_and_halves(capsys):
     backward(model, optimizer, float("inf"))
     assert _amp_state.loss_scalers[0].loss_scale() == 2.**15
     assert capsys.readouterr().out == ""
+    assert optimizer._amp_stash.already_patched  # apex's name for "next step is skipped"
     assert optimizer.step() is None
     assert capsys.readouterr().out == OVERFLOW_MESSAGE.format(0, 32768.0)
     assert torch.equal(model.weight, before)
-    assert "step" not in vars(optimizer)  # the original step is back
+    assert not optimizer._amp_stash.already_patched
     optimizer.zero_grad()
     backward(model, optimizer, 1)
     optimizer.step()
@@ -236,7 +237,7 @@ def test_delay_overflow_check_unscales_without_update(capsys):
     backward(model, optimizer, float("inf"), delay_overflow_check=True)
     scaler = _amp_state.loss_scalers[0]
     assert scaler.loss_scale() == 2.**16 and scaler._unskipped == 0
-    assert "step" not in vars(optimizer)
+    assert not optimizer._amp_stash.already_patched
 
 
 def test_manual_enter_exit_is_falsy():
@@ -365,3 +366,17 @@ def test_one_host_read_per_exit_and_none_in_step(monkeypatch, opt_level):
     optimizer.step()
     optimizer.zero_grad()
     assert counter.count == 0
+
+
+def test_lr_scheduler_created_while_a_skip_is_pending_still_works(recwarn):
+    [model], [optimizer] = setup(loss_scale="dynamic")
+    backward(model, optimizer, float("inf"))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    optimizer.step()  # skipped
+    scheduler.step()
+    optimizer.zero_grad()
+    backward(model, optimizer, 1)
+    before = model.weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(model.weight, before - 0.5 * grad_of(1))
+    assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
