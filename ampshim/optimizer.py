@@ -9,7 +9,9 @@ Every processed optimizer gets ``optimizer._amp_stash`` and the methods ``scale_
   backward passes used different loss scales;
 * ``_amp_lazy_init()`` sorts the parameters (and, with master weights, creates the masters) the
   first time any of the above, ``zero_grad``, ``add_param_group`` (or, with master weights,
-  ``step`` or ``load_state_dict``) runs.
+  ``step`` or ``load_state_dict``) runs;
+* ``step()`` is wrapped once: after an overflow, ``scale_loss`` sets
+  ``_amp_stash.already_patched`` and the next ``step()`` only reports the skip.
 
 With master weights (O2) every half-precision parameter is replaced IN ``param_group['params']``
 by an fp32 master; ``step()`` updates the masters and copies them back into the model with one
@@ -19,7 +21,8 @@ Half precision means float16 or bfloat16 on any device (apex required CUDA float
 Deliberate deviations: the patched ``zero_grad`` accepts ``set_to_none=`` (apex's took no argument
 and raised TypeError; without it, gradients are zeroed in place as apex did); with master weights,
 optimizer state loaded or already present is kept in fp32 instead of passing through half
-precision.
+precision; the overflow skip is a flag, not a swapped-in ``step`` (wrappers added to ``step``
+later, such as an LR scheduler's, keep working).
 """
 from __future__ import annotations
 
