@@ -21,9 +21,6 @@ import torch
 
 __all__ = ["cast_models", "patch_forward_outputs"]
 
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
 def cast_models(models, dtype, keep_batchnorm_fp32, output_dtype, device_type):
     """Cast ``models`` to ``dtype``, patch their forward and make their state dicts fp32.
 
@@ -44,7 +41,7 @@ def cast_models(models, dtype, keep_batchnorm_fp32, output_dtype, device_type):
         output_caster = functools.partial(_to_type, output_dtype, device_type)
         model.forward = _casting_forward(model.forward, input_caster, output_caster)
         for module in model.modules():
-            _register_state_dict_hook(module, _fp32_state_dict_hook)
+            _register_state_dict_hook(module, functools.partial(_fp32_state_dict_hook, dtype))
 
 
 def patch_forward_outputs(models, output_dtype, device_type):
@@ -112,12 +109,12 @@ def _is_numpy_array(value):
     return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
 
-def _fp32_state_dict_hook(module, state_dict, prefix, local_metadata):
-    """Report this module's half-precision parameters and buffers as float32."""
+def _fp32_state_dict_hook(cast_dtype, module, state_dict, prefix, local_metadata):
+    """Report this module's parameters and buffers of the cast dtype as float32."""
     for name in itertools.chain(module._parameters, module._buffers):
         key = prefix + name
         value = state_dict.get(key)
-        if isinstance(value, torch.Tensor) and value.dtype in _HALF_DTYPES:
+        if isinstance(value, torch.Tensor) and value.dtype == cast_dtype:
             state_dict[key] = value.float()
 
 
