@@ -96,7 +96,8 @@ def test_deprecated_spelling_rewrites_run_on_torch_without_deprecation_warnings(
     names["args"] = type("Args", (), {"fp16": False, "amp": True})
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)  # e.g. "CUDA is not available" on a CPU machine
         exec(compile(case.expected_replacement, f"{rule.CODE}-example", "exec"), names)
-        with pytest.raises(FutureWarning, match="is deprecated"):
+        with pytest.raises((FutureWarning, DeprecationWarning), match="is deprecated"):
             exec(compile(rule.INVALID[0].code, f"{rule.CODE}-original", "exec"), dict(names))
