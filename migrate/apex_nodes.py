@@ -108,12 +108,21 @@ def with_leading(statement: cst.BaseStatement, leading: cst.CSTNode) -> cst.Base
     return statement.with_changes(leading_lines=getattr(leading, "leading_lines", ()))
 
 
+_LAST_IMPORTS: list = [None, None]  # (module, its apex imports): the rules of one run share one walk
+
+
 def apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
     """Every import of an ``apex`` module in the file, by the local name it binds.
 
     A fix hands the ones it stops using to ``remove_imports``; the engine removes an import
     only when nothing uses it any more, so ``from apex import amp, optimizers`` keeps what is left.
     """
+    if _LAST_IMPORTS[0] is not module:
+        _LAST_IMPORTS[:] = [module, _find_apex_imports(module)]
+    return _LAST_IMPORTS[1]
+
+
+def _find_apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
     from migrate.rule import ImportChange
 
     found: dict[str, list[ImportChange]] = {}

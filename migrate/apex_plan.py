@@ -228,9 +228,11 @@ class _Planner:
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
         others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         if not scales:
-            if not inits or others:
-                anchor = next(call for kind in CORE for call in self.sites[kind])
-                raise _Unplannable(anchor, "neither `amp.initialize` nor `amp.scale_loss` is in this file with it, so its scaler lives elsewhere")
+            if not inits:
+                self._master_params_alone()
+                return
+            if others:
+                raise _Unplannable(others[0], "`amp.scale_loss` is not in this file, so the scaler this needs lives elsewhere")
             self._hand_off(inits)
             return
         init = inits[0] if inits else None
@@ -297,6 +299,18 @@ class _Planner:
             )
         for init in inits:
             self._plan_initialize_removal(init)
+        self._emit([])
+
+    def _master_params_alone(self) -> None:
+        """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
+        blocked = self.sites["state_dict"] + self.sites["load_state_dict"]
+        if blocked:
+            raise _Unplannable(blocked[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        for call in self.sites["master_params"]:
+            if self._feeds_grad_consumer(call, self._statement(call)):
+                raise _Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
+        self.level, self.o0, self.scaler = None, True, None
+        self._plan_master_params()
         self._emit([])
 
     def _plan_initialize_removal(self, init: _Initialize) -> None:

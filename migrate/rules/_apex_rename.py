@@ -44,7 +44,6 @@ class ApexRename(Rule):
     def __init__(self, context=None) -> None:
         super().__init__(context)
         self._funcs: set[int] = set()
-        self._imports: dict[str, list[ImportChange]] = {}
         self._in_import = 0
         self._module: cst.Module | None = None
         self._pending: list[tuple[cst.CSTNode, str, NativeCall | NoFix]] = []  # decided once every use is known
@@ -52,7 +51,6 @@ class ApexRename(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
-        self._imports = nodes.apex_imports(node)
 
     def visit_Import(self, node: cst.Import) -> None:
         self._in_import += 1
@@ -124,7 +122,7 @@ class ApexRename(Rule):
             safety=safety,
             fix_message=message,
             add_imports=(ImportChange("torch"),),
-            remove_imports=tuple(self._imports.get(root or "", ())),
+            remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
         )
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:

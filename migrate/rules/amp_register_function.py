@@ -88,7 +88,7 @@ class AmpRegisterFunction(ApexRename):
             replacement=cst.RemoveFromParent(),
             safety=Safety.SAFE,
             fix_message="Remove the registration",
-            remove_imports=tuple(self._imports.get(root or "", ())),
+            remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
         )
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
