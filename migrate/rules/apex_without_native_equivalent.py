@@ -26,11 +26,31 @@ _MANUAL_STEPS = {
 }
 
 
+_ROOTS = ("apex", "amp_C", "apex_C")
+# What the other apex rules rewrite or report (AMP002-AMP014, AMP016).
+_HANDLED_ELSEWHERE = (
+    "apex.amp",
+    "apex.parallel.DistributedDataParallel",
+    "apex.parallel.distributed.DistributedDataParallel",
+    "apex.parallel.convert_syncbn_model",
+    "apex.parallel.SyncBatchNorm",
+    "apex.parallel.create_syncbn_process_group",
+    "apex.optimizers.FusedAdam",
+    "apex.optimizers.fused_adam.FusedAdam",
+    "apex.optimizers.FusedSGD",
+    "apex.optimizers.fused_sgd.FusedSGD",
+    "apex.normalization.",
+)
+_ANY = "apex"
+_UNKNOWN = "it has no native counterpart this tool knows of: replace it by hand, or keep apex installed for it"
+
+
 class ApexWithoutNativeEquivalent(ApexRename):
     """What it does:
     Reports each use of an apex feature that native PyTorch does not provide (``FusedLAMB``,
     ``FusedNovoGrad``, ``FP16_Optimizer`` and the rest of ``apex.fp16_utils``, ``LARC``,
-    ``apex.contrib``, the multi-tensor kernels ``amp_C``/``apex_C``), with the manual step to take.
+    ``apex.contrib``, the multi-tensor kernels ``amp_C``/``apex_C``), with the manual step to take;
+    also any other ``apex`` name that no other rule rewrites or reports, so no apex use goes unnoticed.
 
     Why is this bad?
     These need an apex build that current PyTorch releases no longer match; the file will not
@@ -54,58 +74,64 @@ class ApexWithoutNativeEquivalent(ApexRename):
         Invalid("from apex.optimizers import FusedLAMB\noptimizer = FusedLAMB(params, lr=1e-3)\n"),
         Invalid("import apex.fp16_utils\noptimizer = apex.fp16_utils.FP16_Optimizer(optimizer, dynamic_loss_scale=True)\n"),
         Invalid("from apex.fp16_utils import *\n"),
+        Invalid("import apex\nreducer = apex.parallel.Reducer(model)\n"),
     ]
 
-    def _target(self, node: cst.CSTNode) -> str | None:
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._open: list[cst.CSTNode] = []  # an apex name being visited: its inner parts are the same name
+
+    def _apex_names(self, node: cst.CSTNode) -> list[str]:
         if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
-            return None
-        for name in qualified_names(self, node):
+            return []
+        return sorted(name for name in qualified_names(self, node) if name.split(".")[0] in _ROOTS)
+
+    def _target(self, node: cst.CSTNode) -> str | None:
+        """The manual step's key for ``node``, or ``_ANY`` for an apex name no rule knows."""
+        names = self._apex_names(node)
+        for name in names:
             for prefix in self.TARGETS:
                 if name == prefix or name.startswith(prefix + "."):
                     return prefix
-        return None
+        unknown = [n for n in names if n not in _ROOTS and not n.startswith(_HANDLED_ELSEWHERE)]
+        return _ANY if unknown else None
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         super().visit_ImportFrom(node)
         if isinstance(node.names, cst.ImportStar) and node.module is not None and not node.relative:
             module = cst.Module([]).code_for_node(node.module)
             prefix = next((p for p in self.TARGETS if module == p or module.startswith(p + ".")), None)
-            if prefix is not None:
-                self.report(node, f"{self.MESSAGE}: `from {module} import *`; {_MANUAL_STEPS[prefix]}")
+            if prefix is not None or module.split(".")[0] == "apex":
+                self.report(node, f"{self.MESSAGE}: `from {module} import *`; {_MANUAL_STEPS.get(prefix, _UNKNOWN)}")
 
     def visit_Call(self, node: cst.Call) -> None:
+        if self._open:
+            return
         target = self._target(node.func)
         if target is not None:
             self._funcs.add(id(node.func))
-            self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS[target]}")
+            self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS.get(target, _UNKNOWN)}")
 
-    def _reference(self, node: cst.BaseExpression) -> None:
-        if id(node) in self._funcs or self._inside_reported(node):
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self._open or id(node) in self._funcs:
+            self._open.append(node)
             return
-        target = self._target(node)
-        if target is not None:
-            self._reported.add(id(node))
-            self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS[target]}")
-
-    _reported: set[int]
-
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
-        self._reported = set()
-        self._open: list[cst.CSTNode] = []
-
-    def _inside_reported(self, node: cst.CSTNode) -> bool:
-        return bool(self._open)
+        if self._apex_names(node):
+            self._open.append(node)
+            self._reference(node)
 
     def leave_Attribute(self, original_node: cst.Attribute) -> None:
         if self._open and self._open[-1] is original_node:
             self._open.pop()
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        already = bool(self._open) or id(node) in self._funcs
-        self._reference(node)
-        if already or id(node) in self._reported or id(node) in self._funcs:
-            self._open.append(node)
+    def visit_Name(self, node: cst.Name) -> None:
+        if not self._open and id(node) not in self._funcs:
+            self._reference(node)
+
+    def _reference(self, node: cst.BaseExpression) -> None:
+        target = self._target(node)
+        if target is not None:
+            self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS.get(target, _UNKNOWN)}")
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
-        return NoFix(_MANUAL_STEPS[target])
+        return NoFix(_MANUAL_STEPS.get(target, _UNKNOWN))
