@@ -120,6 +120,7 @@ class _Initialize:
     call: cst.Call
     statement: cst.SimpleStatementLine
     level: str | None  # "O0".."O3", None when computed at run time
+    level_expression: cst.BaseExpression | None  # the computed opt level
     enabled: cst.BaseExpression | None
     scaler_args: list[str]
     restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
@@ -250,7 +251,7 @@ class _Planner:
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
         hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
-        self.may_be_disabled = hoist is not None or (init is not None and init.enabled is not None)
+        self.may_be_disabled = hoist is not None or (init is not None and (init.enabled is not None or init.level_expression is not None))
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps (in each
@@ -405,7 +406,10 @@ class _Planner:
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
             if level is None:
-                self.unsafe.append("the opt_level is computed at run time; the rewrite is O1 (autocast + scaler)")
+                self.unsafe.append(
+                    "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast "
+                    "are off for O0), O2 and O3 become O1"
+                )
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
             elif level in ("O2", "O3"):
@@ -430,7 +434,8 @@ class _Planner:
                 target = target.elements[0].value
             model_codes |= self._codes(target)
         on_self = any(code.startswith("self.") for code in model_codes)
-        return _Initialize(call, statement, level, enabled, scaler_args, restore, model_codes, on_self)
+        level_expression = level_arg.value if level is None and level_arg is not None else None
+        return _Initialize(call, statement, level, level_expression, enabled, scaler_args, restore, model_codes, on_self)
 
     @staticmethod
     def _codes(expression: cst.BaseExpression) -> set[str]:
@@ -503,6 +508,10 @@ class _Planner:
             parts.append(_as_bool(hoist.test))
         if init.enabled is not None:
             parts.append(_as_bool(init.enabled))
+        if init.level_expression is not None:
+            level = nodes.code(init.level_expression)
+            simple = isinstance(init.level_expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call))
+            parts.append(f'{level if simple else f"({level})"} != "O0"')
         return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
 
     def _hoist_guard(self, init: _Initialize, sites: list[cst.CSTNode]) -> cst.If | None:

@@ -193,3 +193,11 @@ def test_selecting_part_of_the_fix_group_reports_without_fixing(selection):
     assert (result.new_source or source) == source
     assert result.diagnostics and all(d.fix is None for d in result.diagnostics)
     assert all("select AMP002-AMP005 together" in d.message for d in result.diagnostics)
+
+
+def test_a_computed_opt_level_keeps_o0_meaning_fp32():
+    source = CANONICAL.replace('opt_level="{level}"', "opt_level=cfg.opt_level")
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=cfg.opt_level != "O0")' in output
+    assert 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())' in output
+    assert all(d.fix.applicability.value == "unsafe" for d in diagnostics if d.fix)
