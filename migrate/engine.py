@@ -14,7 +14,7 @@ from typing import Sequence
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from migrate.rule import Replacement, Report, Rule, RuleContext
+from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
 
 __all__ = ["EngineResult", "run_rules"]
@@ -102,7 +102,9 @@ def _visit(
         return wrapper, []
     try:
         wrapper.visit_batched(visitors)
-    except Exception as error:  # a crashing rule must not cost the user their file
+    except RuleCrashed as error:
+        raise _RoundFailed(f"rule {error}") from error
+    except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
         raise _RoundFailed(f"a rule crashed: {type(error).__name__}: {error}") from error
     return wrapper, [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
 

@@ -19,6 +19,10 @@ from migrate.types import ImportChange, Safety, triggers_pattern  # ImportChange
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
 
+class RuleCrashed(Exception):
+    """A rule raised something other than ``SkipFile``: the message names the rule and the line."""
+
+
 class SkipFile(Exception):
     """Raised by a rule that has nothing to do in this file (e.g. ``SkipFile("no apex import")``).
 
@@ -112,8 +116,20 @@ class Rule(cst.BatchableCSTVisitor):
                 self.skipped = str(skip) or type(self).__name__
                 self.reports.clear()
                 return None
+            except Exception as error:
+                raise RuleCrashed(
+                    f"{self.CODE} ({type(self).__name__}.{method.__name__}) crashed{self._line_of(node)}: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
 
         return guarded
+
+    def _line_of(self, node: cst.CSTNode) -> str:
+        try:
+            where = self.get_metadata(PositionProvider, node, None)
+        except KeyError:  # the rule does not ask for positions
+            where = None
+        return f" at line {where.start.line}" if where is not None else ""
 
     @classmethod
     def name(cls) -> str:

@@ -185,7 +185,8 @@ def test_output_that_does_not_compile_is_discarded_with_an_internal_error():
 def test_a_crashing_rule_leaves_the_file_untouched():
     result = run_rules("old = 1\n", "f.py", [Crashes, RenameOld])
     assert result.source == "old = 1\n"
-    assert result.diagnostics[0].code == INTERNAL_ERROR_CODE and "RuntimeError: boom" in result.error
+    assert result.diagnostics[0].code == INTERNAL_ERROR_CODE
+    assert "TST006 (Crashes.visit_Name) crashed at line 1: RuntimeError: boom" in result.error
 
 
 def test_skip_file_stops_only_the_rule_that_raised_it():
