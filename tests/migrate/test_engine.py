@@ -266,3 +266,9 @@ def test_remaining_findings_are_located_in_the_fixed_text():
     [after] = result.remaining
     assert (after.code, before.location.row, after.location.row) == ("TST001", 3, 4)
     assert not after.applied
+
+
+def test_added_imports_follow_the_files_line_endings():
+    source = "from torch.cuda.amp import GradScaler\r\n\r\nscaler = GradScaler()\r\n"
+    result = run_rules(source, "f.py", [DeprecatedCudaGradScaler])
+    assert result.source == 'import torch\r\n\r\nscaler = torch.amp.GradScaler("cuda")\r\n'
