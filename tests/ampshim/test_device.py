@@ -32,6 +32,7 @@ def test_cuda_half_is_float16_unless_asked_for_bfloat16(monkeypatch):
         device.half_dtype("cuda")
 
 
+@pytest.mark.filterwarnings("ignore:ampshim. the model")
 def test_resolve_dtype_maps_only_float16():
     assert device.resolve_dtype(torch.float16, "cpu") is torch.bfloat16
     assert device.resolve_dtype(torch.float32, "cpu") is torch.float32
