@@ -21,6 +21,7 @@ import torch
 
 __all__ = ["cast_models", "patch_forward_outputs"]
 
+
 def cast_models(models, dtype, keep_batchnorm_fp32, output_dtype, device_type):
     """Cast ``models`` to ``dtype``, patch their forward and make their state dicts fp32.
 
