@@ -489,18 +489,28 @@ class _Planner:
             self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
             return
         new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
-        new[0] = nodes.with_leading(new[0], hoist)
-        body = list(hoist.body.body)
-        position = body.index(init.statement)
-        if init.restore:
-            body[position] = nodes.with_leading(nodes.parse_statements(init.restore + "\n", self.module)[0], init.statement)
+        fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
+        if len(hoist.body.body) == 1 and hoist.orelse is None and init.restore is None:
+            # The `if` held nothing else: it goes, and its test is evaluated once, as before.
+            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
+            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+            return
+        block = self.parent[id(hoist)]
+        body = list(block.body)
+        previous = body[body.index(hoist) - 1] if body.index(hoist) > 0 else None
+        if not self._touched(hoist):
+            # Nothing else in the `if` is rewritten: the `if` is rebuilt behind the scaler.
+            restored = nodes.parse_statements(init.restore + "\n", self.module)[0] if init.restore else None
+            inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
+            kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
+            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
+            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+        elif previous is not None and not self._touched(previous):
+            self._plan_initialize_removal(init)
+            self._replace(previous, cst.FlattenSentinel([previous, *new]))
+            self._kind(previous, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
         else:
-            del body[position]
-        if body or hoist.orelse is not None:
-            kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])]))
-            new.append(kept)
-        self._replace(hoist, cst.FlattenSentinel(new))
-        self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix() + ", enabled by the same flag")
+            raise _Unplannable(init.call, "no place before the `if` around `amp.initialize` to create the scaler")
 
     def _enabled_expression(self, init: _Initialize, hoist: cst.If | None) -> str | None:
         parts = []
@@ -524,17 +534,14 @@ class _Planner:
         owner = self.parent.get(id(block))
         if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
             return None
-        if isinstance(owner, cst.If) and owner.body is block:
-            if all(self._inside(site, block) for site in sites):
-                return None
-            if any(self._inside(site, owner) for site in sites):
-                self.unsafe.append("`amp.initialize` sits in a conditional block with other amp code")
-                return None
+        is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
+        if all(self._inside(site, block) for site in sites):
+            return None  # the scaler is only used where it exists
+        if isinstance(owner, cst.If) and owner.body is block and not is_elif:
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner
-        self.unsafe.append("`amp.initialize` sits inside a block: the scaler may not exist everywhere it is used")
-        return None
+        raise _Unplannable(init.call, "`amp.initialize` sits in a block that the code using the scaler is not in")
 
     def _scaler_name(self, init: _Initialize | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
         name = next((name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
@@ -640,8 +647,9 @@ class _Planner:
     def _plan_steps(self, scale: _ScaleLoss, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
         """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
         wanted = nodes.code(optimizer)
+        self._scale_call = scale.call
         current: cst.CSTNode = scale.statement
-        conditions: list[cst.If] = []
+        conditions: list[str | None] = []  # the tests of the branches climbed out of
         while True:
             block = self.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
@@ -657,10 +665,8 @@ class _Planner:
                 condition = self._step_condition(conditions)
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
-            if isinstance(owner, cst.If) and owner.body is block:
-                conditions.append(owner)
-            elif isinstance(owner, cst.Else) or isinstance(owner, cst.If):
-                conditions.append(None)
+            if isinstance(owner, (cst.If, cst.Else)):
+                conditions.append(self._branch_condition(owner))
             elif not isinstance(owner, _TRANSPARENT):
                 break
             while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
@@ -680,18 +686,37 @@ class _Planner:
             if line.body[index].value.args:
                 raise _Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
-    def _step_condition(self, conditions: list) -> str | None:
-        """The test under which the scaled backward ran, when the step sits outside that ``if``."""
-        if not conditions:
+    def _step_condition(self, conditions: list[str | None]) -> str | None:
+        """The test under which the scaled backward ran, when the step sits outside that ``if``.
+
+        None when no test is needed: no branch, or the branch's test is the flag the scaler
+        was created with (a disabled scaler steps the optimizer plainly).
+        """
+        if not conditions or conditions == [self._guard_test]:
             return None
-        if len(conditions) == 1 and conditions[0] is not None:
-            test = conditions[0].test
-            if nodes.code(test) == self._guard_test:
-                return None
-            if nodes.is_pure(test):
-                return nodes.code(test)
-        self.unsafe.append("the scaled backward is conditional but the optimizer step is not")
-        return None
+        if None not in conditions:
+            return " and ".join(f"({c})" if " " in c and len(conditions) > 1 else c for c in reversed(conditions))
+        raise _Unplannable(self._scale_call, "the scaled backward runs under a condition the optimizer step cannot test again (it calls something)")
+
+    def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
+        """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.
+
+        None when a test of the chain has side effects (calls), so it cannot be evaluated again.
+        """
+        own = branch.test if isinstance(branch, cst.If) else None
+        earlier = []
+        link = branch
+        while True:
+            above = self.parent.get(id(link))
+            if not (isinstance(above, cst.If) and above.orelse is link):
+                break
+            earlier.insert(0, above.test)
+            link = above
+        tests = [*earlier, *([own] if own is not None else [])]
+        if not all(nodes.is_pure(test) for test in tests):
+            return None
+        parts = [_negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
+        return " and ".join(_grouped_text(p) if len(parts) > 1 else p for p in parts)
 
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -988,6 +1013,21 @@ def _normal(text: str) -> str:
     while text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
     return text
+
+
+def _grouped(expression: cst.BaseExpression) -> str:
+    text = nodes.code(expression)
+    return text if isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else f"({text})"
+
+
+def _negated(expression: cst.BaseExpression) -> str:
+    if isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not):
+        return _grouped(expression.expression)
+    return f"not {_grouped(expression)}"
+
+
+def _grouped_text(text: str) -> str:
+    return f"({text})" if " " in text and not text.startswith("not ") else text
 
 
 def _as_bool(expression: cst.BaseExpression) -> str:
