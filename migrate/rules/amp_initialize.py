@@ -21,13 +21,17 @@ class AmpInitialize(PlannedApexRule):
     mixed precision, and O1 (patched casts + dynamic loss scaling) is exactly autocast + GradScaler.
 
     Fix safety:
-    Safe for a literal or default O1 with one optimizer, when the forward call sits next to
-    ``amp.scale_loss``. Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32
-    master copies become fp32 weights under autocast), a computed opt level, a static
-    ``loss_scale`` or ``min/max_loss_scale`` (GradScaler is always dynamic, without bounds), several
-    losses, or an autocast region that could only be guessed. Reported without a fix when the file
-    cannot be rewritten consistently (no ``scale_loss`` here, ``amp`` handed to other code,
-    ``**kwargs``, an invalid opt level); the message says why. Applied together with AMP003-AMP005.
+    Safe for a literal or default O1 (or O0) when the forward call sits next to ``amp.scale_loss``.
+    Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
+    fp32 weights under autocast); a computed opt level (``GradScaler(enabled=level != "O0")`` keeps
+    O0 and O1, O2/O3 become O1); a static ``loss_scale`` or ``min/max_loss_scale`` (GradScaler is
+    always dynamic, without bounds); several losses or ``initialize`` calls sharing one scaler; an
+    autocast region that could only be guessed; and the two halves of a split file: with
+    ``scale_loss`` but no ``initialize`` the file gets its own module-level scaler with apex's
+    defaults, and with ``initialize`` but no ``scale_loss`` the call is removed (migrate both
+    files). Reported without a fix when the file cannot be rewritten consistently (``amp`` handed
+    to other code, apex internals, ``**kwargs``, an invalid opt level, an ``initialize`` in a block
+    its scaler's users are not in); the message says why. Applied together with AMP003-AMP005.
 
     Options:
     None.

@@ -12,8 +12,10 @@ class AmpScaleLoss(PlannedApexRule):
     same block, or at the accumulation boundary after it) with ``scaler.step(optimizer)`` and
     ``scaler.update()``. A list of optimizers steps each through the scaler. A body that does more
     than ``backward()`` becomes ``scaled_loss = scaler.scale(loss)`` followed by the body. When the
-    scaled backward runs only under ``if flag:`` and the step runs on both paths, the step becomes
-    ``if flag: scaler.step(opt); scaler.update()`` / ``else: opt.step()``.
+    scaled backward runs only under ``if flag:`` (or an ``elif``/``else``) and the step runs on
+    every path, the step becomes ``if flag: scaler.step(opt); scaler.update()`` /
+    ``else: opt.step()`` with the branch's whole condition, unless the scaler is already off
+    exactly when the flag is.
 
     Why is this bad?
     ``amp.scale_loss`` is apex's loss scaling, removed from apex; GradScaler is the native one.
@@ -23,9 +25,11 @@ class AmpScaleLoss(PlannedApexRule):
     ``loss_id`` (one GradScaler serves every loss, where apex kept one scaler per loss),
     ``delay_unscale`` (gradient accumulation: the scaler steps only at the boundary, never in the
     micro-batch loop), ``delay_overflow_check``, a body that does more, or an optimizer step
-    found only elsewhere in the file. Reported without a fix when ``scale_loss`` is not a ``with``
-    (entered by hand, returned), when nothing is initialized in this file, or when no
-    ``optimizer.step()`` follows. Applied together with AMP002, AMP004 and AMP005.
+    found only elsewhere in the file, or no ``amp.initialize`` in the file (see AMP002). Reported
+    without a fix when ``scale_loss`` is not a ``with`` (entered by hand, returned), when no
+    ``optimizer.step()`` follows, when the step takes a closure (GradScaler does not support
+    them), or when the backward's condition calls something. Applied together with AMP002, AMP004
+    and AMP005.
 
     Options:
     None.
