@@ -391,8 +391,11 @@ class _Planner:
             small = None
         if not isinstance(small, (cst.Assign, cst.Expr)):
             raise _Unplannable(call, "`amp.initialize` is part of a larger statement")
-        if nodes.has_star(call):
-            raise _Unplannable(call, "`amp.initialize` takes `*args`/`**kwargs`, so its options cannot be seen")
+        if any(arg.star == "*" for arg in call.args):
+            raise _Unplannable(call, "`amp.initialize` takes `*args`, so its models and options cannot be seen")
+        splat = any(arg.star == "**" for arg in call.args)
+        if splat:
+            self.unsafe.append("options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
         unknown = nodes.keyword_names(call) - _INITIALIZE_KEYWORDS
         if unknown or len([a for a in call.args if a.keyword is None]) > 4:
             raise _Unplannable(call, f"`amp.initialize` has arguments apex does not take: {sorted(unknown)!r}")
@@ -402,7 +405,7 @@ class _Planner:
             raise _Unplannable(call, "`amp.initialize` is called without models")
         has_optimizers = optimizers is not None and not (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
         level_arg = nodes.argument(call, 3, "opt_level")
-        level: str | None = "O1"
+        level: str | None = None if splat and level_arg is None else "O1"
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
             if level is None:

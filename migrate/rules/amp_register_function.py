@@ -35,17 +35,17 @@ _MODULES = ("torch", "torch.nn.functional", "torch.Tensor")
 
 class AmpRegisterFunction(ApexRename):
     """What it does:
-    Removes ``amp.register_half_function(torch, "einsum")`` (and ``register_float_function``) when
-    native autocast already runs that function in that dtype, and reports the others and any
-    change to ``amp.lists``.
+    Removes ``amp.register_half_function(torch, "einsum")`` (and ``register_float_function``);
+    reports registrations of functions outside ``torch`` and any change to ``amp.lists``.
 
     Why is this bad?
     Native autocast has no registry to add functions to; these calls only fed apex's patching.
 
     Fix safety:
     Safe when the function is on native autocast's own float16 (or float32) list: the behaviour
-    is already there. Otherwise reported: wrap the calls in
-    ``with torch.autocast("cuda", enabled=False):`` and cast the inputs by hand.
+    is already there. Unsafe for another ``torch`` function: without the registration it runs in
+    its inputs' dtype. Reported for functions of other modules (a project's own kernels): wrap
+    the calls in ``with torch.autocast("cuda", enabled=False):`` and cast the inputs by hand.
 
     Options:
     None.
@@ -60,7 +60,8 @@ class AmpRegisterFunction(ApexRename):
             "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n\nrun()\n",
             "import torch\n\nrun()\n",
         ),
-        Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"),
+        Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n", "import torch\n", unsafe_fixes=True),
+        Invalid("from apex import amp\namp.register_half_function(my_ops, 'fused_gelu')\n"),
         Invalid("from apex import amp\namp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n"),
     ]
 
@@ -71,22 +72,27 @@ class AmpRegisterFunction(ApexRename):
         self._funcs.add(id(node.func))
         module = nodes.argument(node, 0, "module")
         name = nodes.literal_string(getattr(nodes.argument(node, 1, "name"), "value", None))
-        native = bool(module) and name in _REGISTER[target] and bool(set(_MODULES) & qualified_names(self, module.value))
+        torch_function = bool(module) and name is not None and bool(set(_MODULES) & qualified_names(self, module.value))
         statement = self._statements.get(id(node))
-        if not native or statement is None:
-            self.report(node, f"{self.MESSAGE}; not rewritten: native autocast does not treat {name or 'this function'!r} this way: "
-                        "wrap its calls in `with torch.autocast(\"cuda\", enabled=False):` and cast the inputs by hand")
+        if not torch_function or statement is None:
+            self.report(node, f"{self.MESSAGE}; not rewritten: wrap the calls of {name or 'this function'!r} in "
+                        "`with torch.autocast(\"cuda\", enabled=False):` and cast the inputs by hand")
             return
-        self._fix_statement(node, statement)
+        if name in _REGISTER[target]:
+            self._fix_statement(node, statement, Safety.SAFE, "native autocast already casts this function the same way")
+        else:
+            self._fix_statement(node, statement, Safety.UNSAFE, f"native autocast does not cast {name!r} this way: without "
+                                "the registration it runs in its inputs' dtype (wrap its calls in "
+                                "`with torch.autocast(\"cuda\", enabled=False):` with cast inputs to keep apex's cast)")
 
-    def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine) -> None:
+    def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine, safety: Safety, why: str) -> None:
         root = nodes.root_name(call.func)
         guard = nodes.guarding_if(statement, lambda n: self.get_metadata(ParentNodeProvider, n, None))
         self.report(
             guard or statement,
-            f"{self.MESSAGE}; native autocast already casts this function the same way",
+            f"{self.MESSAGE}; {why}",
             replacement=cst.RemoveFromParent(),
-            safety=Safety.SAFE,
+            safety=safety,
             fix_message="Remove the registration",
             remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
         )
