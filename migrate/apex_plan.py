@@ -154,6 +154,8 @@ class _Planner:
         self.findings: list[Report] = []
         self.order: dict[int, int] = {}  # statement lines in source order
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
+        self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
         self.imports = nodes.apex_imports(module)
         module.visit(_Collect(self))
@@ -387,9 +389,9 @@ class _Planner:
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
         if isinstance(small, cst.Assign) and (len(small.targets) != 1 or small.value is not call):
             small = None
-        if isinstance(small, cst.Expr) and small.value is not call:
+        if isinstance(small, (cst.Expr, cst.Return)) and small.value is not call:
             small = None
-        if not isinstance(small, (cst.Assign, cst.Expr)):
+        if not isinstance(small, (cst.Assign, cst.Expr, cst.Return)):
             raise _Unplannable(call, "`amp.initialize` is part of a larger statement")
         if any(arg.star == "*" for arg in call.args):
             raise _Unplannable(call, "`amp.initialize` takes `*args`, so its models and options cannot be seen")
@@ -408,7 +410,10 @@ class _Planner:
         level: str | None = None if splat and level_arg is None else "O1"
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
-            if level is None:
+            possible = self._possible_levels(level_arg.value)
+            if level is None and possible is not None and possible <= {"O0", "O1"}:
+                pass  # only O0 or O1 can reach this call: both keep their meaning
+            elif level is None:
                 self.unsafe.append(
                     "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast "
                     "are off for O0), O2 and O3 become O1"
@@ -430,6 +435,8 @@ class _Planner:
             target = nodes.code(small.targets[0].target)
             if _normal(target) != _normal(values):
                 restore = f"{target} = {values}"
+        elif isinstance(small, cst.Return):
+            restore = f"return {values}"  # under O1 initialize hands back what it was given
         model_codes = self._codes(models.value)
         if isinstance(small, cst.Assign):
             target = small.targets[0].target
@@ -439,6 +446,32 @@ class _Planner:
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return _Initialize(call, statement, level, level_expression, enabled, scaler_args, restore, model_codes, on_self)
+
+    def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
+        """Every opt level ``expression`` can be, when the file shows them all; else None.
+
+        ``"O1" if fp16 else "O0"``, a name only ever assigned such values, or an argparse option
+        with ``choices``.
+        """
+        text = nodes.literal_string(expression)
+        if text is not None:
+            return {text}
+        if depth > 3:
+            return None
+        if isinstance(expression, cst.IfExp):
+            body, orelse = self._possible_levels(expression.body, depth + 1), self._possible_levels(expression.orelse, depth + 1)
+            return body | orelse if body is not None and orelse is not None else None
+        if isinstance(expression, cst.Name) and expression.value in self.assigned:
+            found: set[str] = set()
+            for value in self.assigned[expression.value]:
+                levels = self._possible_levels(value, depth + 1)
+                if levels is None:
+                    return None
+                found |= levels
+            return found
+        if isinstance(expression, cst.Attribute) and self.choices.get(expression.attr.value):
+            return set(self.choices[expression.attr.value])
+        return None
 
     @staticmethod
     def _codes(expression: cst.BaseExpression) -> set[str]:
@@ -541,10 +574,36 @@ class _Planner:
         if all(self._inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
         if isinstance(owner, cst.If) and owner.body is block and not is_elif:
+            if self._changes_its_test(owner):
+                raise _Unplannable(init.call, "`amp.initialize` runs once behind a flag its block sets: the scaler cannot move out of it")
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner
         raise _Unplannable(init.call, "`amp.initialize` sits in a block that the code using the scaler is not in")
+
+    @staticmethod
+    def _changes_its_test(branch: cst.If) -> bool:
+        """``if not self.initialized: ...; self.initialized = True``: a run-once guard."""
+        tested: set[str] = set()
+        assigned: set[str] = set()
+
+        class _Tested(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                tested.add(node.value)
+
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                tested.add(nodes.code(node))
+
+        class _Assigned(cst.CSTVisitor):
+            def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+                assigned.add(nodes.code(node.target))
+
+            def visit_AugAssign(self, node: cst.AugAssign) -> None:
+                assigned.add(nodes.code(node.target))
+
+        branch.test.visit(_Tested())
+        branch.body.visit(_Assigned())
+        return bool(tested & assigned)
 
     def _scaler_name(self, init: _Initialize | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
         name = next((name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
@@ -962,6 +1021,12 @@ class _Collect(cst.CSTVisitor):
             planner.names.add(node.value)
         elif isinstance(node, cst.Attribute):
             planner.attributes.add(node.attr.value)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    planner.assigned.setdefault(target.target.value, []).append(node.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            self._argument(node)
         if isinstance(node, (cst.Name, cst.Attribute)) and not self._binding(node):
             found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
             if found:
@@ -971,6 +1036,20 @@ class _Collect(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+
+    def _argument(self, call: cst.Call) -> None:
+        """``parser.add_argument("--opt-level", choices=[...])``: the values ``args.opt_level`` can take."""
+        flags = [nodes.literal_string(arg.value) for arg in call.args if arg.keyword is None]
+        dest = nodes.literal_string(getattr(nodes.argument(call, None, "dest"), "value", None))
+        long = next((flag for flag in flags if flag and flag.startswith("--")), None)
+        name = dest or (long[2:].replace("-", "_") if long else None)
+        if name is None:
+            return
+        choices = nodes.argument(call, None, "choices")
+        values = None
+        if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)):
+            values = [nodes.literal_string(element.value) for element in choices.value.elements]
+        self.planner.choices[name] = values if values and None not in values else None
 
     def _binding(self, node: cst.CSTNode) -> bool:
         """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""

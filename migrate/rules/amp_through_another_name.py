@@ -53,12 +53,14 @@ class AmpThroughAnotherName(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value not in CORE:
+        if not isinstance(func, cst.Attribute):
             return
         receiver = func.value
         if isinstance(receiver, cst.Name) and receiver.value in self._handles:
             self.report(node, f"{self.MESSAGE}: `{receiver.value}` is the legacy `amp.init()` handle; "
                         "replace it with `torch.amp.GradScaler` and `torch.autocast` by hand")
+            return
+        if func.attr.value not in CORE:
             return
         if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
             where = "an attribute"

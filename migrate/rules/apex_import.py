@@ -43,6 +43,7 @@ class ApexImport(Rule):
         Valid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"),
         Valid("try:\n    import torch_xla\nexcept ImportError:\n    pass\n"),
         Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
+        Valid("try:\n    class Norm(Base):\n        pass\nexcept ImportError:\n    Norm = None\n"),
     ]
     INVALID = [
         Invalid(
@@ -64,13 +65,9 @@ class ApexImport(Rule):
         if not all(self._catches_import_error(handler) for handler in node.handlers):
             return
         statements = list(node.body.body)
-        smalls = [s for line in statements if isinstance(line, cst.SimpleStatementLine) for s in line.body]
-        if len(smalls) != sum(len(line.body) for line in statements if isinstance(line, cst.SimpleStatementLine)):
+        if not all(isinstance(line, cst.SimpleStatementLine) for line in statements):
             return
-        if len(smalls) != sum(1 for line in statements for _ in getattr(line, "body", ())) or len(statements) != len(
-            [s for s in statements if isinstance(s, cst.SimpleStatementLine)]
-        ):
-            return
+        smalls = [small for line in statements for small in line.body]
         if not all(isinstance(s, cst.Pass) or _constant_flag(s) for s in smalls):
             return
         flags = [s for s in smalls if not isinstance(s, cst.Pass)]

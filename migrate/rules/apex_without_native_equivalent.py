@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider
+from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
 
+from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, binds
@@ -41,6 +42,13 @@ _HANDLED_ELSEWHERE = (
     "apex.optimizers.fused_sgd.FusedSGD",
     "apex.normalization.",
 )
+_FP16_OPTIMIZERS = ("apex.fp16_utils", "apex.optimizers.FP16_Optimizer")
+# What `from apex.fp16_utils import *` brings in.
+_FP16_UTILS_API = frozenset(
+    "FP16_Optimizer FP16Model network_to_half convert_network convert_module BN_convert_float tofp16 "
+    "prep_param_lists model_grads_to_master_grads master_params_to_model_params to_python_float "
+    "clip_grad_norm LossScaler DynamicLossScaler".split()
+)
 _ANY = "apex"
 _UNKNOWN = "it has no native counterpart this tool knows of: replace it by hand, or keep apex installed for it"
 
@@ -73,13 +81,15 @@ class ApexWithoutNativeEquivalent(ApexRename):
     INVALID = [
         Invalid("from apex.optimizers import FusedLAMB\noptimizer = FusedLAMB(params, lr=1e-3)\n"),
         Invalid("import apex.fp16_utils\noptimizer = apex.fp16_utils.FP16_Optimizer(optimizer, dynamic_loss_scale=True)\n"),
-        Invalid("from apex.fp16_utils import *\n"),
+        Invalid("from apex.fp16_utils import *\nmodel = network_to_half(model)\n"),
         Invalid("import apex\nreducer = apex.parallel.Reducer(model)\n"),
     ]
 
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
         self._open: list[cst.CSTNode] = []  # an apex name being visited: its inner parts are the same name
+        self._wrapped: set[str] = set()  # names bound to an FP16_Optimizer
+        self._star = False  # the file star-imports apex.fp16_utils
 
     def _apex_names(self, node: cst.CSTNode) -> list[str]:
         if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
@@ -101,16 +111,30 @@ class ApexWithoutNativeEquivalent(ApexRename):
         if isinstance(node.names, cst.ImportStar) and node.module is not None and not node.relative:
             module = cst.Module([]).code_for_node(node.module)
             prefix = next((p for p in self.TARGETS if module == p or module.startswith(p + ".")), None)
+            self._star = self._star or module.startswith("apex.fp16_utils")
             if prefix is not None or module.split(".")[0] == "apex":
                 self.report(node, f"{self.MESSAGE}: `from {module} import *`; {_MANUAL_STEPS.get(prefix, _UNKNOWN)}")
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """``optimizer = FP16_Optimizer(...)``: its ``backward``/``step`` calls are apex's too."""
+        value = node.value
+        if isinstance(value, cst.Call) and self._target(value.func) in _FP16_OPTIMIZERS:
+            self._wrapped.update(nodes.code(t.target) for t in node.targets)
 
     def visit_Call(self, node: cst.Call) -> None:
         if self._open:
             return
-        target = self._target(node.func)
+        func = node.func
+        target = self._target(func)
+        if target is None and self._star and isinstance(func, cst.Name) and func.value in _FP16_UTILS_API:
+            if not self.get_metadata(QualifiedNameProvider, func, set()):
+                target = "apex.fp16_utils"  # brought in by `from apex.fp16_utils import *`
         if target is not None:
-            self._funcs.add(id(node.func))
+            self._funcs.add(id(func))
             self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS.get(target, _UNKNOWN)}")
+        elif isinstance(func, cst.Attribute) and func.attr.value == "backward" and nodes.code(func.value) in self._wrapped:
+            self.report(node, f"{self.MESSAGE}: `{nodes.code(func.value)}` is apex's FP16_Optimizer; "
+                        f"{_MANUAL_STEPS['apex.fp16_utils']}")
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if self._open or id(node) in self._funcs:

@@ -201,3 +201,23 @@ def test_a_computed_opt_level_keeps_o0_meaning_fp32():
     assert 'scaler = torch.amp.GradScaler("cuda", enabled=cfg.opt_level != "O0")' in output
     assert 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())' in output
     assert all(d.fix.applicability.value == "unsafe" for d in diagnostics if d.fix)
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        'opt_level = "O1" if use_mixed_precision else "O0"\n',
+        'parser.add_argument("--opt-level", default="O1", choices=["O0", "O1"])\nopt_level = parser.parse_args().opt_level\n',
+    ],
+)
+def test_an_opt_level_that_can_only_be_o0_or_o1_is_a_safe_rewrite(setup):
+    source = setup + textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=opt_level"))
+    output, diagnostics = _migrate(source)
+    assert 'enabled=opt_level != "O0"' in output
+    assert all(d.fix.applicability.value == "safe" for d in diagnostics if d.fix)
+
+
+def test_an_opt_level_that_may_be_o2_stays_unsafe():
+    source = 'opt_level = "O2" if args.big else "O1"\n' + textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=opt_level"))
+    output, diagnostics = _migrate(source)
+    assert output == source
