@@ -38,6 +38,11 @@ CAST_API = frozenset(
 )
 INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
 HELPER_NAME = "_scaler_state_from_apex"
+MASTER_COPIES = "under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters"
+COMPUTED_LEVEL = (
+    "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast are off for O0), "
+    "O2 and O3 become O1"
+)
 HELPER_SOURCE = '''
 
 def _scaler_state_from_apex(state):
@@ -86,6 +91,7 @@ class ApexPlan:
     """The reports of the file's apex.amp sites, with their fixes, for each rule to pass on."""
 
     findings: list[Report] = field(default_factory=list)
+    unsafe_reasons: tuple[str, ...] = ()  # why the fixes are unsafe, when they are
     active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
 
     def findings_for(self, code: str) -> list[Report]:
@@ -175,7 +181,7 @@ class _Planner:
             self._check_disjoint()
         except _Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        return ApexPlan(self.findings)
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)))
 
     def _classify(self) -> None:
         for node, name in self.refs:
@@ -414,10 +420,7 @@ class _Planner:
             if level is None and possible is not None and possible <= {"O0", "O1"}:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
             elif level is None:
-                self.unsafe.append(
-                    "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast "
-                    "are off for O0), O2 and O3 become O1"
-                )
+                self.unsafe.append(COMPUTED_LEVEL)
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
             elif level in ("O2", "O3"):
@@ -920,7 +923,7 @@ class _Planner:
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise _Unplannable(call, "`amp.master_params` is not called with one optimizer")
             if self.level in ("O2", "O3", None):
-                self.unsafe.append("under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters")
+                self.unsafe.append(MASTER_COPIES)
             opt = nodes.code(optimizer.value)
             generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
             arg = self.parent.get(id(call))

@@ -1,13 +1,15 @@
 """The base of the four rewrites planned together per file (AMP002-AMP005): they report the plan."""
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from migrate.apex_plan import ApexPlanProvider, plan_of
+from migrate.apex_plan import COMPUTED_LEVEL, MASTER_COPIES, ApexPlanProvider, plan_of
 from migrate.rule import Rule
+from migrate.types import Safety
 
 
 class PlannedApexRule(Rule):
@@ -17,6 +19,9 @@ class PlannedApexRule(Rule):
     ``scaler.scale(loss)`` uses is created where ``amp.initialize`` was), so they are planned as
     one and share one safety. When a run selects only some of the codes a file's rewrite needs,
     the selected ones report without a fix.
+
+    Setting ``opt-level`` (``[tool.ampmigrate.settings]``): ``"O1"`` or ``"O0"`` says every opt
+    level the project computes at run time is O0 or O1, so rewriting it is safe.
     """
 
     TRIGGERS = ("apex",)
@@ -34,7 +39,16 @@ class PlannedApexRule(Rule):
         plan = self._plan
         needed = {finding.code for finding in plan.findings if finding.replacement is not None}
         whole = needed <= plan.active_codes
+        known_level = (
+            self.context.settings.get("opt-level") in ("O0", "O1")
+            and COMPUTED_LEVEL in plan.unsafe_reasons
+            and set(plan.unsafe_reasons) <= {COMPUTED_LEVEL, MASTER_COPIES}
+        )
         for finding in plan.findings_for(self.CODE):
+            if whole and known_level:
+                # The project says its computed opt levels are O0 or O1: the rewrite keeps both.
+                message = finding.fix_message.split(" (unsafe:")[0] + " (opt level O0/O1 by the `opt-level` setting)"
+                finding = dataclasses.replace(finding, safety=Safety.SAFE, fix_message=message)
             if whole or finding.replacement is None:
                 self._pass_on(finding)
                 continue

@@ -34,7 +34,9 @@ class AmpInitialize(PlannedApexRule):
     its scaler's users are not in); the message says why. Applied together with AMP003-AMP005.
 
     Options:
-    None.
+    ``opt-level`` (in ``[tool.ampmigrate.settings]``): set it to ``"O1"`` when every opt level the
+    project computes at run time (``opt_level=args.opt_level``) is O0 or O1; those rewrites,
+    exact for both, are then safe. Applies to AMP002-AMP005.
     """
 
     CODE = "AMP002"

@@ -221,3 +221,12 @@ def test_an_opt_level_that_may_be_o2_stays_unsafe():
     source = 'opt_level = "O2" if args.big else "O1"\n' + textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=opt_level"))
     output, diagnostics = _migrate(source)
     assert output == source
+
+
+def test_the_opt_level_setting_makes_a_computed_opt_level_safe():
+    source = textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=args.opt_level"))
+    unchanged = migrate_source(source, "train.py")
+    assert (unchanged.new_source or source) == source
+    result = migrate_source(source, "train.py", settings={"opt-level": "O1"})
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=args.opt_level != "O0")' in result.new_source
+    assert all(d.fix.applicability.value == "safe" for d in result.diagnostics if d.fix)
