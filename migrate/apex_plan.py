@@ -160,6 +160,7 @@ class _Planner:
         self.findings: list[Report] = []
         self.order: dict[int, int] = {}  # statement lines in source order
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
+        self.scaler_in_block = False  # created in a block its users are not all in
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
@@ -259,7 +260,9 @@ class _Planner:
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
         hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
-        self.may_be_disabled = hoist is not None or (init is not None and (init.enabled is not None or init.level_expression is not None))
+        self.may_be_disabled = not self.scaler_in_block and (
+            hoist is not None or (init is not None and (init.enabled is not None or init.level_expression is not None))
+        )
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps (in each
@@ -576,13 +579,20 @@ class _Planner:
         is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
         if all(self._inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
-        if isinstance(owner, cst.If) and owner.body is block and not is_elif:
-            if self._changes_its_test(owner):
-                raise _Unplannable(init.call, "`amp.initialize` runs once behind a flag its block sets: the scaler cannot move out of it")
+        if isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner
-        raise _Unplannable(init.call, "`amp.initialize` sits in a block that the code using the scaler is not in")
+        # A run-once guard (`if not self.initialized:`), an elif, a loop or a try: the scaler is
+        # created where apex was initialized. apex needed that to have run before any scale_loss,
+        # but the forward pass may run on paths where it did not, so autocast cannot ask the
+        # scaler whether it is on.
+        self.unsafe.append(
+            "the scaler is created where `amp.initialize` ran, inside a block; its users assume that ran first "
+            "(as apex did), and autocast runs whether or not it did"
+        )
+        self.scaler_in_block = True
+        return None
 
     @staticmethod
     def _changes_its_test(branch: cst.If) -> bool:
