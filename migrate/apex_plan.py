@@ -424,6 +424,9 @@ class _Planner:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
             elif level is None:
                 self.unsafe.append(COMPUTED_LEVEL)
+            elif level in ("01", "o1"):
+                self.unsafe.append(f"opt_level {level!r} is not valid (apex rejects it); the rewrite reads it as 'O1'")
+                level = "O1"
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
             elif level in ("O2", "O3"):
