@@ -366,11 +366,8 @@ class _Planner:
             fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
             self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.replacements.values():
-            code, message, fix = self._message_for(node)
+            code, message, fix = self._kinds[id(node)]
             self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
-
-    def _message_for(self, node: cst.CSTNode) -> tuple[str, str, str]:
-        return self._kinds[id(node)]
 
     def _initialize_fix(self) -> str:
         if self.o0:
@@ -725,7 +722,6 @@ class _Planner:
     def _plan_steps(self, scale: _ScaleLoss, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
         """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
         wanted = nodes.code(optimizer)
-        self._scale_call = scale.call
         current: cst.CSTNode = scale.statement
         conditions: list[str | None] = []  # the tests of the branches climbed out of
         while True:
@@ -739,8 +735,8 @@ class _Planner:
                 if found:
                     break
             if found:
-                self._no_closure(scale, found)
-                condition = self._step_condition(conditions)
+                self._no_closure(found)
+                condition = self._step_condition(conditions, scale.call)
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
@@ -753,18 +749,18 @@ class _Planner:
                 owner = self.parent.get(id(owner))
             current = owner
         anywhere = self._steps_in_file(wanted)
-        self._no_closure(scale, anywhere)
+        self._no_closure(anywhere)
         if not anywhere:
             raise _Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
         self.unsafe.append(f"`{wanted}.step()` is not next to `amp.scale_loss`; every `{wanted}.step()` in the file goes through the scaler")
         return [(line, index, None) for line, index in anywhere]
 
-    def _no_closure(self, scale: _ScaleLoss, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
+    def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
         for line, index in found:
             if line.body[index].value.args:
                 raise _Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
-    def _step_condition(self, conditions: list[str | None]) -> str | None:
+    def _step_condition(self, conditions: list[str | None], call: cst.Call) -> str | None:
         """The test under which the scaled backward ran, when the step sits outside that ``if``.
 
         None when no test is needed: no branch, or the branch's test is the flag the scaler
@@ -774,7 +770,7 @@ class _Planner:
             return None
         if None not in conditions:
             return " and ".join(f"({c})" if " " in c and len(conditions) > 1 else c for c in reversed(conditions))
-        raise _Unplannable(self._scale_call, "the scaled backward runs under a condition the optimizer step cannot test again (it calls something)")
+        raise _Unplannable(call, "the scaled backward runs under a condition the optimizer step cannot test again (it calls something)")
 
     def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
         """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.
