@@ -576,6 +576,8 @@ class _Planner:
         owner = self.parent.get(id(block))
         if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
             return None
+        if isinstance(owner, cst.ClassDef):
+            raise _Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
         is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
         if all(self._inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
