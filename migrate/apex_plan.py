@@ -39,6 +39,17 @@ CAST_API = frozenset(
 INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
 HELPER_NAME = "_scaler_state_from_apex"
 MASTER_COPIES = "under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters"
+def _operand(expression: cst.BaseExpression) -> str:
+    """``expression``'s code, parenthesised unless it binds tighter than any operator."""
+    text = nodes.code(expression)
+    simple = isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call))
+    return text if simple else f"({text})"
+
+
+def _conjunction(parts: list[str]) -> str | None:
+    return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
+
+
 COMPUTED_LEVEL = (
     "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast are off for O0), "
     "O2 and O3 become O1"
@@ -77,6 +88,7 @@ _INITIALIZE_KEYWORDS = frozenset(
     }
 )
 _NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
+_O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
 _SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
 _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
 # Without amp.initialize in the file, calls of these stand for the forward pass.
@@ -127,6 +139,7 @@ class _Initialize:
     statement: cst.SimpleStatementLine
     level: str | None  # "O0".."O3", None when computed at run time
     level_expression: cst.BaseExpression | None  # the computed opt level
+    guard_level: bool  # computed, not provably O0/O1: the rewrite stops O2/O3 runs at run time
     enabled: cst.BaseExpression | None
     scaler_args: list[str]
     restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
@@ -156,6 +169,7 @@ class _Planner:
         self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
         self.blockers: list[tuple[cst.CSTNode, str]] = []
         self.unsafe: list[str] = []
+        self.level_guarded = False
         self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
         self.findings: list[Report] = []
         self.order: dict[int, int] = {}  # statement lines in source order
@@ -255,6 +269,7 @@ class _Planner:
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
         self.o0 = self.level == "O0"
+        self.level_guarded = init is not None and init.guard_level
         self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else _GUESSED_MODELS
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales] + others
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
@@ -414,11 +429,16 @@ class _Planner:
         has_optimizers = optimizers is not None and not (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
         level_arg = nodes.argument(call, 3, "opt_level")
         level: str | None = None if splat and level_arg is None else "O1"
+        guard_level = False
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
             possible = self._possible_levels(level_arg.value)
             if level is None and possible is not None and possible <= {"O0", "O1"}:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
+            elif level is None and possible is None and nodes.is_pure(level_arg.value):
+                # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
+                # rewrite adds that check), so no run silently trains differently.
+                guard_level = True
             elif level is None:
                 self.unsafe.append(COMPUTED_LEVEL)
             elif level in ("01", "o1"):
@@ -434,7 +454,7 @@ class _Planner:
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
-        scaler_args = self._scaler_options(call)
+        scaler_args = self._scaler_options(call, level in ("O0", "O1") or guard_level)
         restore = None
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
@@ -451,7 +471,8 @@ class _Planner:
             model_codes |= self._codes(target)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
-        return _Initialize(call, statement, level, level_expression, enabled, scaler_args, restore, model_codes, on_self)
+        return _Initialize(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
+                           model_codes, on_self)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -486,8 +507,15 @@ class _Planner:
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
 
-    def _scaler_options(self, call: cst.Call) -> list[str]:
+    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
+        """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
+
+        Dropping one is safe where it changes nothing: ``max_loss_scale`` (GradScaler has no cap,
+        as for apex's default cap of 2**24 that every rewrite drops), and, for O0/O1, the options
+        apex only applies under O2/O3 (under O1 it refuses them outright).
+        """
         options = []
+        harmless = {"max_loss_scale", *(_O2_O3_OPTIONS if o0_or_o1 else ())}
         loss_scale = nodes.argument(call, None, "loss_scale")
         if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
             number = nodes.number_text(loss_scale.value)
@@ -500,7 +528,7 @@ class _Planner:
             arg = nodes.argument(call, None, name)
             if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
                 continue
-            if name == "num_losses" and nodes.code(arg.value) == "1":
+            if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue
             if name == "num_losses":
                 self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss)")
@@ -513,6 +541,8 @@ class _Planner:
         if not self.o0:
             if self.scaler_scope == "global":
                 lines.append(f"global {self.scaler}")
+            if init.guard_level:
+                lines += self._level_guard(init, hoist)
             args = "".join(f", {option}" for option in init.scaler_args)
             enabled = self._enabled_expression(init, hoist)
             if enabled:
@@ -555,16 +585,30 @@ class _Planner:
             raise _Unplannable(init.call, "no place before the `if` around `amp.initialize` to create the scaler")
 
     def _enabled_expression(self, init: _Initialize, hoist: cst.If | None) -> str | None:
+        parts = self._flags(init, hoist)
+        if init.level_expression is not None:
+            parts.append(f'{_operand(init.level_expression)} != "O0"')
+        return _conjunction(parts)
+
+    def _level_guard(self, init: _Initialize, hoist: cst.If | None) -> list[str]:
+        """Lines stopping a run whose computed opt level is O2/O3: the rewrite is exact for O0/O1 only."""
+        level = _operand(init.level_expression)
+        condition = _conjunction([*self._flags(init, hoist), f'{level} not in ("O0", "O1")'])
+        return [
+            f"if {condition}:",
+            f'    raise RuntimeError(f"opt_level {{{level}!r}}: migrated from apex for O0 and O1; '
+            f'native torch.amp has no O2/O3")',
+        ]
+
+    @staticmethod
+    def _flags(init: _Initialize, hoist: cst.If | None) -> list[str]:
+        """The run-time conditions under which apex was initialized at all."""
         parts = []
         if hoist is not None:
             parts.append(_as_bool(hoist.test))
         if init.enabled is not None:
             parts.append(_as_bool(init.enabled))
-        if init.level_expression is not None:
-            level = nodes.code(init.level_expression)
-            simple = isinstance(init.level_expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call))
-            parts.append(f'{level if simple else f"({level})"} != "O0"')
-        return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
+        return parts
 
     def _hoist_guard(self, init: _Initialize, sites: list[cst.CSTNode]) -> cst.If | None:
         """The ``if flag:`` whose body holds initialize, when the scaler must exist outside it.
@@ -933,7 +977,7 @@ class _Planner:
             optimizer = nodes.argument(call, 0, "optimizer")
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise _Unplannable(call, "`amp.master_params` is not called with one optimizer")
-            if self.level in ("O2", "O3", None):
+            if self.level in ("O2", "O3") or (self.level is None and not self.level_guarded):
                 self.unsafe.append(MASTER_COPIES)
             opt = nodes.code(optimizer.value)
             generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)

@@ -41,7 +41,9 @@ class _Options:
 
 
 def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalogue: Sequence[type] | None = None):
-    """The rules whose code starts with a ``select`` prefix (all when empty or ``ALL``) and no ``ignore`` prefix.
+    """The rules whose code starts with a ``select`` prefix and no ``ignore`` prefix.
+
+    With no ``select``, the rules on by default (``Rule.DEFAULT``); ``ALL`` selects every rule.
 
     Example::
 
@@ -63,7 +65,7 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalog
     chosen = [
         rule
         for rule in catalogue
-        if (not select or "ALL" in select or any(rule.CODE.startswith(p) for p in select))
+        if ((not select and rule.DEFAULT) or "ALL" in select or any(rule.CODE.startswith(p) for p in select))
         and not any(p == "ALL" or rule.CODE.startswith(p) for p in ignore)
     ]
     return chosen

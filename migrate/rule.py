@@ -89,6 +89,8 @@ class Rule(cst.BatchableCSTVisitor):
     # "clamp"). Files holding none of the selected rules' words are skipped unparsed, and a rule
     # whose words a file lacks does not visit it. Empty: every file.
     TRIGGERS: ClassVar[tuple[str, ...]] = ()
+    # False: run only when a --select prefix (or ALL) names the rule, not in a plain run.
+    DEFAULT: ClassVar[bool] = True
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
     def __init__(self, context: RuleContext | None = None) -> None:

@@ -79,7 +79,7 @@ def loss_series(result):
 @pytest.mark.parametrize("script", sorted(CASES), ids=lambda s: s.removesuffix(".py"))
 def test_rewritten_script_trains_like_the_original(script, tmp_path):
     source = (LEGACY / script).read_text()
-    result = migrate_source(source, filename=script, unsafe_fixes=True)
+    result = migrate_source(source, filename=script, unsafe_fixes=True, select=["ALL"])
     assert result.error is None, result.error
     assert not re.search(r"^\s*(from|import)\s+apex\b", result.new_source, re.M), result.new_source
     rewritten = tmp_path / script

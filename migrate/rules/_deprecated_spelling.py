@@ -19,6 +19,9 @@ class DeprecatedSpelling(Rule):
     """Base: set ``RENAMES`` (deprecated qualified name -> ``torch.amp`` name) and ``fixed_args``."""
 
     RENAMES: ClassVar[dict[str, str]] = {}
+    # Native AMP under an old spelling is not apex: a plain run leaves such files alone (they
+    # still work), `--select AMP02` modernises them.
+    DEFAULT = False
 
     def __init__(self, context=None) -> None:
         super().__init__(context)

@@ -22,10 +22,15 @@ class AmpInitialize(PlannedApexRule):
 
     Fix safety:
     Safe for a literal or default O1 (or O0) when the forward call sits next to ``amp.scale_loss``.
+    Safe too for an opt level computed at run time from names and attributes
+    (``opt_level=args.opt_level``): ``GradScaler(enabled=level != "O0")`` keeps O0 and O1 exact,
+    and a check added before it stops an O2/O3 run with a clear error, so no run silently trains
+    differently. Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
+    ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
-    fp32 weights under autocast); a computed opt level (``GradScaler(enabled=level != "O0")`` keeps
-    O0 and O1, O2/O3 become O1); a static ``loss_scale`` or ``min/max_loss_scale`` (GradScaler is
-    always dynamic, without bounds); several losses or ``initialize`` calls sharing one scaler; an
+    fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
+    O2/O3 (O2/O3 become O1); a static ``loss_scale`` or ``min_loss_scale`` (GradScaler is always
+    dynamic, without a floor); several losses or ``initialize`` calls sharing one scaler; an
     autocast region that could only be guessed; and the two halves of a split file: with
     ``scale_loss`` but no ``initialize`` the file gets its own module-level scaler with apex's
     defaults, and with ``initialize`` but no ``scale_loss`` the call is removed (migrate both

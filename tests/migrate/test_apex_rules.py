@@ -195,12 +195,28 @@ def test_selecting_part_of_the_fix_group_reports_without_fixing(selection):
     assert all("select AMP002-AMP005 together" in d.message for d in result.diagnostics)
 
 
-def test_a_computed_opt_level_keeps_o0_meaning_fp32():
+def test_a_computed_opt_level_is_a_safe_rewrite_that_stops_o2_and_o3_runs():
     source = CANONICAL.replace('opt_level="{level}"', "opt_level=cfg.opt_level")
-    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    output, diagnostics = _migrate(source)
     assert 'scaler = torch.amp.GradScaler("cuda", enabled=cfg.opt_level != "O0")' in output
     assert 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())' in output
-    assert all(d.fix.applicability.value == "unsafe" for d in diagnostics if d.fix)
+    assert diagnostics and all(d.fix.applicability.value == "safe" and d.applied for d in diagnostics if d.fix)
+    guard = output[output.index("if cfg.opt_level"):output.index("scaler = ")]
+    for level, stops in [("O0", False), ("O1", False), ("O2", True), ("O3", True)]:
+        cfg = type("Config", (), {"opt_level": level})
+        try:
+            exec(guard, {"cfg": cfg})
+        except RuntimeError as error:
+            assert stops and repr(level) in str(error)
+        else:
+            assert not stops
+
+
+def test_a_computed_opt_level_that_is_not_pure_stays_unsafe():
+    source = CANONICAL.replace('opt_level="{level}"', "opt_level=choose_level()")
+    output, diagnostics = _migrate(source)
+    assert "from apex import amp" in output
+    assert diagnostics and all(d.fix.applicability.value == "unsafe" for d in diagnostics if d.fix)
 
 
 @pytest.mark.parametrize(
@@ -224,9 +240,24 @@ def test_an_opt_level_that_may_be_o2_stays_unsafe():
 
 
 def test_the_opt_level_setting_makes_a_computed_opt_level_safe():
-    source = textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=args.opt_level"))
+    source = textwrap.dedent(CANONICAL.replace('opt_level="{level}"', "opt_level=choose_level()"))
     unchanged = migrate_source(source, "train.py")
     assert (unchanged.new_source or source) == source
     result = migrate_source(source, "train.py", settings={"opt-level": "O1"})
-    assert 'scaler = torch.amp.GradScaler("cuda", enabled=args.opt_level != "O0")' in result.new_source
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=choose_level() != "O0")' in result.new_source
     assert all(d.fix.applicability.value == "safe" for d in result.diagnostics if d.fix)
+
+
+@pytest.mark.parametrize("options, safe", [
+    ('opt_level="O1", max_loss_scale=2.0**20', True),  # GradScaler has no cap: apex's default one goes too
+    ("opt_level=args.opt_level, keep_batchnorm_fp32=args.keep_bn", True),  # O2/O3 only; they stop at run time
+    ('opt_level="O0", master_weights=True', True),
+    ('opt_level="O2", keep_batchnorm_fp32=True', False),
+    ('opt_level="O1", min_loss_scale=128.0', False),  # a floor changes what repeated overflows do
+])
+def test_options_dropped_only_where_they_change_nothing(options, safe):
+    source = textwrap.dedent(CANONICAL.replace('opt_level="{level}"', options))
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert "from apex import" not in output
+    fixes = {d.fix.applicability.value for d in diagnostics if d.fix}
+    assert fixes == ({"safe"} if safe else {"unsafe"})

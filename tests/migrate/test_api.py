@@ -15,6 +15,16 @@ OLD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
 NEW = 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
 
 
+@pytest.fixture(autouse=True)
+def _every_rule_by_default(monkeypatch):
+    """These tests exercise the machinery with the simplest rules, the opt-in AMP02x spellings."""
+    from migrate.rules import all_rules
+
+    for rule in all_rules():
+        monkeypatch.setattr(rule, "DEFAULT", True)
+
+
+
 def _write(path: Path, data: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data.encode() if isinstance(data, str) else data)

@@ -18,6 +18,16 @@ REPORT_ONLY = "import torch\nassert isinstance(s, torch.cuda.amp.GradScaler)\n"
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _every_rule_by_default(monkeypatch):
+    """These tests exercise the machinery with the simplest rules, the opt-in AMP02x spellings."""
+    from migrate.rules import all_rules
+
+    for rule in all_rules():
+        monkeypatch.setattr(rule, "DEFAULT", True)
+
+
+
 def _run(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
 
@@ -152,7 +162,8 @@ def test_explain_and_list_rules_are_eager():
 
 def _subprocess(*args, input=None, cwd=None):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *map(str, args)]
+    command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())",
+               "--select", "ALL", *map(str, args)]
     return subprocess.run(command, input=input, capture_output=True, cwd=cwd, env=env, timeout=60)
 
 
@@ -196,11 +207,12 @@ def test_rewrite_lists_what_remains_where_it_now_is(tree):
 
 def test_files_with_nothing_to_do_are_checked_without_importing_libcst(tree):
     probe = (
-        "import sys\nfrom migrate.cli import main\ntry:\n    main([sys.argv[1], '--check'])\nexcept SystemExit as e:\n"
+        "import sys\nfrom migrate.cli import main\ntry:\n    main([*sys.argv[1:], '--check'])\nexcept SystemExit as e:\n"
         "    print(e.code, 'libcst' in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
     result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "clean.py")], capture_output=True, env=env, timeout=60)
     assert result.stdout.decode().splitlines()[-1].split() == ["0", "False"], result.stderr.decode()
-    result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "train.py")], capture_output=True, env=env, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "train.py"), "--select", "ALL"],
+                            capture_output=True, env=env, timeout=60)
     assert result.stdout.decode().splitlines()[-1].split() == ["1", "True"], result.stderr.decode()
