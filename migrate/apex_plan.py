@@ -140,6 +140,7 @@ class _Initialize:
     level: str | None  # "O0".."O3", None when computed at run time
     level_expression: cst.BaseExpression | None  # the computed opt level
     guard_level: bool  # computed, not provably O0/O1: the rewrite stops O2/O3 runs at run time
+    guard_loss_scale: cst.BaseExpression | None  # computed loss_scale: static values stop at run time
     enabled: cst.BaseExpression | None
     scaler_args: list[str]
     restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
@@ -454,7 +455,7 @@ class _Planner:
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
-        scaler_args = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        scaler_args, guard_loss_scale = self._scaler_options(call, level in ("O0", "O1") or guard_level)
         restore = None
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
@@ -471,7 +472,7 @@ class _Planner:
             model_codes |= self._codes(target)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
-        return _Initialize(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
+        return _Initialize(call, statement, level, level_expression, guard_level, guard_loss_scale, enabled, scaler_args, restore,
                            model_codes, on_self)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
@@ -507,14 +508,16 @@ class _Planner:
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
 
-    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
+    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> tuple[list[str], cst.BaseExpression | None]:
         """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
 
         Dropping one is safe where it changes nothing: ``max_loss_scale`` (GradScaler has no cap,
         as for apex's default cap of 2**24 that every rewrite drops), and, for O0/O1, the options
-        apex only applies under O2/O3 (under O1 it refuses them outright).
+        apex only applies under O2/O3 (under O1 it refuses them outright). A ``loss_scale`` known
+        only at run time (``args.loss_scale``, None or "dynamic" by default) is returned to be
+        checked there: dynamic keeps its meaning, a static value stops the run with an error.
         """
-        options = []
+        options, guard = [], None
         harmless = {"max_loss_scale", *(_O2_O3_OPTIONS if o0_or_o1 else ())}
         loss_scale = nodes.argument(call, None, "loss_scale")
         if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
@@ -522,6 +525,8 @@ class _Planner:
             if number is not None:
                 options.append(f"init_scale={number}")
                 self.unsafe.append("a static loss scale has no native equivalent: GradScaler starts there but stays dynamic")
+            elif o0_or_o1 and nodes.is_pure(loss_scale.value):
+                guard = loss_scale.value  # O0/O1 default to dynamic (O2 too; O3 defaults to static)
             else:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *_NO_NATIVE_OPTION):
@@ -534,15 +539,14 @@ class _Planner:
                 self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss)")
             else:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
-        return options
+        return options, guard
 
     def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
         lines: list[str] = []
         if not self.o0:
             if self.scaler_scope == "global":
                 lines.append(f"global {self.scaler}")
-            if init.guard_level:
-                lines += self._level_guard(init, hoist)
+            lines += self._run_time_checks(init, hoist)
             args = "".join(f", {option}" for option in init.scaler_args)
             enabled = self._enabled_expression(init, hoist)
             if enabled:
@@ -590,15 +594,28 @@ class _Planner:
             parts.append(f'{_operand(init.level_expression)} != "O0"')
         return _conjunction(parts)
 
-    def _level_guard(self, init: _Initialize, hoist: cst.If | None) -> list[str]:
-        """Lines stopping a run whose computed opt level is O2/O3: the rewrite is exact for O0/O1 only."""
-        level = _operand(init.level_expression)
-        condition = _conjunction([*self._flags(init, hoist), f'{level} not in ("O0", "O1")'])
-        return [
-            f"if {condition}:",
-            f'    raise RuntimeError(f"opt_level {{{level}!r}}: migrated from apex for O0 and O1; '
-            f'native torch.amp has no O2/O3")',
-        ]
+    def _run_time_checks(self, init: _Initialize, hoist: cst.If | None) -> list[str]:
+        """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level, or
+        a computed static loss scale. O0/O1 with a dynamic scale are exact, so nothing else stops."""
+        checks = []
+        if init.guard_level:
+            level = _operand(init.level_expression)
+            checks.append((f'{level} not in ("O0", "O1")',
+                           f"opt_level {{{level}!r}}: migrated from apex for O0 and O1; native torch.amp has no O2/O3"))
+        if init.guard_loss_scale is not None:
+            scale = _operand(init.guard_loss_scale)
+            if init.level_expression is not None:  # O0 has no scaler: its loss scale changes nothing
+                scale_check = f'{_operand(init.level_expression)} != "O0" and {scale} not in (None, "dynamic")'
+            else:
+                scale_check = f'{scale} not in (None, "dynamic")'
+            checks.append((scale_check,
+                           f"loss_scale {{{scale}!r}}: migrated from apex for a dynamic loss scale; "
+                           "torch.amp.GradScaler has no static one"))
+        lines = []
+        for condition, message in checks:
+            lines += [f"if {_conjunction([*self._flags(init, hoist), condition])}:",
+                      f'    raise RuntimeError(f"{message}")']
+        return lines
 
     @staticmethod
     def _flags(init: _Initialize, hoist: cst.If | None) -> list[str]:

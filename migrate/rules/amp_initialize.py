@@ -25,7 +25,9 @@ class AmpInitialize(PlannedApexRule):
     Safe too for an opt level computed at run time from names and attributes
     (``opt_level=args.opt_level``): ``GradScaler(enabled=level != "O0")`` keeps O0 and O1 exact,
     and a check added before it stops an O2/O3 run with a clear error, so no run silently trains
-    differently. Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
+    differently. Likewise a ``loss_scale`` known only at run time (``loss_scale=args.loss_scale``)
+    under O0/O1: dynamic (or unset) keeps its meaning, a static value stops with an error.
+    Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
     ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be

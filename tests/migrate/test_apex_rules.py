@@ -261,3 +261,20 @@ def test_options_dropped_only_where_they_change_nothing(options, safe):
     assert "from apex import" not in output
     fixes = {d.fix.applicability.value for d in diagnostics if d.fix}
     assert fixes == ({"safe"} if safe else {"unsafe"})
+
+
+def test_a_run_time_loss_scale_is_safe_and_only_a_static_one_stops():
+    source = CANONICAL.replace('opt_level="{level}"', "opt_level=args.opt_level, loss_scale=args.loss_scale")
+    output, diagnostics = _migrate(source)
+    assert "from apex import" not in output
+    assert all(d.fix.applicability.value == "safe" for d in diagnostics if d.fix)
+    checks = output[output.index("if args"):output.index("scaler = ")]
+    for level, scale, stops in [("O1", None, False), ("O1", "dynamic", False), ("O0", "128.0", False),
+                                ("O1", "128.0", True), ("O2", None, True)]:
+        args = type("Args", (), {"opt_level": level, "loss_scale": scale})
+        try:
+            exec(checks, {"args": args})
+        except RuntimeError:
+            assert stops, (level, scale)
+        else:
+            assert not stops, (level, scale)
