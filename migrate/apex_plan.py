@@ -650,9 +650,13 @@ class _Planner:
         # created where apex was initialized. apex needed that to have run before any scale_loss,
         # but the forward pass may run on paths where it did not, so autocast cannot ask the
         # scaler whether it is on.
+        if not self.scaler.startswith("self."):
+            # A local or global created in the block may not exist where autocast asks it.
+            raise _Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
+                               "or a try) that the code using the scaler is not in")
         self.unsafe.append(
             "the scaler is created where `amp.initialize` ran, inside a block; its users assume that ran first "
-            "(as apex did), and autocast runs whether or not it did"
+            "(as apex did); autocast is on only where it did"
         )
         self.scaler_in_block = True
         return None
@@ -976,6 +980,12 @@ class _Planner:
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
+        if self.scaler_in_block:
+            # The block that creates the scaler may not have run (`if use_amp and not ready:`):
+            # then there is no scaler, and apex was not on either.
+            owner, attribute = self.scaler.split(".", 1)
+            enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.scaler}.is_enabled()'
+
         head = nodes.parse_statements(f"with {_AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
         first = statements[0]
         body = [nodes.with_leading(first, cst.SimpleStatementLine([])), *statements[1:]]
