@@ -999,7 +999,10 @@ class _Planner:
     # ---- master_params and state_dict ---------------------------------------------------------
 
     def _plan_master_params(self) -> None:
-        unscaled: set[tuple[int, str]] = set()
+        # Blocks where `scaler.unscale_(opt)` is inserted, per optimizer: once per block, so that
+        # each branch reading gradients (`if clip: clip_grad_norm_ ... else: grad_norm(...)`) reads
+        # unscaled ones, and never twice on one path (GradScaler refuses a second unscale_).
+        unscaled: dict[str, list[cst.CSTNode]] = {}
         for call in self.sites["master_params"]:
             optimizer = nodes.argument(call, 0, "optimizer")
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
@@ -1013,20 +1016,33 @@ class _Planner:
             if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
                 generator = generator.with_changes(lpar=[], rpar=[])
             statement = self._statement(call)
-            key = (id(self._function(call)), opt)
+            blocks = self._enclosing_blocks(statement)
+            done = unscaled.setdefault(opt, [])
+            already = any(block is unscaled_block for block in blocks for unscaled_block in done)
             inspects_grads = self._feeds_grad_consumer(call, statement)
             self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
-            if self.o0 or not inspects_grads or key in unscaled or not isinstance(statement, cst.SimpleStatementLine):
+            if self.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
                 self._replace(call, generator)
-                if inspects_grads and not self.o0 and key not in unscaled:
+                if inspects_grads and not self.o0 and not already:
                     self.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
                 continue
-            unscaled.add(key)
+            if any(self._inside(block, blocks[0]) for block in done):
+                raise _Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
+            done.append(blocks[0])
             unscale = nodes.parse_statements(f"{self.scaler}.unscale_({opt})\n", self.module)[0]
             updated = statement.deep_replace(call, generator)
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self._replace(statement, new)
             self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+
+    def _enclosing_blocks(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
+        """The blocks holding ``statement``, innermost first, up to its function's body."""
+        blocks, node = [], self.parent.get(id(statement))
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            if isinstance(node, (cst.IndentedBlock, cst.Module)):
+                blocks.append(node)
+            node = self.parent.get(id(node))
+        return blocks
 
     def _feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
         """Whether the parameters go into something that reads gradients (clipping, norms)."""

@@ -278,3 +278,36 @@ def test_a_run_time_loss_scale_is_safe_and_only_a_static_one_stops():
             assert stops, (level, scale)
         else:
             assert not stops, (level, scale)
+
+
+BRANCHED_CLIP = """\
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    if clip:
+        norm = torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    else:
+        norm = grad_norm(amp.master_params(optimizer))
+    optimizer.step()
+"""
+
+
+def test_every_branch_reading_gradients_unscales_once():
+    output, _ = _migrate(BRANCHED_CLIP)
+    lines = [line.strip() for line in output.splitlines()]
+    assert lines.count("scaler.unscale_(optimizer)") == 2  # one per branch
+    for index, line in enumerate(lines):
+        if "grad_norm(" in line:
+            assert lines[index - 1] == "scaler.unscale_(optimizer)"
+
+
+def test_gradients_read_after_a_nested_unscale_are_reported_not_unscaled_twice():
+    source = BRANCHED_CLIP.replace("    optimizer.step()\n", "    total = grad_norm(amp.master_params(optimizer))\n"
+                                   "    optimizer.step()\n")
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert output == source
+    assert any("unscale once, by hand" in d.message for d in diagnostics)
