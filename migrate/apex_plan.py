@@ -47,6 +47,7 @@ def _operand(expression: cst.BaseExpression) -> str:
 
 
 def _conjunction(parts: list[str]) -> str | None:
+    parts = list(dict.fromkeys(parts))  # `if level != "O0":` around initialize adds the same test twice
     return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
 
 
