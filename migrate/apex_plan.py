@@ -95,6 +95,8 @@ _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
 # Without amp.initialize in the file, calls of these stand for the forward pass.
 _GUESSED_MODELS = frozenset({"model", "self.model", "net", "self.net", "network", "self.network", "module", "self.module"})
 _AUTOCAST = 'torch.autocast("cuda", dtype=torch.float16{enabled})'
+# Calls with "grad" in their name that do not read gradients.
+_GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
 # Statement kinds that a search for the following optimizer.step() may look into.
 _TRANSPARENT = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With)
 
@@ -180,6 +182,10 @@ class _Planner:
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
+        # `scaler.unscale_(opt)` lines to put before a statement, and the statements they cover.
+        self.unscale_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
+        self.unscale_covered: set[int] = set()
+        self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.imports = nodes.apex_imports(module)
         module.visit(_Collect(self))
 
@@ -375,6 +381,7 @@ class _Planner:
         self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
 
     def _emit(self, scales: list[_ScaleLoss]) -> None:
+        self._place_unscales()
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
         why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
         removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
@@ -401,7 +408,7 @@ class _Planner:
         for node, _ in self.replacements.values():
             ancestor = self.parent.get(id(node))
             while ancestor is not None:
-                if id(ancestor) in self.replacements:
+                if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
                     raise _Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.parent.get(id(ancestor))
 
@@ -792,19 +799,24 @@ class _Planner:
         wanted = nodes.code(optimizer)
         current: cst.CSTNode = scale.statement
         conditions: list[str | None] = []  # the tests of the branches climbed out of
+        passed: list[tuple[list[cst.BaseStatement], list[str | None]]] = []  # run between the backward and the step
         while True:
             block = self.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 break
             body = list(block.body)
             found: list[tuple[cst.SimpleStatementLine, int]] = []
+            between: list[cst.BaseStatement] = []
             for sibling in body[body.index(current) + 1 :]:
                 found = self._steps_in(sibling, wanted)
                 if found:
                     break
+                between.append(sibling)
+            passed.append((between, list(conditions)))
             if found:
                 self._no_closure(found)
                 condition = self._step_condition(conditions, scale.call)
+                self._plan_grad_readers(scale, wanted, passed, sibling, found)
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
@@ -859,6 +871,122 @@ class _Planner:
             return None
         parts = [_negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
         return " and ".join(_grouped_text(p) if len(parts) > 1 else p for p in parts)
+
+    def _plan_grad_readers(
+        self,
+        scale: _ScaleLoss,
+        optimizer: str,
+        passed: list[tuple[list[cst.BaseStatement], list[str | None]]],
+        container: cst.CSTNode,
+        steps: list[tuple[cst.SimpleStatementLine, int]],
+    ) -> None:
+        """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step.
+
+        apex unscaled when ``scale_loss`` exited, so clipping ``model.parameters()`` or a gradient
+        norm taken there saw true gradients; natively they stay scaled until ``unscale_`` or the
+        step. Unscaling is only right where the step then always follows: a reader on a path
+        that may end without a step (accumulation with the step under ``if boundary:``), or
+        between two scaled backward passes, makes the fix unsafe.
+        """
+        readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
+        inner = self._paths_to_steps(container, steps)
+        step_always_follows = not any(conditional for path in inner for _, conditional in path)
+        for between, conditions in passed:
+            for statement in between:
+                if self._scales_again(statement, scale):
+                    readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
+                    continue
+                if self._reads_grads(statement):
+                    readers.append((statement, self._step_condition(conditions, scale.call), step_always_follows))
+        condition = self._step_condition(passed[-1][1], scale.call)
+        if len(inner) == 1:
+            path = inner[0]
+            for depth in range(len(path) - 1, -1, -1):
+                siblings, _ = path[depth]
+                follows = not any(conditional for _, conditional in path[:depth])
+                readers += [(s, condition, follows) for s in siblings if self._reads_grads(s)]
+        elif any(self._reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
+            readers.append((container, condition, False))
+        if not readers:
+            return
+        if not all(follows for _, _, follows in readers) or any(self._leaves_early(r) for r, _, _ in readers):
+            self.unsafe.append(
+                f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
+                f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
+            )
+            return
+        first, condition, _ = readers[0]
+        line = f"{self.scaler}.unscale_({optimizer})"
+        if condition is not None:
+            line = f"if {condition}:\n    {line}"
+        # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
+        places = self._first_readers(first) if len(readers) == 1 else [first]
+        for place in places:
+            lines = self.unscale_before.setdefault(id(place), (place, []))[1]
+            if line not in lines:
+                lines.append(line)
+        self.unscale_covered.update(id(reader) for reader, _, _ in readers)
+
+    def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        """Where gradients are first read in each branch of ``statement`` (itself, unless it is an ``if``)."""
+        if not isinstance(statement, cst.If):
+            return [statement]
+        found, branch = [], statement
+        while branch is not None:
+            if isinstance(branch, cst.If) and self._reads_grads(branch.test) or not isinstance(branch.body, cst.IndentedBlock):
+                return [statement]
+            first = next((s for s in branch.body.body if self._reads_grads(s)), None)
+            if first is not None:
+                found += self._first_readers(first)
+            if nodes.code(statement.test) == self._guard_test:
+                break  # past `if fp16:` the scaler is disabled: nothing to unscale
+            branch = branch.orelse if isinstance(branch, cst.If) else None
+        return found
+
+    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]]):
+        """For each step inside ``container``, innermost first: the statements before it in each
+        enclosing block, and whether entering that block is conditional (a branch or a loop)."""
+        paths = []
+        for line, _ in steps:
+            path, node = [], line
+            while node is not container:
+                block = self.parent[id(node)]
+                body = list(block.body)
+                owner = self.parent[id(block)]
+                path.append((body[: body.index(node)], not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally))))
+                node = owner
+                while not isinstance(self.parent.get(id(node)), (cst.IndentedBlock, cst.Module)):
+                    node = self.parent[id(node)]
+            paths.append(path)
+        return paths
+
+    def _scales_again(self, statement: cst.CSTNode, scale: _ScaleLoss) -> bool:
+        """Whether ``statement`` holds another backward pass (a ``scale_loss`` or ``.backward()``)."""
+        others = [call for call in self.sites["scale_loss"] if call is not scale.call]
+        return any(self._inside(call, statement) for call in others) or _has_call(statement, lambda name: name == "backward")
+
+    @staticmethod
+    def _reads_grads(statement: cst.CSTNode) -> bool:
+        """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively."""
+
+        def reads(name: str) -> bool:
+            name = name.lower()
+            return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
+
+        return _has_call(statement, reads) or _has_attribute(statement, "grad")
+
+    @staticmethod
+    def _leaves_early(statement: cst.CSTNode) -> bool:
+        found = False
+
+        class _Find(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                nonlocal found
+                found = found or isinstance(node, (cst.Return, cst.Break, cst.Continue))
+                return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+        statement.visit(_Find())
+        return found
 
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -1021,6 +1149,8 @@ class _Planner:
             done = unscaled.setdefault(opt, [])
             already = any(block is unscaled_block for block in blocks for unscaled_block in done)
             inspects_grads = self._feeds_grad_consumer(call, statement)
+            covered = any(id(node) in self.unscale_covered for node in (statement, *self._ancestors(statement)))
+            already = already or covered  # unscaled before the gradients are first read, on the way to the step
             self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
             if self.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
                 self._replace(call, generator)
@@ -1035,6 +1165,37 @@ class _Planner:
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self._replace(statement, new)
             self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+
+    def _ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        found = []
+        node = self.parent.get(id(node))
+        while node is not None:
+            found.append(node)
+            node = self.parent.get(id(node))
+        return found
+
+    def _place_unscales(self) -> None:
+        """Put the planned ``scaler.unscale_`` lines before their statements, keeping any fix inside them."""
+        for statement, lines in self.unscale_before.values():
+            own = self.replacements.get(id(statement))
+            if own is not None:
+                replaced = own[1]
+                body = list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
+            else:
+                inner = {id(node): new for node, new in self.replacements.values() if self._inside(node, statement)}
+                body = [statement.visit(_ReplaceByIdentity(inner))] if inner else [statement]
+                if inner:
+                    self.composed.add(id(statement))
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
+            placed = [nodes.with_leading(new[0], statement), *new[1:], body[0].with_changes(leading_lines=()), *body[1:]]
+            self._replace(statement, cst.FlattenSentinel(placed))
+            if id(statement) not in self._kinds:
+                self._kind(
+                    statement,
+                    SCALE_LOSS,
+                    "gradients read after `amp.scale_loss` were unscaled by apex",
+                    f"Call `{self.scaler}.unscale_(optimizer)` before reading them",
+                )
 
     def _enclosing_blocks(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
         """The blocks holding ``statement``, innermost first, up to its function's body."""
@@ -1102,6 +1263,20 @@ class _Planner:
         return False
 
 
+class _ReplaceByIdentity(cst.CSTTransformer):
+    """Swaps the given nodes (by identity) for their replacements."""
+
+    def __init__(self, replacements: dict[int, Replacement]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) not in self.replacements
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
+        return self.replacements.get(id(original_node), updated_node)
+
+
 class _Collect(cst.CSTVisitor):
     """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
 
@@ -1163,6 +1338,42 @@ class _Collect(cst.CSTVisitor):
         if isinstance(parent, cst.Attribute) and parent.attr is node:
             return True
         return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))
+
+
+def _has_call(statement: cst.CSTNode, wanted) -> bool:
+    """Whether ``statement`` calls something whose last name part satisfies ``wanted`` (nested defs aside)."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            func = node.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            found = found or bool(wanted(name))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+    statement.visit(_Find())
+    return found
+
+
+def _has_attribute(statement: cst.CSTNode, attribute: str) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            nonlocal found
+            found = found or node.attr.value == attribute
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    statement.visit(_Find())
+    return found
 
 
 def _is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:

@@ -306,8 +306,72 @@ def test_every_branch_reading_gradients_unscales_once():
 
 
 def test_gradients_read_after_a_nested_unscale_are_reported_not_unscaled_twice():
-    source = BRANCHED_CLIP.replace("    optimizer.step()\n", "    total = grad_norm(amp.master_params(optimizer))\n"
-                                   "    optimizer.step()\n")
+    # The step is in another function: each master_params consumer is unscaled where it is.
+    source = textwrap.dedent("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+
+        def backward(loss):
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            if clip:
+                norm = torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+            total = grad_norm(amp.master_params(optimizer))
+
+
+        def update():
+            optimizer.step()
+        """)
     output, diagnostics = _migrate(source, unsafe_fixes=True)
     assert output == source
     assert any("unscale once, by hand" in d.message for d in diagnostics)
+
+
+GRADIENTS_READ_BEFORE_STEP = """\
+import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for step, (x, y) in enumerate(loader):
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    norms = [p.grad.norm() for p in model.parameters()]
+    optimizer.step()
+"""
+
+
+def test_gradients_read_before_the_step_are_unscaled_first():
+    # apex unscaled when scale_loss exited: clipping model.parameters() saw true gradients.
+    output, diagnostics = _migrate(GRADIENTS_READ_BEFORE_STEP)
+    lines = [line.strip() for line in output.splitlines()]
+    unscale = lines.index("scaler.unscale_(optimizer)")
+    assert lines[unscale - 1] == "scaler.scale(loss).backward()"
+    assert lines[unscale + 1].startswith("torch.nn.utils.clip_grad_norm_(model.parameters()")
+    assert lines.count("scaler.unscale_(optimizer)") == 1
+    assert all(d.applied for d in diagnostics)
+
+
+def test_gradients_read_where_the_step_may_not_follow_make_the_fix_unsafe():
+    # Read at every micro-step, stepped every fourth: natively the grads cannot be unscaled there.
+    source = GRADIENTS_READ_BEFORE_STEP.replace(
+        "    optimizer.step()\n", "    if (step + 1) % 4 == 0:\n        optimizer.step()\n"
+    )
+    output, diagnostics = _migrate(source)
+    assert output == source
+    assert any("does not always follow" in (d.fix.message if d.fix else "") for d in diagnostics)
+    output, _ = _migrate(source, unsafe_fixes=True)
+    assert "scaler.unscale_" not in output
+
+
+def test_gradients_read_between_two_scaled_backward_passes_make_the_fix_unsafe():
+    source = GRADIENTS_READ_BEFORE_STEP.replace(
+        "    optimizer.step()\n",
+        "    with amp.scale_loss(loss * 2, optimizer) as scaled_loss:\n        scaled_loss.backward()\n    optimizer.step()\n",
+    )
+    output, diagnostics = _migrate(source)
+    assert output == source
+    assert any("does not always follow" in (d.fix.message if d.fix else "") for d in diagnostics)
