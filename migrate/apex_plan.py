@@ -733,7 +733,6 @@ class _Planner:
             raise _Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
         for name, why in (
             ("loss_id", "one GradScaler serves every loss id (apex keeps one scaler per loss)"),
-            ("delay_unscale", "gradient accumulation: the scaler steps only where the optimizer steps, at the accumulation boundary"),
             ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
         ):
             arg = nodes.argument(call, None, name)
@@ -763,8 +762,6 @@ class _Planner:
                 and scaled != nodes.code(loss.value)
             ):
                 backward_args = list(call_node.args)
-        if backward_args is None and scaled != nodes.code(loss.value):
-            self.unsafe.append("the `with amp.scale_loss` body does more than `backward()`")
         return _ScaleLoss(call, statement, loss.value, listed, scaled, backward_args, statements)
 
     def _plan_scale_loss(self, scale: _ScaleLoss) -> None:
@@ -832,8 +829,47 @@ class _Planner:
         self._no_closure(anywhere)
         if not anywhere:
             raise _Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
-        self.unsafe.append(f"`{wanted}.step()` is not next to `amp.scale_loss`; every `{wanted}.step()` in the file goes through the scaler")
+        # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
+        # backward pass of the file skips the scaler while it is enabled.
+        plain = self._plain_backward()
+        if plain is not None:
+            self.unsafe.append(
+                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self._line(plain)} "
+                "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
+            )
+        for line, index in anywhere:
+            self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)])
         return [(line, index, None) for line, index in anywhere]
+
+    def _plain_backward(self) -> cst.Call | None:
+        """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled."""
+        scaled = [self._statement(call) for call in self.sites["scale_loss"]]
+        found: list[cst.Call] = []
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+                    found.append(node)
+
+        self.module.visit(_Find())
+        for call in found:
+            if any(self._inside(call, statement) for statement in scaled) or self._scaler_disabled_at(call):
+                continue
+            return call
+        return None
+
+    def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
+        """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
+        if self._guard_test is None:
+            return False
+        child, parent = node, self.parent.get(id(node))
+        while parent is not None:
+            if isinstance(parent, cst.If):
+                test = nodes.code(parent.test)
+                if (test == self._guard_test and child is parent.orelse) or (test == f"not {self._guard_test}" and child is parent.body):
+                    return True
+            child, parent = parent, self.parent.get(id(parent))
+        return False
 
     def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
         for line, index in found:
@@ -898,7 +934,7 @@ class _Planner:
                     continue
                 if self._reads_grads(statement):
                     readers.append((statement, self._step_condition(conditions, scale.call), step_always_follows))
-        condition = self._step_condition(passed[-1][1], scale.call)
+        condition = self._step_condition(passed[-1][1], scale.call) if passed else None
         if len(inner) == 1:
             path = inner[0]
             for depth in range(len(path) - 1, -1, -1):
@@ -952,8 +988,10 @@ class _Planner:
             while node is not container:
                 block = self.parent[id(node)]
                 body = list(block.body)
-                owner = self.parent[id(block)]
-                path.append((body[: body.index(node)], not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally))))
+                owner = self.parent.get(id(block))
+                path.append((body[: body.index(node)], not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))))
+                if owner is None:
+                    break
                 node = owner
                 while not isinstance(self.parent.get(id(node)), (cst.IndentedBlock, cst.Module)):
                     node = self.parent[id(node)]

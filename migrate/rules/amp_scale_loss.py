@@ -21,15 +21,19 @@ class AmpScaleLoss(PlannedApexRule):
     ``amp.scale_loss`` is apex's loss scaling, removed from apex; GradScaler is the native one.
 
     Fix safety:
-    Safe for one loss and one optimizer with a body that is only ``backward()``. Unsafe with
-    ``loss_id`` (one GradScaler serves every loss, where apex kept one scaler per loss),
-    ``delay_unscale`` (gradient accumulation: the scaler steps only at the boundary, never in the
-    micro-batch loop), ``delay_overflow_check``, a body that does more, or an optimizer step
-    found only elsewhere in the file, or no ``amp.initialize`` in the file (see AMP002). Reported
-    without a fix when ``scale_loss`` is not a ``with`` (entered by hand, returned), when no
-    ``optimizer.step()`` follows, when the step takes a closure (GradScaler does not support
-    them), or when the backward's condition calls something. Applied together with AMP002, AMP004
-    and AMP005.
+    Safe for one loss with a body that does anything (apex only unscaled when the body ended),
+    for ``delay_unscale`` accumulation (the scale is constant until the boundary, where the
+    scaler unscales, checks for overflow and steps, as apex did), and for a step found elsewhere
+    in the file when no backward pass of the file skips the scaler while it is on. Gradients read
+    between the scaled backward and the step (clipping ``model.parameters()``, a gradient norm,
+    ``p.grad``) were unscaled under apex: ``scaler.unscale_(optimizer)`` goes before the first
+    read, in each branch that reads. Unsafe with ``loss_id`` (one GradScaler serves every loss,
+    where apex kept one scaler per loss), ``delay_overflow_check``, gradients read where the step
+    may not follow (apex unscaled them at every micro-batch), an unscaled backward pass with the
+    step elsewhere, or no ``amp.initialize`` in the file (see AMP002). Reported without a fix when
+    ``scale_loss`` is not a ``with`` (entered by hand, returned), when no ``optimizer.step()``
+    follows, when the step takes a closure (GradScaler does not support them), or when the
+    backward's condition calls something. Applied together with AMP002, AMP004 and AMP005.
 
     Options:
     None.
@@ -85,7 +89,6 @@ for i, batch in enumerate(loader):
         scaler.update()
         opt.zero_grad()
 """,
-            unsafe_fixes=True,
         ),
         Invalid(
             """from apex import amp
