@@ -13,6 +13,10 @@ _PURE = (
     cst.Float,
     cst.SimpleString,
     cst.ConcatenatedString,
+    cst.FormattedString,
+    cst.FormattedStringExpression,
+    cst.FormattedStringText,
+    cst.BinaryOperation,  # arithmetic and `"O%d" % level` on plain values
     cst.Comparison,
     cst.ComparisonTarget,
     cst.BooleanOperation,

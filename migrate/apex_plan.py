@@ -42,7 +42,7 @@ MASTER_COPIES = "under O2 `amp.master_params` are fp32 copies; natively they are
 def _operand(expression: cst.BaseExpression) -> str:
     """``expression``'s code, parenthesised unless it binds tighter than any operator."""
     text = nodes.code(expression)
-    simple = isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call))
+    simple = isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) or bool(getattr(expression, "lpar", ()))
     return text if simple else f"({text})"
 
 
@@ -57,18 +57,13 @@ COMPUTED_LEVEL = (
 )
 HELPER_SOURCE = '''
 
-def _scaler_state_from_apex(state):
-    """GradScaler state from ``state``, which may also be an apex ``amp.state_dict()``."""
+def _scaler_state_from_apex(state, scaler):
+    """``scaler``'s state from ``state``, which may also be an apex ``amp.state_dict()``."""
     if "loss_scaler0" not in state:
         return state
     apex_state = state["loss_scaler0"]
-    return {
-        "scale": float(apex_state["loss_scale"]),
-        "growth_factor": 2.0,
-        "backoff_factor": 0.5,
-        "growth_interval": 2000,
-        "_growth_tracker": int(apex_state["unskipped"]),
-    }
+    # apex saved the scale and its unskipped count; growth and backoff stay the scaler's own.
+    return {**scaler.state_dict(), "scale": float(apex_state["loss_scale"]), "_growth_tracker": int(apex_state["unskipped"])}
 '''
 _INITIALIZE_KEYWORDS = frozenset(
     {
@@ -91,6 +86,7 @@ _INITIALIZE_KEYWORDS = frozenset(
 _NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
 _O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
 _SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
+_NEVER = "2**31 - 1"  # a growth interval no run reaches: the scale of a static apex loss scale stays
 _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
 # Without amp.initialize in the file, calls of these stand for the forward pass.
 _GUESSED_MODELS = frozenset({"model", "self.model", "net", "self.net", "network", "self.network", "module", "self.module"})
@@ -531,8 +527,9 @@ class _Planner:
         if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
             number = nodes.number_text(loss_scale.value)
             if number is not None:
-                options.append(f"init_scale={number}")
-                self.unsafe.append("a static loss scale has no native equivalent: GradScaler starts there but stays dynamic")
+                # A static scale: GradScaler starts there and never grows. It still skips a step whose
+                # gradients overflowed and halves, where apex would have stepped with inf/NaN.
+                options += [f"init_scale={number}", f"growth_interval={_NEVER}"]
             elif o0_or_o1 and nodes.is_pure(loss_scale.value):
                 guard = loss_scale.value  # O0/O1 default to dynamic (O2 too; O3 defaults to static)
             else:
@@ -1266,7 +1263,7 @@ class _Planner:
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 raise _Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-            self._replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}))", self.module))
+            self._replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))", self.module))
             self._kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
         if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
             self.after_imports.append(HELPER_SOURCE)

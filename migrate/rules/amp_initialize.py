@@ -13,8 +13,9 @@ class AmpInitialize(PlannedApexRule):
     up to the loss that goes into ``amp.scale_loss`` in
     ``with torch.autocast("cuda", dtype=torch.float16):``. ``enabled=`` (and an ``if flag:`` around
     the call, which the scaler creation moves out of) becomes ``GradScaler(enabled=...)`` and
-    ``torch.autocast(..., enabled=scaler.is_enabled())``; a numeric ``loss_scale`` becomes
-    ``init_scale``. O0 is plain fp32: the call goes, nothing is added.
+    ``torch.autocast(..., enabled=scaler.is_enabled())``; a numeric (static) ``loss_scale`` becomes
+    ``init_scale`` with a growth interval no run reaches, so the scale stays where apex kept it.
+    O0 is plain fp32: the call goes, nothing is added.
 
     Why is this bad?
     apex's ``amp`` was removed from apex; native ``torch.amp`` is the supported way to train in
@@ -22,17 +23,20 @@ class AmpInitialize(PlannedApexRule):
 
     Fix safety:
     Safe for a literal or default O1 (or O0) when the forward call sits next to ``amp.scale_loss``.
-    Safe too for an opt level computed at run time from names and attributes
-    (``opt_level=args.opt_level``): ``GradScaler(enabled=level != "O0")`` keeps O0 and O1 exact,
+    Safe too for an opt level computed at run time from names, attributes and operators
+    (``opt_level=args.opt_level``, ``"O%d" % args.amp``): ``GradScaler(enabled=level != "O0")`` keeps O0 and O1 exact,
     and a check added before it stops an O2/O3 run with a clear error, so no run silently trains
     differently. Likewise a ``loss_scale`` known only at run time (``loss_scale=args.loss_scale``)
-    under O0/O1: dynamic (or unset) keeps its meaning, a static value stops with an error.
+    under O0/O1: dynamic (or unset) keeps its meaning, a static value stops with an error. A
+    numeric static ``loss_scale`` is safe: the scale never grows, and the only runs that differ
+    are those where gradients overflow, which apex stepped with inf/NaN (ruining the weights) and
+    GradScaler skips.
     Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
     ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
-    O2/O3 (O2/O3 become O1); a static ``loss_scale`` or ``min_loss_scale`` (GradScaler is always
-    dynamic, without a floor); several losses or ``initialize`` calls sharing one scaler; an
+    O2/O3 (O2/O3 become O1); ``min_loss_scale`` (GradScaler has no floor); a ``loss_scale`` that
+    is neither a number nor a name; several losses or ``initialize`` calls sharing one scaler; an
     autocast region that could only be guessed; and the two halves of a split file: with
     ``scale_loss`` but no ``initialize`` the file gets its own module-level scaler with apex's
     defaults, and with ``initialize`` but no ``scale_loss`` the call is removed (migrate both
@@ -95,7 +99,7 @@ class Trainer:
 
 class Trainer:
     def __init__(self, model, optimizer, args):
-        self.scaler = torch.amp.GradScaler("cuda", init_scale=128.0)
+        self.scaler = torch.amp.GradScaler("cuda", init_scale=128.0, growth_interval=2**31 - 1)
         self.model, self.optimizer = model, optimizer
 
     def step(self, batch):

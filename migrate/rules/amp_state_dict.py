@@ -9,10 +9,11 @@ from migrate.rules._apex_planned import PlannedApexRule
 class AmpStateDict(PlannedApexRule):
     """What it does:
     Replaces ``amp.state_dict()`` with ``scaler.state_dict()`` and ``amp.load_state_dict(x)`` with
-    ``scaler.load_state_dict(_scaler_state_from_apex(x))``, adding that small helper once after the
-    imports: it turns apex's ``{"loss_scaler0": {"loss_scale": ..., "unskipped": ...}}`` into
-    GradScaler's state (apex's dynamic defaults: growth 2.0 every 2000 steps, backoff 0.5) and
-    passes native state through, so checkpoints written before and after the migration both load.
+    ``scaler.load_state_dict(_scaler_state_from_apex(x, scaler))``, adding that small helper once
+    after the imports: it turns apex's ``{"loss_scaler0": {"loss_scale": ..., "unskipped": ...}}``
+    into GradScaler's state (the saved scale and count; growth and backoff stay the scaler's own,
+    so a static scale stays static) and passes native state through, so checkpoints written
+    before and after the migration both load.
 
     Why is this bad?
     apex's loss-scaler state no longer exists once ``amp.initialize`` is gone; resuming would
@@ -50,7 +51,7 @@ save({"model": model.state_dict(), "amp": amp.state_dict()}, os.path.join(out, "
             + """
 
 scaler = torch.amp.GradScaler("cuda")
-scaler.load_state_dict(_scaler_state_from_apex(checkpoint["amp"]))
+scaler.load_state_dict(_scaler_state_from_apex(checkpoint["amp"], scaler))
 for x in loader:
     with torch.autocast("cuda", dtype=torch.float16):
         loss = model(x)

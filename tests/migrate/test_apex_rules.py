@@ -35,21 +35,34 @@ def _helper():
     return namespace["_scaler_state_from_apex"]
 
 
+class _FreshScaler:
+    def __init__(self, growth_interval=2000):
+        self.growth_interval = growth_interval
+
+    def state_dict(self):
+        return {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": self.growth_interval, "_growth_tracker": 0}
+
+
 def test_checkpoint_helper_turns_apex_state_into_grad_scaler_state():
     convert = _helper()
-    state = convert({"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}})
+    state = convert({"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}}, _FreshScaler())
     assert state == {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
+
+
+def test_checkpoint_helper_keeps_a_static_scale_static():
+    state = _helper()({"loss_scaler0": {"loss_scale": 128.0, "unskipped": 7}}, _FreshScaler(2**31 - 1))
+    assert state["growth_interval"] == 2**31 - 1
 
 
 def test_checkpoint_helper_passes_native_state_through():
     native = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 3}
-    assert _helper()(native) is native
+    assert _helper()(native, _FreshScaler()) is native
 
 
 def test_checkpoint_helper_state_loads_into_a_grad_scaler():
     torch = pytest.importorskip("torch")
     scaler = torch.amp.GradScaler("cpu")
-    scaler.load_state_dict(_helper()({"loss_scaler0": {"loss_scale": 256.0, "unskipped": 5}}))
+    scaler.load_state_dict(_helper()({"loss_scaler0": {"loss_scale": 256.0, "unskipped": 5}}, scaler))
     assert scaler.state_dict()["scale"] == 256.0
     assert scaler.state_dict()["_growth_tracker"] == 5
 
