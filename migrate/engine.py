@@ -8,11 +8,14 @@ changes, so a second run changes nothing. Output that does not compile is never 
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, replace
-from typing import Sequence
+from types import MappingProxyType
+from typing import Collection, Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
@@ -101,12 +104,74 @@ def _visit(
     if not visitors:
         return wrapper, []
     try:
-        wrapper.visit_batched(visitors)
+        metadata = _resolve(wrapper, visitors)
+        for visitor in visitors:  # what MetadataWrapper.visit_batched does, with our own parent map
+            visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
+        cst.visit_batched(module, visitors)
     except RuleCrashed as error:
         raise _RoundFailed(f"rule {error}") from error
     except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
         raise _RoundFailed(f"a rule crashed: {type(error).__name__}: {error}") from error
+    finally:
+        for visitor in visitors:
+            visitor.metadata = {}
     return wrapper, [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
+
+
+def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule]) -> Mapping[type, Mapping]:
+    """The metadata the visitors declare, resolved once for all of them.
+
+    ``ParentNodeProvider`` is computed here unless another provider needs it: libcst's rebuilds
+    each node's children to list them, which costs a tenth of a one-file run; reading the
+    nodes' fields gives the same map ten times faster.
+    """
+    wanted = frozenset().union(*(visitor.get_inherited_dependencies() for visitor in visitors))
+    others = wanted - {ParentNodeProvider}
+    if ParentNodeProvider not in wanted or ParentNodeProvider in _with_dependencies(others):
+        return wrapper.resolve_many(wanted)
+    metadata = dict(wrapper.resolve_many(others))
+    metadata[ParentNodeProvider] = MappingProxyType(_parents(wrapper.module))
+    return metadata
+
+
+def _with_dependencies(providers: Collection[type]) -> set[type]:
+    found: set[type] = set()
+    pending = list(providers)
+    while pending:
+        provider = pending.pop()
+        if provider not in found:
+            found.add(provider)
+            pending.extend(provider.METADATA_DEPENDENCIES)
+    return found
+
+
+def _parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
+    """Each node's parent: the node holding it in a field (alone or in a sequence), as in ``node.children``."""
+    found: dict[cst.CSTNode, cst.CSTNode] = {}
+    pending: list[cst.CSTNode] = [module]
+    while pending:
+        node = pending.pop()
+        for name in _field_names(type(node)):
+            value = getattr(node, name)
+            if type(value) in (list, tuple):
+                for item in value:
+                    if _is_node(type(item)):
+                        found[item] = node
+                        pending.append(item)
+            elif _is_node(type(value)):
+                found[value] = node
+                pending.append(value)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(node_type: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(node_type))
+
+
+@functools.lru_cache(maxsize=None)
+def _is_node(value_type: type) -> bool:  # a cached issubclass: isinstance on CSTNode, an ABC, is slow
+    return issubclass(value_type, cst.CSTNode)
 
 
 def _fix_to_fixed_point(

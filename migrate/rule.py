@@ -174,12 +174,26 @@ class Rule(cst.BatchableCSTVisitor):
 
 @functools.lru_cache(maxsize=None)
 def _visitor_names(rule_class: type) -> tuple[str, ...]:
-    """The ``visit_*``/``leave_*`` methods a rule class defines (libcst's empty stubs left out)."""
+    """The ``visit_*``/``leave_*`` methods a rule class defines (libcst's empty stubs left out).
+
+    Read from the class dictionaries along the MRO rather than ``dir()``: ``dir()`` and a
+    ``getattr`` for each of libcst's 1,600 stubs cost more than a millisecond per rule class.
+    """
+    candidates = {name for klass in rule_class.__mro__ for name in _defined_visitor_names(klass)}
     return tuple(
-        name
-        for name in dir(rule_class)
-        if name.startswith(("visit_", "leave_"))
-        and callable(getattr(rule_class, name))
-        and not getattr(getattr(rule_class, name), "_is_no_op", False)
+        sorted(
+            name
+            for name in candidates
+            if callable(getattr(rule_class, name)) and not getattr(getattr(rule_class, name), "_is_no_op", False)
+        )
     )
 
+
+@functools.lru_cache(maxsize=None)
+def _defined_visitor_names(klass: type) -> tuple[str, ...]:
+    """The ``visit_*``/``leave_*`` names ``klass`` itself defines, other than no-op stubs."""
+    return tuple(
+        name
+        for name, value in vars(klass).items()
+        if name.startswith(("visit_", "leave_")) and not getattr(value, "_is_no_op", False)
+    )

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from migrate.engine import run_rules
+from migrate.engine import _parents, run_rules
 from migrate.rule import ImportChange, Invalid, Rule, SkipFile
 from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
 from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
@@ -272,3 +273,74 @@ def test_added_imports_follow_the_files_line_endings():
     source = "from torch.cuda.amp import GradScaler\r\n\r\nscaler = GradScaler()\r\n"
     result = run_rules(source, "f.py", [DeprecatedCudaGradScaler])
     assert result.source == 'import torch\r\n\r\nscaler = torch.amp.GradScaler("cuda")\r\n'
+
+
+class ParentOfName(Rule):
+    """Reports each name with the kind of node holding it (reads ``ParentNodeProvider``)."""
+
+    CODE = "TST010"
+    MESSAGE = "x"
+    METADATA_DEPENDENCIES = (*Rule.METADATA_DEPENDENCIES, ParentNodeProvider)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.report(node, type(self.get_metadata(ParentNodeProvider, node)).__name__)
+
+
+_EVERY_KIND_OF_NODE = '''\
+from __future__ import annotations
+import a.b as c, d
+from .x import (y as z, w,)
+@dec(1)
+async def f(a, /, b: int = 1, *args: str, c, d=2, **kw) -> "T":
+    global g
+    async with x as (p, q), y:
+        async for i in aiter():
+            await i
+    h = lambda a, *b, c=1, **d: (yield)
+    return [x async for x in y if x] + {k: v for k, v in z.items()} + {*s} + (t for t in u)
+class C[T](Base, metaclass=M):
+    x: int = 1
+    def g[U: int, *Ts, **P](self) -> None: ...
+type Alias[T] = list[T]
+match cmd:
+    case [1, 2, *rest] if rest:
+        pass
+    case {"k": v, **others}:
+        pass
+    case Point(x=0, y=_) | Other() as o:
+        pass
+try:
+    pass
+except* (ValueError, TypeError) as eg:
+    raise X from Y
+finally:
+    del a[1:2:3], b.c
+while (n := next(it)) is not None:
+    assert n, "m"
+x = f"{a!r:>{w}} {b=}" "implicit" 'concat'
+y = a if b else c; z = not a and b or c; q = a @ b; r = ~a ** -b // c % d << e >> f & g | h ^ i
+x += 1; x[...] = ...; print(*a, **b)
+with (open(a) as b, open(c) as d):
+    pass
+'''
+
+
+def test_the_parent_map_is_libcsts_for_every_node():
+    module = cst.parse_module(_EVERY_KIND_OF_NODE)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    found = _parents(module)
+    assert len(found) == len(expected) > 500
+    assert all(found[node] is parent for node, parent in expected.items())
+
+
+def test_rules_read_each_names_parent():
+    result = run_rules("import torch\nclass Net(torch.nn.Module):\n    pass\n", "f.py", [ParentOfName])
+    assert [d.message for d in result.diagnostics] == ["ImportAlias", "ClassDef", "Attribute", "Attribute", "Attribute"]
+
+
+def test_a_rule_visits_with_its_own_and_inherited_methods_only():
+    class WrapAndPrint(WrapInList):
+        def visit_Name(self, node: cst.Name) -> None:
+            pass
+
+    assert sorted(WrapAndPrint().get_visitors()) == ["visit_Call", "visit_Name"]
