@@ -169,6 +169,7 @@ class _Planner:
         self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
         self.blockers: list[tuple[cst.CSTNode, str]] = []
         self.unsafe: list[str] = []
+        self.notes: list[str] = []  # what a safe fix reads differently from the letter of the code
         self.level_guarded = False
         self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
         self.findings: list[Report] = []
@@ -380,6 +381,7 @@ class _Planner:
         self._place_unscales()
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
         why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
+        why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
         adds = () if self.o0 else (ImportChange("torch"),)
         for scale in scales:
@@ -447,7 +449,8 @@ class _Planner:
             elif level is None:
                 self.unsafe.append(COMPUTED_LEVEL)
             elif level in ("01", "o1"):
-                self.unsafe.append(f"opt_level {level!r} is not valid (apex rejects it); the rewrite reads it as 'O1'")
+                # apex refuses it, so no run that worked changes: the rewrite reads the evident O1.
+                self.notes.append(f"opt_level {level!r} is not valid (apex refused it); it is read as 'O1'")
                 level = "O1"
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
@@ -530,6 +533,7 @@ class _Planner:
                 # A static scale: GradScaler starts there and never grows. It still skips a step whose
                 # gradients overflowed and halves, where apex would have stepped with inf/NaN.
                 options += [f"init_scale={number}", f"growth_interval={_NEVER}"]
+                harmless.add("min_loss_scale")  # apex bounds only a dynamic scale
             elif o0_or_o1 and nodes.is_pure(loss_scale.value):
                 guard = loss_scale.value  # O0/O1 default to dynamic (O2 too; O3 defaults to static)
             else:

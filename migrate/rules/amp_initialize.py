@@ -30,12 +30,14 @@ class AmpInitialize(PlannedApexRule):
     under O0/O1: dynamic (or unset) keeps its meaning, a static value stops with an error. A
     numeric static ``loss_scale`` is safe: the scale never grows, and the only runs that differ
     are those where gradients overflow, which apex stepped with inf/NaN (ruining the weights) and
-    GradScaler skips.
+    GradScaler skips; a ``min_loss_scale`` beside it never applied and is dropped. The invalid
+    ``opt_level='01'`` (apex refused it, so no working run changes) is read as O1, and the fix
+    says so.
     Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
     ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
-    O2/O3 (O2/O3 become O1); ``min_loss_scale`` (GradScaler has no floor); a ``loss_scale`` that
+    O2/O3 (O2/O3 become O1); ``min_loss_scale`` with a dynamic scale (GradScaler has no floor); a ``loss_scale`` that
     is neither a number nor a name; several losses or ``initialize`` calls sharing one scaler; an
     autocast region that could only be guessed; and the two halves of a split file: with
     ``scale_loss`` but no ``initialize`` the file gets its own module-level scaler with apex's

@@ -388,3 +388,25 @@ def test_gradients_read_between_two_scaled_backward_passes_make_the_fix_unsafe()
     output, diagnostics = _migrate(source)
     assert output == source
     assert any("does not always follow" in (d.fix.message if d.fix else "") for d in diagnostics)
+
+
+def test_min_loss_scale_beside_a_static_scale_is_dropped_safely():
+    # apex bounds only a dynamic scale: with loss_scale=1024.0 the floor never applies.
+    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", loss_scale=1024.0, min_loss_scale=1.0')
+    output, diagnostics = _migrate(source)
+    assert 'GradScaler("cuda", init_scale=1024.0, growth_interval=2**31 - 1)' in output
+    assert all(d.applied for d in diagnostics)
+
+
+def test_min_loss_scale_with_a_dynamic_scale_is_unsafe():
+    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", min_loss_scale=1.0')
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source)
+    assert any("min_loss_scale" in d.fix.message for d in diagnostics if d.fix)
+
+
+def test_opt_level_zero_one_is_read_as_o1_and_says_so():
+    source = CANONICAL.format(level="01")
+    output, diagnostics = _migrate(source)
+    assert "GradScaler" in output
+    assert all(d.applied and "read as 'O1'" in d.fix.message for d in diagnostics if d.fix)
