@@ -176,6 +176,7 @@ class _Planner:
         self.order: dict[int, int] = {}  # statement lines in source order
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.scaler_in_block = False  # created in a block its users are not all in
+        self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
@@ -280,8 +281,14 @@ class _Planner:
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
         hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
+        # A scaler assigned through `global` exists only once its function ran: a disabled one
+        # stands in at module level until then, as apex did nothing before `initialize`.
+        if self.scaler_scope == "global" and not self.o0 and self._import_anchor() is not None:
+            self.default_scaler = True
         self.may_be_disabled = not self.scaler_in_block and (
-            hoist is not None or (init is not None and (init.enabled is not None or init.level_expression is not None))
+            hoist is not None
+            or self.default_scaler
+            or (init is not None and (init.enabled is not None or init.level_expression is not None))
         )
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
@@ -353,14 +360,23 @@ class _Planner:
             self._replace(init.statement, cst.RemoveFromParent())
         self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
-    def _plan_after_imports(self) -> None:
-        """Definitions the rewrite needs at module level go after the last top-level import."""
-        if not self.after_imports:
-            return
+    def _import_anchor(self) -> cst.SimpleStatementLine | None:
+        """The last top-level import line: module-level definitions of the rewrite go after it."""
         anchor = None
         for statement in self.module.body:
             if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
                 anchor = statement
+        return anchor
+
+    def _function_name(self, init: _Initialize) -> str:
+        function = self._function(init.statement)
+        return f"{function.name.value}()" if function is not None else "amp.initialize"
+
+    def _plan_after_imports(self) -> None:
+        """Definitions the rewrite needs at module level go after the last top-level import."""
+        if not self.after_imports:
+            return
+        anchor = self._import_anchor()
         if anchor is None or self._touched(anchor):
             first = next(call for kind in CORE for call in self.sites[kind])
             raise _Unplannable(first, "no top-level import to put the module-level definitions after")
@@ -552,6 +568,8 @@ class _Planner:
 
     def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
         lines: list[str] = []
+        if self.default_scaler:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until `{self._function_name(init)}` runs\n')
         if not self.o0:
             if self.scaler_scope == "global":
                 lines.append(f"global {self.scaler}")
@@ -659,8 +677,11 @@ class _Planner:
         # created where apex was initialized. apex needed that to have run before any scale_loss,
         # but the forward pass may run on paths where it did not, so autocast cannot ask the
         # scaler whether it is on.
+        if self.scaler_scope in ("global", "module") and self._import_anchor() is not None:
+            self.default_scaler = True  # disabled at module level until the block has run
+            return None
         if not self.scaler.startswith("self."):
-            # A local or global created in the block may not exist where autocast asks it.
+            # A local created in the block may not exist where autocast asks it.
             raise _Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
                                "or a try) that the code using the scaler is not in")
         self.unsafe.append(

@@ -410,3 +410,30 @@ def test_opt_level_zero_one_is_read_as_o1_and_says_so():
     output, diagnostics = _migrate(source)
     assert "GradScaler" in output
     assert all(d.applied and "read as 'O1'" in d.fix.message for d in diagnostics if d.fix)
+
+
+def test_a_scaler_created_inside_a_block_of_another_function_has_a_disabled_stand_in():
+    source = """\
+        import torch
+        from apex import amp
+
+
+        def setup(model, optimizer, args):
+            if args.fp16 and not args.resumed:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                args.resumed = True
+            return model, optimizer
+
+
+        def train_step(model, optimizer, batch):
+            loss = model(batch)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        """
+    output, diagnostics = _migrate(source)
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=False)  # until `setup()` runs' in output
+    assert "global scaler" in output
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):' in output
+    assert all(d.applied for d in diagnostics if d.fix)
+    compile(output, "train.py", "exec")
