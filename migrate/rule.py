@@ -105,7 +105,7 @@ class Rule(cst.BatchableCSTVisitor):
         libcst looks them up with ``inspect.getmembers`` over some 1,600 stubs on every instance,
         which costs more than parsing a small file; the names are found once per class instead.
         """
-        return {name: self._until_skipped(getattr(self, name)) for name in _visitor_names(type(self))}
+        return {name: self._until_skipped(getattr(self, name)) for name in visitor_names(type(self))}
 
     def _until_skipped(self, method: Callable) -> Callable:
         @functools.wraps(method)
@@ -173,18 +173,18 @@ class Rule(cst.BatchableCSTVisitor):
 
 
 @functools.lru_cache(maxsize=None)
-def _visitor_names(rule_class: type) -> tuple[str, ...]:
-    """The ``visit_*``/``leave_*`` methods a rule class defines (libcst's empty stubs left out).
+def visitor_names(visitor_class: type) -> tuple[str, ...]:
+    """The ``visit_*``/``leave_*`` methods a visitor class defines (libcst's empty stubs left out).
 
     Read from the class dictionaries along the MRO rather than ``dir()``: ``dir()`` and a
-    ``getattr`` for each of libcst's 1,600 stubs cost more than a millisecond per rule class.
+    ``getattr`` for each of libcst's 1,600 stubs cost more than a millisecond per class.
     """
-    candidates = {name for klass in rule_class.__mro__ for name in _defined_visitor_names(klass)}
+    candidates = {name for klass in visitor_class.__mro__ for name in _defined_visitor_names(klass)}
     return tuple(
         sorted(
             name
             for name in candidates
-            if callable(getattr(rule_class, name)) and not getattr(getattr(rule_class, name), "_is_no_op", False)
+            if callable(getattr(visitor_class, name)) and not getattr(getattr(visitor_class, name), "_is_no_op", False)
         )
     )
 

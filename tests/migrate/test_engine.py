@@ -3,9 +3,17 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
-from libcst.metadata import MetadataWrapper, ParentNodeProvider
+from libcst.metadata import (
+    ExpressionContextProvider,
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
 
-from migrate.engine import _parents, run_rules
+from migrate.apex_plan import ApexPlanProvider
+from migrate.engine import _parents, _resolve, run_rules
 from migrate.rule import ImportChange, Invalid, Rule, SkipFile
 from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
 from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
@@ -344,3 +352,43 @@ def test_a_rule_visits_with_its_own_and_inherited_methods_only():
             pass
 
     assert sorted(WrapAndPrint().get_visitors()) == ["visit_Call", "visit_Name"]
+
+
+class ReadsEveryProvider(Rule):
+    CODE = "TST011"
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider, ExpressionContextProvider, ApexPlanProvider)
+
+
+_APEX_SCRIPT = """\
+from apex import amp
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+with amp.scale_loss(loss, optimizer) as scaled_loss:
+    scaled_loss.backward()
+optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(("source", "planned"), [(_EVERY_KIND_OF_NODE, False), (_APEX_SCRIPT, True)])
+def test_the_engine_resolves_the_metadata_libcst_would(source, planned):
+    module = cst.parse_module(source)
+    ours, theirs = ReadsEveryProvider(), ReadsEveryProvider()
+    ours.metadata = _resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ours])
+    theirs.metadata = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many(theirs.get_inherited_dependencies())
+    assert ours.metadata.keys() == theirs.metadata.keys()
+    nodes = [module, *_parents(module)]
+    for provider in (PositionProvider, ParentNodeProvider, ExpressionContextProvider):
+        assert [ours.get_metadata(provider, n, None) for n in nodes] == [theirs.get_metadata(provider, n, None) for n in nodes]
+    for node in nodes:
+        found = [{(q.name, q.source) for q in side.get_metadata(QualifiedNameProvider, node, set())} for side in (ours, theirs)]
+        assert found[0] == found[1]
+        scopes = [side.get_metadata(ScopeProvider, node, None) for side in (ours, theirs)]
+        assert type(scopes[0]) is type(scopes[1]) and getattr(scopes[0], "node", None) is getattr(scopes[1], "node", None)
+    plans = [side.get_metadata(ApexPlanProvider, module).findings for side in (ours, theirs)]
+    summary = [[(f.code, f.node, f.message, f.safety, _code(module, f.replacement)) for f in plan] for plan in plans]
+    assert summary[0] == summary[1] and bool(summary[0]) is planned
+
+
+def _code(module: cst.Module, replacement) -> str:
+    if isinstance(replacement, cst.FlattenSentinel):
+        return "".join(module.code_for_node(node) for node in replacement.nodes)
+    return module.code_for_node(replacement) if isinstance(replacement, cst.CSTNode) else repr(replacement)
