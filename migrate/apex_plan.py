@@ -38,6 +38,7 @@ CAST_API = frozenset(
 )
 INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
 HELPER_NAME = "_scaler_state_from_apex"
+MANUAL_STEP_MARKER = "TODO(ampmigrate):"  # a step the rewrite leaves to the user (reported by AMP017)
 MASTER_COPIES = "under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters"
 def _operand(expression: cst.BaseExpression) -> str:
     """``expression``'s code, parenthesised unless it binds tighter than any operator."""
@@ -1122,7 +1123,21 @@ class _Planner:
             self.unsafe.append("the model's forward call is not next to `amp.scale_loss`: only the loss computation goes under autocast")
             self._wrap(window[start:], scale)
             return
+        body = list(block.body)
+        before = body[: body.index(scale.statement)]
+        scaled = {id(call_statement) for call_statement in map(self._statement, self.sites["scale_loss"])}
+        if not window and before and id(before[-1]) in scaled:
+            return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
         self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
+        self._leave_marker(scale.statement, f"compute `{nodes.code(scale.loss)}` (the forward pass) under {_AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
+        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
+        node, replacement = self.replacements[id(statement)]
+        nodes_ = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
+        comment = cst.EmptyLine(comment=cst.Comment(f"# {MANUAL_STEP_MARKER} {step}"))
+        nodes_[0] = nodes_[0].with_changes(leading_lines=[*nodes_[0].leading_lines, comment])
+        self._replace(node, cst.FlattenSentinel(nodes_) if len(nodes_) > 1 else nodes_[0])
 
     def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
         body = list(block.body)

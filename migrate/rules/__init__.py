@@ -16,7 +16,7 @@ __all__ = ["TRIGGER_WORDS", "all_rules", "rule_by_code"]
 # catalogue checks files against it before importing any rule, so a run on files with nothing
 # to do never imports libcst: that is most of a pre-commit run's time. test_rule_examples keeps
 # it equal to the catalogue's words.
-TRIGGER_WORDS: tuple[str, ...] | None = ("GradScaler", "amp", "apex", "autocast", "custom_bwd", "custom_fwd")
+TRIGGER_WORDS: tuple[str, ...] | None = ("GradScaler", "amp", "ampmigrate", "apex", "autocast", "custom_bwd", "custom_fwd")
 
 
 @functools.lru_cache(maxsize=None)

@@ -437,3 +437,27 @@ def test_a_scaler_created_inside_a_block_of_another_function_has_a_disabled_stan
     assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):' in output
     assert all(d.applied for d in diagnostics if d.fix)
     compile(output, "train.py", "exec")
+
+
+def test_a_forward_pass_the_rewrite_cannot_see_stays_reported_after_the_fix():
+    source = """\
+        import torch
+        from apex import amp
+
+
+        class Learner:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+            def update(self, loss):
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                self.optimizer.step()
+        """
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source)  # autocast cannot be placed here: unsafe
+    output, _ = _migrate(source, unsafe_fixes=True)
+    assert "# TODO(ampmigrate): compute `loss` (the forward pass) under torch.autocast" in output
+    result = migrate_source(output, "train.py")
+    assert [d.code for d in result.diagnostics] == ["AMP017"]
+    assert result.new_source == output

@@ -1,0 +1,44 @@
+"""AMP017: a ``# TODO(ampmigrate): ...`` comment the rewrite left: reported until the step is done."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from migrate.apex_plan import MANUAL_STEP_MARKER
+from migrate.rule import Invalid, Rule, Valid
+
+
+class ManualStepLeft(Rule):
+    """What it does:
+    Reports each ``# TODO(ampmigrate): ...`` comment. The apex rewrites leave one where the
+    native code needs a step they cannot take safely themselves, such as putting a forward pass
+    that lives in another function or file under ``torch.autocast``. The finding stays, in
+    ``--check`` and in ``--report``, until the step is done and the comment deleted.
+
+    Why is this bad?
+    apex O1 cast every forward pass of the process; native autocast casts only what runs inside
+    it, so a forward pass left outside trains in fp32 with the loss still scaled.
+
+    Fix safety:
+    No fix: the step needs the code the rewrite could not see.
+
+    Options:
+    None.
+    """
+
+    CODE = "AMP017"
+    MESSAGE = "a step of the migration is left to do by hand"
+    TRIGGERS = ("ampmigrate", "apex")  # "apex": the marker appears in a later round of an apex file
+    METADATA_DEPENDENCIES = (PositionProvider,)
+    VALID = [Valid("# Migrated from apex with ampmigrate.\nscaler.scale(loss).backward()\n")]
+    INVALID = [
+        Invalid(
+            '# TODO(ampmigrate): compute `loss` (the forward pass) under torch.autocast("cuda", dtype=torch.float16): apex O1 cast it\n'
+            "scaler.scale(loss).backward()\n"
+        )
+    ]
+
+    def visit_Comment(self, node: cst.Comment) -> None:
+        text = node.value.lstrip("#").strip()
+        if text.startswith(MANUAL_STEP_MARKER):
+            self.report(node, f"{self.MESSAGE}: {text[len(MANUAL_STEP_MARKER):].strip()}")
