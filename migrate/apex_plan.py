@@ -177,6 +177,7 @@ class _Planner:
         self.order: dict[int, int] = {}  # statement lines in source order
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.scaler_in_block = False  # created in a block its users are not all in
+        self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
@@ -295,12 +296,19 @@ class _Planner:
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps (in each
         # branch, when the steps sit in different branches).
+        # With apex's per-loss scalers (`loss_id`) merged into one GradScaler, the scale is
+        # updated once per iteration instead: after the last step of all the losses' optimizers.
         steps: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
+        found_by_scale = []
         for scale in scales:
             self._plan_scale_loss(scale)
             if self.o0:
                 continue
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
+            found_by_scale.append(found)
+        if self.merged_losses:
+            found_by_scale = [[hit for found in found_by_scale for hit in found]]
+        for found in found_by_scale:
             found.sort(key=lambda hit: (self.order[id(hit[0])], hit[1]))
             last_in_block = {id(self.parent[id(line)]): (id(line), index) for line, index, _ in found}
             for line, index, condition in found:
@@ -562,7 +570,8 @@ class _Planner:
             if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue
             if name == "num_losses":
-                self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss)")
+                self.merged_losses = True
+                self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
             else:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options, guard
@@ -755,12 +764,13 @@ class _Planner:
         if loss is None or optimizers is None:
             raise _Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
         for name, why in (
-            ("loss_id", "one GradScaler serves every loss id (apex keeps one scaler per loss)"),
+            ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration"),
             ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
         ):
             arg = nodes.argument(call, None, name)
             if arg is not None and nodes.code(arg.value) not in ("False", "0"):
                 self.unsafe.append(why)
+                self.merged_losses = self.merged_losses or name == "loss_id"
         value = optimizers.value
         listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
         scaled = item.asname.name.value

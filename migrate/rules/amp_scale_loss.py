@@ -27,7 +27,8 @@ class AmpScaleLoss(PlannedApexRule):
     in the file when no backward pass of the file skips the scaler while it is on. Gradients read
     between the scaled backward and the step (clipping ``model.parameters()``, a gradient norm,
     ``p.grad``) were unscaled under apex: ``scaler.unscale_(optimizer)`` goes before the first
-    read, in each branch that reads. Unsafe with ``loss_id`` (one GradScaler serves every loss,
+    read, in each branch that reads. Unsafe with ``loss_id`` (one GradScaler serves every loss and
+    is updated once per iteration, after the last optimizer step,
     where apex kept one scaler per loss), ``delay_overflow_check``, gradients read where the step
     may not follow (apex unscaled them at every micro-batch), an unscaled backward pass with the
     step elsewhere, or no ``amp.initialize`` in the file (see AMP002). Reported without a fix when

@@ -461,3 +461,26 @@ def test_a_forward_pass_the_rewrite_cannot_see_stays_reported_after_the_fix():
     result = migrate_source(output, "train.py")
     assert [d.code for d in result.diagnostics] == ["AMP017"]
     assert result.new_source == output
+
+
+def test_loss_ids_merged_into_one_scaler_update_it_once_per_iteration():
+    source = """\
+        from apex import amp
+
+        [netD, netG], [optD, optG] = amp.initialize([netD, netG], [optD, optG], opt_level="O1", num_losses=2)
+        for real, noise in loader:
+            lossD = netD(real).mean() - netD(netG(noise).detach()).mean()
+            with amp.scale_loss(lossD, optD, loss_id=0) as scaled:
+                scaled.backward()
+            optD.step()
+            lossG = -netD(netG(noise)).mean()
+            with amp.scale_loss(lossG, optG, loss_id=1) as scaled:
+                scaled.backward()
+            optG.step()
+        """
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source)  # apex kept a scaler per loss: unsafe
+    output, _ = _migrate(source, unsafe_fixes=True)
+    lines = [line.strip() for line in output.splitlines()]
+    assert lines.count("scaler.update()") == 1
+    assert lines[-2:] == ["scaler.step(optG)", "scaler.update()"]
