@@ -25,6 +25,7 @@ CASES = {
     "simple_o1.py": "O1, one loss, one optimizer",
     "train_o1.py": "O1 with clip_grad_norm_(amp.master_params(...)) and amp.state_dict()",
     "accumulate.py": "gradient accumulation with delay_unscale",
+    "clip_model_parameters.py": "clip_grad_norm_(model.parameters(), ...) after scale_loss: unscaled first",
     "checkpoint_resume.py": "checkpoint save/load of the amp state, second initialize",
     "gan_two_losses.py": "two models, two optimizers, three losses",
     "native_cuda_amp.py": "the deprecated torch.cuda.amp spelling",
