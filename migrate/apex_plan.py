@@ -146,6 +146,7 @@ class _Initialize:
     restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
     model_codes: set[str]
     on_self: bool
+    inference: bool = False  # no optimizers: the models only ran forward under apex's casts
 
 
 @dataclass
@@ -347,6 +348,13 @@ class _Planner:
             )
         for init in inits:
             self._plan_initialize_removal(init)
+            if init.inference and init.level != "O0":
+                models = nodes.code(nodes.argument(init.call, 0, "models").value)
+                if init.level in ("O2", "O3"):
+                    step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {_AUTOCAST.format(enabled='')}"
+                else:
+                    step = f"run `{models}` under {_AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+                self._leave_marker(init.statement, step)
         self._emit([])
 
     def _master_params_alone(self) -> None:
@@ -458,7 +466,10 @@ class _Planner:
         optimizers = nodes.argument(call, 1, "optimizers")
         if models is None:
             raise _Unplannable(call, "`amp.initialize` is called without models")
-        has_optimizers = optimizers is not None and not (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+        has_optimizers = optimizers is not None and not (
+            (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+            or (isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements)
+        )
         level_arg = nodes.argument(call, 3, "opt_level")
         level: str | None = None if splat and level_arg is None else "O1"
         guard_level = False
@@ -505,7 +516,7 @@ class _Planner:
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return _Initialize(call, statement, level, level_expression, guard_level, guard_loss_scale, enabled, scaler_args, restore,
-                           model_codes, on_self)
+                           model_codes, on_self, inference=not has_optimizers)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -1144,6 +1155,8 @@ class _Planner:
     def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
         """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
         node, replacement = self.replacements[id(statement)]
+        if isinstance(replacement, cst.RemovalSentinel):
+            replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
         nodes_ = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
         comment = cst.EmptyLine(comment=cst.Comment(f"# {MANUAL_STEP_MARKER} {step}"))
         nodes_[0] = nodes_[0].with_changes(leading_lines=[*nodes_[0].leading_lines, comment])
