@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Collection, Mapping, Sequence
 
 import libcst as cst
 from libcst.metadata import (
@@ -21,6 +21,8 @@ from libcst.metadata import (
     MetadataWrapper,
     ParentNodeProvider,
     PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
 )
 
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
@@ -127,27 +129,39 @@ def _visit(
 def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule]) -> dict[type, Mapping]:
     """The metadata the visitors declare, resolved once for all of them, as ``MetadataWrapper`` would.
 
-    Two kinds of provider are run here, at a fraction of the wrapper's cost:
+    Some providers are run here, at a fraction of the wrapper's cost:
 
     - ``ParentNodeProvider``: read from the nodes' fields. libcst's rebuilds each node's
       children to list them, a tenth of a one-file run.
-    - providers that only visit the ``Module`` (scopes, qualified names, the apex plan): called
-      on the module alone. The wrapper walks the whole tree once for each of them, in vain.
+    - ``QualifiedNameProvider``: each node's names are worked out when first asked for; libcst's
+      walks the tree to attach a lazy value to every node.
+    - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
+      module alone. The wrapper walks the whole tree once for each of them, in vain.
 
     The wrapper resolves the rest, and keeps what one of those depends on (it would compute it again).
     """
     wanted = _with_dependencies(frozenset().union(*(visitor.get_inherited_dependencies() for visitor in visitors)))
-    ours = {provider for provider in wanted if provider is ParentNodeProvider or _visits_only_the_module(provider)}
+    ours = {provider for provider in wanted if provider in _COMPUTED_HERE or _visits_only_the_module(provider)}
     ours -= _with_dependencies(wanted - ours)
     metadata = dict(wrapper.resolve_many(wanted - ours))
+    module = wrapper.module
+    parents = _parents(module) if ours & set(_COMPUTED_HERE) else {}
     while ours:
         ready = [provider for provider in ours if set(provider.METADATA_DEPENDENCIES) <= metadata.keys()]
         if not ready:
             raise RuntimeError(f"circular metadata dependencies among {', '.join(p.__name__ for p in ours)}")
         for provider in ready:
-            metadata[provider] = _run_on_module(provider, wrapper.module, metadata)
+            if provider is ParentNodeProvider:
+                metadata[provider] = MappingProxyType(parents)
+            elif provider is QualifiedNameProvider:
+                metadata[provider] = _QualifiedNames(module, parents, metadata[ScopeProvider])
+            else:
+                metadata[provider] = _run_on_module(provider, module, metadata)
         ours.difference_update(ready)
     return metadata
+
+
+_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider)
 
 
 def _with_dependencies(providers: Collection[type]) -> set[type]:
@@ -172,9 +186,7 @@ def _visits_only_the_module(provider: type) -> bool:
 
 
 def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[type, Mapping]) -> Mapping:
-    """What a batched visit would give ``provider_class``, for a provider that only visits the module."""
-    if provider_class is ParentNodeProvider:
-        return MappingProxyType(_parents(module))
+    """What a batched visit gives a provider that only visits the module."""
     provider = provider_class()
     provider.metadata = {key: metadata[key] for key in provider.get_inherited_dependencies()}
     methods = visitor_names(provider_class)
@@ -184,6 +196,36 @@ def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[t
         provider.leave_Module(module)
     provider.metadata = {}
     return MappingProxyType(dict(provider._computed))  # as MetadataWrapper copies it
+
+
+class _QualifiedNames(Mapping):
+    """``QualifiedNameProvider``'s metadata: every node of the tree, with its scope's names for it.
+
+    As libcst's provider has it: ``scope.get_qualified_names_for(node)``, an empty set for a node
+    without a scope, worked out once, when first asked for.
+    """
+
+    def __init__(self, module: cst.Module, parents: Mapping, scopes: Mapping) -> None:
+        self._module = module
+        self._parents = parents  # every node but the module
+        self._scopes = scopes
+        self._names: dict[cst.CSTNode, object] = {}
+
+    def __getitem__(self, node: cst.CSTNode) -> object:
+        names = self._names.get(node)
+        if names is None:
+            if node is not self._module and node not in self._parents:
+                raise KeyError(node)
+            scope = self._scopes.get(node)
+            names = self._names[node] = scope.get_qualified_names_for(node) if scope else set()
+        return names
+
+    def __iter__(self):
+        yield self._module
+        yield from self._parents
+
+    def __len__(self) -> int:
+        return len(self._parents) + 1
 
 
 def _parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:

@@ -10,14 +10,27 @@ from migrate.types import ImportChange
 _RESOLVED = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
 
 
-def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[str]:
+def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozenset[str]:
     """Every fully qualified name ``node`` may refer to, resolved through imports.
 
     ``from apex import amp as A; A.initialize`` and ``import apex.amp; apex.amp.initialize``
     both give ``{"apex.amp.initialize"}``; a local ``initialize`` gives nothing.
     """
-    found = visitor.get_metadata(QualifiedNameProvider, node, set())
-    return {q.name for q in found if q.source in _RESOLVED}
+    global _answers
+    table = visitor.metadata.get(QualifiedNameProvider)
+    answers = _answers
+    if table is None or answers[0] is not table:
+        answers = _answers = (table, {})
+    names = answers[1].get(id(node))
+    if names is None:
+        found = visitor.get_metadata(QualifiedNameProvider, node, ())
+        names = answers[1][id(node)] = frozenset(q.name for q in found if q.source in _RESOLVED)
+    return names
+
+
+# Every rule of a run asks about the same names: the answers are kept, by node, for the last
+# qualified-name metadata asked about. Holding that metadata keeps its nodes, and so their ids, alive.
+_answers: tuple[object, dict[int, frozenset[str]]] = (None, {})
 
 
 def resolves_to(visitor: cst.MetadataDependent, node: cst.CSTNode, *names: str) -> str | None:

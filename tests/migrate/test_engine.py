@@ -383,6 +383,8 @@ def test_the_engine_resolves_the_metadata_libcst_would(source, planned):
         assert found[0] == found[1]
         scopes = [side.get_metadata(ScopeProvider, node, None) for side in (ours, theirs)]
         assert type(scopes[0]) is type(scopes[1]) and getattr(scopes[0], "node", None) is getattr(scopes[1], "node", None)
+    outsider = cst.Name("x")  # not in the tree: no metadata
+    assert [side.get_metadata(QualifiedNameProvider, outsider, "none") for side in (ours, theirs)] == ["none", "none"]
     plans = [side.get_metadata(ApexPlanProvider, module).findings for side in (ours, theirs)]
     summary = [[(f.code, f.node, f.message, f.safety, _code(module, f.replacement)) for f in plan] for plan in plans]
     assert summary[0] == summary[1] and bool(summary[0]) is planned
