@@ -5,7 +5,13 @@ deprecated ``torch.cuda.amp`` spellings) in a temporary directory, then measures
 
 1. ``ampmigrate --check TREE`` in a fresh process (interpreter start-up included);
 2. ``libcst.parse_module`` over every file, in this one process (libcst's import excluded);
-3. ``ampmigrate --check ONE_FILE`` in a fresh process, the pre-commit case (best of a few runs).
+3. ``ampmigrate --check ONE_FILE`` in a fresh process, the pre-commit case (best of a few runs);
+4. the same without bytecode: every ``migrate`` module compiled from source at each start.
+
+ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles the package's
+bytecode once, so the runs use a bytecode cache of their own (``PYTHONPYCACHEPREFIX``, filled
+by a first run that is not counted), whatever ``PYTHONDONTWRITEBYTECODE`` says here. The last
+measurement shows what compiling costs, as in a checkout run with ``PYTHONDONTWRITEBYTECODE=1``.
 
 Goals: the check of a 1,000-file tree under 2 s on 2 cores, one file under 0.3 s.
 
@@ -128,8 +134,15 @@ def make_tree(root: Path, files: int) -> list[Path]:
     return paths
 
 
-def _ampmigrate(*args: str) -> tuple[float, int]:
+def _ampmigrate(*args: str, bytecode: str | None) -> tuple[float, int]:
+    """One run in a fresh process; ``bytecode`` is the bytecode cache directory (None: compile from source)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if bytecode is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = bytecode
     command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *args]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, env=env)
@@ -156,19 +169,25 @@ def main() -> None:
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ampmigrate-bench-") as directory:
-        root = Path(directory)
+        root = Path(directory) / "tree"
+        root.mkdir()
+        bytecode = str(Path(directory) / "bytecode")
         paths = make_tree(root, options.files)
-        jobs = ["-j", str(options.jobs)] if options.jobs else []
-        check = min(_ampmigrate("--check", *jobs, str(root))[0] for _ in range(options.repeat))
-        parse = min(_parse_all(paths) for _ in range(max(1, options.repeat - 1)))
         one_file = next(p for p in paths if "from apex import amp" in p.read_text())
-        single = min(_ampmigrate("--check", str(one_file))[0] for _ in range(max(5, options.repeat)))
+        _ampmigrate("--check", str(one_file), bytecode=bytecode)  # compiles the bytecode, as an install does
+        jobs = ["-j", str(options.jobs)] if options.jobs else []
+        check = min(_ampmigrate("--check", *jobs, str(root), bytecode=bytecode)[0] for _ in range(options.repeat))
+        parse = min(_parse_all(paths) for _ in range(max(1, options.repeat - 1)))
+        runs = max(5, options.repeat)
+        single = min(_ampmigrate("--check", str(one_file), bytecode=bytecode)[0] for _ in range(runs))
+        from_source = min(_ampmigrate("--check", str(one_file), bytecode=None)[0] for _ in range(runs))
 
     print(f"files: {options.files} ({sum(1 for i in range(options.files) if i % 125 == 0)} with apex or torch.cuda.amp)")
     print(f"ampmigrate --check tree, wall, fresh process: {check:.2f} s")
     print(f"libcst.parse_module of every file, one process: {parse:.2f} s")
     print(f"ratio check / parse: {check / parse:.2f}")
     print(f"ampmigrate --check one file, wall, fresh process: {single:.3f} s")
+    print(f"the same, compiling migrate from source (no bytecode): {from_source:.3f} s")
     print(f"cores available: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}")
 
 
