@@ -105,6 +105,7 @@ class ApexPlan:
     findings: list[Report] = field(default_factory=list)
     unsafe_reasons: tuple[str, ...] = ()  # why the fixes are unsafe, when they are
     active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
+    handled: frozenset[int] = frozenset()  # calls on a receiver of the handed-on module that the plan rewrites
 
     def findings_for(self, code: str) -> list[Report]:
         return [finding for finding in self.findings if finding.code == code]
@@ -179,6 +180,8 @@ class _Planner:
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.scaler_in_block = False  # created in a block its users are not all in
         self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
+        self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
+        self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
@@ -205,7 +208,7 @@ class _Planner:
             self._check_disjoint()
         except _Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)))
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=frozenset(self.alias_of))
 
     def _classify(self) -> None:
         for node, name in self.refs:
@@ -218,10 +221,46 @@ class _Planner:
             elif attr == "__dict__" and self._in_test(node):
                 continue  # `"state_dict" in amp.__dict__`: a probe, left as it is and reported as internals
             elif attr == "":
-                if not self._in_test(node):
+                if self._in_test(node):
+                    continue
+                alias = self._escape(node)
+                if alias is None:
                     self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
+                else:
+                    self.escapes.append((node, alias))
             else:
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
+        if self.escapes:
+            self._find_alias_sites({alias for _, alias in self.escapes})
+
+    def _escape(self, node: cst.CSTNode) -> str | None:
+        """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
+        parent = self.parent.get(id(node))
+        if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+            target = parent.targets[0].target
+            return target.attr.value if isinstance(target, cst.Attribute) else None
+        if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
+            return parent.keyword.value
+        return None
+
+    def _find_alias_sites(self, aliases: set[str]) -> None:
+        """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
+        a parameter or an attribute of that name (``def run(..., amp=None)``, ``self.amp``)."""
+        known = {id(call) for kind in CORE for call in self.sites[kind]}
+        planner = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                func = node.func
+                if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale_loss", "master_params")) or id(node) in known:
+                    return
+                holder = func.value
+                name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
+                if name in aliases:
+                    planner.sites[func.attr.value].append(node)
+                    planner.alias_of[id(node)] = nodes.code(holder)
+
+        self.module.visit(_Find())
 
     def _in_test(self, node: cst.CSTNode) -> bool:
         """``if amp:``, ``amp is not None``, ``not amp``: an availability check, not a use."""
@@ -280,7 +319,13 @@ class _Planner:
         self.o0 = self.level == "O0"
         self.level_guarded = init is not None and init.guard_level
         self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else _GUESSED_MODELS
-        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales] + others
+        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
+        scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
+        if self.escapes:
+            self.unsafe.append(
+                "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
+                "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
+            )
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
         hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
@@ -300,6 +345,7 @@ class _Planner:
         # With apex's per-loss scalers (`loss_id`) merged into one GradScaler, the scale is
         # updated once per iteration instead: after the last step of all the losses' optimizers.
         steps: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
+        step_scaler: dict[int, str] = {}
         found_by_scale = []
         for scale in scales:
             self._plan_scale_loss(scale)
@@ -307,6 +353,7 @@ class _Planner:
                 continue
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
             found_by_scale.append(found)
+            step_scaler.update((id(line), self._scaler_of(scale.call)) for line, _, _ in found)
         if self.merged_losses:
             found_by_scale = [[hit for found in found_by_scale for hit in found]]
         for found in found_by_scale:
@@ -317,10 +364,11 @@ class _Planner:
                 last = last_in_block[id(self.parent[id(line)])] == (id(line), index)
                 entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in steps.values():
-            self._replace(line, self._step_replacement(line, updates, condition))
+            self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
             self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
         self._plan_master_params()
         self._plan_state_dicts()
+        self._plan_escapes()
         if init is not None:
             self._plan_initialize(init, hoist)
         else:
@@ -368,6 +416,15 @@ class _Planner:
         self.level, self.o0, self.scaler = None, True, None
         self._plan_master_params()
         self._emit([])
+
+    def _scaler_of(self, call: cst.Call) -> str:
+        """The scaler a site uses: the plan's, or what received the handed-on module."""
+        return self.alias_of.get(id(call), self.scaler)
+
+    def _plan_escapes(self) -> None:
+        for node, _ in self.escapes:
+            self._replace(node, cst.Name(self.scaler))
+            self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
 
     def _plan_initialize_removal(self, init: _Initialize) -> None:
         if init.restore:
@@ -812,7 +869,7 @@ class _Planner:
         loss = nodes.code(scale.loss)
         if isinstance(scale.loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
             loss = f"({loss})"
-        scaled = loss if self.o0 else f"{self.scaler}.scale({nodes.code(scale.loss)})"
+        scaled = loss if self.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
         if scale.backward_args is not None:
             args = ", ".join(nodes.code(arg) for arg in scale.backward_args)
             new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
@@ -996,7 +1053,7 @@ class _Planner:
             )
             return
         first, condition, _ = readers[0]
-        line = f"{self.scaler}.unscale_({optimizer})"
+        line = f"{self._scaler_of(scale.call)}.unscale_({optimizer})"
         if condition is not None:
             line = f"if {condition}:\n    {line}"
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
@@ -1095,7 +1152,7 @@ class _Planner:
         self.module.visit(_Steps())
         return found
 
-    def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None) -> Replacement:
+    def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []
         for i, small in enumerate(line.body):
             if i not in updates:
@@ -1104,9 +1161,9 @@ class _Planner:
             call = small.value
             args = "".join(f", {nodes.code(arg)}" for arg in call.args)
             optimizer = nodes.code(call.func.value)
-            new = [cst.Expr(nodes.parse_expression(f"{self.scaler}.step({optimizer}{args})", self.module))]
+            new = [cst.Expr(nodes.parse_expression(f"{scaler}.step({optimizer}{args})", self.module))]
             if updates[i]:
-                new.append(cst.Expr(nodes.parse_expression(f"{self.scaler}.update()", self.module)))
+                new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.module)))
             if condition is not None and len(line.body) == 1:
                 body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
                 text = f"if {condition}:\n{body}else:\n    {nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))}\n"
@@ -1212,6 +1269,9 @@ class _Planner:
             # then there is no scaler, and apex was not on either.
             owner, attribute = self.scaler.split(".", 1)
             enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.scaler}.is_enabled()'
+        if id(scale.call) in self.alias_of:  # what received the scaler may be None (`def run(..., amp=None)`)
+            alias = self.alias_of[id(scale.call)]
+            enabled = f", enabled={alias} is not None and {alias}.is_enabled()"
 
         head = nodes.parse_statements(f"with {_AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
         first = statements[0]
@@ -1258,7 +1318,7 @@ class _Planner:
             if any(self._inside(block, blocks[0]) for block in done):
                 raise _Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
             done.append(blocks[0])
-            unscale = nodes.parse_statements(f"{self.scaler}.unscale_({opt})\n", self.module)[0]
+            unscale = nodes.parse_statements(f"{self._scaler_of(call)}.unscale_({opt})\n", self.module)[0]
             updated = statement.deep_replace(call, generator)
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self._replace(statement, new)

@@ -35,6 +35,10 @@ class AmpInitialize(PlannedApexRule):
     says so.
     Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
     ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
+    When the module itself is handed on (``model.amp = amp``, ``train(..., amp=amp)``), the
+    GradScaler is handed on in its place, and ``scale_loss``/``master_params`` called on what
+    receives it (a parameter or attribute of that name) become the scaler's: unsafe, as the
+    receivers are found by name.
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
     O2/O3 (O2/O3 become O1); ``min_loss_scale`` with a dynamic scale (GradScaler has no floor); a ``loss_scale`` that

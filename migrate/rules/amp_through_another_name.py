@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from migrate.apex_plan import CORE
+from migrate.apex_plan import CORE, ApexPlanProvider, plan_of
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Rule, Valid
 
@@ -19,6 +19,11 @@ class AmpThroughAnotherName(Rule):
     These are apex calls the codemod cannot follow to their import, so it cannot rewrite them
     consistently with the ``amp.initialize`` they depend on. Left alone, they keep the file on apex.
 
+    ``state_dict()``/``load_state_dict()`` through such a name are reported only in a file that
+    still shows apex (an import, or another call only apex has): a GradScaler handed over in the
+    module's place answers both. Calls that the AMP002-AMP005 rewrite handles (the file hands the
+    module on, and the receiver has its name) are left to it.
+
     Fix safety:
     No fix. Migrate them together with the place ``amp`` comes from (pass a ``GradScaler`` instead
     of the amp module), or keep the file running on ampshim.
@@ -30,7 +35,7 @@ class AmpThroughAnotherName(Rule):
     CODE = "AMP016"
     MESSAGE = "apex amp reached through a name that cannot be resolved to its import"
     TRIGGERS = ("amp", "apex")
-    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider)
     VALID = [
         Valid("from torch.cuda import amp\nscaler = amp.GradScaler()\n"),
         Valid("model_ref.amp_scale_loss(loss, optimizer)\n"),
@@ -45,6 +50,19 @@ class AmpThroughAnotherName(Rule):
     def __init__(self, context=None) -> None:
         super().__init__(context)
         self._handles: set[str] = set()
+        self._handled: frozenset[int] = frozenset()
+        self._apex_seen = False  # an apex import, or an apex-only call (`scale_loss`) through a name
+        self._state_calls: list[tuple[cst.Call, str]] = []
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._handled = plan_of(self, node).handled  # the apex rewrite hands a GradScaler to these
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self._apex_seen = self._apex_seen or any(a.evaluated_name.split(".")[0] == "apex" for a in node.names)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        module = cst.Module([]).code_for_node(node.module) if node.module is not None else ""
+        self._apex_seen = self._apex_seen or (not node.relative and module.split(".")[0] == "apex")
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
@@ -60,7 +78,7 @@ class AmpThroughAnotherName(Rule):
             self.report(node, f"{self.MESSAGE}: `{receiver.value}` is the legacy `amp.init()` handle; "
                         "replace it with `torch.amp.GradScaler` and `torch.autocast` by hand")
             return
-        if func.attr.value not in CORE:
+        if func.attr.value not in CORE or id(node) in self._handled:
             return
         if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
             where = "an attribute"
@@ -68,6 +86,20 @@ class AmpThroughAnotherName(Rule):
             where = "a parameter or local variable"
         else:
             return
+        if func.attr.value in ("state_dict", "load_state_dict"):
+            # GradScaler has both: once apex is gone, a scaler handed over in its place answers
+            # them. They are apex's only in a file that still shows apex.
+            self._state_calls.append((node, where))
+            return
+        self._apex_seen = True
+        self._report_through(node, where)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if self._apex_seen:
+            for node, where in self._state_calls:
+                self._report_through(node, where)
+
+    def _report_through(self, node: cst.Call, where: str) -> None:
         self.report(node, f"{self.MESSAGE}: `amp` is {where} here; migrate this call together with where `amp` "
                     "comes from (hand a GradScaler over instead), or keep the file running on ampshim")
 

@@ -484,3 +484,38 @@ def test_loss_ids_merged_into_one_scaler_update_it_once_per_iteration():
     lines = [line.strip() for line in output.splitlines()]
     assert lines.count("scaler.update()") == 1
     assert lines[-2:] == ["scaler.step(optG)", "scaler.update()"]
+
+
+def test_a_handed_on_amp_module_becomes_a_handed_on_scaler():
+    source = """\
+        import torch
+        from apex import amp
+
+
+        def attach(model, optimizer):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            model.amp = amp
+            return model, optimizer
+
+
+        def step(model, optimizer, batch, amp=None):
+            loss = model(batch)
+            if amp:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+
+
+        def save(model):
+            torch.save({"amp": model.amp.state_dict()}, "last.pt")
+        """
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source)  # receivers are found by name: unsafe
+    assert {d.code for d in diagnostics} >= {"AMP002", "AMP003", "AMP016"}
+    output, _ = _migrate(source, unsafe_fixes=True)
+    assert "model.amp = scaler" in output
+    assert "amp.scale(loss).backward()" in output
+    assert 'torch.save({"amp": model.amp.state_dict()}, "last.pt")' in output  # a GradScaler answers it
+    assert migrate_source(output, "train.py").diagnostics == ()

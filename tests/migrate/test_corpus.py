@@ -79,14 +79,7 @@ def test_every_site_is_migrated_or_reported(name, unsafe_fixes):
     assert measure.unreported == []
 
 
-_UNSAFE_SHORT = pytest.mark.xfail(strict=False, reason="--unsafe-fixes does not reach its goal yet (bench/corpus_report.py)")
-
-
-@pytest.mark.parametrize(
-    ("unsafe_fixes", "goal"),
-    [(False, report.SAFE_GOAL), pytest.param(True, report.UNSAFE_GOAL, marks=_UNSAFE_SHORT)],
-    ids=["safe", "unsafe"],
-)
+@pytest.mark.parametrize(("unsafe_fixes", "goal"), [(False, report.SAFE_GOAL), (True, report.UNSAFE_GOAL)], ids=["safe", "unsafe"])
 def test_migrated_share_of_amp_core_sites(unsafe_fixes, goal):
     measures = [_measure(name, unsafe_fixes) for name in FILES]
     sites, migrated, _ = report.share(measures, core_only=True)
