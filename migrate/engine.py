@@ -147,7 +147,7 @@ def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule]) -> dict[type, M
     module = wrapper.module
     parents = _parents(module) if ours & set(_COMPUTED_HERE) else {}
     while ours:
-        ready = [provider for provider in ours if set(provider.METADATA_DEPENDENCIES) <= metadata.keys()]
+        ready = [provider for provider in ours if provider.get_inherited_dependencies() <= metadata.keys()]
         if not ready:
             raise RuntimeError(f"circular metadata dependencies among {', '.join(p.__name__ for p in ours)}")
         for provider in ready:
@@ -171,7 +171,7 @@ def _with_dependencies(providers: Collection[type]) -> set[type]:
         provider = pending.pop()
         if provider not in found:
             found.add(provider)
-            pending.extend(provider.METADATA_DEPENDENCIES)
+            pending.extend(provider.get_inherited_dependencies())
     return found
 
 
