@@ -183,11 +183,12 @@ class _Planner:
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
         self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
+        self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
         # `scaler.unscale_(opt)` lines to put before a statement, and the statements they cover.
-        self.unscale_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
+        self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.unscale_covered: set[int] = set()
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.imports = nodes.apex_imports(module)
@@ -333,9 +334,17 @@ class _Planner:
         # stands in at module level until then, as apex did nothing before `initialize`.
         if self.scaler_scope == "global" and not self.o0 and self._import_anchor() is not None:
             self.default_scaler = True
+        elif self.scaler_scope == "module" and not self.o0 and init is not None:
+            # Created inside `if __name__ == "__main__":`: functions read it, maybe after an import.
+            created_in = self.parent.get(id(hoist if hoist is not None else init.statement))
+            if not isinstance(created_in, cst.Module):
+                if self._import_anchor() is None:
+                    raise _Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
+                self.default_scaler = True
         self.may_be_disabled = not self.scaler_in_block and (
             hoist is not None
             or self.default_scaler
+            or self.default_in_init
             or (init is not None and (init.enabled is not None or init.level_expression is not None))
         )
 
@@ -351,6 +360,12 @@ class _Planner:
             self._plan_scale_loss(scale)
             if self.o0:
                 continue
+            plain = self._plain_backward(beside=scale.statement)
+            if plain is not None:
+                self.unsafe.append(
+                    f"the plain backward pass at line {self._line(plain)} adds gradients that apex kept as they were "
+                    "and `scaler.step` would divide by the scale"
+                )
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
             found_by_scale.append(found)
             step_scaler.update((id(line), self._scaler_of(scale.call)) for line, _, _ in found)
@@ -397,7 +412,7 @@ class _Planner:
         for init in inits:
             self._plan_initialize_removal(init)
             if init.inference and init.level != "O0":
-                models = nodes.code(nodes.argument(init.call, 0, "models").value)
+                models = " ".join(nodes.code(nodes.argument(init.call, 0, "models").value).split())
                 if init.level in ("O2", "O3"):
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {_AUTOCAST.format(enabled='')}"
                 else:
@@ -442,9 +457,9 @@ class _Planner:
                 anchor = statement
         return anchor
 
-    def _function_name(self, init: _Initialize) -> str:
+    def _until(self, init: _Initialize) -> str:
         function = self._function(init.statement)
-        return f"{function.name.value}()" if function is not None else "amp.initialize"
+        return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
 
     def _plan_after_imports(self) -> None:
         """Definitions the rewrite needs at module level go after the last top-level import."""
@@ -468,7 +483,7 @@ class _Planner:
         self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
 
     def _emit(self, scales: list[_ScaleLoss]) -> None:
-        self._place_unscales()
+        self._place_insertions()
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
         why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
         why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
@@ -647,7 +662,7 @@ class _Planner:
     def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
         lines: list[str] = []
         if self.default_scaler:
-            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until `{self._function_name(init)}` runs\n')
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
         if not self.o0:
             if self.scaler_scope == "global":
                 lines.append(f"global {self.scaler}")
@@ -705,21 +720,23 @@ class _Planner:
         checks = []
         if init.guard_level:
             level = _operand(init.level_expression)
-            checks.append((f'{level} not in ("O0", "O1")',
-                           f"opt_level {{{level}!r}}: migrated from apex for O0 and O1; native torch.amp has no O2/O3"))
+            checks.append((f'{level} not in ("O0", "O1")', "opt_level ", level,
+                           ": migrated from apex for O0 and O1; native torch.amp has no O2/O3"))
         if init.guard_loss_scale is not None:
             scale = _operand(init.guard_loss_scale)
             if init.level_expression is not None:  # O0 has no scaler: its loss scale changes nothing
                 scale_check = f'{_operand(init.level_expression)} != "O0" and {scale} not in (None, "dynamic")'
             else:
                 scale_check = f'{scale} not in (None, "dynamic")'
-            checks.append((scale_check,
-                           f"loss_scale {{{scale}!r}}: migrated from apex for a dynamic loss scale; "
-                           "torch.amp.GradScaler has no static one"))
+            checks.append((scale_check, "loss_scale ", scale,
+                           ": migrated from apex for a dynamic loss scale; torch.amp.GradScaler has no static one"))
         lines = []
-        for condition, message in checks:
-            lines += [f"if {_conjunction([*self._flags(init, hoist), condition])}:",
-                      f'    raise RuntimeError(f"{message}")']
+        for condition, before, value, after in checks:
+            if any(char in value for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
+                message = f'"{before}%r{after}" % ({value},)'
+            else:
+                message = f'f"{before}{{{value}!r}}{after}"'
+            lines += [f"if {_conjunction([*self._flags(init, hoist), condition])}:", f"    raise RuntimeError({message})"]
         return lines
 
     @staticmethod
@@ -747,7 +764,8 @@ class _Planner:
         is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
         if all(self._inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
-        if isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner):
+        # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
+        if isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner) and not self._in_loop(owner):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner
@@ -758,6 +776,8 @@ class _Planner:
         if self.scaler_scope in ("global", "module") and self._import_anchor() is not None:
             self.default_scaler = True  # disabled at module level until the block has run
             return None
+        if self.default_in_init:
+            return None  # `__init__` makes a disabled scaler that stands in until this block runs
         if not self.scaler.startswith("self."):
             # A local created in the block may not exist where autocast asks it.
             raise _Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
@@ -768,6 +788,47 @@ class _Planner:
         )
         self.scaler_in_block = True
         return None
+
+    @staticmethod
+    def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
+        """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        for index, statement in enumerate(init.body.body):
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+            docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+            parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
+            if not (docstring or parent_init):
+                return statement
+        return None
+
+    @staticmethod
+    def _runs_at_construction(function: cst.FunctionDef, owner: cst.ClassDef) -> bool:
+        """``__init__`` itself, or a method ``__init__`` calls (``self._setup_amp()``)."""
+        if function.name.value == "__init__":
+            return True
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        called = False
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                nonlocal called
+                func = node.func
+                called = called or (isinstance(func, cst.Attribute) and func.attr.value == function.name.value
+                                    and isinstance(func.value, cst.Name) and func.value.value == "self")
+
+        if init is not None:
+            init.visit(_Find())
+        return called
+
+    def _in_loop(self, node: cst.CSTNode) -> bool:
+        node = self.parent.get(id(node))
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(node, (cst.For, cst.While)):
+                return True
+            node = self.parent.get(id(node))
+        return False
 
     @staticmethod
     def _changes_its_test(branch: cst.If) -> bool:
@@ -804,6 +865,19 @@ class _Planner:
             owner = self._class(function)
             if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
+                if not self._runs_at_construction(function, owner):
+                    anchor = self._init_anchor(owner)
+                    if anchor is None:
+                        self.unsafe.append(
+                            f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
+                            "(apex trained in fp32 there)"
+                        )
+                    else:  # a disabled scaler from construction on, until that method runs
+                        line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
+                        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+                        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+                                   "Create it disabled in `__init__`")
+                        self.default_in_init = True
                 return f"self.{attribute}", "self"
         if all(self._function(site) is function for site in sites):
             return name, "local"
@@ -861,9 +935,26 @@ class _Planner:
                 and call_node.func.attr.value == "backward"
                 and nodes.code(call_node.func.value) == scaled
                 and scaled != nodes.code(loss.value)
+                and not self._read_elsewhere(scaled, statement)
             ):
                 backward_args = list(call_node.args)
         return _ScaleLoss(call, statement, loss.value, listed, scaled, backward_args, statements)
+
+    def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
+        """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
+        scope = self._function(statement) or self.module
+        withs = [self._statement(call) for call in self.sites["scale_loss"]]
+        found = False
+        planner = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                nonlocal found
+                if node.value == name and not any(planner._inside(node, other) for other in withs):
+                    found = True
+
+        scope.visit(_Find())
+        return found
 
     def _plan_scale_loss(self, scale: _ScaleLoss) -> None:
         loss = nodes.code(scale.loss)
@@ -913,6 +1004,8 @@ class _Planner:
             passed.append((between, list(conditions)))
             if found:
                 self._no_closure(found)
+                if any(self._in_handler(line, scale.statement) for line, _ in found):
+                    self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
                 condition = self._step_condition(conditions, scale.call)
                 self._plan_grad_readers(scale, wanted, passed, sibling, found)
                 return [(line, index, condition) for line, index in found]
@@ -938,12 +1031,17 @@ class _Planner:
                 f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self._line(plain)} "
                 "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
             )
+        if any(self._in_handler(line, scale.statement) for line, _ in anywhere):
+            self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
+        if any(self._exclusive(line, scale.statement) for line, _ in anywhere):
+            self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
             self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)])
         return [(line, index, None) for line, index in anywhere]
 
-    def _plain_backward(self) -> cst.Call | None:
-        """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled."""
+    def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
+        """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
+        with ``beside``, one in its function that can run in the same pass (not in another branch)."""
         scaled = [self._statement(call) for call in self.sites["scale_loss"]]
         found: list[cst.Call] = []
 
@@ -952,12 +1050,23 @@ class _Planner:
                 if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
                     found.append(node)
 
-        self.module.visit(_Find())
+        (self.module if beside is None else self._function(beside) or self.module).visit(_Find())
         for call in found:
             if any(self._inside(call, statement) for statement in scaled) or self._scaler_disabled_at(call):
                 continue
+            if beside is not None and self._exclusive(call, beside):
+                continue
             return call
         return None
+
+    def _exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        """Whether the two sit in different branches of one ``if``, so never run in the same pass."""
+        child, node = first, self.parent.get(id(first))
+        while node is not None:
+            if isinstance(node, cst.If) and self._inside(second, node) and not self._inside(second, child):
+                return child is node.body or child is node.orelse
+            child, node = node, self.parent.get(id(node))
+        return False
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
@@ -972,6 +1081,14 @@ class _Planner:
             child, parent = parent, self.parent.get(id(parent))
         return False
 
+    def _in_handler(self, line: cst.CSTNode, scaled: cst.CSTNode) -> bool:
+        node = self.parent.get(id(line))
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            if isinstance(node, (cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler)) and not self._inside(scaled, node):
+                return True
+            node = self.parent.get(id(node))
+        return False
+
     def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
         for line, index in found:
             if line.body[index].value.args:
@@ -983,7 +1100,7 @@ class _Planner:
         None when no test is needed: no branch, or the branch's test is the flag the scaler
         was created with (a disabled scaler steps the optimizer plainly).
         """
-        if not conditions or conditions == [self._guard_test]:
+        if not conditions or (self._guard_test is not None and conditions == [self._guard_test]):
             return None
         if None not in conditions:
             return " and ".join(f"({c})" if " " in c and len(conditions) > 1 else c for c in reversed(conditions))
@@ -1041,7 +1158,11 @@ class _Planner:
             for depth in range(len(path) - 1, -1, -1):
                 siblings, _ = path[depth]
                 follows = not any(conditional for _, conditional in path[:depth])
-                readers += [(s, condition, follows) for s in siblings if self._reads_grads(s)]
+                for sibling in siblings:
+                    if not passed and self._scales_again(sibling, None):
+                        readers = []  # read before the backward pass: not between it and the step
+                    elif self._reads_grads(sibling):
+                        readers.append((sibling, condition, follows))
         elif any(self._reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
             readers.append((container, condition, False))
         if not readers:
@@ -1059,7 +1180,7 @@ class _Planner:
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
         places = self._first_readers(first) if len(readers) == 1 else [first]
         for place in places:
-            lines = self.unscale_before.setdefault(id(place), (place, []))[1]
+            lines = self.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
                 lines.append(line)
         self.unscale_covered.update(id(reader) for reader, _, _ in readers)
@@ -1099,9 +1220,9 @@ class _Planner:
             paths.append(path)
         return paths
 
-    def _scales_again(self, statement: cst.CSTNode, scale: _ScaleLoss) -> bool:
-        """Whether ``statement`` holds another backward pass (a ``scale_loss`` or ``.backward()``)."""
-        others = [call for call in self.sites["scale_loss"] if call is not scale.call]
+    def _scales_again(self, statement: cst.CSTNode, scale: _ScaleLoss | None) -> bool:
+        """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
+        others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
         return any(self._inside(call, statement) for call in others) or _has_call(statement, lambda name: name == "backward")
 
     @staticmethod
@@ -1207,7 +1328,8 @@ class _Planner:
         if not window and before and id(before[-1]) in scaled:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
         self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
-        self._leave_marker(scale.statement, f"compute `{nodes.code(scale.loss)}` (the forward pass) under {_AUTOCAST.format(enabled='')}: apex O1 cast it")
+        loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
+        self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {_AUTOCAST.format(enabled='')}: apex O1 cast it")
 
     def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
         """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
@@ -1223,7 +1345,7 @@ class _Planner:
         body = list(block.body)
         end = body.index(current)
         start = end
-        while start > 0 and not self._touched(body[start - 1]) and not _defines(body[start - 1]):
+        while start > 0 and not self._touched(body[start - 1]) and not _defines(body[start - 1]) and not _suspends(body[start - 1]):
             start -= 1
         return body[start:end]
 
@@ -1332,9 +1454,9 @@ class _Planner:
             node = self.parent.get(id(node))
         return found
 
-    def _place_unscales(self) -> None:
+    def _place_insertions(self) -> None:
         """Put the planned ``scaler.unscale_`` lines before their statements, keeping any fix inside them."""
-        for statement, lines in self.unscale_before.values():
+        for statement, lines in self.insert_before.values():
             own = self.replacements.get(id(statement))
             if own is not None:
                 replaced = own[1]
@@ -1559,6 +1681,20 @@ def _defines(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and any(
         isinstance(s, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)) for s in statement.body
     )
+
+
+def _suspends(statement: cst.CSTNode) -> bool:
+    """A ``yield`` or ``await``: other code runs meanwhile, so autocast must not stay on across it."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or isinstance(node, (cst.Yield, cst.Await))
+            return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+    statement.visit(_Find())
+    return found
 
 
 def _normal(text: str) -> str:

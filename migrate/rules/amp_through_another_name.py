@@ -81,6 +81,8 @@ class AmpThroughAnotherName(Rule):
         if func.attr.value not in CORE or id(node) in self._handled:
             return
         if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
+            if self._imported_elsewhere(receiver):
+                return  # `mylib.amp`: a module of its own, found through its import
             where = "an attribute"
         elif isinstance(receiver, cst.Name) and receiver.value == "amp" and not self._imported(receiver):
             where = "a parameter or local variable"
@@ -102,6 +104,10 @@ class AmpThroughAnotherName(Rule):
     def _report_through(self, node: cst.Call, where: str) -> None:
         self.report(node, f"{self.MESSAGE}: `amp` is {where} here; migrate this call together with where `amp` "
                     "comes from (hand a GradScaler over instead), or keep the file running on ampshim")
+
+    def _imported_elsewhere(self, node: cst.BaseExpression) -> bool:
+        found = self.get_metadata(QualifiedNameProvider, node, set())
+        return any(q.source is QualifiedNameSource.IMPORT and q.name.split(".")[0] != "apex" for q in found)
 
     def _imported(self, name: cst.Name) -> bool:
         found = self.get_metadata(QualifiedNameProvider, name, set())

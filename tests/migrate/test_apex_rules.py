@@ -519,3 +519,146 @@ def test_a_handed_on_amp_module_becomes_a_handed_on_scaler():
     assert "amp.scale(loss).backward()" in output
     assert 'torch.save({"amp": model.amp.state_dict()}, "last.pt")' in output  # a GradScaler answers it
     assert migrate_source(output, "train.py").diagnostics == ()
+
+
+# Shapes that once crashed the rewrite or changed training in safe mode.
+
+def test_an_opt_level_read_from_a_dict_gets_a_check_that_compiles_before_python_3_12():
+    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level=cfg["opt_level"], loss_scale=cfg["loss_scale"]')
+    output, diagnostics = _migrate(source)
+    assert '"opt_level %r: migrated from apex for O0 and O1; native torch.amp has no O2/O3" % (cfg["opt_level"],)' in output
+    assert all(d.applied for d in diagnostics if d.fix)
+
+
+def test_a_loss_over_several_lines_gives_a_one_line_todo():
+    source = """\
+        from apex import amp
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        with amp.scale_loss(criterion(model(x),
+                                      y), optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        """
+    output, _ = _migrate(source, unsafe_fixes=True)
+    assert "# TODO(ampmigrate): compute `criterion(model(x), y)` (the forward pass)" in output
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # a test with a call picks the scaled or the plain backward: the step cannot test it again
+        "    if coin.flip():\n        with amp.scale_loss(loss, optimizer) as scaled_loss:\n            scaled_loss.backward()\n"
+        "    else:\n        loss.backward()\n    optimizer.step()\n",
+        # a plain backward in the same pass: apex kept those gradients, scaler.step would divide them
+        "    model.aux_loss(x).backward()\n    with amp.scale_loss(loss, optimizer) as scaled_loss:\n        scaled_loss.backward()\n"
+        "    optimizer.step()\n",
+        # a step in another branch may run before anything was scaled
+        "    if i % 2:\n        with amp.scale_loss(loss, optimizer) as scaled_loss:\n            scaled_loss.backward()\n"
+        "    else:\n        optimizer.step()\n",
+        # a step in `finally:` also runs where the forward raised
+        "    try:\n        with amp.scale_loss(loss, optimizer) as scaled_loss:\n            scaled_loss.backward()\n"
+        "    finally:\n        optimizer.step()\n",
+    ],
+    ids=["computed-branch", "plain-backward-before", "step-in-other-branch", "step-in-finally"],
+)
+def test_shapes_the_scaler_cannot_follow_are_not_rewritten_by_default(shape):
+    source = 'from apex import amp\nmodel, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+    source += "for i, x in enumerate(loader):\n    loss = model(x)\n" + shape
+    output, diagnostics = _migrate(source)
+    assert output == source
+    assert diagnostics
+
+
+def test_initialize_under_a_once_only_test_in_a_loop_is_not_read_as_a_flag():
+    source = """\
+        from apex import amp
+        for epoch in range(epochs):
+            if epoch == 0:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+        """
+    output, _ = _migrate(source)
+    assert "enabled=epoch == 0" not in output
+
+
+def test_the_scaled_loss_read_after_the_block_stays_bound():
+    source = CANONICAL.format(level="O1").replace("    optimizer.step()\n", "    print(scaled_loss.item())\n    optimizer.step()\n")
+    output, _ = _migrate(source)
+    assert "scaled_loss = scaler.scale(loss)" in output
+
+
+def test_a_scaler_created_in_the_main_block_has_a_module_level_stand_in():
+    source = """\
+        from apex import amp
+
+        def train(model, optimizer, x):
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+
+        if __name__ == "__main__":
+            if args.fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            train(model, optimizer, x)
+        """
+    output, _ = _migrate(source)
+    assert output.index('scaler = torch.amp.GradScaler("cuda", enabled=False)') < output.index("def train")
+
+
+def test_a_scaler_created_in_an_optional_method_exists_from_construction():
+    source = """\
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                super().__init__()
+                self.model, self.optimizer = model, optimizer
+
+            def enable_amp(self):
+                self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+            def step(self, x):
+                loss = self.model(x)
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                self.optimizer.step()
+        """
+    output, diagnostics = _migrate(source)
+    lines = [line.strip() for line in output.splitlines()]
+    init = lines.index("super().__init__()")
+    assert lines[init + 1] == 'self.scaler = torch.amp.GradScaler("cuda", enabled=False)  # until `enable_amp()` runs'
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled()):' in lines
+    assert all(d.applied for d in diagnostics if d.fix)
+
+
+def test_autocast_does_not_stay_on_across_a_yield():
+    source = """\
+        from apex import amp
+        def steps(model, optimizer, loader):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                out = model(x)
+                yield out
+                loss = out.mean()
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+        """
+    output, _ = _migrate(source, unsafe_fixes=True)
+    lines = [line.strip() for line in output.splitlines()]
+    assert lines[lines.index("yield out") + 1].startswith("with torch.autocast(")
+
+
+def test_a_look_alike_module_named_amp_is_not_reported():
+    result = migrate_source("import mylib\nwith mylib.amp.scale_loss(loss, opt) as s:\n    s.backward()\n", "x.py")
+    assert result.diagnostics == ()
+
+
+def test_a_file_whose_only_amp_like_call_is_a_model_state_dict_is_left_alone():
+    result = migrate_source("use_amp = True\nsd = model.state_dict()\n", "x.py")
+    assert result.error is None and result.diagnostics == ()
