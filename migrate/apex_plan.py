@@ -328,7 +328,7 @@ class _Planner:
                 "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
             )
         self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
-        hoist = self._hoist_guard(init, scaler_sites) if init is not None else None
+        hoist = self._hoist_guard(init, scaler_sites) if init is not None and not self.o0 else None  # O0: no scaler
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
         # A scaler assigned through `global` exists only once its function ran: a disabled one
         # stands in at module level until then, as apex did nothing before `initialize`.

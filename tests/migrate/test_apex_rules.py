@@ -662,3 +662,23 @@ def test_a_look_alike_module_named_amp_is_not_reported():
 def test_a_file_whose_only_amp_like_call_is_a_model_state_dict_is_left_alone():
     result = migrate_source("use_amp = True\nsd = model.state_dict()\n", "x.py")
     assert result.error is None and result.diagnostics == ()
+
+
+def test_o0_under_a_flag_with_an_else_is_removed_without_a_scaler():
+    source = """\
+        from apex import amp
+
+        def train(model, optimizer, loader):
+            if FLAGS.fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+            else:
+                pass
+            for x in loader:
+                with amp.scale_loss(model(x), optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+        """
+    output, diagnostics = _migrate(source)
+    assert "GradScaler" not in output and "amp" not in output
+    assert "model(x).backward()" in output
+    assert all(d.applied for d in diagnostics if d.fix)
