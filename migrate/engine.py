@@ -25,6 +25,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
+from migrate.apex_nodes import is_pure
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
 
@@ -332,8 +333,58 @@ def _schedule_imports(
     if adds:
         module = AddImportsVisitor(context).transform_module(module)
     if removes:
+        before = _empty_ifs(module)
         module = RemoveImportsVisitor(context).transform_module(module)
+        if _empty_ifs(module) - before:
+            module = module.visit(_DropEmptyIfs(before))
     return module
+
+
+def _empty_ifs(module: cst.Module) -> set[str]:
+    """The code of each ``if <test>: pass`` (no else) in ``module``."""
+    found: set[str] = set()
+
+    class _Find(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> None:
+            if _only_pass(node):
+                found.add(_code(node))
+
+    module.visit(_Find())
+    return found
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node).strip()
+
+
+def _only_pass(node: cst.CSTNode) -> bool:
+    if not isinstance(node, cst.If) or node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+        return False
+    lines = node.body.body
+    return (
+        all(isinstance(line, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in line.body) for line in lines)
+        and not any(line.comment for line in node.body.footer)
+        and is_pure(node.test)
+    )
+
+
+class _DropEmptyIfs(cst.CSTTransformer):
+    """Removes an ``if flag: pass`` that an import removal left (``if fp16: from apex import amp``):
+    its test has no effect. One the user wrote is kept, and so is a block's last statement."""
+
+    def __init__(self, kept: set[str]) -> None:
+        super().__init__()
+        self.kept = kept
+
+    def _filter(self, body):
+        left = [s for s in body if not (_only_pass(s) and _code(s) not in self.kept)]
+        return left if left else body
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._filter(updated_node.body))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._filter(updated_node.body))
 
 
 def _unique(imports) -> list[ImportChange]:

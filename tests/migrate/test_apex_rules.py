@@ -682,3 +682,23 @@ def test_o0_under_a_flag_with_an_else_is_removed_without_a_scaler():
     assert "GradScaler" not in output and "amp" not in output
     assert "model(x).backward()" in output
     assert all(d.applied for d in diagnostics if d.fix)
+
+
+def test_an_if_left_empty_by_the_import_removal_goes_and_a_users_own_stays():
+    source = """\
+        import torch
+        if DEBUG:
+            pass
+        if use_amp:
+            from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        """
+    output, _ = _migrate(source)
+    assert "if DEBUG:\n    pass\n" in output
+    assert "use_amp" not in output
