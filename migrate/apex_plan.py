@@ -187,7 +187,8 @@ class _Planner:
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self._kinds: dict[int, tuple[str, str, str]] = {}
-        # `scaler.unscale_(opt)` lines to put before a statement, and the statements they cover.
+        # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
+        # gradient-reading statements an unscale covers.
         self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.unscale_covered: set[int] = set()
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
@@ -1455,7 +1456,8 @@ class _Planner:
         return found
 
     def _place_insertions(self) -> None:
-        """Put the planned ``scaler.unscale_`` lines before their statements, keeping any fix inside them."""
+        """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their
+        statements, keeping any fix inside them."""
         for statement, lines in self.insert_before.values():
             own = self.replacements.get(id(statement))
             if own is not None:
