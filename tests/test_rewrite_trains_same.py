@@ -29,6 +29,7 @@ CASES = {
     "checkpoint_resume.py": "checkpoint save/load of the amp state, second initialize",
     "gan_two_losses.py": "two models, two optimizers, three losses",
     "native_cuda_amp.py": "the deprecated torch.cuda.amp spelling",
+    "static_loss_scale.py": "a static loss_scale: GradScaler starting there that never grows",
 }
 
 
@@ -74,7 +75,7 @@ def run(path, *, under_ampshim, cwd):
 
 
 def loss_series(result):
-    return {key: value for key, value in result.items() if key.endswith("losses")}
+    return {key: value for key, value in result.items() if key.endswith(("losses", "scales"))}
 
 
 @pytest.mark.parametrize("script", sorted(CASES), ids=lambda s: s.removesuffix(".py"))
