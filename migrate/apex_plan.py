@@ -790,6 +790,21 @@ class _Planner:
         self.scaler_in_block = True
         return None
 
+    def _plan_default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, attribute: str) -> None:
+        """A disabled ``self.<attribute>`` made in ``__init__``, standing in until ``function`` runs."""
+        anchor = self._init_anchor(owner)
+        if anchor is None:
+            self.unsafe.append(
+                f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
+                "(apex trained in fp32 there)"
+            )
+            return
+        line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
+        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+                   "Create it disabled in `__init__`")
+        self.default_in_init = True
+
     @staticmethod
     def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
         """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
@@ -867,18 +882,7 @@ class _Planner:
             if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*_SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
                 if not self._runs_at_construction(function, owner):
-                    anchor = self._init_anchor(owner)
-                    if anchor is None:
-                        self.unsafe.append(
-                            f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
-                            "(apex trained in fp32 there)"
-                        )
-                    else:  # a disabled scaler from construction on, until that method runs
-                        line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
-                        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
-                        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
-                                   "Create it disabled in `__init__`")
-                        self.default_in_init = True
+                    self._plan_default_in_init(owner, function, attribute)
                 return f"self.{attribute}", "self"
         if all(self._function(site) is function for site in sites):
             return name, "local"
@@ -1044,15 +1048,8 @@ class _Planner:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
         scaled = [self._statement(call) for call in self.sites["scale_loss"]]
-        found: list[cst.Call] = []
-
-        class _Find(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
-                    found.append(node)
-
-        (self.module if beside is None else self._function(beside) or self.module).visit(_Find())
-        for call in found:
+        scope = self.module if beside is None else self._function(beside) or self.module
+        for call in _backward_calls(scope, nested=True):
             if any(self._inside(call, statement) for statement in scaled) or self._scaler_disabled_at(call):
                 continue
             if beside is not None and self._exclusive(call, beside):
@@ -1168,7 +1165,7 @@ class _Planner:
             readers.append((container, condition, False))
         if not readers:
             return
-        if not all(follows for _, _, follows in readers) or any(self._leaves_early(r) for r, _, _ in readers):
+        if not all(follows for _, _, follows in readers) or any(_contains(r, (cst.Return, cst.Break, cst.Continue)) for r, _, _ in readers):
             self.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
                 f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
@@ -1224,7 +1221,7 @@ class _Planner:
     def _scales_again(self, statement: cst.CSTNode, scale: _ScaleLoss | None) -> bool:
         """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
         others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
-        return any(self._inside(call, statement) for call in others) or _has_call(statement, lambda name: name == "backward")
+        return any(self._inside(call, statement) for call in others) or bool(_backward_calls(statement))
 
     @staticmethod
     def _reads_grads(statement: cst.CSTNode) -> bool:
@@ -1235,19 +1232,6 @@ class _Planner:
             return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
 
         return _has_call(statement, reads) or _has_attribute(statement, "grad")
-
-    @staticmethod
-    def _leaves_early(statement: cst.CSTNode) -> bool:
-        found = False
-
-        class _Find(cst.CSTVisitor):
-            def on_visit(self, node: cst.CSTNode) -> bool:
-                nonlocal found
-                found = found or isinstance(node, (cst.Return, cst.Break, cst.Continue))
-                return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
-
-        statement.visit(_Find())
-        return found
 
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -1337,16 +1321,16 @@ class _Planner:
         node, replacement = self.replacements[id(statement)]
         if isinstance(replacement, cst.RemovalSentinel):
             replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
-        nodes_ = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
+        placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
         comment = cst.EmptyLine(comment=cst.Comment(f"# {MANUAL_STEP_MARKER} {step}"))
-        nodes_[0] = nodes_[0].with_changes(leading_lines=[*nodes_[0].leading_lines, comment])
-        self._replace(node, cst.FlattenSentinel(nodes_) if len(nodes_) > 1 else nodes_[0])
+        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, comment])
+        self._replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
 
     def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
         body = list(block.body)
         end = body.index(current)
         start = end
-        while start > 0 and not self._touched(body[start - 1]) and not _defines(body[start - 1]) and not _suspends(body[start - 1]):
+        while start > 0 and not self._touched(body[start - 1]) and not _defines(body[start - 1]) and not _contains(body[start - 1], _SUSPENDS):
             start -= 1
         return body[start:end]
 
@@ -1623,21 +1607,31 @@ class _Collect(cst.CSTVisitor):
 
 
 def _has_call(statement: cst.CSTNode, wanted) -> bool:
-    """Whether ``statement`` calls something whose last name part satisfies ``wanted`` (nested defs aside)."""
-    found = False
+    return bool(_calls(statement, wanted))
+
+
+def _backward_calls(statement: cst.CSTNode, nested: bool = False) -> list[cst.Call]:
+    """``x.backward(...)`` calls (a project's own ``backward(loss, opt)`` helper is not one)."""
+    return [call for call in _calls(statement, lambda name: name == "backward", nested=nested) if isinstance(call.func, cst.Attribute)]
+
+
+def _calls(statement: cst.CSTNode, wanted, *, nested: bool = False) -> list[cst.Call]:
+    """The calls in ``statement`` of something whose last name part satisfies ``wanted``; those in
+    nested definitions only with ``nested``."""
+    found: list[cst.Call] = []
 
     class _Find(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
             func = node.func
             name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-            found = found or bool(wanted(name))
+            if wanted(name):
+                found.append(node)
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
+            return nested or node is statement
 
         def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
+            return nested
 
     statement.visit(_Find())
     return found
@@ -1685,14 +1679,17 @@ def _defines(statement: cst.CSTNode) -> bool:
     )
 
 
-def _suspends(statement: cst.CSTNode) -> bool:
-    """A ``yield`` or ``await``: other code runs meanwhile, so autocast must not stay on across it."""
+_SUSPENDS = (cst.Yield, cst.Await)  # other code runs meanwhile: autocast must not stay on across them
+
+
+def _contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
+    """Whether ``statement`` holds a node of ``kinds`` outside nested definitions."""
     found = False
 
     class _Find(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
             nonlocal found
-            found = found or isinstance(node, (cst.Yield, cst.Await))
+            found = found or isinstance(node, kinds)
             return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
     statement.visit(_Find())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
+from migrate import apex_nodes as nodes
 from migrate.apex_plan import CORE, ApexPlanProvider, plan_of
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Rule, Valid
@@ -56,13 +57,7 @@ class AmpThroughAnotherName(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._handled = plan_of(self, node).handled  # the apex rewrite hands a GradScaler to these
-
-    def visit_Import(self, node: cst.Import) -> None:
-        self._apex_seen = self._apex_seen or any(a.evaluated_name.split(".")[0] == "apex" for a in node.names)
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        module = cst.Module([]).code_for_node(node.module) if node.module is not None else ""
-        self._apex_seen = self._apex_seen or (not node.relative and module.split(".")[0] == "apex")
+        self._apex_seen = bool(nodes.apex_imports(node))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
