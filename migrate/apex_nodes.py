@@ -174,3 +174,23 @@ def guarding_if(statement: cst.CSTNode, parent_of) -> cst.If | None:
     if len(block.body) != 1 or not is_pure(owner.test):
         return None
     return owner
+
+
+def import_error_fallback(node: cst.Try) -> str | None:
+    """The assignments (``use_amp = False``) that ``node``'s ``except ImportError:`` branches make,
+    as one line of code; None when they make none."""
+    assignments = []
+    for handler in filter(catches_import_error, node.handlers):
+        for line in handler.body.body:
+            if isinstance(line, cst.SimpleStatementLine):
+                assignments += [code(small) for small in line.body if isinstance(small, (cst.Assign, cst.AnnAssign))]
+    return "; ".join(assignments) or None
+
+
+def catches_import_error(handler: cst.ExceptHandler) -> bool:
+    """``except ImportError:`` or ``except (ModuleNotFoundError, X):``; a bare ``except:`` is not one."""
+    if handler.type is None:
+        return False
+    kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
+    names = [code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]
+    return any(name in ("ImportError", "ModuleNotFoundError") for name in names)

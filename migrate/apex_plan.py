@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata import BatchableMetadataProvider, PositionProvider, QualifiedNameProvider
 
 from migrate.names import qualified_names
+from migrate.native_casts import registered_natively
 from migrate.rule import ImportChange, Replacement, Report
 from migrate import apex_nodes as nodes
 from migrate.types import Safety
@@ -59,7 +60,7 @@ COMPUTED_LEVEL = (
 HELPER_SOURCE = '''
 
 def _scaler_state_from_apex(state, scaler):
-    """``scaler``'s state from ``state``, which may also be an apex ``amp.state_dict()``."""
+    """``scaler``'s state from ``state``, which may also be the loss-scaler state of an apex checkpoint."""
     if "loss_scaler0" not in state:
         return state
     apex_state = state["loss_scaler0"]
@@ -141,7 +142,6 @@ class _Initialize:
     level: str | None  # "O0".."O3", None when computed at run time
     level_expression: cst.BaseExpression | None  # the computed opt level
     guard_level: bool  # computed, not provably O0/O1: the rewrite stops O2/O3 runs at run time
-    guard_loss_scale: cst.BaseExpression | None  # computed loss_scale: static values stop at run time
     enabled: cst.BaseExpression | None
     scaler_args: list[str]
     restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
@@ -186,12 +186,14 @@ class _Planner:
         self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
+        self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
         self._kinds: dict[int, tuple[str, str, str]] = {}
         # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
         # gradient-reading statements an unscale covers.
         self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.unscale_covered: set[int] = set()
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
+        self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
         module.visit(_Collect(self))
 
@@ -219,7 +221,7 @@ class _Planner:
             if attr in CORE and isinstance(parent, cst.Call) and parent.func is node:
                 self.sites[attr].append(parent)
             elif attr.split(".")[0] in CAST_API:
-                continue
+                self._cast_edit(attr, node, parent)
             elif attr == "__dict__" and self._in_test(node):
                 continue  # `"state_dict" in amp.__dict__`: a probe, left as it is and reported as internals
             elif attr == "":
@@ -234,6 +236,22 @@ class _Planner:
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
         if self.escapes:
             self._find_alias_sites({alias for _, alias in self.escapes})
+
+    def _cast_edit(self, attr: str, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
+        """``amp.register_*`` and ``amp.lists`` edits are rewritten on their own (AMP007); where
+        native autocast would not make the cast they ask for, autocast computes differently."""
+        if attr.startswith("register_") and isinstance(parent, cst.Call) and parent.func is node:
+            module = nodes.argument(parent, 0, "module")
+            name = nodes.literal_string(getattr(nodes.argument(parent, 1, "name"), "value", None))
+            modules = qualified_names(self.provider, module.value) if module is not None else set()
+            if registered_natively(f"apex.amp.{attr}", modules, name):
+                return
+        elif not attr.startswith("lists"):
+            return  # cast decorators and `disable_casts` have exact native forms
+        self.unsafe.append(
+            f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
+            "does not read them, so the ops they name run in autocast's own precision"
+        )
 
     def _escape(self, node: cst.CSTNode) -> str | None:
         """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
@@ -485,6 +503,10 @@ class _Planner:
 
     def _emit(self, scales: list[_ScaleLoss]) -> None:
         self._place_insertions()
+        if not self.o0:
+            for name, scope in self.torch_shadowed:
+                if any(self._inside(node, scope) for node, _ in self.replacements.values()):
+                    raise _Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
         why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
         why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
@@ -551,6 +573,9 @@ class _Planner:
             possible = self._possible_levels(level_arg.value)
             if level is None and possible is not None and possible <= {"O0", "O1"}:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
+            elif level is None and self._default_level(level_arg.value) in ("O2", "O3"):
+                # A run-time check would stop the run people make most; O2/O3 are not exact natively.
+                self.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
             elif level is None and possible is None and nodes.is_pure(level_arg.value):
                 # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
                 # rewrite adds that check), so no run silently trains differently.
@@ -571,7 +596,7 @@ class _Planner:
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
-        scaler_args, guard_loss_scale = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        scaler_args = self._scaler_options(call, level in ("O0", "O1") or guard_level)
         restore = None
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
@@ -588,7 +613,7 @@ class _Planner:
             model_codes |= self._codes(target)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
-        return _Initialize(call, statement, level, level_expression, guard_level, guard_loss_scale, enabled, scaler_args, restore,
+        return _Initialize(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
                            model_codes, on_self, inference=not has_optimizers)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
@@ -617,6 +642,10 @@ class _Planner:
             return set(self.choices[expression.attr.value])
         return None
 
+    def _default_level(self, expression: cst.BaseExpression) -> str | None:
+        """The argparse default of ``args.opt_level``, when the file gives one."""
+        return self.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
+
     @staticmethod
     def _codes(expression: cst.BaseExpression) -> set[str]:
         """The source of each model in a ``models`` argument or target: one, or a list of them."""
@@ -624,16 +653,16 @@ class _Planner:
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
 
-    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> tuple[list[str], cst.BaseExpression | None]:
+    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
         """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
 
         Dropping one is safe where it changes nothing: ``max_loss_scale`` (GradScaler has no cap,
         as for apex's default cap of 2**24 that every rewrite drops), and, for O0/O1, the options
         apex only applies under O2/O3 (under O1 it refuses them outright). A ``loss_scale`` known
-        only at run time (``args.loss_scale``, None or "dynamic" by default) is returned to be
-        checked there: dynamic keeps its meaning, a static value stops the run with an error.
+        only at run time (``args.loss_scale``, a config value) picks the scaler's start and growth
+        at run time: dynamic as GradScaler's defaults, a static value as a scale that never grows.
         """
-        options, guard = [], None
+        options = []
         harmless = {"max_loss_scale", *(_O2_O3_OPTIONS if o0_or_o1 else ())}
         loss_scale = nodes.argument(call, None, "loss_scale")
         if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
@@ -644,7 +673,9 @@ class _Planner:
                 options += [f"init_scale={number}", f"growth_interval={_NEVER}"]
                 harmless.add("min_loss_scale")  # apex bounds only a dynamic scale
             elif o0_or_o1 and nodes.is_pure(loss_scale.value):
-                guard = loss_scale.value  # O0/O1 default to dynamic (O2 too; O3 defaults to static)
+                dynamic = f'{_operand(loss_scale.value)} in (None, "dynamic")'
+                options += [f"init_scale=2.0**16 if {dynamic} else float({nodes.code(loss_scale.value)})",
+                            f"growth_interval=2000 if {dynamic} else {_NEVER}"]
             else:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *_NO_NATIVE_OPTION):
@@ -658,7 +689,7 @@ class _Planner:
                 self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
             else:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
-        return options, guard
+        return options
 
     def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
         lines: list[str] = []
@@ -668,11 +699,12 @@ class _Planner:
             if self.scaler_scope == "global":
                 lines.append(f"global {self.scaler}")
             lines += self._run_time_checks(init, hoist)
-            args = "".join(f", {option}" for option in init.scaler_args)
             enabled = self._enabled_expression(init, hoist)
-            if enabled:
-                args += f", enabled={enabled}"
-            lines.append(f'{self.scaler} = torch.amp.GradScaler("cuda"{args})')
+            options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
+            line = f"{self.scaler} = torch.amp.GradScaler({', '.join(options)})"
+            if len(line) > 100:  # one option a line, as a formatter would put them
+                line = f"{self.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
+            lines.append(line)
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
@@ -716,29 +748,18 @@ class _Planner:
         return _conjunction(parts)
 
     def _run_time_checks(self, init: _Initialize, hoist: cst.If | None) -> list[str]:
-        """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level, or
-        a computed static loss scale. O0/O1 with a dynamic scale are exact, so nothing else stops."""
-        checks = []
-        if init.guard_level:
-            level = _operand(init.level_expression)
-            checks.append((f'{level} not in ("O0", "O1")', "opt_level ", level,
-                           ": migrated from apex for O0 and O1; native torch.amp has no O2/O3"))
-        if init.guard_loss_scale is not None:
-            scale = _operand(init.guard_loss_scale)
-            if init.level_expression is not None:  # O0 has no scaler: its loss scale changes nothing
-                scale_check = f'{_operand(init.level_expression)} != "O0" and {scale} not in (None, "dynamic")'
-            else:
-                scale_check = f'{scale} not in (None, "dynamic")'
-            checks.append((scale_check, "loss_scale ", scale,
-                           ": migrated from apex for a dynamic loss scale; torch.amp.GradScaler has no static one"))
-        lines = []
-        for condition, before, value, after in checks:
-            if any(char in value for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
-                message = f'"{before}%r{after}" % ({value},)'
-            else:
-                message = f'f"{before}{{{value}!r}}{after}"'
-            lines += [f"if {_conjunction([*self._flags(init, hoist), condition])}:", f"    raise RuntimeError({message})"]
-        return lines
+        """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level.
+        O0/O1 are exact, whatever their loss scale, so nothing else stops."""
+        if not init.guard_level:
+            return []
+        level = _operand(init.level_expression)
+        before, after = "opt_level ", ": migrated from apex for O0 and O1; native torch.amp has no O2/O3"
+        if any(char in level for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
+            message = f'"{before}%r{after}" % ({level},)'
+        else:
+            message = f'f"{before}{{{level}!r}}{after}"'
+        condition = _conjunction([*self._flags(init, hoist), f'{level} not in ("O0", "O1")'])
+        return [f"if {condition}:", f"    raise RuntimeError({message})"]
 
     @staticmethod
     def _flags(init: _Initialize, hoist: cst.If | None) -> list[str]:
@@ -1488,8 +1509,9 @@ class _Planner:
         for call in self.sites["state_dict"]:
             if call.args:
                 raise _Unplannable(call, "`amp.state_dict(destination)` has no native equivalent")
-            self._replace(call, nodes.parse_expression(f"{self.scaler}.state_dict()", self.module))
-            self._kind(call, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.state_dict()`")
+            node, native = self._state_dict_read(call)
+            self._replace(node, nodes.parse_expression(native, self.module))
+            self._kind(node, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{native}`")
         for call in self.sites["load_state_dict"]:
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
@@ -1498,6 +1520,23 @@ class _Planner:
             self._kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
         if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
             self.after_imports.append(HELPER_SOURCE)
+
+    def _state_dict_read(self, call: cst.Call) -> tuple[cst.CSTNode, str]:
+        """What replaces ``amp.state_dict()`` and the keys read from it: GradScaler's state has
+        other keys, so ``amp.state_dict()["loss_scaler0"]["loss_scale"]`` reads the scale itself."""
+        keys, node = [], call
+        while True:
+            outer = self.parent.get(id(node))
+            if not (isinstance(outer, cst.Subscript) and outer.value is node):
+                break
+            keys.append(_subscript_key(outer))
+            node = outer
+        if not keys:
+            return call, f"{self.scaler}.state_dict()"
+        native = {"loss_scale": f"{self.scaler}.get_scale()", "unskipped": f'{self.scaler}.state_dict()["_growth_tracker"]'}
+        if len(keys) == 2 and (keys[0] or "").startswith("loss_scaler") and keys[1] in native:
+            return node, native[keys[1]]
+        raise _Unplannable(call, "apex's loss-scaler state is read by key here; GradScaler's state has other keys")
 
     # ---- tree helpers --------------------------------------------------------------------
 
@@ -1560,8 +1599,15 @@ class _Collect(cst.CSTVisitor):
             return False
         if isinstance(node, cst.SimpleStatementLine):
             planner.order[id(node)] = len(planner.order)
+        elif isinstance(node, cst.Try):
+            self._import_fallback(node)
         if isinstance(node, cst.Name):
             planner.names.add(node.value)
+            if node.value == "torch" and isinstance(self.stack[-2], (cst.Param, cst.AssignTarget)):
+                # A parameter or local named `torch`: the rewrite's `torch.autocast` would read it.
+                scope = next((n for n in reversed(self.stack) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
+                if scope is not None:
+                    planner.torch_shadowed.append((node, scope))
         elif isinstance(node, cst.Attribute):
             planner.attributes.add(node.attr.value)
         elif isinstance(node, cst.Assign):
@@ -1593,6 +1639,20 @@ class _Collect(cst.CSTVisitor):
         if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)):
             values = [nodes.literal_string(element.value) for element in choices.value.elements]
         self.planner.choices[name] = values if values and None not in values else None
+        self.planner.defaults[name] = nodes.literal_string(getattr(nodes.argument(call, None, "default"), "value", None))
+
+    def _import_fallback(self, node: cst.Try) -> None:
+        """``try: from apex import amp`` / ``except ImportError: use_amp = False``: without the apex
+        import, that branch never runs again; the fixes say so."""
+        imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+        if not any(_imports_apex(small) for small in imports):
+            return
+        fallback = nodes.import_error_fallback(node)
+        if fallback is not None:
+            self.planner.notes.append(
+                f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
+                "native torch.amp needs no install, so those runs now use it"
+            )
 
     def _binding(self, node: cst.CSTNode) -> bool:
         """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""
@@ -1660,14 +1720,36 @@ def _is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:
 
 
 def _assigns(statement: cst.CSTNode, name: str) -> bool:
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return False
-    for small in statement.body:
-        if isinstance(small, cst.Assign) and any(nodes.code(t.target) == name for t in small.targets):
-            return True
-        if isinstance(small, (cst.AugAssign, cst.AnnAssign)) and nodes.code(small.target) == name:
-            return True
-    return False
+    """Whether ``statement`` binds ``name``: alone, in a tuple (``loss, aux = ...``), or in an arm
+    of a compound statement; not in nested definitions."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def _target(self, target: cst.BaseExpression) -> None:
+            nonlocal found
+            if isinstance(target, (cst.Tuple, cst.List)):
+                for element in target.elements:
+                    self._target(element.value)
+            else:
+                found = found or nodes.code(target) == name
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._target(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._target(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._target(node.target)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    statement.visit(_Find())
+    return found
 
 
 def _defines(statement: cst.CSTNode) -> bool:
@@ -1694,6 +1776,19 @@ def _contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
 
     statement.visit(_Find())
     return found
+
+
+def _imports_apex(small: cst.BaseSmallStatement) -> bool:
+    if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        return nodes.code(small.module).split(".")[0] == "apex"
+    return isinstance(small, cst.Import) and any(alias.evaluated_name.split(".")[0] == "apex" for alias in small.names)
+
+
+def _subscript_key(subscript: cst.Subscript) -> str | None:
+    """The string key of ``x["key"]``, else None."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    return nodes.literal_string(subscript.slice[0].slice.value)
 
 
 def _normal(text: str) -> str:

@@ -30,6 +30,10 @@ CASES = {
     "gan_two_losses.py": "two models, two optimizers, three losses",
     "native_cuda_amp.py": "the deprecated torch.cuda.amp spelling",
     "static_loss_scale.py": "a static loss_scale: GradScaler starting there that never grows",
+    "tuple_loss.py": "the loss bound by tuple unpacking, computed under autocast as apex cast it",
+    "cli_loss_scale.py": "a run-time loss scale whose CLI default of 1 is static: the default run trains",
+    "loss_in_arms.py": "the loss assigned in both arms of an if/else; the scale read from the state by key",
+    "guarded_by_flag.py": "initialize and the scaled backward under a flag and an import guard",
 }
 
 
@@ -78,6 +82,10 @@ def loss_series(result):
     return {key: value for key, value in result.items() if key.endswith(("losses", "scales"))}
 
 
+def dtypes(result):
+    return {key: value for key, value in result.items() if key.endswith("dtypes")}
+
+
 @pytest.mark.parametrize("script", sorted(CASES), ids=lambda s: s.removesuffix(".py"))
 def test_rewritten_script_trains_like_the_original(script, tmp_path):
     source = (LEGACY / script).read_text()
@@ -87,9 +95,11 @@ def test_rewritten_script_trains_like_the_original(script, tmp_path):
     rewritten = tmp_path / script
     rewritten.write_text(result.new_source)
 
-    original = loss_series(run(LEGACY / script, under_ampshim=True, cwd=tmp_path))
-    migrated = loss_series(run(rewritten, under_ampshim=False, cwd=tmp_path))
+    original_result = run(LEGACY / script, under_ampshim=True, cwd=tmp_path)
+    migrated_result = run(rewritten, under_ampshim=False, cwd=tmp_path)
+    original, migrated = loss_series(original_result), loss_series(migrated_result)
     assert original.keys() == migrated.keys() and original
+    assert dtypes(original_result) == dtypes(migrated_result)
     for key in original:
         before, after = original[key], migrated[key]
         assert len(before) == len(after)

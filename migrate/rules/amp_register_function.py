@@ -6,31 +6,10 @@ from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
+from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 from migrate.types import Safety
-
-# What native CUDA autocast already runs in float16 ...
-_NATIVE_FP16 = frozenset(
-    "conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d convolution prelu addmm addmv "
-    "addr matmul einsum mm mv linear addbmm baddbmm bmm chain_matmul multi_dot lstm_cell gru_cell rnn_tanh_cell "
-    "rnn_relu_cell scaled_dot_product_attention".split()
-)
-# ... and in float32.
-_NATIVE_FP32 = frozenset(
-    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm "
-    "group_norm norm nuclear_norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss hinge_embedding_loss "
-    "kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss "
-    "triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp "
-    "softmax log_softmax cumsum cumprod sum prod".split()
-)
-_REGISTER = {
-    "apex.amp.register_half_function": _NATIVE_FP16,
-    "apex.amp.register_float_function": _NATIVE_FP32,
-    "apex.amp.register_bfloat16_function": frozenset(),
-    "apex.amp.register_promote_function": frozenset(),
-}
-_MODULES = ("torch", "torch.nn.functional", "torch.Tensor")
 
 
 class AmpRegisterFunction(ApexRename):
@@ -53,7 +32,7 @@ class AmpRegisterFunction(ApexRename):
 
     CODE = "AMP007"
     MESSAGE = "apex's cast registry does not exist in native autocast"
-    TARGETS = tuple(_REGISTER)
+    TARGETS = tuple(REGISTER)
     VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
     INVALID = [
         Invalid(
@@ -72,13 +51,13 @@ class AmpRegisterFunction(ApexRename):
         self._funcs.add(id(node.func))
         module = nodes.argument(node, 0, "module")
         name = nodes.literal_string(getattr(nodes.argument(node, 1, "name"), "value", None))
-        torch_function = bool(module) and name is not None and bool(set(_MODULES) & qualified_names(self, module.value))
+        torch_function = bool(module) and name is not None and bool(set(TORCH_MODULES) & qualified_names(self, module.value))
         statement = self._statements.get(id(node))
         if not torch_function or statement is None:
             self.report(node, f"{self.MESSAGE}; not rewritten: wrap the calls of {name or 'this function'!r} in "
                         "`with torch.autocast(\"cuda\", enabled=False):` and cast the inputs by hand")
             return
-        if name in _REGISTER[target]:
+        if registered_natively(target, qualified_names(self, module.value), name):
             self._fix_statement(node, statement, Safety.SAFE, "native autocast already casts this function the same way")
         else:
             self._fix_statement(node, statement, Safety.UNSAFE, f"native autocast does not cast {name!r} this way: without "

@@ -9,9 +9,6 @@ from migrate.names import qualified_names
 from migrate.rule import Invalid, Rule, Valid
 from migrate.types import Safety
 
-_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
-
-
 class ApexImport(Rule):
     """What it does:
     Once the apex names an import brought in are no longer used, the rewrites' import cleanup
@@ -62,7 +59,7 @@ class ApexImport(Rule):
     def visit_Try(self, node: cst.Try) -> None:
         if node.finalbody is not None or not node.handlers:
             return
-        if not all(self._catches_import_error(handler) for handler in node.handlers):
+        if not all(map(nodes.catches_import_error, node.handlers)):
             return
         statements = list(node.body.body)
         if not all(isinstance(line, cst.SimpleStatementLine) for line in statements):
@@ -85,21 +82,17 @@ class ApexImport(Rule):
             replacement = cst.FlattenSentinel(kept)
         else:
             replacement = cst.RemoveFromParent()
+        message = "this `try` guards an apex import that is gone: its `except ImportError` branch can no longer run"
+        fallback = nodes.import_error_fallback(node)
+        if fallback is not None:
+            message += f"; behaviour change: where apex was not installed, `{fallback}` turned mixed precision off, and those runs now use it"
         self.report(
             target,
-            "this `try` guards an apex import that is gone: its `except ImportError` branch can no longer run",
+            message,
             replacement=replacement,
             safety=Safety.SAFE,
             fix_message="Replace the `try` statement by its body",
         )
-
-    @staticmethod
-    def _catches_import_error(handler: cst.ExceptHandler) -> bool:
-        if handler.type is None:
-            return False
-        kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
-        names = [nodes.code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]
-        return any(name in _IMPORT_ERRORS for name in names)
 
     def visit_Call(self, node: cst.Call) -> None:
         function = qualified_names(self, node.func)

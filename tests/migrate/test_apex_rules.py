@@ -276,21 +276,32 @@ def test_options_dropped_only_where_they_change_nothing(options, safe):
     assert fixes == ({"safe"} if safe else {"unsafe"})
 
 
-def test_a_run_time_loss_scale_is_safe_and_only_a_static_one_stops():
+def test_a_run_time_loss_scale_picks_the_scalers_start_and_growth_at_run_time():
+    # A CLI default of 1 (a static scale under apex) must run, not stop at a guard.
     source = CANONICAL.replace('opt_level="{level}"', "opt_level=args.opt_level, loss_scale=args.loss_scale")
     output, diagnostics = _migrate(source)
     assert "from apex import" not in output
     assert all(d.fix.applicability.value == "safe" for d in diagnostics if d.fix)
-    checks = output[output.index("if args"):output.index("scaler = ")]
-    for level, scale, stops in [("O1", None, False), ("O1", "dynamic", False), ("O0", "128.0", False),
-                                ("O1", "128.0", True), ("O2", None, True)]:
-        args = type("Args", (), {"opt_level": level, "loss_scale": scale})
+    checks = output[output.index("if args"):output.index("for x in loader")]
+
+    class _Torch:
+        class amp:
+            @staticmethod
+            def GradScaler(device, **options):
+                return options
+
+    for level, scale, expected in [("O1", None, (2.0**16, 2000)), ("O1", "dynamic", (2.0**16, 2000)),
+                                   ("O1", 1, (1.0, 2**31 - 1)), ("O1", "128", (128.0, 2**31 - 1)),
+                                   ("O2", None, RuntimeError)]:
+        namespace = {"args": type("Args", (), {"opt_level": level, "loss_scale": scale}), "torch": _Torch}
         try:
-            exec(checks, {"args": args})
+            exec(checks, namespace)
         except RuntimeError:
-            assert stops, (level, scale)
-        else:
-            assert not stops, (level, scale)
+            assert expected is RuntimeError, (level, scale)
+            continue
+        options = namespace["scaler"]
+        assert (options["init_scale"], options["growth_interval"]) == expected, (level, scale)
+        assert options["enabled"] == (level != "O0")
 
 
 BRANCHED_CLIP = """\

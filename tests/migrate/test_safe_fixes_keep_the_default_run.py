@@ -1,0 +1,117 @@
+"""Safe fixes never change what a default run computes: shapes where they once did."""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+from migrate.api import migrate_source
+from migrate.apex_plan import HELPER_SOURCE
+
+LEGACY = Path(__file__).resolve().parents[2] / "fixtures" / "legacy"
+
+LOOP = """\
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
+def _migrate(source: str, unsafe_fixes: bool = False):
+    result = migrate_source(textwrap.dedent(source), "train.py", unsafe_fixes=unsafe_fixes)
+    assert result.error is None, result.error
+    return result
+
+
+def _core(result):
+    return [d for d in result.diagnostics if d.code in ("AMP002", "AMP003", "AMP004", "AMP005")]
+
+
+def test_an_opt_level_defaulting_to_o2_is_not_a_safe_fix_that_stops_the_default_run():
+    source = (LEGACY / "train_o2_batchnorm.py").read_text()
+    result = migrate_source(source, "train_o2_batchnorm.py")
+    assert result.new_source in (None, source)
+    reasons = {d.fix.message for d in _core(result) if d.fix}
+    assert reasons and all("defaults to O2" in reason for reason in reasons)
+    unsafe = migrate_source(source, "train_o2_batchnorm.py", unsafe_fixes=True).new_source
+    assert "raise RuntimeError" not in unsafe  # unsafe fixes may change precision, never stop the run
+
+
+def test_a_parameter_named_torch_is_not_read_as_the_module():
+    result = _migrate("from apex import amp\n\ndef train(model, optimizer, loader, torch):\n"
+                      '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + LOOP)
+    assert result.new_source in (None, result.source)
+    assert all("`torch` names something else" in d.message for d in _core(result))
+
+
+def test_an_attribute_named_torch_does_not_block_the_rewrite():
+    result = _migrate("from apex import amp\n\ndef train(model, optimizer, loader, backend):\n"
+                      "    backend.torch = None\n"
+                      '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + LOOP)
+    assert "torch.amp.GradScaler" in result.new_source
+
+
+def test_a_cast_list_edit_makes_the_rewrite_unsafe_unless_native_autocast_makes_the_same_cast():
+    start = "import torch\nfrom apex import amp\n\n{edit}\n\ndef train(model, optimizer, loader):\n" \
+            '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+    for edit, safe in [
+        ('amp.register_float_function(torch, "sigmoid")', False),
+        ('amp.register_half_function(torch, "matmul")', True),
+        ('amp.lists.functional_overrides.FP32_FUNCS.remove("softmax")', False),
+    ]:
+        result = _migrate(start.format(edit=edit) + LOOP)
+        safety = {d.fix.applicability.value for d in _core(result)}
+        assert safety == ({"safe"} if safe else {"unsafe"}), edit
+        if not safe:
+            assert "cast lists" in next(iter(_core(result))).fix.message
+            assert "GradScaler" not in (result.new_source or "")
+
+
+def test_the_scale_read_from_apex_state_by_key_becomes_the_scalers_scale():
+    read = '\n    print(amp.state_dict()["loss_scaler0"]["loss_scale"], amp.state_dict()["loss_scaler0"]["unskipped"])\n'
+    result = _migrate('from apex import amp\n\ndef train(model, optimizer, loader):\n'
+                      '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + LOOP + read)
+    assert 'print(scaler.get_scale(), scaler.state_dict()["_growth_tracker"])' in result.new_source
+    other = _migrate('from apex import amp\n\ndef train(model, optimizer, loader):\n'
+                     '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + LOOP
+                     + '    print(amp.state_dict()["loss_scaler0"])\n')
+    assert other.new_source in (None, other.source)
+    assert any("read by key" in d.message for d in _core(other))
+
+
+def test_the_emitted_helper_names_no_apex_call():
+    site = re.compile(r"\bamp\s*\.\s*(initialize|scale_loss|master_params|state_dict|load_state_dict)\s*\(")
+    assert not site.search(HELPER_SOURCE)
+
+
+def test_an_import_fallback_made_dead_is_announced():
+    source = """\
+        import torch
+        try:
+            from apex import amp
+            APEX_AVAILABLE = True
+        except ImportError:
+            APEX_AVAILABLE = False
+
+        def train(model, optimizer, loader, args):
+            if args.fp16 and APEX_AVAILABLE:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                if args.fp16 and APEX_AVAILABLE:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """
+    result = _migrate(source)
+    assert "except ImportError" not in result.new_source
+    fixes = [d.fix.message for d in _core(result)]
+    assert fixes and all("behaviour change" in fix and "`APEX_AVAILABLE = False`" in fix for fix in fixes)
+    # A guard whose import an earlier run removed says the same when it goes.
+    left = _migrate("import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n")
+    assert left.new_source == "import torch\n\nAPEX_AVAILABLE = True\n"
+    assert "behaviour change" in left.diagnostics[0].message
