@@ -19,6 +19,7 @@ from migrate.names import qualified_names
 from migrate.native_casts import registered_natively
 from migrate.rule import ImportChange, Replacement, Report
 from migrate import apex_nodes as nodes
+from migrate import grad_readers
 from migrate.types import Safety
 
 CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
@@ -93,8 +94,6 @@ _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
 # Without amp.initialize in the file, calls of these stand for the forward pass.
 _GUESSED_MODELS = frozenset({"model", "self.model", "net", "self.net", "network", "self.network", "module", "self.module"})
 _AUTOCAST = 'torch.autocast("cuda", dtype=torch.float16{enabled})'
-# Calls with "grad" in their name that do not read gradients.
-_GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
 # Statement kinds that a search for the following optimizer.step() may look into.
 _TRANSPARENT = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With)
 
@@ -192,6 +191,7 @@ class _Planner:
         # gradient-reading statements an unscale covers.
         self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.unscale_covered: set[int] = set()
+        self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
@@ -1187,6 +1187,10 @@ class _Planner:
         if not readers:
             return
         if not all(follows for _, _, follows in readers) or any(_contains(r, (cst.Return, cst.Break, cst.Continue)) for r, _, _ in readers):
+            clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
+            if all(clips):
+                self._plan_scale_aware(scale, [call for calls in clips for call in calls])
+                return
             self.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
                 f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
@@ -1203,6 +1207,21 @@ class _Planner:
             if line not in lines:
                 lines.append(line)
         self.unscale_covered.update(id(reader) for reader, _, _ in readers)
+
+    def _plan_scale_aware(self, scale: _ScaleLoss, clips: list[cst.Call]) -> None:
+        """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``)."""
+        factor = f"{self._scaler_of(scale.call)}.get_scale()"
+        masters = {id(call): call for call in self.sites["master_params"]}
+        for clip in clips:
+            params = clip.args[0].value if clip.args and clip.args[0].keyword is None else None
+            generator = None
+            if isinstance(params, cst.Call) and id(params) in masters:
+                generator = self._master_params_generator(params)
+                self.master_params_in_clips.add(id(params))
+            new = grad_readers.scale_aware(clip, factor, self.parent.get(id(clip)), generator, self.module)
+            self._replace(clip, new)
+            self._kind(clip, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
+                       f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
 
     def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
         """Where gradients are first read in each branch of ``statement`` (itself, unless it is an ``if``)."""
@@ -1244,15 +1263,7 @@ class _Planner:
         others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
         return any(self._inside(call, statement) for call in others) or bool(_backward_calls(statement))
 
-    @staticmethod
-    def _reads_grads(statement: cst.CSTNode) -> bool:
-        """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively."""
-
-        def reads(name: str) -> bool:
-            name = name.lower()
-            return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
-
-        return _has_call(statement, reads) or _has_attribute(statement, "grad")
+    _reads_grads = staticmethod(grad_readers.reads_grads)
 
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -1424,12 +1435,10 @@ class _Planner:
                 raise _Unplannable(call, "`amp.master_params` is not called with one optimizer")
             if self.level in ("O2", "O3") or (self.level is None and not self.level_guarded):
                 self.unsafe.append(MASTER_COPIES)
+            if id(call) in self.master_params_in_clips:
+                continue
             opt = nodes.code(optimizer.value)
-            generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
-            arg = self.parent.get(id(call))
-            outer = self.parent.get(id(arg))
-            if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
-                generator = generator.with_changes(lpar=[], rpar=[])
+            generator = self._master_params_generator(call)
             statement = self._statement(call)
             blocks = self._enclosing_blocks(statement)
             done = unscaled.setdefault(opt, [])
@@ -1451,6 +1460,16 @@ class _Planner:
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self._replace(statement, new)
             self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+
+    def _master_params_generator(self, call: cst.Call) -> cst.BaseExpression:
+        """The optimizer's parameters, where ``amp.master_params(optimizer)`` stood."""
+        opt = nodes.code(nodes.argument(call, 0, "optimizer").value)
+        generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
+        arg = self.parent.get(id(call))
+        outer = self.parent.get(id(arg))
+        if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
+            generator = generator.with_changes(lpar=[], rpar=[])
+        return generator
 
     def _ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         found = []
@@ -1666,10 +1685,6 @@ class _Collect(cst.CSTVisitor):
         return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))
 
 
-def _has_call(statement: cst.CSTNode, wanted) -> bool:
-    return bool(_calls(statement, wanted))
-
-
 def _backward_calls(statement: cst.CSTNode, nested: bool = False) -> list[cst.Call]:
     """``x.backward(...)`` calls (a project's own ``backward(loss, opt)`` helper is not one)."""
     return [call for call in _calls(statement, lambda name: name == "backward", nested=nested) if isinstance(call.func, cst.Attribute)]
@@ -1692,21 +1707,6 @@ def _calls(statement: cst.CSTNode, wanted, *, nested: bool = False) -> list[cst.
 
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return nested
-
-    statement.visit(_Find())
-    return found
-
-
-def _has_attribute(statement: cst.CSTNode, attribute: str) -> bool:
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            nonlocal found
-            found = found or node.attr.value == attribute
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
 
     statement.visit(_Find())
     return found

@@ -34,6 +34,7 @@ CASES = {
     "cli_loss_scale.py": "a run-time loss scale whose CLI default of 1 is static: the default run trains",
     "loss_in_arms.py": "the loss assigned in both arms of an if/else; the scale read from the state by key",
     "guarded_by_flag.py": "initialize and the scaled backward under a flag and an import guard",
+    "accumulate_clip_every_micro_batch.py": "a clip at every micro-batch, the step every fourth: a scale-aware clip",
 }
 
 

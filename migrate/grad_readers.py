@@ -1,0 +1,103 @@
+"""Statements that read gradients, and the scale-aware form of a gradient clip.
+
+apex unscaled the gradients when ``scale_loss`` exited, so a clip or a norm taken after it saw
+true gradients. Natively they stay multiplied by the scale until ``scaler.unscale_(optimizer)``,
+which may run once per step. Where the step may not follow the read (a clip at every
+micro-batch, the step every fourth), ``unscale_`` cannot go there; a clip can still be exact on
+the scaled gradients: their norm is the true norm times the scale, so clipping them at
+``max_norm * scale`` multiplies them by the same factor as clipping the true ones at ``max_norm``
+(and the scale, a power of two, divides back exactly). ``clip_grad_value_`` likewise.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+
+# Calls with "grad" in their name that do not read gradients.
+_GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
+# name -> the position and keyword of the threshold, and whether the call returns the norm
+_CLIPS = {
+    "clip_grad_norm_": (1, "max_norm", True),
+    "clip_grad_norm": (1, "max_norm", True),
+    "clip_grad_value_": (1, "clip_value", False),
+}
+# Where a value may stand as ``a / b`` without parentheses.
+_LOOSE_PARENTS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Element, cst.DictElement)
+
+
+def reads_grads(statement: cst.CSTNode) -> bool:
+    """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively."""
+    return bool(_grad_calls(statement)) or bool(_grad_attributes(statement))
+
+
+def scale_aware_clips(statement: cst.CSTNode) -> list[cst.Call] | None:
+    """The clip calls of ``statement`` when clips are all it reads gradients with; else None."""
+    clips = [call for call in _grad_calls(statement) if nodes.call_name(call) in _CLIPS]
+    if not clips or any(nodes.argument(call, _CLIPS[nodes.call_name(call)][0], _CLIPS[nodes.call_name(call)][1]) is None
+                        or nodes.has_star(call) for call in clips):
+        return None
+    inside = {id(node) for call in clips for node in _subtree(call)}
+    others = [node for node in (*_grad_calls(statement), *_grad_attributes(statement)) if id(node) not in inside]
+    return None if others else clips
+
+
+def scale_aware(call: cst.Call, scale: str, parent: cst.CSTNode | None, params: cst.BaseExpression | None,
+                module: cst.Module) -> cst.BaseExpression:
+    """``call`` clipping scaled gradients at its threshold times ``scale`` (an expression), its
+    returned norm divided by ``scale`` where it is read. ``params``, if given, replaces the
+    parameters argument."""
+    position, keyword, returns_norm = _CLIPS[nodes.call_name(call)]
+    threshold = nodes.argument(call, position, keyword)
+    limit = nodes.code(threshold.value)
+    if not isinstance(threshold.value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call, cst.Integer, cst.Float)):
+        limit = f"({limit})"
+    args = []
+    for arg in call.args:
+        if arg is threshold:
+            arg = arg.with_changes(value=nodes.parse_expression(f"{limit} * {scale}", module))
+        elif params is not None and arg is call.args[0]:
+            arg = arg.with_changes(value=params)
+        args.append(arg)
+    new = call.with_changes(args=args)
+    if not returns_norm or isinstance(parent, cst.Expr):
+        return new
+    divided = f"{nodes.code(new)} / {scale}"
+    return nodes.parse_expression(divided if isinstance(parent, _LOOSE_PARENTS) else f"({divided})", module)
+
+
+def _grad_calls(statement: cst.CSTNode) -> list[cst.Call]:
+    def reads(name: str) -> bool:
+        name = name.lower()
+        return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
+
+    return [call for call in _outside_definitions(statement, cst.Call) if reads(nodes.call_name(call))]
+
+
+def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:
+    return [node for node in _outside_definitions(statement, cst.Attribute) if node.attr.value == "grad"]
+
+
+def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:
+    found = []
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return node is statement or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+    statement.visit(_Find())
+    return found
+
+
+def _subtree(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found = []
+
+    class _All(cst.CSTVisitor):
+        def on_visit(self, inner: cst.CSTNode) -> bool:
+            found.append(inner)
+            return True
+
+    node.visit(_All())
+    return found

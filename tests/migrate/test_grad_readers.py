@@ -1,0 +1,60 @@
+"""Gradients read where the step may not follow: clips become scale-aware, other reads stay unsafe."""
+from __future__ import annotations
+
+import pytest
+
+from migrate.api import migrate_source
+
+ACCUMULATING = """\
+import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for step, batch in enumerate(loader):
+    loss = model(batch) / 4
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    {read}
+    if (step + 1) % 4 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def _migrate(read: str, unsafe_fixes: bool = False):
+    result = migrate_source(ACCUMULATING.format(read=read), "train.py", unsafe_fixes=unsafe_fixes)
+    assert result.error is None, result.error
+    return result
+
+
+@pytest.mark.parametrize("read, expected", [
+    ("torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)",
+     "torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm * scaler.get_scale())"),
+    ("norm = torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)",
+     'norm = torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), '
+     "1.0 * scaler.get_scale()) / scaler.get_scale()"),
+    ("log(clip_grad_norm_(model.parameters(), max_norm=a + b).item())",
+     "log((clip_grad_norm_(model.parameters(), max_norm=(a + b) * scaler.get_scale()) / scaler.get_scale()).item())"),
+    ("torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)",
+     "torch.nn.utils.clip_grad_value_(model.parameters(), 0.5 * scaler.get_scale())"),
+])
+def test_a_clip_at_every_micro_batch_becomes_scale_aware_and_safe(read, expected):
+    result = _migrate(read)
+    assert expected in result.new_source
+    assert "unscale_" not in result.new_source  # a second unscale_ before the step would raise
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
+
+
+def test_other_gradient_reads_there_stay_unsafe_and_are_never_unscaled_twice():
+    read = "norms.append(sum(p.grad.norm() for p in model.parameters()))"
+    result = _migrate(read)
+    assert result.new_source in (None, result.source)
+    unsafe = _migrate(read, unsafe_fixes=True).new_source
+    assert "unscale_" not in unsafe
+
+
+def test_a_clip_the_step_always_follows_is_unscaled_first():
+    source = ACCUMULATING.format(read="pass").replace(
+        "        optimizer.step()", "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        optimizer.step()")
+    result = migrate_source(source, "train.py")
+    assert "        scaler.unscale_(optimizer)\n        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n" in result.new_source
