@@ -24,6 +24,12 @@ _PURE = (
     cst.Subscript,
     cst.SubscriptElement,
     cst.Index,
+    cst.IfExp,
+)
+# Calls that read settled state, the same each time in a run: `if torch.cuda.is_available():`.
+_PURE_CALLS = frozenset(
+    {"is_available", "is_initialized", "device_count", "get_world_size", "get_rank", "is_bf16_supported",
+     "hasattr", "isinstance", "getattr"}
 )
 
 
@@ -33,12 +39,15 @@ def code(node: cst.CSTNode) -> str:
 
 
 def is_pure(expression: cst.BaseExpression) -> bool:
-    """Whether evaluating ``expression`` twice is the same as once: names, attributes, operators."""
+    """Whether evaluating ``expression`` twice is the same as once: names, attributes, operators,
+    and availability checks such as ``torch.cuda.is_available()``."""
     found_impure = False
 
     class _Check(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
             nonlocal found_impure
+            if isinstance(node, cst.Call) and call_name(node) in _PURE_CALLS:
+                return True
             if isinstance(node, cst.BaseExpression) and not isinstance(node, _PURE):
                 found_impure = True
             return not found_impure

@@ -89,6 +89,7 @@ _INITIALIZE_KEYWORDS = frozenset(
 _NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
 _O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
 _SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
+_EACH = -1  # the step index of a loop stepping each optimizer of a list
 _NEVER = "2**31 - 1"  # a growth interval no run reaches: the scale of a static apex loss scale stays
 _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
 # Without amp.initialize in the file, calls of these stand for the forward pass.
@@ -333,7 +334,8 @@ class _Planner:
                 "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
                 "(the opt level and options given to `amp.initialize` elsewhere are not seen)"
             )
-        if len(inits) > 1:
+        repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
+        if len(inits) > 1 + len(repeats):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
         self.o0 = self.level == "O0"
@@ -398,6 +400,11 @@ class _Planner:
                 last = last_in_block[id(self.parent[id(line)])] == (id(line), index)
                 entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in steps.values():
+            if _EACH in updates:
+                self._replace(line, self._each_step_replacement(line, updates[_EACH], condition, step_scaler[id(line)]))
+                self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
+                           f"Use `{self.scaler}.step(optimizer)` for each optimizer, then `{self.scaler}.update()` once")
+                continue
             self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
             self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
         self._plan_master_params()
@@ -408,7 +415,10 @@ class _Planner:
         else:
             self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
         for extra in inits[1:]:
-            self._plan_initialize_removal(extra)
+            if extra in repeats and not self.o0:
+                self._plan_initialize(extra, None, reinitialize=True)
+            else:
+                self._plan_initialize_removal(extra)
         if not self.o0:
             for scale in scales:
                 self._plan_autocast(scale)
@@ -673,9 +683,8 @@ class _Planner:
                 options += [f"init_scale={number}", f"growth_interval={_NEVER}"]
                 harmless.add("min_loss_scale")  # apex bounds only a dynamic scale
             elif o0_or_o1 and nodes.is_pure(loss_scale.value):
-                dynamic = f'{_operand(loss_scale.value)} in (None, "dynamic")'
-                options += [f"init_scale=2.0**16 if {dynamic} else float({nodes.code(loss_scale.value)})",
-                            f"growth_interval=2000 if {dynamic} else {_NEVER}"]
+                init, growth = _run_time_scale(loss_scale.value)
+                options += [f"init_scale={init}", f"growth_interval={growth}"]
             else:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *_NO_NATIVE_OPTION):
@@ -691,14 +700,23 @@ class _Planner:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options
 
-    def _plan_initialize(self, init: _Initialize, hoist: cst.If | None) -> None:
+    def _repeats(self, first: _Initialize, again: _Initialize) -> bool:
+        """``again`` initializes as ``first`` did (re-initialising before loading a checkpoint), in
+        its function, outside any block that could make the scaler's flag differ: apex started
+        a fresh loss scaler there, as a fresh GradScaler does."""
+        same = _normal(nodes.code(first.call)) == _normal(nodes.code(again.call)) and first.restore == again.restore
+        block = self.parent.get(id(first.statement))
+        at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
+        return same and at_top and self._function(first.statement) is self._function(again.statement)
+
+    def _plan_initialize(self, init: _Initialize, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
-        if self.default_scaler:
+        if self.default_scaler and not reinitialize:
             self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
         if not self.o0:
-            if self.scaler_scope == "global":
+            if self.scaler_scope == "global" and not reinitialize:
                 lines.append(f"global {self.scaler}")
-            lines += self._run_time_checks(init, hoist)
+            lines += [] if reinitialize else self._run_time_checks(init, hoist)
             enabled = self._enabled_expression(init, hoist)
             options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
             line = f"{self.scaler} = torch.amp.GradScaler({', '.join(options)})"
@@ -1110,6 +1128,8 @@ class _Planner:
 
     def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
         for line, index in found:
+            if index == _EACH:
+                continue  # its inner steps were checked by name
             if line.body[index].value.args:
                 raise _Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
@@ -1268,6 +1288,8 @@ class _Planner:
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
             return [(statement, i) for i, small in enumerate(statement.body) if _is_step(small, wanted)]
+        if self._steps_each(statement, wanted):
+            return [(statement, _EACH)]
         if not isinstance(statement, _TRANSPARENT):
             return []
         found = []
@@ -1279,6 +1301,13 @@ class _Planner:
                 found += self._steps_in(child, wanted)
         return found
 
+    def _steps_each(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        """``for opt in optimizers: opt.step()`` over the list ``wanted``: the steps in its body."""
+        if not (isinstance(statement, cst.For) and isinstance(statement.target, cst.Name) and statement.orelse is None
+                and _normal(nodes.code(statement.iter)) == _normal(wanted)):
+            return []
+        return [hit for inner in statement.body.body for hit in self._steps_in(inner, statement.target.value)]
+
     def _steps_in_file(self, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         found = []
 
@@ -1289,6 +1318,17 @@ class _Planner:
 
         self.module.visit(_Steps())
         return found
+
+    def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
+        """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
+        if condition is not None:
+            raise _Unplannable(loop, "the optimizers are stepped in a loop under a condition the scaler cannot test again")
+        inner = {id(line): self._step_replacement(line, {index: False}, None, scaler)
+                 for line, index in self._steps_each(loop, nodes.code(loop.iter))}
+        new = loop.visit(_ReplaceByIdentity(inner))
+        if not update:
+            return new
+        return cst.FlattenSentinel([new, nodes.parse_statements(f"{scaler}.update()\n", self.module)[0]])
 
     def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []
@@ -1616,9 +1656,9 @@ class _Collect(cst.CSTVisitor):
         self.stack.append(node)
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             return False
-        if isinstance(node, cst.SimpleStatementLine):
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             planner.order[id(node)] = len(planner.order)
-        elif isinstance(node, cst.Try):
+        if isinstance(node, cst.Try):
             self._import_fallback(node)
         if isinstance(node, cst.Name):
             planner.names.add(node.value)
@@ -1776,6 +1816,23 @@ def _contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
 
     statement.visit(_Find())
     return found
+
+
+def _run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
+    """GradScaler's ``init_scale`` and ``growth_interval`` for apex's ``loss_scale=value``, chosen
+    when the script runs: ``"dynamic"`` (or None) as GradScaler's defaults, a number as a scale
+    that never grows. ``"dynamic" if c else 128.0`` gives ``2.0**16 if c else 128.0``."""
+    if nodes.literal_string(value) == "dynamic" or (isinstance(value, cst.Name) and value.value == "None"):
+        return "2.0**16", "2000"
+    number = nodes.number_text(value)
+    if number is not None:
+        return number, _NEVER
+    if isinstance(value, cst.IfExp):
+        (body_init, body_growth), (else_init, else_growth) = _run_time_scale(value.body), _run_time_scale(value.orelse)
+        test = _operand(value.test)
+        return f"{body_init} if {test} else {else_init}", f"{body_growth} if {test} else {else_growth}"
+    dynamic = f'{_operand(value)} in (None, "dynamic")'
+    return f"2.0**16 if {dynamic} else float({nodes.code(value)})", f"2000 if {dynamic} else {_NEVER}"
 
 
 def _imports_apex(small: cst.BaseSmallStatement) -> bool:

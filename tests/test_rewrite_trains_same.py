@@ -35,6 +35,7 @@ CASES = {
     "loss_in_arms.py": "the loss assigned in both arms of an if/else; the scale read from the state by key",
     "guarded_by_flag.py": "initialize and the scaled backward under a flag and an import guard",
     "accumulate_clip_every_micro_batch.py": "a clip at every micro-batch, the step every fourth: a scale-aware clip",
+    "optimizers_list.py": "optimizers stepped in a loop over the scaled list; a second, identical initialize",
 }
 
 

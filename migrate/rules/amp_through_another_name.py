@@ -20,9 +20,10 @@ class AmpThroughAnotherName(Rule):
     These are apex calls the codemod cannot follow to their import, so it cannot rewrite them
     consistently with the ``amp.initialize`` they depend on. Left alone, they keep the file on apex.
 
-    ``state_dict()``/``load_state_dict()`` through such a name are reported only in a file that
-    still shows apex (an import, or another call only apex has): a GradScaler handed over in the
-    module's place answers both. Calls that the AMP002-AMP005 rewrite handles (the file hands the
+    ``state_dict()``/``load_state_dict()``/``initialize()`` through such a name are reported only
+    in a file that still shows apex (an import, or another call only apex has): a GradScaler
+    handed over in the module's place answers the first two, and ``cfg.amp.initialize()`` may be
+    a project's own. Calls that the AMP002-AMP005 rewrite handles (the file hands the
     module on, and the receiver has its name) are left to it.
 
     Fix safety:
@@ -41,6 +42,7 @@ class AmpThroughAnotherName(Rule):
         Valid("from torch.cuda import amp\nscaler = amp.GradScaler()\n"),
         Valid("model_ref.amp_scale_loss(loss, optimizer)\n"),
         Valid("def scale_loss(loss, optimizer):\n    return loss\n\nscale_loss(loss, optimizer)\n"),
+        Valid("cfg.amp.initialize(model)\n"),
     ]
     INVALID = [
         Invalid("class Hook:\n    def after_train_iter(self, runner):\n        with self.amp.scale_loss(runner.outputs['loss'], runner.optimizer) as scaled:\n            scaled.backward()\n"),
@@ -76,16 +78,17 @@ class AmpThroughAnotherName(Rule):
         if func.attr.value not in CORE or id(node) in self._handled:
             return
         if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
-            if self._imported_elsewhere(receiver):
-                return  # `mylib.amp`: a module of its own, found through its import
+            if self._imported_elsewhere(receiver) or "apex.amp" in qualified_names(self, receiver):
+                return  # `mylib.amp`: a module of its own; `apex.amp` after `import apex`: resolved
             where = "an attribute"
         elif isinstance(receiver, cst.Name) and receiver.value == "amp" and not self._imported(receiver):
             where = "a parameter or local variable"
         else:
             return
-        if func.attr.value in ("state_dict", "load_state_dict"):
-            # GradScaler has both: once apex is gone, a scaler handed over in its place answers
-            # them. They are apex's only in a file that still shows apex.
+        if func.attr.value in ("state_dict", "load_state_dict", "initialize"):
+            # GradScaler has the first two: once apex is gone, a scaler handed over in its place
+            # answers them; and many a config has an `amp.initialize`. They are apex's only in a
+            # file that still shows apex.
             self._state_calls.append((node, where))
             return
         self._apex_seen = True

@@ -1,0 +1,127 @@
+"""Shapes real training code has, each migrated safely where the rewrite is exact."""
+from __future__ import annotations
+
+import textwrap
+
+from migrate.api import migrate_source
+
+
+def _migrate(source: str, unsafe_fixes: bool = False):
+    result = migrate_source(textwrap.dedent(source), "train.py", unsafe_fixes=unsafe_fixes)
+    assert result.error is None, result.error
+    return result
+
+
+def _safe(result) -> bool:
+    fixes = {d.fix.applicability.value for d in result.diagnostics if d.fix}
+    return fixes == {"safe"} and all(d.applied for d in result.diagnostics if d.fix)
+
+
+def test_an_availability_check_is_a_flag_the_scaler_can_take():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def train(model, optimizer, loader):
+            if torch.cuda.is_available():
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                loss = model(x)
+                if torch.cuda.is_available():
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result)
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=bool(torch.cuda.is_available()))' in result.new_source
+
+
+def test_a_loss_scale_chosen_by_a_conditional_expression_keeps_each_choice():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale="dynamic" if cfg.dynamic else 128.0)
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert _safe(result)
+    assert "init_scale=2.0**16 if cfg.dynamic else 128.0" in result.new_source
+    assert "growth_interval=2000 if cfg.dynamic else 2**31 - 1" in result.new_source
+
+
+def test_import_apex_then_apex_amp_is_the_same_as_from_apex_import_amp():
+    result = _migrate("""\
+        import apex
+
+        model, optimizer = apex.amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            with apex.amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert _safe(result)
+    assert not [d for d in result.diagnostics if d.code == "AMP016"]
+    assert "apex" not in result.new_source
+
+
+def test_a_second_identical_initialize_starts_a_fresh_scaler_as_apex_did():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, optimizer, loader, args):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            if args.resume:
+                checkpoint = torch.load(args.resume)
+                model.load_state_dict(checkpoint["model"])
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                amp.load_state_dict(checkpoint["amp"])
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result)
+    resume = result.new_source[result.new_source.index("if args.resume:"):result.new_source.index("for x in loader")]
+    assert 'scaler = torch.amp.GradScaler("cuda")\n        scaler.load_state_dict(' in resume
+
+
+def test_a_different_second_initialize_stays_unsafe():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        if args.finetune:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale=128.0)
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+
+
+def test_each_optimizer_of_the_scaled_list_steps_through_the_scaler_and_the_scale_updates_once():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizers = amp.initialize(model, optimizers, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizers) as scaled_loss:
+                scaled_loss.backward()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    """)
+    assert _safe(result)
+    assert ("    for optimizer in optimizers:\n        scaler.step(optimizer)\n        optimizer.zero_grad()\n"
+            "    scaler.update()\n") in result.new_source
