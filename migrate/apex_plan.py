@@ -89,6 +89,7 @@ _INITIALIZE_KEYWORDS = frozenset(
 _NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
 _O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
 _SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
+ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 _EACH = -1  # the step index of a loop stepping each optimizer of a list
 _NEVER = "2**31 - 1"  # a growth interval no run reaches: the scale of a static apex loss scale stays
 _SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
@@ -187,6 +188,8 @@ class _Planner:
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
+        # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
+        self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
         self._kinds: dict[int, tuple[str, str, str]] = {}
         # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
         # gradient-reading statements an unscale covers.
@@ -439,15 +442,30 @@ class _Planner:
                 "autocast when it is migrated (migrate both, or neither)"
             )
         for init in inits:
+            model = nodes.argument(init.call, 0, "models").value
+            if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
+                self._plan_half(init, model)
+                continue
             self._plan_initialize_removal(init)
             if init.inference and init.level != "O0":
-                models = " ".join(nodes.code(nodes.argument(init.call, 0, "models").value).split())
+                models = " ".join(nodes.code(model).split())
                 if init.level in ("O2", "O3"):
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {_AUTOCAST.format(enabled='')}"
                 else:
                     step = f"run `{models}` under {_AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
                 self._leave_marker(init.statement, step)
         self._emit([])
+
+    def _plan_half(self, init: _Initialize, model: cst.BaseExpression) -> None:
+        """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
+        inputs it is given working (fp32 weights would refuse them)."""
+        self.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
+        target, values = init.restore.split(" = ", 1)
+        code = nodes.code(model)
+        restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
+        new = nodes.parse_statements(restore + "\n", self.module)[0]
+        self._replace(init.statement, nodes.with_leading(new, init.statement))
+        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Call `.half()` on the model: O3 is pure float16")
 
     def _master_params_alone(self) -> None:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
@@ -581,15 +599,17 @@ class _Planner:
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
             possible = self._possible_levels(level_arg.value)
-            if level is None and possible is not None and possible <= {"O0", "O1"}:
+            if level is None and possible is not None and possible <= self.exact_levels:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
-            elif level is None and self._default_level(level_arg.value) in ("O2", "O3"):
+            elif level is None and self._default_level(level_arg.value) in {"O2", "O3"} - self.exact_levels:
                 # A run-time check would stop the run people make most; O2/O3 are not exact natively.
                 self.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
             elif level is None and possible is None and nodes.is_pure(level_arg.value):
                 # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
                 # rewrite adds that check), so no run silently trains differently.
                 guard_level = True
+                if "O2" in self.exact_levels:
+                    self.notes.append(f"O2 as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
             elif level is None:
                 self.unsafe.append(COMPUTED_LEVEL)
             elif level in ("01", "o1"):
@@ -598,6 +618,9 @@ class _Planner:
                 level = "O1"
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise _Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
+            elif level in self.exact_levels - {"O0", "O1"}:
+                self.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
+                level = "O1"
             elif level in ("O2", "O3"):
                 self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
         if not has_optimizers and level != "O0":
@@ -771,12 +794,16 @@ class _Planner:
         if not init.guard_level:
             return []
         level = _operand(init.level_expression)
-        before, after = "opt_level ", ": migrated from apex for O0 and O1; native torch.amp has no O2/O3"
+        exact = sorted(self.exact_levels)
+        names = " and ".join([", ".join(exact[:-1]), exact[-1]])
+        missing = "/".join(sorted({"O2", "O3"} - self.exact_levels))
+        before, after = "opt_level ", f": migrated from apex for {names}; native torch.amp has no {missing}"
         if any(char in level for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
             message = f'"{before}%r{after}" % ({level},)'
         else:
             message = f'f"{before}{{{level}!r}}{after}"'
-        condition = _conjunction([*self._flags(init, hoist), f'{level} not in ("O0", "O1")'])
+        levels = ", ".join(f'"{name}"' for name in exact)
+        condition = _conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"])
         return [f"if {condition}:", f"    raise RuntimeError({message})"]
 
     @staticmethod

@@ -113,7 +113,7 @@ def _visit(
     if not visitors:
         return wrapper, []
     try:
-        metadata = _resolve(wrapper, visitors)
+        metadata = _resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
             visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
         cst.visit_batched(module, visitors)
@@ -127,7 +127,7 @@ def _visit(
     return wrapper, [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
 
 
-def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule]) -> dict[type, Mapping]:
+def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
     """The metadata the visitors declare, resolved once for all of them, as ``MetadataWrapper`` would.
 
     Some providers are run here, at a fraction of the wrapper's cost:
@@ -157,7 +157,7 @@ def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule]) -> dict[type, M
             elif provider is QualifiedNameProvider:
                 metadata[provider] = _QualifiedNames(module, parents, metadata[ScopeProvider])
             else:
-                metadata[provider] = _run_on_module(provider, module, metadata)
+                metadata[provider] = _run_on_module(provider, module, metadata, settings)
         ours.difference_update(ready)
     return metadata
 
@@ -186,9 +186,10 @@ def _visits_only_the_module(provider: type) -> bool:
     )
 
 
-def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[type, Mapping]) -> Mapping:
-    """What a batched visit gives a provider that only visits the module."""
-    provider = provider_class()
+def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[type, Mapping], settings: Mapping) -> Mapping:
+    """What a batched visit gives a provider that only visits the module; the run's settings come
+    in as libcst's provider ``cache`` (what a provider knows from outside the module)."""
+    provider = provider_class(cache=MappingProxyType(dict(settings)))
     provider.metadata = {key: metadata[key] for key in provider.get_inherited_dependencies()}
     methods = visitor_names(provider_class)
     if "visit_Module" in methods:

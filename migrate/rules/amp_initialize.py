@@ -53,7 +53,9 @@ class AmpInitialize(PlannedApexRule):
     Options:
     ``opt-level`` (in ``[tool.ampmigrate.settings]``): set it to ``"O1"`` when every opt level the
     project computes at run time (``opt_level=args.opt_level``) is O0 or O1; those rewrites,
-    exact for both, are then safe. Applies to AMP002-AMP005.
+    exact for both, are then safe. ``o2-as-autocast`` (``true``): accept apex O2 rewritten as
+    autocast with fp32 weights and no master copies (what most migrations want); O2, literal or
+    computed, is then rewritten safely, and only O3 stops a run. Applies to AMP002-AMP005.
     """
 
     CODE = "AMP002"

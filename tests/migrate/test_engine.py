@@ -372,7 +372,7 @@ optimizer.step()
 def test_the_engine_resolves_the_metadata_libcst_would(source, planned):
     module = cst.parse_module(source)
     ours, theirs = ReadsEveryProvider(), ReadsEveryProvider()
-    ours.metadata = _resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ours])
+    ours.metadata = _resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ours], {})
     theirs.metadata = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many(theirs.get_inherited_dependencies())
     assert ours.metadata.keys() == theirs.metadata.keys()
     nodes = [module, *_parents(module)]

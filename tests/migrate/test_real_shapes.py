@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from migrate.api import migrate_source
 
 
@@ -125,3 +127,54 @@ def test_each_optimizer_of_the_scaled_list_steps_through_the_scaler_and_the_scal
     assert _safe(result)
     assert ("    for optimizer in optimizers:\n        scaler.step(optimizer)\n        optimizer.zero_grad()\n"
             "    scaler.update()\n") in result.new_source
+
+
+O2_SCRIPT = """\
+    import argparse
+    from apex import amp
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--opt-level", default="O2")
+    args = parser.parse_args()
+    model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level, keep_batchnorm_fp32=True)
+    for x in loader:
+        loss = model(x)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("level", ['args.opt_level', '"O2"'])
+def test_o2_stays_unsafe_unless_the_project_accepts_it_as_autocast(level):
+    source = textwrap.dedent(O2_SCRIPT).replace("opt_level=args.opt_level", f"opt_level={level}")
+    plain = migrate_source(source, "train.py")
+    assert plain.new_source in (None, source)
+    assert {d.fix.applicability.value for d in plain.diagnostics if d.fix} == {"unsafe"}
+    accepted = migrate_source(source, "train.py", settings={"o2-as-autocast": True})
+    assert _safe(accepted)
+    assert "O2 as autocast" in next(d.fix.message for d in accepted.diagnostics if d.fix)
+    if level == "args.opt_level":  # only O3 stops the run; the default O2 run trains
+        checks = accepted.new_source[accepted.new_source.index("if args"):accepted.new_source.index("scaler = ")]
+        for opt_level, stops in [("O2", False), ("O1", False), ("O3", True)]:
+            try:
+                exec(checks, {"args": type("Args", (), {"opt_level": opt_level})})
+            except RuntimeError:
+                assert stops, opt_level
+            else:
+                assert not stops, opt_level
+
+
+def test_o3_inference_makes_the_model_half_as_its_inputs_are():
+    source = textwrap.dedent("""\
+        from apex import amp
+
+        model, _ = amp.initialize(model, [], opt_level="O3")
+        with torch.no_grad():
+            out = model(x.cuda().half())
+    """)
+    assert migrate_source(source, "infer.py").new_source in (None, source)  # precision of the outputs changes
+    result = migrate_source(source, "infer.py", unsafe_fixes=True)
+    assert "model, _ = model.half(), []\n" in result.new_source
+    assert "outputs to float32" in next(d.fix.message for d in result.diagnostics if d.fix)
