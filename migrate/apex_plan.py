@@ -1107,7 +1107,7 @@ class _Planner:
         if any(self._exclusive(line, scale.statement) for line, _ in anywhere):
             self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
-            self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)])
+            self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
         return [(line, index, None) for line, index in anywhere]
 
     def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
@@ -1199,6 +1199,7 @@ class _Planner:
         passed: list[tuple[list[cst.BaseStatement], list[str | None]]],
         container: cst.CSTNode,
         steps: list[tuple[cst.SimpleStatementLine, int]],
+        every_step: list[tuple[cst.SimpleStatementLine, int]] | None = None,
     ) -> None:
         """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step.
 
@@ -1209,7 +1210,7 @@ class _Planner:
         between two scaled backward passes, makes the fix unsafe.
         """
         readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
-        inner = self._paths_to_steps(container, steps)
+        inner = self._paths_to_steps(container, steps, every_step or steps)
         step_always_follows = not any(conditional for path in inner for _, conditional in path)
         for between, conditions in passed:
             for statement in between:
@@ -1286,7 +1287,8 @@ class _Planner:
             branch = branch.orelse if isinstance(branch, cst.If) else None
         return found
 
-    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]]):
+    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]],
+                        every_step: list[tuple[cst.SimpleStatementLine, int]]):
         """For each step inside ``container``, innermost first: the statements before it in each
         enclosing block, and whether entering that block is conditional (a branch or a loop)."""
         paths = []
@@ -1296,7 +1298,10 @@ class _Planner:
                 block = self.parent[id(node)]
                 body = list(block.body)
                 owner = self.parent.get(id(block))
-                path.append((body[: body.index(node)], not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))))
+                conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
+                if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
+                    conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
+                path.append((body[: body.index(node)], conditional))
                 if owner is None:
                     break
                 node = owner
@@ -1304,6 +1309,18 @@ class _Planner:
                     node = self.parent[id(node)]
             paths.append(path)
         return paths
+
+    def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
+        """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
+        top = arm
+        while isinstance(top, cst.Else) or getattr(self.parent.get(id(top)), "orelse", None) is top:
+            top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
+        branch: cst.CSTNode | None = top
+        while isinstance(branch, cst.If):
+            if not any(self._inside(line, branch.body) for line, _ in steps):
+                return False
+            branch = branch.orelse
+        return isinstance(branch, cst.Else) and any(self._inside(line, branch.body) for line, _ in steps)
 
     def _scales_again(self, statement: cst.CSTNode, scale: _ScaleLoss | None) -> bool:
         """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""

@@ -58,3 +58,25 @@ def test_a_clip_the_step_always_follows_is_unscaled_first():
         "        optimizer.step()", "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        optimizer.step()")
     result = migrate_source(source, "train.py")
     assert "        scaler.unscale_(optimizer)\n        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n" in result.new_source
+
+
+def test_a_clip_before_an_if_else_that_steps_in_every_arm_is_unscaled_first():
+    result = migrate_source("""\
+import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for batch in loader:
+    for micro in batch.split(8):
+        loss = model(micro)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if warming_up:
+        optimizer.step()
+        warmup.step()
+    else:
+        optimizer.step()
+""", "train.py")
+    assert "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n" in result.new_source
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
