@@ -1400,28 +1400,21 @@ class _Planner:
 
     def _plan_autocast(self, scale: _ScaleLoss) -> None:
         loss = nodes.code(scale.loss)
-        current: cst.CSTNode = scale.statement
-        while True:
-            block = self.parent.get(id(current))
-            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
-                break
-            window = self._window(block, current)
-            start = next((i for i, s in enumerate(window) if self._calls_model(s, self.model_codes)), None)
-            if start is not None:
-                self._wrap(window[start:], scale)
+        if self._plan_region(scale.statement, loss, scale):
+            return
+        callers = self._callers_handing(scale)
+        # The callers' autocast may ask the scaler whether it is on: it must be visible there.
+        visible = not self.may_be_disabled or self.scaler.startswith("self.") or self.scaler_scope in ("global", "module")
+        if callers and visible and id(scale.call) not in self.alias_of and not any(self._touched(s) for s, _ in callers):
+            # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
+            if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
                 return
-            owner = self.parent.get(id(block))
-            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
-                owner = self.parent.get(id(owner))
-            if not isinstance(owner, (cst.If, cst.Try, cst.With)):
-                break
-            current = owner
         block = self.parent.get(id(scale.statement))
         window = self._window(block, scale.statement)
         start = next((i for i, s in enumerate(window) if _assigns(s, loss)), None)
         if start is not None:
             self.unsafe.append("the model's forward call is not next to `amp.scale_loss`: only the loss computation goes under autocast")
-            self._wrap(window[start:], scale)
+            self._wrap(window[start:], scale, loss)
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
@@ -1431,6 +1424,49 @@ class _Planner:
         self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {_AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    def _plan_region(self, statement: cst.CSTNode, loss: str, scale: _ScaleLoss) -> bool:
+        """Autocast around the statements before ``statement`` from the model's forward call on
+        (in its block, or a block around it); whether that call was found."""
+        current = statement
+        while True:
+            block = self.parent.get(id(current))
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            window = self._window(block, current)
+            start = next((i for i, s in enumerate(window) if self._calls_model(s, self.model_codes)), None)
+            if start is not None:
+                self._wrap(window[start:], scale, loss)
+                return True
+            owner = self.parent.get(id(block))
+            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
+                owner = self.parent.get(id(owner))
+            if not isinstance(owner, (cst.If, cst.Try, cst.With)):
+                return False
+            current = owner
+
+    def _callers_handing(self, scale: _ScaleLoss) -> list[tuple[cst.CSTNode, str]]:
+        """Where the loss ``scale`` scales is a parameter: each call of its function in the file,
+        and the name handed in for it (``self.optimize(loss)``); empty unless all are names."""
+        function = self._function(scale.statement)
+        if function is None or not isinstance(scale.loss, cst.Name):
+            return []
+        params = [param.name.value for param in function.params.params]
+        if scale.loss.value not in params:
+            return []
+        position = params.index(scale.loss.value) - (1 if self._class(function) is not None else 0)
+        found: list[tuple[cst.CSTNode, cst.Arg | None]] = []
+        planner = self
+
+        class _Calls(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if planner._helper(node) is function:
+                    found.append((planner._statement(node), nodes.argument(node, position, scale.loss.value)))
+
+        self.module.visit(_Calls())
+        if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
+            return []
+        return [(statement, nodes.code(arg.value)) for statement, arg in found]
 
     def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
         """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
@@ -1463,26 +1499,42 @@ class _Planner:
         statement.visit(_Find())
         return hit
 
-    def _calls_model(self, statement: cst.CSTNode, models: set[str]) -> bool:
-        hit = False
+    def _calls_model(self, statement: cst.CSTNode, models: set[str], depth: int = 0) -> bool:
+        """Whether ``statement`` runs the model: a call of it, or of a helper of the file (a
+        function, or a method of the same class) that calls it (``loss = self.run_batch(b)``)."""
+        calls: list[cst.Call] = []
 
         class _Find(cst.CSTVisitor):
             def visit_Call(self, node: cst.Call) -> None:
-                nonlocal hit
-                func = node.func
-                if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):
-                    hit = True
+                calls.append(node)
 
             def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return False
+                return node is statement
 
         statement.visit(_Find())
-        return hit
+        for call in calls:
+            func = call.func
+            if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):
+                return True
+            helper = self._helper(call) if depth < 2 else None
+            if helper is not None and self._calls_model(helper, models, depth + 1):
+                return True
+        return False
 
-    def _wrap(self, statements: list[cst.BaseStatement], scale: _ScaleLoss) -> None:
+    def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The file's own function (``f(x)``) or method of the caller's class (``self.f(x)``) called."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            return next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
+        caller = self._function(call)
+        owner = self._class(caller)
+        if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self._first_param(caller)):
+            return None
+        return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
+
+    def _wrap(self, statements: list[cst.BaseStatement], scale: _ScaleLoss, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
-        loss = nodes.code(scale.loss)
         relevant = [i for i, s in enumerate(statements) if _assigns(s, loss) or self._calls_model(s, self.model_codes)]
         if relevant:
             statements = statements[: relevant[-1] + 1]

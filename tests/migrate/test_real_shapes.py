@@ -178,3 +178,57 @@ def test_o3_inference_makes_the_model_half_as_its_inputs_are():
     result = migrate_source(source, "infer.py", unsafe_fixes=True)
     assert "model, _ = model.half(), []\n" in result.new_source
     assert "outputs to float32" in next(d.fix.message for d in result.diagnostics if d.fix)
+
+
+def test_a_loss_from_a_helper_method_is_computed_under_autocast_with_the_helper():
+    result = _migrate("""\
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+            def run_batch(self, batch):
+                out = self.model(batch["x"])
+                return self.criterion(out, batch["y"])
+
+            def train(self, loader):
+                for batch in loader:
+                    loss = self.run_batch(batch)
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    self.optimizer.step()
+    """)
+    assert _safe(result)
+    assert 'with torch.autocast("cuda", dtype=torch.float16):\n                loss = self.run_batch(batch)\n' in result.new_source
+
+
+def test_a_loss_handed_to_an_optimize_method_is_computed_under_autocast_in_each_caller():
+    result = _migrate("""\
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+            def optimize(self, loss):
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                self.optimizer.step()
+
+            def train(self, loader):
+                for x, y in loader:
+                    out = self.model(x)
+                    loss = self.criterion(out, y)
+                    self.optimize(loss)
+
+            def finetune(self, loader):
+                for x, y in loader:
+                    self.optimize(self.criterion(self.model(x), y) if False else self.head_loss(x, y))
+    """)
+    # the second caller hands an expression, not a name: the rewrite cannot place autocast there
+    assert not _safe(result)
+    simple = _migrate(textwrap.dedent(result.source).split("    def finetune")[0])
+    assert _safe(simple)
+    assert ('with torch.autocast("cuda", dtype=torch.float16):\n                out = self.model(x)\n'
+            '                loss = self.criterion(out, y)\n            self.optimize(loss)\n') in simple.new_source
