@@ -23,7 +23,7 @@ class AmpThroughAnotherName(Rule):
     ``state_dict()``/``load_state_dict()``/``initialize()`` through such a name are reported only
     in a file that still shows apex (an import, or another call only apex has): a GradScaler
     handed over in the module's place answers the first two, and ``cfg.amp.initialize()`` may be
-    a project's own. Calls that the AMP002-AMP005 rewrite handles (the file hands the
+    a project's own (one given an ``opt_level`` is apex's). Calls that the AMP002-AMP005 rewrite handles (the file hands the
     module on, and the receiver has its name) are left to it.
 
     Fix safety:
@@ -45,6 +45,7 @@ class AmpThroughAnotherName(Rule):
         Valid("cfg.amp.initialize(model)\n"),
     ]
     INVALID = [
+        Invalid("def setup(trainer, model, optimizer):\n    return trainer.amp.initialize(model, optimizer, opt_level='O1')\n"),
         Invalid("class Hook:\n    def after_train_iter(self, runner):\n        with self.amp.scale_loss(runner.outputs['loss'], runner.optimizer) as scaled:\n            scaled.backward()\n"),
         Invalid("def train(model, optimizer, loss, amp=None):\n    if amp:\n        with amp.scale_loss(loss, optimizer) as scaled:\n            scaled.backward()\n"),
         Invalid("from apex import amp\n\nhandle = amp.init(enabled=True)\nwith handle.scale_loss(loss, optimizer) as scaled:\n    scaled.backward()\n"),
@@ -85,7 +86,8 @@ class AmpThroughAnotherName(Rule):
             where = "a parameter or local variable"
         else:
             return
-        if func.attr.value in ("state_dict", "load_state_dict", "initialize"):
+        apex_shaped = func.attr.value == "initialize" and "opt_level" in nodes.keyword_names(node)
+        if func.attr.value in ("state_dict", "load_state_dict", "initialize") and not apex_shaped:
             # GradScaler has the first two: once apex is gone, a scaler handed over in its place
             # answers them; and many a config has an `amp.initialize`. They are apex's only in a
             # file that still shows apex.
