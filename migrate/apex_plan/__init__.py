@@ -1,0 +1,52 @@
+"""One analysis per file of how it uses ``apex.amp``, shared by the AMP002-AMP005 rewrites.
+
+``amp.initialize``, ``amp.scale_loss``, ``amp.master_params`` and ``amp.state_dict`` only make
+sense together: a ``scaler.scale(loss)`` needs the ``scaler`` that replaces ``initialize``, and a
+``scaler.step(opt)`` must replace the ``opt.step()`` that follows. So the file is planned as a
+whole: either every such site gets a consistent fix (all with the same safety, so that a run
+applies all of them or none), or every site is reported with the reason, and nothing is
+half-rewritten. The rules read the plan through ``ApexPlanProvider`` (a libcst metadata
+provider), which runs once per file however many rules ask for it.
+
+Where each concept lives:
+
+- ``vocabulary``: the plan (``ApexPlan``), the sites (``InitializeSite``, ``ScaleLossSite``), why a
+  file cannot be planned (``Unplannable``), constants, and code-text helpers.
+- ``syntax``: the one walk that collects parents, names and apex references; small questions
+  about a statement (does it bind the loss, call backward, hold a ``yield``).
+- ``tree``: where a statement sits (its block, function, class, loop, branch) and whether it runs
+  the model, directly or through a helper of the file.
+- ``planner``: the ``Planner``: classifies the references, orders the rewrite, emits findings.
+  Its rewrite families are mixed in from:
+  ``initialize`` (the GradScaler, its options and where it is made),
+  ``steps`` (``scale_loss`` and the optimizer steps after it),
+  ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
+  ``master_params``), ``autocast`` (the region around the forward pass), and
+  ``checkpoints`` (``state_dict``/``load_state_dict``).
+"""
+from migrate.apex_plan.planner import ApexPlanProvider, plan_of
+from migrate.apex_plan.vocabulary import (
+    ACCEPT_O2,
+    CAST_API,
+    COMPUTED_LEVEL,
+    CORE,
+    HELPER_NAME,
+    HELPER_SOURCE,
+    MANUAL_STEP_MARKER,
+    MASTER_COPIES,
+    ApexPlan,
+)
+
+__all__ = [
+    "ACCEPT_O2",
+    "CAST_API",
+    "COMPUTED_LEVEL",
+    "CORE",
+    "HELPER_NAME",
+    "HELPER_SOURCE",
+    "MANUAL_STEP_MARKER",
+    "MASTER_COPIES",
+    "ApexPlan",
+    "ApexPlanProvider",
+    "plan_of",
+]

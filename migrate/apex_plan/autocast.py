@@ -1,0 +1,111 @@
+"""The autocast region: from the model's forward call to the loss apex's casts produced."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import assigns
+from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite
+
+
+class AutocastPlanning:
+    """The autocast region: from the model's forward call to the loss apex's casts produced.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _plan_autocast(self, scale: ScaleLossSite) -> None:
+        loss = nodes.code(scale.loss)
+        if self._plan_region(scale.statement, loss, scale):
+            return
+        callers = self._callers_handing(scale)
+        # The callers' autocast may ask the scaler whether it is on: it must be visible there.
+        visible = not self.may_be_disabled or self.scaler.startswith("self.") or self.scaler_scope in ("global", "module")
+        if callers and visible and id(scale.call) not in self.alias_of and not any(self._touched(s) for s, _ in callers):
+            # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
+            if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
+                return
+        block = self.parent.get(id(scale.statement))
+        window = self._window(block, scale.statement)
+        start = next((i for i, s in enumerate(window) if assigns(s, loss)), None)
+        if start is not None:
+            self.unsafe.append("the model's forward call is not next to `amp.scale_loss`: only the loss computation goes under autocast")
+            self._wrap(window[start:], scale, loss)
+            return
+        body = list(block.body)
+        before = body[: body.index(scale.statement)]
+        scaled = {id(call_statement) for call_statement in map(self._statement, self.sites["scale_loss"])}
+        if not window and before and id(before[-1]) in scaled:
+            return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
+        self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
+        loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
+        self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    def _plan_region(self, statement: cst.CSTNode, loss: str, scale: ScaleLossSite) -> bool:
+        """Autocast around the statements before ``statement`` from the model's forward call on
+        (in its block, or a block around it); whether that call was found."""
+        current = statement
+        while True:
+            block = self.parent.get(id(current))
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            window = self._window(block, current)
+            start = next((i for i, s in enumerate(window) if self._calls_model(s, self.model_codes)), None)
+            if start is not None:
+                self._wrap(window[start:], scale, loss)
+                return True
+            owner = self.parent.get(id(block))
+            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
+                owner = self.parent.get(id(owner))
+            if not isinstance(owner, (cst.If, cst.Try, cst.With)):
+                return False
+            current = owner
+
+    def _callers_handing(self, scale: ScaleLossSite) -> list[tuple[cst.CSTNode, str]]:
+        """Where the loss ``scale`` scales is a parameter: each call of its function in the file,
+        and the name handed in for it (``self.optimize(loss)``); empty unless all are names."""
+        function = self._function(scale.statement)
+        if function is None or not isinstance(scale.loss, cst.Name):
+            return []
+        params = [param.name.value for param in function.params.params]
+        if scale.loss.value not in params:
+            return []
+        position = params.index(scale.loss.value) - (1 if self._class(function) is not None else 0)
+        found: list[tuple[cst.CSTNode, cst.Arg | None]] = []
+        planner = self
+
+        class _Calls(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if planner._helper(node) is function:
+                    found.append((planner._statement(node), nodes.argument(node, position, scale.loss.value)))
+
+        self.module.visit(_Calls())
+        if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
+            return []
+        return [(statement, nodes.code(arg.value)) for statement, arg in found]
+
+    def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
+        # Stop at the last statement that computes the loss or calls the model: what follows
+        # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
+        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, self.model_codes)]
+        if relevant:
+            statements = statements[: relevant[-1] + 1]
+        enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
+        if self.scaler_in_block:
+            # The block that creates the scaler may not have run (`if use_amp and not ready:`):
+            # then there is no scaler, and apex was not on either.
+            owner, attribute = self.scaler.split(".", 1)
+            enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.scaler}.is_enabled()'
+        if id(scale.call) in self.alias_of:  # what received the scaler may be None (`def run(..., amp=None)`)
+            alias = self.alias_of[id(scale.call)]
+            enabled = f", enabled={alias} is not None and {alias}.is_enabled()"
+
+        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
+        first = statements[0]
+        body = [nodes.with_leading(first, cst.SimpleStatementLine([])), *statements[1:]]
+        wrapped = head.with_changes(body=head.body.with_changes(body=body), leading_lines=first.leading_lines)
+        self._replace(first, wrapped)
+        self._kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
+        for statement in statements[1:]:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Moved under `torch.autocast`")

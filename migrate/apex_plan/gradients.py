@@ -1,0 +1,209 @@
+"""Gradients read between the scaled backward and the step, and ``amp.master_params``."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate import grad_readers
+from migrate.apex_plan.syntax import backward_calls, contains
+from migrate.apex_plan.vocabulary import MASTER_COPIES, MASTER_PARAMS, SCALE_LOSS, ScaleLossSite, Unplannable
+
+
+class GradientPlanning:
+    """Gradients read between the scaled backward and the step, and ``amp.master_params``.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _plan_grad_readers(
+        self,
+        scale: ScaleLossSite,
+        optimizer: str,
+        passed: list[tuple[list[cst.BaseStatement], list[str | None]]],
+        container: cst.CSTNode,
+        steps: list[tuple[cst.SimpleStatementLine, int]],
+        every_step: list[tuple[cst.SimpleStatementLine, int]] | None = None,
+    ) -> None:
+        """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step.
+
+        apex unscaled when ``scale_loss`` exited, so clipping ``model.parameters()`` or a gradient
+        norm taken there saw true gradients; natively they stay scaled until ``unscale_`` or the
+        step. Unscaling is only right where the step then always follows: a reader on a path
+        that may end without a step (accumulation with the step under ``if boundary:``), or
+        between two scaled backward passes, makes the fix unsafe.
+        """
+        readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
+        inner = self._paths_to_steps(container, steps, every_step or steps)
+        step_always_follows = not any(conditional for path in inner for _, conditional in path)
+        for between, conditions in passed:
+            for statement in between:
+                if self._scales_again(statement, scale):
+                    readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
+                    continue
+                if self._reads_grads(statement):
+                    readers.append((statement, self._step_condition(conditions, scale.call), step_always_follows))
+        condition = self._step_condition(passed[-1][1], scale.call) if passed else None
+        if len(inner) == 1:
+            path = inner[0]
+            for depth in range(len(path) - 1, -1, -1):
+                siblings, _ = path[depth]
+                follows = not any(conditional for _, conditional in path[:depth])
+                for sibling in siblings:
+                    if not passed and self._scales_again(sibling, None):
+                        readers = []  # read before the backward pass: not between it and the step
+                    elif self._reads_grads(sibling):
+                        readers.append((sibling, condition, follows))
+        elif any(self._reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
+            readers.append((container, condition, False))
+        if not readers:
+            return
+        if not all(follows for _, _, follows in readers) or any(contains(r, (cst.Return, cst.Break, cst.Continue)) for r, _, _ in readers):
+            clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
+            if all(clips):
+                self._plan_scale_aware(scale, [call for calls in clips for call in calls])
+                return
+            self.unsafe.append(
+                f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
+                f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
+            )
+            return
+        first, condition, _ = readers[0]
+        line = f"{self._scaler_of(scale.call)}.unscale_({optimizer})"
+        if condition is not None:
+            line = f"if {condition}:\n    {line}"
+        # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
+        places = self._first_readers(first) if len(readers) == 1 else [first]
+        for place in places:
+            lines = self.insert_before.setdefault(id(place), (place, []))[1]
+            if line not in lines:
+                lines.append(line)
+        self.unscale_covered.update(id(reader) for reader, _, _ in readers)
+
+    def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call]) -> None:
+        """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``)."""
+        factor = f"{self._scaler_of(scale.call)}.get_scale()"
+        masters = {id(call): call for call in self.sites["master_params"]}
+        for clip in clips:
+            params = clip.args[0].value if clip.args and clip.args[0].keyword is None else None
+            generator = None
+            if isinstance(params, cst.Call) and id(params) in masters:
+                generator = self._master_params_generator(params)
+                self.master_params_in_clips.add(id(params))
+            new = grad_readers.scale_aware(clip, factor, self.parent.get(id(clip)), generator, self.module)
+            self._replace(clip, new)
+            self._kind(clip, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
+                       f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
+
+    def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        """Where gradients are first read in each branch of ``statement`` (itself, unless it is an ``if``)."""
+        if not isinstance(statement, cst.If):
+            return [statement]
+        found, branch = [], statement
+        while branch is not None:
+            if isinstance(branch, cst.If) and self._reads_grads(branch.test) or not isinstance(branch.body, cst.IndentedBlock):
+                return [statement]
+            first = next((s for s in branch.body.body if self._reads_grads(s)), None)
+            if first is not None:
+                found += self._first_readers(first)
+            if nodes.code(statement.test) == self._guard_test:
+                break  # past `if fp16:` the scaler is disabled: nothing to unscale
+            branch = branch.orelse if isinstance(branch, cst.If) else None
+        return found
+
+    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]],
+                        every_step: list[tuple[cst.SimpleStatementLine, int]]):
+        """For each step inside ``container``, innermost first: the statements before it in each
+        enclosing block, and whether entering that block is conditional (a branch or a loop)."""
+        paths = []
+        for line, _ in steps:
+            path, node = [], line
+            while node is not container:
+                block = self.parent[id(node)]
+                body = list(block.body)
+                owner = self.parent.get(id(block))
+                conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
+                if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
+                    conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
+                path.append((body[: body.index(node)], conditional))
+                if owner is None:
+                    break
+                node = owner
+                while not isinstance(self.parent.get(id(node)), (cst.IndentedBlock, cst.Module)):
+                    node = self.parent[id(node)]
+            paths.append(path)
+        return paths
+
+    def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
+        """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
+        top = arm
+        while isinstance(top, cst.Else) or getattr(self.parent.get(id(top)), "orelse", None) is top:
+            top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
+        branch: cst.CSTNode | None = top
+        while isinstance(branch, cst.If):
+            if not any(self._inside(line, branch.body) for line, _ in steps):
+                return False
+            branch = branch.orelse
+        return isinstance(branch, cst.Else) and any(self._inside(line, branch.body) for line, _ in steps)
+
+    def _scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
+        """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
+        others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
+        return any(self._inside(call, statement) for call in others) or bool(backward_calls(statement))
+
+    _reads_grads = staticmethod(grad_readers.reads_grads)
+
+    def _plan_master_params(self) -> None:
+        # Blocks where `scaler.unscale_(opt)` is inserted, per optimizer: once per block, so that
+        # each branch reading gradients (`if clip: clip_grad_norm_ ... else: grad_norm(...)`) reads
+        # unscaled ones, and never twice on one path (GradScaler refuses a second unscale_).
+        unscaled: dict[str, list[cst.CSTNode]] = {}
+        for call in self.sites["master_params"]:
+            optimizer = nodes.argument(call, 0, "optimizer")
+            if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
+                raise Unplannable(call, "`amp.master_params` is not called with one optimizer")
+            if self.level in ("O2", "O3") or (self.level is None and not self.level_guarded):
+                self.unsafe.append(MASTER_COPIES)
+            if id(call) in self.master_params_in_clips:
+                continue
+            opt = nodes.code(optimizer.value)
+            generator = self._master_params_generator(call)
+            statement = self._statement(call)
+            blocks = self._enclosing_blocks(statement)
+            done = unscaled.setdefault(opt, [])
+            already = any(block is unscaled_block for block in blocks for unscaled_block in done)
+            inspects_grads = self._feeds_grad_consumer(call, statement)
+            covered = any(id(node) in self.unscale_covered for node in (statement, *self._ancestors(statement)))
+            already = already or covered  # unscaled before the gradients are first read, on the way to the step
+            self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
+            if self.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
+                self._replace(call, generator)
+                if inspects_grads and not self.o0 and not already:
+                    self.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
+                continue
+            if any(self._inside(block, blocks[0]) for block in done):
+                raise Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
+            done.append(blocks[0])
+            unscale = nodes.parse_statements(f"{self._scaler_of(call)}.unscale_({opt})\n", self.module)[0]
+            updated = statement.deep_replace(call, generator)
+            new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
+            self._replace(statement, new)
+            self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+
+    def _master_params_generator(self, call: cst.Call) -> cst.BaseExpression:
+        """The optimizer's parameters, where ``amp.master_params(optimizer)`` stood."""
+        opt = nodes.code(nodes.argument(call, 0, "optimizer").value)
+        generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
+        arg = self.parent.get(id(call))
+        outer = self.parent.get(id(arg))
+        if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
+            generator = generator.with_changes(lpar=[], rpar=[])
+        return generator
+
+    def _feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
+        """Whether the parameters go into something that reads gradients (clipping, norms)."""
+        node = self.parent.get(id(call))
+        while node is not None and node is not statement:
+            if isinstance(node, cst.Call) and any(word in nodes.call_name(node).lower() for word in ("clip", "norm", "grad")):
+                return True
+            node = self.parent.get(id(node))
+        return False

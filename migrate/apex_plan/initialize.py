@@ -1,0 +1,399 @@
+"""``amp.initialize``: its options, the GradScaler made in its place, and where."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.vocabulary import (
+    ACCEPT_O2,
+    COMPUTED_LEVEL,
+    INITIALIZE,
+    INITIALIZE_KEYWORDS,
+    NEVER,
+    NO_NATIVE_OPTION,
+    O2_O3_OPTIONS,
+    SCALER_NAMES,
+    InitializeSite,
+    Unplannable,
+    as_bool,
+    conjunction,
+    normal,
+    operand,
+    run_time_scale,
+)
+
+
+class InitializePlanning:
+    """``amp.initialize``: its options, the GradScaler made in its place, and where.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _plan_initialize_removal(self, init: InitializeSite) -> None:
+        if init.restore:
+            new = nodes.parse_statements(init.restore + "\n", self.module)[0]
+            self._replace(init.statement, nodes.with_leading(new, init.statement))
+        else:
+            self._replace(init.statement, cst.RemoveFromParent())
+        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+
+    def _initialize_fix(self) -> str:
+        if self.o0:
+            return "Remove it: O0 is plain fp32"
+        return f'Create `{self.scaler} = torch.amp.GradScaler("cuda")`'
+
+    def _initialize(self, call: cst.Call) -> InitializeSite:
+        statement = self._statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if isinstance(small, cst.Assign) and (len(small.targets) != 1 or small.value is not call):
+            small = None
+        if isinstance(small, (cst.Expr, cst.Return)) and small.value is not call:
+            small = None
+        if not isinstance(small, (cst.Assign, cst.Expr, cst.Return)):
+            raise Unplannable(call, "`amp.initialize` is part of a larger statement")
+        if any(arg.star == "*" for arg in call.args):
+            raise Unplannable(call, "`amp.initialize` takes `*args`, so its models and options cannot be seen")
+        splat = any(arg.star == "**" for arg in call.args)
+        if splat:
+            self.unsafe.append("options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
+        unknown = nodes.keyword_names(call) - INITIALIZE_KEYWORDS
+        if unknown or len([a for a in call.args if a.keyword is None]) > 4:
+            raise Unplannable(call, f"`amp.initialize` has arguments apex does not take: {sorted(unknown)!r}")
+        models = nodes.argument(call, 0, "models")
+        optimizers = nodes.argument(call, 1, "optimizers")
+        if models is None:
+            raise Unplannable(call, "`amp.initialize` is called without models")
+        has_optimizers = optimizers is not None and not (
+            (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+            or (isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements)
+        )
+        level_arg = nodes.argument(call, 3, "opt_level")
+        level: str | None = None if splat and level_arg is None else "O1"
+        guard_level = False
+        if level_arg is not None:
+            level = nodes.literal_string(level_arg.value)
+            possible = self._possible_levels(level_arg.value)
+            if level is None and possible is not None and possible <= self.exact_levels:
+                pass  # only O0 or O1 can reach this call: both keep their meaning
+            elif level is None and self._default_level(level_arg.value) in {"O2", "O3"} - self.exact_levels:
+                # A run-time check would stop the run people make most; O2/O3 are not exact natively.
+                self.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
+            elif level is None and possible is None and nodes.is_pure(level_arg.value):
+                # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
+                # rewrite adds that check), so no run silently trains differently.
+                guard_level = True
+                if "O2" in self.exact_levels:
+                    self.notes.append(f"O2 as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
+            elif level is None:
+                self.unsafe.append(COMPUTED_LEVEL)
+            elif level in ("01", "o1"):
+                # apex refuses it, so no run that worked changes: the rewrite reads the evident O1.
+                self.notes.append(f"opt_level {level!r} is not valid (apex refused it); it is read as 'O1'")
+                level = "O1"
+            elif level not in ("O0", "O1", "O2", "O3"):
+                raise Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
+            elif level in self.exact_levels - {"O0", "O1"}:
+                self.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
+                level = "O1"
+            elif level in ("O2", "O3"):
+                self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
+        if not has_optimizers and level != "O0":
+            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
+        enabled_arg = nodes.argument(call, 2, "enabled")
+        enabled = enabled_arg.value if enabled_arg is not None else None
+        if isinstance(enabled, cst.Name) and enabled.value == "True":
+            enabled = None
+        scaler_args = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        restore = None
+        values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
+        if isinstance(small, cst.Assign):
+            target = nodes.code(small.targets[0].target)
+            if normal(target) != normal(values):
+                restore = f"{target} = {values}"
+        elif isinstance(small, cst.Return):
+            restore = f"return {values}"  # under O1 initialize hands back what it was given
+        model_codes = self._codes(models.value)
+        if isinstance(small, cst.Assign):
+            target = small.targets[0].target
+            if optimizers is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
+                target = target.elements[0].value
+            model_codes |= self._codes(target)
+        on_self = any(code.startswith("self.") for code in model_codes)
+        level_expression = level_arg.value if level is None and level_arg is not None else None
+        return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
+                           model_codes, on_self, inference=not has_optimizers)
+
+    def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
+        """Every opt level ``expression`` can be, when the file shows them all; else None.
+
+        ``"O1" if fp16 else "O0"``, a name only ever assigned such values, or an argparse option
+        with ``choices``.
+        """
+        text = nodes.literal_string(expression)
+        if text is not None:
+            return {text}
+        if depth > 3:
+            return None
+        if isinstance(expression, cst.IfExp):
+            body, orelse = self._possible_levels(expression.body, depth + 1), self._possible_levels(expression.orelse, depth + 1)
+            return body | orelse if body is not None and orelse is not None else None
+        if isinstance(expression, cst.Name) and expression.value in self.assigned:
+            found: set[str] = set()
+            for value in self.assigned[expression.value]:
+                levels = self._possible_levels(value, depth + 1)
+                if levels is None:
+                    return None
+                found |= levels
+            return found
+        if isinstance(expression, cst.Attribute) and self.choices.get(expression.attr.value):
+            return set(self.choices[expression.attr.value])
+        return None
+
+    def _default_level(self, expression: cst.BaseExpression) -> str | None:
+        """The argparse default of ``args.opt_level``, when the file gives one."""
+        return self.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
+
+    @staticmethod
+    def _codes(expression: cst.BaseExpression) -> set[str]:
+        """The source of each model in a ``models`` argument or target: one, or a list of them."""
+        if isinstance(expression, (cst.List, cst.Tuple)):
+            return {nodes.code(element.value) for element in expression.elements}
+        return {nodes.code(expression)}
+
+    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
+        """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
+
+        Dropping one is safe where it changes nothing: ``max_loss_scale`` (GradScaler has no cap,
+        as for apex's default cap of 2**24 that every rewrite drops), and, for O0/O1, the options
+        apex only applies under O2/O3 (under O1 it refuses them outright). A ``loss_scale`` known
+        only at run time (``args.loss_scale``, a config value) picks the scaler's start and growth
+        at run time: dynamic as GradScaler's defaults, a static value as a scale that never grows.
+        """
+        options = []
+        harmless = {"max_loss_scale", *(O2_O3_OPTIONS if o0_or_o1 else ())}
+        loss_scale = nodes.argument(call, None, "loss_scale")
+        if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
+            number = nodes.number_text(loss_scale.value)
+            if number is not None:
+                # A static scale: GradScaler starts there and never grows. It still skips a step whose
+                # gradients overflowed and halves, where apex would have stepped with inf/NaN.
+                options += [f"init_scale={number}", f"growth_interval={NEVER}"]
+                harmless.add("min_loss_scale")  # apex bounds only a dynamic scale
+            elif o0_or_o1 and nodes.is_pure(loss_scale.value):
+                init, growth = run_time_scale(loss_scale.value)
+                options += [f"init_scale={init}", f"growth_interval={growth}"]
+            else:
+                self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
+        for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
+            arg = nodes.argument(call, None, name)
+            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+                continue
+            if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
+                continue
+            if name == "num_losses":
+                self.merged_losses = True
+                self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
+            else:
+                self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
+        return options
+
+    def _repeats(self, first: InitializeSite, again: InitializeSite) -> bool:
+        """``again`` initializes as ``first`` did (re-initialising before loading a checkpoint), in
+        its function, outside any block that could make the scaler's flag differ: apex started
+        a fresh loss scaler there, as a fresh GradScaler does."""
+        same = normal(nodes.code(first.call)) == normal(nodes.code(again.call)) and first.restore == again.restore
+        block = self.parent.get(id(first.statement))
+        at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
+        return same and at_top and self._function(first.statement) is self._function(again.statement)
+
+    def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
+        lines: list[str] = []
+        if self.default_scaler and not reinitialize:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
+        if not self.o0:
+            if self.scaler_scope == "global" and not reinitialize:
+                lines.append(f"global {self.scaler}")
+            lines += [] if reinitialize else self._run_time_checks(init, hoist)
+            enabled = self._enabled_expression(init, hoist)
+            options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
+            line = f"{self.scaler} = torch.amp.GradScaler({', '.join(options)})"
+            if len(line) > 100:  # one option a line, as a formatter would put them
+                line = f"{self.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
+            lines.append(line)
+        if hoist is None:
+            if init.restore:
+                lines.append(init.restore)
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.module) if lines else []
+            if not new:
+                self._replace(init.statement, cst.RemoveFromParent())
+                self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
+                return
+            new[0] = nodes.with_leading(new[0], init.statement)
+            self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
+            self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
+            return
+        new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
+        fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
+        if len(hoist.body.body) == 1 and hoist.orelse is None and init.restore is None:
+            # The `if` held nothing else: it goes, and its test is evaluated once, as before.
+            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
+            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+            return
+        block = self.parent[id(hoist)]
+        body = list(block.body)
+        previous = body[body.index(hoist) - 1] if body.index(hoist) > 0 else None
+        if not self._touched(hoist):
+            # Nothing else in the `if` is rewritten: the `if` is rebuilt behind the scaler.
+            restored = nodes.parse_statements(init.restore + "\n", self.module)[0] if init.restore else None
+            inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
+            kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
+            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
+            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+        elif previous is not None and not self._touched(previous):
+            self._plan_initialize_removal(init)
+            self._replace(previous, cst.FlattenSentinel([previous, *new]))
+            self._kind(previous, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+        else:
+            raise Unplannable(init.call, "no place before the `if` around `amp.initialize` to create the scaler")
+
+    def _enabled_expression(self, init: InitializeSite, hoist: cst.If | None) -> str | None:
+        parts = self._flags(init, hoist)
+        if init.level_expression is not None:
+            parts.append(f'{operand(init.level_expression)} != "O0"')
+        return conjunction(parts)
+
+    def _run_time_checks(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
+        """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level.
+        O0/O1 are exact, whatever their loss scale, so nothing else stops."""
+        if not init.guard_level:
+            return []
+        level = operand(init.level_expression)
+        exact = sorted(self.exact_levels)
+        names = " and ".join([", ".join(exact[:-1]), exact[-1]])
+        missing = "/".join(sorted({"O2", "O3"} - self.exact_levels))
+        before, after = "opt_level ", f": migrated from apex for {names}; native torch.amp has no {missing}"
+        if any(char in level for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
+            message = f'"{before}%r{after}" % ({level},)'
+        else:
+            message = f'f"{before}{{{level}!r}}{after}"'
+        levels = ", ".join(f'"{name}"' for name in exact)
+        condition = conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"])
+        return [f"if {condition}:", f"    raise RuntimeError({message})"]
+
+    @staticmethod
+    def _flags(init: InitializeSite, hoist: cst.If | None) -> list[str]:
+        """The run-time conditions under which apex was initialized at all."""
+        parts = []
+        if hoist is not None:
+            parts.append(as_bool(hoist.test))
+        if init.enabled is not None:
+            parts.append(as_bool(init.enabled))
+        return parts
+
+    def _hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode]) -> cst.If | None:
+        """The ``if flag:`` whose body holds initialize, when the scaler must exist outside it.
+
+        Moved before the ``if`` as ``GradScaler(enabled=flag)``, the scaler exists on every path
+        and does nothing where apex was not initialized.
+        """
+        block = self.parent.get(id(init.statement))
+        owner = self.parent.get(id(block))
+        if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
+            return None
+        if isinstance(owner, cst.ClassDef):
+            raise Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
+        is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
+        if all(self._inside(site, block) for site in sites):
+            return None  # the scaler is only used where it exists
+        # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
+        if isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner) and not self._in_loop(owner):
+            alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
+            if nodes.is_pure(owner.test) or alone:
+                return owner
+        # A run-once guard (`if not self.initialized:`), an elif, a loop or a try: the scaler is
+        # created where apex was initialized. apex needed that to have run before any scale_loss,
+        # but the forward pass may run on paths where it did not, so autocast cannot ask the
+        # scaler whether it is on.
+        if self.scaler_scope in ("global", "module") and self._import_anchor() is not None:
+            self.default_scaler = True  # disabled at module level until the block has run
+            return None
+        if self.default_in_init:
+            return None  # `__init__` makes a disabled scaler that stands in until this block runs
+        if not self.scaler.startswith("self."):
+            # A local created in the block may not exist where autocast asks it.
+            raise Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
+                               "or a try) that the code using the scaler is not in")
+        self.unsafe.append(
+            "the scaler is created where `amp.initialize` ran, inside a block; its users assume that ran first "
+            "(as apex did); autocast is on only where it did"
+        )
+        self.scaler_in_block = True
+        return None
+
+    def _plan_default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, attribute: str) -> None:
+        """A disabled ``self.<attribute>`` made in ``__init__``, standing in until ``function`` runs."""
+        anchor = self._init_anchor(owner)
+        if anchor is None:
+            self.unsafe.append(
+                f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
+                "(apex trained in fp32 there)"
+            )
+            return
+        line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
+        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+                   "Create it disabled in `__init__`")
+        self.default_in_init = True
+
+    @staticmethod
+    def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
+        """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        for index, statement in enumerate(init.body.body):
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+            docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+            parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
+            if not (docstring or parent_init):
+                return statement
+        return None
+
+    @staticmethod
+    def _runs_at_construction(function: cst.FunctionDef, owner: cst.ClassDef) -> bool:
+        """``__init__`` itself, or a method ``__init__`` calls (``self._setup_amp()``)."""
+        if function.name.value == "__init__":
+            return True
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        called = False
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                nonlocal called
+                func = node.func
+                called = called or (isinstance(func, cst.Attribute) and func.attr.value == function.name.value
+                                    and isinstance(func.value, cst.Name) and func.value.value == "self")
+
+        if init is not None:
+            init.visit(_Find())
+        return called
+
+    def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
+        name = next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+        if init is None:
+            return name, "module"
+        if init.level == "O0":
+            return None, "none"
+        function = self._function(init.statement)
+        if init.on_self and function is not None and self._first_param(function) == "self":
+            owner = self._class(function)
+            if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
+                attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
+                if not self._runs_at_construction(function, owner):
+                    self._plan_default_in_init(owner, function, attribute)
+                return f"self.{attribute}", "self"
+        if all(self._function(site) is function for site in sites):
+            return name, "local"
+        if function is None:
+            return name, "module"
+        return name, "global"

@@ -1,0 +1,467 @@
+"""The planner: classifies the file's apex.amp references, then plans every rewrite or none."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import BatchableMetadataProvider, PositionProvider, QualifiedNameProvider
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.autocast import AutocastPlanning
+from migrate.apex_plan.checkpoints import CheckpointPlanning
+from migrate.apex_plan.gradients import GradientPlanning
+from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.steps import StepPlanning
+from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
+from migrate.apex_plan.tree import TreeQueries
+from migrate.apex_plan.vocabulary import (
+    ACCEPT_O2,
+    AUTOCAST,
+    CAST_API,
+    CORE,
+    EACH,
+    GUESSED_MODELS,
+    HELPER_SOURCE,
+    INITIALIZE,
+    MANUAL_STEP_MARKER,
+    MASTER_PARAMS,
+    SCALE_LOSS,
+    STATE_DICT,
+    ApexPlan,
+    InitializeSite,
+    ScaleLossSite,
+    Unplannable,
+)
+from migrate.names import qualified_names
+from migrate.native_casts import registered_natively
+from migrate.rule import ImportChange, Replacement, Report
+from migrate.types import Safety
+
+
+class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning):
+    """The plan of one file: its apex.amp sites, then a consistent rewrite of all of them, or none.
+
+    ``plan()`` classifies the references, then ``_rewrite()`` plans, in order: the steps after
+    each ``scale_loss`` (and the gradients read before them), ``master_params`` and the state
+    dicts, the scaler made where ``initialize`` was, and the autocast regions; ``_emit()`` turns
+    the replacements into findings that share one safety.
+    """
+
+    def __init__(self, provider: cst.MetadataDependent, module: cst.Module) -> None:
+        self.provider = provider
+        self.module = module
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.refs: list[tuple[cst.CSTNode, str]] = []
+        self.names: set[str] = set()
+        self.attributes: set[str] = set()
+        self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
+        self.blockers: list[tuple[cst.CSTNode, str]] = []
+        self.unsafe: list[str] = []
+        self.notes: list[str] = []  # what a safe fix reads differently from the letter of the code
+        self.level_guarded = False
+        self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
+        self.findings: list[Report] = []
+        self.order: dict[int, int] = {}  # statement lines in source order
+        self.after_imports: list[str] = []  # module-level definitions the rewrite adds
+        self.scaler_in_block = False  # created in a block its users are not all in
+        self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
+        self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
+        self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
+        self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
+        self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
+        self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
+        self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
+        # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
+        self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
+        self._kinds: dict[int, tuple[str, str, str]] = {}
+        # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
+        # gradient-reading statements an unscale covers.
+        self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
+        self.unscale_covered: set[int] = set()
+        self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
+        self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
+        self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
+        self.imports = nodes.apex_imports(module)
+        module.visit(Collect(self))
+
+    def plan(self) -> ApexPlan:
+        self._classify()
+        core = [call for kind in CORE for call in self.sites[kind]]
+        if not core:
+            return ApexPlan()
+        try:
+            if self.blockers:
+                node, reason = self.blockers[0]
+                raise Unplannable(node, reason)
+            self._rewrite()
+            self._check_disjoint()
+        except Unplannable as problem:
+            return ApexPlan(self._report_only(problem))
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=frozenset(self.alias_of))
+
+    def _classify(self) -> None:
+        for node, name in self.refs:
+            attr = name[len("apex.amp.") :] if name != "apex.amp" else ""
+            parent = self.parent.get(id(node))
+            if attr in CORE and isinstance(parent, cst.Call) and parent.func is node:
+                self.sites[attr].append(parent)
+            elif attr.split(".")[0] in CAST_API:
+                self._cast_edit(attr, node, parent)
+            elif attr == "__dict__" and self._in_test(node):
+                continue  # `"state_dict" in amp.__dict__`: a probe, left as it is and reported as internals
+            elif attr == "":
+                if self._in_test(node):
+                    continue
+                alias = self._escape(node)
+                if alias is None:
+                    self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
+                else:
+                    self.escapes.append((node, alias))
+            else:
+                self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
+        if self.escapes:
+            self._find_alias_sites({alias for _, alias in self.escapes})
+
+    def _cast_edit(self, attr: str, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
+        """``amp.register_*`` and ``amp.lists`` edits are rewritten on their own (AMP007); where
+        native autocast would not make the cast they ask for, autocast computes differently."""
+        if attr.startswith("register_") and isinstance(parent, cst.Call) and parent.func is node:
+            module = nodes.argument(parent, 0, "module")
+            name = nodes.literal_string(getattr(nodes.argument(parent, 1, "name"), "value", None))
+            modules = qualified_names(self.provider, module.value) if module is not None else set()
+            if registered_natively(f"apex.amp.{attr}", modules, name):
+                return
+        elif not attr.startswith("lists"):
+            return  # cast decorators and `disable_casts` have exact native forms
+        self.unsafe.append(
+            f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
+            "does not read them, so the ops they name run in autocast's own precision"
+        )
+
+    def _escape(self, node: cst.CSTNode) -> str | None:
+        """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
+        parent = self.parent.get(id(node))
+        if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+            target = parent.targets[0].target
+            return target.attr.value if isinstance(target, cst.Attribute) else None
+        if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
+            return parent.keyword.value
+        return None
+
+    def _find_alias_sites(self, aliases: set[str]) -> None:
+        """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
+        a parameter or an attribute of that name (``def run(..., amp=None)``, ``self.amp``)."""
+        known = {id(call) for kind in CORE for call in self.sites[kind]}
+        planner = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                func = node.func
+                if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale_loss", "master_params")) or id(node) in known:
+                    return
+                holder = func.value
+                name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
+                if name in aliases:
+                    planner.sites[func.attr.value].append(node)
+                    planner.alias_of[id(node)] = nodes.code(holder)
+
+        self.module.visit(_Find())
+
+    def _report_only(self, problem: Unplannable) -> list[Report]:
+        line = self._line(problem.node)
+        where = f" (line {line})" if line else ""
+        reason = f"not rewritten: {problem.reason}{where}; migrate this file by hand or keep it running on ampshim"
+        messages = {
+            "initialize": (INITIALIZE, "`amp.initialize`"),
+            "scale_loss": (SCALE_LOSS, "`amp.scale_loss`"),
+            "master_params": (MASTER_PARAMS, "`amp.master_params`"),
+            "state_dict": (STATE_DICT, "`amp.state_dict`"),
+            "load_state_dict": (STATE_DICT, "`amp.load_state_dict`"),
+        }
+        findings = []
+        for kind in CORE:
+            code, what = messages[kind]
+            for call in self.sites[kind]:
+                findings.append(Report(code, call, f"{what} is apex mixed precision; {reason}"))
+        return findings
+
+    def _rewrite(self) -> None:
+        inits = [self._initialize(call) for call in self.sites["initialize"]]
+        scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
+        others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
+        if not scales:
+            if not inits:
+                self._master_params_alone()
+                return
+            if others:
+                raise Unplannable(others[0], "`amp.scale_loss` is not in this file, so the scaler this needs lives elsewhere")
+            self._hand_off(inits)
+            return
+        init = inits[0] if inits else None
+        if init is None:
+            self.unsafe.append(
+                "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
+                "(the opt level and options given to `amp.initialize` elsewhere are not seen)"
+            )
+        repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
+        if len(inits) > 1 + len(repeats):
+            self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
+        self.level = init.level if init is not None else "O1"
+        self.o0 = self.level == "O0"
+        self.level_guarded = init is not None and init.guard_level
+        self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS
+        scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
+        scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
+        if self.escapes:
+            self.unsafe.append(
+                "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
+                "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
+            )
+        self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
+        hoist = self._hoist_guard(init, scaler_sites) if init is not None and not self.o0 else None  # O0: no scaler
+        self._guard_test = nodes.code(hoist.test) if hoist is not None else None
+        # A scaler assigned through `global` exists only once its function ran: a disabled one
+        # stands in at module level until then, as apex did nothing before `initialize`.
+        if self.scaler_scope == "global" and not self.o0 and self._import_anchor() is not None:
+            self.default_scaler = True
+        elif self.scaler_scope == "module" and not self.o0 and init is not None:
+            # Created inside `if __name__ == "__main__":`: functions read it, maybe after an import.
+            created_in = self.parent.get(id(hoist if hoist is not None else init.statement))
+            if not isinstance(created_in, cst.Module):
+                if self._import_anchor() is None:
+                    raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
+                self.default_scaler = True
+        self.may_be_disabled = not self.scaler_in_block and (
+            hoist is not None
+            or self.default_scaler
+            or self.default_in_init
+            or (init is not None and (init.enabled is not None or init.level_expression is not None))
+        )
+
+        # Each optimizer step after a scaled backward goes through the scaler; the scale is
+        # updated once per scaled backward, after the last of its optimizers' steps (in each
+        # branch, when the steps sit in different branches).
+        # With apex's per-loss scalers (`loss_id`) merged into one GradScaler, the scale is
+        # updated once per iteration instead: after the last step of all the losses' optimizers.
+        steps: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
+        step_scaler: dict[int, str] = {}
+        found_by_scale = []
+        for scale in scales:
+            self._plan_scale_loss(scale)
+            if self.o0:
+                continue
+            plain = self._plain_backward(beside=scale.statement)
+            if plain is not None:
+                self.unsafe.append(
+                    f"the plain backward pass at line {self._line(plain)} adds gradients that apex kept as they were "
+                    "and `scaler.step` would divide by the scale"
+                )
+            found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
+            found_by_scale.append(found)
+            step_scaler.update((id(line), self._scaler_of(scale.call)) for line, _, _ in found)
+        if self.merged_losses:
+            found_by_scale = [[hit for found in found_by_scale for hit in found]]
+        for found in found_by_scale:
+            found.sort(key=lambda hit: (self.order[id(hit[0])], hit[1]))
+            last_in_block = {id(self.parent[id(line)]): (id(line), index) for line, index, _ in found}
+            for line, index, condition in found:
+                entry = steps.setdefault(id(line), (line, {}, condition))
+                last = last_in_block[id(self.parent[id(line)])] == (id(line), index)
+                entry[1][index] = entry[1].get(index, False) or last
+        for line, updates, condition in steps.values():
+            if EACH in updates:
+                self._replace(line, self._each_step_replacement(line, updates[EACH], condition, step_scaler[id(line)]))
+                self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
+                           f"Use `{self.scaler}.step(optimizer)` for each optimizer, then `{self.scaler}.update()` once")
+                continue
+            self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
+            self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+        self._plan_master_params()
+        self._plan_state_dicts()
+        self._plan_escapes()
+        if init is not None:
+            self._plan_initialize(init, hoist)
+        else:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
+        for extra in inits[1:]:
+            if extra in repeats and not self.o0:
+                self._plan_initialize(extra, None, reinitialize=True)
+            else:
+                self._plan_initialize_removal(extra)
+        if not self.o0:
+            for scale in scales:
+                self._plan_autocast(scale)
+        self._plan_after_imports()
+        self._emit(scales)
+
+    def _hand_off(self, inits: list[InitializeSite]) -> None:
+        """``amp.initialize`` with the scaled backward in another file: the call goes, nothing else.
+
+        Under O1 the returned models and optimizers are the ones passed in; the file that scales
+        the loss gets its own GradScaler when it is migrated.
+        """
+        self.level = inits[0].level
+        self.o0 = True
+        if all(init.level != "O0" for init in inits):
+            self.unsafe.append(
+                "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
+                "autocast when it is migrated (migrate both, or neither)"
+            )
+        for init in inits:
+            model = nodes.argument(init.call, 0, "models").value
+            if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
+                self._plan_half(init, model)
+                continue
+            self._plan_initialize_removal(init)
+            if init.inference and init.level != "O0":
+                models = " ".join(nodes.code(model).split())
+                if init.level in ("O2", "O3"):
+                    step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
+                else:
+                    step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+                self._leave_marker(init.statement, step)
+        self._emit([])
+
+    def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
+        """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
+        inputs it is given working (fp32 weights would refuse them)."""
+        self.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
+        target, values = init.restore.split(" = ", 1)
+        code = nodes.code(model)
+        restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
+        new = nodes.parse_statements(restore + "\n", self.module)[0]
+        self._replace(init.statement, nodes.with_leading(new, init.statement))
+        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Call `.half()` on the model: O3 is pure float16")
+
+    def _master_params_alone(self) -> None:
+        """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
+        blocked = self.sites["state_dict"] + self.sites["load_state_dict"]
+        if blocked:
+            raise Unplannable(blocked[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        for call in self.sites["master_params"]:
+            if self._feeds_grad_consumer(call, self._statement(call)):
+                raise Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
+        self.level, self.o0, self.scaler = None, True, None
+        self._plan_master_params()
+        self._emit([])
+
+    def _scaler_of(self, call: cst.Call) -> str:
+        """The scaler a site uses: the plan's, or what received the handed-on module."""
+        return self.alias_of.get(id(call), self.scaler)
+
+    def _plan_escapes(self) -> None:
+        for node, _ in self.escapes:
+            self._replace(node, cst.Name(self.scaler))
+            self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
+
+    def _import_anchor(self) -> cst.SimpleStatementLine | None:
+        """The last top-level import line: module-level definitions of the rewrite go after it."""
+        anchor = None
+        for statement in self.module.body:
+            if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+                anchor = statement
+        return anchor
+
+    def _until(self, init: InitializeSite) -> str:
+        function = self._function(init.statement)
+        return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
+
+    def _plan_after_imports(self) -> None:
+        """Definitions the rewrite needs at module level go after the last top-level import."""
+        if not self.after_imports:
+            return
+        anchor = self._import_anchor()
+        if anchor is None or self._touched(anchor):
+            first = next(call for kind in CORE for call in self.sites[kind])
+            raise Unplannable(first, "no top-level import to put the module-level definitions after")
+        following = self.module.body[self.module.body.index(anchor) + 1 :]
+        blank_after = sum(1 for line in following[0].leading_lines if line.comment is None) if following else 2
+        added = []
+        for source in sorted(self.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
+            statements = nodes.parse_statements(source, self.module)
+            blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
+            added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank), *statements[1:]]
+        if isinstance(added[-1], cst.FunctionDef) and blank_after < 2:  # two blank lines after a def
+            footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
+            added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))
+        self._replace(anchor, cst.FlattenSentinel([anchor, *added]))
+        self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
+
+    def _emit(self, scales: list[ScaleLossSite]) -> None:
+        self._place_insertions()
+        if not self.o0:
+            for name, scope in self.torch_shadowed:
+                if any(self._inside(node, scope) for node, _ in self.replacements.values()):
+                    raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
+        safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
+        why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
+        why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
+        removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
+        adds = () if self.o0 else (ImportChange("torch"),)
+        for scale in scales:
+            fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
+            self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
+        for node, replacement in self.replacements.values():
+            code, message, fix = self._kinds[id(node)]
+            self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
+
+    def _kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
+        self._kinds[id(node)] = (code, message, fix)
+
+    def _replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
+        self.replacements[id(node)] = (node, replacement)
+
+    def _check_disjoint(self) -> None:
+        for node, _ in self.replacements.values():
+            ancestor = self.parent.get(id(node))
+            while ancestor is not None:
+                if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
+                    raise Unplannable(node, "two rewrites would overlap here")
+                ancestor = self.parent.get(id(ancestor))
+
+    def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
+        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
+        node, replacement = self.replacements[id(statement)]
+        if isinstance(replacement, cst.RemovalSentinel):
+            replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
+        placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
+        comment = cst.EmptyLine(comment=cst.Comment(f"# {MANUAL_STEP_MARKER} {step}"))
+        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, comment])
+        self._replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
+
+    def _place_insertions(self) -> None:
+        """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their
+        statements, keeping any fix inside them."""
+        for statement, lines in self.insert_before.values():
+            own = self.replacements.get(id(statement))
+            if own is not None:
+                replaced = own[1]
+                body = list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
+            else:
+                inner = {id(node): new for node, new in self.replacements.values() if self._inside(node, statement)}
+                body = [statement.visit(ReplaceByIdentity(inner))] if inner else [statement]
+                if inner:
+                    self.composed.add(id(statement))
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
+            placed = [nodes.with_leading(new[0], statement), *new[1:], body[0].with_changes(leading_lines=()), *body[1:]]
+            self._replace(statement, cst.FlattenSentinel(placed))
+            if id(statement) not in self._kinds:
+                self._kind(
+                    statement,
+                    SCALE_LOSS,
+                    "gradients read after `amp.scale_loss` were unscaled by apex",
+                    f"Call `{self.scaler}.unscale_(optimizer)` before reading them",
+                )
+
+
+class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
+    """Attaches the file's ``ApexPlan`` to the ``Module`` node."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.set_metadata(node, Planner(self, node).plan())
+        return False
+
+
+def plan_of(visitor: cst.MetadataDependent, module: cst.Module) -> ApexPlan:
+    return visitor.get_metadata(ApexPlanProvider, module)

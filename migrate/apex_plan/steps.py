@@ -1,0 +1,300 @@
+"""``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import ReplaceByIdentity, backward_calls, is_step
+from migrate.apex_plan.vocabulary import EACH, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
+from migrate.rule import Replacement
+
+
+class StepPlanning:
+    """``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _scale_loss(self, call: cst.Call) -> ScaleLossSite:
+        item = self.parent.get(id(call))
+        statement = self.parent.get(id(item))
+        if not (isinstance(item, cst.WithItem) and isinstance(statement, cst.With) and item.item is call):
+            raise Unplannable(call, "`amp.scale_loss` is not used as a `with` statement (it is entered by hand or returned)")
+        if len(statement.items) != 1 or statement.asynchronous is not None:
+            raise Unplannable(call, "`amp.scale_loss` shares its `with` statement with other context managers")
+        if item.asname is None or not isinstance(item.asname.name, cst.Name):
+            raise Unplannable(call, "`amp.scale_loss` does not bind the scaled loss to a name")
+        if nodes.has_star(call):
+            raise Unplannable(call, "`amp.scale_loss` takes `*args`/`**kwargs`")
+        unknown = nodes.keyword_names(call) - SCALE_LOSS_KEYWORDS
+        if unknown:
+            raise Unplannable(call, f"`amp.scale_loss` has arguments apex does not take: {sorted(unknown)!r}")
+        loss = nodes.argument(call, 0, "loss")
+        optimizers = nodes.argument(call, 1, "optimizers")
+        if loss is None or optimizers is None:
+            raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
+        for name, why in (
+            ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration"),
+            ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
+        ):
+            arg = nodes.argument(call, None, name)
+            if arg is not None and nodes.code(arg.value) not in ("False", "0"):
+                self.unsafe.append(why)
+                self.merged_losses = self.merged_losses or name == "loss_id"
+        value = optimizers.value
+        listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
+        scaled = item.asname.name.value
+        body = statement.body
+        statements: list[cst.BaseStatement]
+        if isinstance(body, cst.SimpleStatementSuite):
+            smalls = list(body.body)
+            statements = [cst.SimpleStatementLine([s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in smalls])]
+        else:
+            smalls = list(body.body[0].body) if len(body.body) == 1 and isinstance(body.body[0], cst.SimpleStatementLine) else []
+            statements = list(body.body)
+            if any(line.comment for line in body.footer):
+                smalls = []
+        backward_args = None
+        if len(smalls) == 1 and isinstance(smalls[0], cst.Expr):
+            call_node = smalls[0].value
+            if (
+                isinstance(call_node, cst.Call)
+                and isinstance(call_node.func, cst.Attribute)
+                and call_node.func.attr.value == "backward"
+                and nodes.code(call_node.func.value) == scaled
+                and scaled != nodes.code(loss.value)
+                and not self._read_elsewhere(scaled, statement)
+            ):
+                backward_args = list(call_node.args)
+        return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements)
+
+    def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
+        """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
+        scope = self._function(statement) or self.module
+        withs = [self._statement(call) for call in self.sites["scale_loss"]]
+        found = False
+        planner = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                nonlocal found
+                if node.value == name and not any(planner._inside(node, other) for other in withs):
+                    found = True
+
+        scope.visit(_Find())
+        return found
+
+    def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
+        loss = nodes.code(scale.loss)
+        if isinstance(scale.loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
+            loss = f"({loss})"
+        scaled = loss if self.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
+        if scale.backward_args is not None:
+            args = ", ".join(nodes.code(arg) for arg in scale.backward_args)
+            new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
+            self._replace(scale.statement, self._keep_comments(new, scale.statement))
+            return
+        first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.module)[0]
+        self._replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
+
+    @staticmethod
+    def _keep_comments(new: cst.SimpleStatementLine, statement: cst.With) -> cst.SimpleStatementLine:
+        """The one-line replacement of a ``with`` keeps the comments that were on and in it."""
+        leading = list(statement.leading_lines)
+        trailing = new.trailing_whitespace
+        body = statement.body
+        if isinstance(body, cst.IndentedBlock):
+            inner = body.body[0]
+            leading += [line for line in inner.leading_lines if line.comment]
+            trailing = body.header if body.header.comment else inner.trailing_whitespace
+        elif body.trailing_whitespace.comment:
+            trailing = body.trailing_whitespace
+        return new.with_changes(leading_lines=leading, trailing_whitespace=trailing)
+
+    def _plan_steps(self, scale: ScaleLossSite, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
+        """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
+        wanted = nodes.code(optimizer)
+        current: cst.CSTNode = scale.statement
+        conditions: list[str | None] = []  # the tests of the branches climbed out of
+        passed: list[tuple[list[cst.BaseStatement], list[str | None]]] = []  # run between the backward and the step
+        while True:
+            block = self.parent.get(id(current))
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                break
+            body = list(block.body)
+            found: list[tuple[cst.SimpleStatementLine, int]] = []
+            between: list[cst.BaseStatement] = []
+            for sibling in body[body.index(current) + 1 :]:
+                found = self._steps_in(sibling, wanted)
+                if found:
+                    break
+                between.append(sibling)
+            passed.append((between, list(conditions)))
+            if found:
+                self._no_closure(found)
+                if any(self._in_handler(line, scale.statement) for line, _ in found):
+                    self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
+                condition = self._step_condition(conditions, scale.call)
+                self._plan_grad_readers(scale, wanted, passed, sibling, found)
+                return [(line, index, condition) for line, index in found]
+            owner = self.parent.get(id(block))
+            if isinstance(owner, (cst.If, cst.Else)):
+                conditions.append(self._branch_condition(owner))
+            elif not isinstance(owner, TRANSPARENT):
+                break
+            while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
+                isinstance(self.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
+            ):
+                owner = self.parent.get(id(owner))
+            current = owner
+        anywhere = self._steps_in_file(wanted)
+        self._no_closure(anywhere)
+        if not anywhere:
+            raise Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
+        # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
+        # backward pass of the file skips the scaler while it is enabled.
+        plain = self._plain_backward()
+        if plain is not None:
+            self.unsafe.append(
+                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self._line(plain)} "
+                "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
+            )
+        if any(self._in_handler(line, scale.statement) for line, _ in anywhere):
+            self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
+        if any(self._exclusive(line, scale.statement) for line, _ in anywhere):
+            self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
+        for line, index in anywhere:
+            self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
+        return [(line, index, None) for line, index in anywhere]
+
+    def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
+        """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
+        with ``beside``, one in its function that can run in the same pass (not in another branch)."""
+        scaled = [self._statement(call) for call in self.sites["scale_loss"]]
+        scope = self.module if beside is None else self._function(beside) or self.module
+        for call in backward_calls(scope, nested=True):
+            if any(self._inside(call, statement) for statement in scaled) or self._scaler_disabled_at(call):
+                continue
+            if beside is not None and self._exclusive(call, beside):
+                continue
+            return call
+        return None
+
+    def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
+        """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
+        if self._guard_test is None:
+            return False
+        child, parent = node, self.parent.get(id(node))
+        while parent is not None:
+            if isinstance(parent, cst.If):
+                test = nodes.code(parent.test)
+                if (test == self._guard_test and child is parent.orelse) or (test == f"not {self._guard_test}" and child is parent.body):
+                    return True
+            child, parent = parent, self.parent.get(id(parent))
+        return False
+
+    def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
+        for line, index in found:
+            if index == EACH:
+                continue  # its inner steps were checked by name
+            if line.body[index].value.args:
+                raise Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
+
+    def _step_condition(self, conditions: list[str | None], call: cst.Call) -> str | None:
+        """The test under which the scaled backward ran, when the step sits outside that ``if``.
+
+        None when no test is needed: no branch, or the branch's test is the flag the scaler
+        was created with (a disabled scaler steps the optimizer plainly).
+        """
+        if not conditions or (self._guard_test is not None and conditions == [self._guard_test]):
+            return None
+        if None not in conditions:
+            return " and ".join(f"({c})" if " " in c and len(conditions) > 1 else c for c in reversed(conditions))
+        raise Unplannable(call, "the scaled backward runs under a condition the optimizer step cannot test again (it calls something)")
+
+    def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
+        """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.
+
+        None when a test of the chain has side effects (calls), so it cannot be evaluated again.
+        """
+        own = branch.test if isinstance(branch, cst.If) else None
+        earlier = []
+        link = branch
+        while True:
+            above = self.parent.get(id(link))
+            if not (isinstance(above, cst.If) and above.orelse is link):
+                break
+            earlier.insert(0, above.test)
+            link = above
+        tests = [*earlier, *([own] if own is not None else [])]
+        if not all(nodes.is_pure(test) for test in tests):
+            return None
+        parts = [negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
+        return " and ".join(grouped_text(p) if len(parts) > 1 else p for p in parts)
+
+    def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            return [(statement, i) for i, small in enumerate(statement.body) if is_step(small, wanted)]
+        if self._steps_each(statement, wanted):
+            return [(statement, EACH)]
+        if not isinstance(statement, TRANSPARENT):
+            return []
+        found = []
+        for child in statement.children:
+            if isinstance(child, cst.IndentedBlock):
+                for inner in child.body:
+                    found += self._steps_in(inner, wanted)
+            elif isinstance(child, TRANSPARENT):
+                found += self._steps_in(child, wanted)
+        return found
+
+    def _steps_each(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        """``for opt in optimizers: opt.step()`` over the list ``wanted``: the steps in its body."""
+        if not (isinstance(statement, cst.For) and isinstance(statement.target, cst.Name) and statement.orelse is None
+                and normal(nodes.code(statement.iter)) == normal(wanted)):
+            return []
+        return [hit for inner in statement.body.body for hit in self._steps_in(inner, statement.target.value)]
+
+    def _steps_in_file(self, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        found = []
+
+        class _Steps(cst.CSTVisitor):
+            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+                found.extend((node, i) for i, small in enumerate(node.body) if is_step(small, wanted))
+                return False
+
+        self.module.visit(_Steps())
+        return found
+
+    def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
+        """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
+        if condition is not None:
+            raise Unplannable(loop, "the optimizers are stepped in a loop under a condition the scaler cannot test again")
+        inner = {id(line): self._step_replacement(line, {index: False}, None, scaler)
+                 for line, index in self._steps_each(loop, nodes.code(loop.iter))}
+        new = loop.visit(ReplaceByIdentity(inner))
+        if not update:
+            return new
+        return cst.FlattenSentinel([new, nodes.parse_statements(f"{scaler}.update()\n", self.module)[0]])
+
+    def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
+        smalls: list[cst.BaseSmallStatement] = []
+        for i, small in enumerate(line.body):
+            if i not in updates:
+                smalls.append(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
+                continue
+            call = small.value
+            args = "".join(f", {nodes.code(arg)}" for arg in call.args)
+            optimizer = nodes.code(call.func.value)
+            new = [cst.Expr(nodes.parse_expression(f"{scaler}.step({optimizer}{args})", self.module))]
+            if updates[i]:
+                new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.module)))
+            if condition is not None and len(line.body) == 1:
+                body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
+                text = f"if {condition}:\n{body}else:\n    {nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))}\n"
+                return nodes.with_leading(nodes.parse_statements(text, self.module)[0], line)
+            smalls += new
+        if len(line.body) == 1:
+            first = line.with_changes(body=[smalls[0]])
+            return cst.FlattenSentinel([first, *(cst.SimpleStatementLine([small]) for small in smalls[1:])]) if len(smalls) > 1 else first
+        return line.with_changes(body=smalls)

@@ -1,0 +1,218 @@
+"""Syntax the plan reads: one walk collecting parents, names and apex references, and small
+queries on statements."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.names import qualified_names
+from migrate.rule import Replacement
+
+if TYPE_CHECKING:
+    from migrate.apex_plan.planner import Planner
+
+
+class ReplaceByIdentity(cst.CSTTransformer):
+    """Swaps the given nodes (by identity) for their replacements."""
+
+    def __init__(self, replacements: dict[int, Replacement]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) not in self.replacements
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
+        return self.replacements.get(id(original_node), updated_node)
+
+
+class Collect(cst.CSTVisitor):
+    """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
+
+    def __init__(self, planner: Planner) -> None:
+        super().__init__()
+        self.planner = planner
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        planner = self.planner
+        if self.stack:
+            planner.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            planner.order[id(node)] = len(planner.order)
+        if isinstance(node, cst.Try):
+            self._import_fallback(node)
+        if isinstance(node, cst.Name):
+            planner.names.add(node.value)
+            if node.value == "torch" and isinstance(self.stack[-2], (cst.Param, cst.AssignTarget)):
+                # A parameter or local named `torch`: the rewrite's `torch.autocast` would read it.
+                scope = next((n for n in reversed(self.stack) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
+                if scope is not None:
+                    planner.torch_shadowed.append((node, scope))
+        elif isinstance(node, cst.Attribute):
+            planner.attributes.add(node.attr.value)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    planner.assigned.setdefault(target.target.value, []).append(node.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            self._argument(node)
+        if isinstance(node, (cst.Name, cst.Attribute)) and not self._binding(node):
+            found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
+            if found:
+                planner.refs.append((node, found[0]))
+                return False
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+    def _argument(self, call: cst.Call) -> None:
+        """``parser.add_argument("--opt-level", choices=[...])``: the values ``args.opt_level`` can take."""
+        flags = [nodes.literal_string(arg.value) for arg in call.args if arg.keyword is None]
+        dest = nodes.literal_string(getattr(nodes.argument(call, None, "dest"), "value", None))
+        long = next((flag for flag in flags if flag and flag.startswith("--")), None)
+        name = dest or (long[2:].replace("-", "_") if long else None)
+        if name is None:
+            return
+        choices = nodes.argument(call, None, "choices")
+        values = None
+        if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)):
+            values = [nodes.literal_string(element.value) for element in choices.value.elements]
+        self.planner.choices[name] = values if values and None not in values else None
+        self.planner.defaults[name] = nodes.literal_string(getattr(nodes.argument(call, None, "default"), "value", None))
+
+    def _import_fallback(self, node: cst.Try) -> None:
+        """``try: from apex import amp`` / ``except ImportError: use_amp = False``: without the apex
+        import, that branch never runs again; the fixes say so."""
+        imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+        if not any(imports_apex(small) for small in imports):
+            return
+        fallback = nodes.import_error_fallback(node)
+        if fallback is not None:
+            self.planner.notes.append(
+                f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
+                "native torch.amp needs no install, so those runs now use it"
+            )
+
+    def _binding(self, node: cst.CSTNode) -> bool:
+        """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        if isinstance(parent, cst.AssignTarget) and parent.target is node:
+            return True
+        if isinstance(parent, (cst.AnnAssign, cst.AugAssign)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return True
+        return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))
+
+
+def backward_calls(statement: cst.CSTNode, nested: bool = False) -> list[cst.Call]:
+    """``x.backward(...)`` calls (a project's own ``backward(loss, opt)`` helper is not one)."""
+    return [call for call in calls(statement, lambda name: name == "backward", nested=nested) if isinstance(call.func, cst.Attribute)]
+
+
+def calls(statement: cst.CSTNode, wanted, *, nested: bool = False) -> list[cst.Call]:
+    """The calls in ``statement`` of something whose last name part satisfies ``wanted``; those in
+    nested definitions only with ``nested``."""
+    found: list[cst.Call] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if wanted(name):
+                found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return nested or node is statement
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return nested
+
+    statement.visit(_Find())
+    return found
+
+
+def is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    func = small.value.func
+    return isinstance(func, cst.Attribute) and func.attr.value == "step" and nodes.code(func.value) == optimizer
+
+
+def assigns(statement: cst.CSTNode, name: str) -> bool:
+    """Whether ``statement`` binds ``name``: alone, in a tuple (``loss, aux = ...``), or in an arm
+    of a compound statement; not in nested definitions."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def _target(self, target: cst.BaseExpression) -> None:
+            nonlocal found
+            if isinstance(target, (cst.Tuple, cst.List)):
+                for element in target.elements:
+                    self._target(element.value)
+            else:
+                found = found or nodes.code(target) == name
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._target(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._target(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._target(node.target)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    statement.visit(_Find())
+    return found
+
+
+def defines(statement: cst.CSTNode) -> bool:
+    """Statements autocast must not swallow: definitions, imports and scope declarations."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return True
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)) for s in statement.body
+    )
+
+
+SUSPENDS = (cst.Yield, cst.Await)  # other code runs meanwhile: autocast must not stay on across them
+
+
+def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
+    """Whether ``statement`` holds a node of ``kinds`` outside nested definitions."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or isinstance(node, kinds)
+            return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+    statement.visit(_Find())
+    return found
+
+
+def imports_apex(small: cst.BaseSmallStatement) -> bool:
+    if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        return nodes.code(small.module).split(".")[0] == "apex"
+    return isinstance(small, cst.Import) and any(alias.evaluated_name.split(".")[0] == "apex" for alias in small.names)
+
+
+def subscript_key(subscript: cst.Subscript) -> str | None:
+    """The string key of ``x["key"]``, else None."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    return nodes.literal_string(subscript.slice[0].slice.value)

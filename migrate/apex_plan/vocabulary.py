@@ -1,0 +1,218 @@
+"""The words of the plan: constants, the plan itself, what a site is, and code-text helpers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.rule import Report
+
+CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
+
+
+# apex.amp names handled by their own rules, independently of initialize (no scaler involved).
+CAST_API = frozenset(
+    {
+        "half_function",
+        "float_function",
+        "bfloat16_function",
+        "promote_function",
+        "register_half_function",
+        "register_float_function",
+        "register_bfloat16_function",
+        "register_promote_function",
+        "disable_casts",
+        "lists",
+    }
+)
+
+
+INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
+
+
+HELPER_NAME = "_scaler_state_from_apex"
+
+
+MANUAL_STEP_MARKER = "TODO(ampmigrate):"  # a step the rewrite leaves to the user (reported by AMP017)
+
+
+MASTER_COPIES = "under O2 `amp.master_params` are fp32 copies; natively they are the model's parameters"
+
+
+def operand(expression: cst.BaseExpression) -> str:
+    """``expression``'s code, parenthesised unless it binds tighter than any operator."""
+    text = nodes.code(expression)
+    simple = isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) or bool(getattr(expression, "lpar", ()))
+    return text if simple else f"({text})"
+
+
+def conjunction(parts: list[str]) -> str | None:
+    parts = list(dict.fromkeys(parts))  # `if level != "O0":` around initialize adds the same test twice
+    return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
+
+
+COMPUTED_LEVEL = (
+    "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast are off for O0), "
+    "O2 and O3 become O1"
+)
+
+
+HELPER_SOURCE = '''
+
+def _scaler_state_from_apex(state, scaler):
+    """``scaler``'s state from ``state``, which may also be the loss-scaler state of an apex checkpoint."""
+    if "loss_scaler0" not in state:
+        return state
+    apex_state = state["loss_scaler0"]
+    # apex saved the scale and its unskipped count; growth and backoff stay the scaler's own.
+    return {**scaler.state_dict(), "scale": float(apex_state["loss_scale"]), "_growth_tracker": int(apex_state["unskipped"])}
+'''
+
+
+INITIALIZE_KEYWORDS = frozenset(
+    {
+        "models",
+        "optimizers",
+        "enabled",
+        "opt_level",
+        "cast_model_type",
+        "patch_torch_functions",
+        "keep_batchnorm_fp32",
+        "master_weights",
+        "loss_scale",
+        "cast_model_outputs",
+        "num_losses",
+        "verbosity",
+        "min_loss_scale",
+        "max_loss_scale",
+    }
+)
+
+
+NO_NATIVE_OPTION = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "cast_model_outputs")
+
+
+O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
+
+
+SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
+
+
+ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
+
+
+EACH = -1  # the step index of a loop stepping each optimizer of a list
+
+
+NEVER = "2**31 - 1"  # a growth interval no run reaches: the scale of a static apex loss scale stays
+
+
+SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler")
+
+
+# Without amp.initialize in the file, calls of these stand for the forward pass.
+GUESSED_MODELS = frozenset({"model", "self.model", "net", "self.net", "network", "self.network", "module", "self.module"})
+
+
+AUTOCAST = 'torch.autocast("cuda", dtype=torch.float16{enabled})'
+
+
+# Statement kinds that a search for the following optimizer.step() may look into.
+TRANSPARENT = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With)
+
+
+@dataclass
+class ApexPlan:
+    """The reports of the file's apex.amp sites, with their fixes, for each rule to pass on."""
+
+    findings: list[Report] = field(default_factory=list)
+    unsafe_reasons: tuple[str, ...] = ()  # why the fixes are unsafe, when they are
+    active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
+    handled: frozenset[int] = frozenset()  # calls on a receiver of the handed-on module that the plan rewrites
+
+    def findings_for(self, code: str) -> list[Report]:
+        return [finding for finding in self.findings if finding.code == code]
+
+
+class Unplannable(Exception):
+    """The file cannot be rewritten consistently; ``node`` and the message say where and why."""
+
+    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+@dataclass
+class InitializeSite:
+    call: cst.Call
+    statement: cst.SimpleStatementLine
+    level: str | None  # "O0".."O3", None when computed at run time
+    level_expression: cst.BaseExpression | None  # the computed opt level
+    guard_level: bool  # computed, not provably O0/O1: the rewrite stops O2/O3 runs at run time
+    enabled: cst.BaseExpression | None
+    scaler_args: list[str]
+    restore: str | None  # "targets = values" keeping the assignment's meaning, if needed
+    model_codes: set[str]
+    on_self: bool
+    inference: bool = False  # no optimizers: the models only ran forward under apex's casts
+
+
+@dataclass
+class ScaleLossSite:
+    call: cst.Call
+    statement: cst.With
+    loss: cst.BaseExpression
+    optimizers: list[cst.BaseExpression]
+    scaled_name: str
+    backward_args: list[cst.Arg] | None  # set when the body is only ``scaled.backward(...)``
+    body: list[cst.BaseStatement]
+
+
+def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
+    """GradScaler's ``init_scale`` and ``growth_interval`` for apex's ``loss_scale=value``, chosen
+    when the script runs: ``"dynamic"`` (or None) as GradScaler's defaults, a number as a scale
+    that never grows. ``"dynamic" if c else 128.0`` gives ``2.0**16 if c else 128.0``."""
+    if nodes.literal_string(value) == "dynamic" or (isinstance(value, cst.Name) and value.value == "None"):
+        return "2.0**16", "2000"
+    number = nodes.number_text(value)
+    if number is not None:
+        return number, NEVER
+    if isinstance(value, cst.IfExp):
+        (body_init, body_growth), (else_init, else_growth) = run_time_scale(value.body), run_time_scale(value.orelse)
+        test = operand(value.test)
+        return f"{body_init} if {test} else {else_init}", f"{body_growth} if {test} else {else_growth}"
+    dynamic = f'{operand(value)} in (None, "dynamic")'
+    return f"2.0**16 if {dynamic} else float({nodes.code(value)})", f"2000 if {dynamic} else {NEVER}"
+
+
+def normal(text: str) -> str:
+    text = "".join(text.split())
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return text
+
+
+def grouped(expression: cst.BaseExpression) -> str:
+    text = nodes.code(expression)
+    return text if isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else f"({text})"
+
+
+def negated(expression: cst.BaseExpression) -> str:
+    if isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not):
+        return grouped(expression.expression)
+    return f"not {grouped(expression)}"
+
+
+def grouped_text(text: str) -> str:
+    return f"({text})" if " " in text and not text.startswith("not ") else text
+
+
+def as_bool(expression: cst.BaseExpression) -> str:
+    text = nodes.code(expression)
+    if isinstance(expression, (cst.Comparison,)) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
+        return text
+    if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
+        return text
+    return f"bool({text})"
