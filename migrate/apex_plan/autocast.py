@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import assigns
+from migrate.apex_plan.syntax import assigns, calls
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite
 
 
@@ -90,6 +90,12 @@ class AutocastPlanning:
         relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, self.model_codes)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
+        inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")]
+        if inner:
+            # apex cast by patching functions, whatever native autocast said: a region the file
+            # turns native autocast off in (or to another dtype) now computes differently.
+            self.unsafe.append(f"the file's own `autocast` at line {self._line(inner[0])} is inside the region: "
+                               "there native autocast follows it, where apex's casts did not")
         enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
         if self.scaler_in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):

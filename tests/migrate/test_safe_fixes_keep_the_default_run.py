@@ -115,3 +115,21 @@ def test_an_import_fallback_made_dead_is_announced():
     left = _migrate("import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n")
     assert left.new_source == "import torch\n\nAPEX_AVAILABLE = True\n"
     assert "behaviour change" in left.diagnostics[0].message
+
+
+def test_the_files_own_autocast_inside_the_region_makes_the_rewrite_unsafe():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x, y in loader:
+            out = model(x)
+            with torch.cuda.amp.autocast(enabled=False):
+                loss = criterion(out.float(), y)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert result.new_source in (None, result.source)
+    assert all("own `autocast` at line 7" in d.fix.message for d in _core(result) if d.fix)
