@@ -171,7 +171,10 @@ class GradientPlanning:
             blocks = self._enclosing_blocks(statement)
             done = unscaled.setdefault(opt, [])
             already = any(block is unscaled_block for block in blocks for unscaled_block in done)
-            inspects_grads = self._feeds_grad_consumer(call, statement)
+            # In the `scale_loss` block apex had not unscaled yet: what reads gradients there reads
+            # scaled ones, as it will natively.
+            in_block = any(self._inside(call, self._statement(scaled)) for scaled in self.sites["scale_loss"])
+            inspects_grads = self._feeds_grad_consumer(call, statement) and not in_block
             covered = any(id(node) in self.unscale_covered for node in (statement, *self._ancestors(statement)))
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
             self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")

@@ -388,6 +388,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _emit(self, scales: list[ScaleLossSite]) -> None:
         self._place_insertions()
+        self._compose_nested()
         if not self.o0:
             for name, scope in self.torch_shadowed:
                 if any(self._inside(node, scope) for node, _ in self.replacements.values()):
@@ -409,6 +410,20 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[id(node)] = (node, replacement)
+
+    def _compose_nested(self) -> None:
+        """A replacement that keeps original statements (the body of a ``scale_loss`` block)
+        carries the replacements planned inside them; innermost first."""
+        for node, replacement in sorted(self.replacements.values(), key=lambda item: -len(self._ancestors(item[0]))):
+            node, replacement = self.replacements[id(node)]  # composed already, if it was inside another
+            inner = {id(n): r for n, r in self.replacements.values() if n is not node and self._inside(n, node)}
+            if not inner or id(node) in self.composed or isinstance(replacement, cst.RemovalSentinel):
+                continue
+            swap = ReplaceByIdentity(inner)
+            parts = [part.visit(swap) for part in (replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement])]
+            if swap.swapped == set(inner):  # else the replacement dropped them: `_check_disjoint` reports it
+                self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
+                self.composed.add(id(node))
 
     def _check_disjoint(self) -> None:
         for node, _ in self.replacements.values():

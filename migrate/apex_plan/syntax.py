@@ -20,12 +20,16 @@ class ReplaceByIdentity(cst.CSTTransformer):
     def __init__(self, replacements: dict[int, Replacement]) -> None:
         super().__init__()
         self.replacements = replacements
+        self.swapped: set[int] = set()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return id(node) not in self.replacements
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
-        return self.replacements.get(id(original_node), updated_node)
+        if id(original_node) in self.replacements:
+            self.swapped.add(id(original_node))
+            return self.replacements[id(original_node)]
+        return updated_node
 
 
 class Collect(cst.CSTVisitor):

@@ -80,3 +80,23 @@ for batch in loader:
 """, "train.py")
     assert "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n" in result.new_source
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
+
+
+def test_a_clip_inside_the_scale_loss_block_reads_scaled_gradients_as_under_apex():
+    # apex unscaled only when the block exited: a clip inside it saw scaled gradients.
+    result = migrate_source("""\
+import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    optimizer.step()
+""", "train.py")
+    assert ("    scaled_loss = scaler.scale(loss)\n    scaled_loss.backward()\n"
+            '    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)\n'
+            "    scaler.step(optimizer)\n") in result.new_source
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
