@@ -206,6 +206,16 @@ class InitializePlanning:
         at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
         return same and at_top and self._function(first.statement) is self._function(again.statement)
 
+    def _joins(self, first: InitializeSite, other: InitializeSite) -> bool:
+        """``other`` initializes other models with ``first``'s options, beside it (a GAN's
+        generator and discriminator): apex kept one loss scaler for all, as one GradScaler does."""
+        def options(site: InitializeSite) -> list[str]:
+            return sorted(normal(nodes.code(arg)) for arg in site.call.args[2:] if arg.keyword is None or
+                          arg.keyword.value not in ("models", "optimizers"))
+        keywords_only = all(arg.keyword is not None for site in (first, other) for arg in site.call.args[2:])
+        return (keywords_only and options(first) == options(other) and first.inference == other.inference
+                and self.parent.get(id(first.statement)) is self.parent.get(id(other.statement)))
+
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
         if self.default_scaler and not reinitialize:

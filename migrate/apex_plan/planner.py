@@ -203,7 +203,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 "(the opt level and options given to `amp.initialize` elsewhere are not seen)"
             )
         repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
-        if len(inits) > 1 + len(repeats):
+        joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
+        if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
         self.o0 = self.level == "O0"

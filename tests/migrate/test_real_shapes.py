@@ -232,3 +232,41 @@ def test_a_loss_handed_to_an_optimize_method_is_computed_under_autocast_in_each_
     assert _safe(simple)
     assert ('with torch.autocast("cuda", dtype=torch.float16):\n                out = self.model(x)\n'
             '                loss = self.criterion(out, y)\n            self.optimize(loss)\n') in simple.new_source
+
+
+def test_initialize_calls_beside_each_other_with_the_same_options_share_one_scaler():
+    result = _migrate("""\
+        from apex import amp
+
+        def train(gen, dis, gen_opt, dis_opt, loader):
+            gen, gen_opt = amp.initialize(gen, gen_opt, opt_level="O1")
+            dis, dis_opt = amp.initialize(dis, dis_opt, opt_level="O1")
+            for x in loader:
+                d_loss = dis(x).mean() - dis(gen(x).detach()).mean()
+                with amp.scale_loss(d_loss, dis_opt) as scaled_loss:
+                    scaled_loss.backward()
+                dis_opt.step()
+                g_loss = -dis(gen(x)).mean()
+                with amp.scale_loss(g_loss, gen_opt) as scaled_loss:
+                    scaled_loss.backward()
+                gen_opt.step()
+    """)
+    assert _safe(result)
+    assert result.new_source.count("GradScaler(") == 1
+
+
+def test_initialize_calls_with_different_options_stay_unsafe():
+    result = _migrate("""\
+        from apex import amp
+
+        def train(gen, dis, gen_opt, dis_opt, loader):
+            gen, gen_opt = amp.initialize(gen, gen_opt, opt_level="O1")
+            dis, dis_opt = amp.initialize(dis, dis_opt, opt_level="O1", loss_scale=128.0)
+            for x in loader:
+                loss = dis(gen(x)).mean()
+                with amp.scale_loss(loss, [gen_opt, dis_opt]) as scaled_loss:
+                    scaled_loss.backward()
+                gen_opt.step()
+                dis_opt.step()
+    """)
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
