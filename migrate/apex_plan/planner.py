@@ -79,6 +79,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.unscale_covered: set[int] = set()
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
+        self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
         module.visit(Collect(self))
@@ -96,7 +97,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._check_disjoint()
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=frozenset(self.alias_of))
+        handled = frozenset(self.alias_of) | {id(node) for _, node in self.probes}
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
 
     def _classify(self) -> None:
         for node, name in self.refs:
@@ -107,7 +109,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             elif attr.split(".")[0] in CAST_API:
                 self._cast_edit(attr, node, parent)
             elif attr == "__dict__" and self._in_test(node):
-                continue  # `"state_dict" in amp.__dict__`: a probe, left as it is and reported as internals
+                self._probe(node)  # `if "state_dict" in amp.__dict__:`: GradScaler has both methods
             elif attr == "":
                 if self._in_test(node):
                     continue
@@ -136,6 +138,23 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
             "does not read them, so the ops they name run in autocast's own precision"
         )
+
+    def _probe(self, node: cst.CSTNode) -> None:
+        """``if "state_dict" in amp.__dict__:`` (no ``else``): asks whether apex is new enough to
+        save its state; GradScaler always is, so the ``if`` gives way to its body."""
+        comparison = self.parent.get(id(self.parent.get(id(node))))
+        branch = self.parent.get(id(comparison))
+        probed = nodes.literal_string(getattr(comparison, "left", None))
+        if probed in ("state_dict", "load_state_dict") and isinstance(branch, cst.If) and branch.test is comparison and branch.orelse is None:
+            self.probes.append((branch, node))
+        else:
+            self.blockers.append((node, "`amp.__dict__` is probed here: apex's own attributes have no native counterpart"))
+
+    def _plan_probes(self) -> None:
+        for branch, _ in self.probes:
+            body = list(branch.body.body)
+            self._replace(branch, cst.FlattenSentinel([nodes.with_leading(body[0], branch), *body[1:]]))
+            self._kind(branch, STATE_DICT, "apex's `state_dict` is probed for", "Drop the test: GradScaler has `state_dict` and `load_state_dict`")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
         """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
@@ -279,6 +298,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_master_params()
         self._plan_state_dicts()
         self._plan_escapes()
+        self._plan_probes()
         if init is not None:
             self._plan_initialize(init, hoist)
         else:

@@ -129,7 +129,7 @@ class ApexPlan:
     findings: list[Report] = field(default_factory=list)
     unsafe_reasons: tuple[str, ...] = ()  # why the fixes are unsafe, when they are
     active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
-    handled: frozenset[int] = frozenset()  # calls on a receiver of the handed-on module that the plan rewrites
+    handled: frozenset[int] = frozenset()  # nodes other rules would report that the plan rewrites (handed-on receivers, `amp.__dict__` probes)
 
     def findings_for(self, code: str) -> list[Report]:
         return [finding for finding in self.findings if finding.code == code]

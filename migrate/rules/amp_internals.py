@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from migrate.apex_plan import CAST_API, CORE
+from migrate.apex_plan import CAST_API, CORE, ApexPlanProvider, plan_of
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, binds
@@ -41,9 +41,12 @@ class AmpInternals(ApexRename):
         Invalid("import apex\nif hasattr(optimizer, '_amp_stash'):\n    optimizer._amp_stash.lazy_init_called = True\n"),
     ]
 
+    METADATA_DEPENDENCIES = (*ApexRename.METADATA_DEPENDENCIES, ApexPlanProvider)
+
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
         self._open: list[cst.CSTNode] = []
+        self._handled = plan_of(self, node).handled  # e.g. `"state_dict" in amp.__dict__`, which the rewrite drops
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         super().visit_ImportFrom(node)
@@ -94,6 +97,8 @@ class AmpInternals(ApexRename):
             self._reference(node)
 
     def _reference(self, node: cst.BaseExpression) -> None:
+        if id(node) in self._handled:
+            return
         target = self._target(node)
         if target is not None:
             self.report(node, f"{self.MESSAGE}: `{target}`; {_STEP}")

@@ -270,3 +270,27 @@ def test_initialize_calls_with_different_options_stay_unsafe():
                 dis_opt.step()
     """)
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+
+
+def test_a_probe_for_apex_state_dict_gives_way_to_its_body():
+    result = _migrate("""\
+        import torch
+
+        try:
+            from apex import amp
+        except ImportError:
+            amp = None
+
+        class ApexScaler:
+            def __call__(self, loss, optimizer):
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+
+            def state_dict(self):
+                if "state_dict" in amp.__dict__:
+                    return amp.state_dict()
+    """, unsafe_fixes=True)
+    assert "__dict__" not in result.new_source and "from apex" not in result.new_source
+    assert "    def state_dict(self):\n        return scaler.state_dict()\n" in result.new_source
+    assert not [d for d in result.diagnostics if d.code == "AMP009"]
