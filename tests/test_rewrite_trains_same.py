@@ -36,6 +36,7 @@ CASES = {
     "guarded_by_flag.py": "initialize and the scaled backward under a flag and an import guard",
     "accumulate_clip_every_micro_batch.py": "a clip at every micro-batch, the step every fourth: a scale-aware clip",
     "optimizers_list.py": "optimizers stepped in a loop over the scaled list; a second, identical initialize",
+    "accumulate_in_arms.py": "delay_unscale in one arm, the boundary backward and step in the other, one forward",
 }
 
 

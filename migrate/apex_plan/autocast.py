@@ -54,6 +54,10 @@ class AutocastPlanning:
             if start is not None:
                 self._wrap(window[start:], scale, loss)
                 return True
+            body = list(block.body)
+            before = body.index(window[0] if window else current) - 1
+            if before >= 0 and id(body[before]) in self.regions and not any(assigns(s, loss) for s in window):
+                return True  # the forward another backward pass went under autocast for (a GAN's D and G steps)
             owner = self.parent.get(id(block))
             while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
                 owner = self.parent.get(id(owner))
@@ -111,6 +115,7 @@ class AutocastPlanning:
         body = [nodes.with_leading(first, cst.SimpleStatementLine([])), *statements[1:]]
         wrapped = head.with_changes(body=head.body.with_changes(body=body), leading_lines=first.leading_lines)
         self._replace(first, wrapped)
+        self.regions.update(id(statement) for statement in statements)
         self._kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
         for statement in statements[1:]:
             self._replace(statement, cst.RemoveFromParent())

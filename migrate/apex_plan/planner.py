@@ -79,6 +79,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.unscale_covered: set[int] = set()
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
+        self.regions: set[int] = set()  # statements that became an autocast region
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)

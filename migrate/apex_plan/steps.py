@@ -161,11 +161,25 @@ class StepPlanning:
             )
         if any(self._in_handler(line, scale.statement) for line, _ in anywhere):
             self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
-        if any(self._exclusive(line, scale.statement) for line, _ in anywhere):
+        if any(self._exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
             self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
             self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
         return [(line, index, None) for line, index in anywhere]
+
+    def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
+        """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
+        (``if delayed: scale_loss(delay_unscale=True) else: scale_loss(); opt.step()``)."""
+        for call in self.sites["scale_loss"]:
+            statement = self._statement(call)
+            block = self.parent.get(id(statement))
+            optimizers = nodes.argument(call, 1, "optimizers")
+            if optimizers is None or normal(nodes.code(optimizers.value)) != normal(wanted) or not self._inside(line, block):
+                continue
+            body = list(block.body)
+            if any(self._inside(line, later) for later in body[body.index(statement) + 1:]):
+                return True
+        return False
 
     def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;

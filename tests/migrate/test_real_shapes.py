@@ -294,3 +294,25 @@ def test_a_probe_for_apex_state_dict_gives_way_to_its_body():
     assert "__dict__" not in result.new_source and "from apex" not in result.new_source
     assert "    def state_dict(self):\n        return scaler.state_dict()\n" in result.new_source
     assert not [d for d in result.diagnostics if d.code == "AMP009"]
+
+
+def test_scale_loss_in_both_arms_of_an_if_reuses_one_forward_region_and_the_step_in_one_arm_is_safe():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y) / accumulation
+            top1.update(accuracy(loss))
+            if i % accumulation != 0:
+                with amp.scale_loss(loss, optimizer, delay_unscale=True) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    """)
+    assert _safe(result)
+    assert result.new_source.count("torch.autocast(") == 1
+    assert "TODO(ampmigrate)" not in result.new_source
