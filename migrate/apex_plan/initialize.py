@@ -244,27 +244,18 @@ class InitializePlanning:
             return
         new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
         fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
-        if len(hoist.body.body) == 1 and hoist.orelse is None and init.restore is None:
-            # The `if` held nothing else: it goes, and its test is evaluated once, as before.
+        rest = [s for s in hoist.body.body if s is not init.statement and not isinstance(self.replacements.get(id(s), (None, None))[1], cst.RemovalSentinel)]
+        if not rest and hoist.orelse is None and init.restore is None:
+            # The `if` held nothing else that stays: it goes, and its test is evaluated once, as before.
             self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
             self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
             return
-        block = self.parent[id(hoist)]
-        body = list(block.body)
-        previous = body[body.index(hoist) - 1] if body.index(hoist) > 0 else None
-        if not self._touched(hoist):
-            # Nothing else in the `if` is rewritten: the `if` is rebuilt behind the scaler.
-            restored = nodes.parse_statements(init.restore + "\n", self.module)[0] if init.restore else None
-            inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
-            kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
-            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
-            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
-        elif previous is not None and not self._touched(previous):
-            self._plan_initialize_removal(init)
-            self._replace(previous, cst.FlattenSentinel([previous, *new]))
-            self._kind(previous, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
-        else:
-            raise Unplannable(init.call, "no place before the `if` around `amp.initialize` to create the scaler")
+        # The `if` is rebuilt behind the scaler; fixes planned inside it go along (`_compose_nested`).
+        restored = nodes.parse_statements(init.restore + "\n", self.module)[0] if init.restore else None
+        inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
+        kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
+        self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
+        self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
 
     def _enabled_expression(self, init: InitializeSite, hoist: cst.If | None) -> str | None:
         parts = self._flags(init, hoist)

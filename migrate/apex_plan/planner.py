@@ -80,6 +80,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.regions: set[int] = set()  # statements that became an autocast region
+        self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
@@ -98,7 +99,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._check_disjoint()
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        handled = frozenset(self.alias_of) | {id(node) for _, node in self.probes}
+        handled = frozenset(self.alias_of) | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
 
     def _classify(self) -> None:
@@ -119,7 +120,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
                 else:
                     self.escapes.append((node, alias))
-            else:
+            elif not self._scale_poke(attr, node):
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
         if self.escapes:
             self._find_alias_sites({alias for _, alias in self.escapes})
@@ -139,6 +140,32 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
             "does not read them, so the ops they name run in autocast's own precision"
         )
+
+    def _scale_poke(self, attr: str, node: cst.CSTNode) -> bool:
+        """``amp._amp_state.loss_scalers[0]._loss_scale = X``: the scale to start from, set by hand."""
+        subscript = self.parent.get(id(node))
+        attribute = self.parent.get(id(subscript))
+        target = self.parent.get(id(attribute))
+        assign = self.parent.get(id(target))
+        if not (attr == "_amp_state.loss_scalers" and isinstance(subscript, cst.Subscript) and isinstance(attribute, cst.Attribute)
+                and attribute.attr.value == "_loss_scale" and isinstance(target, cst.AssignTarget) and isinstance(assign, cst.Assign)
+                and len(assign.targets) == 1 and nodes.is_pure(assign.value)):
+            return False
+        self.scale_pokes.append((self._statement(assign), assign.value, node))
+        return True
+
+    def _plan_scale_pokes(self, inits: list[InitializeSite]) -> None:
+        """The scale poked right after ``initialize`` (in its block) is the scaler's ``init_scale``."""
+        for statement, value, _ in self.scale_pokes:
+            block = self.parent.get(id(statement))
+            body = list(getattr(block, "body", ()))
+            init = next((i for i in inits if self.parent.get(id(i.statement)) is block
+                         and body.index(i.statement) < body.index(statement)), None)
+            if init is None:
+                raise Unplannable(statement, "apex's loss scale is set by hand away from `amp.initialize`")
+            init.scaler_args[:] = [a for a in init.scaler_args if not a.startswith("init_scale=")] + [f"init_scale={nodes.code(value)}"]
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "apex's loss scale is set through its internals", "Start the GradScaler at that scale")
 
     def _probe(self, node: cst.CSTNode) -> None:
         """``if "state_dict" in amp.__dict__:`` (no ``else``): asks whether apex is new enough to
@@ -207,6 +234,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
     def _rewrite(self) -> None:
         inits = [self._initialize(call) for call in self.sites["initialize"]]
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
+        self._plan_scale_pokes(inits)
         others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         if not scales:
             if not inits:
@@ -443,7 +471,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 continue
             swap = ReplaceByIdentity(inner)
             parts = [part.visit(swap) for part in (replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement])]
-            if swap.swapped == set(inner):  # else the replacement dropped them: `_check_disjoint` reports it
+            dropped = set(inner) - swap.swapped
+            if all(isinstance(inner[key], cst.RemovalSentinel) for key in dropped):  # else `_check_disjoint` reports it
                 self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
                 self.composed.add(id(node))
 

@@ -98,6 +98,8 @@ class AmpInternals(ApexRename):
 
     def _reference(self, node: cst.BaseExpression) -> None:
         if id(node) in self._handled:
+            if isinstance(node, cst.Attribute):
+                self._open.append(node)  # nor the names inside it
             return
         target = self._target(node)
         if target is not None:

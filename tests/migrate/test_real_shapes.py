@@ -316,3 +316,27 @@ def test_scale_loss_in_both_arms_of_an_if_reuses_one_forward_region_and_the_step
     assert _safe(result)
     assert result.new_source.count("torch.autocast(") == 1
     assert "TODO(ampmigrate)" not in result.new_source
+
+
+def test_a_scale_set_through_apex_internals_after_initialize_is_the_scalers_start():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(args, model, optimizer, loader):
+            if args.fp16:
+                model, optimizer = amp.initialize(models=model, optimizers=optimizer, opt_level="O1")
+                amp._amp_state.loss_scalers[0]._loss_scale = 2**20
+            for x in loader:
+                loss = model(x)
+                if args.fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result)
+    assert 'scaler = torch.amp.GradScaler("cuda", init_scale=2**20, enabled=bool(args.fp16))' in result.new_source
+    assert "_amp_state" not in result.new_source
+    assert not [d for d in result.diagnostics if d.code == "AMP009"]
