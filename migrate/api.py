@@ -1,10 +1,12 @@
 """Run the rules over sources and trees, and return results: what the CLI, editors and tests call.
 
-``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths, skips
-those that cannot contain anything the selected rules look for without parsing them, parses the
-rest (in worker processes when there are many), and writes fixed files atomically, keeping their
-encoding, byte-order mark, line endings and mode. A file that cannot be read, decoded, parsed or
-written is reported in its result and left untouched; the other files are still processed.
+``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths
+(``migrate.files``), skips those that cannot contain anything the selected rules look for without
+parsing them (``migrate.prefilter``), parses the rest (in worker processes when there are many),
+and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
+owner and hard links, unless they changed since they were read. A file that cannot be read,
+decoded, parsed or written is reported in its result and left untouched; the other files are
+still processed. Ctrl-C stops a run cleanly (``Interrupted``).
 """
 from __future__ import annotations
 
@@ -177,9 +179,10 @@ def discover(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) ->
     Directories are searched recursively, skipping ``DEFAULT_EXCLUDES``, virtual environments
     (any directory holding ``pyvenv.cfg``) and anything matching an ``exclude`` glob, tried
     against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``).
-    Only regular files are taken; links are not followed out of the directory searched, and
-    a file reached twice is taken once. Files named explicitly are kept whatever their suffix,
-    unless an ``exclude`` glob matches them. Raises FileNotFoundError for a path that does not exist.
+    Only regular files are taken, and a directory search follows no links (a file linked from
+    inside the tree is taken under its own name). Files named explicitly are kept whatever their
+    suffix, unless an ``exclude`` glob matches them. Raises FileNotFoundError for a path that does
+    not exist.
     """
     return files.find(paths, exclude).files
 

@@ -7,7 +7,8 @@ apex for fp16"). A file whose only trigger words are those is parsed with ``ast`
 parser, about ten times faster than libcst's) and goes on only if it holds a shape the rules that
 read those words act on:
 
-- an import of ``apex`` (or anything else named ``apex``: a name, an attribute, a definition);
+- an import of ``apex`` or of its kernels ``amp_C``/``apex_C`` (or anything else so named: a
+  name, an attribute, a definition);
 - a string naming an apex module (``importlib.import_module("apex.amp")``);
 - an amp call through a name (``amp.scale_loss``, ``self.amp.initialize``);
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
@@ -34,6 +35,8 @@ _COMMON_WORDS = frozenset({"amp", "apex"})
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+# apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
+_APEX_NAMES = frozenset({"apex", "amp_C", "apex_C"})
 
 
 def trigger_words(rules: Sequence[type] | None) -> tuple[str, ...] | None:
@@ -83,25 +86,25 @@ def _has_amp_shape(tree: ast.AST) -> bool:
             if any(_names_apex(alias.name) for alias in node.names):
                 return True
         elif kind is ast.ImportFrom:
-            if _names_apex(node.module or "") or any(alias.name == "apex" for alias in node.names):
+            if _names_apex(node.module or "") or any(alias.name in _APEX_NAMES for alias in node.names):
                 return True
         elif kind is ast.Name:
-            if node.id == "apex":
+            if node.id in _APEX_NAMES:
                 return True
         elif kind is ast.Attribute:
-            if node.attr == "apex" or (node.attr in _AMP_CALLS and _is_amp(node.value)):
+            if node.attr in _APEX_NAMES or (node.attr in _AMP_CALLS and _is_amp(node.value)):
                 return True
         elif kind is ast.Constant:
             if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")):
                 return True
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
-            if node.name == "apex":
+            if node.name in _APEX_NAMES:
                 return True
         elif kind is ast.arg:
-            if node.arg == "apex":
+            if node.arg in _APEX_NAMES:
                 return True
         elif kind is ast.alias:
-            if node.asname == "apex":
+            if node.asname in _APEX_NAMES:
                 return True
         elif kind is ast.Try:
             if _guards_nothing(node):
@@ -110,7 +113,7 @@ def _has_amp_shape(tree: ast.AST) -> bool:
 
 
 def _names_apex(module: str) -> bool:
-    return "apex" in module.split(".")
+    return not _APEX_NAMES.isdisjoint(module.split("."))
 
 
 def _is_amp(node: ast.expr) -> bool:

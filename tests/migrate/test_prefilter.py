@@ -64,6 +64,8 @@ def test_files_that_only_say_amp_are_skipped(source):
     [
         "from apex import amp\n",
         "import apex.optimizers as apex_optim\n",
+        "try:\n    from amp_C import multi_tensor_l2norm\nexcept ImportError:\n    print('install apex for amp')\n",
+        "import apex_C\nflat = apex_C.flatten(tensors)\n",
         "def step(loss, optimizer, amp):\n    with amp.scale_loss(loss, optimizer) as scaled:\n        scaled.backward()\n",
         "class Hook:\n    def state(self):\n        return self.amp.state_dict()\n",
         "import importlib\nmodule = importlib.import_module('apex.amp')\n",
