@@ -140,7 +140,8 @@ def migrate_paths(
     options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     words = trigger_words(rules)
     found = files.find(paths, exclude)
-    results: dict[Path, FileResult | None] = {path: None for path in found.files}  # keeps path order
+    results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
+    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
     todo: list[tuple[Path, files.Source]] = []
     for path in found.files:
         try:
@@ -155,7 +156,6 @@ def migrate_paths(
             results[path] = FileResult(str(path))
         else:
             todo.append((path, source))
-    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
 
     if todo and rules is None:
         rules = tuple(select_rules())
