@@ -1,28 +1,35 @@
-"""How fast is ``ampmigrate --check`` on a tree, against merely parsing that tree with libcst?
+"""How fast is ``ampmigrate --check`` on real trees, on one apex file, and on one very large file?
 
-Generates a tree of Python files (ordinary PyTorch code; a few files use apex, a few the
-deprecated ``torch.cuda.amp`` spellings) in a temporary directory, then measures, as wall time:
+Measured side by side, round after round (the medians are reported), each in a fresh process:
 
-1. ``ampmigrate --check TREE`` in a fresh process (interpreter start-up included);
-2. ``libcst.parse_module`` over every file, in this one process (libcst's import excluded);
-3. ``ampmigrate --check ONE_FILE`` in a fresh process, the pre-commit case (best of a few runs);
-4. the same without bytecode: every ``migrate`` module compiled from source at each start.
+1. ``ampmigrate --check TREE`` (wall time, start-up included), against libcst merely parsing every
+   ``.py`` file of TREE (``libcst.parse_module`` in one process; its import not counted). Goal: at
+   most 0.3x.
+2. ``ampmigrate --check FILE`` on one apex file, against ``python -c "import libcst"``. Goal: at
+   most 1.3x.
+3. ``ampmigrate --check`` on one generated apex file of a growing size (an apex training module of
+   this benchmark's own, repeated): wall time and peak memory (maximum resident set), to see both
+   grow linearly; the largest is ``--big-mb``.
 
-ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles the package's
-bytecode once, so the runs use a bytecode cache of their own (``PYTHONPYCACHEPREFIX``, filled
-by a first run that is not counted), whatever ``PYTHONDONTWRITEBYTECODE`` says here. The last
-measurement shows what compiling costs, as in a checkout run with ``PYTHONDONTWRITEBYTECODE=1``.
+ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
+share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.
 
-Goals: the check of a 1,000-file tree under 2 s on 2 cores, one file under 0.3 s.
+Real trees are not in this repository; export one outside it, for example::
+
+    git --git-dir=<bare clone of NVIDIA/DeepLearningExamples> archive HEAD | tar -x -C /work/trees/dle
 
 Usage::
 
-    python bench/migrate_speed.py [--files 2000] [--jobs N] [--repeat 3]
+    python bench/migrate_speed.py --tree /work/trees/dle/PyTorch --tree /work/trees/fairseq \\
+        --file fixtures/legacy/train_o1.py --rounds 5 --big-mb 5
+
+Figures measured with these commands are in the README's Performance section.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,19 +38,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-_MODULE = '''"""Model and data code for experiment {index}."""
-import math
-import os
+_PARSE_TREE = """
+import sys, time
+from pathlib import Path
+import libcst
+files = sorted(p for p in Path(sys.argv[1]).rglob("*.py") if p.is_file() and not p.is_symlink())
+start = time.perf_counter()
+for path in files:
+    try:
+        libcst.parse_module(path.read_bytes())
+    except Exception:
+        pass
+print(time.perf_counter() - start, len(files))
+"""
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
+_MODULE = '''
 
 class Block{index}(nn.Module):
-    """A residual block with {width} hidden units."""
+    """A residual block: layer norm, two linear layers, dropout."""
 
-    def __init__(self, dim: int = {width}, dropout: float = 0.1) -> None:
+    def __init__(self, dim: int = 256, dropout: float = 0.1) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, 4 * dim)
@@ -52,143 +66,110 @@ class Block{index}(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         residual = x
-        x = self.norm(x)
-        x = F.gelu(self.fc1(x))
-        x = self.dropout(self.fc2(x))
-        return (x + residual).clamp(-1e4, 1e4)
+        x = F.gelu(self.fc1(self.norm(x)))
+        return self.dropout(self.fc2(x)) + residual
 
 
-def build_model(depth: int = {depth}, dim: int = {width}) -> nn.Module:
-    layers = [Block{index}(dim) for _ in range(depth)]
-    return nn.Sequential(*layers)
-
-
-def cosine_schedule(step: int, total: int, base_lr: float = 3e-4) -> float:
-    if step < total // 10:
-        return base_lr * step / max(1, total // 10)
-    progress = (step - total // 10) / max(1, total - total // 10)
-    return 0.5 * base_lr * (1.0 + math.cos(math.pi * progress))
-
-
-def load_batch(root: str, index: int, batch_size: int = 32) -> dict:
-    path = os.path.join(root, f"batch_{{index:05d}}.pt")
-    if os.path.exists(path):
-        return torch.load(path)
-    return {{"x": torch.randn(batch_size, {width}), "y": torch.randint(0, 10, (batch_size,))}}
-
-
-def evaluate(model: nn.Module, batches, device: str = "cpu") -> float:
+def evaluate_{index}(model, batches, device="cuda"):
     model.eval()
     correct = total = 0
     with torch.no_grad():
-        for batch in batches:
-            logits = model(batch["x"].to(device))
-            correct += (logits.argmax(-1) == batch["y"].to(device)).sum().item()
-            total += batch["y"].numel()
+        for x, y in batches:
+            logits = model(x.to(device))
+            correct += (logits.argmax(-1) == y.to(device)).sum().item()
+            total += y.numel()
     return correct / max(1, total)
-'''
-
-_APEX = '''
-
-from apex import amp
 
 
-def train(model, optimizer, loader, args):
+def train_{index}(model, optimizer, loader, epochs=1):
     model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
-    for batch in loader:
-        loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        optimizer.zero_grad()
-        with amp.scale_loss(loss, optimizer) as scaled_loss:
-            scaled_loss.backward()
-        optimizer.step()
-'''
-
-_CUDA_AMP = '''
-
-def train(model, optimizer, loader):
-    scaler = torch.cuda.amp.GradScaler()
-    for batch in loader:
-        with torch.cuda.amp.autocast():
-            loss = F.cross_entropy(model(batch["x"]), batch["y"])
-        optimizer.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
 '''
 
 
-def make_tree(root: Path, files: int) -> list[Path]:
-    """``files`` modules in packages of 50; every 250th uses apex, every 250th (offset) torch.cuda.amp."""
-    paths = []
-    for index in range(files):
-        package = root / f"pkg{index // 50:03d}"
-        package.mkdir(exist_ok=True)
-        text = _MODULE.format(index=index, width=64 + index % 7 * 32, depth=2 + index % 5)
-        if index % 250 == 0:
-            text += _APEX
-        elif index % 250 == 125:
-            text += _CUDA_AMP
-        path = package / f"module_{index:05d}.py"
-        path.write_text(text)
-        paths.append(path)
-    return paths
+def big_file(path: Path, megabytes: float) -> Path:
+    """An apex module of about ``megabytes`` MB: ``_MODULE`` repeated with fresh names."""
+    parts = ["import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom apex import amp\n"]
+    size, index = len(parts[0]), 0
+    while size < megabytes * 1_000_000:
+        parts.append(_MODULE.format(index=index))
+        size += len(parts[-1])
+        index += 1
+    path.write_text("".join(parts))
+    return path
 
 
-def _ampmigrate(*args: str, bytecode: str | None) -> tuple[float, int]:
-    """One run in a fresh process; ``bytecode`` is the bytecode cache directory (None: compile from source)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _env(bytecode: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPYCACHEPREFIX": bytecode}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("PYTHONPYCACHEPREFIX", None)
-    if bytecode is None:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-    else:
-        env["PYTHONPYCACHEPREFIX"] = bytecode
-    command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *args]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, env=env)
-    elapsed = time.perf_counter() - start
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"ampmigrate failed ({done.returncode}):\n{done.stderr.decode()}")
-    return elapsed, done.returncode
+    return env
 
 
-def _parse_all(paths: list[Path]) -> float:
-    import libcst
+def _timed(command: list[str], env: dict) -> tuple[float, float, str]:
+    """Wall seconds, peak resident memory (MB, of the process and its workers) and stdout of one fresh process."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(process.pid, 0)
+        elapsed = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        if process.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(command)} failed ({process.returncode}):\n{stderr.read().decode()[-2000:]}")
+        return elapsed, usage.ru_maxrss / 1024, stdout.read().decode()
 
-    start = time.perf_counter()
-    for path in paths:
-        libcst.parse_module(path.read_bytes())
-    return time.perf_counter() - start
+
+def _ampmigrate(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *args]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=2000)
-    parser.add_argument("--jobs", type=int, default=None, help="-j for ampmigrate (default: its own)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement; the best is kept")
+    parser.add_argument("--tree", action="append", default=[], help="a real source tree (repeatable)")
+    parser.add_argument("--file", default=str(REPO / "fixtures" / "legacy" / "train_o1.py"), help="one apex file")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--big-mb", type=float, default=5.0, help="largest generated file, in MB (0: skip)")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ampmigrate-bench-") as directory:
-        root = Path(directory) / "tree"
-        root.mkdir()
-        bytecode = str(Path(directory) / "bytecode")
-        paths = make_tree(root, options.files)
-        one_file = next(p for p in paths if "from apex import amp" in p.read_text())
-        _ampmigrate("--check", str(one_file), bytecode=bytecode)  # compiles the bytecode, as an install does
-        jobs = ["-j", str(options.jobs)] if options.jobs else []
-        check = min(_ampmigrate("--check", *jobs, str(root), bytecode=bytecode)[0] for _ in range(options.repeat))
-        parse = min(_parse_all(paths) for _ in range(max(1, options.repeat - 1)))
-        runs = max(5, options.repeat)
-        single = min(_ampmigrate("--check", str(one_file), bytecode=bytecode)[0] for _ in range(runs))
-        from_source = min(_ampmigrate("--check", str(one_file), bytecode=None)[0] for _ in range(runs))
+        env = _env(str(Path(directory) / "bytecode"))
+        _timed(_ampmigrate("--check", options.file), env)  # compiles the bytecode, as an install does
+        tree_rows = {tree: ([], []) for tree in options.tree}
+        one, imports = [], []
+        for _ in range(options.rounds):
+            for tree in options.tree:
+                check = _timed(_ampmigrate("--check", tree), env)[0]
+                parse = float(_timed([sys.executable, "-c", _PARSE_TREE, tree], env)[2].split()[0])
+                tree_rows[tree][0].append(check)
+                tree_rows[tree][1].append(parse)
+            one.append(_timed(_ampmigrate("--check", options.file), env)[0])
+            imports.append(_timed([sys.executable, "-c", "import libcst"], env)[0])
 
-    print(f"files: {options.files} ({sum(1 for i in range(options.files) if i % 125 == 0)} with apex or torch.cuda.amp)")
-    print(f"ampmigrate --check tree, wall, fresh process: {check:.2f} s")
-    print(f"libcst.parse_module of every file, one process: {parse:.2f} s")
-    print(f"ratio check / parse: {check / parse:.2f}")
-    print(f"ampmigrate --check one file, wall, fresh process: {single:.3f} s")
-    print(f"the same, compiling migrate from source (no bytecode): {from_source:.3f} s")
-    print(f"cores available: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}")
+        print(f"cores: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}; "
+              f"rounds: {options.rounds} (medians)")
+        for tree, (checks, parses) in tree_rows.items():
+            files = sum(1 for p in Path(tree).rglob("*.py") if p.is_file() and not p.is_symlink())
+            ratio = statistics.median(c / p for c, p in zip(checks, parses))
+            print(f"{tree} ({files} files): --check {statistics.median(checks):.2f} s, "
+                  f"libcst parse {statistics.median(parses):.2f} s, ratio {ratio:.2f} (goal <= 0.3)")
+        ratio = statistics.median(o / i for o, i in zip(one, imports))
+        print(f"{options.file}: --check {statistics.median(one):.3f} s, import libcst "
+              f"{statistics.median(imports):.3f} s, ratio {ratio:.2f} (goal <= 1.3)")
+
+        if options.big_mb:
+            sizes = [options.big_mb / 8, options.big_mb / 4, options.big_mb / 2, options.big_mb]
+            for megabytes in sizes:
+                path = big_file(Path(directory) / f"big_{megabytes:g}.py", megabytes)
+                elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
+                print(f"generated apex file, {path.stat().st_size / 1e6:.2f} MB: --check {elapsed:.1f} s, "
+                      f"peak memory {peak:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -1,33 +1,33 @@
 """Run the rules over sources and trees, and return results: what the CLI, editors and tests call.
 
-``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths, skips
-those that cannot contain anything the selected rules look for without parsing them, parses the
-rest (in worker processes when there are many), and writes fixed files atomically, keeping their
-encoding, byte-order mark, line endings and mode. A file that cannot be read, decoded, parsed or
-written is reported in its result and left untouched; the other files are still processed.
+``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths
+(``migrate.files``), skips those that cannot contain anything the selected rules look for without
+parsing them (``migrate.prefilter``), parses the rest (in worker processes when there are many),
+and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
+owner and hard links, unless they changed since they were read. A file that cannot be read,
+decoded, parsed or written is reported in its result and left untouched; the other files are
+still processed. Ctrl-C stops a run cleanly (``Interrupted``).
 """
 from __future__ import annotations
 
-import errno
-import fnmatch
+import contextlib
+import gc
 import io
 import os
-import stat
+import signal
+import threading
 import tokenize
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position, triggers_pattern
+from migrate import files
+from migrate.files import DEFAULT_EXCLUDES
+from migrate.prefilter import may_apply, needs_parsing, trigger_words
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
-__all__ = ["DEFAULT_EXCLUDES", "discover", "migrate_paths", "migrate_source", "select_rules"]
+__all__ = ["DEFAULT_EXCLUDES", "Interrupted", "discover", "migrate_paths", "migrate_source", "select_rules"]
 
-# Directory names never searched: version control, caches, build output, installed packages.
-DEFAULT_EXCLUDES = (
-    ".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__", "build", "dist",
-    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs",
-)
 _PARALLEL_MIN_FILES = 8  # below this, starting worker processes costs more than it saves
 
 
@@ -101,7 +101,7 @@ def migrate_source(
     options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
-    return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options, write=False)
+    return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
 
 
 def migrate_paths(
@@ -127,45 +127,51 @@ def migrate_paths(
 
     Args:
         paths (iterable of paths): files and directories (searched recursively, see ``discover``).
-        write (bool, optional, default=True): save fixed files in place, atomically.
+        write (bool, optional, default=True): save fixed files in place, atomically; a file that
+            changed on disk since it was read is left alone and reported.
         exclude (sequence of str, optional): glob patterns of files and directories to leave out.
-        jobs (int, optional, default=number of cores): worker processes for many files.
+        jobs (int, optional, default=number of cores): worker processes for many files (at most
+            the number of cores).
         Other arguments as for ``migrate_source``.
 
-    Returns one ``FileResult`` per file found, in path order.
+    Returns one ``FileResult`` per file found, in path order. Raises ``Interrupted`` on Ctrl-C
+    (SIGINT), once the files being worked on are done: it carries their results; a second
+    Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
     options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
-    triggers = _triggers(rules)
-    results: dict[Path, FileResult] = {}
-    todo: list[tuple[Path, bytes]] = []
-    for path in discover(paths, exclude):
+    words = trigger_words(rules)
+    found = files.find(paths, exclude)
+    results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
+    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
+    todo: list[tuple[Path, files.Source]] = []
+    for path in found.files:
         try:
-            data = path.read_bytes()
+            source = files.read(path)
         except OSError as error:
             results[path] = _error_result(str(path), f"cannot read: {error.strerror or error}")
             continue
-        if not _may_apply(data, triggers):
+        decoded = _decode(str(path), source.data)
+        if isinstance(decoded, FileResult):
+            results[path] = decoded
+        elif not may_apply(decoded[0], words):
             results[path] = FileResult(str(path))
         else:
-            todo.append((path, data))
-            results[path] = None  # keeps discovery order
+            todo.append((path, source))
 
     if todo and rules is None:
         rules = tuple(select_rules())
-    workers = min(jobs or _cores(), len(todo))
-    if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES:
-        from concurrent.futures import ProcessPoolExecutor  # imported here: single-file runs start faster
-
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context()) as pool:
-            done = pool.map(
-                _migrate_path, [p for p, _ in todo], repeat(rules), repeat(options), repeat(write),
-                chunksize=max(1, len(todo) // (workers * 4)),
-            )
-            results.update(zip((p for p, _ in todo), done))
-    else:
-        for path, data in todo:
-            results[path] = _migrate_one(str(path), data, None, rules, options, write)
+    workers = min(jobs or _cores(), _cores(), len(todo))
+    with _StopOnInterrupt() as stop:
+        if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES:
+            _run_parallel([path for path, _ in todo], workers, results, stop, rules, options, write)
+        else:
+            for path, source in todo:
+                if stop.requested:
+                    break
+                results[path] = _migrate_file(path, source, rules, options, write)
+        if stop.requested:
+            raise Interrupted([r for r in results.values() if r is not None], len(results))
     return list(results.values())
 
 
@@ -175,38 +181,93 @@ def discover(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) ->
     Directories are searched recursively, skipping ``DEFAULT_EXCLUDES``, virtual environments
     (any directory holding ``pyvenv.cfg``) and anything matching an ``exclude`` glob, tried
     against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``).
-    Files named explicitly are kept whatever their suffix, unless an ``exclude`` glob matches them.
-    Raises FileNotFoundError for a path that does not exist.
+    Only regular files are taken, and a directory search follows no links (a file linked from
+    inside the tree is taken under its own name). Files named explicitly are kept whatever their
+    suffix, unless an ``exclude`` glob matches them. Raises FileNotFoundError for a path that does
+    not exist.
     """
-    found: dict[Path, None] = {}
-    for given in paths:
-        root = Path(given)
-        if root.is_file():
-            if not _excluded(root, exclude):
-                found[root] = None
-            continue
-        if not root.is_dir():
-            raise FileNotFoundError(errno.ENOENT, f"no such file or directory: {str(root)!r}", str(root))
-        for directory, subdirectories, files in os.walk(root):
-            here = Path(directory)
-            subdirectories[:] = sorted(
-                name
-                for name in subdirectories
-                if name not in DEFAULT_EXCLUDES
-                and not (here / name / "pyvenv.cfg").exists()
-                and not _excluded(here / name, exclude)
-            )
-            for name in sorted(files):
-                if name.endswith(".py") and not _excluded(here / name, exclude):
-                    found[here / name] = None
-    return sorted(found)
+    return files.find(paths, exclude).files
 
 
-def _excluded(path: Path, patterns: Sequence[str]) -> bool:
-    if not patterns:
-        return False
-    candidates = {path.name, path.as_posix(), path.resolve().as_posix()}
-    return any(fnmatch.fnmatch(c, p) or fnmatch.fnmatch(c, f"*/{p}") for p in patterns for c in candidates)
+class Interrupted(Exception):
+    """The run was stopped by Ctrl-C. ``results``: the files done before it stopped, of ``total`` found."""
+
+    def __init__(self, results: list[FileResult], total: int) -> None:
+        super().__init__(f"interrupted after {len(results)} of {total} files")
+        self.results = results
+        self.total = total
+
+
+class _StopOnInterrupt:
+    """While active (in the main thread), the first SIGINT asks the run to stop after the files in
+    progress, so that none is left half-done and the summary says what was written; the second
+    raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "_StopOnInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_interrupt(self, _signal, _frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def _run_parallel(todo: list[Path], workers: int, results: dict, stop: _StopOnInterrupt, *run) -> None:
+    """One task a file, in worker processes that leave Ctrl-C to this one. Only a few files are
+    handed out ahead, so that on a stop request only the files in progress are finished."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # here: one-file runs start faster
+
+    waiting = iter(todo)
+    running = {}
+
+    def hand_out_one() -> None:
+        path = next(waiting, None)
+        if path is not None:
+            running[pool.submit(_migrate_path, path, *run)] = path
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context(), initializer=_leave_interrupts)
+    try:
+        for _ in range(2 * workers):  # two each: a worker never waits for its next file
+            hand_out_one()
+        while running:
+            done, _ = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[running.pop(future)] = future.result()
+                if not stop.requested:
+                    hand_out_one()
+    except KeyboardInterrupt:  # asked twice: the workers stop now (a replace is one rename)
+        _stop_workers()
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown()
+
+
+def _leave_interrupts() -> None:
+    """In a worker: Ctrl-C is for the main process to handle; SIGTERM ends it at once, cleanly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, files.exit_now)
+
+
+def _stop_workers() -> None:
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=2)
+        if child.is_alive():
+            child.kill()
 
 
 def _chosen(rules: Sequence[type] | None, select: Sequence[str], ignore: Sequence[str]) -> tuple | None:
@@ -218,93 +279,73 @@ def _chosen(rules: Sequence[type] | None, select: Sequence[str], ignore: Sequenc
     return None
 
 
-def _triggers(rules: Sequence[type] | None) -> tuple[str, ...] | None:
-    """The words one of which a file must contain to be parsed; None when a rule needs every file."""
-    if rules is None:
-        from migrate.rules import TRIGGER_WORDS
-
-        return TRIGGER_WORDS
-    if any(not rule.TRIGGERS for rule in rules):
-        return None
-    return tuple(sorted({word for rule in rules for word in rule.TRIGGERS}))
-
-
-def _may_apply(content: bytes | str, triggers: tuple[str, ...] | None) -> bool:
-    """The cheap check before parsing: one regex search (on bytes: the words are ASCII, as in any PEP 263 encoding)."""
-    if triggers is None:
-        return True
-    return triggers_pattern(triggers, isinstance(content, bytes)).search(content) is not None
-
-
 def _migrate_path(path: Path, rules: tuple | None, options: _Options, write: bool) -> FileResult:
     """One file in a worker process (re-read there: cheaper than sending its bytes over)."""
     try:
-        data = path.read_bytes()
+        source = files.read(path)
     except OSError as error:
         return _error_result(str(path), f"cannot read: {error.strerror or error}")
-    return _migrate_one(str(path), data, None, rules, options, write)
+    return _migrate_file(path, source, rules, options, write)
 
 
-def _migrate_one(
-    filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: _Options, write: bool
-) -> FileResult:
+def _migrate_file(path: Path, source: files.Source, rules: tuple | None, options: _Options, write: bool) -> FileResult:
+    result = _migrate_one(str(path), source.data, None, rules, options)
+    if not (write and result.changed):
+        return result
+    try:
+        files.replace(path, result.new_source.encode(result.encoding), source)
+    except UnicodeEncodeError as error:
+        return _unwritten(result, f"the fixed text cannot be encoded as {result.encoding!r}: {error}")
+    except files.ChangedSinceRead:
+        return _unwritten(result, "it changed on disk while ampmigrate ran; left as it is: run again to migrate it")
+    except OSError as error:
+        return _unwritten(result, f"cannot write: {error.strerror or error}; check the file's permissions")
+    return result
+
+
+def _decode(filename: str, data: bytes) -> tuple[str, str] | FileResult:
+    """The text and its encoding (PEP 263 cookie or BOM), or the error result of a file that cannot be decoded."""
+    encoding = "utf-8"
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        return data.decode(encoding), encoding
+    except (SyntaxError, LookupError, UnicodeDecodeError) as error:
+        hint = "; it looks like UTF-16 or UTF-32" if data.startswith(_WIDE_BOMS) or b"\0" in data[:4096] else ""
+        return _error_result(
+            filename, f"cannot decode as {encoding!r}: {error}{hint}; save it as UTF-8 or declare its encoding (PEP 263)"
+        )
+
+
+_WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: _Options) -> FileResult:
     encoding = "utf-8"
     if data is not None:
-        try:
-            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
-            text = data.decode(encoding)
-        except (SyntaxError, LookupError, UnicodeDecodeError) as error:
-            return _error_result(filename, f"cannot decode as {encoding!r}: {error}; save it as UTF-8 or declare its encoding (PEP 263)")
-    if not _may_apply(text, _triggers(rules)):
+        decoded = _decode(filename, data)
+        if isinstance(decoded, FileResult):
+            return decoded
+        text, encoding = decoded
+    if not needs_parsing(text, trigger_words(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:
         rules = tuple(select_rules())
 
     from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
 
+    # libcst drops the last newline of a file whose lines end in a lone CR: such a file is
+    # worked on with LF, then given its CRs back (a CR in its text can only be a line end).
+    cr_only = "\r" in text and "\n" not in text
     try:
-        outcome = run_rules(
-            text, filename, rules, fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings
-        )
+        with _without_cycle_collection():
+            outcome = run_rules(
+                text.replace("\r", "\n") if cr_only else text, filename, rules,
+                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings,
+            )
     except Exception as error:  # one file must never end the run over the others
         return _error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)
-    result = FileResult(filename, outcome.diagnostics, text, outcome.source, outcome.error, encoding, outcome.remaining)
-    if write and result.changed:
-        try:
-            _write_atomic(Path(filename), result.new_source.encode(encoding))
-        except UnicodeEncodeError as error:
-            return _unwritten(result, f"the fixed text cannot be encoded as {encoding!r}: {error}")
-        except OSError as error:
-            return _unwritten(result, f"cannot write: {error.strerror or error}; check the file's permissions")
-    return result
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace the file in one step (temp file in the same directory, then rename), keeping its mode."""
-    import tempfile
-
-    target = Path(os.path.realpath(path))  # write through a symlink, not over it
-    status = target.stat()
-    mode = stat.S_IMODE(status.st_mode)
-    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(errno.EACCES, "the file is read-only", str(path))
-    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-        os.chmod(temporary, mode)
-        if hasattr(os, "chown") and (status.st_uid, status.st_gid) != (os.getuid(), os.getgid()):
-            try:  # keep the owner when run by another user (e.g. root in a container)
-                os.chown(temporary, status.st_uid, status.st_gid)
-            except PermissionError:
-                pass
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    new_text = outcome.source.replace("\n", "\r") if cr_only else outcome.source
+    return FileResult(filename, outcome.diagnostics, text, new_text, outcome.error, encoding, outcome.remaining)
 
 
 def _unwritten(result: FileResult, message: str) -> FileResult:
@@ -318,6 +359,20 @@ def _error_result(filename: str, message: str, code: str = ERROR_CODE) -> FileRe
     start = Position(1, 1)
     error = (Diagnostic(code, message, filename, start, start),)
     return FileResult(filename, error, error=message, remaining=error)
+
+
+@contextlib.contextmanager
+def _without_cycle_collection():
+    """A parsed file is a tree of objects that all live until its run ends. The cycle collector
+    would scan them again and again as they are made, ever more of them: a fifth of a large file's
+    time, growing faster than the file. What the run leaves is collected once it is over."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _cores() -> int:

@@ -1,7 +1,7 @@
 """``ampmigrate``: the command line, a thin shell over ``migrate.api``.
 
 Exit status is a bitmask: 0 nothing to do, 1 changes or findings, 2 usage, parse, decode or write
-errors (so 3 is both). Heavy modules are imported only once a file needs parsing, which keeps a
+errors (so 3 is both); 130 when stopped by Ctrl-C. Heavy modules are imported only once a file needs parsing, which keeps a
 pre-commit run on one file fast.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = ["main"]
 
 _FOUND = 1
 _ERROR = 2
+_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 _TOOL_CODES = (ERROR_CODE, INTERNAL_ERROR_CODE)  # errors about a file, counted by _ERROR, not findings
 
 
@@ -99,8 +100,12 @@ def main(
         raise click.UsageError(str(error)) from error
     unsafe = config.unsafe_fixes if unsafe_fixes is None else unsafe_fixes
     output_format = output_format or config.output_format or "text"
-    if output_format not in FORMATS:
-        raise click.UsageError(f"output-format {output_format!r} in {str(config.path)!r} is not one of {', '.join(FORMATS)}")
+    for key, codes in (("select", config.select), ("ignore", config.ignore)):
+        if codes:
+            try:
+                api.select_rules(codes if key == "select" else (), codes if key == "ignore" else ())
+            except ValueError as error:
+                raise click.UsageError(f"[tool.ampmigrate] {key} in {str(config.path)!r}: {error}") from error
     selected, ignored = _split_codes(select) or config.select, config.ignore + _split_codes(ignore)
     try:
         # the whole catalogue is left to the API, which imports it only once a file needs it
@@ -110,6 +115,9 @@ def main(
     write = not (check or diff)
     run = dict(rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings)
 
+    if report_path is not None:
+        _check_report_path(report_path, paths)
+    interrupted = None
     if paths == ("-",):
         data = sys.stdin.buffer.read()
         results = [api.migrate_source(data, stdin_filename or "-", **run)]
@@ -125,14 +133,71 @@ def main(
             )
         except FileNotFoundError as error:
             raise click.UsageError(str(error.strerror or error)) from error
+        except api.Interrupted as stop:
+            results, interrupted = stop.results, stop
+        except KeyboardInterrupt:  # the second Ctrl-C
+            click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
+            ctx.exit(_INTERRUPTED)
 
     _print(results, rules, output_format, diff=diff, wrote=write, unsafe=unsafe, to_stdout=paths != ("-",) or not write)
     if report_path is not None:
         from migrate.report import migration_report
 
-        with open(report_path, "w", encoding="utf-8") as stream:
-            stream.write(migration_report(results, wrote=write, unsafe_fixes=unsafe))
+        _write_report(report_path, migration_report(results, wrote=write, unsafe_fixes=unsafe))
+    if interrupted is not None:
+        written = sum(1 for result in results if result.changed) if write else 0
+        click.echo(
+            f"Interrupted: {len(results)} of {interrupted.total} files done"
+            + (f", {written} of them rewritten" if write else "")
+            + "; run again to finish.",
+            err=True,
+        )
+        ctx.exit(_INTERRUPTED)
     ctx.exit(_exit_code(results))
+
+
+def _check_report_path(report_path: str, paths: Sequence[str]) -> None:
+    """Refuse, before anything is rewritten, a report that would overwrite code or could not be written."""
+    import os
+
+    target = os.path.realpath(report_path)
+    inputs = {os.path.realpath(path) for path in paths if path != "-"}
+    if target in inputs or (target.endswith(".py") and os.path.exists(target)):
+        raise click.BadParameter(
+            f"{report_path!r} is {'one of the paths to migrate' if target in inputs else 'an existing Python file'}; "
+            "the report would overwrite it: name a new file, such as migration-report.md",
+            param_hint="'--report'",
+        )
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"the folder of {report_path!r} does not exist: create it first", param_hint="'--report'")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"the folder of {report_path!r} is not writable", param_hint="'--report'")
+
+
+def _write_report(report_path: str, text: str) -> None:
+    """Atomically, so that an interrupted or failed write leaves no half report."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.realpath(report_path))
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".ampmigrate-report.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, report_path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _print(results, rules, output_format: str, *, diff: bool, wrote: bool, unsafe: bool, to_stdout: bool) -> None:

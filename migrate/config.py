@@ -50,7 +50,7 @@ _KEYS = {
 
 def find_pyproject(paths: Iterable[str | os.PathLike] = ()) -> Path | None:
     """The nearest ``pyproject.toml`` at or above the common directory of ``paths`` (or the cwd)."""
-    resolved = [Path(p).resolve() for p in paths if str(p) != "-"]
+    resolved = [Path(os.path.realpath(p)) for p in paths if str(p) != "-"]  # a link loop stays as named
     start = Path(os.path.commonpath(resolved)) if resolved else Path.cwd()
     if start.is_file():
         start = start.parent
@@ -68,7 +68,10 @@ def load_config(pyproject: Path | None) -> Config:
     """
     if pyproject is None:
         return Config()
-    text = pyproject.read_text(encoding="utf-8")
+    try:
+        text = pyproject.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{str(pyproject)!r} is not UTF-8 (TOML must be): {error}") from error
     if "ampmigrate" not in text:  # no table to read: spare the TOML parse
         return Config()
     toml = _toml_module()
@@ -78,9 +81,12 @@ def load_config(pyproject: Path | None) -> Config:
             "install 'tomli' (pip install tomli) or use Python 3.11+"
         )
     try:
-        table = toml.loads(text).get("tool", {}).get("ampmigrate", {})
+        table = toml.loads(text).get("tool", {})
     except toml.TOMLDecodeError as error:
         raise ConfigError(f"{str(pyproject)!r} is not valid TOML: {error}") from error
+    table = table.get("ampmigrate", {}) if isinstance(table, dict) else {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"tool.ampmigrate in {str(pyproject)!r} must be a table ([tool.ampmigrate]), not {table!r}")
     values: dict = {}
     for key, value in table.items():
         if key not in _KEYS:
@@ -90,8 +96,34 @@ def load_config(pyproject: Path | None) -> Config:
         if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
             wanted = "a list of strings" if expected is list else f"a {expected.__name__}"
             raise ConfigError(f"[tool.ampmigrate] {key} in {str(pyproject)!r} must be {wanted}, not {value!r}")
+        _check_value(key, value, pyproject)
         values[name] = tuple(value) if expected is list else value
     return Config(path=pyproject, **values)
+
+
+def _check_value(key: str, value, pyproject: Path) -> None:
+    """Values with a fixed set of choices. (Rule codes in select/ignore are checked against the rules.)"""
+    where = f"[tool.ampmigrate] {key} in {str(pyproject)!r}"
+    if key == "output-format":
+        from migrate.report import FORMATS
+
+        if value not in FORMATS:
+            raise ConfigError(f"{where} must be one of {', '.join(FORMATS)}, not {value!r}")
+    elif key == "settings":
+        for name, setting in value.items():
+            if name not in _SETTINGS:
+                known = ", ".join(sorted(_SETTINGS))
+                raise ConfigError(f"unknown setting {name!r} in {where}; known settings: {known}")
+            if setting not in _SETTINGS[name]:
+                choices = ", ".join(repr(choice) for choice in _SETTINGS[name])
+                raise ConfigError(f"{where}: {name} must be one of {choices}, not {setting!r}")
+
+
+# [tool.ampmigrate.settings]: each setting the rules read, with its choices.
+_SETTINGS = {
+    "opt-level": ("O0", "O1"),  # every opt level computed at run time is this one (the apex rewrites)
+    "o2-as-autocast": (True, False),  # apex O2 may become autocast with fp32 weights (apex_plan.ACCEPT_O2)
+}
 
 
 def _toml_module():

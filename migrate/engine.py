@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Collection, Mapping, Sequence
+from typing import NamedTuple
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -26,6 +27,7 @@ from libcst.metadata import (
 )
 
 from migrate.apex_nodes import is_pure
+from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
 
@@ -76,23 +78,23 @@ def run_rules(
         return _failed(source, filename, ERROR_CODE, f"cannot parse: {type(error).__name__}; the file was left untouched")
     rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
-        wrapper, reports = _visit(module, rules, context)
+        visited = _visit(module, rules, context)
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, str(failure))
 
-    positions = wrapper.resolve(PositionProvider)
-    diagnostics = tuple(_diagnostic(report, positions.get(report.node), filename, unsafe_fixes) for report in reports)
+    diagnostics = tuple(
+        _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes) for report in visited.reports
+    )
     if not fix or not any(d.applied for d in diagnostics):
         return EngineResult(source, diagnostics, remaining=tuple(d for d in diagnostics if not d.applied))
 
     try:
-        fixed, wrapper, reports = _fix_to_fixed_point(source, wrapper, reports, rules, context)
+        fixed, visited = _fix_to_fixed_point(source, visited, rules, context)
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
-    positions = wrapper.resolve(PositionProvider)
     remaining = tuple(
-        replace(_diagnostic(report, positions.get(report.node), filename, unsafe_fixes), applied=False)
-        for report in reports
+        replace(_diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes), applied=False)
+        for report in visited.reports
     )
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
@@ -105,13 +107,19 @@ def run_rules(
     return EngineResult(fixed, diagnostics, remaining=remaining)
 
 
-def _visit(
-    module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext
-) -> tuple[MetadataWrapper, list[Report]]:
+class _Visited(NamedTuple):
+    """A module the rules visited, what they reported, and where its nodes are."""
+
+    module: cst.Module
+    reports: list[Report]
+    positions: Mapping[cst.CSTNode, CodeRange]
+
+
+def _visit(module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext) -> _Visited:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the module is ours alone: no deep copy
     visitors = [rule_class(context) for rule_class in rules]
     if not visitors:
-        return wrapper, []
+        return _Visited(module, [], Positions(module))
     try:
         metadata = _resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
@@ -124,7 +132,9 @@ def _visit(
     finally:
         for visitor in visitors:
             visitor.metadata = {}
-    return wrapper, [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
+    reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
+    positions = metadata[PositionProvider] if PositionProvider in metadata else Positions(module)
+    return _Visited(module, reports, positions)
 
 
 def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
@@ -136,6 +146,8 @@ def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappi
       children to list them, a tenth of a one-file run.
     - ``QualifiedNameProvider``: each node's names are worked out when first asked for; libcst's
       walks the tree to attach a lazy value to every node.
+    - ``PositionProvider``: ``migrate.positions``, in half the time, and only once asked for
+      (the findings need it; a file with none never does).
     - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
       module alone. The wrapper walks the whole tree once for each of them, in vain.
 
@@ -146,7 +158,7 @@ def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappi
     ours -= _with_dependencies(wanted - ours)
     metadata = dict(wrapper.resolve_many(wanted - ours))
     module = wrapper.module
-    parents = _parents(module) if ours & set(_COMPUTED_HERE) else {}
+    parents = _parents(module) if ours & {ParentNodeProvider, QualifiedNameProvider} else {}
     while ours:
         ready = [provider for provider in ours if provider.get_inherited_dependencies() <= metadata.keys()]
         if not ready:
@@ -156,13 +168,15 @@ def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappi
                 metadata[provider] = MappingProxyType(parents)
             elif provider is QualifiedNameProvider:
                 metadata[provider] = _QualifiedNames(module, parents, metadata[ScopeProvider])
+            elif provider is PositionProvider:
+                metadata[provider] = Positions(module)
             else:
                 metadata[provider] = _run_on_module(provider, module, metadata, settings)
         ours.difference_update(ready)
     return metadata
 
 
-_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider)
+_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider, PositionProvider)
 
 
 def _with_dependencies(providers: Collection[type]) -> set[type]:
@@ -260,19 +274,19 @@ def _is_node(value_type: type) -> bool:  # a cached issubclass: isinstance on CS
 
 
 def _fix_to_fixed_point(
-    text: str, wrapper: MetadataWrapper, reports: list[Report], rules: Sequence[type[Rule]], context: RuleContext
-) -> tuple[str, MetadataWrapper, list[Report]]:
-    """Apply fixes round after round; returns the final text with its own wrapper and reports."""
+    text: str, visited: _Visited, rules: Sequence[type[Rule]], context: RuleContext
+) -> tuple[str, _Visited]:
+    """Apply fixes round after round; returns the final text with its own visit."""
     for _ in range(_MAX_ROUNDS):
-        allowed = [r for r in reports if r.replacement is not None and _allowed(r.safety, context.unsafe_fixes)]
+        allowed = [r for r in visited.reports if r.replacement is not None and _allowed(r.safety, context.unsafe_fixes)]
         if not allowed:
-            return text, wrapper, reports
-        new_text = _apply(wrapper.module, allowed, context.filename)
+            return text, visited
+        new_text = _apply(visited.module, allowed, context.filename)
         if new_text == text:
-            return text, wrapper, reports
+            return text, visited
         text = new_text
         try:
-            wrapper, reports = _visit(cst.parse_module(text), rules, context)
+            visited = _visit(cst.parse_module(text), rules, context)
         except cst.ParserSyntaxError as error:
             raise _RoundFailed(f"the fixes produced code that does not parse ({error.message})") from error
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")

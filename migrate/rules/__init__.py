@@ -10,13 +10,7 @@ import functools
 import importlib
 import pkgutil
 
-__all__ = ["TRIGGER_WORDS", "all_rules", "rule_by_code"]
-
-# Every word of every rule's TRIGGERS (None if a rule reads every file). A run of the whole
-# catalogue checks files against it before importing any rule, so a run on files with nothing
-# to do never imports libcst: that is most of a pre-commit run's time. test_rule_examples keeps
-# it equal to the catalogue's words.
-TRIGGER_WORDS: tuple[str, ...] | None = ("GradScaler", "amp", "ampmigrate", "apex", "autocast", "custom_bwd", "custom_fwd")
+__all__ = ["all_rules", "rule_by_code"]
 
 
 @functools.lru_cache(maxsize=None)

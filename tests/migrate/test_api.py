@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from migrate import api
+from migrate import prefilter
 from migrate.api import discover, migrate_paths, migrate_source, select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE
 
@@ -22,6 +23,7 @@ def _every_rule_by_default(monkeypatch):
 
     for rule in all_rules():
         monkeypatch.setattr(rule, "DEFAULT", True)
+    monkeypatch.setattr(prefilter, "PLAIN_RUN_WORDS", tuple(sorted({w for rule in all_rules() for w in rule.TRIGGERS})))
 
 
 
@@ -229,3 +231,107 @@ def test_an_unexpected_failure_on_one_file_does_not_stop_the_others(tmp_path, mo
     first, second = migrate_paths([tmp_path], jobs=1)
     assert first.diagnostics[0].code == INTERNAL_ERROR_CODE and "RecursionError" in first.error
     assert bad.read_text() == OLD and good.read_text() == NEW and second.changed
+
+
+def test_a_file_edited_while_the_run_is_in_progress_is_not_overwritten(tmp_path, monkeypatch):
+    from migrate import engine
+
+    edited = OLD.replace("import torch", "import TORCH")  # same size: caught by the content, not the length
+    path = _write(tmp_path / "train.py", OLD)
+    real_run = engine.run_rules
+
+    def run_then_edit(source, filename, *args, **kwargs):
+        outcome = real_run(source, filename, *args, **kwargs)
+        Path(filename).write_text(edited)  # the user saves the file while ampmigrate works on it
+        return outcome
+
+    monkeypatch.setattr(engine, "run_rules", run_then_edit)
+    [result] = migrate_paths([path])
+    assert path.read_text() == edited
+    assert not result.changed and "changed on disk while ampmigrate ran" in result.error
+    assert [d.code for d in result.diagnostics][0] == ERROR_CODE and not any(d.applied for d in result.diagnostics)
+
+
+def test_hard_links_are_kept(tmp_path):
+    path = _write(tmp_path / "train.py", OLD)
+    other = tmp_path / "linked.py"
+    os.link(path, other)
+    path.chmod(0o640)
+    migrate_paths([path])
+    assert path.read_text() == NEW and other.read_text() == NEW
+    assert path.stat().st_ino == other.stat().st_ino and stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_file_with_cr_line_ends_keeps_its_last_newline(tmp_path):
+    path = _write(tmp_path / "train.py", OLD.replace("\n", "\r"))
+    migrate_paths([path])
+    assert path.read_bytes() == NEW.replace("\n", "\r").encode()
+    assert migrate_source(OLD.replace("\n", "\r")).new_source == NEW.replace("\n", "\r")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+def test_utf16_files_are_reported_never_passed_as_clean(tmp_path, encoding):
+    with_findings = _write(tmp_path / "a.py", OLD.encode(encoding))
+    without = _write(tmp_path / "b.py", "x = 1\n".encode(encoding))
+    results = migrate_paths([tmp_path])
+    assert [r.filename for r in results if r.error] == [str(with_findings), str(without)]
+    assert all("UTF-16 or UTF-32" in r.error for r in results)
+    assert with_findings.read_bytes() == OLD.encode(encoding)
+
+
+def test_undecodable_file_without_trigger_words_is_reported(tmp_path):
+    path = _write(tmp_path / "latin.py", b"# caf\xe9\nx = 1\n")
+    [result] = migrate_paths([tmp_path])
+    assert result.error and "cannot decode" in result.error and path.read_bytes() == b"# caf\xe9\nx = 1\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_fifos_named_py_are_skipped_in_a_tree_and_reported_when_named(tmp_path):
+    good = _write(tmp_path / "train.py", OLD)
+    os.mkfifo(tmp_path / "pipe.py")  # reading it would wait for a writer forever
+    assert migrate_paths([tmp_path]) and good.read_text() == NEW
+    assert discover([tmp_path]) == [good]
+    [result] = migrate_paths([tmp_path / "pipe.py"])
+    assert "not a regular file" in result.error
+
+
+def test_symlinks_are_not_followed_out_of_the_tree(tmp_path):
+    outside = _write(tmp_path / "elsewhere" / "shared.py", OLD)
+    tree = tmp_path / "project"
+    inside = _write(tree / "train.py", OLD)
+    (tree / "shared.py").symlink_to(outside)
+    (tree / "again.py").symlink_to(inside)  # the same file twice: read once
+    results = migrate_paths([tree])
+    assert [r.filename for r in results] == [str(inside)]
+    assert outside.read_text() == OLD and inside.read_text() == NEW and (tree / "shared.py").is_symlink()
+
+
+def test_symlink_loops_are_reported_not_raised(tmp_path):
+    _write(tmp_path / "train.py", OLD)
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "a.py").symlink_to(tmp_path / "b.py")
+    (tmp_path / "b.py").symlink_to(tmp_path / "a.py")
+    results = migrate_paths([tmp_path], exclude=["*.txt"])
+    errors = {Path(r.filename).name: r.error for r in results if r.error}
+    assert errors == dict.fromkeys(["a.py", "b.py", "loop.py"], "a symbolic link loop: skipped")
+    assert (tmp_path / "train.py").read_text() == NEW
+    [named] = migrate_paths([tmp_path / "loop.py"])
+    assert named.error == "a symbolic link loop: skipped"
+
+
+def test_jobs_are_capped_at_the_cores(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    for index in range(api._PARALLEL_MIN_FILES):
+        _write(tmp_path / f"m{index}.py", OLD)
+    started = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            started.append(max_workers)
+            super().__init__(max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(api, "_cores", lambda: 2)
+    results = migrate_paths([tmp_path], jobs=64, write=False)
+    assert started == [2] and all(r.changed for r in results)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from migrate import prefilter
 from migrate.cli import main
 
 OLD = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
@@ -25,6 +26,7 @@ def _every_rule_by_default(monkeypatch):
 
     for rule in all_rules():
         monkeypatch.setattr(rule, "DEFAULT", True)
+    monkeypatch.setattr(prefilter, "PLAIN_RUN_WORDS", tuple(sorted({w for rule in all_rules() for w in rule.TRIGGERS})))
 
 
 
@@ -216,3 +218,64 @@ def test_files_with_nothing_to_do_are_checked_without_importing_libcst(tree):
     result = subprocess.run([sys.executable, "-c", probe, str(tree / "pkg" / "train.py"), "--select", "ALL"],
                             capture_output=True, env=env, timeout=60)
     assert result.stdout.decode().splitlines()[-1].split() == ["1", "True"], result.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"[tool.ampmigrate]\nselekt = ['AMP0']\n", "unknown key 'selekt'"),
+        (b"[tool.ampmigrate]\nselect = ['AMP9']\n", "[tool.ampmigrate] select in"),
+        (b"[tool.ampmigrate]\nignore = ['XYZ']\n", "[tool.ampmigrate] ignore in"),
+        (b"[tool.ampmigrate]\noutput-format = 'xml'\n", "[tool.ampmigrate] output-format in"),
+        (b"[tool.ampmigrate.settings]\nopt-level = 'O3'\n", "opt-level must be one of"),
+        (b"# \xff\n[tool.ampmigrate]\nselect = ['AMP0']\n", "is not UTF-8"),
+    ],
+)
+def test_bad_configuration_is_one_clear_error_and_nothing_is_written(tree, body, named):
+    (tree / "pyproject.toml").write_bytes(body)
+    result = _run(tree)
+    assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+
+
+def test_report_over_an_input_is_refused_before_anything_is_rewritten(tree):
+    train, model = tree / "pkg" / "train.py", tree / "pkg" / "model.py"
+    model.write_text(OLD)
+    result = _run("--report", train, model)  # the user meant: migrate both, report elsewhere
+    assert result.exit_code == 2 and "existing Python file" in result.output
+    assert train.read_text() == OLD and model.read_text() == OLD
+    notes = tree / "notes"
+    notes.write_text("keep me\n")
+    result = _run("--report", notes, notes, model)
+    assert result.exit_code == 2 and "one of the paths to migrate" in result.output
+    assert notes.read_text() == "keep me\n" and model.read_text() == OLD
+
+
+def test_report_into_a_missing_folder_is_an_error_before_anything_is_rewritten(tree):
+    result = _run("--report", tree / "missing" / "report.md", tree)
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_report_into_a_read_only_folder_is_an_error_before_anything_is_rewritten(tree):
+    folder = tree / "reports"
+    folder.mkdir(mode=0o555)
+    result = _run("--report", folder / "report.md", tree)
+    assert result.exit_code == 2 and "not writable" in result.output
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+
+
+def test_utf16_file_is_an_error_not_all_checked(tree):
+    (tree / "pkg" / "wide.py").write_bytes("x = 1\n".encode("utf-16"))
+    (tree / "pkg" / "train.py").write_text("import torch\n")
+    result = _run("--check", tree)
+    assert result.exit_code == 2 and "All checked!" not in result.output and "UTF-16" in result.output
+
+
+def test_symlink_loop_is_reported_not_a_traceback(tree):
+    loop = tree / "pkg" / "loop.py"
+    loop.symlink_to(loop)
+    for args in ((tree,), (loop,), ("--exclude", "x", tree)):
+        result = _run("--check", *args)
+        assert result.exit_code & 2 and "a symbolic link loop" in result.output

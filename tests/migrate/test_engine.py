@@ -1,6 +1,8 @@
 """The engine: one parse for all rules, fixes by node identity, imports scheduled once, never a broken file."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 import pytest
 from libcst.metadata import (
@@ -394,3 +396,19 @@ def _code(module: cst.Module, replacement) -> str:
     if isinstance(replacement, cst.FlattenSentinel):
         return "".join(module.code_for_node(node) for node in replacement.nodes)
     return module.code_for_node(replacement) if isinstance(replacement, cst.CSTNode) else repr(replacement)
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(Path(__file__).resolve().parents[2].glob("fixtures/*/*.py")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_positions_are_libcsts(path):
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from migrate.positions import positions
+
+    module = cst.parse_module(path.read_text(encoding="utf-8"))
+    assert positions(module) == MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    crlf = cst.parse_module(path.read_text(encoding="utf-8").replace("\n", "\r\n"))
+    assert positions(crlf) == MetadataWrapper(crlf, unsafe_skip_copy=True).resolve(PositionProvider)

@@ -11,7 +11,7 @@ import pytest
 
 from migrate.engine import run_rules
 from migrate.rule import Rule
-from migrate.rules import TRIGGER_WORDS, all_rules
+from migrate.rules import all_rules
 
 _RULES = all_rules()
 
@@ -64,16 +64,6 @@ def test_catalogue_holds_every_rule_module_with_unique_codes_and_documentation()
 def test_catalogue_finds_the_deprecated_spelling_rules_by_import():
     codes = {rule.CODE for rule in _RULES}
     assert {"AMP020", "AMP021", "AMP022"} <= codes
-
-
-def test_trigger_words_list_every_rules_words():
-    if any(not rule.TRIGGERS for rule in _RULES):
-        assert TRIGGER_WORDS is None, "a rule reads every file: set migrate.rules.TRIGGER_WORDS to None"
-        return
-    words = tuple(sorted({word for rule in _RULES for word in rule.TRIGGERS}))
-    assert TRIGGER_WORDS is not None and tuple(sorted(TRIGGER_WORDS)) == words, (
-        f"set migrate.rules.TRIGGER_WORDS = {words!r}"
-    )
 
 
 _DEPRECATED_SPELLINGS = [rule for rule in _RULES if rule.__module__.rsplit(".", 1)[-1].startswith("deprecated_")]

@@ -1,0 +1,208 @@
+"""The files a run reads and writes: finding them, reading them, and replacing them without losing work.
+
+Only regular files are read (a FIFO or a device named ``*.py`` would block or never end).
+A directory walk follows no links (so none out of the tree it searches); a file named on the
+command line is read through its link. A file is replaced only if it is still what was read: one edited
+while the run was in progress is left alone and reported. A replacement keeps the file's mode,
+owner and hard links.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "read", "replace"]
+
+# Directory names never searched: version control, caches, build output, installed packages.
+DEFAULT_EXCLUDES = (
+    ".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__", "build", "dist",
+    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs",
+)
+
+
+class ChangedSinceRead(OSError):
+    """The file changed on disk after it was read: writing would lose that change."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """The files to read, in path order, and the paths that cannot be read, with why."""
+
+    files: list[Path]
+    problems: dict[Path, str]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file's bytes and the identity they were read with (checked again before replacing it)."""
+
+    data: bytes
+    identity: tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+
+
+def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> Found:
+    """The ``.py`` files under ``paths``; see ``migrate.api.discover``.
+
+    A named path that is not a regular file or a directory (a FIFO, a device, a link loop) is a
+    problem. Raises FileNotFoundError for a path that does not exist.
+    """
+    files: dict[Path, None] = {}
+    problems: dict[Path, str] = {}
+    seen: set[str] = set()  # real paths already taken: a file reached through a link is read once
+    for given in paths:
+        root = Path(given)
+        kind = _kind(root)
+        if kind == "missing":
+            raise FileNotFoundError(errno.ENOENT, f"no such file or directory: {str(root)!r}", str(root))
+        if kind == "directory":
+            _walk(root, exclude, files, problems, seen)
+        elif not _excluded(root, exclude):
+            if kind == "file":
+                files[root] = None
+                seen.add(os.path.realpath(root))
+            else:
+                problems[root] = _WHY[kind]
+    return Found(sorted(files), problems)
+
+
+_WHY = {
+    "loop": "a symbolic link loop: skipped",
+    "special": "not a regular file (a FIFO, socket or device): skipped",
+}
+
+
+def _kind(path: Path) -> str:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "loop"
+        if os.path.islink(path):  # a dangling link
+            return "missing"
+        return "missing" if error.errno in (errno.ENOENT, errno.ENOTDIR) else "file"  # reading will say why
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return "file" if stat.S_ISREG(mode) else "special"
+
+
+def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str]) -> None:
+    # Links are not followed: a linked directory is not entered, and a linked file is either in
+    # the tree, where the walk finds it, or outside it, where it is none of this run's business.
+    for directory, subdirectories, names in os.walk(root):
+        here = Path(directory)
+        subdirectories[:] = sorted(
+            name
+            for name in subdirectories
+            if name not in DEFAULT_EXCLUDES
+            and not (here / name / "pyvenv.cfg").exists()
+            and not _excluded(here / name, exclude)
+        )
+        for name in sorted(names):
+            path = here / name
+            if not name.endswith(".py") or _excluded(path, exclude):
+                continue
+            kind = _kind(path)
+            if kind == "loop":
+                problems[path] = _WHY[kind]
+            if kind != "file" or path.is_symlink():
+                continue  # FIFOs, devices and sockets are no source files
+            real = os.path.realpath(path)
+            if real not in seen:  # also named on its own
+                seen.add(real)
+                files[path] = None
+
+
+def _excluded(path: Path, patterns: Sequence[str]) -> bool:
+    if not patterns:
+        return False
+    candidates = {path.name, path.as_posix(), Path(os.path.realpath(path)).as_posix()}
+    return any(fnmatch.fnmatch(c, p) or fnmatch.fnmatch(c, f"*/{p}") for p in patterns for c in candidates)
+
+
+def read(path: Path) -> Source:
+    """The bytes of a regular file (OSError for anything else: opening a FIFO does not wait for a writer)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as stream:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = stream.read()
+    return Source(data, _identity(status))
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def replace(path: Path, data: bytes, read_as: Source) -> None:
+    """Write ``data`` as the file's new content, if the file is still as ``read_as`` found it.
+
+    The new text goes to a temporary file in the same directory, renamed over the file in one
+    step, with the file's mode and owner. A file with other hard links is rewritten in place
+    instead (a rename would cut it off from them). Raises ChangedSinceRead, leaving the file
+    alone, if it changed since it was read.
+    """
+    target = Path(os.path.realpath(path))  # write through a symlink, not over it
+    status = target.stat()
+    mode = stat.S_IMODE(status.st_mode)
+    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(errno.EACCES, "the file is read-only", str(path))
+    if status.st_nlink > 1:
+        _rewrite_in_place(target, data, read_as)
+        return
+    global _temporary
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    _temporary = temporary
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, mode)
+        if hasattr(os, "chown") and (status.st_uid, status.st_gid) != (os.getuid(), os.getgid()):
+            try:  # keep the owner when run by another user (e.g. root in a container)
+                os.chown(temporary, status.st_uid, status.st_gid)
+            except PermissionError:
+                pass
+        _check_unchanged(target, read_as)  # as late as possible: right before the rename
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    finally:
+        _temporary = None
+
+
+_temporary: str | None = None  # the temporary file being written, if any
+
+
+def exit_now(_signal: int = 0, _frame=None) -> None:
+    """A signal handler that ends the process at once, leaving no temporary file behind."""
+    if _temporary is not None:
+        try:
+            os.unlink(_temporary)
+        except OSError:
+            pass
+    os._exit(128 + (_signal or 15))
+
+
+def _rewrite_in_place(target: Path, data: bytes, read_as: Source) -> None:
+    with open(target, "r+b") as stream:
+        _check_unchanged(target, read_as)
+        stream.write(data)
+        stream.truncate()
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _check_unchanged(target: Path, read_as: Source) -> None:
+    status = target.stat()
+    if _identity(status) != read_as.identity or target.read_bytes() != read_as.data:
+        raise ChangedSinceRead(errno.EAGAIN, "it changed on disk while ampmigrate ran", str(target))

@@ -1,0 +1,133 @@
+"""Which files are worth parsing with libcst: a text search, then a look at the syntax tree.
+
+Each rule names words (``TRIGGERS``) a file must contain for it to have anything to do. Most are
+rare (``GradScaler``, ``custom_fwd``, ``ampmigrate``), and a file holding one is parsed. Two are
+everywhere in real trees: ``amp`` (``use_amp``, ``--amp``, ``amp_dtype``) and ``apex`` ("install
+apex for fp16"). A file whose only trigger words are those is parsed with ``ast`` (CPython's own
+parser, about ten times faster than libcst's) and goes on only if it holds a shape the rules that
+read those words act on:
+
+- an import of ``apex`` or of its kernels ``amp_C``/``apex_C`` (or anything else so named: a
+  name, an attribute, a definition);
+- a string naming an apex module (``importlib.import_module("apex.amp")``);
+- an amp call through a name (``amp.scale_loss``, ``self.amp.initialize``);
+- a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
+  (what is left of an apex import guard).
+
+The shapes are a superset of what those rules look for, so no file a rule would report is
+skipped: ``tests/migrate/test_prefilter.py`` checks it against every rule example, golden and
+fixture. Nothing here imports libcst.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Sequence
+
+from migrate.types import triggers_pattern
+
+__all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
+
+# The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
+# looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
+PLAIN_RUN_WORDS: tuple[str, ...] = ("amp", "ampmigrate", "apex")
+# Words too common to decide on: a file holding only these is looked at with ``ast``.
+_COMMON_WORDS = frozenset({"amp", "apex"})
+# apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
+_AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+# apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
+_APEX_NAMES = frozenset({"apex", "amp_C", "apex_C"})
+
+
+def trigger_words(rules: Sequence[type] | None) -> tuple[str, ...] | None:
+    """The words a file must contain for ``rules`` (None: the plain run's) to be run on it.
+
+    None when a rule reads every file.
+    """
+    if rules is None:
+        return PLAIN_RUN_WORDS
+    if any(not rule.TRIGGERS for rule in rules):
+        return None
+    return tuple(sorted({word for rule in rules for word in rule.TRIGGERS}))
+
+
+def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:
+    """The text search: ``content`` holds one of ``words`` (bytes: the words are ASCII in any PEP 263 encoding)."""
+    if words is None:
+        return True
+    return triggers_pattern(words, isinstance(content, bytes)).search(content) is not None
+
+
+def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
+    """Whether a rule with these ``words`` may have anything to do in ``content``.
+
+    False only when none of the words is there, or the only ones there are ``amp``/``apex`` and
+    the syntax tree has none of the shapes the rules act on. A file ``ast`` cannot parse is
+    handed on, so that its error is reported.
+    """
+    if words is None:
+        return True
+    if not may_apply(content, words):
+        return False
+    rare = tuple(word for word in words if word not in _COMMON_WORDS)
+    if len(rare) == len(words) or (rare and may_apply(content, rare)):
+        return True
+    try:
+        tree = ast.parse(content)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    return _has_amp_shape(tree)
+
+
+def _has_amp_shape(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        kind = type(node)
+        if kind is ast.Import:
+            if any(_names_apex(alias.name) for alias in node.names):
+                return True
+        elif kind is ast.ImportFrom:
+            if _names_apex(node.module or "") or any(alias.name in _APEX_NAMES for alias in node.names):
+                return True
+        elif kind is ast.Name:
+            if node.id in _APEX_NAMES:
+                return True
+        elif kind is ast.Attribute:
+            if node.attr in _APEX_NAMES or (node.attr in _AMP_CALLS and _is_amp(node.value)):
+                return True
+        elif kind is ast.Constant:
+            if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")):
+                return True
+        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+            if node.name in _APEX_NAMES:
+                return True
+        elif kind is ast.arg:
+            if node.arg in _APEX_NAMES:
+                return True
+        elif kind is ast.alias:
+            if node.asname in _APEX_NAMES:
+                return True
+        elif kind is ast.Try:
+            if _guards_nothing(node):
+                return True
+    return False
+
+
+def _names_apex(module: str) -> bool:
+    return not _APEX_NAMES.isdisjoint(module.split("."))
+
+
+def _is_amp(node: ast.expr) -> bool:
+    """``amp`` or ``<something>.amp``."""
+    return (type(node) is ast.Name and node.id == "amp") or (type(node) is ast.Attribute and node.attr == "amp")
+
+
+def _guards_nothing(node: ast.Try) -> bool:
+    """A ``try`` of only ``pass`` and assignments with an ``except ImportError`` (AMP001's dead guard)."""
+    if not node.handlers or not all(type(s) in (ast.Pass, ast.Assign) for s in node.body):
+        return False
+    for handler in node.handlers:
+        caught = handler.type
+        kinds = caught.elts if type(caught) is ast.Tuple else [caught]
+        if any(type(kind) is ast.Name and kind.id in _IMPORT_ERRORS for kind in kinds):
+            return True
+    return False

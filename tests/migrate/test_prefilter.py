@@ -1,0 +1,86 @@
+"""The check before parsing: it skips files full of the word ``amp``, and never one a rule would report."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migrate.api import select_rules
+from migrate.engine import run_rules
+from migrate.prefilter import PLAIN_RUN_WORDS, needs_parsing, trigger_words
+from migrate.rules import all_rules
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+_FILES = sorted(
+    [*FIXTURES.glob("migrate/*.py"), *FIXTURES.glob("corpus/*.py"), *FIXTURES.glob("legacy/*.py")]
+)
+
+
+def test_plain_run_words_are_the_default_rules_words():
+    words = tuple(sorted({word for rule in all_rules() if rule.DEFAULT for word in rule.TRIGGERS}))
+    assert tuple(sorted(PLAIN_RUN_WORDS)) == words, f"set migrate.prefilter.PLAIN_RUN_WORDS = {words!r}"
+
+
+@pytest.mark.parametrize(
+    ("rule", "source"),
+    [
+        pytest.param(rule, case.code, id=f"{rule.CODE}-INVALID{index}")
+        for rule in all_rules()
+        for index, case in enumerate(rule.INVALID)
+    ],
+)
+def test_every_rule_example_is_parsed(rule, source):
+    assert needs_parsing(source, trigger_words([rule]))
+    if rule.DEFAULT:
+        assert needs_parsing(source, trigger_words(None))
+
+
+@pytest.mark.parametrize("path", _FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_fixture_a_rule_reports_on_is_skipped(path):
+    text = path.read_text(encoding="utf-8")
+    for rules, words in ((select_rules(), trigger_words(None)), (select_rules(["ALL"]), trigger_words(all_rules()))):
+        outcome = run_rules(text, str(path), rules, fix=False)
+        if outcome.diagnostics:
+            assert needs_parsing(text, words), [d.code for d in outcome.diagnostics]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "parser.add_argument('--amp', action='store_true', help='mixed precision (needs apex or torch.amp)')\n",
+        "def train(args):\n    use_amp = args.amp\n    if args.amp_dtype == 'bf16':\n        use_amp = False\n    return use_amp\n",
+        "config = dict(amp=True, apex=False)\nprint('install apex for fp16 training')\n",
+        "# ampere GPUs: amp is faster with apex\nfrom torch.cuda import amp\nwith amp.autocast():\n    y = f(x)\n",
+        "try:\n    import apex_free_module\nexcept ImportError:\n    raise\nuse_amp = True\n",
+    ],
+)
+def test_files_that_only_say_amp_are_skipped(source):
+    assert not needs_parsing(source, trigger_words(None))
+    assert not needs_parsing(source.encode(), trigger_words(None))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from apex import amp\n",
+        "import apex.optimizers as apex_optim\n",
+        "try:\n    from amp_C import multi_tensor_l2norm\nexcept ImportError:\n    print('install apex for amp')\n",
+        "import apex_C\nflat = apex_C.flatten(tensors)\n",
+        "def step(loss, optimizer, amp):\n    with amp.scale_loss(loss, optimizer) as scaled:\n        scaled.backward()\n",
+        "class Hook:\n    def state(self):\n        return self.amp.state_dict()\n",
+        "import importlib\nmodule = importlib.import_module('apex.amp')\n",
+        "try:\n    pass\nexcept ImportError:\n    amp = None\n",
+        "try:\n    HAS_AMP = True\nexcept (ModuleNotFoundError, OSError):\n    HAS_AMP = False\n",
+        "# TODO(ampmigrate): put the forward pass under torch.autocast\nuse_amp = True\n",
+        "use_amp = True\ndef broken(:\n",  # not parsed here: handed on, so that the error is reported
+    ],
+)
+def test_files_with_a_shape_the_rules_read_are_parsed(source):
+    assert needs_parsing(source, trigger_words(None))
+
+
+def test_rare_words_decide_without_parsing():
+    words = trigger_words(select_rules(["AMP02"]))
+    assert needs_parsing("scaler = torch.cuda.amp.GradScaler()\n", words)
+    assert not needs_parsing("use_amp = True\n", ("amp", "autocast"))
+    assert not needs_parsing("x = 1\n", words)
