@@ -1,4 +1,9 @@
-"""apex's ``SyncBatchNorm`` on ``torch.nn.SyncBatchNorm``, working on the CPU (gloo) too."""
+"""apex's ``SyncBatchNorm``: ``torch.nn.SyncBatchNorm`` on CUDA, its own group statistics on the CPU (gloo).
+
+Like apex's, the class derives from ``_BatchNorm``, not from ``torch.nn.SyncBatchNorm``: native
+``DistributedDataParallel`` refuses any ``torch.nn.SyncBatchNorm`` in a CPU module, which would stop
+``convert_syncbn_model`` + DDP on a machine without a GPU.
+"""
 import torch
 import torch.distributed as dist
 
@@ -24,12 +29,12 @@ class _AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
-class SyncBatchNorm(torch.nn.SyncBatchNorm):
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     """Batch norm whose training statistics cover the whole process group, with apex's signature.
 
-    On CUDA this is native ``torch.nn.SyncBatchNorm``. On the CPU (gloo) the mean and variance are
-    reduced over the group with differentiable all-reduces, since the native module refuses CPU
-    tensors. Without an initialized process group it runs as plain batch norm. As apex's
+    On CUDA this runs native ``torch.nn.SyncBatchNorm``'s forward (its fused kernels). On the CPU
+    (gloo) the sums, sums of squares and counts are all-reduced over the group with differentiable
+    all-reduces, since the native module refuses CPU tensors. Without an initialized process group it runs as plain batch norm. As apex's
     CUDA-extension variant, ``forward(input, z=None)`` adds ``z`` after normalizing and
     ``fuse_relu=True`` applies a ReLU last.
 
@@ -59,7 +64,8 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 "input. Pass channels_last tensors (x.to(memory_format=torch.channels_last)) with "
                 "channel_last=False instead.")
         super().__init__(num_features, eps=eps, momentum=momentum, affine=affine,
-                         track_running_stats=track_running_stats, process_group=process_group)
+                         track_running_stats=track_running_stats)
+        self.process_group = process_group
         self.channel_last = channel_last
         self.fuse_relu = fuse_relu
 
@@ -67,10 +73,14 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         if self.training and input.device.type == "cpu" and dist.is_available() and dist.is_initialized():
             output = self._forward_with_group_statistics(input)
         else:
-            output = super().forward(input)
+            output = torch.nn.SyncBatchNorm.forward(self, input)
         if z is not None:
             output = output + z
         return torch.relu(output) if self.fuse_relu else output
+
+    # What native SyncBatchNorm's forward expects of its module.
+    _check_input_dim = torch.nn.SyncBatchNorm._check_input_dim
+    _check_non_zero_input_channels = torch.nn.SyncBatchNorm._check_non_zero_input_channels
 
     def _forward_with_group_statistics(self, input):
         self._check_input_dim(input)

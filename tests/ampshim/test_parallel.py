@@ -1,10 +1,12 @@
 import copy
+import runpy
 import textwrap
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _torchrun import torchrun
 
 import ampshim.parallel as parallel
 from ampshim.deprecation import DeprecatedFeatureWarning
@@ -235,3 +237,77 @@ def test_multiproc_launches_one_process_per_rank(tmp_path, monkeypatch, capfd):
     assert (tmp_path / "args_1.txt").read_text() == "--lr 0.1 --world-size 2 --rank 1"
     assert "hello from 0" in capfd.readouterr().out
     assert (tmp_path / "GPU_1.log").read_text() == "hello from 1\n"
+
+
+SYNCBN_SCRIPT = '''
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def build_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+
+
+def train(model, batches, rows):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs[rows]), targets[rows])
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    from apex.parallel import DistributedDataParallel, convert_syncbn_model
+
+    data, out = sys.argv[1:]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DistributedDataParallel(convert_syncbn_model(build_model()))
+    train(model, torch.load(data), slice(4 * rank, 4 * rank + 4))
+    torch.save({"state": model.module.state_dict(),
+                "grads": [p.grad for p in model.parameters()]}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+'''
+
+
+def test_syncbn_ddp_under_torchrun_on_cpu_matches_one_process_on_the_full_batch(tmp_path):
+    script = tmp_path / "syncbn_ddp.py"
+    script.write_text(SYNCBN_SCRIPT)
+    torch.manual_seed(1)
+    batches = [(torch.randn(8, 3, 8, 8) * 2 + 1, torch.randint(0, 2, (8,))) for _ in range(3)]
+    torch.save(batches, tmp_path / "data.pt")
+    completed = torchrun(script, tmp_path / "data.pt", tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    helpers = runpy.run_path(str(script))
+    reference = helpers["build_model"]()
+    helpers["train"](reference, batches, slice(None))
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(result["state"][name], value, msg=f"rank {rank}: {name}")
+        for grad, param in zip(result["grads"], reference.parameters()):
+            torch.testing.assert_close(grad, param.grad)
+    assert reference[1].running_var.sub(1).abs().max() > 0.1  # the statistics moved, measurably
+
+
+@pytest.mark.cuda
+def test_sync_batchnorm_on_cuda_runs_torchs_own(world_of_one, monkeypatch):
+    calls = []
+    native = torch.nn.SyncBatchNorm.forward
+    monkeypatch.setattr(torch.nn.SyncBatchNorm, "forward",
+                        lambda self, x: calls.append(x.device.type) or native(self, x))
+    bn = SyncBatchNorm(3).cuda()
+    bn(torch.randn(4, 3, device="cuda"))
+    assert calls == ["cuda"]
+
+
+def test_sync_batchnorm_is_not_torchs_class_so_native_ddp_accepts_it_on_cpu():
+    # As in apex: native DDP refuses any torch.nn.SyncBatchNorm inside a CPU module.
+    assert not isinstance(SyncBatchNorm(3), torch.nn.SyncBatchNorm)
+    assert isinstance(SyncBatchNorm(3), torch.nn.modules.batchnorm._BatchNorm)
