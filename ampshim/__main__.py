@@ -1,13 +1,14 @@
-"""``python -m ampshim script.py args...``: run a legacy apex script, unchanged, on ampshim.
+"""``python -m ampshim script.py args...``: run a legacy apex script, unchanged.
 
-Like ``python -m coverage run``: the script runs as ``__main__`` with its own ``sys.argv``
-and its directory first on ``sys.path``, with the ``apex`` import name served by ampshim.
+Like ``python -m coverage run``: the script runs as ``__main__`` with its own ``sys.argv`` and its
+directory first on ``sys.path``, with the ``apex`` import name served by ampshim, in its
+multiprocessing children too.
 """
 import os
-import runpy
 import sys
 
-import ampshim  # importing it serves the apex import name
+import ampshim  # noqa: F401  (importing it serves the apex import name)
+from ampshim._launch import run_module, run_script
 
 _USAGE = "usage: python -m ampshim SCRIPT.py [ARGS...]  |  python -m ampshim -m MODULE [ARGS...]"
 
@@ -20,16 +21,13 @@ def main(argv: list[str]) -> int:
         if len(argv) < 2:
             print(_USAGE, file=sys.stderr)
             return 2
-        sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        run_module(argv[1], argv[2:])
         return 0
     script = argv[0]
     if not os.path.exists(script):
         print(f"ampshim: can't open file {script!r}: no such file", file=sys.stderr)
         return 2
-    sys.argv = argv
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    run_script(script, argv[1:])
     return 0
 
 
