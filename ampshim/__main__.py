@@ -1,4 +1,4 @@
-"""``python -m ampshim script.py args...``: run a legacy apex script, unchanged.
+"""``python -m ampshim [--device cpu] script.py args...``: run a legacy apex script, unchanged.
 
 Like ``python -m coverage run``: the script runs as ``__main__`` with its own ``sys.argv`` and its
 directory first on ``sys.path``, with the ``apex`` import name served by ampshim, in its
@@ -8,15 +8,31 @@ import os
 import sys
 
 import ampshim  # noqa: F401  (importing it serves the apex import name)
+from ampshim._device_hook import DEVICE_ENV_VAR
 from ampshim._launch import run_module, run_script
 
-_USAGE = "usage: python -m ampshim SCRIPT.py [ARGS...]  |  python -m ampshim -m MODULE [ARGS...]"
+_USAGE = ("usage: python -m ampshim [--device cpu] SCRIPT.py [ARGS...]  |  "
+          "python -m ampshim [--device cpu] -m MODULE [ARGS...]\n"
+          "  --device cpu  run a script written for CUDA on the CPU (also: AMPSHIM_DEVICE=cpu)")
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if argv else 2
+    if argv[0] == "--device" or argv[0].startswith("--device="):
+        device, argv = (argv[1:2], argv[2:]) if argv[0] == "--device" else ([argv[0][9:]], argv[1:])
+        if device != ["cpu"]:
+            print(f"ampshim: --device {' '.join(device)!r}: use --device cpu, which runs a script "
+                  "written for CUDA on the CPU", file=sys.stderr)
+            return 2
+        os.environ[DEVICE_ENV_VAR] = "cpu"  # for its child processes too
+        from ampshim import cuda_on_cpu
+
+        cuda_on_cpu.enable()
+        if not argv:
+            print(_USAGE, file=sys.stderr)
+            return 2
     if argv[0] == "-m":
         if len(argv) < 2:
             print(_USAGE, file=sys.stderr)
