@@ -34,16 +34,11 @@ import torch.distributed
 import torch.nn.parallel
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["enable", "enabled"]
+__all__ = ["enable"]
 
 _mapped: collections.Counter = collections.Counter()
 _mode: TorchFunctionMode | None = None
 _state = {"device": 0, "pretend_cuda": True}
-
-
-def enabled() -> bool:
-    """Whether CUDA is being mapped to the CPU in this process."""
-    return _mode is not None
 
 
 def enable() -> None:
@@ -101,7 +96,8 @@ class _CudaToCpu(TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             _record(".to('cuda')")
             args = (args[0], "cpu", *args[2:])
-        elif func is torch.Tensor.type and len(args) > 1 and args[1] in _CUDA_TYPE_NAMES:
+        elif func is torch.Tensor.type and len(args) > 1 and isinstance(args[1], str) \
+                and args[1] in _CUDA_TYPE_NAMES:
             _record(".type('torch.cuda.*Tensor')")
             args = (args[0], _CUDA_TYPE_NAMES[args[1]], *args[2:])
         return func(*args, **kwargs)
