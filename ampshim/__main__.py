@@ -13,7 +13,8 @@ from ampshim._launch import run_module, run_script
 
 _USAGE = ("usage: python -m ampshim [--device cpu] SCRIPT.py [ARGS...]  |  "
           "python -m ampshim [--device cpu] -m MODULE [ARGS...]\n"
-          "  --device cpu  run a script written for CUDA on the CPU (also: AMPSHIM_DEVICE=cpu)")
+          "  --device cpu  run a script written for CUDA on the CPU (also: AMPSHIM_DEVICE=cpu)\n"
+          "  --device cuda run it as written (the default)")
 
 
 def main(argv: list[str]) -> int:
@@ -22,14 +23,15 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     if argv[0] == "--device" or argv[0].startswith("--device="):
         device, argv = (argv[1:2], argv[2:]) if argv[0] == "--device" else ([argv[0][9:]], argv[1:])
-        if device != ["cpu"]:
-            print(f"ampshim: --device {' '.join(device)!r}: use --device cpu, which runs a script "
-                  "written for CUDA on the CPU", file=sys.stderr)
+        if device not in (["cpu"], ["cuda"]):
+            print(f"ampshim: --device {' '.join(device)!r}: use --device cpu (a script written for "
+                  "CUDA, run on the CPU) or --device cuda (as written)", file=sys.stderr)
             return 2
-        os.environ[DEVICE_ENV_VAR] = "cpu"  # for its child processes too
-        from ampshim import cuda_on_cpu
+        os.environ[DEVICE_ENV_VAR] = device[0]  # for its child processes too
+        if device == ["cpu"]:
+            from ampshim import cuda_on_cpu
 
-        cuda_on_cpu.enable()
+            cuda_on_cpu.enable()
         if not argv:
             print(_USAGE, file=sys.stderr)
             return 2

@@ -15,10 +15,11 @@ workers inherit) maps, for the whole process:
 - ``torch.load``'s ``map_location`` to the CPU.
 
 At exit, one line on stderr says what was mapped and how often. What cannot be mapped: custom
-CUDA kernels (``amp_C``, ``apex_C``, an extension's ``.cu`` code), Triton, NCCL-only collectives,
-``x.is_cuda``/``x.device.type == "cuda"`` checks (they see the CPU), tensors created on threads
-the script starts itself (torch function modes are per thread). Numbers are a smoke test's, not a
-GPU's: float16 became bfloat16, and timings and memory statistics mean nothing.
+CUDA kernels (``amp_C``, ``apex_C``, an extension's ``.cu`` code), Triton, ``torch.compile``,
+NCCL-only collectives, ``x.is_cuda``/``x.device.type == "cuda"`` checks (they see the CPU),
+tensors created on threads the script starts itself (torch function modes are per thread).
+Numbers are a smoke test's, not a GPU's: float16 became bfloat16, and timings and memory
+statistics mean nothing.
 """
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def _record(what: str) -> None:
 def _report() -> None:
     if _mapped:
         done = ", ".join(f"{what} ({count}x)" for what, count in _mapped.items())
-        print(f"ampshim --device cpu: ran on the CPU in place of CUDA: {done}", file=sys.stderr)
+        # One write, so the lines of processes sharing the terminal (torchrun's ranks) never mix.
+        sys.stderr.write(f"ampshim --device cpu: ran on the CPU in place of CUDA: {done}\n")
+        sys.stderr.flush()
 
 
 # --- tensors and modules: every torch function with a CUDA device goes to the CPU ---------------
@@ -142,9 +145,11 @@ class _Stream(torch.cpu.Stream):
 
 _DEFAULT_STREAM = _Stream()
 
-# Queries are answered, not counted: torch itself asks them all the time.
-_QUERIES = {"is_available", "is_initialized", "device_count", "current_device", "get_device_name",
-            "get_device_capability", "is_bf16_supported", "current_stream", "default_stream"}
+# Answered, not reported: torch itself calls these all the time (torch.manual_seed seeds CUDA too).
+_UNREPORTED = {"is_available", "is_initialized", "device_count", "current_device", "get_device_name",
+               "get_device_capability", "is_bf16_supported", "current_stream", "default_stream",
+               "manual_seed", "manual_seed_all", "seed", "seed_all",
+               "record_stream", "nvtx.range_push", "nvtx.range_pop", "nvtx.mark"}
 
 
 class _DeviceScope:
@@ -210,13 +215,17 @@ _CUDA_STAND_INS = {
 }
 
 
-def _counted(name, stand_in):
-    if isinstance(stand_in, type) or name in _QUERIES:
+def _installed(name, stand_in):
+    """The callable to install as ``torch.cuda.<name>``: a function of its own for each name, as
+    torch.compile's tables hold every torch function once."""
+    if isinstance(stand_in, type):
         return stand_in
+    report = name not in _UNREPORTED
 
     @functools.wraps(stand_in)
     def call(*args, **kwargs):
-        _record(f"torch.cuda.{name}")
+        if report:
+            _record(f"torch.cuda.{name}")
         return stand_in(*args, **kwargs)
 
     return call
@@ -224,12 +233,12 @@ def _counted(name, stand_in):
 
 def _patch_torch_cuda():
     for name, stand_in in _CUDA_STAND_INS.items():
-        setattr(torch.cuda, name, _counted(name, stand_in))
+        setattr(torch.cuda, name, _installed(name, stand_in))
     for cuda_name, cpu_name in _CUDA_TYPE_NAMES.items():
         setattr(torch.cuda, cuda_name.rpartition(".")[2], getattr(torch, cpu_name.rpartition(".")[2]))
-    torch.Tensor.record_stream = _nothing  # its argument parser refuses a CPU stream
+    torch.Tensor.record_stream = _installed("record_stream", _nothing)  # its parser refuses CPU streams
     for name in ("range_push", "range_pop", "mark"):
-        setattr(torch.cuda.nvtx, name, _nothing)
+        setattr(torch.cuda.nvtx, name, _installed(f"nvtx.{name}", _nothing))
     data_parallel_init = torch.nn.DataParallel.__init__
 
     @functools.wraps(data_parallel_init)

@@ -4,8 +4,9 @@ trajectories must agree.
 
 The rewrite targets CUDA (``torch.autocast("cuda", dtype=torch.float16)``), which on a CPU-only
 machine would silently disable itself and train in fp32. So on such a machine the rewritten script
-runs with CUDA's autocast and GradScaler mapped to the CPU and float16 to bfloat16 — exactly what
-ampshim does for the original — and the two must then agree closely, step by step.
+runs in ampshim's CPU smoke mode (``ampshim.cuda_on_cpu``): CUDA's autocast and GradScaler on the
+CPU, float16 as bfloat16 — exactly what ampshim does for the original — and the two must then agree
+closely, step by step.
 """
 import json
 import os
@@ -40,27 +41,17 @@ CASES = {
 }
 
 
-# Loaded first by the rewritten script's interpreter when there is no CUDA.
+# Loaded first by the rewritten script's interpreter: without CUDA, ampshim's CPU smoke mode runs
+# its CUDA autocast and GradScaler on the CPU, float16 as bfloat16; the apex name stays unserved.
 CPU_AS_CUDA = """
 import torch
 
 if not torch.cuda.is_available():
-    def _on_cpu(device_type, dtype):
-        if device_type != "cuda":
-            return device_type, dtype
-        return "cpu", torch.bfloat16 if dtype in (None, torch.float16) else dtype
+    import ampshim
+    from ampshim import cuda_on_cpu
 
-    class autocast(torch.amp.autocast):
-        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-            device_type, dtype = _on_cpu(device_type, dtype)
-            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-
-    class GradScaler(torch.amp.GradScaler):
-        def __init__(self, device="cuda", *args, **kwargs):
-            super().__init__(_on_cpu(device, None)[0], *args, **kwargs)
-
-    torch.autocast = torch.amp.autocast = autocast
-    torch.amp.GradScaler = GradScaler
+    ampshim.uninstall()
+    cuda_on_cpu.enable()
 """
 
 

@@ -7,7 +7,9 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from _torchrun import torchrun
+import pytest
+import torch
+from _torchrun import free_port, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY = ROOT / "fixtures" / "legacy"
@@ -32,7 +34,7 @@ PROBE = textwrap.dedent('''
     x = torch.randn(8, 4, device="cuda")
     y = torch.zeros(8, dtype=torch.long).to(device, non_blocking=True)
     legacy = torch.cuda.FloatTensor(3).fill_(1).type("torch.cuda.HalfTensor")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)  # loads torch._dynamo's tables
     scaler = torch.amp.GradScaler("cuda")
     with torch.autocast("cuda", dtype=torch.float16):
         out = model(x)
@@ -81,8 +83,6 @@ def last_json(stdout):
 
 
 def test_cuda_idioms_run_on_the_cpu_and_one_line_says_what_was_mapped(tmp_path):
-    from _torchrun import free_port
-
     (tmp_path / "probe.py").write_text(PROBE)
     completed = run("-m", "ampshim", "--device", "cpu", "probe.py", str(free_port()), cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -98,9 +98,10 @@ def test_cuda_idioms_run_on_the_cpu_and_one_line_says_what_was_mapped(tmp_path):
         assert mapped in summary
 
 
-def test_without_the_mode_the_probe_needs_a_gpu(tmp_path):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the probe runs as written on a GPU")
+def test_with_device_cuda_the_probe_runs_as_written_and_needs_a_gpu(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
-    completed = run("-m", "ampshim", "probe.py", "0", cwd=tmp_path)
+    completed = run("-m", "ampshim", "--device", "cuda", "probe.py", "0", cwd=tmp_path)
     assert completed.returncode != 0 and not summaries(completed.stderr)
 
 
@@ -146,3 +147,10 @@ def test_minimal_distributed_script_under_torchrun_with_the_environment_variable
     assert result["world_size"] == 2 and result["backend"] == "gloo" and result["ranks_agree"]
     assert result["losses"][-1] < result["losses"][0]
     assert len(summaries(completed.stderr)) == 2  # one line per rank, none from the launcher
+
+
+def test_the_environment_variable_applies_when_torch_was_imported_before_ampshim():
+    completed = run("-c", "import torch, ampshim; print(torch.zeros(1, device='cuda').device)",
+                    env={"AMPSHIM_DEVICE": "cpu", "AMPSHIM_AUTOLOAD": "0"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["cpu"] and len(summaries(completed.stderr)) == 1
