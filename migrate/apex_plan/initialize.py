@@ -64,7 +64,7 @@ class InitializePlanning:
         if models is None:
             raise Unplannable(call, "`amp.initialize` is called without models")
         has_optimizers = optimizers is not None and not (
-            (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+            nodes.is_none(optimizers.value)
             or (isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements)
         )
         level_arg = nodes.argument(call, 3, "opt_level")
@@ -118,6 +118,7 @@ class InitializePlanning:
             if optimizers is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
                 target = target.elements[0].value
             model_codes |= self._codes(target)
+        model_codes |= self._stored_on_self(statement, model_codes)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
@@ -153,6 +154,25 @@ class InitializePlanning:
         """The argparse default of ``args.opt_level``, when the file gives one."""
         return self.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
 
+    def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
+        """``self.model = model`` (or ``self.model, self.opt = model, opt``) in the function that
+        initializes ``model``: other methods of the class run the model as ``self.model``."""
+        function = self._function(statement)
+        if function is None or self._class(function) is None:
+            return set()
+        stored: set[str] = set()
+        for line in function.body.body:
+            for assign in getattr(line, "body", ()) if isinstance(line, cst.SimpleStatementLine) else ():
+                if not isinstance(assign, cst.Assign):
+                    continue
+                for target_node in assign.targets:
+                    target, value = target_node.target, assign.value
+                    pairs = [(target, value)]
+                    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(value.elements):
+                        pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+                    stored |= {nodes.code(t) for t, v in pairs if isinstance(t, cst.Attribute) and nodes.code(v) in models}
+        return stored
+
     @staticmethod
     def _codes(expression: cst.BaseExpression) -> set[str]:
         """The source of each model in a ``models`` argument or target: one, or a list of them."""
@@ -186,7 +206,7 @@ class InitializePlanning:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
             arg = nodes.argument(call, None, name)
-            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+            if arg is None or nodes.is_none(arg.value):
                 continue
             if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue

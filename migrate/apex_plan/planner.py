@@ -185,8 +185,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._kind(branch, STATE_DICT, "apex's `state_dict` is probed for", "Drop the test: GradScaler has `state_dict` and `load_state_dict`")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
-        """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
+        """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
+        module is handed on under (the GradScaler takes its place, so ``None`` still means "off")."""
         parent = self.parent.get(id(node))
+        if isinstance(parent, cst.IfExp) and nodes.is_none(parent.orelse if parent.body is node else parent.body):
+            node, parent = parent, self.parent.get(id(parent))
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
             return target.attr.value if isinstance(target, cst.Attribute) else None
@@ -400,7 +403,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _plan_escapes(self) -> None:
         for node, _ in self.escapes:
-            self._replace(node, cst.Name(self.scaler))
+            self._replace(node, nodes.parse_expression(self.scaler, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
 
     def _import_anchor(self) -> cst.SimpleStatementLine | None:
