@@ -250,6 +250,10 @@ class InitializePlanning:
             if len(line) > 100:  # one option a line, as a formatter would put them
                 line = f"{self.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
             lines.append(line)
+        elif self.scaler is not None:
+            if self.scaler_scope == "global" and not reinitialize:
+                lines.append(f"global {self.scaler}")
+            lines.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # O0 scales nothing; its state is saved and loaded')
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
@@ -399,11 +403,18 @@ class InitializePlanning:
             init.visit(_Find())
         return called
 
+    def _o0_keeps_state(self, init: InitializeSite) -> bool:
+        """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
+        state is empty, as O0 scaled nothing), created where ``initialize`` ran, on every path."""
+        states = self.sites["state_dict"] + self.sites["load_state_dict"]
+        return bool(states) and isinstance(self.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
+            self.parent.get(id(self.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
+
     def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
         name = next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
         if init is None:
             return name, "module"
-        if init.level == "O0":
+        if init.level == "O0" and not self._o0_keeps_state(init):
             return None, "none"
         function = self._function(init.statement)
         if init.on_self and function is not None and self._first_param(function) == "self":

@@ -397,3 +397,41 @@ def test_amp_passed_only_when_fp16_turns_autocast_on_only_with_the_scaler():
     assert "train_epoch(model, optimizer, loader, amp=scaler if args.fp16 else None)" in new
     assert 'enabled=amp is not None and amp.is_enabled()' in new
     assert "amp.step(optimizer)" in new and "        else:\n            optimizer.step()" in new
+
+
+def test_o0_with_a_saved_amp_state_keeps_fp32_and_a_disabled_scaler_holds_the_state():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, optimizer, loader, resume):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+            if resume:
+                amp.load_state_dict(torch.load(resume)["amp"])
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+            torch.save({"amp": amp.state_dict()}, "last.pt")
+    """)
+    assert _safe(result)
+    new = result.new_source
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=False)' in new
+    assert "autocast" not in new and "scaler.step" not in new
+    assert "loss.backward()" in new and 'torch.save({"amp": scaler.state_dict()}, "last.pt")' in new
+
+
+def test_o0_under_a_flag_with_a_saved_amp_state_stays_reported():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, optimizer, fp32):
+            if fp32:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+            torch.save({"amp": amp.state_dict()}, "last.pt")
+    """, unsafe_fixes=True)
+    # The disabled scaler would exist only when the flag is set; the state is saved either way.
+    assert result.new_source == result.source
+    assert {d.code for d in result.diagnostics} == {"AMP002", "AMP005"}
