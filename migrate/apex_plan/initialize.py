@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import backward_calls
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -34,7 +35,13 @@ class InitializePlanning:
             new = nodes.parse_statements(init.restore + "\n", self.module)[0]
             self._replace(init.statement, nodes.with_leading(new, init.statement))
         else:
-            self._replace(init.statement, cst.RemoveFromParent())
+            # `if isinstance(ema, nn.Module): ema = amp.initialize(ema, ...)`: the `if` goes too.
+            target = init.statement
+            while (guard := nodes.guarding_if(target, lambda node: self.parent.get(id(node)))) is not None:
+                target = guard
+            self._replace(target, cst.RemoveFromParent())
+            self._kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+            return
         self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
     def _initialize_fix(self) -> str:
@@ -97,8 +104,6 @@ class InitializePlanning:
                 level = "O1"
             elif level in ("O2", "O3"):
                 self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
-        if not has_optimizers and level != "O0":
-            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
@@ -226,15 +231,34 @@ class InitializePlanning:
         at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
         return same and at_top and self._function(first.statement) is self._function(again.statement)
 
+    def _note_inference(self, inits: list[InitializeSite]) -> None:
+        if any(init.inference and init.level != "O0" for init in inits):
+            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
+
     def _joins(self, first: InitializeSite, other: InitializeSite) -> bool:
-        """``other`` initializes other models with ``first``'s options, beside it (a GAN's
-        generator and discriminator): apex kept one loss scaler for all, as one GradScaler does."""
-        def options(site: InitializeSite) -> list[str]:
-            return sorted(normal(nodes.code(arg)) for arg in site.call.args[2:] if arg.keyword is None or
-                          arg.keyword.value not in ("models", "optimizers"))
-        keywords_only = all(arg.keyword is not None for site in (first, other) for arg in site.call.args[2:])
-        return (keywords_only and options(first) == options(other) and first.inference == other.inference
-                and self.parent.get(id(first.statement)) is self.parent.get(id(other.statement)))
+        """``other`` initializes other models with ``first``'s options right after it, in its block
+        or under a plain test there (a GAN's generator and discriminator; an EMA or teacher copy
+        run forward only): apex kept one loss scaler for all, as one GradScaler does, and cast
+        every model alike, as the autocast region does for the models it runs."""
+        def options(site: InitializeSite) -> list[str] | None:
+            extra = [arg for arg in site.call.args if arg.keyword is None or arg.keyword.value not in ("models", "optimizers")]
+            positional = [arg for arg in extra if arg.keyword is None]
+            if len(positional) > (1 if site.inference else 2):
+                return None  # options given by position: compare them only by name
+            return sorted(normal(nodes.code(arg)) for arg in extra if arg.keyword is not None)
+        mine = options(first)
+        if mine is None or mine != options(other) or (first.inference and not other.inference):
+            return False
+        block = self.parent.get(id(first.statement))
+        statement: cst.CSTNode = other.statement
+        while self.parent.get(id(statement)) is not block:
+            owner = self.parent.get(id(self.parent.get(id(statement))))
+            if not (isinstance(owner, cst.If) and nodes.is_pure(owner.test)):
+                return False
+            statement = owner
+        body = list(block.body)
+        between = body[body.index(first.statement) + 1 : body.index(statement)] if statement in body else None
+        return between is not None and not any(backward_calls(s, nested=True) for s in between)
 
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []

@@ -255,6 +255,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             )
         repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
         joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
+        self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
@@ -331,15 +332,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_state_dicts()
         self._plan_escapes()
         self._plan_probes()
-        if init is not None:
-            self._plan_initialize(init, hoist)
-        else:
-            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
-        for extra in inits[1:]:
+        for extra in inits[1:]:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
             else:
                 self._plan_initialize_removal(extra)
+        if init is not None:
+            self._plan_initialize(init, hoist)
+        else:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
         if not self.o0:
             for scale in scales:
                 self._plan_autocast(scale)
@@ -354,6 +355,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         """
         self.level = inits[0].level
         self.o0 = True
+        self._note_inference(inits)
         if all(init.level != "O0" for init in inits):
             self.unsafe.append(
                 "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "

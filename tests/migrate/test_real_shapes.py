@@ -435,3 +435,64 @@ def test_o0_under_a_flag_with_a_saved_amp_state_stays_reported():
     # The disabled scaler would exist only when the flag is set; the state is saved either way.
     assert result.new_source == result.source
     assert {d.code for d in result.diagnostics} == {"AMP002", "AMP005"}
+
+
+def test_an_ema_copy_initialized_for_inference_beside_the_model_joins_its_autocast_region():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, model_ema, optimizer, loader, args):
+            if args.amp:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                if isinstance(model_ema, torch.nn.Module):
+                    model_ema = amp.initialize(model_ema, opt_level="O1")
+            for x in loader:
+                with torch.no_grad():
+                    target = model_ema(x)
+                loss = (model(x) - target).pow(2).mean()
+                optimizer.zero_grad()
+                if args.amp:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result)
+    new = result.new_source
+    assert "amp.initialize" not in new and "isinstance" not in new and "pass" not in new
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):\n            with torch.no_grad():\n                target = model_ema(x)' in new
+
+
+@pytest.mark.parametrize("second", [
+    'model_ema = amp.initialize(model_ema, opt_level="O2")',  # other options
+    'model_ema = amp.initialize(model_ema, None, "O1")',  # options by position
+])
+def test_an_inference_initialize_that_differs_stays_unsafe(second):
+    result = _migrate(f"""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        {second}
+        for x in loader:
+            loss = model(x) - model_ema(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert not _safe(result)
+
+
+def test_an_inference_initialize_after_training_started_stays_unsafe():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        loss = model(x)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        model_ema = amp.initialize(model_ema, opt_level="O1")
+    """)
+    assert not _safe(result)
