@@ -19,7 +19,7 @@ import threading
 import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from migrate import files
 from migrate.files import DEFAULT_EXCLUDES
@@ -38,17 +38,28 @@ class _Options:
     unsafe_fixes: bool = False
     fix: bool = True
     settings: dict = field(default_factory=dict)
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
 
 
-def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalogue: Sequence[type] | None = None):
-    """The rules whose code starts with a ``select`` prefix and no ``ignore`` prefix.
+def select_rules(
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    catalogue: Sequence[type] | None = None,
+    *,
+    extend_select: Sequence[str] = (),
+):
+    """The rules a ``select`` (or, without one, the rules on by default) and ``extend_select`` pick,
+    less those under an ``ignore`` prefix.
 
-    With no ``select``, the rules on by default (``Rule.DEFAULT``); ``ALL`` selects every rule.
+    A prefix picks the rules under it that are on by default. A rule that is off by default
+    (``Rule.DEFAULT = False``: the deprecated-spelling rules AMP020-AMP025) is picked only by its
+    code, by a prefix under which every rule is off by default (``AMP02``), or by ``ALL``: so
+    ``AMP0`` means the apex rewrites, not those too.
 
     Example::
 
         >>> [rule.CODE for rule in select_rules(["AMP02"], ignore=["AMP022", "AMP023", "AMP024"])]
-        ['AMP020', 'AMP021']
+        ['AMP020', 'AMP021', 'AMP025']
 
     Raises ValueError naming a prefix that matches no rule, since that is almost always a typo.
     """
@@ -56,19 +67,31 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalog
         from migrate.rules import all_rules
 
         catalogue = all_rules()
-    select = [prefix.strip().upper() for prefix in select if prefix.strip()]
-    ignore = [prefix.strip().upper() for prefix in ignore if prefix.strip()]
-    for prefix in (*select, *ignore):
+    select, ignore, extend_select = (
+        [prefix.strip().upper() for prefix in prefixes if prefix.strip()] for prefixes in (select, ignore, extend_select)
+    )
+    for prefix in (*select, *extend_select, *ignore):
         if prefix != "ALL" and not any(rule.CODE.startswith(prefix) for rule in catalogue):
             known = ", ".join(rule.CODE for rule in catalogue)
             raise ValueError(f"no rule code starts with {prefix!r}; known codes: {known} (see --list-rules)")
-    chosen = [
+
+    def picks(prefixes: list[str], rule: type) -> bool:
+        return any(
+            prefix == "ALL"
+            or (rule.CODE.startswith(prefix) and (rule.DEFAULT or _only_off_by_default(prefix, catalogue)))
+            for prefix in prefixes
+        )
+
+    return [
         rule
         for rule in catalogue
-        if ((not select and rule.DEFAULT) or "ALL" in select or any(rule.CODE.startswith(p) for p in select))
-        and not any(p == "ALL" or rule.CODE.startswith(p) for p in ignore)
+        if (picks(select, rule) if select else rule.DEFAULT) or picks(extend_select, rule)
+        if not any(prefix == "ALL" or rule.CODE.startswith(prefix) for prefix in ignore)
     ]
-    return chosen
+
+
+def _only_off_by_default(prefix: str, catalogue: Sequence[type]) -> bool:
+    return not any(rule.DEFAULT for rule in catalogue if rule.CODE.startswith(prefix))
 
 
 def migrate_source(
@@ -80,6 +103,7 @@ def migrate_source(
     unsafe_fixes: bool = False,
     fix: bool = True,
     settings: dict | None = None,
+    per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
 ) -> FileResult:
     """Run the selected rules over one file's text and return its result; nothing is written.
@@ -96,9 +120,12 @@ def migrate_source(
         select, ignore (sequence of str, optional): code prefixes, as ``--select``/``--ignore``.
         unsafe_fixes (bool, optional, default=False): also apply fixes that may change behaviour.
         fix (bool, optional, default=True): apply fixes; False only reports.
+        per_file_ignores (mapping of glob to code prefixes, optional): rules not run on the files a
+            glob matches (as ``exclude`` matches them); a glob starting with ``!`` applies to the
+            files it does not match.
         rules (sequence of rule classes, optional): run these instead of the catalogue's selection.
     """
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores)
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
@@ -115,6 +142,7 @@ def migrate_paths(
     exclude: Sequence[str] = (),
     jobs: int | None = None,
     settings: dict | None = None,
+    per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
 ) -> list[FileResult]:
     """Run the selected rules over every Python file under ``paths``; write fixed files if ``write``.
@@ -139,7 +167,7 @@ def migrate_paths(
     Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores)
     words = trigger_words(rules)
     found = files.find(paths, exclude)
     results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
@@ -270,6 +298,24 @@ def _stop_workers() -> None:
             child.kill()
 
 
+def _options(unsafe_fixes: bool, fix: bool, settings: dict | None, per_file_ignores: Mapping | None) -> _Options:
+    ignores = tuple((glob, tuple(codes)) for glob, codes in (per_file_ignores or {}).items())
+    if ignores:
+        select_rules(ignore=[code for _, codes in ignores for code in codes])  # a code no rule has is an error now
+    return _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), per_file_ignores=ignores)
+
+
+def _ignored_here(filename: str, options: _Options) -> tuple[str, ...]:
+    """The code prefixes ``per_file_ignores`` leave out for this file."""
+    path = Path(filename)
+    return tuple(
+        code.strip().upper()
+        for glob, codes in options.per_file_ignores
+        if (not files.matches(path, [glob[1:]]) if glob.startswith("!") else files.matches(path, [glob]))
+        for code in codes
+    )
+
+
 def _chosen(rules: Sequence[type] | None, select: Sequence[str], ignore: Sequence[str]) -> tuple | None:
     """The rules to run; None for the whole catalogue, which is imported only once a file needs it."""
     if rules is not None:
@@ -330,6 +376,9 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:
         rules = tuple(select_rules())
+    ignored = _ignored_here(filename, options) if options.per_file_ignores else ()
+    if ignored:
+        rules = () if "ALL" in ignored else tuple(rule for rule in rules if not rule.CODE.startswith(ignored))
 
     from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "read", "replace"]
+__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "read", "replace"]
 
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
@@ -62,7 +62,7 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> Fou
             raise FileNotFoundError(errno.ENOENT, f"no such file or directory: {str(root)!r}", str(root))
         if kind == "directory":
             _walk(root, exclude, files, problems, seen)
-        elif not _excluded(root, exclude):
+        elif not matches(root, exclude):
             if kind == "file":
                 files[root] = None
                 seen.add(os.path.realpath(root))
@@ -101,11 +101,11 @@ def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen:
             for name in subdirectories
             if name not in DEFAULT_EXCLUDES
             and not (here / name / "pyvenv.cfg").exists()
-            and not _excluded(here / name, exclude)
+            and not matches(here / name, exclude)
         )
         for name in sorted(names):
             path = here / name
-            if not name.endswith(".py") or _excluded(path, exclude):
+            if not name.endswith(".py") or matches(path, exclude):
                 continue
             kind = _kind(path)
             if kind == "loop":
@@ -118,7 +118,9 @@ def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen:
                 files[path] = None
 
 
-def _excluded(path: Path, patterns: Sequence[str]) -> bool:
+def matches(path: Path, patterns: Sequence[str]) -> bool:
+    """Whether a glob matches the path's name, the path, or its real path, whole or as its end
+    (``"legacy"``, ``"tests/*"``, ``"*_pb2.py"``)."""
     if not patterns:
         return False
     candidates = {path.name, path.as_posix(), Path(os.path.realpath(path)).as_posix()}
