@@ -140,6 +140,7 @@ def migrate_paths(
     fix: bool = True,
     write: bool = True,
     exclude: Sequence[str] = (),
+    respect_gitignore: bool = True,
     jobs: int | None = None,
     settings: dict | None = None,
     per_file_ignores: Mapping[str, Sequence[str]] | None = None,
@@ -158,6 +159,8 @@ def migrate_paths(
         write (bool, optional, default=True): save fixed files in place, atomically; a file that
             changed on disk since it was read is left alone and reported.
         exclude (sequence of str, optional): glob patterns of files and directories to leave out.
+        respect_gitignore (bool, optional, default=True): leave out, in a directory search, what
+            the ignore files of its git work tree ignore (``migrate.gitignore``).
         jobs (int, optional, default=number of cores): worker processes for many files (at most
             the number of cores).
         Other arguments as for ``migrate_source``.
@@ -169,7 +172,7 @@ def migrate_paths(
     rules = _chosen(rules, select, ignore)
     options = _options(unsafe_fixes, fix, settings, per_file_ignores)
     words = trigger_words(rules)
-    found = files.find(paths, exclude)
+    found = files.find(paths, exclude, respect_gitignore)
     results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
     results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
     todo: list[tuple[Path, files.Source]] = []
@@ -203,18 +206,22 @@ def migrate_paths(
     return list(results.values())
 
 
-def discover(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> list[Path]:
+def discover(
+    paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respect_gitignore: bool = True
+) -> list[Path]:
     """The ``.py`` files under ``paths``, sorted, without duplicates.
 
     Directories are searched recursively, skipping ``DEFAULT_EXCLUDES``, virtual environments
     (any directory holding ``pyvenv.cfg``) and anything matching an ``exclude`` glob, tried
-    against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``).
+    against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``), and,
+    with ``respect_gitignore``, what the ignore files of the git work tree ignore.
     Only regular files are taken, and a directory search follows no links (a file linked from
     inside the tree is taken under its own name). Files named explicitly are kept whatever their
-    suffix, unless an ``exclude`` glob matches them. Raises FileNotFoundError for a path that does
+    suffix, unless an ``exclude`` glob matches them (a ``.gitignore`` does not leave them out,
+    as in Ruff). Raises FileNotFoundError for a path that does
     not exist.
     """
-    return files.find(paths, exclude).files
+    return files.find(paths, exclude, respect_gitignore).files
 
 
 class Interrupted(Exception):

@@ -134,7 +134,8 @@ def main(
     else:
         try:
             results = api.migrate_paths(
-                paths, write=write, exclude=config.exclude + config.extend_exclude + exclude, jobs=jobs, **run
+                paths, write=write, exclude=config.exclude + config.extend_exclude + exclude,
+                respect_gitignore=config.respect_gitignore, jobs=jobs, **run,
             )
         except FileNotFoundError as error:
             raise click.UsageError(str(error.strerror or error)) from error

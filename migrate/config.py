@@ -41,6 +41,7 @@ class Config:
     exclude: tuple[str, ...] = ()
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: dict = field(default_factory=dict)  # glob -> tuple of code prefixes
+    respect_gitignore: bool = True
     unsafe_fixes: bool = False
     output_format: str | None = None
     settings: dict = field(default_factory=dict)  # per-rule options, passed to the rules as they are
@@ -64,6 +65,7 @@ _KEYS = {
     "exclude": ("exclude", list),
     "extend-exclude": ("extend_exclude", list),
     "per-file-ignores": ("per_file_ignores", dict),
+    "respect-gitignore": ("respect_gitignore", bool),
     "unsafe-fixes": ("unsafe_fixes", bool),
     "output-format": ("output_format", str),
     "settings": ("settings", dict),
