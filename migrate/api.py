@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from migrate import files
+from migrate import files, notebook
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import may_apply, needs_parsing, trigger_words
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
@@ -379,6 +379,40 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         if isinstance(decoded, FileResult):
             return decoded
         text, encoding = decoded
+    if filename.endswith(notebook.SUFFIX):
+        return _migrate_notebook(filename, text, encoding, rules, options)
+    return _migrate_python(filename, text, encoding, rules, options)
+
+
+def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | None, options: _Options) -> FileResult:
+    """A notebook's code cells, run as one Python text; findings are placed in their cells."""
+    try:
+        book = notebook.Notebook(text)
+    except notebook.NotebookError as error:
+        return _error_result(filename, f"{error}; left as it is")
+    if book.python is None:  # another language's notebook
+        return FileResult(filename, source=text, new_source=text, encoding=encoding)
+    inner = _migrate_python(filename, book.python, "utf-8", rules, options)
+
+    def in_cells(diagnostics: tuple[Diagnostic, ...], python: str) -> tuple[Diagnostic, ...]:
+        return tuple(
+            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location))
+            for d in diagnostics
+        )
+
+    diagnostics = in_cells(inner.diagnostics, book.python)
+    source = None if inner.source is None else text
+    if inner.error or not inner.changed:
+        remaining = in_cells(inner.remaining, book.python)
+        return FileResult(filename, diagnostics, source, source, inner.error, encoding, remaining)
+    try:
+        fixed = book.rebuild(inner.new_source)
+    except notebook.NotebookError as error:
+        return _unwritten(FileResult(filename, diagnostics, text, text, None, encoding), str(error))
+    return FileResult(filename, diagnostics, text, fixed, None, encoding, in_cells(inner.remaining, inner.new_source))
+
+
+def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: _Options) -> FileResult:
     if not needs_parsing(text, trigger_words(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:

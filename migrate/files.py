@@ -24,12 +24,12 @@ __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now"
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
     ".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__", "build", "dist",
-    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs",
+    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs", ".ipynb_checkpoints",
 )
 
 
-# What a directory search takes: Python files (notebooks are added with their support).
-SUFFIXES = (".py",)
+# What a directory search takes: Python files and Jupyter notebooks.
+SUFFIXES = (".py", ".ipynb")
 
 
 class ChangedSinceRead(OSError):

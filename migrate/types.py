@@ -31,10 +31,12 @@ class ImportChange:
 
 @dataclass(frozen=True)
 class Position:
-    """A place in a file: 1-based row, 1-based column (Ruff's convention)."""
+    """A place in a file: 1-based row, 1-based column (Ruff's convention); in a notebook, the
+    row is in the cell numbered ``cell`` (from 1, among all its cells)."""
 
     row: int
     column: int
+    cell: int | None = None
 
 
 @dataclass(frozen=True)
