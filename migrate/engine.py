@@ -170,9 +170,33 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
             visitor.metadata = {}
     reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
     positions = metadata[PositionProvider] if PositionProvider in metadata else Positions(module)
-    if directives:  # suppressed findings are dropped with their fixes
-        reports = [report for report in reports if not directives.suppresses(_row(positions, report), report.code)]
+    if directives:
+        reports = _unsuppressed(reports, positions, directives, rules)
     return _Visited(module, reports, positions, directives)
+
+
+def _unsuppressed(
+    reports: list[Report], positions: Mapping[cst.CSTNode, CodeRange], directives: noqa.Directives, rules: Sequence[type[Rule]]
+) -> list[Report]:
+    """The reports no directive suppresses. Suppressed findings go with their fixes; and when one
+    of a ``FIX_GROUP``'s fixes is suppressed, the group's others are reported without theirs: they
+    only work together (``scaler.scale(loss)`` needs the scaler made where ``amp.initialize`` was)."""
+    group_of = {rule.CODE: getattr(rule, "FIX_GROUP", None) for rule in rules}
+    kept, cut_groups = [], set()
+    for report in reports:
+        if not directives.suppresses(_row(positions, report), report.code):
+            kept.append(report)
+        elif report.replacement is not None and group_of.get(report.code):
+            cut_groups.add(group_of[report.code])
+    if not cut_groups:
+        return kept
+    note = "; not fixed: a `# noqa` suppresses another part of the same rewrite"
+    return [
+        replace(report, replacement=None, message=report.message + note, add_imports=(), remove_imports=())
+        if report.replacement is not None and group_of.get(report.code) in cut_groups
+        else report
+        for report in kept
+    ]
 
 
 def _row(positions: Mapping[cst.CSTNode, CodeRange], report: Report) -> int:

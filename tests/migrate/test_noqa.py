@@ -123,3 +123,20 @@ def test_a_plain_run_reports_an_unused_directive_in_a_file_without_amp_code():
     result = migrate_source("import os  # noqa: AMP001\n", "util.py")
     assert _codes(result) == ["AMP800"] and result.new_source == "import os\n"
     assert migrate_source("import os  # noqa: F401\n", "util.py").diagnostics == ()
+
+
+def test_suppressing_one_part_of_the_apex_rewrite_leaves_the_whole_rewrite_undone():
+    source = (
+        "from apex import amp\n"
+        "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')  # noqa: AMP002\n"
+        "for x, y in loader:\n"
+        "    loss = criterion(model(x), y)\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled:\n"
+        "        scaled.backward()\n"
+        "    optimizer.step()\n"
+    )
+    result = migrate_source(source, "train.py")
+    assert result.new_source == source  # no scaler.scale(...) without the scaler the suppressed fix makes
+    assert "AMP003" in _codes(result) and all(d.fix is None for d in result.diagnostics)
+    assert all("a `# noqa` suppresses another part of the same rewrite" in d.message for d in result.diagnostics)
+    assert migrate_source(source.replace("  # noqa: AMP002", ""), "train.py").changed  # the rewrite, otherwise
