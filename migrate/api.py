@@ -1,6 +1,6 @@
 """Run the rules over sources and trees, and return results: what the CLI, editors and tests call.
 
-``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths
+``migrate_source`` handles one text; ``migrate_paths`` finds the Python files and notebooks under paths
 (``migrate.files``), skips those that cannot contain anything the selected rules look for without
 parsing them (``migrate.prefilter``), parses the rest (in worker processes when there are many),
 and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
@@ -116,7 +116,8 @@ def migrate_source(
 
     Args:
         source (str or bytes): the file's text; bytes are decoded by their PEP 263 cookie or BOM.
-        filename (str, optional, default="<stdin>"): the name diagnostics carry.
+        filename (str, optional, default="<stdin>"): the name diagnostics carry; one ending in
+            ``.ipynb`` says the source is a notebook's JSON (``migrate.notebook``).
         select, ignore (sequence of str, optional): code prefixes, as ``--select``/``--ignore``.
         unsafe_fixes (bool, optional, default=False): also apply fixes that may change behaviour.
         fix (bool, optional, default=True): apply fixes; False only reports.
@@ -146,7 +147,7 @@ def migrate_paths(
     per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
 ) -> list[FileResult]:
-    """Run the selected rules over every Python file under ``paths``; write fixed files if ``write``.
+    """Run the selected rules over every Python file and notebook under ``paths``; write fixed files if ``write``.
 
     Example::
 
@@ -209,7 +210,7 @@ def migrate_paths(
 def discover(
     paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respect_gitignore: bool = True
 ) -> list[Path]:
-    """The ``.py`` files under ``paths``, sorted, without duplicates.
+    """The Python files and notebooks (``.py``, ``.ipynb``) under ``paths``, sorted, without duplicates.
 
     Directories are searched recursively, skipping ``DEFAULT_EXCLUDES``, virtual environments
     (any directory holding ``pyvenv.cfg``) and anything matching an ``exclude`` glob, tried

@@ -53,7 +53,7 @@ class Source:
 
 
 def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respect_gitignore: bool = True) -> Found:
-    """The ``.py`` files under ``paths``; see ``migrate.api.discover``.
+    """The ``SUFFIXES`` files under ``paths``; see ``migrate.api.discover``.
 
     A named path that is not a regular file or a directory (a FIFO, a device, a link loop) is a
     problem. Raises FileNotFoundError for a path that does not exist.

@@ -99,13 +99,14 @@ class Directives:
             row for row, kind in last_on_row.items()
             if kind != tokenize.COMMENT and row <= len(lines) and lines[row - 1].rstrip("\r\n").endswith("\\")
         }
-        for row in sorted({*self._moved, *continued}):
+        for row in sorted({*self._moved, *continued}):  # follow the chain: a string's end may be continued
             target = row
             while True:
-                moved = self._moved.get(target, target)
-                target = moved + 1 if moved in continued else moved
-                if target == moved:
+                following = self._moved.get(target, target)
+                following += following in continued
+                if following == target:
                     break
+                target = following
             self._moved[row] = target
 
     def _add(self, row: int, line: str, column: int) -> None:

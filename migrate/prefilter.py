@@ -14,6 +14,9 @@ read those words act on:
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
   (what is left of an apex import guard).
 
+``noqa`` (the word of the unused-noqa rule, AMP800) counts only in a directive naming an ``AMP``
+code: ``# noqa: E501`` alone never makes a file worth parsing.
+
 The shapes are a superset of what those rules look for, so no file a rule would report is
 skipped: ``tests/migrate/test_prefilter.py`` checks it against every rule example, golden and
 fixture. Nothing here imports libcst.

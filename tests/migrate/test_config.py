@@ -181,3 +181,12 @@ def test_a_mistake_in_a_new_key_is_one_error_naming_it_exit_2(tmp_path, body, me
     assert result.exit_code == 2
     assert re.search(message, " ".join(result.output.split())), result.output
     assert (root / "src" / "old.py").read_text() == OLD_SCALER
+
+
+def test_per_file_ignores_also_spare_the_directives_of_the_rules_they_leave_out(tmp_path):
+    root = _project(tmp_path, '[tool.ampmigrate.per-file-ignores]\n"tests/*" = ["AMP800"]\n')
+    (root / "tests").mkdir()
+    (root / "tests" / "test_x.py").write_text("import os  # noqa: AMP001\n")
+    (root / "src" / "x.py").write_text("import os  # noqa: AMP001\n")
+    result = _cli(root, root)
+    assert "src/x.py:1:12: AMP800" in result.output and "test_x.py" not in result.output, result.output

@@ -60,6 +60,11 @@ def test_lines_of_a_multi_line_string_and_continuations_map_to_the_directive_lin
     assert not directives.suppresses(8, "AMP001") and directives.suppresses(8, "AMP002")
 
 
+def test_a_string_continued_with_a_backslash_takes_the_directive_on_the_last_line():
+    directives = Directives('x = """\none\n""" + \\\n    y  # noqa: AMP001\n')
+    assert [directives.suppresses(row, "AMP001") for row in (1, 2, 3, 4)] == [True] * 4
+
+
 def test_a_directive_inside_a_string_is_no_directive():
     directives = Directives('text = "# noqa: AMP021"\nother = 1\n')
     assert not directives
