@@ -5,10 +5,10 @@ the notebook as the kernel runs it (``from apex import amp`` in the first cell,
 ``amp.initialize`` in the third). IPython syntax is left alone:
 
 - a cell that starts with a cell magic (``%%capture``, ``%%bash``) is not Python: it is left out;
-- a line magic or shell escape (``%time f()``, ``!pip install x``, ``files = !ls``, ``obj?``) in a
-  cell that does not parse as Python is swapped for a placeholder name before parsing and put
-  back afterwards, at the indentation the fixes gave its line. One that continues on the next
-  line (``!pip install \\``) leaves its cell out.
+- a line magic or shell escape (``%time f()``, ``!pip install x``, ``files = !ls``, ``obj?``,
+  ``pip install x`` with automagic) in a cell that does not parse as Python is swapped for a
+  placeholder name before parsing and put back afterwards, at the indentation the fixes gave its
+  line. One that continues on the next line (``!pip install \\``) leaves its cell out.
 
 Positions are reported in the cell, as Ruff does: ``train.ipynb:cell 3:4:1``, the cell counted
 among all the notebook's cells from 1, the row within the cell's source. A fixed notebook is
@@ -30,9 +30,20 @@ __all__ = ["Notebook", "NotebookError", "SUFFIX"]
 SUFFIX = ".ipynb"
 _BOUNDARY = "_ampmigrate_cell_boundary"  # a statement: comments can go with a statement a fix removes
 _MAGIC = "_ampmigrate_magic_{}"
+# IPython's line magics that run without their "%" when automagic is on (the default):
+# "pip install x" in a cell is "%pip install x".
+_AUTOMAGICS = frozenset(
+    "alias alias_magic autoawait autocall automagic bookmark cd clear colors conda config cp dhist dirs "
+    "doctest_mode env gui history killbgscripts ldir less load load_ext loadpy logoff logon logstart "
+    "logstate logstop ls lsmagic lx macro magic man matplotlib mkdir more mv notebook page pastebin pdb "
+    "pdef pdoc pfile pinfo pinfo2 pip popd pprint precision prun psearch psource pushd pwd pycat pylab "
+    "qtconsole quickref recall rehashx reload_ext rep rerun reset reset_selective rm rmdir run save sc "
+    "set_env store sx system tb time timeit unalias unload_ext who who_ls whos xdel xmode".split()
+)
 _MAGIC_LINE = re.compile(
-    r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w.,() \t]+=[ \t]*[%!])"
-)  # %magic, !shell, ?help, obj?, obj??, x = !ls, x = %time f()
+    r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w.,() \t]+=[ \t]*[%!]"  # %magic, !shell, ?help, obj?, x = !ls
+    rf"|(?:{'|'.join(sorted(_AUTOMAGICS))})(?:[ \t]+[^\s=(\[,:;]|[ \t]*$))"  # pip install x, cd .., ls -la
+)
 _PLACEHOLDER_LINE = re.compile(r"^([ \t]*)(_ampmigrate_magic_\d+)[ \t]*$")
 
 

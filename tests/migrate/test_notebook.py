@@ -105,6 +105,16 @@ def test_a_cell_magic_cell_is_left_out_and_line_magics_are_kept(tmp_path):
     assert _sources(result.new_source)[1] == ["import torch\n", "!nvidia-smi\n", 'scaler = torch.amp.GradScaler("cuda")']
 
 
+def test_automagic_lines_are_kept_and_the_rest_of_their_cell_is_checked():
+    cell = ["pip install -q torch\n", "cd ..\n", "ls -la\n", "import torch\n", "scaler = torch.cuda.amp.GradScaler()"]
+    result = migrate_source(json.dumps(_notebook(_code(cell))), "nb.ipynb", select=["AMP02"])
+    assert result.error is None, result.error
+    assert _sources(result.new_source)[1] == [*cell[:4], 'scaler = torch.amp.GradScaler("cuda")']
+    # a cell that parses as Python is read as Python, whatever its first word
+    plain = ["time = 3\n", "run = time + 1"]
+    assert migrate_source(json.dumps(_notebook(_code(plain))), "nb.ipynb").error is None
+
+
 def test_a_magic_inside_a_block_keeps_the_indentation_the_fix_gives_it(tmp_path):
     loop = ["for x, y in loader:\n", "    %time loss = criterion(model(x), y)\n", "    loss = criterion(model(x), y)\n",
             "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n", "        scaled_loss.backward()\n", "    optimizer.step()"]
