@@ -109,14 +109,13 @@ def _translate(glob: str) -> str:
         if char == "?":
             out.append("[^/]")
         elif char == "[":
-            end = glob.find("]", i + 2 if glob[i + 1 : i + 2] in ("!", "^") else i + 1)
+            start = i + 1 + (glob[i + 1 : i + 2] in ("!", "^"))
+            end = glob.find("]", start + (glob[start : start + 1] == "]"))  # "[]a]": a leading "]" is a member
             if end == -1:
                 out.append(re.escape(char))
             else:
-                inside = glob[i + 1 : end]
-                if inside[:1] in ("!", "^"):
-                    inside = "^" + inside[1:]
-                out.append("[" + inside.replace("\\", "\\\\") + "]")
+                members = "".join(re.escape(c) if c in "\\[]&~|" else c for c in glob[start:end])
+                out.append(("[^" if start > i + 1 else "[") + members + "]")
                 i = end
         elif char == "\\" and i + 1 < n:
             i += 1

@@ -32,6 +32,9 @@ def _ignored(patterns: str, path: str, is_directory: bool = False) -> bool:
         ("te?t.py", "test.py", False, True),
         ("[abc].py", "b.py", False, True),
         ("[!abc].py", "b.py", False, False),
+        ("[]x].py", "].py", False, True),
+        ("[a-c].py", "b.py", False, True),
+        ("[[].py", "[.py", False, True),
         ("*.py\n!keep.py", "keep.py", False, False),  # the last match decides
         ("!keep.py\n*.py", "keep.py", False, True),
         ("# comment.py\n", "# comment.py", False, False),
