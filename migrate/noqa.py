@@ -78,11 +78,11 @@ class Directives:
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
         except (tokenize.TokenError, SyntaxError):  # libcst parsed it; tokenize may still balk: read lines
-            for row, line in enumerate(text.splitlines(), start=1):
+            for row, line in enumerate(text.split("\n"), start=1):
                 if "#" in line:
                     self._add(row, line, line.index("#"))
             return
-        lines = text.splitlines()
+        lines = text.split("\n")  # rows as tokenize counts them (a form feed ends no line)
         last_on_row: dict[int, int] = {}
         for token in tokens:
             kind = token.type
@@ -97,7 +97,7 @@ class Directives:
         # A line ending in a backslash continues on the next: the directive goes on the last one.
         continued = {
             row for row, kind in last_on_row.items()
-            if kind != tokenize.COMMENT and row <= len(lines) and lines[row - 1].rstrip("\r\n").endswith("\\")
+            if kind != tokenize.COMMENT and row <= len(lines) and lines[row - 1].rstrip("\r").endswith("\\")
         }
         for row in sorted({*self._moved, *continued}):  # follow the chain: a string's end may be continued
             target = row
@@ -157,11 +157,11 @@ def remove_unused(text: str, found: Iterable[Unused]) -> str:
     found = list(found)
     if not found:
         return text
-    lines = text.splitlines(keepends=True)
+    lines = text.split("\n")
     for item in found:
         directive = item.directive
         line = lines[directive.row - 1]
-        body = line.rstrip("\r\n")
+        body = line.rstrip("\r")
         ending = line[len(body):]
         kept = [code for code in directive.codes or () if code not in item.codes]
         before, after = body[: directive.start], body[directive.end :]
@@ -177,4 +177,4 @@ def remove_unused(text: str, found: Iterable[Unused]) -> str:
             else:
                 body = code_part
         lines[directive.row - 1] = body + ending
-    return "".join(lines)
+    return "\n".join(lines)

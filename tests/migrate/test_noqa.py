@@ -145,3 +145,8 @@ def test_suppressing_one_part_of_the_apex_rewrite_leaves_the_whole_rewrite_undon
     assert "AMP003" in _codes(result) and all(d.fix is None for d in result.diagnostics)
     assert all("a `# noqa` suppresses another part of the same rewrite" in d.message for d in result.diagnostics)
     assert migrate_source(source.replace("  # noqa: AMP002", ""), "train.py").changed  # the rewrite, otherwise
+
+
+def test_line_ends_and_form_feeds_are_kept_when_a_directive_is_removed():
+    source = "import torch\r\n\x0c\r\nx = torch.ones(1)  # noqa: AMP021\r\ny = 2\r\n"
+    assert _run(source).new_source == "import torch\r\n\x0c\r\nx = torch.ones(1)\r\ny = 2\r\n"
