@@ -150,3 +150,20 @@ def test_suppressing_one_part_of_the_apex_rewrite_leaves_the_whole_rewrite_undon
 def test_line_ends_and_form_feeds_are_kept_when_a_directive_is_removed():
     source = "import torch\r\n\x0c\r\nx = torch.ones(1)  # noqa: AMP021\r\ny = 2\r\n"
     assert _run(source).new_source == "import torch\r\n\x0c\r\nx = torch.ones(1)\r\ny = 2\r\n"
+
+
+def test_the_command_line_exits_0_on_a_suppressed_finding_and_fixes_an_unused_directive(tmp_path):
+    from click.testing import CliRunner
+
+    from migrate.cli import main
+
+    (tmp_path / "pyproject.toml").write_text('[tool.ampmigrate]\nextend-select = ["AMP02"]\n')
+    path = tmp_path / "train.py"
+    path.write_text(SCALER.format(comment="  # noqa: AMP021"))
+    assert CliRunner().invoke(main, ["--check", str(path)]).exit_code == 0
+    path.write_text("import torch\nx = torch.ones(1)  # noqa: AMP021, AMP001\n")
+    result = CliRunner().invoke(main, ["--check", str(path)])
+    assert result.exit_code == 1 and f"{path}:2:20: AMP800 Unused `noqa` directive (unused: AMP021, AMP001)" in result.output
+    assert CliRunner().invoke(main, [str(path)]).exit_code == 1
+    assert path.read_text() == "import torch\nx = torch.ones(1)\n"
+    assert CliRunner().invoke(main, ["--check", str(path)]).exit_code == 0
