@@ -21,6 +21,8 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Collection, Iterable
 
+from migrate.types import UNUSED_NOQA_CODE
+
 __all__ = ["Directive", "Directives", "Unused", "remove_unused", "skips_file", "unused"]
 
 _SKIP_FILE = re.compile(r"^[ \t]*#[ \t]*ampmigrate:[ \t]*skip-file[ \t]*$", re.MULTILINE | re.IGNORECASE)
@@ -140,7 +142,7 @@ def unused(directives: Directives, ran: Collection[str], known: Collection[str])
     """The directives with codes of rules that ``ran`` (or ``AMP`` codes not ``known``) that suppressed nothing."""
     found = []
     for directive in directives.by_row.values():
-        if directive.codes is None:
+        if directive.codes is None or UNUSED_NOQA_CODE in directive.codes:  # "# noqa: AMP800, ..." keeps them all
             continue
         idle = tuple(
             code for code in directive.codes

@@ -12,7 +12,8 @@ class UnusedNoqa(Rule):
 
     Only codes of the rules that ran are judged: ``# noqa: AMP021`` is left alone in a run without
     ``--select AMP02``, and so are other tools' codes (``# noqa: E501``) and a bare ``# noqa``,
-    which other linters read too.
+    which other linters read too. A directive that names ``AMP800`` itself is never reported, as
+    Ruff does for ``RUF100``.
 
     Why is this bad?
     A directive that suppresses nothing is noise, and it hides the next real finding on its line:

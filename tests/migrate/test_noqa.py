@@ -118,6 +118,10 @@ def test_directives_of_rules_that_did_not_run_bare_ones_and_other_tools_are_not_
     assert _run(source, select=["AMP02"]).diagnostics == ()  # AMP800 not selected
 
 
+def test_a_directive_naming_amp800_is_never_reported_unused():
+    assert _run("x = 1  # noqa: AMP800, AMP021\n").diagnostics == ()
+
+
 def test_check_reports_without_removing():
     source = "x = 1  # noqa: AMP021\n"
     result = _run(source, fix=False)
