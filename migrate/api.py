@@ -68,7 +68,8 @@ def select_rules(
 
         catalogue = all_rules()
     select, ignore, extend_select = (
-        [prefix.strip().upper() for prefix in prefixes if prefix.strip()] for prefixes in (select, ignore, extend_select)
+        [prefix.strip().upper() for prefix in prefixes if prefix.strip()]
+        for prefixes in (select, ignore, extend_select)
     )
     for prefix in (*select, *extend_select, *ignore):
         if prefix != "ALL" and not any(rule.CODE.startswith(prefix) for rule in catalogue):
@@ -186,10 +187,14 @@ def migrate_paths(
         decoded = _decode(str(path), source.data)
         if isinstance(decoded, FileResult):
             results[path] = decoded
-        elif not may_apply(decoded[0], words):
-            results[path] = FileResult(str(path))
-        else:
+            continue
+        text = decoded[0]
+        if path.suffix == notebook.SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+            text = notebook.searchable(text)
+        if may_apply(text, words):
             todo.append((path, source))
+        else:
+            results[path] = FileResult(str(path))
 
     if todo and rules is None:
         rules = tuple(select_rules())

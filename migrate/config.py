@@ -13,8 +13,8 @@ Example::
     "tests/*" = ["AMP8"]
 
 Command-line options override these: ``--select`` replaces ``select`` and ``extend-select``;
-``--ignore`` and ``--exclude`` add to ``ignore``/``extend-ignore`` and ``exclude``/``extend-exclude``. On Python 3.10, where ``tomllib`` is missing, ``tomli`` is
-used if installed; without it a file that has a ``[tool.ampmigrate]`` table is reported, not guessed at.
+``--ignore`` and ``--exclude`` add to ``ignore``/``extend-ignore`` and ``exclude``/``extend-exclude``.
+On Python 3.10, where ``tomllib`` is missing, ``tomli`` is used if installed; without it a file that has a ``[tool.ampmigrate]`` table is reported, not guessed at.
 """
 from __future__ import annotations
 

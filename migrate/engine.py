@@ -176,7 +176,10 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
 
 
 def _unsuppressed(
-    reports: list[Report], positions: Mapping[cst.CSTNode, CodeRange], directives: noqa.Directives, rules: Sequence[type[Rule]]
+    reports: list[Report],
+    positions: Mapping[cst.CSTNode, CodeRange],
+    directives: noqa.Directives,
+    rules: Sequence[type[Rule]],
 ) -> list[Report]:
     """The reports no directive suppresses. Suppressed findings go with their fixes; and when one
     of a ``FIX_GROUP``'s fixes is suppressed, the group's others are reported without theirs: they

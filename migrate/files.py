@@ -97,7 +97,9 @@ def _kind(path: Path) -> str:
     return "file" if stat.S_ISREG(mode) else "special"
 
 
-def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str], respect_gitignore: bool) -> None:
+def _walk(
+    root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str], respect_gitignore: bool
+) -> None:
     # Links are not followed: a linked directory is not entered, and a linked file is either in
     # the tree, where the walk finds it, or outside it, where it is none of this run's business.
     above = gitignore.rules_above(root) if respect_gitignore else None

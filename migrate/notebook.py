@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from migrate.types import Position
 
-__all__ = ["Notebook", "NotebookError", "SUFFIX"]
+__all__ = ["Notebook", "NotebookError", "SUFFIX", "searchable"]
 
 SUFFIX = ".ipynb"
 _BOUNDARY = "_ampmigrate_cell_boundary"  # a statement: comments can go with a statement a fix removes
@@ -83,7 +83,9 @@ class Notebook:
                 continue
             source = cell.get("source", "")
             if not isinstance(source, (str, list)) or not all(isinstance(line, str) for line in source):
-                raise NotebookError(f"not a notebook: the source of cell {index + 1} is neither text nor a list of lines")
+                raise NotebookError(
+                    f"not a notebook: the source of cell {index + 1} is neither text nor a list of lines"
+                )
             text = "".join(source)
             masked = self._masked(text)
             if masked is None:
@@ -165,6 +167,12 @@ def _split_cells(python: str) -> list[str]:
     last = "\n".join(current)
     texts.append(last if last.endswith("\n") else last + "\n")
     return texts
+
+
+def searchable(text: str) -> str:
+    """A notebook's JSON text with its line-end and tab escapes made characters again, for the
+    word search before parsing: ``"\\nscaler"`` would hide the word ``scaler`` behind an ``n``."""
+    return text.replace("\\n", "\n").replace("\\r", "\r").replace("\\t", "\t")
 
 
 def _parses(text: str) -> bool:

@@ -177,3 +177,14 @@ def test_a_folder_search_finds_notebooks_but_not_their_checkpoints(tmp_path):
     for path in (tmp_path / "train.ipynb", tmp_path / ".ipynb_checkpoints" / "train-checkpoint.ipynb"):
         _write(path, APEX_NOTEBOOK)
     assert discover([tmp_path]) == [tmp_path / "train.ipynb"]
+
+
+def test_a_word_at_the_start_of_a_line_of_a_one_string_source_is_found(tmp_path):
+    from migrate.prefilter import may_apply
+
+    cell = "import torch\nscaler = (torch.cuda.amp.\nGradScaler())"  # in the JSON: "...\\nGradScaler())"
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(_notebook(_code(cell))))
+    assert not may_apply(path.read_text(), ("GradScaler",))  # the escape hides the word from a plain search
+    [result] = migrate_paths([path], select=["AMP021"], write=False)
+    assert [(d.code, d.location.cell, d.location.row) for d in result.diagnostics] == [("AMP021", 2, 2)]
