@@ -72,7 +72,8 @@ def _touched(result: FileResult) -> bool:
 
 def _text_line(d: Diagnostic) -> str:
     mark = " [*]" if d.applied else ""
-    return f"{d.filename}:{d.location.row}:{d.location.column}: {d.code} {d.message}{mark}"
+    cell = f"cell {d.location.cell}:" if d.location.cell is not None else ""  # a notebook's, as Ruff writes it
+    return f"{d.filename}:{cell}{d.location.row}:{d.location.column}: {d.code} {d.message}{mark}"
 
 
 def _json_item(d: Diagnostic) -> dict:
