@@ -30,14 +30,14 @@ class InitializePlanning:
     A part of ``Planner``: its methods read and fill the planner's state.
     """
 
-    def _plan_initialize_removal(self, init: InitializeSite) -> None:
+    def _plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
         if init.restore:
             new = nodes.parse_statements(init.restore + "\n", self.module)[0]
             self._replace(init.statement, nodes.with_leading(new, init.statement))
         else:
             # `if isinstance(ema, nn.Module): ema = amp.initialize(ema, ...)`: the `if` goes too.
             target = init.statement
-            while (guard := nodes.guarding_if(target, lambda node: self.parent.get(id(node)))) is not None:
+            while with_guard and (guard := nodes.guarding_if(target, lambda node: self.parent.get(id(node)))) is not None:
                 target = guard
             self._replace(target, cst.RemoveFromParent())
             self._kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")

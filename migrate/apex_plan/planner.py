@@ -336,7 +336,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             if extra in repeats and not self.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
             else:
-                self._plan_initialize_removal(extra)
+                self._plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:
             self._plan_initialize(init, hoist)
         else:
@@ -389,14 +389,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _master_params_alone(self) -> None:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
-        blocked = self.sites["state_dict"] + self.sites["load_state_dict"]
-        if blocked:
-            raise Unplannable(blocked[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        states = self.sites["state_dict"] + self.sites["load_state_dict"]
+        self.level, self.o0, self.scaler = None, True, None
+        if states:
+            self._plan_state_alone()
         for call in self.sites["master_params"]:
             if self._feeds_grad_consumer(call, self._statement(call)):
                 raise Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
-        self.level, self.o0, self.scaler = None, True, None
         self._plan_master_params()
+        self._plan_after_imports()
         self._emit([])
 
     def _scaler_of(self, call: cst.Call) -> str:
