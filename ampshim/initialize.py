@@ -19,7 +19,7 @@ from ampshim.device import device_type_of, resolve_dtype
 from ampshim.model import cast_models, patch_forward_outputs
 from ampshim.opt_levels import Properties, opt_levels
 from ampshim.optimizer import _process_optimizer
-from ampshim.scaler import LossScaler
+from ampshim.scaler import LossScaler, checked_count
 from ampshim.state import _amp_state, maybe_print
 
 __all__ = ["initialize"]
@@ -81,6 +81,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     if not enabled:
         return models if optimizers is None else (models, optimizers)
 
+    num_losses = checked_count(num_losses, "num_losses", minimum=1)
     device_type = device_type_of(_modules_in(models))
     if device_type == "cuda" and not torch.backends.cudnn.enabled:
         raise RuntimeError("Amp requires torch.backends.cudnn.enabled = True")
