@@ -14,7 +14,7 @@ import types
 import torch
 
 from ampshim import handle
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 from ampshim.device import device_type_of, resolve_dtype
 from ampshim.model import cast_models, patch_forward_outputs
 from ampshim.opt_levels import Properties, opt_levels
@@ -24,8 +24,6 @@ from ampshim.state import _amp_state, maybe_print
 
 __all__ = ["initialize"]
 
-_DEPRECATION = ("apex.amp is deprecated and will be removed by the end of February 2023. "
-                "Use [PyTorch AMP](https://pytorch.org/docs/stable/amp.html)")
 
 # Overridable options, in the order apex applies (and prints) them.
 _OVERRIDES = ("enabled", "opt_level", "cast_model_type", "patch_torch_functions",
@@ -75,7 +73,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
         min_loss_scale (float, optional, default=None): floor of the dynamic loss scale.
         max_loss_scale (float, optional, default=2.**24): ceiling of the dynamic loss scale.
     """
-    deprecated_warning(_DEPRECATION)
+    warn_deprecated("apex.amp.initialize", "torch.autocast and torch.amp.GradScaler")
     _amp_state.opt_properties = Properties()
     _amp_state.verbosity = verbosity
     if not enabled:

@@ -2,8 +2,8 @@
 import torch
 
 from ampshim.fp16_utils.checkpoint import loss_scaler_from_checkpoint
-from ampshim.deprecation import deprecated_warning
-from ampshim.fp16_utils.fp16util import FP16_UTILS_DEPRECATED, clip_grad_norm, master_params_to_model_params
+from ampshim.deprecation import warn_deprecated
+from ampshim.fp16_utils.fp16util import clip_grad_norm, master_params_to_model_params
 from ampshim.scaler import LossScaler
 
 __all__ = ["FP16_Optimizer"]
@@ -42,10 +42,8 @@ class FP16_Optimizer:
 
     def __init__(self, init_optimizer, static_loss_scale=1.0, dynamic_loss_scale=False,
                  dynamic_loss_args=None, verbose=True):
-        print("Warning:  FP16_Optimizer is deprecated and dangerous, and will be deleted soon.  If it "
-              "still works, you're probably getting lucky.  For mixed precision, use the documented "
-              "API https://nvidia.github.io/apex/amp.html, with opt_level=O1.")
-        deprecated_warning(FP16_UTILS_DEPRECATED)
+        warn_deprecated("apex.fp16_utils.FP16_Optimizer", "torch.autocast and torch.amp.GradScaler",
+                        rewritten=False)
         self.verbose = verbose
         self.optimizer = init_optimizer
         self.fp16_groups = []

@@ -29,7 +29,7 @@ def test_signature_is_apexs():
 
 
 def test_deprecation_warning_even_when_disabled():
-    with pytest.warns(FutureWarning, match="apex.amp is deprecated and will be removed"):
+    with pytest.warns(FutureWarning, match="apex.amp.initialize is deprecated: use torch.autocast"):
         initialize(exact_linear(), enabled=False)
 
 
