@@ -181,7 +181,7 @@ class LossScaler:
         return should_skip
 
     def _count_overflow(self):
-        self._overflow_streak = getattr(self, "_overflow_streak", 0) + 1
+        self._overflow_streak += 1
         if self._overflow_streak == OVERFLOW_STREAK_WARNING:
             warnings.warn(
                 f"The gradients have been inf/NaN in {OVERFLOW_STREAK_WARNING} consecutive "
