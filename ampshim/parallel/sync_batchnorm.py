@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 
 __all__ = ["SyncBatchNorm", "convert_syncbn_model", "create_syncbn_process_group"]
 
@@ -51,8 +51,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, channel_last=False, fuse_relu=False):
-        deprecated_warning("apex.parallel.SyncBatchNorm is deprecated and will be removed by the end "
-                           "of February 2023. Use `torch.nn.SyncBatchNorm`.")
+        warn_deprecated("apex.parallel.SyncBatchNorm", "torch.nn.SyncBatchNorm")
         if channel_last:
             raise AttributeError(
                 "channel_last=True is not supported: ampshim's SyncBatchNorm takes NCHW-shaped "
@@ -116,8 +115,8 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
         process_group (ProcessGroup, optional): group for the new layers (default: WORLD).
         channel_last (bool, optional, default=False): not supported (AttributeError).
     """
-    deprecated_warning("apex.parallel.convert_syncbn_model is deprecated and will be removed by the "
-                       "end of February 2023. Use `torch.nn.SyncBatchNorm.convert_sync_batchnorm`.")
+    warn_deprecated("apex.parallel.convert_syncbn_model",
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm")
     return _convert(module, process_group, channel_last)
 
 
