@@ -206,11 +206,14 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         class _Find(cst.CSTVisitor):
             def visit_Call(self, node: cst.Call) -> None:
                 func = node.func
-                if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale_loss", "master_params")) or id(node) in known:
+                if not isinstance(func, cst.Attribute) or id(node) in known:
                     return
                 holder = func.value
                 name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
-                if name in aliases:
+                if name in aliases and func.attr.value == "initialize":
+                    # A GradScaler has no `initialize`: the receiver would call it on the scaler.
+                    planner.blockers.append((node, f"`{nodes.code(holder)}.initialize` is called on the handed-on module"))
+                elif name in aliases and func.attr.value in ("scale_loss", "master_params"):
                     planner.sites[func.attr.value].append(node)
                     planner.alias_of[id(node)] = nodes.code(holder)
 

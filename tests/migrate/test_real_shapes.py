@@ -547,3 +547,27 @@ def test_a_checkpoint_utility_that_uses_the_state_inside_an_expression_stays_rep
     """, unsafe_fixes=True)
     assert result.new_source == result.source
     assert [d.code for d in result.diagnostics if d.code == "AMP005"]
+
+
+def test_the_scaler_is_never_handed_to_code_that_calls_initialize_on_it():
+    source = """\
+        from apex import amp
+
+        def setup(model, optimizer, amp=None):
+            if amp is not None:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            return model, optimizer
+
+        def train(model, optimizer, loader, amp=None):
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+
+        model, optimizer = setup(model, optimizer, amp=amp)
+        train(model, optimizer, loader, amp=amp)
+    """
+    result = _migrate(source, unsafe_fixes=True)
+    assert result.new_source == result.source
+    assert any("`amp.initialize` is called on the handed-on module" in d.message for d in result.diagnostics)
