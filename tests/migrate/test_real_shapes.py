@@ -571,3 +571,61 @@ def test_the_scaler_is_never_handed_to_code_that_calls_initialize_on_it():
     result = _migrate(source, unsafe_fixes=True)
     assert result.new_source == result.source
     assert any("`amp.initialize` is called on the handed-on module" in d.message for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("own", [
+    "torch.cuda.amp.autocast(enabled=args.amp == 'native')",
+    "torch.autocast('cuda', enabled=args.amp == 'native')",
+])
+def test_a_native_path_beside_apex_turns_its_own_autocast_on_for_the_apex_path_too(own):
+    result = _migrate(f"""\
+        import torch
+        from apex import amp
+
+        def train(model, optimizer, loader, args):
+            if args.amp == "apex":
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            scaler = torch.cuda.amp.GradScaler(enabled=args.amp == "native")
+            for x in loader:
+                with {own}:
+                    loss = model(x)
+                if args.amp == "apex":
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                elif args.amp == "native":
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                if args.amp == "native":
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+    """)
+    assert _safe(result)
+    new = result.new_source
+    # One region, on for either path: a second one around it would be switched off by this one.
+    assert new.count("autocast(") == 1
+    assert "enabled=(args.amp == 'native') or grad_scaler.is_enabled())" in new
+    assert 'grad_scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "apex")' in new
+
+
+def test_a_bfloat16_region_of_the_file_is_reused_but_unsafe():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def train(model, optimizer, loader, fp16):
+            if fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not fp16):
+                    loss = model(x)
+                if fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """)
+    assert not _safe(result)
