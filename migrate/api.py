@@ -19,11 +19,11 @@ import threading
 import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from migrate import files
 from migrate.files import DEFAULT_EXCLUDES
-from migrate.prefilter import may_apply, needs_parsing, trigger_words
+from migrate.prefilter import needs_parsing, trigger_words
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
 __all__ = ["DEFAULT_EXCLUDES", "Interrupted", "discover", "migrate_paths", "migrate_source", "select_rules"]
@@ -38,6 +38,7 @@ class _Options:
     unsafe_fixes: bool = False
     fix: bool = True
     settings: dict = field(default_factory=dict)
+    edits: bool = False  # give each fix its text edits (JSON, SARIF)
 
 
 def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalogue: Sequence[type] | None = None):
@@ -81,6 +82,7 @@ def migrate_source(
     fix: bool = True,
     settings: dict | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
 ) -> FileResult:
     """Run the selected rules over one file's text and return its result; nothing is written.
 
@@ -97,8 +99,10 @@ def migrate_source(
         unsafe_fixes (bool, optional, default=False): also apply fixes that may change behaviour.
         fix (bool, optional, default=True): apply fixes; False only reports.
         rules (sequence of rule classes, optional): run these instead of the catalogue's selection.
+        edits (bool, optional, default=False): give each fix its text edits (``Fix.edits``), as
+            Ruff's JSON has them; it costs a rewrite per fix.
     """
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), edits=edits)
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
@@ -116,6 +120,8 @@ def migrate_paths(
     jobs: int | None = None,
     settings: dict | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[FileResult]:
     """Run the selected rules over every Python file under ``paths``; write fixed files if ``write``.
 
@@ -132,6 +138,7 @@ def migrate_paths(
         exclude (sequence of str, optional): glob patterns of files and directories to leave out.
         jobs (int, optional, default=number of cores): worker processes for many files (at most
             the number of cores).
+        progress (callable, optional): called as ``progress(done, total)`` each time a file is done.
         Other arguments as for ``migrate_source``.
 
     Returns one ``FileResult`` per file found, in path order. Raises ``Interrupted`` on Ctrl-C
@@ -139,11 +146,13 @@ def migrate_paths(
     Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), edits=edits)
     words = trigger_words(rules)
     found = files.find(paths, exclude)
-    results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
-    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
+    results: dict[Path, FileResult | None] = _Results.fromkeys(sorted([*found.files, *found.problems]))  # path order
+    results.progress = progress
+    for path, why in found.problems.items():
+        results[path] = _error_result(str(path), why)
     todo: list[tuple[Path, files.Source]] = []
     for path in found.files:
         try:
@@ -154,7 +163,7 @@ def migrate_paths(
         decoded = _decode(str(path), source.data)
         if isinstance(decoded, FileResult):
             results[path] = decoded
-        elif not may_apply(decoded[0], words):
+        elif not needs_parsing(decoded[0], words):  # here, so that a run of such files never imports a rule
             results[path] = FileResult(str(path))
         else:
             todo.append((path, source))
@@ -173,6 +182,19 @@ def migrate_paths(
         if stop.requested:
             raise Interrupted([r for r in results.values() if r is not None], len(results))
     return list(results.values())
+
+
+class _Results(dict):
+    """Each file's result, by path; ``progress(done, total)`` hears of each result set."""
+
+    progress: Callable[[int, int], None] | None = None
+    done = 0
+
+    def __setitem__(self, path: Path, result: FileResult | None) -> None:
+        super().__setitem__(path, result)
+        if self.progress is not None and result is not None:
+            self.done += 1
+            self.progress(self.done, len(self))
 
 
 def discover(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> list[Path]:
@@ -340,7 +362,7 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         with _without_cycle_collection():
             outcome = run_rules(
                 text.replace("\r", "\n") if cr_only else text, filename, rules,
-                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings,
+                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings, edits=options.edits,
             )
     except Exception as error:  # one file must never end the run over the others
         return _error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)

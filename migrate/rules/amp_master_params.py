@@ -62,4 +62,29 @@ def clip(optimizer):
     torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
 """
         ),
+        Invalid(
+            """from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    optimizer.step()
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+""",
+            unsafe_fixes=True,
+        ),
     ]

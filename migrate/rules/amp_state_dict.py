@@ -68,4 +68,28 @@ def save(path):
     torch.save({"amp": amp.state_dict()}, path)
 """
         ),
+        Invalid(
+            """from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, "last.pt")
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+torch.save({"model": model.state_dict(), "amp": scaler.state_dict()}, "last.pt")
+""",
+            unsafe_fixes=True,
+        ),
     ]
