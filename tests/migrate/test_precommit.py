@@ -124,6 +124,25 @@ def test_both_hooks_pass_with_no_files_and_touch_nothing(project):
     assert (project[0] / "bad.py").read_text() == APEX
 
 
+def test_hooks_told_to_always_run_with_no_files_check_nothing(project):
+    # always_run hands the hooks an empty file list: ampmigrate must not fall back to the
+    # current directory, where it would rewrite files nobody staged
+    folder = project[0]
+    config = folder / ".pre-commit-config.yaml"
+    original = config.read_text()
+    try:
+        config.write_text(original.replace("      - id: ampmigrate-check", "      - id: ampmigrate-check\n        always_run: true")
+                          .replace("      - id: ampmigrate\n", "      - id: ampmigrate\n        always_run: true\n"))
+        _git("add", ".pre-commit-config.yaml", cwd=folder)
+        result = _pre_commit(project, "run")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.count("Passed") == 2
+        assert (folder / "bad.py").read_text() == APEX
+    finally:
+        config.write_text(original)
+        _git("add", ".pre-commit-config.yaml", cwd=folder)
+
+
 def test_hook_environment_has_libcst_and_click_and_never_torch(project):
     _pre_commit(project, "run", "ampmigrate-check", "--files", "good.py")  # the environment exists
     [site] = list(project[1].glob("repo*/py_env-*/lib/python*/site-packages"))
