@@ -34,6 +34,9 @@ class _Command(click.Command):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:  # the reader left (`ampmigrate | head`): nothing more to say, to anyone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(_FOUND)
         except Exception as error:
             click.echo(f"ampmigrate: internal error: {type(error).__name__}: {error}; please report it", err=True)
             ctx.exit(_ERROR)
