@@ -63,27 +63,37 @@ def clip(optimizer):
 """
         ),
         Invalid(
-            """from apex import amp
+            """import torch
+from apex import amp
 
-model, optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
-for x in loader:
-    loss = model(x)
-    with amp.scale_loss(loss, optimizer) as scaled_loss:
-        scaled_loss.backward()
-    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
-    optimizer.step()
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
+
+    def step(self, x):
+        loss = self.model(x)
+        with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+            scaled_loss.backward()
+        torch.nn.utils.clip_grad_value_(amp.master_params(self.optimizer), 0.5)
+        self.optimizer.step()
 """,
             """import torch
 
-scaler = torch.amp.GradScaler("cuda")
-for x in loader:
-    with torch.autocast("cuda", dtype=torch.float16):
-        loss = model(x)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)
-    scaler.step(optimizer)
-    scaler.update()
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.scaler = torch.amp.GradScaler("cuda")
+        self.model, self.optimizer = model, optimizer
+
+    def step(self, x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(x)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_value_((p for group in self.optimizer.param_groups for p in group["params"]), 0.5)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 """,
             unsafe_fixes=True,
         ),

@@ -69,26 +69,31 @@ def save(path):
 """
         ),
         Invalid(
-            """from apex import amp
+            """import torch
+from apex import amp
 
-model, optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
-for x in loader:
-    loss = model(x)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale="dynamic", min_loss_scale=8.0)
+step = 0
+while step < total_steps:
+    loss = model(next(batches))
     with amp.scale_loss(loss, optimizer) as scaled_loss:
         scaled_loss.backward()
     optimizer.step()
-torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, "last.pt")
+    step += 1
+checkpoint = {"step": step, "amp": amp.state_dict()}
 """,
             """import torch
 
 scaler = torch.amp.GradScaler("cuda")
-for x in loader:
+step = 0
+while step < total_steps:
     with torch.autocast("cuda", dtype=torch.float16):
-        loss = model(x)
+        loss = model(next(batches))
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
-torch.save({"model": model.state_dict(), "amp": scaler.state_dict()}, "last.pt")
+    step += 1
+checkpoint = {"step": step, "amp": scaler.state_dict()}
 """,
             unsafe_fixes=True,
         ),
