@@ -140,21 +140,26 @@ def main(
         raise click.UsageError(str(error)) from error
     unsafe = config.unsafe_fixes if unsafe_fixes is None else unsafe_fixes
     output_format = output_format or config.output_format or "text"
-    for key, codes in (("select", config.select), ("ignore", config.ignore)):
-        if codes:
-            try:
-                api.select_rules(codes if key == "select" else (), codes if key == "ignore" else ())
-            except ValueError as error:
-                raise click.UsageError(f"[tool.ampmigrate] {key} in {str(config.path)!r}: {error}") from error
-    selected, ignored = _split_codes(select) or config.select, config.ignore + _split_codes(ignore)
+    for key, codes in config.code_lists():
+        try:
+            api.select_rules(ignore=codes)
+        except ValueError as error:
+            raise click.UsageError(f"[tool.ampmigrate] {key} in {str(config.path)!r}: {error}") from error
+    # --select replaces select and extend-select; ignores add up
+    selected = _split_codes(select) or config.select
+    extended = () if select else config.extend_select
+    ignored = config.ignore + config.extend_ignore + _split_codes(ignore)
     try:
         # the whole catalogue is left to the API, which imports it only once a file needs it
-        rules = api.select_rules(selected, ignored) if selected or ignored else None
+        rules = api.select_rules(selected, ignored, extend_select=extended) if selected or extended or ignored else None
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     write = not (check or diff)
     edits = output_format in ("json", "sarif") and not statistics
-    run = dict(rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings, edits=edits)
+    run = dict(
+        rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings,
+        per_file_ignores=config.per_file_ignores, edits=edits,
+    )
 
     for path, option in ((report_path, "--report"), (output_file, "--output-file")):
         if path is not None:
@@ -172,7 +177,8 @@ def main(
         try:
             with _Progress(enabled=not quiet and _progress_wanted()) as progress:
                 results = api.migrate_paths(
-                    paths, write=write, exclude=config.exclude + exclude, jobs=jobs, progress=progress, **run
+                    paths, write=write, exclude=config.exclude + config.extend_exclude + exclude,
+                    respect_gitignore=config.respect_gitignore, jobs=jobs, progress=progress, **run,
                 )
         except FileNotFoundError as error:
             raise click.UsageError(str(error.strerror or error)) from error

@@ -48,7 +48,7 @@ def format_results(
 
 
 def _place(d: Diagnostic) -> tuple:
-    return d.filename, d.location.row, d.location.column, d.code
+    return d.filename, d.location.cell or 0, d.location.row, d.location.column, d.code
 
 
 def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -> str:
@@ -120,7 +120,8 @@ def _text(d: Diagnostic, color: bool) -> str:
         return click.style(text, **how) if color else text
 
     mark = " " + style("[*]", fg="cyan") if d.applied else ""
-    where = f"{style(d.filename, bold=True)}:{d.location.row}:{d.location.column}:"
+    cell = f"cell {d.location.cell}:" if d.location.cell is not None else ""  # a notebook's, as Ruff writes it
+    where = f"{style(d.filename, bold=True)}:{cell}{d.location.row}:{d.location.column}:"
     lines = [f"{where} {style(d.code, fg='red', bold=True)} {d.message}{mark}\n"]
     if d.fix is not None:
         if d.fix.applicability is Safety.SAFE:
@@ -145,6 +146,7 @@ def _json_item(d: Diagnostic) -> dict:
             ],
         }
     return {
+        "cell": d.location.cell,  # a notebook's cell, from 1; None in a Python file
         "code": d.code,
         "message": d.message,
         "filename": d.filename,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 # Codes of the findings the tool itself makes about a file, rather than a rule.
 ERROR_CODE = "AMP900"  # the file could not be read, decoded, parsed or written
 INTERNAL_ERROR_CODE = "AMP901"  # a rule crashed, or its fixes gave code that does not compile
+UNUSED_NOQA_CODE = "AMP800"  # a "# noqa" code that suppressed nothing (rules/unused_noqa.py documents it)
 
 
 class Safety(str, enum.Enum):
@@ -30,10 +31,12 @@ class ImportChange:
 
 @dataclass(frozen=True)
 class Position:
-    """A place in a file: 1-based row, 1-based column (Ruff's convention)."""
+    """A place in a file: 1-based row, 1-based column (Ruff's convention); in a notebook, the
+    row is in the cell numbered ``cell`` (from 1, among all its cells)."""
 
     row: int
     column: int
+    cell: int | None = None
 
 
 class FixSafety(str, enum.Enum):

@@ -16,7 +16,7 @@ class CheckpointPlanning:
 
     def _plan_state_dicts(self) -> None:
         calls = self.sites["state_dict"] + self.sites["load_state_dict"]
-        if calls and self.o0:
+        if calls and self.o0 and self.scaler is None:
             raise Unplannable(calls[0], "O0 has no loss scaler whose state could be saved")
         for call in self.sites["state_dict"]:
             if call.args:

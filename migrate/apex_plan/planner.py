@@ -185,8 +185,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._kind(branch, STATE_DICT, "apex's `state_dict` is probed for", "Drop the test: GradScaler has `state_dict` and `load_state_dict`")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
-        """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
+        """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
+        module is handed on under (the GradScaler takes its place, so ``None`` still means "off")."""
         parent = self.parent.get(id(node))
+        if isinstance(parent, cst.IfExp) and nodes.is_none(parent.orelse if parent.body is node else parent.body):
+            node, parent = parent, self.parent.get(id(parent))
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
             return target.attr.value if isinstance(target, cst.Attribute) else None
@@ -252,6 +255,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             )
         repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
         joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
+        self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
@@ -328,15 +332,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_state_dicts()
         self._plan_escapes()
         self._plan_probes()
-        if init is not None:
-            self._plan_initialize(init, hoist)
-        else:
-            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
-        for extra in inits[1:]:
+        for extra in inits[1:]:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
             else:
                 self._plan_initialize_removal(extra)
+        if init is not None:
+            self._plan_initialize(init, hoist)
+        else:
+            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
         if not self.o0:
             for scale in scales:
                 self._plan_autocast(scale)
@@ -351,6 +355,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         """
         self.level = inits[0].level
         self.o0 = True
+        self._note_inference(inits)
         if all(init.level != "O0" for init in inits):
             self.unsafe.append(
                 "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
@@ -400,7 +405,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _plan_escapes(self) -> None:
         for node, _ in self.escapes:
-            self._replace(node, cst.Name(self.scaler))
+            self._replace(node, nodes.parse_expression(self.scaler, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
 
     def _import_anchor(self) -> cst.SimpleStatementLine | None:

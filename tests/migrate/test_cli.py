@@ -432,3 +432,15 @@ def test_symlink_loop_is_reported_not_a_traceback(tree):
     for args in ((tree,), (loop,), ("--exclude", "x", tree)):
         result = _run("--check", *args)
         assert result.exit_code & 2 and "a symbolic link loop" in result.output
+
+
+def test_json_places_notebook_findings_in_their_cell_without_edits(tree):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# Training\n"]},
+             {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": OLD.splitlines(True)}]
+    book = {"cells": cells, "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    (tree / "train.ipynb").write_text(json.dumps(book, indent=1) + "\n")
+    [item] = json.loads(_run("--check", "--output-format", "json", tree / "train.ipynb").stdout)
+    assert item["cell"] == 2 and item["location"] == {"row": 2, "column": 10}
+    assert item["fix"]["applicability"] == "safe" and item["fix"]["edits"] == []  # they would address the cells
+    text = _run("--check", tree / "train.ipynb").stdout
+    assert text.startswith(f"{tree / 'train.ipynb'}:cell 2:2:10: AMP021 ") and "\n  fix: Replace with" in text

@@ -340,3 +340,159 @@ def test_a_scale_set_through_apex_internals_after_initialize_is_the_scalers_star
     assert 'scaler = torch.amp.GradScaler("cuda", init_scale=2**20, enabled=bool(args.fp16))' in result.new_source
     assert "_amp_state" not in result.new_source
     assert not [d for d in result.diagnostics if d.code == "AMP009"]
+
+
+@pytest.mark.parametrize("handed", ["amp if fp16 else None", "None if not fp16 else amp"])
+def test_amp_stored_only_when_fp16_hands_on_the_scaler_only_when_fp16(handed):
+    result = _migrate(f"""\
+        import torch
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer, fp16):
+                if fp16:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                self.amp = {handed}
+                self.model, self.optimizer = model, optimizer
+
+            def train_step(self, x):
+                loss = self.model(x)
+                if self.amp is not None:
+                    with self.amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                self.optimizer.step()
+    """, unsafe_fixes=True)
+    new = result.new_source
+    assert "import apex" not in new and "from apex" not in new and "TODO" not in new
+    assert "with torch.autocast(\"cuda\", dtype=torch.float16, enabled=self.amp is not None and self.amp.is_enabled()):\n            loss = self.model(x)" in new
+    # None still means "mixed precision is off": the code testing for it keeps its meaning.
+    assert f"self.amp = {handed.replace('amp', 'self.scaler')}" in new
+    assert "self.amp.scale(loss).backward()" in new
+    assert "if self.amp is not None:\n            self.amp.step(self.optimizer)\n            self.amp.update()\n        else:\n            self.optimizer.step()" in new
+
+
+def test_amp_passed_only_when_fp16_turns_autocast_on_only_with_the_scaler():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def train_epoch(model, optimizer, loader, amp=None):
+            for x in loader:
+                loss = model(x)
+                if amp is not None:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+
+        def main(model, optimizer, loader, args):
+            if args.fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            train_epoch(model, optimizer, loader, amp=amp if args.fp16 else None)
+    """, unsafe_fixes=True)
+    new = result.new_source
+    assert "train_epoch(model, optimizer, loader, amp=scaler if args.fp16 else None)" in new
+    assert 'enabled=amp is not None and amp.is_enabled()' in new
+    assert "amp.step(optimizer)" in new and "        else:\n            optimizer.step()" in new
+
+
+def test_o0_with_a_saved_amp_state_keeps_fp32_and_a_disabled_scaler_holds_the_state():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, optimizer, loader, resume):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+            if resume:
+                amp.load_state_dict(torch.load(resume)["amp"])
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+            torch.save({"amp": amp.state_dict()}, "last.pt")
+    """)
+    assert _safe(result)
+    new = result.new_source
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=False)' in new
+    assert "autocast" not in new and "scaler.step" not in new
+    assert "loss.backward()" in new and 'torch.save({"amp": scaler.state_dict()}, "last.pt")' in new
+
+
+def test_o0_under_a_flag_with_a_saved_amp_state_stays_reported():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, optimizer, fp32):
+            if fp32:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+            torch.save({"amp": amp.state_dict()}, "last.pt")
+    """, unsafe_fixes=True)
+    # The disabled scaler would exist only when the flag is set; the state is saved either way.
+    assert result.new_source == result.source
+    assert {d.code for d in result.diagnostics} == {"AMP002", "AMP005"}
+
+
+def test_an_ema_copy_initialized_for_inference_beside_the_model_joins_its_autocast_region():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(model, model_ema, optimizer, loader, args):
+            if args.amp:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                if isinstance(model_ema, torch.nn.Module):
+                    model_ema = amp.initialize(model_ema, opt_level="O1")
+            for x in loader:
+                with torch.no_grad():
+                    target = model_ema(x)
+                loss = (model(x) - target).pow(2).mean()
+                optimizer.zero_grad()
+                if args.amp:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result)
+    new = result.new_source
+    assert "amp.initialize" not in new and "isinstance" not in new and "pass" not in new
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):\n            with torch.no_grad():\n                target = model_ema(x)' in new
+
+
+@pytest.mark.parametrize("second", [
+    'model_ema = amp.initialize(model_ema, opt_level="O2")',  # other options
+    'model_ema = amp.initialize(model_ema, None, "O1")',  # options by position
+])
+def test_an_inference_initialize_that_differs_stays_unsafe(second):
+    result = _migrate(f"""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        {second}
+        for x in loader:
+            loss = model(x) - model_ema(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+    """)
+    assert not _safe(result)
+
+
+def test_an_inference_initialize_after_training_started_stays_unsafe():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        loss = model(x)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        model_ema = amp.initialize(model_ema, opt_level="O1")
+    """)
+    assert not _safe(result)

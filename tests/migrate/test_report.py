@@ -108,6 +108,7 @@ def test_json_uses_ruffs_field_names_and_never_says_applied():
     items = json.loads(format_results(RESULTS, "json"))
     assert len(items) == 4
     assert items[2] == {
+        "cell": None,
         "code": "AMP021",
         "message": "deprecated GradScaler",
         "filename": "src/train.py",
