@@ -19,7 +19,7 @@ import threading
 import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from migrate import files, notebook
 from migrate.files import DEFAULT_EXCLUDES
@@ -39,6 +39,7 @@ class _Options:
     fix: bool = True
     settings: dict = field(default_factory=dict)
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
+    edits: bool = False  # give each fix its text edits (JSON, SARIF)
 
 
 def select_rules(
@@ -106,6 +107,7 @@ def migrate_source(
     settings: dict | None = None,
     per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
 ) -> FileResult:
     """Run the selected rules over one file's text and return its result; nothing is written.
 
@@ -126,8 +128,10 @@ def migrate_source(
             glob matches (as ``exclude`` matches them); a glob starting with ``!`` applies to the
             files it does not match.
         rules (sequence of rule classes, optional): run these instead of the catalogue's selection.
+        edits (bool, optional, default=False): give each fix its text edits (``Fix.edits``), as
+            Ruff's JSON has them; it costs a rewrite per fix.
     """
-    options = _options(unsafe_fixes, fix, settings, per_file_ignores)
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
@@ -147,6 +151,8 @@ def migrate_paths(
     settings: dict | None = None,
     per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[FileResult]:
     """Run the selected rules over every Python file and notebook under ``paths``; write fixed files if ``write``.
 
@@ -165,6 +171,7 @@ def migrate_paths(
             the ignore files of its git work tree ignore (``migrate.gitignore``).
         jobs (int, optional, default=number of cores): worker processes for many files (at most
             the number of cores).
+        progress (callable, optional): called as ``progress(done, total)`` each time a file is done.
         Other arguments as for ``migrate_source``.
 
     Returns one ``FileResult`` per file found, in path order. Raises ``Interrupted`` on Ctrl-C
@@ -172,11 +179,13 @@ def migrate_paths(
     Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
-    options = _options(unsafe_fixes, fix, settings, per_file_ignores)
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
     words = trigger_words(rules)
     found = files.find(paths, exclude, respect_gitignore)
-    results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
-    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
+    results: dict[Path, FileResult | None] = _Results.fromkeys(sorted([*found.files, *found.problems]))  # path order
+    results.progress = progress
+    for path, why in found.problems.items():
+        results[path] = _error_result(str(path), why)
     todo: list[tuple[Path, files.Source]] = []
     for path in found.files:
         try:
@@ -190,8 +199,10 @@ def migrate_paths(
             continue
         text = decoded[0]
         if path.suffix == notebook.SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
-            text = notebook.searchable(text)
-        if may_apply(text, words):
+            worth_parsing = may_apply(notebook.searchable(text), words)
+        else:  # the whole check here, so that a run of such files never imports a rule
+            worth_parsing = needs_parsing(text, words)
+        if worth_parsing:
             todo.append((path, source))
         else:
             results[path] = FileResult(str(path))
@@ -210,6 +221,19 @@ def migrate_paths(
         if stop.requested:
             raise Interrupted([r for r in results.values() if r is not None], len(results))
     return list(results.values())
+
+
+class _Results(dict):
+    """Each file's result, by path; ``progress(done, total)`` hears of each result set."""
+
+    progress: Callable[[int, int], None] | None = None
+    done = 0
+
+    def __setitem__(self, path: Path, result: FileResult | None) -> None:
+        super().__setitem__(path, result)
+        if self.progress is not None and result is not None:
+            self.done += 1
+            self.progress(self.done, len(self))
 
 
 def discover(
@@ -311,11 +335,15 @@ def _stop_workers() -> None:
             child.kill()
 
 
-def _options(unsafe_fixes: bool, fix: bool, settings: dict | None, per_file_ignores: Mapping | None) -> _Options:
+def _options(
+    unsafe_fixes: bool, fix: bool, settings: dict | None, per_file_ignores: Mapping | None, edits: bool = False
+) -> _Options:
     ignores = tuple((glob, tuple(codes)) for glob, codes in (per_file_ignores or {}).items())
     if ignores:
         select_rules(ignore=[code for _, codes in ignores for code in codes])  # a code no rule has is an error now
-    return _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), per_file_ignores=ignores)
+    return _Options(
+        unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), per_file_ignores=ignores, edits=edits
+    )
 
 
 def _ignored_here(filename: str, options: _Options) -> tuple[str, ...]:
@@ -401,8 +429,10 @@ def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | No
     inner = _migrate_python(filename, book.python, "utf-8", rules, options)
 
     def in_cells(diagnostics: tuple[Diagnostic, ...], python: str) -> tuple[Diagnostic, ...]:
+        # a fix's edits address the cells joined as one text, not the notebook's JSON: they are left out
         return tuple(
-            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location))
+            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
+                    fix=d.fix and replace(d.fix, edits=()))
             for d in diagnostics
         )
 
@@ -436,7 +466,7 @@ def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None
         with _without_cycle_collection():
             outcome = run_rules(
                 text.replace("\r", "\n") if cr_only else text, filename, rules,
-                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings,
+                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings, edits=options.edits,
             )
     except Exception as error:  # one file must never end the run over the others
         return _error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)

@@ -64,12 +64,14 @@ def run_rules(
     fix: bool = True,
     unsafe_fixes: bool = False,
     settings: dict | None = None,
+    edits: bool = False,
 ) -> EngineResult:
     """Report what ``rules`` find in ``source`` and, if ``fix``, apply the fixes allowed.
 
     Safe fixes are always allowed, unsafe ones only with ``unsafe_fixes``. Diagnostics carry
     positions in ``source``; ``applied`` says whether their fix is in the returned text
     (or would be, with ``fix=False``). A file with nothing to do comes back as the same string.
+    ``edits``: give each fix its text edits (``Fix.edits``), worked out one fix at a time.
     """
     context = RuleContext(filename=filename, unsafe_fixes=unsafe_fixes, settings=dict(settings or {}))
     if noqa.skips_file(source):
@@ -91,8 +93,10 @@ def run_rules(
     diagnostics = tuple(
         _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes) for report in visited.reports
     )
+    if edits:
+        diagnostics = _with_edits(diagnostics, visited, filename)
     unused = _unused_noqa(visited, ran)
-    diagnostics += tuple(_unused_diagnostic(item, filename) for item in unused)
+    diagnostics += tuple(_unused_diagnostic(item, filename, source if edits else None) for item in unused)
     if not fix or not any(d.applied for d in diagnostics):
         return EngineResult(source, diagnostics, remaining=tuple(d for d in diagnostics if not d.applied))
 
@@ -104,6 +108,8 @@ def run_rules(
         replace(_diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes), applied=False)
         for report in visited.reports
     )
+    if edits:
+        remaining = _with_edits(remaining, visited, filename)
     fixed = noqa.remove_unused(fixed, _unused_noqa(visited, ran))  # comments only: the findings keep their place
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
@@ -126,17 +132,23 @@ def _unused_noqa(visited: "_Visited", ran: frozenset[str]) -> list[noqa.Unused]:
     return noqa.unused(visited.directives, ran, known)
 
 
-def _unused_diagnostic(item: noqa.Unused, filename: str) -> Diagnostic:
+def _unused_diagnostic(item: noqa.Unused, filename: str, text: str | None = None) -> Diagnostic:
+    """``text``: the file's, to give the fix its edits."""
     directive = item.directive
     kept = [code for code in directive.codes or () if code not in item.codes]
     fix_message = f"Remove {', '.join(item.codes)} from the directive" if kept else "Remove the unused `noqa` directive"
+    edits = ()
+    if text is not None:
+        from migrate.edits import text_edits
+
+        edits = text_edits(text, noqa.remove_unused(text, [item]))
     return Diagnostic(
         code=UNUSED_NOQA_CODE,
         message=item.message,
         filename=filename,
         location=Position(directive.row, directive.start + 1),
         end_location=Position(directive.row, directive.end + 1),
-        fix=Fix(applicability=Safety.SAFE, message=fix_message),
+        fix=Fix(applicability=Safety.SAFE, message=fix_message, edits=edits),
         applied=True,
     )
 
@@ -484,7 +496,7 @@ def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_f
     """``where`` is None for a node that is not in the parsed tree (a rule's mistake): file start."""
     fix = None
     if report.replacement is not None:
-        fix = Fix(applicability=report.safety, message=report.fix_message)
+        fix = Fix(applicability=report.safety, message=report.fix_message, why_unsafe=report.why_unsafe)
     start = Position(where.start.line, where.start.column + 1) if where else Position(1, 1)
     end = Position(where.end.line, where.end.column + 1) if where else Position(1, 1)
     return Diagnostic(
@@ -496,6 +508,23 @@ def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_f
         fix=fix,
         applied=fix is not None and _allowed(report.safety, unsafe_fixes),
     )
+
+
+def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename: str) -> tuple[Diagnostic, ...]:
+    """Each fix's edits: its replacement (and imports) applied alone to the visited text."""
+    from migrate.edits import text_edits
+
+    text = visited.module.code
+    with_edits = []
+    for diagnostic, report in zip(diagnostics, visited.reports):
+        if diagnostic.fix is not None:
+            try:
+                edited = _apply(visited.module, [report], filename)
+            except _RoundFailed:  # the fix cannot be applied alone: it comes without edits
+                edited = text
+            diagnostic = replace(diagnostic, fix=replace(diagnostic.fix, edits=text_edits(text, edited)))
+        with_edits.append(diagnostic)
+    return tuple(with_edits)
 
 
 def _compile_error(source: str, filename: str) -> str | None:

@@ -39,10 +39,33 @@ class Position:
     cell: int | None = None
 
 
+class FixSafety(str, enum.Enum):
+    """What a rule declares of the fixes it offers (``--list-rules``); tests check it against its examples."""
+
+    ALWAYS = "always safe"  # every fix it offers keeps behaviour
+    SOMETIMES = "sometimes safe"  # some fixes are safe, others may change behaviour
+    NEVER = "never safe"  # every fix needs --unsafe-fixes
+    NO_FIX = "no fix"  # it only reports
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text from ``location`` up to ``end_location`` (exclusive) by ``content`` (Ruff's edit)."""
+
+    content: str
+    location: Position
+    end_location: Position
+
+
 @dataclass(frozen=True)
 class Fix:
+    """A finding's fix. ``why_unsafe`` says how an unsafe fix may change behaviour; ``edits`` are
+    filled in only when asked for (JSON and SARIF output), located in the text the finding is in."""
+
     applicability: Safety
     message: str
+    why_unsafe: str = ""
+    edits: tuple[Edit, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -453,8 +453,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 if any(self._inside(node, scope) for node, _ in self.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
-        why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
-        why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
+        why_unsafe = "; ".join(dict.fromkeys(self.unsafe))
+        notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
         adds = () if self.o0 else (ImportChange("torch"),)
         for scale in scales:
@@ -462,7 +462,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.replacements.values():
             code, message, fix = self._kinds[id(node)]
-            self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
+            self.findings.append(Report(code, node, message, replacement, safety, fix + notes, adds, removes, why_unsafe))
 
     def _kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
         self._kinds[id(node)] = (code, message, fix)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from migrate.rule import Invalid, Rule, Valid
-from migrate.types import UNUSED_NOQA_CODE
+from migrate.types import FixSafety, UNUSED_NOQA_CODE
 
 
 class UnusedNoqa(Rule):
@@ -27,6 +27,7 @@ class UnusedNoqa(Rule):
     CODE = UNUSED_NOQA_CODE
     MESSAGE = "Unused `noqa` directive"
     TRIGGERS = ("noqa",)
+    FIX_SAFETY = FixSafety.ALWAYS
     # Worked out by the engine from what the other rules reported: this visitor visits nothing.
 
     VALID = [
