@@ -64,6 +64,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.scaler_in_block = False  # created in a block its users are not all in
         self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
+        self._stand_in_calls: set[int] = set()
+        self._stand_in_assignments: list[cst.CSTNode] = []  # `self.amp = amp` where `self.amp` only stands in for the module
         self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
@@ -99,7 +101,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._check_disjoint()
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        handled = frozenset(self.alias_of) | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
+        handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
 
     def _classify(self) -> None:
@@ -122,6 +124,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     self.escapes.append((node, alias))
             elif not self._scale_poke(attr, node):
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
+        self._find_stand_ins()
         if self.escapes:
             self._find_alias_sites({alias for _, alias in self.escapes})
 
@@ -196,6 +199,51 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
             return parent.keyword.value
         return None
+
+    def _find_stand_ins(self) -> None:
+        """``self.amp = amp`` where the file only ever calls apex's API on ``self.amp`` (or assigns
+        it): the attribute is another name for the module, so its calls are the module's sites
+        and the assignment goes."""
+        uses: dict[str, list[cst.Attribute]] = {}
+        planner = self
+
+        class _Uses(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if isinstance(node.value, cst.Name) and node.value.value == "self":
+                    uses.setdefault(node.attr.value, []).append(node)
+
+        candidates = []
+        for node, alias in self.escapes:
+            assign = self.parent.get(id(node))
+            if isinstance(assign, cst.Assign) and nodes.code(assign.targets[0].target) == f"self.{alias}":
+                candidates.append((node, alias, assign))
+        if not candidates:
+            return
+        self.module.visit(_Uses())
+        for node, alias, assign in candidates:
+            calls, plain = [], True
+            for use in uses.get(alias, []):
+                parent = self.parent.get(id(use))
+                call = self.parent.get(id(parent))
+                if isinstance(parent, cst.Attribute) and parent.attr.value in CORE and isinstance(call, cst.Call) and call.func is parent:
+                    calls.append((parent.attr.value, call))
+                elif not self._assigned(use):
+                    plain = False
+            if not plain or not calls:
+                continue
+            self.escapes.remove((node, alias))
+            statement = self._statement(assign)
+            self._stand_in_assignments.append(statement)
+            for kind, call in calls:
+                planner.sites[kind].append(call)
+                self._stand_in_calls.add(id(call))
+
+    def _assigned(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is a target of an assignment (also inside a tuple of targets)."""
+        parent = self.parent.get(id(node))
+        while isinstance(parent, (cst.Element, cst.Tuple, cst.List)):
+            node, parent = parent, self.parent.get(id(parent))
+        return isinstance(parent, cst.AssignTarget) and parent.target is node
 
     def _find_alias_sites(self, aliases: set[str]) -> None:
         """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
@@ -408,6 +456,9 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         return self.alias_of.get(id(call), self.scaler)
 
     def _plan_escapes(self) -> None:
+        for statement in self._stand_in_assignments:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
         for node, _ in self.escapes:
             self._replace(node, nodes.parse_expression(self.scaler, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")

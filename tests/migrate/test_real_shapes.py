@@ -629,3 +629,51 @@ def test_a_bfloat16_region_of_the_file_is_reused_but_unsafe():
                 optimizer.step()
     """)
     assert not _safe(result)
+
+
+def test_amp_kept_on_self_and_only_called_there_is_the_module_under_another_name():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer, self.amp = model, optimizer, None
+
+            def setup(self):
+                self.amp = amp
+                self.model, self.optimizer = self.amp.initialize(models=self.model, optimizers=self.optimizer, opt_level="O1")
+
+            def save(self):
+                return {"model": self.model.state_dict(), "amp": self.amp.state_dict()}
+
+            def step(self, x):
+                loss = self.model(x)
+                with self.amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                self.optimizer.step()
+    """)
+    assert _safe(result)
+    assert {d.code for d in result.diagnostics} <= {"AMP002", "AMP003", "AMP005"}
+    new = result.new_source
+    assert "self.amp = amp" not in new and "self.amp." not in new
+    assert '"amp": self.scaler.state_dict()' in new and "self.scaler.scale(loss).backward()" in new
+
+
+def test_amp_kept_on_self_and_tested_elsewhere_stays_a_handed_on_module():
+    result = _migrate("""\
+        from apex import amp
+
+        class Trainer:
+            def setup(self, model, optimizer):
+                self.amp = amp
+                self.model, self.optimizer = self.amp.initialize(model, optimizer, opt_level="O1")
+
+            def step(self, x):
+                loss = self.model(x)
+                if self.amp:
+                    with self.amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                self.optimizer.step()
+    """, unsafe_fixes=True)
+    assert result.new_source == result.source
