@@ -1,12 +1,42 @@
-"""The ``apex`` package itself, as served by ampshim: apex's root names, submodules on first use."""
+"""The ``apex`` package itself, as served by ampshim: apex's root names, submodules on first use.
+
+Importing it also lets ``torch.load(path)`` (``weights_only=True``) read the loss scalers that
+real apex pickled into old checkpoints (see ``ampshim.fp16_utils.checkpoint``).
+"""
 import importlib
 import importlib.util
+import sys
 
-if importlib.util.find_spec("torch") is None:
-    raise ImportError(
+
+class TorchMissingError(ModuleNotFoundError):
+    """``import apex`` without torch installed; uncaught, it prints as one line, no traceback."""
+
+
+def _torch_is_missing():
+    try:
+        return importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):  # a broken or blocked torch
+        return True
+
+
+def _print_one_line(previous_hook):
+    def hook(exc_type, exc, traceback):
+        if isinstance(exc, TorchMissingError):
+            print(f"{exc_type.__name__}: {exc}", file=sys.stderr)
+        else:
+            previous_hook(exc_type, exc, traceback)
+
+    return hook
+
+
+if _torch_is_missing():
+    # `except ImportError` in the script still catches it; only the uncaught report is short.
+    sys.excepthook = _print_one_line(sys.excepthook)
+    raise TorchMissingError(
         "apex (provided by ampshim) needs PyTorch, which is not installed: "
-        "pip install 'ampshim[torch]' (or install the torch build you train with)")
+        "pip install 'ampshim[torch]' (or install the torch build you train with)", name="torch")
 
+import ampshim.fp16_utils.checkpoint  # noqa: E402,F401 - registers old scalers with torch.load
 from ampshim.deprecation import DeprecatedFeatureWarning, deprecated_warning  # noqa: E402
 
 __all__ = ["DeprecatedFeatureWarning", "deprecated_warning", "check_cudnn_version_and_warn",

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 from ampshim.lists import functional_overrides, tensor_overrides, torch_overrides
 from ampshim.lists._native import native_policy
 from ampshim.state import _amp_state
@@ -437,10 +437,17 @@ def _cast_decorator(fn, policy):
     return run_with_casts
 
 
-def _decorator_deprecation():
-    deprecated_warning(
-        "apex.amp is deprecated and will be removed by the end of February 2023. "
-        "Use [PyTorch AMP](https://pytorch.org/docs/stable/amp.html)")
+# What native PyTorch offers instead of each decorator.
+_NATIVE_DECORATOR = {
+    "half": "@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float16)",
+    "float": "@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)",
+    "promote": "torch.autocast, which promotes mixed-precision inputs itself",
+}
+
+
+def _decorator_deprecation(policy):
+    warn_deprecated(f"apex.amp.{policy}_function", _NATIVE_DECORATOR[policy],
+                    rewritten=policy != "promote")
 
 
 def half_function(fn):
@@ -462,7 +469,7 @@ def half_function(fn):
     Args:
         fn (callable): the function to wrap.
     """
-    _decorator_deprecation()
+    _decorator_deprecation("half")
     return _cast_decorator(fn, "half")
 
 
@@ -476,7 +483,7 @@ def float_function(fn):
     Args:
         fn (callable): the function to wrap.
     """
-    _decorator_deprecation()
+    _decorator_deprecation("float")
     return _cast_decorator(fn, "float")
 
 
@@ -492,7 +499,7 @@ def promote_function(fn):
     Args:
         fn (callable): the function to wrap.
     """
-    _decorator_deprecation()
+    _decorator_deprecation("promote")
     return _cast_decorator(fn, "promote")
 
 

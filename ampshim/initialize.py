@@ -14,18 +14,16 @@ import types
 import torch
 
 from ampshim import handle
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 from ampshim.device import device_type_of, resolve_dtype
 from ampshim.model import cast_models, patch_forward_outputs
 from ampshim.opt_levels import Properties, opt_levels
 from ampshim.optimizer import _process_optimizer
-from ampshim.scaler import LossScaler
+from ampshim.scaler import LossScaler, checked_count
 from ampshim.state import _amp_state, maybe_print
 
 __all__ = ["initialize"]
 
-_DEPRECATION = ("apex.amp is deprecated and will be removed by the end of February 2023. "
-                "Use [PyTorch AMP](https://pytorch.org/docs/stable/amp.html)")
 
 # Overridable options, in the order apex applies (and prints) them.
 _OVERRIDES = ("enabled", "opt_level", "cast_model_type", "patch_torch_functions",
@@ -75,12 +73,13 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
         min_loss_scale (float, optional, default=None): floor of the dynamic loss scale.
         max_loss_scale (float, optional, default=2.**24): ceiling of the dynamic loss scale.
     """
-    deprecated_warning(_DEPRECATION)
+    warn_deprecated("apex.amp.initialize", "torch.autocast and torch.amp.GradScaler")
     _amp_state.opt_properties = Properties()
     _amp_state.verbosity = verbosity
     if not enabled:
         return models if optimizers is None else (models, optimizers)
 
+    num_losses = checked_count(num_losses, "num_losses", minimum=1)
     device_type = device_type_of(_modules_in(models))
     if device_type == "cuda" and not torch.backends.cudnn.enabled:
         raise RuntimeError("Amp requires torch.backends.cudnn.enabled = True")

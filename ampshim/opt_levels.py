@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ampshim.scaler import checked_scale
 from ampshim.state import _amp_state
 
 __all__ = ["Properties", "opt_levels", "O0", "O1", "O2", "O3", "_amp_state"]
@@ -79,17 +80,16 @@ class Properties:
         return value
 
     def _check_keep_batchnorm_fp32(self, value):
+        # apex accepted the strings "True"/"False" (argparse); anything else is a mistake.
+        value = {"True": True, "False": False}.get(value, value) if isinstance(value, str) else value
+        if value is not True and value is not False and value is not None:
+            raise ValueError(
+                "keep_batchnorm_fp32 must be True, False, None or the string 'True' or 'False', "
+                f"got keep_batchnorm_fp32={value!r}.")
         if self.opt_level == "O1" and value is not None:
             _warn_or_err("With opt_level O1, batchnorm functions are automatically patched to run "
                          "in FP32, so keep_batchnorm_fp32 should be None."
                          " keep_batchnorm_fp32 was {}".format(value))
-        if value == "False":
-            return False
-        if value == "True":
-            return True
-        assert value is True or value is False or value is None, (
-            "keep_batchnorm_fp32 must be a boolean, the string 'True' or 'False', "
-            "or None, found keep_batchnorm_fp32={}".format(value))
         return value
 
     def _check_master_weights(self, value):
@@ -101,7 +101,7 @@ class Properties:
     def _check_loss_scale(self, value):
         if value == "dynamic":
             return value
-        return float(value)
+        return checked_scale(value, "loss_scale")
 
 
 class _OptLevel:

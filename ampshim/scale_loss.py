@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from ampshim.optimizer import _process_optimizer, _restore_stashed_grads, _skip_next_step
 from ampshim.opt_levels import Properties
+from ampshim.scaler import checked_count
 from ampshim.state import _amp_state
 
 __all__ = ["scale_loss"]
@@ -88,7 +91,7 @@ class scale_loss:  # noqa: N801 - apex's name, used as `with amp.scale_loss(...)
             _require_processed(optimizers)
         handle = _amp_state.handle
         self._active = _ScaleLoss(
-            self._loss, optimizers, _amp_state.loss_scalers[self._loss_id],
+            self._loss, optimizers, _scaler_for(self._loss_id),
             loss_id=self._loss_id, delay_unscale=self._delay_unscale,
             delay_overflow_check=self._delay_overflow_check,
             master_weights=properties.master_weights,
@@ -121,6 +124,11 @@ class _ScaleLoss:
         self._prepared = []
 
     def __enter__(self):
+        if not isinstance(self._loss, torch.Tensor):
+            raise TypeError(
+                f"amp.scale_loss expects the loss as a tensor, got {self._loss!r} "
+                f"({type(self._loss).__name__}). Pass the tensor the loss function returned, "
+                "not loss.item() or a Python number: backward() needs the graph.")
         for optimizer in self._optimizers:
             if not hasattr(optimizer, "_amp_stash"):
                 _process_optimizer(optimizer, _WITHOUT_MASTER_WEIGHTS)
@@ -179,6 +187,16 @@ class _ScaleLoss:
 
 
 _WITHOUT_MASTER_WEIGHTS = Properties()
+
+
+def _scaler_for(loss_id):
+    scalers = _amp_state.loss_scalers
+    if checked_count(loss_id, "loss_id") >= len(scalers):
+        raise IndexError(  # apex's type, with a message
+            f"loss_id={loss_id!r} is out of range: amp.initialize(..., num_losses={len(scalers)}) "
+            f"made loss scalers 0 to {len(scalers) - 1}. Pass a larger num_losses to "
+            "amp.initialize to give this loss its own scaler.")
+    return scalers[loss_id]
 
 
 def _as_optimizer_list(optimizers):

@@ -9,14 +9,33 @@ Unscaling and the inf/NaN check run in ``torch._amp_foreach_non_finite_check_and
 launch per (device, dtype) group; the overflow flag stays on the device until
 :meth:`LossScaler.update_scale` reads it, the one host synchronisation per backward pass.
 
-Objects pickled by real apex (inside ``FP16_Optimizer`` checkpoints) unpickle into this class:
-their ``__dict__`` holds exactly the attribute names kept here.
+A loss that stays non-finite never crashes the scaler: the dynamic scale stops halving at
+:data:`SCALE_FLOOR`, and one warning says how long the gradients have overflowed.
+
+What ampshim saves is :meth:`LossScaler.state_dict`, plain numbers (loads under ``torch.load``'s
+default ``weights_only=True``). Objects pickled by real apex (inside ``FP16_Optimizer``
+checkpoints) unpickle into this class: their ``__dict__`` holds exactly the attribute names kept
+here.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import warnings
+
 import torch
 
-__all__ = ["LossScaler"]
+__all__ = ["LossScaler", "SCALE_FLOOR", "OVERFLOW_STREAK_WARNING", "checked_scale",
+           "checked_count"]
+
+# The smallest normal float32. Unscaling multiplies by 1/scale in float32: below 2**-127 that
+# reciprocal overflows (and a subnormal scale may be flushed to zero on GPUs), so halving stops
+# here. Native GradScaler keeps halving on the device instead, down to a scale of 0.
+SCALE_FLOOR = 2.**-126
+
+# After this many consecutive overflowing backward passes, say (once) that the loss itself is
+# non-finite: no loss scale can fix that.
+OVERFLOW_STREAK_WARNING = 50
 
 # The attribute set apex pickled; kept in this order for objects this class pickles.
 _APEX_ATTRIBUTES = ("dynamic", "_loss_scale", "_max_loss_scale", "_min_loss_scale",
@@ -54,16 +73,17 @@ class LossScaler:
                  min_loss_scale=None, max_loss_scale=2.**24):
         if loss_scale == "dynamic":
             self.dynamic = True
-            self._loss_scale = min(max_loss_scale, init_scale)
+            self._loss_scale = min(max_loss_scale, checked_scale(init_scale, "init_scale"))
         else:
             self.dynamic = False
-            self._loss_scale = loss_scale
+            self._loss_scale = checked_scale(loss_scale, "loss_scale")
         self._max_loss_scale = max_loss_scale
         self._min_loss_scale = min_loss_scale
         self._scale_seq_len = scale_window
         self._unskipped = 0
         self._has_overflow = False
         self._found_inf_per_device = {}
+        self._overflow_streak = 0
 
     def loss_scale(self):
         """The current scale (reads ``_loss_scale``, which scripts may overwrite)."""
@@ -147,16 +167,70 @@ class LossScaler:
             self._has_overflow = self._read_found_inf()
         if self._has_overflow and self.dynamic:
             should_skip = True
-            halved = self._loss_scale / 2.
-            self._loss_scale = max(self._min_loss_scale, halved) if self._min_loss_scale else halved
+            floor = max(self._min_loss_scale or SCALE_FLOOR, SCALE_FLOOR)
+            self._loss_scale = max(floor, self._loss_scale / 2.)
             self._unskipped = 0
+            self._count_overflow()
         else:
             should_skip = False
             self._unskipped += 1
+            self._overflow_streak = 0
         if self._unskipped == self._scale_seq_len and self.dynamic:
             self._loss_scale = min(self._max_loss_scale, self._loss_scale * 2.)
             self._unskipped = 0
         return should_skip
+
+    def _count_overflow(self):
+        self._overflow_streak += 1
+        if self._overflow_streak == OVERFLOW_STREAK_WARNING:
+            warnings.warn(
+                f"The gradients have been inf/NaN in {OVERFLOW_STREAK_WARNING} consecutive "
+                f"backward passes; every step was skipped and the loss scale is down to "
+                f"{self._loss_scale!r}. The loss itself is probably non-finite (check the inputs, "
+                "the learning rate, a log or division of zero): lowering the scale cannot fix "
+                "it. Training goes on, skipping steps.", RuntimeWarning, stacklevel=2)
+
+    def state_dict(self):
+        """Everything needed to resume, as plain numbers (``torch.load(weights_only=True)``).
+
+        ``{'dynamic', 'loss_scale', 'unskipped', 'scale_window', 'min_loss_scale',
+        'max_loss_scale'}``; :meth:`from_state_dict` rebuilds the scaler.
+        """
+        return {
+            "dynamic": bool(self.dynamic),
+            "loss_scale": float(self._loss_scale),
+            "unskipped": int(self._unskipped),
+            "scale_window": int(self._scale_seq_len),
+            "min_loss_scale": None if self._min_loss_scale is None else float(self._min_loss_scale),
+            "max_loss_scale": float(self._max_loss_scale),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state, name="loss_scaler"):
+        """A scaler rebuilt from :meth:`state_dict`; every value is checked, named after ``name``.
+
+        Args:
+            state (dict): the output of :meth:`state_dict`.
+            name (str, optional, default="loss_scaler"): how errors name the entry.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"{name} must be a dict from LossScaler.state_dict(), got {state!r}.")
+        missing = {"dynamic", "loss_scale", "unskipped"} - set(state)
+        if missing:
+            raise ValueError(f"{name} lacks {sorted(missing)!r}; it is not a saved loss scaler: "
+                             f"{state!r}.")
+        scale = checked_scale(state["loss_scale"], f"{name}.loss_scale")
+        min_scale = state.get("min_loss_scale")
+        scaler = cls("dynamic" if state["dynamic"] else scale,
+                     scale_window=checked_count(state.get("scale_window", 2000),
+                                                f"{name}.scale_window", minimum=1),
+                     min_loss_scale=None if min_scale is None else checked_scale(
+                         min_scale, f"{name}.min_loss_scale"),
+                     max_loss_scale=checked_scale(state.get("max_loss_scale", 2.**24),
+                                                  f"{name}.max_loss_scale"))
+        scaler._loss_scale = scale
+        scaler._unskipped = checked_count(state["unskipped"], f"{name}.unskipped")
+        return scaler
 
     @property
     def _overflow_buf(self):
@@ -205,11 +279,51 @@ class LossScaler:
         self.__dict__.update(state)
         self._has_overflow = bool(self._has_overflow)
         self._found_inf_per_device = {}
+        self._overflow_streak = 0
 
     def __repr__(self):
         kind = "dynamic" if self.dynamic else "static"
         return (f"LossScaler({kind}, loss_scale={self._loss_scale!r}, "
                 f"unskipped={self._unskipped!r})")
+
+
+def checked_scale(value, name):
+    """``value`` as a positive, finite float, or an error naming ``name`` (a loaded or given scale).
+
+    Numbers, numeric strings (argparse) and one-element tensors are accepted.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a single number, got a tensor of shape "
+                             f"{tuple(value.shape)}.")
+        value = value.item()
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{name} must be a positive number, got {value!r}.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        # float()'s own split: a string that is not a number is a bad value, anything else a
+        # bad type.
+        error = ValueError if isinstance(value, str) else TypeError
+        raise error(f"{name} must be a positive number (or \"dynamic\" where a dynamic "
+                    f"scale is allowed), got {value!r}.") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be a positive, finite number, got {value!r}: a loss "
+                         "scale of zero, below zero or not finite makes every gradient useless.")
+    return number
+
+
+def checked_count(value, name, minimum=0):
+    """``value`` as an int >= ``minimum`` (a step counter), or an error naming ``name``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}.")
+    return int(value)
 
 
 def _same_tensors(a, b):

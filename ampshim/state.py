@@ -15,8 +15,11 @@ from __future__ import annotations
 import sys
 import types
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import torch
+
+from ampshim.scaler import checked_count, checked_scale
 
 __all__ = ["AmpState", "_amp_state", "maybe_print", "master_params", "state_dict",
            "load_state_dict"]
@@ -111,7 +114,10 @@ def load_state_dict(state_dict):
     """Restore loss scalers from :func:`state_dict` output (apex's or ampshim's).
 
     Entries are matched to scalers by ORDER, not by the number in their key, as apex did. Call it
-    after ``amp.initialize`` with the same ``num_losses``.
+    after ``amp.initialize`` with the same ``num_losses``. Every value is checked before any
+    scaler changes: a scale that is not a positive, finite number (NaN, 0, a string, None, a
+    tensor of several values) is an error naming its key. A ``torch.amp.GradScaler`` state
+    (what a migrated script saves) is loaded into every scaler.
 
     Example::
 
@@ -122,29 +128,66 @@ def load_state_dict(state_dict):
         amp.load_state_dict(checkpoint["amp"])
 
     Args:
-        state_dict (dict): ``{'loss_scalerN': {'loss_scale': float, 'unskipped': int}, ...}``.
+        state_dict (dict): ``{'loss_scalerN': {'loss_scale': float, 'unskipped': int}, ...}``,
+            or ``GradScaler.state_dict()``.
     """
     scalers = _loss_scalers()
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"amp.load_state_dict expects the dict amp.state_dict() returned, got "
+                        f"{state_dict!r}.")
+    if _GRAD_SCALER_KEYS <= set(state_dict):
+        _load_grad_scaler_state(state_dict, scalers)
+        return
     if len(state_dict) != len(scalers):
         print("Warning: state_dict contains {} entries, while {} loss_scalers are used".format(
             len(state_dict), len(scalers)))
-    unexpected_keys = []
-    loaded = 0
-    for key in list(state_dict):
-        if "loss_scaler" not in key:
-            unexpected_keys.append(key)
-            continue
-        if loaded >= len(scalers):
-            print("Skipping loss_scaler[{}], since num_losses was set to {}".format(
-                loaded, len(scalers)))
-            break
-        scalers[loaded]._loss_scale = state_dict[key]["loss_scale"]
-        scalers[loaded]._unskipped = state_dict[key]["unskipped"]
-        loaded += 1
+    unexpected_keys = [key for key in state_dict if "loss_scaler" not in key]
     if unexpected_keys:
         raise RuntimeError(
             "Error(s) in loading state_dict. Unexpected key(s) in state_dict: {}. ".format(
                 ", ".join('"{}"'.format(key) for key in unexpected_keys)))
+    loaded = []
+    for key in state_dict:
+        if len(loaded) >= len(scalers):
+            print("Skipping loss_scaler[{}], since num_losses was set to {}".format(
+                len(loaded), len(scalers)))
+            break
+        loaded.append(_checked_entry(state_dict[key], key))
+    for scaler, (scale, unskipped) in zip(scalers, loaded):
+        scaler._loss_scale, scaler._unskipped = scale, unskipped
+
+
+# What torch.amp.GradScaler.state_dict() holds (an enabled scaler).
+_GRAD_SCALER_KEYS = {"scale", "growth_factor", "backoff_factor", "growth_interval",
+                     "_growth_tracker"}
+
+
+def _checked_entry(entry, key):
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"{key} must be a dict {{'loss_scale': float, 'unskipped': int}}, got "
+                        f"{entry!r}.")
+    for field in ("loss_scale", "unskipped"):
+        if field not in entry:
+            raise ValueError(f"{key} has no {field!r}: {entry!r}. Pass what amp.state_dict() "
+                             "returned.")
+    return (checked_scale(entry["loss_scale"], f"{key}.loss_scale"),
+            checked_count(entry["unskipped"], f"{key}.unskipped"))
+
+
+def _load_grad_scaler_state(state, scalers):
+    """A GradScaler's scale and growth counter, into each amp scaler (same rule: x2 / x0.5)."""
+    if state["growth_factor"] != 2.0 or state["backoff_factor"] != 0.5:
+        raise ValueError(
+            "This is a torch.amp.GradScaler state with growth_factor="
+            f"{state['growth_factor']!r} and backoff_factor={state['backoff_factor']!r}; amp's "
+            "loss scaler can only double and halve. Keep training with torch.amp.GradScaler "
+            "(ampmigrate rewrites the script to use it) and load it with "
+            "scaler.load_state_dict(...).")
+    scale = checked_scale(state["scale"], "scale")
+    unskipped = checked_count(state["_growth_tracker"], "_growth_tracker")
+    window = checked_count(state["growth_interval"], "growth_interval", minimum=1)
+    for scaler in scalers:
+        scaler._loss_scale, scaler._unskipped, scaler._scale_seq_len = scale, unskipped, window
 
 
 class _StateModule(types.ModuleType):

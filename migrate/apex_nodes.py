@@ -85,6 +85,11 @@ def has_star(call: cst.Call) -> bool:
     return any(arg.star for arg in call.args)
 
 
+def is_none(node: cst.BaseExpression | None) -> bool:
+    """The literal ``None``."""
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
 def literal_string(node: cst.BaseExpression | None) -> str | None:
     """The value of a plain string literal, else None."""
     if isinstance(node, cst.SimpleString) and "f" not in node.prefix.lower():

@@ -1,6 +1,6 @@
 """Run the rules over sources and trees, and return results: what the CLI, editors and tests call.
 
-``migrate_source`` handles one text; ``migrate_paths`` finds the Python files under paths
+``migrate_source`` handles one text; ``migrate_paths`` finds the Python files and notebooks under paths
 (``migrate.files``), skips those that cannot contain anything the selected rules look for without
 parsing them (``migrate.prefilter``), parses the rest (in worker processes when there are many),
 and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
@@ -19,9 +19,9 @@ import threading
 import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from migrate import files
+from migrate import files, notebook
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import may_apply, needs_parsing, trigger_words
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
@@ -38,17 +38,29 @@ class _Options:
     unsafe_fixes: bool = False
     fix: bool = True
     settings: dict = field(default_factory=dict)
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
+    edits: bool = False  # give each fix its text edits (JSON, SARIF)
 
 
-def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalogue: Sequence[type] | None = None):
-    """The rules whose code starts with a ``select`` prefix and no ``ignore`` prefix.
+def select_rules(
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    catalogue: Sequence[type] | None = None,
+    *,
+    extend_select: Sequence[str] = (),
+):
+    """The rules a ``select`` (or, without one, the rules on by default) and ``extend_select`` pick,
+    less those under an ``ignore`` prefix.
 
-    With no ``select``, the rules on by default (``Rule.DEFAULT``); ``ALL`` selects every rule.
+    A prefix picks the rules under it that are on by default. A rule that is off by default
+    (``Rule.DEFAULT = False``: the deprecated-spelling rules AMP020-AMP025) is picked only by its
+    code, by a prefix under which every rule is off by default (``AMP02``), or by ``ALL``: so
+    ``AMP0`` means the apex rewrites, not those too.
 
     Example::
 
         >>> [rule.CODE for rule in select_rules(["AMP02"], ignore=["AMP022", "AMP023", "AMP024"])]
-        ['AMP020', 'AMP021']
+        ['AMP020', 'AMP021', 'AMP025']
 
     Raises ValueError naming a prefix that matches no rule, since that is almost always a typo.
     """
@@ -56,19 +68,32 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = (), catalog
         from migrate.rules import all_rules
 
         catalogue = all_rules()
-    select = [prefix.strip().upper() for prefix in select if prefix.strip()]
-    ignore = [prefix.strip().upper() for prefix in ignore if prefix.strip()]
-    for prefix in (*select, *ignore):
+    select, ignore, extend_select = (
+        [prefix.strip().upper() for prefix in prefixes if prefix.strip()]
+        for prefixes in (select, ignore, extend_select)
+    )
+    for prefix in (*select, *extend_select, *ignore):
         if prefix != "ALL" and not any(rule.CODE.startswith(prefix) for rule in catalogue):
             known = ", ".join(rule.CODE for rule in catalogue)
             raise ValueError(f"no rule code starts with {prefix!r}; known codes: {known} (see --list-rules)")
-    chosen = [
+
+    def picks(prefixes: list[str], rule: type) -> bool:
+        return any(
+            prefix == "ALL"
+            or (rule.CODE.startswith(prefix) and (rule.DEFAULT or _only_off_by_default(prefix, catalogue)))
+            for prefix in prefixes
+        )
+
+    return [
         rule
         for rule in catalogue
-        if ((not select and rule.DEFAULT) or "ALL" in select or any(rule.CODE.startswith(p) for p in select))
-        and not any(p == "ALL" or rule.CODE.startswith(p) for p in ignore)
+        if (picks(select, rule) if select else rule.DEFAULT) or picks(extend_select, rule)
+        if not any(prefix == "ALL" or rule.CODE.startswith(prefix) for prefix in ignore)
     ]
-    return chosen
+
+
+def _only_off_by_default(prefix: str, catalogue: Sequence[type]) -> bool:
+    return not any(rule.DEFAULT for rule in catalogue if rule.CODE.startswith(prefix))
 
 
 def migrate_source(
@@ -80,7 +105,9 @@ def migrate_source(
     unsafe_fixes: bool = False,
     fix: bool = True,
     settings: dict | None = None,
+    per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
 ) -> FileResult:
     """Run the selected rules over one file's text and return its result; nothing is written.
 
@@ -92,13 +119,19 @@ def migrate_source(
 
     Args:
         source (str or bytes): the file's text; bytes are decoded by their PEP 263 cookie or BOM.
-        filename (str, optional, default="<stdin>"): the name diagnostics carry.
+        filename (str, optional, default="<stdin>"): the name diagnostics carry; one ending in
+            ``.ipynb`` says the source is a notebook's JSON (``migrate.notebook``).
         select, ignore (sequence of str, optional): code prefixes, as ``--select``/``--ignore``.
         unsafe_fixes (bool, optional, default=False): also apply fixes that may change behaviour.
         fix (bool, optional, default=True): apply fixes; False only reports.
+        per_file_ignores (mapping of glob to code prefixes, optional): rules not run on the files a
+            glob matches (as ``exclude`` matches them); a glob starting with ``!`` applies to the
+            files it does not match.
         rules (sequence of rule classes, optional): run these instead of the catalogue's selection.
+        edits (bool, optional, default=False): give each fix its text edits (``Fix.edits``), as
+            Ruff's JSON has them; it costs a rewrite per fix.
     """
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return _migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
@@ -113,11 +146,15 @@ def migrate_paths(
     fix: bool = True,
     write: bool = True,
     exclude: Sequence[str] = (),
+    respect_gitignore: bool = True,
     jobs: int | None = None,
     settings: dict | None = None,
+    per_file_ignores: Mapping[str, Sequence[str]] | None = None,
     rules: Sequence[type] | None = None,
+    edits: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[FileResult]:
-    """Run the selected rules over every Python file under ``paths``; write fixed files if ``write``.
+    """Run the selected rules over every Python file and notebook under ``paths``; write fixed files if ``write``.
 
     Example::
 
@@ -130,8 +167,11 @@ def migrate_paths(
         write (bool, optional, default=True): save fixed files in place, atomically; a file that
             changed on disk since it was read is left alone and reported.
         exclude (sequence of str, optional): glob patterns of files and directories to leave out.
+        respect_gitignore (bool, optional, default=True): leave out, in a directory search, what
+            the ignore files of its git work tree ignore (``migrate.gitignore``).
         jobs (int, optional, default=number of cores): worker processes for many files (at most
             the number of cores).
+        progress (callable, optional): called as ``progress(done, total)`` each time a file is done.
         Other arguments as for ``migrate_source``.
 
     Returns one ``FileResult`` per file found, in path order. Raises ``Interrupted`` on Ctrl-C
@@ -139,11 +179,13 @@ def migrate_paths(
     Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
-    options = _Options(unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}))
+    options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
     words = trigger_words(rules)
-    found = files.find(paths, exclude)
-    results: dict[Path, FileResult | None] = dict.fromkeys(sorted([*found.files, *found.problems]))  # path order
-    results.update((path, _error_result(str(path), why)) for path, why in found.problems.items())
+    found = files.find(paths, exclude, respect_gitignore)
+    results: dict[Path, FileResult | None] = _Results.fromkeys(sorted([*found.files, *found.problems]))  # path order
+    results.progress = progress
+    for path, why in found.problems.items():
+        results[path] = _error_result(str(path), why)
     todo: list[tuple[Path, files.Source]] = []
     for path in found.files:
         try:
@@ -154,10 +196,16 @@ def migrate_paths(
         decoded = _decode(str(path), source.data)
         if isinstance(decoded, FileResult):
             results[path] = decoded
-        elif not may_apply(decoded[0], words):
-            results[path] = FileResult(str(path))
-        else:
+            continue
+        text = decoded[0]
+        if path.suffix == notebook.SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+            worth_parsing = may_apply(notebook.searchable(text), words)
+        else:  # the whole check here, so that a run of such files never imports a rule
+            worth_parsing = needs_parsing(text, words)
+        if worth_parsing:
             todo.append((path, source))
+        else:
+            results[path] = FileResult(str(path))
 
     if todo and rules is None:
         rules = tuple(select_rules())
@@ -175,18 +223,35 @@ def migrate_paths(
     return list(results.values())
 
 
-def discover(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> list[Path]:
-    """The ``.py`` files under ``paths``, sorted, without duplicates.
+class _Results(dict):
+    """Each file's result, by path; ``progress(done, total)`` hears of each result set."""
+
+    progress: Callable[[int, int], None] | None = None
+    done = 0
+
+    def __setitem__(self, path: Path, result: FileResult | None) -> None:
+        super().__setitem__(path, result)
+        if self.progress is not None and result is not None:
+            self.done += 1
+            self.progress(self.done, len(self))
+
+
+def discover(
+    paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respect_gitignore: bool = True
+) -> list[Path]:
+    """The Python files and notebooks (``.py``, ``.ipynb``) under ``paths``, sorted, without duplicates.
 
     Directories are searched recursively, skipping ``DEFAULT_EXCLUDES``, virtual environments
     (any directory holding ``pyvenv.cfg``) and anything matching an ``exclude`` glob, tried
-    against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``).
+    against the name and the path (``"legacy"``, ``"tests/fixtures/*"``, ``"*_pb2.py"``), and,
+    with ``respect_gitignore``, what the ignore files of the git work tree ignore.
     Only regular files are taken, and a directory search follows no links (a file linked from
     inside the tree is taken under its own name). Files named explicitly are kept whatever their
-    suffix, unless an ``exclude`` glob matches them. Raises FileNotFoundError for a path that does
+    suffix, unless an ``exclude`` glob matches them (a ``.gitignore`` does not leave them out,
+    as in Ruff). Raises FileNotFoundError for a path that does
     not exist.
     """
-    return files.find(paths, exclude).files
+    return files.find(paths, exclude, respect_gitignore).files
 
 
 class Interrupted(Exception):
@@ -270,6 +335,28 @@ def _stop_workers() -> None:
             child.kill()
 
 
+def _options(
+    unsafe_fixes: bool, fix: bool, settings: dict | None, per_file_ignores: Mapping | None, edits: bool = False
+) -> _Options:
+    ignores = tuple((glob, tuple(codes)) for glob, codes in (per_file_ignores or {}).items())
+    if ignores:
+        select_rules(ignore=[code for _, codes in ignores for code in codes])  # a code no rule has is an error now
+    return _Options(
+        unsafe_fixes=unsafe_fixes, fix=fix, settings=dict(settings or {}), per_file_ignores=ignores, edits=edits
+    )
+
+
+def _ignored_here(filename: str, options: _Options) -> tuple[str, ...]:
+    """The code prefixes ``per_file_ignores`` leave out for this file."""
+    path = Path(filename)
+    return tuple(
+        code.strip().upper()
+        for glob, codes in options.per_file_ignores
+        if (not files.matches(path, [glob[1:]]) if glob.startswith("!") else files.matches(path, [glob]))
+        for code in codes
+    )
+
+
 def _chosen(rules: Sequence[type] | None, select: Sequence[str], ignore: Sequence[str]) -> tuple | None:
     """The rules to run; None for the whole catalogue, which is imported only once a file needs it."""
     if rules is not None:
@@ -326,10 +413,49 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         if isinstance(decoded, FileResult):
             return decoded
         text, encoding = decoded
+    if filename.endswith(notebook.SUFFIX):
+        return _migrate_notebook(filename, text, encoding, rules, options)
+    return _migrate_python(filename, text, encoding, rules, options)
+
+
+def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | None, options: _Options) -> FileResult:
+    """A notebook's code cells, run as one Python text; findings are placed in their cells."""
+    try:
+        book = notebook.Notebook(text)
+    except notebook.NotebookError as error:
+        return _error_result(filename, f"{error}; left as it is")
+    if book.python is None:  # another language's notebook
+        return FileResult(filename, source=text, new_source=text, encoding=encoding)
+    inner = _migrate_python(filename, book.python, "utf-8", rules, options)
+
+    def in_cells(diagnostics: tuple[Diagnostic, ...], python: str) -> tuple[Diagnostic, ...]:
+        # a fix's edits address the cells joined as one text, not the notebook's JSON: they are left out
+        return tuple(
+            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
+                    fix=d.fix and replace(d.fix, edits=()))
+            for d in diagnostics
+        )
+
+    diagnostics = in_cells(inner.diagnostics, book.python)
+    source = None if inner.source is None else text
+    if inner.error or not inner.changed:
+        remaining = in_cells(inner.remaining, book.python)
+        return FileResult(filename, diagnostics, source, source, inner.error, encoding, remaining)
+    try:
+        fixed = book.rebuild(inner.new_source)
+    except notebook.NotebookError as error:
+        return _unwritten(FileResult(filename, diagnostics, text, text, None, encoding), str(error))
+    return FileResult(filename, diagnostics, text, fixed, None, encoding, in_cells(inner.remaining, inner.new_source))
+
+
+def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: _Options) -> FileResult:
     if not needs_parsing(text, trigger_words(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:
         rules = tuple(select_rules())
+    ignored = _ignored_here(filename, options) if options.per_file_ignores else ()
+    if ignored:
+        rules = () if "ALL" in ignored else tuple(rule for rule in rules if not rule.CODE.startswith(ignored))
 
     from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
 
@@ -340,7 +466,7 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         with _without_cycle_collection():
             outcome = run_rules(
                 text.replace("\r", "\n") if cr_only else text, filename, rules,
-                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings,
+                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings, edits=options.edits,
             )
     except Exception as error:  # one file must never end the run over the others
         return _error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)

@@ -1,14 +1,15 @@
 """``ampmigrate``: the command line, a thin shell over ``migrate.api``.
 
-Exit status is a bitmask: 0 nothing to do, 1 changes or findings, 2 usage, parse, decode or write
-errors (so 3 is both); 130 when stopped by Ctrl-C. Heavy modules are imported only once a file needs parsing, which keeps a
-pre-commit run on one file fast.
+Exit status is a bitmask: 0 nothing to do, 1 changes or findings, 2 usage, configuration, file or
+internal errors (so 3 is both); 130 when stopped by Ctrl-C. Heavy modules are imported only once a
+file needs parsing, which keeps a pre-commit run on one file fast.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import click
 
@@ -21,6 +22,24 @@ _FOUND = 1
 _ERROR = 2
 _INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 _TOOL_CODES = (ERROR_CODE, INTERNAL_ERROR_CODE)  # errors about a file, counted by _ERROR, not findings
+_PROGRESS_MIN_FILES = 50  # fewer files are done before a bar would be read
+
+
+class _Command(click.Command):
+    """Exits with status 2 and a one-line message on an unexpected error, instead of a traceback
+    and status 1, which would read as "findings"."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BrokenPipeError:  # the reader left (`ampmigrate | head`): nothing more to say, to anyone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(_FOUND)
+        except Exception as error:
+            click.echo(f"ampmigrate: internal error: {type(error).__name__}: {error}; please report it", err=True)
+            ctx.exit(_ERROR)
 
 
 def _split_codes(values: Sequence[str]) -> tuple[str, ...]:
@@ -49,7 +68,7 @@ def _show_rules(ctx: click.Context, _param: click.Parameter, wanted: bool) -> No
     ctx.exit(0)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--diff", is_flag=True, help="Print a unified diff of the fixes; write nothing.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if anything would change or is reported.")
@@ -61,7 +80,18 @@ def _show_rules(ctx: click.Context, _param: click.Parameter, wanted: bool) -> No
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: cores).")
 @click.option("--stdin-filename", default=None, help="The name of the file read from '-' (for messages).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write a per-file Markdown migration report to this file.")
+              help="Write a Markdown migration plan to this file: a summary table, then what remains per file.")
+@click.option("--show-fixes", is_flag=True, help="List the fixes applied (or that would be), per file.")
+@click.option("--statistics", is_flag=True, help="Print the number of findings per code instead of the findings.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings or changes (errors still exit 2).")
+@click.option("-q", "--quiet", is_flag=True, help="Print the findings only: no summary, no progress bar.")
+@click.option("--output-file", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the findings to this file instead of standard output.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Colour codes and diffs: auto colours them in a terminal only.")
+@click.option("--explicit-paths", is_flag=True,
+              help="With no PATHS, check nothing (for hooks that pass the files to check); "
+                   "without it, no PATHS means the current directory.")
 @click.option("--explain", callback=_show_explanation, expose_value=False, is_eager=True, metavar="CODE",
               help="Explain a rule and exit.")
 @click.option("--list-rules", callback=_show_rules, expose_value=False, is_flag=True, is_eager=True,
@@ -81,17 +111,27 @@ def main(
     jobs: int | None,
     stdin_filename: str | None,
     report_path: str | None,
+    show_fixes: bool,
+    statistics: bool,
+    exit_zero: bool,
+    quiet: bool,
+    output_file: str | None,
+    color: str,
+    explicit_paths: bool,
 ) -> None:
-    """Rewrite NVIDIA apex mixed-precision code in PATHS into native torch.amp, in place.
+    """Rewrite NVIDIA apex mixed-precision code in PATHS into native torch.amp, in place, and report
+    what needs a person.
 
-    PATHS are files or directories (searched recursively); '-' reads one file from standard input
-    and writes the result to standard output.
+    PATHS are files or directories (searched recursively; none: the current directory); '-' reads
+    one file from standard input and writes the result to standard output.
     """
     from migrate import api
     from migrate.config import ConfigError, find_pyproject, load_config
 
     if not paths:
-        raise click.UsageError("no paths given: pass files or directories to migrate, or '-' for standard input")
+        if explicit_paths:  # a hook that matched no file: nothing to check, and never the whole tree
+            ctx.exit(0)
+        paths = (".",)
     if "-" in paths and len(paths) > 1:
         raise click.UsageError("'-' (standard input) cannot be combined with other paths")
     try:
@@ -100,23 +140,30 @@ def main(
         raise click.UsageError(str(error)) from error
     unsafe = config.unsafe_fixes if unsafe_fixes is None else unsafe_fixes
     output_format = output_format or config.output_format or "text"
-    for key, codes in (("select", config.select), ("ignore", config.ignore)):
-        if codes:
-            try:
-                api.select_rules(codes if key == "select" else (), codes if key == "ignore" else ())
-            except ValueError as error:
-                raise click.UsageError(f"[tool.ampmigrate] {key} in {str(config.path)!r}: {error}") from error
-    selected, ignored = _split_codes(select) or config.select, config.ignore + _split_codes(ignore)
+    for key, codes in config.code_lists():
+        try:
+            api.select_rules(ignore=codes)
+        except ValueError as error:
+            raise click.UsageError(f"[tool.ampmigrate] {key} in {str(config.path)!r}: {error}") from error
+    # --select replaces select and extend-select; ignores add up
+    selected = _split_codes(select) or config.select
+    extended = () if select else config.extend_select
+    ignored = config.ignore + config.extend_ignore + _split_codes(ignore)
     try:
         # the whole catalogue is left to the API, which imports it only once a file needs it
-        rules = api.select_rules(selected, ignored) if selected or ignored else None
+        rules = api.select_rules(selected, ignored, extend_select=extended) if selected or extended or ignored else None
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     write = not (check or diff)
-    run = dict(rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings)
+    edits = output_format in ("json", "sarif") and not statistics
+    run = dict(
+        rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings,
+        per_file_ignores=config.per_file_ignores, edits=edits,
+    )
 
-    if report_path is not None:
-        _check_report_path(report_path, paths)
+    for path, option in ((report_path, "--report"), (output_file, "--output-file")):
+        if path is not None:
+            _check_output_path(path, paths, option)
     interrupted = None
     if paths == ("-",):
         data = sys.stdin.buffer.read()
@@ -128,9 +175,11 @@ def main(
             sys.stdout.flush()
     else:
         try:
-            results = api.migrate_paths(
-                paths, write=write, exclude=config.exclude + exclude, jobs=jobs, **run
-            )
+            with _Progress(enabled=not quiet and _progress_wanted()) as progress:
+                results = api.migrate_paths(
+                    paths, write=write, exclude=config.exclude + config.extend_exclude + exclude,
+                    respect_gitignore=config.respect_gitignore, jobs=jobs, progress=progress, **run,
+                )
         except FileNotFoundError as error:
             raise click.UsageError(str(error.strerror or error)) from error
         except api.Interrupted as stop:
@@ -139,11 +188,16 @@ def main(
             click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
             ctx.exit(_INTERRUPTED)
 
-    _print(results, rules, output_format, diff=diff, wrote=write, unsafe=unsafe, to_stdout=paths != ("-",) or not write)
+    view = _View(
+        output_format, color={"auto": None, "always": True, "never": False}[color], quiet=quiet,
+        statistics=statistics, show_fixes=show_fixes, output_file=output_file,
+        to_stdout=paths != ("-",) or not write,
+    )
+    _print(results, rules, view, diff=diff, wrote=write, unsafe=unsafe)
     if report_path is not None:
-        from migrate.report import migration_report
+        from migrate.migration_report import migration_report
 
-        _write_report(report_path, migration_report(results, wrote=write, unsafe_fixes=unsafe))
+        _write_atomically(report_path, migration_report(results, wrote=write, unsafe_fixes=unsafe))
     if interrupted is not None:
         written = sum(1 for result in results if result.changed) if write else 0
         click.echo(
@@ -153,85 +207,136 @@ def main(
             err=True,
         )
         ctx.exit(_INTERRUPTED)
-    ctx.exit(_exit_code(results))
+    code = _exit_code(results)
+    ctx.exit(code & ~_FOUND if exit_zero else code)
 
 
-def _check_report_path(report_path: str, paths: Sequence[str]) -> None:
-    """Refuse, before anything is rewritten, a report that would overwrite code or could not be written."""
-    import os
+def _progress_wanted(stream=None, environ=None) -> bool:
+    """A progress bar is for a person at a terminal: not when stderr is piped or in CI."""
+    stream = sys.stderr if stream is None else stream
+    environ = os.environ if environ is None else environ
+    return stream.isatty() and not environ.get("CI") and environ.get("TERM") != "dumb"
 
-    target = os.path.realpath(report_path)
+
+class _Progress:
+    """``progress(done, total)`` for ``migrate_paths``: a bar on stderr once the tree is large."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self) -> "_Progress":
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None and self.enabled and total >= _PROGRESS_MIN_FILES:
+            self.bar = click.progressbar(length=total, label="Checking", file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        if self.bar is not None:
+            self.bar.update(done - self.bar.pos)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _check_output_path(target_path: str, paths: Sequence[str], option: str) -> None:
+    """Refuse, before anything is rewritten, an output file that would overwrite code or could not be written."""
+    target = os.path.realpath(target_path)
     inputs = {os.path.realpath(path) for path in paths if path != "-"}
     if target in inputs or (target.endswith(".py") and os.path.exists(target)):
         raise click.BadParameter(
-            f"{report_path!r} is {'one of the paths to migrate' if target in inputs else 'an existing Python file'}; "
-            "the report would overwrite it: name a new file, such as migration-report.md",
-            param_hint="'--report'",
+            f"{target_path!r} is {'one of the paths to migrate' if target in inputs else 'an existing Python file'}; "
+            f"the output would overwrite it: name a new file, such as {'migration-report.md' if option == '--report' else 'findings.txt'}",
+            param_hint=f"'{option}'",
         )
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
-        raise click.BadParameter(f"the folder of {report_path!r} does not exist: create it first", param_hint="'--report'")
+        raise click.BadParameter(f"the folder of {target_path!r} does not exist: create it first", param_hint=f"'{option}'")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"the folder of {report_path!r} is not writable", param_hint="'--report'")
+        raise click.BadParameter(f"the folder of {target_path!r} is not writable", param_hint=f"'{option}'")
 
 
-def _write_report(report_path: str, text: str) -> None:
-    """Atomically, so that an interrupted or failed write leaves no half report."""
-    import os
+def _write_atomically(target_path: str, text: str) -> None:
+    """So that an interrupted or failed write leaves no half report."""
     import tempfile
 
-    folder = os.path.dirname(os.path.realpath(report_path))
+    folder = os.path.dirname(os.path.realpath(target_path))
     descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".ampmigrate-report.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, report_path)
+        os.replace(temporary, target_path)
     except BaseException:
         os.unlink(temporary)
         raise
 
 
 def _umask() -> int:
-    import os
-
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-def _print(results, rules, output_format: str, *, diff: bool, wrote: bool, unsafe: bool, to_stdout: bool) -> None:
+class _View(NamedTuple):
+    """How the findings are shown: the format, colour (None: in a terminal only), and where."""
+
+    output_format: str
+    color: bool | None
+    quiet: bool
+    statistics: bool
+    show_fixes: bool
+    output_file: str | None
+    to_stdout: bool  # False: stdout carries the fixed source (stdin mode), findings go to stderr
+
+
+def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool) -> None:
     """Findings to stdout (stderr when stdout carries the fixed source), diffs to stdout, summary to stderr."""
-    from migrate.report import format_results, summary
+    from migrate import report
 
     if diff:
         for result in results:
             if result.changed:
-                click.echo(_unified_diff(result), nl=False)
-        click.echo(summary(results, wrote=False, unsafe_fixes=unsafe), nl=False, err=True)
-        return
-    if wrote and output_format == "text":
-        # what was fixed is gone: show what is left, where it now is
-        shown = [replace(result, diagnostics=result.remaining) for result in results]
+                click.echo(_unified_diff(result, styled=view.color is not False), nl=False, color=view.color)
     else:
-        shown = results
-    if output_format == "sarif" and rules is None:
-        from migrate.rules import all_rules
+        # what was fixed is gone: show what is left, where it now is
+        shown = [replace(result, diagnostics=result.remaining) for result in results] if wrote else results
+        if (view.output_format == "sarif" or view.statistics) and rules is None:
+            from migrate.rules import all_rules
 
-        rules = all_rules()
-    click.echo(format_results(shown, output_format, rules or ()), nl=False, err=not to_stdout)
-    if output_format == "text":
-        click.echo(summary(results, wrote=wrote, unsafe_fixes=unsafe), nl=False, err=True)
+            rules = all_rules()
+        styled = view.color is not False and view.output_file is None
+        if view.statistics:
+            text = report.statistics(shown, rules)
+        else:
+            text = report.format_results(shown, view.output_format, rules or (), color=styled)
+        if view.show_fixes and view.output_format == "text":
+            text += report.show_fixes(results, wrote=wrote)
+        if view.output_file is not None:
+            _write_atomically(view.output_file, text)
+        else:
+            click.echo(text, nl=False, err=not view.to_stdout, color=view.color)
+    if view.output_format == "text" and not view.quiet:
+        click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe), nl=False, err=True)
 
 
-def _unified_diff(result) -> str:
+def _unified_diff(result, styled: bool) -> str:
     import difflib
 
     before = result.source.splitlines(keepends=True)
     after = result.new_source.splitlines(keepends=True)
     name = result.filename.lstrip("/")
     lines = difflib.unified_diff(before, after, f"a/{name}", f"b/{name}")
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    return "".join(_diff_style(line) for line in text.splitlines(keepends=True)) if styled else text
+
+
+def _diff_style(line: str) -> str:
+    for prefix, colour in (("+++", None), ("---", None), ("+", "green"), ("-", "red"), ("@@", "cyan")):
+        if line.startswith(prefix):
+            return click.style(line, fg=colour, bold=True if colour is None else None)
+    return line
 
 
 def _exit_code(results) -> int:
@@ -245,4 +350,4 @@ def _exit_code(results) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(prog_name="ampmigrate")

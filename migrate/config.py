@@ -4,12 +4,17 @@ Example::
 
     [tool.ampmigrate]
     select = ["AMP0"]
-    ignore = ["AMP022"]
+    extend-select = ["AMP021"]
+    ignore = ["AMP009"]
     exclude = ["legacy/*", "third_party"]
     unsafe-fixes = false
 
-Command-line options override these. On Python 3.10, where ``tomllib`` is missing, ``tomli`` is
-used if installed; without it a file that has a ``[tool.ampmigrate]`` table is reported, not guessed at.
+    [tool.ampmigrate.per-file-ignores]
+    "tests/*" = ["AMP8"]
+
+Command-line options override these: ``--select`` replaces ``select`` and ``extend-select``;
+``--ignore`` and ``--exclude`` add to ``ignore``/``extend-ignore`` and ``exclude``/``extend-exclude``.
+On Python 3.10, where ``tomllib`` is missing, ``tomli`` is used if installed; without it a file that has a ``[tool.ampmigrate]`` table is reported, not guessed at.
 """
 from __future__ import annotations
 
@@ -30,18 +35,37 @@ class Config:
 
     path: Path | None = None
     select: tuple[str, ...] = ()
+    extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    extend_ignore: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    extend_exclude: tuple[str, ...] = ()
+    per_file_ignores: dict = field(default_factory=dict)  # glob -> tuple of code prefixes
+    respect_gitignore: bool = True
     unsafe_fixes: bool = False
     output_format: str | None = None
     settings: dict = field(default_factory=dict)  # per-rule options, passed to the rules as they are
+
+    def code_lists(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each list of rule codes the file gives, with the key it is under (to check them against the rules)."""
+        lists = [
+            ("select", self.select), ("extend-select", self.extend_select),
+            ("ignore", self.ignore), ("extend-ignore", self.extend_ignore),
+        ]
+        lists += [(f"per-file-ignores {pattern!r}", codes) for pattern, codes in self.per_file_ignores.items()]
+        return [(key, codes) for key, codes in lists if codes]
 
 
 # key in the file -> (Config field, expected type)
 _KEYS = {
     "select": ("select", list),
+    "extend-select": ("extend_select", list),
     "ignore": ("ignore", list),
+    "extend-ignore": ("extend_ignore", list),
     "exclude": ("exclude", list),
+    "extend-exclude": ("extend_exclude", list),
+    "per-file-ignores": ("per_file_ignores", dict),
+    "respect-gitignore": ("respect_gitignore", bool),
     "unsafe-fixes": ("unsafe_fixes", bool),
     "output-format": ("output_format", str),
     "settings": ("settings", dict),
@@ -94,9 +118,11 @@ def load_config(pyproject: Path | None) -> Config:
             raise ConfigError(f"unknown key {key!r} in [tool.ampmigrate] of {str(pyproject)!r}; known keys: {known}")
         name, expected = _KEYS[key]
         if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
-            wanted = "a list of strings" if expected is list else f"a {expected.__name__}"
+            wanted = {list: "a list of strings", dict: "a table"}.get(expected, f"a {expected.__name__}")
             raise ConfigError(f"[tool.ampmigrate] {key} in {str(pyproject)!r} must be {wanted}, not {value!r}")
         _check_value(key, value, pyproject)
+        if key == "per-file-ignores":
+            value = {pattern: tuple(codes) for pattern, codes in value.items()}
         values[name] = tuple(value) if expected is list else value
     return Config(path=pyproject, **values)
 
@@ -109,6 +135,10 @@ def _check_value(key: str, value, pyproject: Path) -> None:
 
         if value not in FORMATS:
             raise ConfigError(f"{where} must be one of {', '.join(FORMATS)}, not {value!r}")
+    elif key == "per-file-ignores":
+        for pattern, codes in value.items():
+            if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
+                raise ConfigError(f"{where}: {pattern!r} must map to a list of rule codes, not {codes!r}")
     elif key == "settings":
         for name, setting in value.items():
             if name not in _SETTINGS:

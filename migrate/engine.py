@@ -26,10 +26,13 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
+from migrate import noqa
 from migrate.apex_nodes import is_pure
 from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
-from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, Fix, ImportChange, Position, Safety
+from migrate.types import (
+    ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, ImportChange, Position, Safety,
+)
 
 __all__ = ["EngineResult", "run_rules"]
 
@@ -61,14 +64,18 @@ def run_rules(
     fix: bool = True,
     unsafe_fixes: bool = False,
     settings: dict | None = None,
+    edits: bool = False,
 ) -> EngineResult:
     """Report what ``rules`` find in ``source`` and, if ``fix``, apply the fixes allowed.
 
     Safe fixes are always allowed, unsafe ones only with ``unsafe_fixes``. Diagnostics carry
     positions in ``source``; ``applied`` says whether their fix is in the returned text
     (or would be, with ``fix=False``). A file with nothing to do comes back as the same string.
+    ``edits``: give each fix its text edits (``Fix.edits``), worked out one fix at a time.
     """
     context = RuleContext(filename=filename, unsafe_fixes=unsafe_fixes, settings=dict(settings or {}))
+    if noqa.skips_file(source):
+        return EngineResult(source, ())
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
@@ -76,15 +83,20 @@ def run_rules(
         return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
     except (RecursionError, MemoryError) as error:  # pathologically nested code
         return _failed(source, filename, ERROR_CODE, f"cannot parse: {type(error).__name__}; the file was left untouched")
+    ran = frozenset(rule.CODE for rule in rules)  # a directive for a rule that ran but found nothing is unused
     rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
-        visited = _visit(module, rules, context)
+        visited = _visit(module, source, rules, context)
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, str(failure))
 
     diagnostics = tuple(
         _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes) for report in visited.reports
     )
+    if edits:
+        diagnostics = _with_edits(diagnostics, visited, filename)
+    unused = _unused_noqa(visited, ran)
+    diagnostics += tuple(_unused_diagnostic(item, filename, source if edits else None) for item in unused)
     if not fix or not any(d.applied for d in diagnostics):
         return EngineResult(source, diagnostics, remaining=tuple(d for d in diagnostics if not d.applied))
 
@@ -96,6 +108,9 @@ def run_rules(
         replace(_diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes), applied=False)
         for report in visited.reports
     )
+    if edits:
+        remaining = _with_edits(remaining, visited, filename)
+    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, ran))  # comments only: the findings keep their place
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
@@ -107,19 +122,52 @@ def run_rules(
     return EngineResult(fixed, diagnostics, remaining=remaining)
 
 
+def _unused_noqa(visited: "_Visited", ran: frozenset[str]) -> list[noqa.Unused]:
+    """The unused directives, when the unused-noqa rule is among those that ran."""
+    if UNUSED_NOQA_CODE not in ran or not visited.directives:
+        return []
+    from migrate.rules import all_rules  # the catalogue: an AMP code no rule has is a typo
+
+    known = {rule.CODE for rule in all_rules()} | {ERROR_CODE, INTERNAL_ERROR_CODE}
+    return noqa.unused(visited.directives, ran, known)
+
+
+def _unused_diagnostic(item: noqa.Unused, filename: str, text: str | None = None) -> Diagnostic:
+    """``text``: the file's, to give the fix its edits."""
+    directive = item.directive
+    kept = [code for code in directive.codes or () if code not in item.codes]
+    fix_message = f"Remove {', '.join(item.codes)} from the directive" if kept else "Remove the unused `noqa` directive"
+    edits = ()
+    if text is not None:
+        from migrate.edits import text_edits
+
+        edits = text_edits(text, noqa.remove_unused(text, [item]))
+    return Diagnostic(
+        code=UNUSED_NOQA_CODE,
+        message=item.message,
+        filename=filename,
+        location=Position(directive.row, directive.start + 1),
+        end_location=Position(directive.row, directive.end + 1),
+        fix=Fix(applicability=Safety.SAFE, message=fix_message, edits=edits),
+        applied=True,
+    )
+
+
 class _Visited(NamedTuple):
     """A module the rules visited, what they reported, and where its nodes are."""
 
     module: cst.Module
-    reports: list[Report]
+    reports: list[Report]  # those no directive suppresses
     positions: Mapping[cst.CSTNode, CodeRange]
+    directives: noqa.Directives  # of this module's text, with the codes each suppressed
 
 
-def _visit(module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext) -> _Visited:
+def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: RuleContext) -> _Visited:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the module is ours alone: no deep copy
-    visitors = [rule_class(context) for rule_class in rules]
+    visitors = [rule_class(context) for rule_class in rules if visitor_names(rule_class)]
+    directives = noqa.Directives(text)
     if not visitors:
-        return _Visited(module, [], Positions(module))
+        return _Visited(module, [], Positions(module), directives)
     try:
         metadata = _resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
@@ -134,7 +182,41 @@ def _visit(module: cst.Module, rules: Sequence[type[Rule]], context: RuleContext
             visitor.metadata = {}
     reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
     positions = metadata[PositionProvider] if PositionProvider in metadata else Positions(module)
-    return _Visited(module, reports, positions)
+    if directives:
+        reports = _unsuppressed(reports, positions, directives, rules)
+    return _Visited(module, reports, positions, directives)
+
+
+def _unsuppressed(
+    reports: list[Report],
+    positions: Mapping[cst.CSTNode, CodeRange],
+    directives: noqa.Directives,
+    rules: Sequence[type[Rule]],
+) -> list[Report]:
+    """The reports no directive suppresses. Suppressed findings go with their fixes; and when one
+    of a ``FIX_GROUP``'s fixes is suppressed, the group's others are reported without theirs: they
+    only work together (``scaler.scale(loss)`` needs the scaler made where ``amp.initialize`` was)."""
+    group_of = {rule.CODE: getattr(rule, "FIX_GROUP", None) for rule in rules}
+    kept, cut_groups = [], set()
+    for report in reports:
+        if not directives.suppresses(_row(positions, report), report.code):
+            kept.append(report)
+        elif report.replacement is not None and group_of.get(report.code):
+            cut_groups.add(group_of[report.code])
+    if not cut_groups:
+        return kept
+    note = "; not fixed: a `# noqa` suppresses another part of the same rewrite"
+    return [
+        replace(report, replacement=None, message=report.message + note, add_imports=(), remove_imports=())
+        if report.replacement is not None and group_of.get(report.code) in cut_groups
+        else report
+        for report in kept
+    ]
+
+
+def _row(positions: Mapping[cst.CSTNode, CodeRange], report: Report) -> int:
+    where = positions.get(report.node)
+    return where.start.line if where is not None else 1
 
 
 def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
@@ -286,7 +368,7 @@ def _fix_to_fixed_point(
             return text, visited
         text = new_text
         try:
-            visited = _visit(cst.parse_module(text), rules, context)
+            visited = _visit(cst.parse_module(text), text, rules, context)
         except cst.ParserSyntaxError as error:
             raise _RoundFailed(f"the fixes produced code that does not parse ({error.message})") from error
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")
@@ -414,7 +496,7 @@ def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_f
     """``where`` is None for a node that is not in the parsed tree (a rule's mistake): file start."""
     fix = None
     if report.replacement is not None:
-        fix = Fix(applicability=report.safety, message=report.fix_message)
+        fix = Fix(applicability=report.safety, message=report.fix_message, why_unsafe=report.why_unsafe)
     start = Position(where.start.line, where.start.column + 1) if where else Position(1, 1)
     end = Position(where.end.line, where.end.column + 1) if where else Position(1, 1)
     return Diagnostic(
@@ -426,6 +508,23 @@ def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_f
         fix=fix,
         applied=fix is not None and _allowed(report.safety, unsafe_fixes),
     )
+
+
+def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename: str) -> tuple[Diagnostic, ...]:
+    """Each fix's edits: its replacement (and imports) applied alone to the visited text."""
+    from migrate.edits import text_edits
+
+    text = visited.module.code
+    with_edits = []
+    for diagnostic, report in zip(diagnostics, visited.reports):
+        if diagnostic.fix is not None:
+            try:
+                edited = _apply(visited.module, [report], filename)
+            except _RoundFailed:  # the fix cannot be applied alone: it comes without edits
+                edited = text
+            diagnostic = replace(diagnostic, fix=replace(diagnostic.fix, edits=text_edits(text, edited)))
+        with_edits.append(diagnostic)
+    return tuple(with_edits)
 
 
 def _compile_error(source: str, filename: str) -> str | None:

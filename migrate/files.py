@@ -17,13 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "read", "replace"]
+from migrate import gitignore
+
+__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "read", "replace"]
 
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
     ".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__", "build", "dist",
-    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs",
+    "node_modules", "site-packages", ".mypy_cache", ".pytest_cache", ".eggs", ".ipynb_checkpoints",
 )
+
+
+# What a directory search takes: Python files and Jupyter notebooks.
+SUFFIXES = (".py", ".ipynb")
 
 
 class ChangedSinceRead(OSError):
@@ -46,8 +52,8 @@ class Source:
     identity: tuple[int, int, int, int]  # device, inode, size, modification time (ns)
 
 
-def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> Found:
-    """The ``.py`` files under ``paths``; see ``migrate.api.discover``.
+def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respect_gitignore: bool = True) -> Found:
+    """The ``SUFFIXES`` files under ``paths``; see ``migrate.api.discover``.
 
     A named path that is not a regular file or a directory (a FIFO, a device, a link loop) is a
     problem. Raises FileNotFoundError for a path that does not exist.
@@ -61,8 +67,8 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> Fou
         if kind == "missing":
             raise FileNotFoundError(errno.ENOENT, f"no such file or directory: {str(root)!r}", str(root))
         if kind == "directory":
-            _walk(root, exclude, files, problems, seen)
-        elif not _excluded(root, exclude):
+            _walk(root, exclude, files, problems, seen, respect_gitignore)
+        elif not matches(root, exclude):
             if kind == "file":
                 files[root] = None
                 seen.add(os.path.realpath(root))
@@ -91,21 +97,35 @@ def _kind(path: Path) -> str:
     return "file" if stat.S_ISREG(mode) else "special"
 
 
-def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str]) -> None:
+def _walk(
+    root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str], respect_gitignore: bool
+) -> None:
     # Links are not followed: a linked directory is not entered, and a linked file is either in
     # the tree, where the walk finds it, or outside it, where it is none of this run's business.
+    above = gitignore.rules_above(root) if respect_gitignore else None
+    real_root = Path(os.path.realpath(root)).as_posix()
+    ignore_rules: dict[str, gitignore.Rules] = {}  # by path relative to root: its own .gitignore's included
     for directory, subdirectories, names in os.walk(root):
         here = Path(directory)
+        rules = real_here = None
+        if above is not None:
+            relative = os.path.relpath(directory, root)
+            real_here = real_root if relative == "." else f"{real_root}/{Path(relative).as_posix()}"
+            inherited = above if relative == "." else ignore_rules[os.path.dirname(relative) or "."]
+            rules = ignore_rules[relative] = (*inherited, *gitignore.read_directory(Path(real_here)))
         subdirectories[:] = sorted(
             name
             for name in subdirectories
             if name not in DEFAULT_EXCLUDES
             and not (here / name / "pyvenv.cfg").exists()
-            and not _excluded(here / name, exclude)
+            and not matches(here / name, exclude)
+            and not (rules and gitignore.ignored(rules, f"{real_here}/{name}", True))
         )
         for name in sorted(names):
             path = here / name
-            if not name.endswith(".py") or _excluded(path, exclude):
+            if not name.endswith(SUFFIXES) or matches(path, exclude):
+                continue
+            if rules and gitignore.ignored(rules, f"{real_here}/{name}", False):
                 continue
             kind = _kind(path)
             if kind == "loop":
@@ -118,7 +138,9 @@ def _walk(root: Path, exclude: Sequence[str], files: dict, problems: dict, seen:
                 files[path] = None
 
 
-def _excluded(path: Path, patterns: Sequence[str]) -> bool:
+def matches(path: Path, patterns: Sequence[str]) -> bool:
+    """Whether a glob matches the path's name, the path, or its real path, whole or as its end
+    (``"legacy"``, ``"tests/*"``, ``"*_pb2.py"``)."""
     if not patterns:
         return False
     candidates = {path.name, path.as_posix(), Path(os.path.realpath(path)).as_posix()}

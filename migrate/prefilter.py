@@ -14,6 +14,9 @@ read those words act on:
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
   (what is left of an apex import guard).
 
+``noqa`` (the word of the unused-noqa rule, AMP800) counts only in a directive naming an ``AMP``
+code: ``# noqa: E501`` alone never makes a file worth parsing.
+
 The shapes are a superset of what those rules look for, so no file a rule would report is
 skipped: ``tests/migrate/test_prefilter.py`` checks it against every rule example, golden and
 fixture. Nothing here imports libcst.
@@ -21,6 +24,7 @@ fixture. Nothing here imports libcst.
 from __future__ import annotations
 
 import ast
+import re
 from typing import Sequence
 
 from migrate.types import triggers_pattern
@@ -29,9 +33,14 @@ __all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
-PLAIN_RUN_WORDS: tuple[str, ...] = ("amp", "ampmigrate", "apex")
+PLAIN_RUN_WORDS: tuple[str, ...] = ("amp", "ampmigrate", "apex", "noqa")
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
+# ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:
+# ``# noqa: E501`` is everywhere, and suppresses nothing of ours.
+_NOQA_WORD = "noqa"
+_AMP_DIRECTIVE = re.compile(r"(?i:noqa)\s*:[^\n#]*AMP[0-9]")
+_AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
@@ -69,6 +78,13 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
         return True
     if not may_apply(content, words):
         return False
+    if _NOQA_WORD in words:
+        pattern = _AMP_DIRECTIVE_BYTES if isinstance(content, bytes) else _AMP_DIRECTIVE
+        if pattern.search(content):
+            return True
+        words = tuple(word for word in words if word != _NOQA_WORD)
+        if not words or not may_apply(content, words):
+            return False
     rare = tuple(word for word in words if word not in _COMMON_WORDS)
     if len(rare) == len(words) or (rare and may_apply(content, rare)):
         return True

@@ -1,49 +1,63 @@
-"""Turn results into what people and machines read: text, JSON, GitHub annotations, SARIF, Markdown.
+"""Turn results into what people and machines read: text, statistics, JSON, GitHub annotations, SARIF.
 
-``text`` reads like Ruff (``path:row:col: CODE message [*]``); ``json`` uses Ruff's field names;
-``github`` prints workflow commands that annotate a pull request; ``sarif`` is SARIF 2.1.0 for code
-scanning. ``migration_report`` is the per-file Markdown report of ``--report FILE``.
+``text`` reads like Ruff (``path:row:col: CODE message [*]``), each finding followed by its fix and,
+for an unsafe fix, why it is unsafe; ``json`` is Ruff's JSON; ``github`` prints workflow commands
+that annotate a pull request; ``sarif`` is SARIF 2.1.0 for code scanning, with rule help and fixes.
+GitHub and SARIF name files relative to the repository (the git root, or the current directory).
+Every format lists findings by file, line and column.
 """
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 from urllib.parse import quote
 
-from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Safety
+import click
 
-__all__ = ["FORMATS", "format_results", "migration_report", "summary"]
+from migrate.explain import TOOL_FINDINGS
+from migrate.types import Diagnostic, FileResult, Safety
+
+__all__ = ["FORMATS", "format_results", "show_fixes", "statistics", "summary"]
 
 FORMATS = ("text", "json", "github", "sarif")
 _SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-_TOOL_CODES = {
-    ERROR_CODE: ("FileError", "The file could not be read, decoded, parsed or written; it was left untouched."),
-    INTERNAL_ERROR_CODE: ("InternalError", "A rule failed on this file; it was left untouched. Please report it."),
-}
+_ROOT = "%SRCROOT%"  # SARIF's name for the folder the relative paths start from
 
 
-def format_results(results: Sequence[FileResult], output_format: str, rules: Sequence[type] = ()) -> str:
-    """All diagnostics of ``results`` in ``output_format`` (one of ``FORMATS``), ending with a newline if any."""
-    diagnostics = [d for result in results for d in result.diagnostics]
+def format_results(
+    results: Sequence[FileResult], output_format: str, rules: Sequence[type] = (), *, color: bool = False
+) -> str:
+    """All diagnostics of ``results`` in ``output_format`` (one of ``FORMATS``), ending with a newline if any.
+
+    ``color`` adds ANSI styles to the text format (the caller decides whether a terminal reads it).
+    """
+    diagnostics = sorted((d for result in results for d in result.diagnostics), key=_place)
     if output_format == "text":
-        return "".join(f"{_text_line(d)}\n" for d in diagnostics)
+        return "".join(_text(d, color) for d in diagnostics)
     if output_format == "json":
         return json.dumps([_json_item(d) for d in diagnostics], indent=2) + "\n"
     if output_format == "github":
-        return "".join(f"{_github_line(d)}\n" for d in diagnostics)
+        root = repository_root()
+        return "".join(f"{_github_line(d, root)}\n" for d in diagnostics)
     if output_format == "sarif":
-        return json.dumps(_sarif(diagnostics, rules), indent=2) + "\n"
+        return json.dumps(_sarif(diagnostics, rules, repository_root()), indent=2) + "\n"
     raise ValueError(f"unknown output format {output_format!r}; choose one of {', '.join(FORMATS)}")
+
+
+def _place(d: Diagnostic) -> tuple:
+    return d.filename, d.location.cell or 0, d.location.row, d.location.column, d.code
 
 
 def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -> str:
     """One or two closing lines for the text format: what was found, fixed, and could be."""
-    diagnostics = [d for r in results for d in r.diagnostics if d.code not in _TOOL_CODES]
+    diagnostics = [d for r in results for d in r.diagnostics if d.code not in TOOL_FINDINGS]
     errors = sum(1 for r in results if r.error)
     changed = sum(1 for r in results if _touched(r))
     applied = sum(1 for d in diagnostics if d.applied)
-    hidden = sum(1 for d in diagnostics if d.fix and d.fix.applicability is Safety.UNSAFE and not unsafe_fixes)
+    hidden = sum(1 for d in diagnostics if _needs_unsafe_fixes(d, unsafe_fixes))
     lines = []
     if not diagnostics and not errors:
         lines.append(f"All checked! ({_count(len(results), 'file')})")
@@ -61,6 +75,33 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -
     return "\n".join(lines) + "\n"
 
 
+def statistics(results: Sequence[FileResult], rules: Sequence[type] = ()) -> str:
+    """``--statistics``: one line per code, most frequent first: count, code, ``[*]`` if fixable, name."""
+    names = {rule.CODE: rule.name() for rule in rules} | {code: name for code, (name, _, _) in TOOL_FINDINGS.items()}
+    counts = Counter(d.code for r in results for d in r.diagnostics)
+    fixable = {d.code for r in results for d in r.diagnostics if d.applied}
+    rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    width = max((len(str(n)) for _, n in rows), default=1)
+    return "".join(
+        f"{n:>{width}}\t{code}\t{'[*]' if code in fixable else '   '} {names.get(code, '')}".rstrip() + "\n"
+        for code, n in rows
+    )
+
+
+def show_fixes(results: Sequence[FileResult], *, wrote: bool) -> str:
+    """``--show-fixes``: the fixes applied (or that would be), per file, counted per code and fix."""
+    lines = []
+    for result in results:
+        counts = Counter((d.code, d.fix.message) for d in result.diagnostics if d.applied and d.fix)
+        if counts:
+            lines.append(f"- {result.filename}:")
+            lines += [f"    {n} × {code} ({message})" for (code, message), n in sorted(counts.items())]
+    if not lines:
+        return ""
+    total = sum(1 for r in results for d in r.diagnostics if d.applied)
+    return f"{'Fixed' if wrote else 'Would fix'} {_count(total, 'finding')}:\n" + "\n".join(lines) + "\n"
+
+
 def _count(number: int, noun: str, plural: str | None = None) -> str:
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
@@ -70,34 +111,86 @@ def _touched(result: FileResult) -> bool:
     return result.changed or (result.error is None and any(d.applied for d in result.diagnostics))
 
 
-def _text_line(d: Diagnostic) -> str:
-    mark = " [*]" if d.applied else ""
-    return f"{d.filename}:{d.location.row}:{d.location.column}: {d.code} {d.message}{mark}"
+def _needs_unsafe_fixes(d: Diagnostic, unsafe_fixes: bool) -> bool:
+    return d.fix is not None and d.fix.applicability is Safety.UNSAFE and not unsafe_fixes and not d.applied
+
+
+def _text(d: Diagnostic, color: bool) -> str:
+    def style(text: str, **how) -> str:
+        return click.style(text, **how) if color else text
+
+    mark = " " + style("[*]", fg="cyan") if d.applied else ""
+    cell = f"cell {d.location.cell}:" if d.location.cell is not None else ""  # a notebook's, as Ruff writes it
+    where = f"{style(d.filename, bold=True)}:{cell}{d.location.row}:{d.location.column}:"
+    lines = [f"{where} {style(d.code, fg='red', bold=True)} {d.message}{mark}\n"]
+    if d.fix is not None:
+        if d.fix.applicability is Safety.SAFE:
+            lines.append(f"  {style('fix:', fg='green')} {d.fix.message}\n")
+        else:
+            needs = "" if d.applied else " (with --unsafe-fixes)"
+            lines.append(f"  {style('unsafe fix' + needs + ':', fg='yellow')} {d.fix.message}\n")
+            lines.append(f"  {style('why unsafe:', fg='yellow')} {d.fix.why_unsafe or 'it may change behaviour'}\n")
+    return "".join(lines)
 
 
 def _json_item(d: Diagnostic) -> dict:
+    """Ruff's JSON fields. ``noqa_row`` is the line a ``# noqa`` comment goes on."""
+    fix = None
+    if d.fix is not None:
+        fix = {
+            "applicability": d.fix.applicability.value,
+            "message": d.fix.message,
+            "edits": [
+                {"content": edit.content, "location": _json_position(edit.location), "end_location": _json_position(edit.end_location)}
+                for edit in d.fix.edits
+            ],
+        }
     return {
+        "cell": d.location.cell,  # a notebook's cell, from 1; None in a Python file
         "code": d.code,
         "message": d.message,
         "filename": d.filename,
-        "location": {"row": d.location.row, "column": d.location.column},
-        "end_location": {"row": d.end_location.row, "column": d.end_location.column},
-        "fix": None if d.fix is None else {"applicability": d.fix.applicability.value, "message": d.fix.message},
-        "applied": d.applied,
+        "location": _json_position(d.location),
+        "end_location": _json_position(d.end_location),
+        "fix": fix,
+        "url": None,  # the rules are documented by `ampmigrate --explain CODE`, not on a web page
+        "noqa_row": d.location.row,
     }
 
 
-def _github_line(d: Diagnostic) -> str:
+def _json_position(position) -> dict:
+    return {"row": position.row, "column": position.column}
+
+
+def repository_root(start: Path | None = None) -> Path:
+    """The git work tree holding ``start`` (the current directory), or that directory outside one."""
+    start = Path(os.path.realpath(start or Path.cwd()))
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return start
+
+
+def repository_path(filename: str, root: Path) -> str | None:
+    """``filename`` relative to ``root``, in POSIX form; None for a file outside it."""
+    try:
+        return Path(os.path.realpath(filename)).relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def _github_line(d: Diagnostic, root: Path) -> str:
     properties = {
-        "file": d.filename,
+        "file": repository_path(d.filename, root) or d.filename,
         "line": d.location.row,
         "col": d.location.column,
         "endLine": d.end_location.row,
         "endColumn": d.end_location.column,
-        "title": f"ampmigrate ({d.code})",
+        "title": d.code,
     }
     rendered = ",".join(f"{key}={_github_escape(str(value), property=True)}" for key, value in properties.items())
-    return f"::error {rendered}::{_github_escape(f'{d.code} {d.message}')}"
+    message = d.message + (f" (fix: {d.fix.message})" if d.fix is not None else "")
+    return f"::error {rendered}::{_github_escape(message)}"
 
 
 def _github_escape(value: str, property: bool = False) -> str:
@@ -105,46 +198,53 @@ def _github_escape(value: str, property: bool = False) -> str:
     return value.replace(":", "%3A").replace(",", "%2C") if property else value
 
 
-def _sarif(diagnostics: Sequence[Diagnostic], rules: Sequence[type]) -> dict:
+def _sarif(diagnostics: Sequence[Diagnostic], rules: Sequence[type], root: Path) -> dict:
     descriptors = [
         {
             "id": rule.CODE,
             "name": rule.name(),
             "shortDescription": {"text": rule.MESSAGE or rule.name()},
             "fullDescription": {"text": _docstring(rule)},
-            "help": {"text": _docstring(rule)},
-            "properties": {"fixable": rule.fixable()},
+            "help": {"text": _docstring(rule), "markdown": _docstring(rule)},
+            "defaultConfiguration": {"enabled": bool(rule.DEFAULT), "level": "warning"},
+            "properties": {"fixSafety": rule.FIX_SAFETY.value},
         }
         for rule in rules
     ]
     descriptors += [
-        {"id": code, "name": name, "shortDescription": {"text": text}} for code, (name, text) in _TOOL_CODES.items()
+        {
+            "id": code,
+            "name": name,
+            "shortDescription": {"text": text},
+            "help": {"text": doc},
+            "defaultConfiguration": {"level": "error"},
+        }
+        for code, (name, text, doc) in TOOL_FINDINGS.items()
     ]
     index = {descriptor["id"]: i for i, descriptor in enumerate(descriptors)}
     results = []
     for d in diagnostics:
+        artifact = _artifact(d.filename, root)
         result = {
             "ruleId": d.code,
-            "level": "error" if d.code in _TOOL_CODES else "warning",
+            "level": "error" if d.code in TOOL_FINDINGS else "warning",
             "message": {"text": d.message},
-            "locations": [
-                {
-                    "physicalLocation": {
-                        "artifactLocation": {"uri": _uri(d.filename)},
-                        "region": {
-                            "startLine": d.location.row,
-                            "startColumn": d.location.column,
-                            "endLine": d.end_location.row,
-                            "endColumn": d.end_location.column,
-                        },
-                    }
-                }
-            ],
+            "locations": [{"physicalLocation": {"artifactLocation": artifact, "region": _region(d.location, d.end_location)}}],
         }
         if d.code in index:
             result["ruleIndex"] = index[d.code]
         if d.fix is not None:
-            result["properties"] = {"fixApplicability": d.fix.applicability.value, "fixApplied": d.applied}
+            result["properties"] = {"fixApplicability": d.fix.applicability.value, "fixMessage": d.fix.message}
+            if d.fix.why_unsafe:
+                result["properties"]["whyUnsafe"] = d.fix.why_unsafe
+            if d.fix.edits:
+                replacements = [
+                    {"deletedRegion": _region(e.location, e.end_location), "insertedContent": {"text": e.content}}
+                    for e in d.fix.edits
+                ]
+                result["fixes"] = [
+                    {"description": {"text": d.fix.message}, "artifactChanges": [{"artifactLocation": artifact, "replacements": replacements}]}
+                ]
         results.append(result)
     return {
         "$schema": _SARIF_SCHEMA,
@@ -152,15 +252,24 @@ def _sarif(diagnostics: Sequence[Diagnostic], rules: Sequence[type]) -> dict:
         "runs": [
             {
                 "tool": {"driver": {"name": "ampmigrate", "version": _version(), "rules": descriptors}},
+                "originalUriBaseIds": {_ROOT: {"uri": root.as_uri() + "/"}},
                 "results": results,
             }
         ],
     }
 
 
-def _uri(filename: str) -> str:
+def _artifact(filename: str, root: Path) -> dict:
+    """A path in the repository as a relative URI from ``%SRCROOT%``; any other as an absolute one."""
+    relative = repository_path(filename, root)
+    if relative is not None:
+        return {"uri": quote(relative), "uriBaseId": _ROOT}
     path = Path(filename)
-    return path.as_uri() if path.is_absolute() else quote(path.as_posix())
+    return {"uri": path.as_uri() if path.is_absolute() else quote(path.as_posix())}
+
+
+def _region(start, end) -> dict:
+    return {"startLine": start.row, "startColumn": start.column, "endLine": end.row, "endColumn": end.column}
 
 
 def _docstring(rule: type) -> str:
@@ -176,42 +285,3 @@ def _version() -> str:
         return version("ampshim")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def migration_report(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -> str:
-    """A Markdown report, file by file: what changed, what remains and why, and files with errors."""
-    relevant = [r for r in results if r.diagnostics]
-    changed = sum(1 for r in results if _touched(r))
-    errors = sum(1 for r in results if r.error)
-    remaining = sum(1 for r in results for d in r.diagnostics if not d.applied and d.code not in _TOOL_CODES)
-    done = "changed" if wrote else "to change"
-    lines = [
-        "# ampmigrate migration report",
-        "",
-        f"{_count(len(results), 'file')} checked: {changed} {done}, "
-        f"{_count(remaining, 'finding')} left for manual work, {_count(errors, 'file')} with errors (left untouched).",
-        "",
-    ]
-    for result in relevant:
-        lines += [f"## `{result.filename}`", ""]
-        if result.error:
-            lines += [f"**Error:** {result.error}. The file was left untouched.", ""]
-        applied = [d for d in result.diagnostics if d.applied]
-        left = [d for d in result.diagnostics if not d.applied and d.code not in _TOOL_CODES]
-        if applied:
-            lines += [f"{'Changed' if wrote else 'Would change'}:", ""]
-            lines += [f"- line {d.location.row}: {d.code} {d.fix.message or d.message}" for d in applied]
-            lines.append("")
-        if left:
-            lines += ["Remaining:", ""]
-            lines += [f"- line {d.location.row}: {d.code} {d.message} — {_why_left(d, unsafe_fixes)}" for d in left]
-            lines.append("")
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def _why_left(d: Diagnostic, unsafe_fixes: bool) -> str:
-    if d.fix is None:
-        return "no automatic fix: change it by hand"
-    if d.fix.applicability is Safety.UNSAFE and not unsafe_fixes:
-        return "the fix may change behaviour: review it, then run with --unsafe-fixes"
-    return "the fix could not be applied"

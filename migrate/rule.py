@@ -14,7 +14,7 @@ from typing import Callable, ClassVar, Mapping, Union
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from migrate.types import ImportChange, Safety, triggers_pattern  # ImportChange: re-exported for rules
+from migrate.types import FixSafety, ImportChange, Safety, triggers_pattern  # ImportChange: re-exported for rules
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
@@ -42,6 +42,7 @@ class Report:
     fix_message: str = ""
     add_imports: tuple[ImportChange, ...] = ()
     remove_imports: tuple[ImportChange, ...] = ()
+    why_unsafe: str = ""  # for an unsafe fix: how it may change behaviour
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Rule(cst.BatchableCSTVisitor):
     TRIGGERS: ClassVar[tuple[str, ...]] = ()
     # False: run only when a --select prefix (or ALL) names the rule, not in a plain run.
     DEFAULT: ClassVar[bool] = True
+    # How safe the fixes it offers are, as --list-rules shows it; checked against INVALID by the tests.
+    FIX_SAFETY: ClassVar[FixSafety] = FixSafety.NO_FIX
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
     def __init__(self, context: RuleContext | None = None) -> None:
@@ -144,8 +147,7 @@ class Rule(cst.BatchableCSTVisitor):
 
     @classmethod
     def fixable(cls) -> bool:
-        """Worked out from the examples, never declared."""
-        return any(case.expected_replacement is not None for case in cls.INVALID)
+        return cls.FIX_SAFETY is not FixSafety.NO_FIX
 
     def report(
         self,
@@ -157,7 +159,9 @@ class Rule(cst.BatchableCSTVisitor):
         fix_message: str = "",
         add_imports: tuple[ImportChange, ...] = (),
         remove_imports: tuple[ImportChange, ...] = (),
+        why_unsafe: str = "",
     ) -> None:
+        """Report ``node``; an unsafe ``replacement`` must say ``why_unsafe`` (shown to the user)."""
         self.reports.append(
             Report(
                 code=self.CODE,
@@ -168,6 +172,7 @@ class Rule(cst.BatchableCSTVisitor):
                 fix_message=fix_message,
                 add_imports=tuple(add_imports),
                 remove_imports=tuple(remove_imports),
+                why_unsafe=why_unsafe,
             )
         )
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 # Codes of the findings the tool itself makes about a file, rather than a rule.
 ERROR_CODE = "AMP900"  # the file could not be read, decoded, parsed or written
 INTERNAL_ERROR_CODE = "AMP901"  # a rule crashed, or its fixes gave code that does not compile
+UNUSED_NOQA_CODE = "AMP800"  # a "# noqa" code that suppressed nothing (rules/unused_noqa.py documents it)
 
 
 class Safety(str, enum.Enum):
@@ -30,16 +31,41 @@ class ImportChange:
 
 @dataclass(frozen=True)
 class Position:
-    """A place in a file: 1-based row, 1-based column (Ruff's convention)."""
+    """A place in a file: 1-based row, 1-based column (Ruff's convention); in a notebook, the
+    row is in the cell numbered ``cell`` (from 1, among all its cells)."""
 
     row: int
     column: int
+    cell: int | None = None
+
+
+class FixSafety(str, enum.Enum):
+    """What a rule declares of the fixes it offers (``--list-rules``); tests check it against its examples."""
+
+    ALWAYS = "always safe"  # every fix it offers keeps behaviour
+    SOMETIMES = "sometimes safe"  # some fixes are safe, others may change behaviour
+    NEVER = "never safe"  # every fix needs --unsafe-fixes
+    NO_FIX = "no fix"  # it only reports
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text from ``location`` up to ``end_location`` (exclusive) by ``content`` (Ruff's edit)."""
+
+    content: str
+    location: Position
+    end_location: Position
 
 
 @dataclass(frozen=True)
 class Fix:
+    """A finding's fix. ``why_unsafe`` says how an unsafe fix may change behaviour; ``edits`` are
+    filled in only when asked for (JSON and SARIF output), located in the text the finding is in."""
+
     applicability: Safety
     message: str
+    why_unsafe: str = ""
+    edits: tuple[Edit, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ CASES = {
     "accumulate_clip_every_micro_batch.py": "a clip at every micro-batch, the step every fourth: a scale-aware clip",
     "optimizers_list.py": "optimizers stepped in a loop over the scaled list; a second, identical initialize",
     "accumulate_in_arms.py": "delay_unscale in one arm, the boundary backward and step in the other, one forward",
+    "trainer_amp_attribute.py": "amp stored on a trainer only when fp16 is on, tested for None; the model stored on self",
+    "o0_checkpoint.py": "O0 with the amp state saved and loaded: a disabled GradScaler, fp32 throughout",
 }
 
 

@@ -1,8 +1,9 @@
 """apex's ``FP16_Optimizer``: fp32 master weights and loss scaling around any optimizer (pre-amp API)."""
 import torch
 
-from ampshim.deprecation import deprecated_warning
-from ampshim.fp16_utils.fp16util import FP16_UTILS_DEPRECATED, clip_grad_norm, master_params_to_model_params
+from ampshim.fp16_utils.checkpoint import loss_scaler_from_checkpoint
+from ampshim.deprecation import warn_deprecated
+from ampshim.fp16_utils.fp16util import clip_grad_norm, master_params_to_model_params
 from ampshim.scaler import LossScaler
 
 __all__ = ["FP16_Optimizer"]
@@ -41,10 +42,8 @@ class FP16_Optimizer:
 
     def __init__(self, init_optimizer, static_loss_scale=1.0, dynamic_loss_scale=False,
                  dynamic_loss_args=None, verbose=True):
-        print("Warning:  FP16_Optimizer is deprecated and dangerous, and will be deleted soon.  If it "
-              "still works, you're probably getting lucky.  For mixed precision, use the documented "
-              "API https://nvidia.github.io/apex/amp.html, with opt_level=O1.")
-        deprecated_warning(FP16_UTILS_DEPRECATED)
+        warn_deprecated("apex.fp16_utils.FP16_Optimizer", "torch.autocast and torch.amp.GradScaler",
+                        rewritten=False)
         self.verbose = verbose
         self.optimizer = init_optimizer
         self.fp16_groups = []
@@ -133,9 +132,13 @@ class FP16_Optimizer:
         return self.clip_grad_norm(masters, max_norm, norm_type)
 
     def state_dict(self):
-        """apex's layout: the pickled loss scaler object, flags, the inner state, the fp32 masters."""
+        """apex's layout: the loss scaler, flags, the inner state, the fp32 masters.
+
+        Unlike apex, the loss scaler is saved as plain numbers (``LossScaler.state_dict()``), so
+        the checkpoint loads with ``torch.load``'s default ``weights_only=True``.
+        """
         return {
-            "loss_scaler": self.loss_scaler,
+            "loss_scaler": self.loss_scaler.state_dict(),
             "dynamic_loss_scale": self.dynamic_loss_scale,
             "overflow": self.overflow,
             "first_closure_call_this_step": self.first_closure_call_this_step,
@@ -144,12 +147,17 @@ class FP16_Optimizer:
         }
 
     def load_state_dict(self, state_dict):
-        """Restore from :meth:`state_dict` (also apex's; load it with ``weights_only=False``)."""
-        self.loss_scaler = state_dict["loss_scaler"]
+        """Restore from :meth:`state_dict`, ampshim's or real apex's of any year.
+
+        A scaler pickled by apex (``torch.load`` builds it once ``apex`` is imported, even with
+        ``weights_only=True``) is converted to the one this optimizer trains with.
+        """
+        loss_scaler = loss_scaler_from_checkpoint(state_dict["loss_scaler"])  # checked first
+        self.optimizer.load_state_dict(state_dict["optimizer_state_dict"])
+        self.loss_scaler = loss_scaler
         self.dynamic_loss_scale = state_dict["dynamic_loss_scale"]
         self.overflow = state_dict["overflow"]
         self.first_closure_call_this_step = state_dict["first_closure_call_this_step"]
-        self.optimizer.load_state_dict(state_dict["optimizer_state_dict"])
         with torch.no_grad():
             for current_group, saved_group in zip(self.fp32_from_fp16_groups, state_dict["fp32_from_fp16"]):
                 for current, saved in zip(current_group, saved_group):

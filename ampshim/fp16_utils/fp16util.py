@@ -3,14 +3,12 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 
 __all__ = ["tofp16", "BN_convert_float", "network_to_half", "convert_module", "convert_network",
            "FP16Model", "backwards_debug_hook", "prep_param_lists", "model_grads_to_master_grads",
            "master_params_to_model_params", "to_python_float", "clip_grad_norm"]
 
-FP16_UTILS_DEPRECATED = ("apex.fp16_utils is deprecated and will be removed by the end of February "
-                         "2023. Use [PyTorch AMP](https://pytorch.org/docs/stable/amp.html)")
 
 
 def _is_affine_batchnorm(module):
@@ -117,7 +115,8 @@ class FP16Model(nn.Module):
     """
 
     def __init__(self, network):
-        deprecated_warning(FP16_UTILS_DEPRECATED)
+        warn_deprecated("apex.fp16_utils.FP16Model", "torch.autocast (or model.half())",
+                        rewritten=False)
         super().__init__()
         self.network = convert_network(network, dtype=torch.half)
 

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 
 __all__ = ["DistributedDataParallel", "Reducer", "flat_dist_call"]
 
@@ -103,8 +103,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                  allreduce_always_fp32=False, num_allreduce_streams=1, allreduce_communicators=None,
                  gradient_average=True, gradient_predivide_factor=1.0,
                  gradient_average_split_factor=None, prof=False):
-        deprecated_warning("apex.parallel.DistributedDataParallel is deprecated and will be removed "
-                           "by the end of February 2023.")
+        warn_deprecated("apex.parallel.DistributedDataParallel",
+                        "torch.nn.parallel.DistributedDataParallel")
         if shared_param is not None:
             raise ValueError(
                 "shared_param is no longer supported as an option.  It was misleadingly named from "

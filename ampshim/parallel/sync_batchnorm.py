@@ -7,7 +7,7 @@ Like apex's, the class derives from ``_BatchNorm``, not from ``torch.nn.SyncBatc
 import torch
 import torch.distributed as dist
 
-from ampshim.deprecation import deprecated_warning
+from ampshim.deprecation import warn_deprecated
 
 __all__ = ["SyncBatchNorm", "convert_syncbn_model", "create_syncbn_process_group"]
 
@@ -34,8 +34,8 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     On CUDA this runs native ``torch.nn.SyncBatchNorm``'s forward (its fused kernels). On the CPU
     (gloo) the sums, sums of squares and counts are all-reduced over the group with differentiable
-    all-reduces, since the native module refuses CPU tensors. Without an initialized process group it runs as plain batch norm. As apex's
-    CUDA-extension variant, ``forward(input, z=None)`` adds ``z`` after normalizing and
+    all-reduces, since the native module refuses CPU tensors. Without an initialized process group
+    it runs as plain batch norm. As apex's CUDA-extension variant, ``forward(input, z=None)`` adds ``z`` after normalizing and
     ``fuse_relu=True`` applies a ReLU last.
 
     Example::
@@ -56,8 +56,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, channel_last=False, fuse_relu=False):
-        deprecated_warning("apex.parallel.SyncBatchNorm is deprecated and will be removed by the end "
-                           "of February 2023. Use `torch.nn.SyncBatchNorm`.")
+        warn_deprecated("apex.parallel.SyncBatchNorm", "torch.nn.SyncBatchNorm")
         if channel_last:
             raise AttributeError(
                 "channel_last=True is not supported: ampshim's SyncBatchNorm takes NCHW-shaped "
@@ -126,8 +125,8 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
         process_group (ProcessGroup, optional): group for the new layers (default: WORLD).
         channel_last (bool, optional, default=False): not supported (AttributeError).
     """
-    deprecated_warning("apex.parallel.convert_syncbn_model is deprecated and will be removed by the "
-                       "end of February 2023. Use `torch.nn.SyncBatchNorm.convert_sync_batchnorm`.")
+    warn_deprecated("apex.parallel.convert_syncbn_model",
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm")
     return _convert(module, process_group, channel_last)
 
 

@@ -5,7 +5,8 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import assigns, calls
-from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite
+from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite, grouped_text
+from migrate.names import qualified_names
 
 
 class AutocastPlanning:
@@ -88,12 +89,44 @@ class AutocastPlanning:
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]
 
+    def _widen_own_autocast(self, statements: list[cst.BaseStatement], enabled: str) -> bool:
+        """A file with a native path beside apex's (``with torch.cuda.amp.autocast(enabled=native):``
+        around the forward) reuses its own region: it is turned on also where the scaler is,
+        instead of a second region around it that the inner one would switch off. Whether it did."""
+        if len(statements) != 1 or not isinstance(statements[0], cst.With) or len(statements[0].items) != 1:
+            return False
+        call = statements[0].items[0].item
+        if not (isinstance(call, cst.Call) and nodes.call_name(call) == "autocast"):
+            return False
+        names = qualified_names(self.provider, call.func)
+        cuda = "torch.cuda.amp.autocast" in names or "torch.cuda.amp.autocast_mode.autocast" in names or (
+            names & {"torch.autocast", "torch.amp.autocast"} and nodes.literal_string(getattr(call.args[0], "value", None) if call.args else None) == "cuda")
+        positional = [arg for arg in call.args if arg.keyword is None]
+        own = nodes.argument(call, None, "enabled")
+        dtype = nodes.argument(call, None, "dtype")
+        if not cuda or own is None or len(positional) > (0 if "torch.cuda.amp.autocast" in names else 1):
+            return False
+        if dtype is not None and nodes.code(dtype.value) not in ("torch.float16", "torch.half"):
+            self.unsafe.append(f"the file's own autocast at line {self._line(call)} computes in {nodes.code(dtype.value)}, where apex O1 used float16")
+        widened = own.with_changes(value=nodes.parse_expression(f"{grouped_text(nodes.code(own.value))} or {grouped_text(enabled)}", self.module))
+        self._replace(own, widened)
+        self.regions.update(id(statement) for statement in statements)
+        self._kind(own, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts",
+                   "Turn the file's own autocast on where the GradScaler is")
+        return True
+
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
         relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, self.model_codes)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
+        enabled = f"{self.scaler}.is_enabled()" if self.may_be_disabled and not self.scaler_in_block else None
+        if id(scale.call) in self.alias_of:  # what received the scaler may be None (`def run(..., amp=None)`)
+            alias = self.alias_of[id(scale.call)]
+            enabled = f"{alias} is not None and {alias}.is_enabled()"
+        if enabled is not None and self._widen_own_autocast(statements, enabled):
+            return
         inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")]
         if inner:
             # apex cast by patching functions, whatever native autocast said: a region the file

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import subscript_key
-from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, STATE_DICT, Unplannable
+from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, SCALER_NAMES, STATE_DICT, Unplannable
 
 
 class CheckpointPlanning:
@@ -16,7 +16,7 @@ class CheckpointPlanning:
 
     def _plan_state_dicts(self) -> None:
         calls = self.sites["state_dict"] + self.sites["load_state_dict"]
-        if calls and self.o0:
+        if calls and self.o0 and self.scaler is None:
             raise Unplannable(calls[0], "O0 has no loss scaler whose state could be saved")
         for call in self.sites["state_dict"]:
             if call.args:
@@ -49,3 +49,56 @@ class CheckpointPlanning:
         if len(keys) == 2 and (keys[0] or "").startswith("loss_scaler") and keys[1] in native:
             return node, native[keys[1]]
         raise Unplannable(call, "apex's loss-scaler state is read by key here; GradScaler's state has other keys")
+
+    def _plan_state_alone(self) -> None:
+        """``amp.state_dict()``/``amp.load_state_dict()`` in a file with neither ``initialize`` nor
+        ``scale_loss`` (a checkpoint utility): each function doing it takes the GradScaler as a new
+        ``scaler=None`` parameter and saves or loads its state when one is given. Its callers, in
+        other files, must pass theirs: a ``TODO(ampmigrate)`` says so until they do."""
+        calls = self.sites["state_dict"] + self.sites["load_state_dict"]
+        self.scaler = next((name for name in SCALER_NAMES if name not in self.names), None)
+        if self.scaler is None:
+            raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        self.unsafe.append(
+            f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "
+            f"`{self.scaler}=None` and save or load its state only when given one; pass it from the callers"
+        )
+        functions: dict[int, tuple[cst.FunctionDef, cst.CSTNode]] = {}
+        for call in calls:
+            function = self._function(call)
+            if function is None or any(p.name.value == self.scaler for p in (*function.params.params, *function.params.kwonly_params)):
+                raise Unplannable(call, "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+            statement = self._statement(call)
+            functions.setdefault(id(function), (function, statement))
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+            if call in self.sites["load_state_dict"] and isinstance(small, cst.Expr) and small.value is call:
+                state = nodes.argument(call, 0, "state_dict")
+                if state is None or len(call.args) != 1:
+                    raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
+                line = f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))"
+            elif call in self.sites["state_dict"] and isinstance(small, cst.Assign) and not call.args:
+                node, native = self._state_dict_read(call)
+                if small.value is not node:
+                    raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
+                line = " = ".join([*(nodes.code(t.target) for t in small.targets), native])
+            else:
+                raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
+            new = nodes.parse_statements(f"if {self.scaler} is not None:\n    {line}\n", self.module)[0]
+            self._replace(statement, nodes.with_leading(new, statement))
+            self._kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.scaler}=`")
+        for function, statement in functions.values():
+            self._take_scaler(function)
+            self._leave_marker(statement, f"pass the GradScaler as `{self.scaler}=` where `{function.name.value}` is called")
+        if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
+            self.after_imports.append(HELPER_SOURCE)
+
+    def _take_scaler(self, function: cst.FunctionDef) -> None:
+        params = function.params
+        param = nodes.parse_statements(f"def f({self.scaler}=None): pass\n", self.module)[0].params.params[0]
+        if isinstance(params.star_arg, cst.Param) or isinstance(params.star_arg, cst.ParamStar):
+            new = params.with_changes(kwonly_params=[*params.kwonly_params, param])
+        else:
+            new = params.with_changes(params=[*params.params, param])
+        self._replace(params, new)
+        self._kind(params, STATE_DICT, "apex's loss-scaler state is saved or loaded in this function",
+                   f"Take the GradScaler as `{self.scaler}=None`")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import backward_calls
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -29,12 +30,18 @@ class InitializePlanning:
     A part of ``Planner``: its methods read and fill the planner's state.
     """
 
-    def _plan_initialize_removal(self, init: InitializeSite) -> None:
+    def _plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
         if init.restore:
             new = nodes.parse_statements(init.restore + "\n", self.module)[0]
             self._replace(init.statement, nodes.with_leading(new, init.statement))
         else:
-            self._replace(init.statement, cst.RemoveFromParent())
+            # `if isinstance(ema, nn.Module): ema = amp.initialize(ema, ...)`: the `if` goes too.
+            target = init.statement
+            while with_guard and (guard := nodes.guarding_if(target, lambda node: self.parent.get(id(node)))) is not None:
+                target = guard
+            self._replace(target, cst.RemoveFromParent())
+            self._kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+            return
         self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
     def _initialize_fix(self) -> str:
@@ -64,7 +71,7 @@ class InitializePlanning:
         if models is None:
             raise Unplannable(call, "`amp.initialize` is called without models")
         has_optimizers = optimizers is not None and not (
-            (isinstance(optimizers.value, cst.Name) and optimizers.value.value == "None")
+            nodes.is_none(optimizers.value)
             or (isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements)
         )
         level_arg = nodes.argument(call, 3, "opt_level")
@@ -97,8 +104,6 @@ class InitializePlanning:
                 level = "O1"
             elif level in ("O2", "O3"):
                 self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
-        if not has_optimizers and level != "O0":
-            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
@@ -118,6 +123,7 @@ class InitializePlanning:
             if optimizers is not None and isinstance(target, (cst.Tuple, cst.List)) and target.elements:
                 target = target.elements[0].value
             model_codes |= self._codes(target)
+        model_codes |= self._stored_on_self(statement, model_codes)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
@@ -153,6 +159,25 @@ class InitializePlanning:
         """The argparse default of ``args.opt_level``, when the file gives one."""
         return self.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
 
+    def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
+        """``self.model = model`` (or ``self.model, self.opt = model, opt``) in the function that
+        initializes ``model``: other methods of the class run the model as ``self.model``."""
+        function = self._function(statement)
+        if function is None or self._class(function) is None:
+            return set()
+        stored: set[str] = set()
+        for line in function.body.body:
+            for assign in getattr(line, "body", ()) if isinstance(line, cst.SimpleStatementLine) else ():
+                if not isinstance(assign, cst.Assign):
+                    continue
+                for target_node in assign.targets:
+                    target, value = target_node.target, assign.value
+                    pairs = [(target, value)]
+                    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(value.elements):
+                        pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+                    stored |= {nodes.code(t) for t, v in pairs if isinstance(t, cst.Attribute) and nodes.code(v) in models}
+        return stored
+
     @staticmethod
     def _codes(expression: cst.BaseExpression) -> set[str]:
         """The source of each model in a ``models`` argument or target: one, or a list of them."""
@@ -186,7 +211,7 @@ class InitializePlanning:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
             arg = nodes.argument(call, None, name)
-            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+            if arg is None or nodes.is_none(arg.value):
                 continue
             if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue
@@ -206,15 +231,34 @@ class InitializePlanning:
         at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
         return same and at_top and self._function(first.statement) is self._function(again.statement)
 
+    def _note_inference(self, inits: list[InitializeSite]) -> None:
+        if any(init.inference and init.level != "O0" for init in inits):
+            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
+
     def _joins(self, first: InitializeSite, other: InitializeSite) -> bool:
-        """``other`` initializes other models with ``first``'s options, beside it (a GAN's
-        generator and discriminator): apex kept one loss scaler for all, as one GradScaler does."""
-        def options(site: InitializeSite) -> list[str]:
-            return sorted(normal(nodes.code(arg)) for arg in site.call.args[2:] if arg.keyword is None or
-                          arg.keyword.value not in ("models", "optimizers"))
-        keywords_only = all(arg.keyword is not None for site in (first, other) for arg in site.call.args[2:])
-        return (keywords_only and options(first) == options(other) and first.inference == other.inference
-                and self.parent.get(id(first.statement)) is self.parent.get(id(other.statement)))
+        """``other`` initializes other models with ``first``'s options right after it, in its block
+        or under a plain test there (a GAN's generator and discriminator; an EMA or teacher copy
+        run forward only): apex kept one loss scaler for all, as one GradScaler does, and cast
+        every model alike, as the autocast region does for the models it runs."""
+        def options(site: InitializeSite) -> list[str] | None:
+            extra = [arg for arg in site.call.args if arg.keyword is None or arg.keyword.value not in ("models", "optimizers")]
+            positional = [arg for arg in extra if arg.keyword is None]
+            if len(positional) > (1 if site.inference else 2):
+                return None  # options given by position: compare them only by name
+            return sorted(normal(nodes.code(arg)) for arg in extra if arg.keyword is not None)
+        mine = options(first)
+        if mine is None or mine != options(other) or (first.inference and not other.inference):
+            return False
+        block = self.parent.get(id(first.statement))
+        statement: cst.CSTNode = other.statement
+        while self.parent.get(id(statement)) is not block:
+            owner = self.parent.get(id(self.parent.get(id(statement))))
+            if not (isinstance(owner, cst.If) and nodes.is_pure(owner.test)):
+                return False
+            statement = owner
+        body = list(block.body)
+        between = body[body.index(first.statement) + 1 : body.index(statement)] if statement in body else None
+        return between is not None and not any(backward_calls(s, nested=True) for s in between)
 
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
@@ -230,6 +274,10 @@ class InitializePlanning:
             if len(line) > 100:  # one option a line, as a formatter would put them
                 line = f"{self.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
             lines.append(line)
+        elif self.scaler is not None:
+            if self.scaler_scope == "global" and not reinitialize:
+                lines.append(f"global {self.scaler}")
+            lines.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # O0 scales nothing; its state is saved and loaded')
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
@@ -379,11 +427,18 @@ class InitializePlanning:
             init.visit(_Find())
         return called
 
+    def _o0_keeps_state(self, init: InitializeSite) -> bool:
+        """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
+        state is empty, as O0 scaled nothing), created where ``initialize`` ran, on every path."""
+        states = self.sites["state_dict"] + self.sites["load_state_dict"]
+        return bool(states) and isinstance(self.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
+            self.parent.get(id(self.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
+
     def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
         name = next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
         if init is None:
             return name, "module"
-        if init.level == "O0":
+        if init.level == "O0" and not self._o0_keeps_state(init):
             return None, "none"
         function = self._function(init.statement)
         if init.on_self and function is not None and self._first_param(function) == "self":

@@ -64,6 +64,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.scaler_in_block = False  # created in a block its users are not all in
         self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
+        self._stand_in_calls: set[int] = set()
+        self._stand_in_assignments: list[cst.CSTNode] = []  # `self.amp = amp` where `self.amp` only stands in for the module
         self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
@@ -99,7 +101,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._check_disjoint()
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem))
-        handled = frozenset(self.alias_of) | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
+        handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
 
     def _classify(self) -> None:
@@ -122,6 +124,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     self.escapes.append((node, alias))
             elif not self._scale_poke(attr, node):
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
+        self._find_stand_ins()
         if self.escapes:
             self._find_alias_sites({alias for _, alias in self.escapes})
 
@@ -185,14 +188,62 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._kind(branch, STATE_DICT, "apex's `state_dict` is probed for", "Drop the test: GradScaler has `state_dict` and `load_state_dict`")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
-        """``model.amp = amp`` or ``f(amp=amp)``: the name the module is handed on under."""
+        """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
+        module is handed on under (the GradScaler takes its place, so ``None`` still means "off")."""
         parent = self.parent.get(id(node))
+        if isinstance(parent, cst.IfExp) and nodes.is_none(parent.orelse if parent.body is node else parent.body):
+            node, parent = parent, self.parent.get(id(parent))
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
             return target.attr.value if isinstance(target, cst.Attribute) else None
         if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
             return parent.keyword.value
         return None
+
+    def _find_stand_ins(self) -> None:
+        """``self.amp = amp`` where the file only ever calls apex's API on ``self.amp`` (or assigns
+        it): the attribute is another name for the module, so its calls are the module's sites
+        and the assignment goes."""
+        uses: dict[str, list[cst.Attribute]] = {}
+        planner = self
+
+        class _Uses(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if isinstance(node.value, cst.Name) and node.value.value == "self":
+                    uses.setdefault(node.attr.value, []).append(node)
+
+        candidates = []
+        for node, alias in self.escapes:
+            assign = self.parent.get(id(node))
+            if isinstance(assign, cst.Assign) and nodes.code(assign.targets[0].target) == f"self.{alias}":
+                candidates.append((node, alias, assign))
+        if not candidates:
+            return
+        self.module.visit(_Uses())
+        for node, alias, assign in candidates:
+            calls, plain = [], True
+            for use in uses.get(alias, []):
+                parent = self.parent.get(id(use))
+                call = self.parent.get(id(parent))
+                if isinstance(parent, cst.Attribute) and parent.attr.value in CORE and isinstance(call, cst.Call) and call.func is parent:
+                    calls.append((parent.attr.value, call))
+                elif not self._assigned(use):
+                    plain = False
+            if not plain or not calls:
+                continue
+            self.escapes.remove((node, alias))
+            statement = self._statement(assign)
+            self._stand_in_assignments.append(statement)
+            for kind, call in calls:
+                planner.sites[kind].append(call)
+                self._stand_in_calls.add(id(call))
+
+    def _assigned(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is a target of an assignment (also inside a tuple of targets)."""
+        parent = self.parent.get(id(node))
+        while isinstance(parent, (cst.Element, cst.Tuple, cst.List)):
+            node, parent = parent, self.parent.get(id(parent))
+        return isinstance(parent, cst.AssignTarget) and parent.target is node
 
     def _find_alias_sites(self, aliases: set[str]) -> None:
         """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
@@ -203,11 +254,14 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         class _Find(cst.CSTVisitor):
             def visit_Call(self, node: cst.Call) -> None:
                 func = node.func
-                if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale_loss", "master_params")) or id(node) in known:
+                if not isinstance(func, cst.Attribute) or id(node) in known:
                     return
                 holder = func.value
                 name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
-                if name in aliases:
+                if name in aliases and func.attr.value == "initialize":
+                    # A GradScaler has no `initialize`: the receiver would call it on the scaler.
+                    planner.blockers.append((node, f"`{nodes.code(holder)}.initialize` is called on the handed-on module"))
+                elif name in aliases and func.attr.value in ("scale_loss", "master_params"):
                     planner.sites[func.attr.value].append(node)
                     planner.alias_of[id(node)] = nodes.code(holder)
 
@@ -252,6 +306,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             )
         repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
         joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
+        self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = init.level if init is not None else "O1"
@@ -328,15 +383,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_state_dicts()
         self._plan_escapes()
         self._plan_probes()
+        for extra in inits[1:]:  # first: the `if` around `init` goes when nothing else stays in it
+            if extra in repeats and not self.o0:
+                self._plan_initialize(extra, None, reinitialize=True)
+            else:
+                self._plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:
             self._plan_initialize(init, hoist)
         else:
             self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
-        for extra in inits[1:]:
-            if extra in repeats and not self.o0:
-                self._plan_initialize(extra, None, reinitialize=True)
-            else:
-                self._plan_initialize_removal(extra)
         if not self.o0:
             for scale in scales:
                 self._plan_autocast(scale)
@@ -351,6 +406,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         """
         self.level = inits[0].level
         self.o0 = True
+        self._note_inference(inits)
         if all(init.level != "O0" for init in inits):
             self.unsafe.append(
                 "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
@@ -384,14 +440,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _master_params_alone(self) -> None:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
-        blocked = self.sites["state_dict"] + self.sites["load_state_dict"]
-        if blocked:
-            raise Unplannable(blocked[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        states = self.sites["state_dict"] + self.sites["load_state_dict"]
+        self.level, self.o0, self.scaler = None, True, None
+        if states:
+            self._plan_state_alone()
         for call in self.sites["master_params"]:
             if self._feeds_grad_consumer(call, self._statement(call)):
                 raise Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
-        self.level, self.o0, self.scaler = None, True, None
         self._plan_master_params()
+        self._plan_after_imports()
         self._emit([])
 
     def _scaler_of(self, call: cst.Call) -> str:
@@ -399,8 +456,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         return self.alias_of.get(id(call), self.scaler)
 
     def _plan_escapes(self) -> None:
+        for statement in self._stand_in_assignments:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
         for node, _ in self.escapes:
-            self._replace(node, cst.Name(self.scaler))
+            self._replace(node, nodes.parse_expression(self.scaler, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
 
     def _import_anchor(self) -> cst.SimpleStatementLine | None:
@@ -444,8 +504,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 if any(self._inside(node, scope) for node, _ in self.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
         safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
-        why = f" (unsafe: {'; '.join(dict.fromkeys(self.unsafe))})" if self.unsafe else ""
-        why += "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
+        why_unsafe = "; ".join(dict.fromkeys(self.unsafe))
+        notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
         adds = () if self.o0 else (ImportChange("torch"),)
         for scale in scales:
@@ -453,7 +513,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.replacements.values():
             code, message, fix = self._kinds[id(node)]
-            self.findings.append(Report(code, node, message, replacement, safety, fix + why, adds, removes))
+            self.findings.append(Report(code, node, message, replacement, safety, fix + notes, adds, removes, why_unsafe))
 
     def _kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
         self._kinds[id(node)] = (code, message, fix)

@@ -174,7 +174,7 @@ def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
     """GradScaler's ``init_scale`` and ``growth_interval`` for apex's ``loss_scale=value``, chosen
     when the script runs: ``"dynamic"`` (or None) as GradScaler's defaults, a number as a scale
     that never grows. ``"dynamic" if c else 128.0`` gives ``2.0**16 if c else 128.0``."""
-    if nodes.literal_string(value) == "dynamic" or (isinstance(value, cst.Name) and value.value == "None"):
+    if nodes.literal_string(value) == "dynamic" or nodes.is_none(value):
         return "2.0**16", "2000"
     number = nodes.number_text(value)
     if number is not None:

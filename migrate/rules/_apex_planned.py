@@ -9,7 +9,7 @@ from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvid
 
 from migrate.apex_plan import COMPUTED_LEVEL, MASTER_COPIES, ApexPlanProvider, plan_of
 from migrate.rule import Rule
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 
 class PlannedApexRule(Rule):
@@ -26,6 +26,7 @@ class PlannedApexRule(Rule):
 
     TRIGGERS = ("apex",)
     FIX_GROUP: ClassVar[str] = "apex.amp"
+    FIX_SAFETY = FixSafety.SOMETIMES  # the plan's fixes share one safety: unsafe where any site needs it
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider)
 
     def visit_Module(self, node: cst.Module) -> bool:
@@ -47,8 +48,8 @@ class PlannedApexRule(Rule):
         for finding in plan.findings_for(self.CODE):
             if whole and known_level:
                 # The project says its computed opt levels are O0 or O1: the rewrite keeps both.
-                message = finding.fix_message.split(" (unsafe:")[0] + " (opt level O0/O1 by the `opt-level` setting)"
-                finding = dataclasses.replace(finding, safety=Safety.SAFE, fix_message=message)
+                message = finding.fix_message + " (opt level O0/O1 by the `opt-level` setting)"
+                finding = dataclasses.replace(finding, safety=Safety.SAFE, fix_message=message, why_unsafe="")
             if whole or finding.replacement is None:
                 self._pass_on(finding)
                 continue
@@ -64,4 +65,5 @@ class PlannedApexRule(Rule):
             fix_message=finding.fix_message,
             add_imports=finding.add_imports,
             remove_imports=finding.remove_imports,
+            why_unsafe=finding.why_unsafe,
         )

@@ -110,11 +110,13 @@ class ApexRename(Rule):
                 self.report(node, f"{self.MESSAGE}; not rewritten: {reason}")
                 continue
             safety = Safety.UNSAFE if any(o.safety is Safety.UNSAFE for o in together) else Safety.SAFE
-            note = f" (unsafe: {outcome.note})" if outcome.note else ""
+            why_unsafe = "" if safety is Safety.SAFE else outcome.note or (
+                f"another use of `{target}` in this file needs an unsafe fix, and they change together"
+            )
             replacement = nodes.parse_expression(outcome.source, self._module)
-            self._fix(node, replacement, safety, f"Use `{outcome.source.split('(')[0]}`{note}")
+            self._fix(node, replacement, safety, f"Use `{outcome.source.split('(')[0]}`", why_unsafe)
 
-    def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str) -> None:
+    def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str, why_unsafe: str = "") -> None:
         root = nodes.root_name(node.func if isinstance(node, cst.Call) else node)
         self.report(
             node,
@@ -122,6 +124,7 @@ class ApexRename(Rule):
             safety=safety,
             fix_message=message,
             add_imports=(ImportChange("torch"),),
+            why_unsafe=why_unsafe,
             remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
         )
 

@@ -13,6 +13,7 @@ import libcst as cst
 
 from migrate.names import import_binding, qualified_names, resolves_to
 from migrate.rule import ImportChange, Rule, Safety
+from migrate.types import FixSafety
 
 
 class DeprecatedSpelling(Rule):
@@ -22,6 +23,7 @@ class DeprecatedSpelling(Rule):
     # Native AMP under an old spelling is not apex: a plain run leaves such files alone (they
     # still work), `--select AMP02` modernises them.
     DEFAULT = False
+    FIX_SAFETY = FixSafety.ALWAYS
 
     def __init__(self, context=None) -> None:
         super().__init__(context)

@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 _CASTS = {
     "apex.amp.half_function": "torch.float16",
@@ -39,6 +39,7 @@ class AmpCastDecorator(ApexRename):
     """
 
     CODE = "AMP006"
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "apex's cast decorators need apex's casting machinery"
     TARGETS = (*_CASTS, _PROMOTE)
     VALID = [Valid("import torch\n\nclass F(torch.autograd.Function):\n    @staticmethod\n    @torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=torch.float16)\n    def forward(ctx, x):\n        return x\n")]

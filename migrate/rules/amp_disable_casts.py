@@ -5,6 +5,7 @@ import libcst as cst
 
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.types import FixSafety
 
 
 class AmpDisableCasts(ApexRename):
@@ -23,6 +24,7 @@ class AmpDisableCasts(ApexRename):
     """
 
     CODE = "AMP008"
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`amp.disable_casts` is apex mixed precision"
     TARGETS = ("apex.amp.disable_casts",)
     VALID = [Valid('import torch\nwith torch.autocast("cuda", enabled=False):\n    y = f(x.float())\n')]

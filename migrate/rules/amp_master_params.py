@@ -62,4 +62,39 @@ def clip(optimizer):
     torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
 """
         ),
+        Invalid(
+            """import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
+
+    def step(self, x):
+        loss = self.model(x)
+        with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+            scaled_loss.backward()
+        torch.nn.utils.clip_grad_value_(amp.master_params(self.optimizer), 0.5)
+        self.optimizer.step()
+""",
+            """import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.scaler = torch.amp.GradScaler("cuda")
+        self.model, self.optimizer = model, optimizer
+
+    def step(self, x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(x)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_value_((p for group in self.optimizer.param_groups for p in group["params"]), 0.5)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+""",
+            unsafe_fixes=True,
+        ),
     ]

@@ -9,7 +9,7 @@ from migrate.names import qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 
 class AmpRegisterFunction(ApexRename):
@@ -31,6 +31,7 @@ class AmpRegisterFunction(ApexRename):
     """
 
     CODE = "AMP007"
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's cast registry does not exist in native autocast"
     TARGETS = tuple(REGISTER)
     VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
@@ -73,6 +74,7 @@ class AmpRegisterFunction(ApexRename):
             replacement=cst.RemoveFromParent(),
             safety=safety,
             fix_message="Remove the registration",
+            why_unsafe=why if safety is Safety.UNSAFE else "",
             remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
         )
 

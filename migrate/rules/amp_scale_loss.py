@@ -99,4 +99,29 @@ def backward(loss, optimizer):
         scaled_loss.backward()
 """
         ),
+        Invalid(
+            """from apex import amp
+
+model, opt = amp.initialize(model, opt, opt_level="O1", num_losses=2)
+for batch in loader:
+    loss_a, loss_b = model(batch)
+    with amp.scale_loss(loss_a, opt, loss_id=0) as scaled_loss:
+        scaled_loss.backward()
+    with amp.scale_loss(loss_b, opt, loss_id=1) as scaled_loss:
+        scaled_loss.backward()
+    opt.step()
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for batch in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss_a, loss_b = model(batch)
+    scaler.scale(loss_a).backward()
+    scaler.scale(loss_b).backward()
+    scaler.step(opt)
+    scaler.update()
+""",
+            unsafe_fixes=True,
+        ),
     ]

@@ -68,4 +68,33 @@ def save(path):
     torch.save({"amp": amp.state_dict()}, path)
 """
         ),
+        Invalid(
+            """import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale="dynamic", min_loss_scale=8.0)
+step = 0
+while step < total_steps:
+    loss = model(next(batches))
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+    step += 1
+checkpoint = {"step": step, "amp": amp.state_dict()}
+""",
+            """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+step = 0
+while step < total_steps:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(next(batches))
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    step += 1
+checkpoint = {"step": step, "amp": scaler.state_dict()}
+""",
+            unsafe_fixes=True,
+        ),
     ]

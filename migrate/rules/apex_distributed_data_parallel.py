@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 _NATIVE = "torch.nn.parallel.DistributedDataParallel"
 # apex options that only tune how the all-reduce overlaps with backward: dropping them keeps the maths.
@@ -34,6 +34,7 @@ class ApexDistributedDataParallel(ApexRename):
     """
 
     CODE = "AMP010"
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "`apex.parallel.DistributedDataParallel` was removed from apex"
     TARGETS = ("apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel")
     REFERENCES = {name: _NATIVE for name in TARGETS}

@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 # Keywords both take with the same meaning.
 _SHARED = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "capturable"}
@@ -33,6 +33,7 @@ class ApexFusedAdam(ApexRename):
     """
 
     CODE = "AMP012"
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "`apex.optimizers.FusedAdam` needs an apex build; torch has a fused Adam"
     TARGETS = ("apex.optimizers.FusedAdam", "apex.optimizers.fused_adam.FusedAdam")
     VALID = [
@@ -49,6 +50,11 @@ class ApexFusedAdam(ApexRename):
             "import torch\n\noptimizer = torch.optim.Adam(params, lr=args.lr, weight_decay=0.01, fused=True)\n",
         ),
         Invalid("from apex.optimizers import FusedAdam\noptimizer = FusedAdam(params, lr=1e-3, bias_correction=False, max_grad_norm=1.0)\n"),
+        Invalid(
+            "from apex.optimizers import FusedAdam\noptimizer = FusedAdam(params, lr=1e-3, set_grad_none=False)\n",
+            "import torch\n\noptimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0, fused=True)\n",
+            unsafe_fixes=True,
+        ),
     ]
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:

@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 _LAYER = ("apex.normalization.FusedLayerNorm", "apex.normalization.fused_layer_norm.FusedLayerNorm")
 _RMS = ("apex.normalization.FusedRMSNorm", "apex.normalization.fused_layer_norm.FusedRMSNorm")
@@ -41,6 +41,7 @@ class ApexFusedNorm(ApexRename):
     """
 
     CODE = "AMP014"
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's fused normalization needs an apex build; torch has the same modules"
     TARGETS = (*_LAYER, *_RMS, *_MIXED)
     REFERENCES = {name: "torch.nn.LayerNorm" for name in _LAYER}
@@ -57,6 +58,11 @@ class ApexFusedNorm(ApexRename):
         Invalid(
             "from apex.normalization import FusedLayerNorm\n\nclass BertLayerNorm(FusedLayerNorm):\n    pass\n",
             "import torch\n\nclass BertLayerNorm(torch.nn.LayerNorm):\n    pass\n",
+        ),
+        Invalid(
+            "from apex.normalization import MixedFusedLayerNorm\nnorm = MixedFusedLayerNorm(1024)\n",
+            "import torch\n\nnorm = torch.nn.LayerNorm(1024)\n",
+            unsafe_fixes=True,
         ),
     ]
 

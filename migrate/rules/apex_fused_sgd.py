@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.types import FixSafety
 
 _SHARED = {"params", "lr", "momentum", "dampening", "weight_decay", "nesterov"}
 # Only about O2 master gradients and how zero_grad clears: no effect on the update.
@@ -30,6 +31,7 @@ class ApexFusedSGD(ApexRename):
     """
 
     CODE = "AMP013"
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`apex.optimizers.FusedSGD` needs an apex build; use `torch.optim.SGD`"
     TARGETS = ("apex.optimizers.FusedSGD", "apex.optimizers.fused_sgd.FusedSGD")
     REFERENCES = {name: "torch.optim.SGD" for name in TARGETS}

@@ -7,7 +7,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameP
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Rule, Valid
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 class ApexImport(Rule):
     """What it does:
@@ -33,6 +33,7 @@ class ApexImport(Rule):
     """
 
     CODE = "AMP001"
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "apex import"
     TRIGGERS = ("apex", "amp")
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)

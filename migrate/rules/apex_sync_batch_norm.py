@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.types import FixSafety
 
 _CONVERT = "apex.parallel.convert_syncbn_model"
 _CLASS = "apex.parallel.SyncBatchNorm"
@@ -31,6 +32,7 @@ class ApexSyncBatchNorm(ApexRename):
     """
 
     CODE = "AMP011"
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "apex's SyncBatchNorm was removed from apex"
     TARGETS = (_CONVERT, _CLASS, "apex.parallel.create_syncbn_process_group")
     REFERENCES = {_CLASS: "torch.nn.SyncBatchNorm"}

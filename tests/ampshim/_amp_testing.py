@@ -7,7 +7,8 @@ import torch
 from ampshim.state import _amp_state
 
 # The deprecation notice every initialize() emits, and the one-time "bfloat16 on the CPU" notice.
-quiet = pytest.mark.filterwarnings("ignore:apex.amp is deprecated", "ignore:ampshim. the model")
+quiet = pytest.mark.filterwarnings("ignore::ampshim.deprecation.DeprecatedFeatureWarning",
+                                   "ignore:ampshim. the model")
 
 
 @pytest.fixture(autouse=True)

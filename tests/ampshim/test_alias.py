@@ -91,16 +91,36 @@ def test_with_the_hook_off_and_no_import_there_is_no_apex():
     assert completed.returncode != 0 and "No module named 'apex'" in completed.stderr
 
 
-def test_missing_torch_is_one_clear_line():
+@pytest.mark.parametrize("block_torch", [
+    'sys.modules["torch"] = None',  # as if torch were not installed
+    textwrap.dedent("""
+        class NoTorch:  # an import system that cannot find torch
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, NoTorch())
+    """),
+])
+def test_missing_torch_is_one_line_saying_what_to_install(block_torch):
+    completed = run_python("import sys\n" + block_torch + "\nimport ampshim\nfrom apex import amp\n")
+    assert completed.returncode == 1
+    assert completed.stderr.splitlines() == [
+        "TorchMissingError: apex (provided by ampshim) needs PyTorch, which is not installed: "
+        "pip install 'ampshim[torch]' (or install the torch build you train with)"]
+
+
+def test_missing_torch_is_still_an_import_error_scripts_can_catch():
     completed = run_python("""
         import sys
-        sys.modules["torch"] = None  # as if torch were not installed
+        sys.modules["torch"] = None
         import ampshim
-        import apex
+        try:
+            from apex import amp
+        except ImportError as error:
+            print("no apex:", error.name)
+        raise SystemExit(3)
     """)
-    assert completed.returncode != 0
-    last = completed.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError:") and "pip install 'ampshim[torch]'" in last
+    assert (completed.returncode, completed.stdout, completed.stderr) == (3, "no apex: torch\n", "")
 
 
 def fake_apex(root, *, with_amp):

@@ -29,7 +29,7 @@ def test_signature_is_apexs():
 
 
 def test_deprecation_warning_even_when_disabled():
-    with pytest.warns(FutureWarning, match="apex.amp is deprecated and will be removed"):
+    with pytest.warns(FutureWarning, match="apex.amp.initialize is deprecated: use torch.autocast"):
         initialize(exact_linear(), enabled=False)
 
 
@@ -91,6 +91,25 @@ def test_overrides_are_validated():
         initialize(mlp(), opt_level="O1", keep_batchnorm_fp32=True, verbosity=0)
     with pytest.raises(RuntimeError, match="should only be set by selecting opt_level='O1'"):
         initialize(mlp(), opt_level="O2", patch_torch_functions=True, verbosity=0)
+
+
+@pytest.mark.parametrize("option, value, error, message", [
+    ("loss_scale", "big", ValueError, "loss_scale must be a positive number .*got 'big'"),
+    ("loss_scale", [2.0], TypeError, r"loss_scale must be a positive number .*got \[2.0\]"),
+    ("loss_scale", 0, ValueError, "loss_scale must be a positive, finite number, got 0"),
+    ("loss_scale", -8.0, ValueError, "loss_scale must be a positive, finite number, got -8.0"),
+    ("loss_scale", "nan", ValueError, "loss_scale must be a positive, finite number, got 'nan'"),
+    ("keep_batchnorm_fp32", "yes", ValueError, "got keep_batchnorm_fp32='yes'"),
+    ("num_losses", 0, ValueError, "num_losses must be at least 1, got 0"),
+    ("num_losses", 2.5, TypeError, "num_losses must be an integer, got 2.5"),
+])
+def test_bad_arguments_are_named_before_anything_changes(option, value, error, message):
+    model = mlp()
+    optimizer = sgd(model)
+    with pytest.raises(error, match=message):
+        initialize(model, optimizer, opt_level="O2", verbosity=0, **{option: value})
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not hasattr(optimizer, "_amp_stash")
 
 
 def test_overrides_reach_the_properties():

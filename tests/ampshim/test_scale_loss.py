@@ -220,13 +220,25 @@ def test_loss_id_uses_its_own_scaler(capsys):
     assert capsys.readouterr().out == OVERFLOW_MESSAGE.format(1, 32768.0)
 
 
-def test_out_of_range_loss_id_and_zero_losses():
+def test_out_of_range_loss_id_and_zero_losses_are_named():
     [model], [optimizer] = setup(loss_scale="dynamic")
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"loss_id=1 is out of range: .*num_losses=1"):
         backward(model, optimizer, 1, loss_id=1)
-    [model], [optimizer] = setup(loss_scale="dynamic", num_losses=0)
-    with pytest.raises(IndexError):
-        backward(model, optimizer, 1)
+    with pytest.raises(ValueError, match=r"loss_id must be at least 0, got -1"):
+        backward(model, optimizer, 1, loss_id=-1)
+    with pytest.raises(TypeError, match=r"loss_id must be an integer, got 'gen'"):
+        backward(model, optimizer, 1, loss_id="gen")
+    assert model.weight.grad is None  # nothing was half-done
+    with pytest.raises(ValueError, match=r"num_losses must be at least 1, got 0"):
+        setup(loss_scale="dynamic", num_losses=0)
+
+
+def test_a_number_instead_of_the_loss_tensor_is_named():
+    [model], [optimizer] = setup(loss_scale="dynamic")
+    with pytest.raises(TypeError, match=r"expects the loss as a tensor, got 1.5 \(float\)"):
+        with scale_loss(1.5, optimizer):
+            pass
+    assert not optimizer._amp_stash.params_have_scaled_gradients
 
 
 def test_delay_overflow_check_unscales_without_update(capsys):
@@ -380,3 +392,23 @@ def test_lr_scheduler_created_while_a_skip_is_pending_still_works(recwarn):
     optimizer.step()
     assert torch.equal(model.weight, before - 0.5 * grad_of(1))
     assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
+
+
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+def test_a_loss_that_stays_nan_for_200_steps_never_crashes(opt_level):
+    [model], [optimizer] = setup(opt_level=opt_level)
+    _amp_state.verbosity = 0
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.warns(RuntimeWarning, match="inf/NaN in 50 consecutive backward passes"):
+        for _ in range(200):  # the scale reaches its floor after 142
+            optimizer.zero_grad()
+            backward(model, optimizer, float("nan"))
+            optimizer.step()
+    assert all(torch.equal(p.detach().float(), w.float())
+               for p, w in zip(model.parameters(), weights))
+    assert _amp_state.loss_scalers[0].loss_scale() == 2.**-126
+    optimizer.zero_grad()
+    backward(model, optimizer, 1)
+    optimizer.step()  # the loss is finite again: the step happens
+    assert not all(torch.equal(p.detach().float(), w.float())
+                   for p, w in zip(model.parameters(), weights))

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from ampshim.scaler import LossScaler
+from ampshim.scaler import OVERFLOW_STREAK_WARNING, SCALE_FLOOR, LossScaler
 
 
 def _backward_pass(scaler, grads):
@@ -77,6 +77,42 @@ def test_no_floor_by_default():
     for _ in range(3):
         _backward_pass(scaler, [torch.tensor([float("inf")])])
     assert scaler.loss_scale() == 0.25
+
+
+def test_hundreds_of_overflowing_passes_stop_at_the_floor_and_warn_once():
+    scaler = LossScaler("dynamic")
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(300):
+            assert _backward_pass(scaler, [torch.tensor([float("nan"), 1.])]) is True
+    assert scaler.loss_scale() == SCALE_FLOOR == 2.**-126
+    # the floor's reciprocal, used to unscale, is still a finite float32
+    assert torch.isfinite(torch.tensor(1 / SCALE_FLOOR, dtype=torch.float32))
+    assert len(caught) == 1
+    assert f"inf/NaN in {OVERFLOW_STREAK_WARNING} consecutive backward passes" in str(
+        caught[0].message)
+    # the loss recovers: clean passes do not skip, and the scale grows again
+    grads = [torch.tensor([3 * SCALE_FLOOR])]
+    assert _backward_pass(scaler, grads) is False
+    assert grads[0].item() == 3.
+
+
+def test_the_warning_comes_again_only_after_a_clean_pass(recwarn):
+    scaler = LossScaler("dynamic", init_scale=1.)
+    for streak in range(2):
+        for _ in range(OVERFLOW_STREAK_WARNING - 1):
+            _backward_pass(scaler, [torch.tensor([float("inf")])])
+        assert len(recwarn) == streak
+        _backward_pass(scaler, [torch.tensor([float("inf")])])
+        assert len(recwarn) == streak + 1
+        _backward_pass(scaler, [torch.tensor([1.])])
+
+
+def test_min_loss_scale_below_the_floor_stops_at_the_floor():
+    scaler = LossScaler("dynamic", init_scale=1., min_loss_scale=2.**-140)
+    with pytest.warns(RuntimeWarning):
+        for _ in range(200):
+            _backward_pass(scaler, [torch.tensor([float("inf")])])
+    assert scaler.loss_scale() == SCALE_FLOOR
 
 
 def test_static_scale_never_detects_overflow():
@@ -203,3 +239,53 @@ def test_torch_save_round_trip_keeps_apex_attributes():
     assert set(vars(loaded)) >= {"dynamic", "_loss_scale", "_unskipped", "_scale_seq_len"}
     assert (loaded.dynamic, loaded.loss_scale(), loaded._unskipped) == (False, 128.0, 3)
     assert set(scaler.__getstate__()) == set(APEX_SCALER_DICT)
+
+
+def test_state_dict_is_plain_numbers_and_rebuilds_the_scaler(tmp_path):
+    scaler = LossScaler("dynamic", scale_window=7, min_loss_scale=2., max_loss_scale=4096.)
+    scaler._loss_scale, scaler._unskipped = 512., 5
+    torch.save({"scaler": scaler.state_dict()}, tmp_path / "scaler.pt")
+    state = torch.load(tmp_path / "scaler.pt")["scaler"]  # weights_only=True, torch's default
+    assert state == {"dynamic": True, "loss_scale": 512., "unskipped": 5, "scale_window": 7,
+                     "min_loss_scale": 2., "max_loss_scale": 4096.}
+    restored = LossScaler.from_state_dict(state)
+    assert restored.state_dict() == state
+    for _ in range(2):
+        restored.update_scale()
+    assert restored.loss_scale() == 1024. and restored._unskipped == 0
+
+
+@pytest.mark.parametrize("value, error, message", [
+    (float("nan"), ValueError, "positive, finite number, got nan"),
+    (float("inf"), ValueError, "positive, finite number, got inf"),
+    (-1., ValueError, "positive, finite number, got -1.0"),
+    (0, ValueError, "positive, finite number, got 0"),
+    ("big", ValueError, "positive number .*got 'big'"),
+    (None, TypeError, "positive number, got None"),
+    (True, TypeError, "positive number, got True"),
+    (torch.ones(2), ValueError, r"a single number, got a tensor of shape \(2,\)"),
+])
+def test_from_state_dict_names_the_bad_value(value, error, message):
+    state = LossScaler("dynamic").state_dict()
+    state["loss_scale"] = value
+    with pytest.raises(error, match="loss_scaler.loss_scale must be (a )?" + message):
+        LossScaler.from_state_dict(state)
+
+
+def test_from_state_dict_accepts_a_one_element_tensor_and_rejects_other_things():
+    state = dict(LossScaler(8.).state_dict(), loss_scale=torch.tensor([8.]))
+    assert LossScaler.from_state_dict(state).loss_scale() == 8.
+    with pytest.raises(ValueError, match=r"lacks \['unskipped'\]"):
+        LossScaler.from_state_dict({"dynamic": True, "loss_scale": 2.})
+    with pytest.raises(TypeError, match="must be a dict"):
+        LossScaler.from_state_dict(2.)
+    with pytest.raises(ValueError, match="loss_scaler.unskipped must be at least 0"):
+        LossScaler.from_state_dict(dict(LossScaler(8.).state_dict(), unskipped=-3))
+
+
+@pytest.mark.parametrize("bad", [0, -2., float("nan"), "big"])
+def test_constructor_rejects_unusable_scales(bad):
+    with pytest.raises(ValueError, match="loss_scale must be"):
+        LossScaler(bad)
+    with pytest.raises(ValueError, match="init_scale must be"):
+        LossScaler("dynamic", init_scale=bad)

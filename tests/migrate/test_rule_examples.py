@@ -12,6 +12,7 @@ import pytest
 from migrate.engine import run_rules
 from migrate.rule import Rule
 from migrate.rules import all_rules
+from migrate.types import FixSafety, Safety
 
 _RULES = all_rules()
 
@@ -91,3 +92,28 @@ def test_deprecated_spelling_rewrites_run_on_torch_without_deprecation_warnings(
         exec(compile(case.expected_replacement, f"{rule.CODE}-example", "exec"), names)
         with pytest.raises((FutureWarning, DeprecationWarning), match="is deprecated"):
             exec(compile(rule.INVALID[0].code, f"{rule.CODE}-original", "exec"), dict(names))
+
+
+_SEEN_FOR = {
+    FixSafety.ALWAYS: {Safety.SAFE},
+    FixSafety.SOMETIMES: {Safety.SAFE, Safety.UNSAFE},
+    FixSafety.NEVER: {Safety.UNSAFE},
+    FixSafety.NO_FIX: set(),
+}
+
+
+@pytest.mark.parametrize("rule", _RULES, ids=lambda rule: rule.CODE)
+def test_declared_fix_safety_is_what_the_invalid_examples_show(rule):
+    """--list-rules prints FIX_SAFETY: the fixes the rule reports on its INVALID examples must match it,
+    and every unsafe fix says why it may change behaviour."""
+    seen = set()
+    for case in rule.INVALID:
+        for d in run_rules(case.code, "example.py", _RULES, unsafe_fixes=True, fix=False).diagnostics:
+            if d.code == rule.CODE and d.fix is not None:
+                seen.add(d.fix.applicability)
+                assert d.fix.message, f"{rule.CODE} offers a fix without a message"
+                if d.fix.applicability is Safety.UNSAFE:
+                    assert d.fix.why_unsafe, f"{rule.CODE}: an unsafe fix ({d.fix.message!r}) does not say why"
+    assert seen == _SEEN_FOR[rule.FIX_SAFETY], (
+        f"{rule.CODE} declares FIX_SAFETY={rule.FIX_SAFETY.value!r}, its INVALID examples show {sorted(seen)}"
+    )

@@ -33,7 +33,7 @@ def test_an_opt_level_defaulting_to_o2_is_not_a_safe_fix_that_stops_the_default_
     source = (LEGACY / "train_o2_batchnorm.py").read_text()
     result = migrate_source(source, "train_o2_batchnorm.py")
     assert result.new_source in (None, source)
-    reasons = {d.fix.message for d in _core(result) if d.fix}
+    reasons = {d.fix.why_unsafe for d in _core(result) if d.fix}
     assert reasons and all("defaults to O2" in reason for reason in reasons)
     unsafe = migrate_source(source, "train_o2_batchnorm.py", unsafe_fixes=True).new_source
     assert "raise RuntimeError" not in unsafe  # unsafe fixes may change precision, never stop the run
@@ -65,7 +65,7 @@ def test_a_cast_list_edit_makes_the_rewrite_unsafe_unless_native_autocast_makes_
         safety = {d.fix.applicability.value for d in _core(result)}
         assert safety == ({"safe"} if safe else {"unsafe"}), edit
         if not safe:
-            assert "cast lists" in next(iter(_core(result))).fix.message
+            assert "cast lists" in next(iter(_core(result))).fix.why_unsafe
             assert "GradScaler" not in (result.new_source or "")
 
 
@@ -132,4 +132,4 @@ def test_the_files_own_autocast_inside_the_region_makes_the_rewrite_unsafe():
             optimizer.step()
     """)
     assert result.new_source in (None, result.source)
-    assert all("own `autocast` at line 7" in d.fix.message for d in _core(result) if d.fix)
+    assert all("own `autocast` at line 7" in d.fix.why_unsafe for d in _core(result) if d.fix)

@@ -1,0 +1,151 @@
+"""The pre-commit hooks, run by the real pre-commit against this repository, as a user's project does.
+
+pre-commit builds the hooks' environment itself (a virtualenv with this package pip-installed), so
+this needs pre-commit and a package index that has libcst and click (a local one will do). It takes
+about half a minute: one environment, built once for all the runs below.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PRE_COMMIT = shutil.which("pre-commit")
+
+pytestmark = pytest.mark.skipif(PRE_COMMIT is None, reason="pre-commit is not installed")
+
+APEX = """from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x, y in loader:
+    loss = criterion(model(x), y)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+NATIVE = """import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for step, (x, y) in enumerate(loader):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = criterion(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    if step % 100 == 0:
+        print(f"step {step}: loss {loss.item():.4f}")
+"""
+
+
+def _git(*args, cwd):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _this_repository_as_committed(target: Path) -> Path:
+    """This working tree (tracked and new files, as they are now) committed into a fresh
+    repository tagged as the README's snippet says, so the hooks tested are the ones in front of us."""
+    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO).split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    _git("init", "-q", cwd=target)
+    _git("add", "-A", cwd=target)
+    _git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot", cwd=target)
+    _git("tag", "v0.1.0", cwd=target)
+    return target
+
+
+def _readme_snippet(repository: Path) -> str:
+    """The README's `.pre-commit-config.yaml`, as written, with the repository's URL filled in."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### pre-commit"):]
+    [snippet] = re.findall(r"```yaml\n(.*?)```", section[: section.index("\n## ")], re.S)
+    assert "<url of this repository>" in snippet
+    return snippet.replace("<url of this repository>", str(repository))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A user's project whose configuration is the README's snippet, with both hooks."""
+    repository = _this_repository_as_committed(tmp_path_factory.mktemp("ampshim"))
+    project = tmp_path_factory.mktemp("project")
+    _git("init", "-q", cwd=project)
+    config = _readme_snippet(repository)
+    config += "      - id: ampmigrate\n"  # the other hook, beside the snippet's
+    (project / ".pre-commit-config.yaml").write_text(config)
+    (project / "bad.py").write_text(APEX)
+    (project / "good.py").write_text(NATIVE)
+    _git("add", ".pre-commit-config.yaml", cwd=project)  # pre-commit wants its configuration staged
+    home = tmp_path_factory.mktemp("pre-commit-home")
+    return project, home
+
+
+def _pre_commit(project, *args):
+    project, home = project
+    env = {**os.environ, "PRE_COMMIT_HOME": str(home), "NO_COLOR": "1"}
+    env.pop("AMPSHIM_AUTOLOAD", None)
+    return subprocess.run([PRE_COMMIT, *args], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_check_hook_fails_on_an_apex_file_and_passes_on_a_native_one(project):
+    bad = _pre_commit(project, "run", "ampmigrate-check", "--files", "bad.py")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "Failed" in bad.stdout and "bad.py:3:" in bad.stdout and "AMP002" in bad.stdout
+    good = _pre_commit(project, "run", "ampmigrate-check", "--files", "good.py")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "Passed" in good.stdout
+    assert (project[0] / "bad.py").read_text() == APEX
+
+
+def test_rewrite_hook_rewrites_the_file_and_fails_the_commit_for_review(project):
+    victim = project[0] / "rewrite_me.py"
+    victim.write_text(APEX)
+    result = _pre_commit(project, "run", "ampmigrate", "--files", "rewrite_me.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Failed" in result.stdout and "1 file changed" in result.stdout
+    assert "from apex" not in victim.read_text() and "torch.amp.GradScaler" in victim.read_text()
+
+
+def test_both_hooks_pass_with_no_files_and_touch_nothing(project):
+    # nothing staged but the configuration: the hooks have no file, and must not go looking
+    result = _pre_commit(project, "run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("(no files to check)Skipped") == 2
+    assert (project[0] / "bad.py").read_text() == APEX
+
+
+def test_hooks_told_to_always_run_with_no_files_check_nothing(project):
+    # always_run hands the hooks an empty file list: ampmigrate must not fall back to the
+    # current directory, where it would rewrite files nobody staged
+    folder = project[0]
+    config = folder / ".pre-commit-config.yaml"
+    original = config.read_text()
+    try:
+        config.write_text(original.replace("      - id: ampmigrate-check", "      - id: ampmigrate-check\n        always_run: true")
+                          .replace("      - id: ampmigrate\n", "      - id: ampmigrate\n        always_run: true\n"))
+        _git("add", ".pre-commit-config.yaml", cwd=folder)
+        result = _pre_commit(project, "run")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.count("Passed") == 2
+        assert (folder / "bad.py").read_text() == APEX
+    finally:
+        config.write_text(original)
+        _git("add", ".pre-commit-config.yaml", cwd=folder)
+
+
+def test_hook_environment_has_libcst_and_click_and_never_torch(project):
+    _pre_commit(project, "run", "ampmigrate-check", "--files", "good.py")  # the environment exists
+    [site] = list(project[1].glob("repo*/py_env-*/lib/python*/site-packages"))
+    installed = {path.name.split("-")[0].lower() for path in site.iterdir() if path.name.endswith(".dist-info")}
+    assert {"libcst", "click", "ampshim"} <= installed
+    assert not any(name.startswith(("torch", "nvidia")) for name in installed), sorted(installed)
