@@ -35,8 +35,8 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     On CUDA this runs native ``torch.nn.SyncBatchNorm``'s forward (its fused kernels). On the CPU
     (gloo) the sums, sums of squares and counts are all-reduced over the group with differentiable
     all-reduces, since the native module refuses CPU tensors. Without an initialized process group
-    it runs as plain batch norm. As apex's CUDA-extension variant, ``forward(input, z=None)`` adds ``z`` after normalizing and
-    ``fuse_relu=True`` applies a ReLU last.
+    it runs as plain batch norm. As apex's CUDA-extension variant, ``forward(input, z=None)`` adds
+    ``z`` after normalizing and ``fuse_relu=True`` applies a ReLU last.
 
     Example::
 
