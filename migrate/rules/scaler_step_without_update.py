@@ -69,7 +69,7 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
 
     def findings(self, model):
         for steps, event in model.each(Kind.SCALER_STEP):
-            running, loop = steps.each_step(event)
+            loop = steps.backward_loop(event)
             same = lambda update: update.scaler == event.scaler  # noqa: E731
             if loop is not None:
                 updated = any(same(u) and loop in u.frames and not steps.exclusive(u, event) for u in steps.of(Kind.UPDATE))

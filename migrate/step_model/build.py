@@ -178,7 +178,8 @@ class Walk:
         first = call.args[0].value if call.args else None
         if isinstance(func, cst.Attribute):
             if name == "backward":
-                self._backward(call, frames, statements)
+                if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead
+                    self._backward(call, frames, statements)
             elif name == "unscale_" and receiver in self.facts.scalers:
                 self._add(Kind.UNSCALE, call, frames, statements, subject=_text(first), scaler=receiver)
             elif name == "step" and receiver in self.facts.scalers:

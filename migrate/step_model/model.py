@@ -50,6 +50,14 @@ class Steps:
                 return loop
         return None
 
+    def backward_loop(self, event: Event) -> Loop | None:
+        """The innermost loop around ``event`` that also holds a backward pass (a loop over the
+        optimizers inside the step is not one)."""
+        for loop in reversed(event.loops()):
+            if any(loop in backward.frames for backward in self.backwards()):
+                return loop
+        return None
+
     def each_step(self, event: Event) -> tuple[bool, Loop | None]:
         """Whether ``event`` runs in every training step, and the training loop it runs in.
 

@@ -110,7 +110,9 @@ class _Facts(cst.CSTVisitor):
             self.facts.scalers.add(receiver)
             if first:
                 self.facts.optimizers.add(first)
-        elif name == "step" and first and receiver in self.facts.scalers:
+        elif name == "step" and first and (receiver in self.facts.scalers or words.scaler_like(receiver)):
+            # `scaler.step(optimizer)` on a scaler handed in as a parameter
+            self.facts.scalers.add(receiver)
             self.facts.optimizers.add(first)
         elif name in ("parameters", "named_parameters", "train", "eval") and not words.optimizer_like(receiver):
             self.facts.models.add(receiver)

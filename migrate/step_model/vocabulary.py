@@ -55,8 +55,11 @@ def autocast_call(visitor: cst.MetadataDependent, call: cst.Call) -> tuple[str |
     names = qualified_names(visitor, call.func)
     if not (names & AUTOCASTS or (not names and nodes.call_name(call) == "autocast")):
         return None
-    device = nodes.literal_string(getattr(nodes.argument(call, 0, "device_type"), "value", None))
-    new_style = bool(names & {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
+    device_arg = nodes.argument(call, 0, "device_type")
+    device = nodes.literal_string(getattr(device_arg, "value", None))
+    # torch.autocast(device_type, dtype, enabled) or torch.cuda.amp.autocast(enabled, dtype)
+    new_style = bool(names & {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}) or (
+        not names & AUTOCASTS and device_arg is not None and literal_bool(device_arg.value) is None)
     dtype_arg = nodes.argument(call, 1 if new_style else None, "dtype")
     if dtype_arg is not None:
         dtype = dtype_of(dtype_arg.value)
@@ -85,6 +88,10 @@ def literal_bool(node: cst.BaseExpression) -> bool | None:
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
         return node.value == "True"
     return None
+
+
+def scaler_like(text: str) -> bool:
+    return bool(re.search(r"(^|_)scaler$", text.rsplit(".", 1)[-1], re.IGNORECASE))
 
 
 def optimizer_like(text: str) -> bool:

@@ -1,0 +1,86 @@
+"""AMP108: ``.half()`` / ``.to(torch.float16)`` on the model while also using autocast or a GradScaler."""
+from __future__ import annotations
+
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Kind
+
+
+class HalfModelWithAutocast(TrainingStepRule):
+    """What it does:
+    Reports ``model.half()`` or ``model.to(torch.float16)`` (on what the file trains or evaluates:
+    an object whose ``parameters()``, ``train()`` or ``eval()`` it uses, or one named like a model)
+    in a file that also runs autocast or a GradScaler, where both can run in one pass.
+
+    Why is this bad?
+    Native mixed precision keeps the weights in float32 and lets autocast pick float16 per op.
+    A float16 model keeps float16 master weights: small updates round away, and ``GradScaler``
+    refuses to unscale float16 gradients ("Attempting to unscale FP16 gradients").
+
+    Fix safety:
+    No fix: removing the cast changes memory use and the dtype of everything the model returns.
+    """
+
+    CODE = "AMP108"
+    MESSAGE = "the model is cast to float16 while autocast / a GradScaler manage precision; keep it in float32"
+    TRIGGERS = ("half", "float16")
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, x, fp16):\n"
+            "    if fp16:\n"
+            "        model.half()\n"
+            "        model(x.half()).backward()\n"
+            "    else:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x)\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader):\n"
+            "    model = model.cuda().half()\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, x in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def __init__(self, net):\n"
+            "        self.net = net.to(torch.float16)\n"
+            "        self.scaler = torch.amp.GradScaler('cuda')\n"
+            "\n"
+            "    def step(self, x):\n"
+            "        self.net.train()\n"
+            "        self.scaler.scale(self.net(x)).backward()\n"
+        ),
+        Invalid(
+            "model.to(device, dtype=torch.half)\n"
+            "while True:\n"
+            "    with torch.autocast('cuda', dtype=torch.float16):\n"
+            "        loss = model(next(data))\n"
+            "    loss.backward()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        managers = [e for e in model.all_events(Kind.AUTOCAST, Kind.SCALER_NEW) if e.detail.get("enabled") is not False]
+        if not managers:
+            return
+        for steps, event in model.each(Kind.HALF):
+            subject = event.subject or ""
+            if not _model_like(subject, model.facts.models):
+                continue
+            if any(steps.exclusive(event, other) for other in steps.events if other in managers):
+                continue
+            yield event.node, None, {}
+
+
+def _model_like(subject: str, models: set[str]) -> bool:
+    base = subject.split(".to(")[0].split(".cuda(")[0]
+    last = base.rsplit(".", 1)[-1].lower()
+    return base in models or "model" in last or last.endswith("net")
