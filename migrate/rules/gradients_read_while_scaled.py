@@ -144,7 +144,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
                 continue
             start = steps.index(backward)
             between = [e for e in steps.events[start:end] if e.scaler == backward.scaler
-                       and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP) and set(e.arms()) <= set(event.arms())]
+                       and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP) and steps.runs_whenever(e, event, backward)]
             return None if between else backward.scaler
         return None
 

@@ -1,9 +1,13 @@
 """AMP108: ``.half()`` / ``.to(torch.float16)`` on the model while also using autocast or a GradScaler."""
 from __future__ import annotations
 
+import libcst as cst
+
+from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind
+from migrate.step_model.vocabulary import model_like
 
 
 class HalfModelWithAutocast(TrainingStepRule):
@@ -72,15 +76,19 @@ class HalfModelWithAutocast(TrainingStepRule):
         if not managers:
             return
         for steps, event in model.each(Kind.HALF):
-            subject = event.subject or ""
-            if not _model_like(subject, model.facts.models):
+            if not _model_like(event.node, model.facts.models):
                 continue
             if any(steps.exclusive(event, other) for other in steps.events if other in managers):
                 continue
             yield event.node, None, {}
 
 
-def _model_like(subject: str, models: set[str]) -> bool:
-    base = subject.split(".to(")[0].split(".cuda(")[0]
-    last = base.rsplit(".", 1)[-1].lower()
-    return base in models or "model" in last or last.endswith("net")
+def _model_like(cast: cst.Call, models: set[str]) -> bool:
+    """Whether ``cast`` casts the model itself (``model.half()``, ``model.cuda().half()``), not a
+    copy of it (``deepcopy(model).half()``, for a checkpoint) or a tensor."""
+    receiver = cast.func.value
+    while isinstance(receiver, cst.Call) and nodes.call_name(receiver) in ("cuda", "to") and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    if not isinstance(receiver, (cst.Name, cst.Attribute)):
+        return False
+    return model_like(nodes.code(receiver), models)

@@ -110,12 +110,19 @@ class HostSyncEveryStep(TrainingStepRule):
     ]
 
     def findings(self, model):
+        reported: set[int] = set()  # one finding per statement: `print(f"{a.item()} {b.item()}")` is one wait
         for steps, event in model.each(Kind.HOST_PULL):
             running, loop = steps.each_step(event)
             if not running or steps.guarded(event, loop):
                 continue
             form = event.detail.get("form")
             tensor = event.subject in steps.tensors()
+            statement = id(event.statements[-1]) if event.statements else id(event.node)
+            if statement in reported:
+                continue
+            if event.detail.get("host"):
+                continue  # `.item()` of what is already a numpy value
             if form in _ALWAYS or (form in _OF_TENSORS and tensor) or (tensor and event.detail.get("bare")):
+                reported.add(statement)
                 yield event.node, f"`{nodes.code(event.node)}` pulls a training-step tensor to the host every iteration " \
                                   "(the GPU waits each step); accumulate on the device and read it under a logging guard", {}

@@ -22,6 +22,7 @@ class Assignment:
     targets: tuple[str, ...]
     value: cst.BaseExpression
     order: int
+    on_host: bool = False  # the value was pulled to the host: `loss_value = loss.item()`
 
 
 @dataclass
@@ -48,7 +49,9 @@ class Walk:
         self.assignments: list[Assignment] = []
         self.scaled_names: dict[str, str] = {}  # `scaled = scaler.scale(loss)` -> scaled: scaler
         self.managed_names: set[str] = set()  # `with amp.scale_loss(...) as scaled_loss`
+        self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
         self._entered: list[cst.CSTNode] = [root]
+        self._round_trips: set[int] = set()  # calls that are part of a larger one: `.half().float()`, `.cpu().numpy()`
 
     def run(self) -> "Walk":
         body = self.root.body.body if isinstance(self.root, cst.FunctionDef) else self.root.body
@@ -95,9 +98,13 @@ class Walk:
     def _if(self, node: cst.If, frames: tuple, statements: tuple) -> None:
         self._expression(node.test, frames, statements)
         test, polarity = words.normalised_test(node.test)
-        modulo = words.has_modulo(node.test)
-        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo),), statements)
-        other = frames + (Arm(node, False, test, not polarity, modulo),)
+        modulo = words.has_modulo(node.test) or any(
+            name in a.targets and words.has_modulo(a.value) for a in self.assignments for name in _plain_names(node.test))
+        timed = words.compares_time(node.test)
+        leaves = _leaves(node.body)
+        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
+        other = frames + (Arm(node, False, test, not polarity, modulo, timed,
+                              node.orelse is not None and not isinstance(node.orelse, cst.If) and _leaves(node.orelse.body)),)
         if isinstance(node.orelse, cst.If):
             self._if(node.orelse, other, statements + (node.orelse,))
         elif node.orelse is not None:
@@ -123,7 +130,11 @@ class Walk:
         if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and value is not None:
             targets = _targets(small)
             self._expression(value, frames, statements)
-            self.assignments.append(Assignment(targets, value, len(self.events)))
+            self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value)))
+            if not isinstance(small, cst.AugAssign):
+                self.host_names.difference_update(targets)
+                if _pulled(value):
+                    self.host_names.update(targets)
             if isinstance(value, cst.Call) and nodes.call_name(value) == "scale":
                 scaler = _receiver(value)
                 for target in targets:
@@ -190,11 +201,19 @@ class Walk:
                 self._add(Kind.UPDATE, call, frames, statements, scaler=receiver)
             elif name == "zero_grad":
                 self._add(Kind.ZERO_GRAD, call, frames, statements, subject=receiver)
-            elif name in words.PULL_METHODS and not call.args:
-                self._add(Kind.HOST_PULL, call, frames, statements, subject=words.root_text(func.value),
-                          detail={"form": name})
-            elif name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args)):
+            elif name in words.PULL_METHODS and not call.args and id(call) not in self._round_trips:
+                inner = func.value  # `loss.detach().cpu().numpy()` is one pull: the outermost reports it
+                while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
+                    self._round_trips.add(id(inner))
+                    inner = inner.func.value
+                subject = words.root_text(func.value)
+                self._add(Kind.HOST_PULL, call, frames, statements, subject=subject,
+                          detail={"form": name, "host": subject in self.host_names})
+            elif (name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))) \
+                    and id(call) not in self._round_trips:
                 self._add(Kind.HALF, call, frames, statements, subject=receiver)
+            if name in ("float", "to") and isinstance(func.value, cst.Call):
+                self._round_trips.add(id(func.value))  # `model.half().float()`: back to float32 at once
             elif name == "load_state_dict":
                 self._add(Kind.LOAD, call, frames, statements, subject=receiver)
             elif name == "forward" and receiver in self.facts.models:
@@ -208,14 +227,16 @@ class Walk:
                     if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
                         self._add(Kind.HOST_PULL, arg.value, frames, statements, subject=words.root_text(arg.value),
                                   detail={"form": "print()", "bare": True})
-        if _code(func) in self.facts.models:
+        if _code(func) and words.model_like(_code(func), self.facts.models):
             self._add(Kind.FORWARD, call, frames, statements, subject=_code(func))
         if words.reads_gradients(call):
             self._add(Kind.GRAD_READ, call, frames, statements, subject=_text(first))
         if "save" in name.lower() and call.args:
             self._add(Kind.SAVE, call, frames, statements)
         if words.is_grad_scaler(self.visitor, call):
-            self._add(Kind.SCALER_NEW, call, frames, statements)
+            enabled = nodes.argument(call, None, "enabled")
+            self._add(Kind.SCALER_NEW, call, frames, statements,
+                      detail={"enabled": True if enabled is None else words.literal_bool(enabled.value)})
         elif (found := words.autocast_call(self.visitor, call)) is not None and not _in_with_item(call, statements):
             self._add(Kind.AUTOCAST, call, frames, statements, detail={"dtype": found[0], "enabled": found[1], "object": True})
 
@@ -269,6 +290,42 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
     positional = [arg for arg in call.args if arg.keyword is None]
     return bool(positional) and (text == "self" or any(word in text.lower() for word in
                                                           ("accelerator", "engine", "fabric", "trainer", "strategy", "scaler")))
+
+
+def _plain_names(test: cst.BaseExpression) -> list[str]:
+    """``log_now`` in ``if log_now:`` / ``if rank == 0 and log_now:``: flags a test reads directly."""
+    if isinstance(test, cst.BooleanOperation):
+        return _plain_names(test.left) + _plain_names(test.right)
+    return [nodes.code(test)] if isinstance(test, (cst.Name, cst.Attribute)) else []
+
+
+_EXITS = frozenset({"exit", "_exit", "quit", "abort"})
+
+
+def _leaves(block: cst.BaseSuite) -> bool:
+    """Whether ``block`` always ends the step: it raises, exits or returns (``if not
+    math.isfinite(loss): print(loss); sys.exit(1)``), so it runs once at most."""
+    body = _body(block)
+    last = body[-1] if body else None
+    if isinstance(last, cst.If):
+        return _leaves(last.body) and last.orelse is not None and (
+            _leaves(last.orelse.body) if isinstance(last.orelse, cst.Else) else _leaves(cst.IndentedBlock(body=[last.orelse])))
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        small = last.body[-1]
+        if isinstance(small, (cst.Raise, cst.Return)):
+            return True
+        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
+    return False
+
+
+def _pulled(value: cst.BaseExpression) -> bool:
+    """Whether ``value`` is read on the host: ``loss.item()``, ``out.cpu().numpy()``, ``float(x)``."""
+    if isinstance(value, cst.Call):
+        name = nodes.call_name(value)
+        return name in ("item", "tolist", "numpy") or (isinstance(value.func, cst.Name) and name in ("float", "int"))
+    if isinstance(value, cst.BinaryOperation):
+        return _pulled(value.left) or _pulled(value.right)
+    return False
 
 
 def _body(block: cst.BaseSuite) -> list:

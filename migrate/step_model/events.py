@@ -54,6 +54,13 @@ class Arm:
     test: str
     polarity: bool
     modulo: bool  # the test holds a ``%``: ``if step % log_every == 0``
+    timed: bool = False  # the test compares the time elapsed: ``if now - last_log >= 30``
+    leaves: bool = False  # the arm ends the step (raise, exit, return): it runs once at most
+
+    @property
+    def interval(self) -> bool:
+        """Whether the arm runs now and then: every n steps or every n seconds."""
+        return self.modulo or self.timed or self.leaves
 
 
 @dataclass(frozen=True)

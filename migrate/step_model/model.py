@@ -73,10 +73,11 @@ class Steps:
 
     def guarded(self, event: Event, loop: Loop | None) -> bool:
         """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``
-        (``if step % log_every == 0``, ``if rank == 0 and i % 100 == 0``) whose arm holds no step
+        (``if step % log_every == 0``, ``if rank == 0 and i % 100 == 0``) or on the time elapsed
+        (``if time.time() - last_log > 30``) whose arm holds no step
         of the optimizer (that one is an accumulation boundary, which is every optimizer step)."""
         for frame in event.frames_inside(loop):
-            if isinstance(frame, Arm) and frame.modulo and frame.body and not any(
+            if isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves) and not any(
                 frame in other.frames for other in self.of(*_STEPS)
             ):
                 return True
@@ -93,6 +94,14 @@ class Steps:
                 if a.node is not b.node and a.test == b.test and a.polarity != b.polarity and not a.modulo:
                     return True
         return False
+
+    @staticmethod
+    def runs_whenever(event: Event, *given: Event) -> bool:
+        """Whether ``event`` runs in every pass that runs all of ``given``: each ``if`` arm around it
+        is around one of them, or tests the same flag the same way (``if args.fp16:`` twice)."""
+        known = [arm for other in given for arm in other.arms()]
+        return all(arm in known or any(a.test == arm.test and a.polarity == arm.polarity and not a.modulo for a in known)
+                   for arm in event.arms())
 
     def same_iteration(self, first: Event, second: Event) -> bool:
         """Whether ``second`` runs in the pass of the training loop (or step function) that runs ``first``."""
@@ -115,8 +124,9 @@ class Steps:
     # values
 
     def tensors(self) -> set[str]:
-        """The step's tensors: the losses, what the model computed them from, and what is computed
-        from them (``acc = (logits.argmax(1) == y).float().mean()``)."""
+        """The step's tensors: the losses and their summands, what the model returns, and what is
+        computed from them (``acc = (logits.argmax(1) == y).float().mean()``); not what was read
+        on the host already (``loss_value = loss.item()``)."""
         if self._tensors is not None:
             return self._tensors
         found = {backward.subject for backward in self.backwards() if backward.subject}
@@ -126,18 +136,23 @@ class Steps:
         for _ in range(4):
             size = len(found)
             for assignment in self.assignments:
-                names = _names(assignment.value)
-                if set(assignment.targets) & found and _computes(assignment.value):
-                    found |= {name for name in names if self._assigned_by_computation(name)}
-                if names & found:
+                if assignment.on_host:
+                    continue
+                operands = _tensor_operands(assignment.value)
+                if set(assignment.targets) & found and isinstance(assignment.value, cst.BinaryOperation):
+                    # `loss = ce_loss + 0.1 * aux_loss`: the losses it sums are tensors of the step too
+                    # (not a weight it is scaled by, which may be a float)
+                    found |= {name for name in operands if "loss" in name.lower() and self._computed(name)}
+                if operands & found:
                     found |= set(assignment.targets)
             if len(found) == size:
                 break
         self._tensors = found
         return found
 
-    def _assigned_by_computation(self, name: str) -> bool:
-        return any(name in a.targets and _computes(a.value) for a in self.assignments)
+    def _computed(self, name: str) -> bool:
+        return any(name in a.targets and not a.on_host and isinstance(a.value, (cst.Call, cst.BinaryOperation))
+                   for a in self.assignments)
 
 
 @dataclass
@@ -158,7 +173,10 @@ class StepModel:
         return any(e.how is Backward.SCALED for e in self.all_events(Kind.BACKWARD))
 
 
-def _names(expression: cst.CSTNode) -> set[str]:
+def _tensor_operands(expression: cst.CSTNode) -> set[str]:
+    """The names ``expression`` computes a tensor from: operands of arithmetic, receivers of
+    methods (``loss.detach()``), arguments of torch functions; not what a function of the project
+    is given (``valid, error = check_loss(loss)`` returns what it likes)."""
     found: set[str] = set()
 
     class _Find(cst.CSTVisitor):
@@ -166,20 +184,23 @@ def _names(expression: cst.CSTNode) -> set[str]:
             found.add(node.value)
 
         def visit_Attribute(self, node: cst.Attribute) -> bool:
-            found.add(nodes.code(node))
-            return True
+            found.add(nodes.code(node))  # `out.logits` is a value; `args` in `args.lr` is not one
+            return False
+
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            node.value.visit(self)  # `outputs[i]`: the index is no tensor
+            return False
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            if isinstance(node.func, cst.Attribute):
+                node.func.value.visit(self)  # the receiver of `loss.detach()`
+            if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
+                for arg in node.args:
+                    arg.visit(self)
+            return False
 
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return False
 
     expression.visit(_Find())
     return found
-
-
-def _computes(value: cst.BaseExpression) -> bool:
-    """A call that computes (``model(x)``, ``criterion(out, y)``), not a move (``y.cuda()``) or a
-    construction (``nn.CrossEntropyLoss()``)."""
-    if not isinstance(value, cst.Call):
-        return isinstance(value, cst.BinaryOperation)
-    name = nodes.call_name(value)
-    return bool(name) and not name[:1].isupper() and not words.moves_only(value)

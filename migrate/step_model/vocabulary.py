@@ -94,6 +94,12 @@ def scaler_like(text: str) -> bool:
     return bool(re.search(r"(^|_)scaler$", text.rsplit(".", 1)[-1], re.IGNORECASE))
 
 
+def model_like(text: str, models: set[str]) -> bool:
+    """``model``, ``self.net``, ``student_model``, or anything whose ``parameters()`` the file uses."""
+    last = text.rsplit(".", 1)[-1].lower()
+    return text in models or "model" in last or last == "net" or last.endswith("_net")
+
+
 def optimizer_like(text: str) -> bool:
     last = text.rsplit(".", 1)[-1]
     return bool(_OPTIMIZER_NAME.search(last)) and not _NOT_OPTIMIZER.search(last)
@@ -135,6 +141,21 @@ def has_modulo(test: cst.BaseExpression) -> bool:
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
             nonlocal found
             found = found or isinstance(node.operator, cst.Modulo)
+
+    test.visit(_Find())
+    return found
+
+
+def compares_time(test: cst.BaseExpression) -> bool:
+    """``if now - last_print >= 30``, ``if time.time() - t0 > interval``: a test on elapsed time."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> None:
+            nonlocal found
+            ordered = any(isinstance(t.operator, (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual))
+                          for t in node.comparisons)
+            found = found or (ordered and "time" in nodes.code(node).lower())
 
     test.visit(_Find())
     return found
