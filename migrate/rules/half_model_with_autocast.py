@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.step_model import Kind
+from migrate.step_model import Kind, Steps
 from migrate.step_model.vocabulary import model_like
 
 
@@ -72,15 +72,21 @@ class HalfModelWithAutocast(TrainingStepRule):
     ]
 
     def findings(self, model):
-        managers = [e for e in model.all_events(Kind.AUTOCAST, Kind.SCALER_NEW) if e.detail.get("enabled") is not False]
-        if not managers:
-            return
         for steps, event in model.each(Kind.HALF):
             if not _model_like(event.node, model.facts.models):
                 continue
-            if any(steps.exclusive(event, other) for other in steps.events if other in managers):
+            if _evaluates(steps):
                 continue
-            yield event.node, None, {}
+            managers = [e for e in steps.of(Kind.AUTOCAST, Kind.SCALER_NEW) if e.detail.get("enabled") is not False]
+            if any(not steps.exclusive(event, other) for other in managers):
+                yield event.node, None, {}
+
+
+def _evaluates(steps: Steps) -> bool:
+    """An evaluation function (``evaluate``, ``predict``, ``test_step``) with no backward pass: a
+    float16 copy of the weights for inference is a choice, not a mix-up."""
+    name = getattr(getattr(steps.root, "name", None), "value", "").lower()
+    return not steps.backwards() and any(word in name for word in ("eval", "predict", "infer", "test", "valid"))
 
 
 def _model_like(cast: cst.Call, models: set[str]) -> bool:

@@ -11,7 +11,7 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
     Reports ``scaler.step(optimizer)`` in a training loop whose iteration never calls
     ``scaler.update()`` on the same scaler, directly or through the file's own helpers (an
     update after the loop, once per epoch, is reported). Where the step is in a function with no
-    loop, it is reported only when the file calls ``update()`` on that scaler nowhere.
+    loop, it is reported only when the file creates the scaler and calls ``update()`` on none.
 
     Why is this bad?
     ``update()`` is what moves the scale: it halves it after an overflow and grows it after a run
@@ -74,6 +74,9 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
             if loop is not None:
                 updated = any(same(u) and loop in u.frames and not steps.exclusive(u, event) for u in steps.of(Kind.UPDATE))
             else:
-                updated = any(same(u) for u in model.all_events(Kind.UPDATE))
+                # No training loop to hold both: any update in the file may follow it (through a
+                # local alias such as `scaler = self._scaler`, or a caller in another method).
+                # A scaler made in another file is updated there too, as far as this file shows.
+                updated = bool(model.all_events(Kind.UPDATE)) or not model.all_events(Kind.SCALER_NEW)
             if not updated:
                 yield event.node, f"`{event.scaler}.step(...)` with no `{event.scaler}.update()` in the same iteration", {}

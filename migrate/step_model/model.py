@@ -66,7 +66,9 @@ class Steps:
         """
         loop = self.training_loop(event)
         if loop is not None:
-            return True, loop
+            # `for phase in ("train", "val")`: the validation arm runs no backward pass
+            trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
+            return trains, loop
         if not event.loops() and any(not backward.loops() for backward in self.backwards()):
             return True, None
         return False, None
@@ -74,12 +76,16 @@ class Steps:
     def guarded(self, event: Event, loop: Loop | None) -> bool:
         """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``
         (``if step % log_every == 0``, ``if rank == 0 and i % 100 == 0``) or on the time elapsed
-        (``if time.time() - last_log > 30``) whose arm holds no step
-        of the optimizer (that one is an accumulation boundary, which is every optimizer step)."""
+        (``if time.time() - last_log > 30``) unless every
+        step of the optimizer is in its arm (that is an accumulation boundary: every optimizer step)."""
+        stepping = [step for step in self.of(*_STEPS) if loop is None or loop in step.frames]
         for frame in event.frames_inside(loop):
-            if isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves) and not any(
-                frame in other.frames for other in self.of(*_STEPS)
-            ):
+            if not (isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves)):
+                continue
+            inside = [step for step in stepping if frame in step.frames]
+            # All the steps in the arm: an accumulation boundary, which is every optimizer step.
+            # Some outside it too: an extra step now and then (a regulariser every 16 iterations).
+            if not inside or len(inside) < len(stepping):
                 return True
         return False
 

@@ -134,7 +134,12 @@ def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
     return re.sub(r"^self\.", "", text), polarity
 
 
+# Flags a trainer sets every n steps: `if self.control.should_log:`, `if log_now:`.
+_INTERVAL_FLAG = re.compile(r"(should_(log|save|evaluate|eval)|log_now|do_log|is_log(ging)?_step)$")
+
+
 def has_modulo(test: cst.BaseExpression) -> bool:
+    """Whether ``test`` runs its arm every n steps: a ``%``, or a flag a trainer sets that way."""
     found = False
 
     class _Find(cst.CSTVisitor):
@@ -143,7 +148,13 @@ def has_modulo(test: cst.BaseExpression) -> bool:
             found = found or isinstance(node.operator, cst.Modulo)
 
     test.visit(_Find())
-    return found
+    return found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
+
+
+def _flags(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation):
+        return _flags(test.left) + _flags(test.right)
+    return [test] if isinstance(test, (cst.Name, cst.Attribute)) else []
 
 
 def compares_time(test: cst.BaseExpression) -> bool:
