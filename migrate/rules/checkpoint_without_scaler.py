@@ -29,7 +29,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
 
     CODE = "AMP107"
     MESSAGE = "the checkpoint saves the model and the optimizer but not the GradScaler's state"
-    TRIGGERS = ("state_dict",)
+    TRIGGERS = ("GradScaler",)  # only where the file creates one
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -27,7 +27,7 @@ class GradScalerWithBfloat16(TrainingStepRule):
 
     CODE = "AMP106"
     MESSAGE = "a GradScaler with autocast in bfloat16 only: bfloat16 needs no loss scaling"
-    TRIGGERS = ("bfloat16", "cpu")
+    TRIGGERS = ("GradScaler",)  # the scaler is what it reports
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -27,7 +27,7 @@ class HalfModelWithAutocast(TrainingStepRule):
 
     CODE = "AMP108"
     MESSAGE = "the model is cast to float16 while autocast / a GradScaler manage precision; keep it in float32"
-    TRIGGERS = ("half", "float16")
+    TRIGGERS = ("autocast", "GradScaler")
 
     VALID = [
         Valid(CORRECT_LOOP),
