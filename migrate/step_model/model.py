@@ -68,10 +68,19 @@ class Steps:
         if loop is not None:
             # `for phase in ("train", "val")`: the validation arm runs no backward pass
             trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
-            return trains, loop
+            return trains and not self._in_evaluation(event, loop), loop
         if not event.loops() and any(not backward.loops() for backward in self.backwards()):
             return True, None
         return False, None
+
+    def _in_evaluation(self, event: Event, loop: Loop) -> bool:
+        """Whether ``event`` is in a loop of its own inside the training loop that runs the model
+        and no backward pass: a validation pass, which is not the training step."""
+        inner = event.loops()[-1]
+        if inner is loop:
+            return False
+        around = [e for e in self.events if inner in e.frames]
+        return any(e.kind is Kind.FORWARD for e in around) and not any(e.kind is Kind.BACKWARD for e in around)
 
     def guarded(self, event: Event, loop: Loop | None) -> bool:
         """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``

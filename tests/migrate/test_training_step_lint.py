@@ -338,3 +338,20 @@ def test_linting_never_imports_torch():
         "assert 'torch' not in sys.modules, 'migrate imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_a_validation_pass_inside_the_training_loop_is_not_the_step():
+    source = """\
+        def range_test(model, opt, loader, val_loader, scaler, iterations):
+            for iteration in range(iterations):
+                loss = model(next(loader))
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                total = 0.0
+                for x in val_loader:
+                    total += model(x).item()
+                for p in model.parameters():
+                    total += p.grad.norm().item()
+        """
+    assert _lines(source, "AMP100") == [11]
