@@ -25,11 +25,14 @@ class GradientsReadWhileScaled(TrainingStepRule):
     is about 1.5e-5: in effect it always clips, and the logged norms are the scale's size.
 
     Fix safety:
-    Safe where the fix applies: ``scaler.unscale_(optimizer)`` goes before the first reading
-    statement when ``scaler.step(optimizer)`` always follows it (same block, nothing leaves the
-    block in between), the scaler steps one optimizer, and the step calls ``unscale_`` nowhere else
-    (a second call per step raises). ``scaler.step`` then skips its own unscaling. Elsewhere the
-    finding has no fix: unscaling where no step follows would raise at the next ``unscale_``.
+    Unsafe: ``scaler.unscale_(optimizer)`` goes before the first reading statement, which changes
+    what the clip does (that is its point), so it is applied only with ``--unsafe-fixes``; code
+    migrated from apex keeps a clip apex made on scaled gradients until the user asks. The fix is
+    offered only where it cannot fail: ``scaler.step(optimizer)`` always follows (same block,
+    nothing leaves the block in between), the scaler steps one optimizer, and nothing else in the
+    step calls ``unscale_`` (a second call per step raises). ``scaler.step`` then skips its own
+    unscaling. Elsewhere the finding has no fix: unscaling where no step follows would raise at
+    the next ``unscale_``.
     """
 
     CODE = "AMP101"
@@ -70,6 +73,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n",
+            unsafe_fixes=True,
         ),
         Invalid(
             "class Trainer:\n"
@@ -95,6 +99,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "\n"
             "    def backward(self, loss):\n"
             "        self.scaler.scale(loss).backward()\n",
+            unsafe_fixes=True,
         ),
         Invalid(
             "def train(model, optimizer, loader, scaler, accumulation):\n"
@@ -174,7 +179,8 @@ class GradientsReadWhileScaled(TrainingStepRule):
         module = steps.root if isinstance(steps.root, cst.Module) else cst.Module(body=[])
         new = nodes.parse_statements(line + "\n", module)[0]
         placed = cst.FlattenSentinel([nodes.with_leading(new, anchor), anchor.with_changes(leading_lines=())])
-        return anchor, {"replacement": placed, "safety": Safety.SAFE, "fix_message": f"Insert `{line}` before the gradients are read"}
+        return anchor, {"replacement": placed, "safety": Safety.UNSAFE,
+                        "fix_message": f"Insert `{line}` before the gradients are read (unsafe: the clip changes)"}
 
     @staticmethod
     def _block(steps: Steps, outer: tuple) -> list | None:
