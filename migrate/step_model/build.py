@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import contains
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
 
@@ -23,6 +24,9 @@ class Assignment:
     value: cst.BaseExpression
     order: int
     on_host: bool = False  # the value was pulled to the host: `loss_value = loss.item()`
+    node: cst.CSTNode | None = None
+    frames: tuple = ()
+    statements: tuple = ()
 
 
 @dataclass
@@ -58,7 +62,17 @@ class Walk:
         if isinstance(self.root, cst.FunctionDef) and isinstance(self.root.body, cst.SimpleStatementSuite):
             body = [self.root.body]
         self._block(body, (), ())
+        self._bind_losses()
         return self
+
+    def _bind_losses(self) -> None:
+        """A ``LOSS`` event where each loss a backward pass uses is assigned, in its place."""
+        losses = {event.subject for event in self.events if event.kind is Kind.BACKWARD and event.subject}
+        found = [a for a in self.assignments if losses & set(a.targets)]
+        for assignment in reversed(found):  # from the end, so earlier positions hold
+            subject = next(t for t in assignment.targets if t in losses)
+            self.events.insert(assignment.order, Event(Kind.LOSS, assignment.node, assignment.frames,
+                                                       assignment.statements, subject=subject))
 
     # statements
 
@@ -130,7 +144,7 @@ class Walk:
         if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and value is not None:
             targets = _targets(small)
             self._expression(value, frames, statements)
-            self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value)))
+            self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), small, frames, statements))
             if not isinstance(small, cst.AugAssign):
                 self.host_names.difference_update(targets)
                 if _pulled(value):
@@ -365,8 +379,6 @@ def _code(node: cst.CSTNode) -> str:
 
 
 def _has_call(node: cst.CSTNode) -> bool:
-    from migrate.apex_plan.syntax import contains
-
     return contains(node, (cst.Call,))
 
 

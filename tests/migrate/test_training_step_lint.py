@@ -303,7 +303,7 @@ def test_model_enters_helpers_and_orders_the_step_as_it_runs():
         """)
     fit = next(steps for steps in model.roots if getattr(steps.root, "name", None) and steps.root.name.value == "fit")
     kinds = [event.kind for event in fit.events if event.kind is not Kind.FORWARD]
-    assert kinds == [Kind.AUTOCAST, Kind.BACKWARD, Kind.UNSCALE, Kind.SCALER_STEP, Kind.UPDATE]
+    assert kinds == [Kind.AUTOCAST, Kind.LOSS, Kind.BACKWARD, Kind.UNSCALE, Kind.SCALER_STEP, Kind.UPDATE]
     backward = fit.of(Kind.BACKWARD)[0]
     assert backward.scaler == "self.scaler" and backward.how.value == "scaled"
     assert any(isinstance(frame, Via) for frame in backward.frames)
@@ -355,3 +355,21 @@ def test_a_validation_pass_inside_the_training_loop_is_not_the_step():
                     total += p.grad.norm().item()
         """
     assert _lines(source, "AMP100") == [11]
+
+
+def test_model_binds_each_loss_where_it_is_assigned():
+    model = _model("""\
+        def train(model, opt, loader, scaler):
+            for x, y in loader:
+                with torch.autocast("cuda"):
+                    out = model(x)
+                    loss = criterion(out, y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        """)
+    steps = model.roots[-1]
+    kinds = [event.kind for event in steps.events]
+    assert kinds.index(Kind.LOSS) < kinds.index(Kind.BACKWARD)
+    loss = steps.of(Kind.LOSS)[0]
+    assert loss.subject == "loss" and loss.regions() and loss.loops()
