@@ -1,0 +1,109 @@
+"""The base of the lint rules on training steps (AMP100-AMP109): they query the step model."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from migrate.rule import Rule
+from migrate.step_model import StepModel, StepModelProvider, model_of
+
+
+class TrainingStepRule(Rule):
+    """Subclass this and define ``findings(model)``, yielding ``(node, message or None, fix kwargs)``.
+
+    One node is reported once, however many functions' walks reach it (a helper entered from
+    two loops), in the order the walks first meet it.
+    """
+
+    TRIGGERS = ("backward", "GradScaler", "autocast", "scaler")
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, StepModelProvider)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        seen: set[int] = set()
+        for found, message, fix in self.findings(model_of(self, node)):
+            if id(found) not in seen:
+                seen.add(id(found))
+                self.report(found, message, **fix)
+        return False
+
+    def findings(self, model: StepModel) -> Iterator[tuple[cst.CSTNode, str | None, dict]]:
+        raise NotImplementedError
+
+
+# A complete, correct native loop: periodic logging, clipping after unscale_, a full checkpoint.
+# Every rule of the family lists it as VALID: none may report on it.
+CORRECT_LOOP = '''\
+import torch
+from torch.amp import GradScaler, autocast
+
+
+def train(model, optimizer, loader, epochs, log_every=100, device="cuda"):
+    scaler = GradScaler(device)
+    for epoch in range(epochs):
+        running = torch.zeros((), device=device)
+        for step, (inputs, targets) in enumerate(loader):
+            inputs, targets = inputs.to(device), targets.to(device)
+            with autocast(device):
+                outputs = model(inputs)
+                loss = torch.nn.functional.cross_entropy(outputs, targets)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            running += loss.detach()
+            if step % log_every == 0:
+                print(f"epoch {epoch} step {step} loss {running.item() / (step + 1):.4f} grad {grad_norm.item():.2f}")
+        print(f"epoch {epoch} mean loss {running.item() / len(loader):.4f}")
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+            f"checkpoint-{epoch}.pt",
+        )
+'''
+
+# The same, as a trainer class with its step in helper methods and logging on rank 0 every n steps.
+CORRECT_TRAINER = '''\
+import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizer, rank=0, log_every=50):
+        self.model = model
+        self.optimizer = optimizer
+        self.rank = rank
+        self.log_every = log_every
+        self.scaler = torch.amp.GradScaler("cuda")
+        self.global_step = 0
+
+    def fit(self, loader, max_steps):
+        iterator = iter(loader)
+        while self.global_step < max_steps:
+            batch = next(iterator)
+            loss = self.training_step(batch)
+            self.optimizer_step()
+            self.global_step += 1
+            if self.rank == 0 and self.global_step % self.log_every == 0:
+                print(f"step {self.global_step}: loss {loss.item():.4f}")
+        self.save("last.pt")
+
+    def training_step(self, batch):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(**batch).loss
+        self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self):
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad()
+
+    def save(self, path):
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state["scaler"] = self.scaler.state_dict()
+        torch.save(state, path)
+'''

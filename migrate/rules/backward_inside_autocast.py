@@ -1,0 +1,77 @@
+"""AMP104: ``backward()`` inside an autocast region."""
+from __future__ import annotations
+
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Kind
+
+
+class BackwardInsideAutocast(TrainingStepRule):
+    """What it does:
+    Reports a backward pass (``loss.backward()``, ``scaler.scale(loss).backward()``) run inside a
+    ``with torch.autocast(...)`` block, directly or in a helper called there. A block with
+    ``enabled=False`` inside the region turns it off.
+
+    Why is this bad?
+    PyTorch's AMP documentation advises against it: the backward ops run in the dtype autocast
+    chose for their forward ops anyway, and autocast inside the backward pass only adds casts
+    (and, for a custom backward, can cast what the forward left in float32).
+
+    Fix safety:
+    No fix: the ``with`` block has to end after the loss is computed, which moves code out of it.
+    """
+
+    CODE = "AMP104"
+    MESSAGE = "`backward()` inside an autocast region; end the `with autocast` block after the loss"
+    TRIGGERS = ("autocast",)
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, loader):\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x)\n"
+            "            with torch.autocast('cuda', enabled=False):\n"
+            "                loss.float().backward()\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for x, y in loader:\n"
+            "        with torch.autocast('cuda', dtype=torch.float16):\n"
+            "            loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
+        Invalid(
+            "from torch.amp import autocast\n"
+            "\n"
+            "def train(model, optimizer, data):\n"
+            "    step = 0\n"
+            "    while step < 1000:\n"
+            "        with autocast('cuda'):\n"
+            "            loss = model(next(data))\n"
+            "            loss.backward()\n"
+            "        step += 1\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def train_step(self, batch):\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = self.model(batch)\n"
+            "            self.backward(loss)\n"
+            "\n"
+            "    def backward(self, loss):\n"
+            "        self.scaler.scale(loss).backward()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        for _, event in model.each(Kind.BACKWARD):
+            regions = event.regions()
+            if regions and regions[-1].enabled is not False:
+                yield event.node, None, {}

@@ -1,0 +1,117 @@
+"""AMP105: a GradScaler created inside the training loop."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Event, Kind, Loop, Via
+
+
+class GradScalerInLoop(TrainingStepRule):
+    """What it does:
+    Reports ``GradScaler(...)`` created in a loop that runs backward passes: in the training loop,
+    in an epoch loop around it, or in a helper (``train_one_epoch``, ``train_step``) called there.
+    A function that runs a whole training (its own loop over epochs) may make its scaler, even
+    when a search calls it once per trial.
+
+    Why is this bad?
+    A new scaler starts again at its initial scale (65,536) with no memory of overflows: every
+    iteration (or epoch) the first steps overflow and are skipped, and the scale never settles.
+
+    Fix safety:
+    No fix: create the scaler once, before the loop, and pass it to the helpers.
+
+    Options:
+    An autocast object created each iteration (``with torch.autocast("cuda"):``) is how autocast
+    is meant to be used, and is not reported.
+    """
+
+    CODE = "AMP105"
+    MESSAGE = "a GradScaler is created inside the training loop: its scale starts over each time"
+    TRIGGERS = ("GradScaler",)
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, optimizer, loader, epochs):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for epoch in range(epochs):\n"
+            "        for x in loader:\n"
+            "            scaler.scale(model(x)).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "\n"
+            "def search(trials, model, optimizer, loader):\n"
+            "    for trial in range(trials):\n"
+            "        train(model, optimizer, loader, epochs=10)\n"
+        ),
+        Valid(
+            "def run(configs, model):\n"
+            "    for config in configs:\n"
+            "        scaler = torch.amp.GradScaler('cuda', enabled=config.amp)\n"
+            "        evaluate(model, scaler)\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader):\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        scaler = torch.amp.GradScaler('cuda')\n"
+            "        scaler.scale(model(x, y)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
+        Invalid(
+            "from torch.amp import GradScaler\n"
+            "\n"
+            "def train_one_epoch(model, optimizer, loader):\n"
+            "    scaler = GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "\n"
+            "def main(model, optimizer, loader):\n"
+            "    epoch = 0\n"
+            "    while epoch < 90:\n"
+            "        train_one_epoch(model, optimizer, loader)\n"
+            "        epoch += 1\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def fit(self, loader):\n"
+            "        for batch in loader:\n"
+            "            self.train_step(batch)\n"
+            "\n"
+            "    def train_step(self, batch):\n"
+            "        self.scaler = torch.amp.GradScaler('cuda')\n"
+            "        self.scaler.scale(self.model(batch)).backward()\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        for steps, event in model.each(Kind.SCALER_NEW):
+            loops = set(event.loops())
+            trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
+            if trained and not any(_whole_run(event, backward) for backward in trained):
+                yield event.node, None, {}
+
+
+def _whole_run(created: Event, backward: Event) -> bool:
+    """Whether the scaler is made in a function that runs a whole training (its own loop over
+    epochs), called once per trial of a search: each run rightly starts a new scaler."""
+    calls = [frame for frame in created.frames if isinstance(frame, Via)]
+    if not calls or calls[-1] not in backward.frames:
+        return False
+    inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
+    return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
+
+
+def _over_epochs(loop: cst.For | cst.While) -> bool:
+    head = (loop.target, loop.iter) if isinstance(loop, cst.For) else (loop.test,)
+    return any("epoch" in nodes.code(part).lower() for part in head)

@@ -1,0 +1,83 @@
+"""AMP106: a GradScaler used where autocast runs in bfloat16 only."""
+from __future__ import annotations
+
+from migrate import apex_nodes as nodes
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Kind
+from migrate.step_model.vocabulary import literal_bool
+
+
+class GradScalerWithBfloat16(TrainingStepRule):
+    """What it does:
+    Reports a ``GradScaler`` that is always enabled in a file whose every autocast region runs
+    in ``torch.bfloat16`` (a CPU autocast, or ``dtype=torch.bfloat16``). A scaler enabled only
+    for float16 (``GradScaler(enabled=dtype == torch.float16)``) is not reported, nor is one
+    where any autocast's dtype is float16 or computed.
+
+    Why is this bad?
+    bfloat16 has float32's exponent range: its gradients do not underflow, so loss scaling
+    protects nothing. The scaler still multiplies and divides every gradient, checks them all for
+    inf/NaN and syncs with the host each step.
+
+    Fix safety:
+    No fix: drop the scaler (or pass ``enabled=False``) and keep ``loss.backward()`` and
+    ``optimizer.step()``, which is several edits.
+    """
+
+    CODE = "AMP106"
+    MESSAGE = "a GradScaler with autocast in bfloat16 only: bfloat16 needs no loss scaling"
+    TRIGGERS = ("GradScaler",)  # the scaler is what it reports
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, loader, dtype):\n"
+            "    scaler = torch.amp.GradScaler('cuda', enabled=dtype == torch.float16)\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for i, x in enumerate(loader):\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def __init__(self, model):\n"
+            "        self.model = model\n"
+            "        self.scaler = torch.amp.GradScaler('cuda', enabled=True)\n"
+            "\n"
+            "    def forward(self, batch):\n"
+            "        with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n"
+            "            return self.model(batch)\n"
+        ),
+        Invalid(
+            "from torch.amp import GradScaler\n"
+            "\n"
+            "scaler = GradScaler('cpu')\n"
+            "while True:\n"
+            "    with torch.autocast('cpu'):\n"
+            "        loss = model(next(data))\n"
+            "    scaler.scale(loss).backward()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        autocasts = [e for e in model.all_events(Kind.AUTOCAST) if e.detail.get("enabled") is not False]
+        if not autocasts or any(e.detail.get("dtype") != "bfloat16" for e in autocasts):
+            return
+        for event in model.all_events(Kind.SCALER_NEW):
+            enabled = nodes.argument(event.node, None, "enabled")
+            if enabled is None or literal_bool(enabled.value) is True:
+                yield event.node, None, {}

@@ -1,0 +1,193 @@
+"""AMP101: gradients read after a scaled backward, before ``scaler.unscale_(optimizer)``."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import contains
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Backward, Event, Kind, Steps
+from migrate.types import Safety
+
+_LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
+
+
+class GradientsReadWhileScaled(TrainingStepRule):
+    """What it does:
+    Reports a gradient clip, a gradient norm or a read of ``p.grad`` after
+    ``scaler.scale(loss).backward()`` with no ``scaler.unscale_(optimizer)`` before it in the
+    same step.
+
+    Why is this bad?
+    Until ``unscale_`` (or ``scaler.step``) runs, every gradient is multiplied by the scale,
+    65,536 at the start. ``clip_grad_norm_(params, 1.0)`` then clips gradients whose true norm
+    is about 1.5e-5: in effect it always clips, and the logged norms are the scale's size.
+
+    Fix safety:
+    Unsafe: ``scaler.unscale_(optimizer)`` goes before the first reading statement, which changes
+    what the clip does (that is its point), so it is applied only with ``--unsafe-fixes``; code
+    migrated from apex keeps a clip apex made on scaled gradients until the user asks. The fix is
+    offered only where it cannot fail: ``scaler.step(optimizer)`` always follows (same block,
+    nothing leaves the block in between), the scaler steps one optimizer, and nothing else in the
+    step calls ``unscale_`` (a second call per step raises). ``scaler.step`` then skips its own
+    unscaling. Elsewhere the finding has no fix: unscaling where no step follows would raise at
+    the next ``unscale_``.
+    """
+
+    CODE = "AMP101"
+    MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
+    TRIGGERS = ("scale",)
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, opt, loader, scaler):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        for p in model.parameters():\n"
+            "            if p.grad is not None:\n"
+            "                torch.distributed.all_reduce(p.grad)\n"
+            "        scaler.step(opt)\n"
+            "        scaler.update()\n"
+            "        norms = [p.grad.norm() for p in model.parameters()]\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        # keep updates small\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        # keep updates small\n"
+            "        scaler.unscale_(optimizer)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            unsafe_fixes=True,
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def fit(self, data):\n"
+            "        while self.step < self.max_steps:\n"
+            "            self.backward(self.model(next(data)))\n"
+            "            if self.clip:\n"
+            "                norm = clip_grad_norm_(self.model.parameters(), self.clip)\n"
+            "            self.scaler.step(self.optimizer)\n"
+            "            self.scaler.update()\n"
+            "\n"
+            "    def backward(self, loss):\n"
+            "        self.scaler.scale(loss).backward()\n",
+            "class Trainer:\n"
+            "    def fit(self, data):\n"
+            "        while self.step < self.max_steps:\n"
+            "            self.backward(self.model(next(data)))\n"
+            "            self.scaler.unscale_(self.optimizer)\n"
+            "            if self.clip:\n"
+            "                norm = clip_grad_norm_(self.model.parameters(), self.clip)\n"
+            "            self.scaler.step(self.optimizer)\n"
+            "            self.scaler.update()\n"
+            "\n"
+            "    def backward(self, loss):\n"
+            "        self.scaler.scale(loss).backward()\n",
+            unsafe_fixes=True,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, scaler, accumulation):\n"
+            "    for i, batch in enumerate(loader):\n"
+            "        scaler.scale(model(batch) / accumulation).backward()\n"
+            "        if (i + 1) % accumulation == 0:\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        if i % 100 == 0:\n"
+            "            grad_norm = sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5\n"
+            "            print(grad_norm)\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def train_step(self, batch):\n"
+            "        loss = self.model(batch)\n"
+            "        self.scaler.scale(loss).backward()\n"
+            "        self.optimizer_step()\n"
+            "\n"
+            "    def optimizer_step(self):\n"
+            "        torch.nn.utils.clip_grad_value_(self.model.parameters(), 0.5)\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        reported: set[int] = set()
+        for steps, event in model.each(Kind.GRAD_READ):
+            statement = event.statements[-1] if event.statements else event.node
+            if id(statement) in reported:
+                continue
+            scaler = self._scaled_before(steps, event)
+            if scaler is None:
+                continue
+            reported.add(id(statement))
+            anchor, fix = self._fix(steps, event, scaler)
+            yield (anchor if fix else event.node), None, fix
+
+    @staticmethod
+    def _scaled_before(steps: Steps, event: Event) -> str | None:
+        """The scaler whose scaled gradients ``event`` reads, unless an ``unscale_`` or a step that
+        always runs before it (no ``if`` of its own) unscaled them."""
+        end = steps.index(event)
+        for backward in reversed(steps.before(event, (Kind.BACKWARD,))):
+            if backward.how is not Backward.SCALED:
+                continue
+            start = steps.index(backward)
+            between = [e for e in steps.events[start:end] if e.scaler == backward.scaler
+                       and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP) and steps.runs_whenever(e, event, backward)]
+            return None if between else backward.scaler
+        return None
+
+    def _fix(self, steps: Steps, event: Event, scaler: str) -> tuple[cst.CSTNode | None, dict]:
+        """The statement to put ``unscale_`` before, and the fix; ``(None, {})`` where it is not exact."""
+        if event.inlined():
+            return None, {}
+        stepping = [e for e in steps.after(event, (Kind.SCALER_STEP,)) if e.scaler == scaler]
+        everywhere = [e for e in steps.events if e.scaler == scaler and steps.same_iteration(event, e)]
+        optimizers = {e.subject for e in everywhere if e.kind is Kind.SCALER_STEP}
+        if len(optimizers) != 1 or None in optimizers or any(e.kind is Kind.UNSCALE for e in everywhere):
+            return None, {}
+        step = next((e for e in stepping if not e.inlined()), None)
+        if step is None:
+            return None, {}
+        depth = len(step.statements) - 1
+        if event.statements[:depth] != step.statements[:depth] or len(event.statements) <= depth:
+            return None, {}
+        anchor, target = event.statements[depth], step.statements[depth]
+        block = self._block(steps, step.statements[:depth])
+        if block is None or anchor not in block or target not in block:
+            return None, {}
+        start, end = block.index(anchor), block.index(target)
+        if start >= end or any(contains(s, _LEAVES) for s in block[start:end]) or not isinstance(anchor, cst.BaseStatement):
+            return None, {}
+        line = f"{scaler}.unscale_({step.subject})"
+        module = steps.root if isinstance(steps.root, cst.Module) else cst.Module(body=[])
+        new = nodes.parse_statements(line + "\n", module)[0]
+        placed = cst.FlattenSentinel([nodes.with_leading(new, anchor), anchor.with_changes(leading_lines=())])
+        return anchor, {"replacement": placed, "safety": Safety.UNSAFE,
+                        "fix_message": f"Insert `{line}` before the gradients are read (unsafe: the clip changes)"}
+
+    @staticmethod
+    def _block(steps: Steps, outer: tuple) -> list | None:
+        owner = outer[-1] if outer else steps.root
+        body = getattr(owner, "body", None)
+        if isinstance(body, cst.IndentedBlock):
+            return list(body.body)
+        if isinstance(owner, cst.Module):
+            return list(owner.body)
+        return None

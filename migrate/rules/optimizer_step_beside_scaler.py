@@ -1,0 +1,116 @@
+"""AMP102: ``optimizer.step()`` on an optimizer whose loss a GradScaler scales."""
+from __future__ import annotations
+
+from migrate import apex_nodes as nodes
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Backward, Kind
+from migrate.types import Safety
+
+
+class OptimizerStepBesideScaler(TrainingStepRule):
+    """What it does:
+    Reports ``optimizer.step()`` where the step's backward pass was ``scaler.scale(loss).backward()``
+    (in the same iteration, on a path that can run with it: ``if scaler: ... else: optimizer.step()``
+    is left alone).
+
+    Why is this bad?
+    The gradients are still multiplied by the scale, so the update is 65,536 times too large,
+    and the inf/NaN check that ``scaler.step`` makes is skipped: an overflowing step corrupts the
+    weights instead of being skipped.
+
+    Fix safety:
+    Unsafe: ``optimizer.step()`` becomes ``scaler.step(optimizer)`` where ``scaler.update()``
+    follows in the same iteration. It changes the training (that is its point): updates are
+    unscaled, and steps with inf/NaN gradients are skipped.
+    """
+
+    CODE = "AMP102"
+    MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
+    TRIGGERS = ("scale",)
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, optimizer, loader, scaler=None):\n"
+            "    for x in loader:\n"
+            "        loss = model(x)\n"
+            "        if scaler is not None:\n"
+            "            scaler.scale(loss).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        else:\n"
+            "            loss.backward()\n"
+            "            optimizer.step()\n"
+            "        lr_scheduler.step()\n"
+        ),
+        Valid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for x in loader:\n"
+            "        if scaler:\n"
+            "            scaler.scale(model(x)).backward()\n"
+            "        else:\n"
+            "            model(x).backward()\n"
+            "        if not scaler:\n"
+            "            optimizer.step()\n"
+            "        else:\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for i, (x, y) in enumerate(loader):\n"
+            "        scaler.scale(model(x, y)).backward()\n"
+            "        optimizer.step()\n"
+            "        scaler.update()\n",
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for i, (x, y) in enumerate(loader):\n"
+            "        scaler.scale(model(x, y)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            unsafe_fixes=True,
+        ),
+        Invalid(
+            "def train(model, opt, data, scaler):\n"
+            "    while True:\n"
+            "        loss = model(next(data))\n"
+            "        scaler.scale(loss).backward()\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def fit(self, loader):\n"
+            "        for batch in loader:\n"
+            "            self.backward(self.model(batch))\n"
+            "            self.optimizer_step()\n"
+            "\n"
+            "    def backward(self, loss):\n"
+            "        self.scaler.scale(loss).backward()\n"
+            "\n"
+            "    def optimizer_step(self):\n"
+            "        self.optimizer.step()\n"
+            "        self.scaler.update()\n"
+        ),
+    ]
+
+    def findings(self, model):
+        for steps, event in model.each(Kind.STEP):
+            scalers = {b.scaler for b in steps.before(event, (Kind.BACKWARD,)) if b.how is Backward.SCALED}
+            if not scalers:
+                continue
+            fix = {}
+            scaler = next(iter(scalers))
+            updates = [u for u in steps.after(event, (Kind.UPDATE,)) if u.scaler == scaler]
+            if len(scalers) == 1 and updates and not event.node.args and not event.inlined():
+                fix = {
+                    "replacement": nodes.parse_expression(f"{scaler}.step({event.subject})", model.module),
+                    "safety": Safety.UNSAFE,
+                    "fix_message": f"Use `{scaler}.step({event.subject})` (unsafe: updates become unscaled, "
+                                   "and steps with inf/NaN gradients are skipped)",
+                }
+            message = f"`{event.subject}.step()` after `{scaler}.scale(loss).backward()`: use `{scaler}.step({event.subject})`"
+            yield event.node, message, fix

@@ -1,0 +1,82 @@
+"""AMP103: ``scaler.step(...)`` with no ``scaler.update()`` in the same iteration."""
+from __future__ import annotations
+
+from migrate.rule import Invalid, Valid
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.step_model import Kind
+
+
+class ScalerStepWithoutUpdate(TrainingStepRule):
+    """What it does:
+    Reports ``scaler.step(optimizer)`` in a training loop whose iteration never calls
+    ``scaler.update()`` on the same scaler, directly or through the file's own helpers (an
+    update after the loop, once per epoch, is reported). Where the step is in a function with no
+    loop, it is reported only when the file creates the scaler and calls ``update()`` on none.
+
+    Why is this bad?
+    ``update()`` is what moves the scale: it halves it after an overflow and grows it after a run
+    of clean steps. Without it the scale never leaves its first value, so an overflow skips every
+    following step, and ``unscale_`` refuses to run twice before an update.
+
+    Fix safety:
+    No fix: where the update belongs (after each step, or each optimizer's last step) is the
+    author's choice.
+    """
+
+    CODE = "AMP103"
+    MESSAGE = "`scaler.step()` with no `scaler.update()` in the same iteration"
+    TRIGGERS = ("scaler", "GradScaler")
+
+    VALID = [
+        Valid(CORRECT_LOOP),
+        Valid(CORRECT_TRAINER),
+        Valid(
+            "def step(scaler, optimizers):\n"
+            "    for optimizer in optimizers:\n"
+            "        scaler.step(optimizer)\n"
+            "    scaler.update()\n"
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for epoch in range(10):\n"
+            "        for step, x in enumerate(loader):\n"
+            "            scaler.scale(model(x)).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            optimizer.zero_grad()\n"
+            "        scaler.update()\n"
+        ),
+        Invalid(
+            "class Trainer:\n"
+            "    def fit(self, data):\n"
+            "        while self.step < self.max_steps:\n"
+            "            self.scaler.scale(self.model(next(data))).backward()\n"
+            "            self.optimizer_step()\n"
+            "\n"
+            "    def optimizer_step(self):\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.optimizer.zero_grad()\n"
+        ),
+        Invalid(
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "\n"
+            "def train_step(model, optimizer, batch):\n"
+            "    scaler.scale(model(batch)).backward()\n"
+            "    scaler.step(optimizer)\n"
+        ),
+    ]
+
+    def findings(self, model):
+        for steps, event in model.each(Kind.SCALER_STEP):
+            loop = steps.backward_loop(event)
+            same = lambda update: update.scaler == event.scaler  # noqa: E731
+            if loop is not None:
+                updated = any(same(u) and loop in u.frames and not steps.exclusive(u, event) for u in steps.of(Kind.UPDATE))
+            else:
+                # No training loop to hold both: any update in the file may follow it (through a
+                # local alias such as `scaler = self._scaler`, or a caller in another method).
+                # A scaler made in another file is updated there too, as far as this file shows.
+                updated = bool(model.all_events(Kind.UPDATE)) or not model.all_events(Kind.SCALER_NEW)
+            if not updated:
+                yield event.node, f"`{event.scaler}.step(...)` with no `{event.scaler}.update()` in the same iteration", {}

@@ -1,0 +1,387 @@
+"""The walk: one function (or the module's top level) in execution order, into events.
+
+Calls of the file's own functions and of methods of the same class are entered (up to a few
+levels), so a step split into helpers (``self.backward(loss)``, ``self.optimizer_step()``) reads as
+one; the events found there carry the call as a ``Via`` frame and point at the helper's code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import contains
+from migrate.step_model import vocabulary as words
+from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
+
+_MAX_DEPTH = 3
+
+
+@dataclass
+class Assignment:
+    targets: tuple[str, ...]
+    value: cst.BaseExpression
+    order: int
+    on_host: bool = False  # the value was pulled to the host: `loss_value = loss.item()`
+    node: cst.CSTNode | None = None
+    frames: tuple = ()
+    statements: tuple = ()
+
+
+@dataclass
+class FileFacts:
+    """What the walk of each function needs to know about the whole file."""
+
+    scalers: set[str] = field(default_factory=set)  # source text of every GradScaler: "scaler", "self.scaler"
+    optimizers: set[str] = field(default_factory=set)  # what scaler.step / unscale_ are given
+    models: set[str] = field(default_factory=set)  # whose .parameters() / .train() are used
+    functions: dict[str, cst.FunctionDef] = field(default_factory=dict)  # module level, by name
+    methods: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # class id -> name -> method
+    owner: dict[int, cst.ClassDef] = field(default_factory=dict)  # method id -> its class
+    nested: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # function id -> local defs
+
+
+class Walk:
+    """The events of one root (a function, or the module's top level), in execution order."""
+
+    def __init__(self, visitor: cst.MetadataDependent, facts: FileFacts, root: cst.CSTNode) -> None:
+        self.visitor = visitor
+        self.facts = facts
+        self.root = root
+        self.events: list[Event] = []
+        self.assignments: list[Assignment] = []
+        self.scaled_names: dict[str, str] = {}  # `scaled = scaler.scale(loss)` -> scaled: scaler
+        self.managed_names: set[str] = set()  # `with amp.scale_loss(...) as scaled_loss`
+        self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
+        self._entered: list[cst.CSTNode] = [root]
+        self._round_trips: set[int] = set()  # calls that are part of a larger one: `.half().float()`, `.cpu().numpy()`
+
+    def run(self) -> "Walk":
+        body = self.root.body.body if isinstance(self.root, cst.FunctionDef) else self.root.body
+        if isinstance(self.root, cst.FunctionDef) and isinstance(self.root.body, cst.SimpleStatementSuite):
+            body = [self.root.body]
+        self._block(body, (), ())
+        self._bind_losses()
+        return self
+
+    def _bind_losses(self) -> None:
+        """A ``LOSS`` event where each loss a backward pass uses is assigned, in its place."""
+        losses = {event.subject for event in self.events if event.kind is Kind.BACKWARD and event.subject}
+        found = [a for a in self.assignments if losses & set(a.targets)]
+        for assignment in reversed(found):  # from the end, so earlier positions hold
+            subject = next(t for t in assignment.targets if t in losses)
+            self.events.insert(assignment.order, Event(Kind.LOSS, assignment.node, assignment.frames,
+                                                       assignment.statements, subject=subject))
+
+    # statements
+
+    def _block(self, body, frames: tuple, statements: tuple) -> None:
+        for statement in body:
+            self._statement(statement, frames, statements + (statement,))
+
+    def _statement(self, node: cst.CSTNode, frames: tuple, statements: tuple) -> None:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in node.body:
+                self._small(small, frames, statements)
+        elif isinstance(node, (cst.For, cst.While)):
+            head = node.iter if isinstance(node, cst.For) else node.test
+            self._expression(head, frames, statements)
+            loop = Loop(node)
+            self._block(_body(node.body), frames + (loop,), statements)
+            if node.orelse is not None:
+                self._block(_body(node.orelse.body), frames, statements)
+        elif isinstance(node, cst.If):
+            self._if(node, frames, statements)
+        elif isinstance(node, cst.With):
+            self._with(node, frames, statements)
+        elif isinstance(node, cst.Try) or type(node).__name__ == "TryStar":
+            self._block(_body(node.body), frames + (Handler(node),), statements)
+            for handler in node.handlers:
+                self._block(_body(handler.body), frames + (Handler(handler),), statements)
+            if node.orelse is not None:
+                self._block(_body(node.orelse.body), frames, statements)
+            if node.finalbody is not None:
+                self._block(_body(node.finalbody.body), frames + (Handler(node.finalbody),), statements)
+        elif isinstance(node, cst.Match):
+            for case in node.cases:
+                self._block(_body(case.body), frames, statements)
+
+    def _if(self, node: cst.If, frames: tuple, statements: tuple) -> None:
+        self._expression(node.test, frames, statements)
+        test, polarity = words.normalised_test(node.test)
+        modulo = words.has_modulo(node.test) or any(
+            name in a.targets and words.has_modulo(a.value) for a in self.assignments for name in _plain_names(node.test))
+        timed = words.compares_time(node.test)
+        leaves = _leaves(node.body)
+        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
+        other = frames + (Arm(node, False, test, not polarity, modulo, timed,
+                              node.orelse is not None and not isinstance(node.orelse, cst.If) and _leaves(node.orelse.body)),)
+        if isinstance(node.orelse, cst.If):
+            self._if(node.orelse, other, statements + (node.orelse,))
+        elif node.orelse is not None:
+            self._block(_body(node.orelse.body), other, statements)
+
+    def _with(self, node: cst.With, frames: tuple, statements: tuple) -> None:
+        inner = frames
+        for item in node.items:
+            self._expression(item.item, frames, statements)
+            call = item.item
+            if isinstance(call, cst.Call):
+                found = words.autocast_call(self.visitor, call)
+                if found is not None:
+                    region = Region(node, *found)
+                    inner = inner + (region,)
+                    self._add(Kind.AUTOCAST, call, frames, statements, detail={"dtype": found[0], "enabled": found[1]})
+                elif nodes.call_name(call) == "scale_loss" and item.asname is not None:
+                    self.managed_names.add(nodes.code(item.asname.name))
+        self._block(_body(node.body), inner, statements)
+
+    def _small(self, small: cst.BaseSmallStatement, frames: tuple, statements: tuple) -> None:
+        value = getattr(small, "value", None)
+        if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and value is not None:
+            targets = _targets(small)
+            self._expression(value, frames, statements)
+            self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), small, frames, statements))
+            if not isinstance(small, cst.AugAssign):
+                self.host_names.difference_update(targets)
+                if _pulled(value):
+                    self.host_names.update(targets)
+            if isinstance(value, cst.Call) and nodes.call_name(value) == "scale":
+                scaler = _receiver(value)
+                for target in targets:
+                    self.scaled_names[target] = scaler
+        elif isinstance(small, (cst.Expr, cst.Return)) and value is not None:
+            self._expression(value, frames, statements)
+        elif isinstance(small, cst.Assert):
+            self._expression(small.test, frames, statements)
+
+    # expressions
+
+    def _expression(self, expression: cst.CSTNode, frames: tuple, statements: tuple) -> None:
+        walk = self
+        unread: set[int] = set()  # `.grad` attributes only moved, averaged or cleared
+
+        class _Events(cst.CSTVisitor):
+            def visit_Lambda(self, node: cst.Lambda) -> bool:
+                return False
+
+            def visit_Call(self, node: cst.Call) -> bool:
+                if nodes.call_name(node) in words.GRAD_NEUTRAL_USES:
+                    operands = [arg.value for arg in node.args]
+                    if isinstance(node.func, cst.Attribute):
+                        operands.append(node.func.value)
+                    unread.update(id(words.grad_attribute(operand)) for operand in operands)
+                walk._call(node, frames, statements)
+                return True
+
+            def leave_Call(self, node: cst.Call) -> None:
+                walk._after_call(node, frames, statements)
+
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if node.attr.value == "grad" and id(node) not in unread:
+                    walk._add(Kind.GRAD_READ, node, frames, statements, subject=nodes.code(node.value))
+
+            def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
+                walk._add(Kind.HOST_PULL, node, frames, statements, subject=words.root_text(node.expression),
+                          detail={"form": "f-string", "bare": not _has_call(node.expression)})
+
+            def visit_Comparison(self, node: cst.Comparison) -> bool:
+                # `p.grad is not None` reads no gradient value
+                if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
+                    return not (isinstance(node.left, cst.Attribute) and node.left.attr.value == "grad")
+                return True
+
+        expression.visit(_Events())
+
+    def _call(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
+        name = nodes.call_name(call)
+        func = call.func
+        receiver = _receiver(call)
+        first = call.args[0].value if call.args else None
+        if isinstance(func, cst.Attribute):
+            if name == "backward":
+                if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead
+                    self._backward(call, frames, statements)
+            elif name == "unscale_" and receiver in self.facts.scalers:
+                self._add(Kind.UNSCALE, call, frames, statements, subject=_text(first), scaler=receiver)
+            elif name == "step" and receiver in self.facts.scalers:
+                self._add(Kind.SCALER_STEP, call, frames, statements, subject=_text(first), scaler=receiver)
+            elif name == "step" and (receiver in self.facts.optimizers or words.optimizer_like(receiver)):
+                self._add(Kind.STEP, call, frames, statements, subject=receiver)
+            elif name == "update" and receiver in self.facts.scalers:
+                self._add(Kind.UPDATE, call, frames, statements, scaler=receiver)
+            elif name == "zero_grad":
+                self._add(Kind.ZERO_GRAD, call, frames, statements, subject=receiver)
+            elif name in words.PULL_METHODS and not call.args and id(call) not in self._round_trips:
+                inner = func.value  # `loss.detach().cpu().numpy()` is one pull: the outermost reports it
+                while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
+                    self._round_trips.add(id(inner))
+                    inner = inner.func.value
+                subject = words.root_text(func.value)
+                self._add(Kind.HOST_PULL, call, frames, statements, subject=subject,
+                          detail={"form": name, "host": subject in self.host_names})
+            elif (name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))) \
+                    and id(call) not in self._round_trips:
+                self._add(Kind.HALF, call, frames, statements, subject=receiver)
+            if name in ("float", "to") and isinstance(func.value, cst.Call):
+                self._round_trips.add(id(func.value))  # `model.half().float()`: back to float32 at once
+            elif name == "load_state_dict":
+                self._add(Kind.LOAD, call, frames, statements, subject=receiver)
+            elif name == "forward" and receiver in self.facts.models:
+                self._add(Kind.FORWARD, call, frames, statements, subject=receiver)
+        elif isinstance(func, cst.Name):
+            if name == "float" and first is not None:
+                self._add(Kind.HOST_PULL, call, frames, statements, subject=words.root_text(first),
+                          detail={"form": "float()", "bare": not _has_call(first)})
+            elif name == "print":
+                for arg in call.args:
+                    if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
+                        self._add(Kind.HOST_PULL, arg.value, frames, statements, subject=words.root_text(arg.value),
+                                  detail={"form": "print()", "bare": True})
+        if _code(func) and words.model_like(_code(func), self.facts.models):
+            self._add(Kind.FORWARD, call, frames, statements, subject=_code(func))
+        if words.reads_gradients(call):
+            self._add(Kind.GRAD_READ, call, frames, statements, subject=_text(first))
+        if "save" in name.lower() and call.args:
+            self._add(Kind.SAVE, call, frames, statements)
+        if words.is_grad_scaler(self.visitor, call):
+            enabled = nodes.argument(call, None, "enabled")
+            self._add(Kind.SCALER_NEW, call, frames, statements,
+                      detail={"enabled": True if enabled is None else words.literal_bool(enabled.value)})
+        elif (found := words.autocast_call(self.visitor, call)) is not None and not _in_with_item(call, statements):
+            self._add(Kind.AUTOCAST, call, frames, statements, detail={"dtype": found[0], "enabled": found[1], "object": True})
+
+    def _after_call(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
+        helper = self._helper(call)
+        if helper is not None and helper not in self._entered and len(self._entered) <= _MAX_DEPTH:
+            self._entered.append(helper)
+            body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
+            self._block(body, frames + (Via(call),), ())
+            self._entered.pop()
+
+    def _backward(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
+        target = call.func.value
+        scaler = None
+        if isinstance(target, cst.Call) and nodes.call_name(target) == "scale" and _receiver(target) in self.facts.scalers:
+            how, scaler, loss = Backward.SCALED, _receiver(target), _text(target.args[0].value if target.args else None)
+        elif _code(target) in self.scaled_names:
+            how, scaler, loss = Backward.SCALED, self.scaled_names[_code(target)], _code(target)
+        elif isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)) and not _manager(target, call, self):
+            how, loss = Backward.PLAIN, words.root_text(target)
+        else:
+            how, loss = Backward.MANAGED, _text(call.args[0].value if call.args else None)
+        self._add(Kind.BACKWARD, call, frames, statements, subject=loss, scaler=scaler, how=how)
+
+    def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
+        func = call.func
+        facts = self.facts
+        if isinstance(func, cst.Name):
+            for entered in reversed(self._entered):
+                local = facts.nested.get(id(entered), {}).get(func.value)
+                if local is not None:
+                    return local
+            return facts.functions.get(func.value)
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            for entered in reversed(self._entered):
+                owner = facts.owner.get(id(entered))
+                if owner is not None:
+                    return facts.methods[id(owner)].get(func.attr.value)
+        return None
+
+    def _add(self, kind: Kind, node: cst.CSTNode, frames: tuple, statements: tuple, **fields) -> None:
+        self.events.append(Event(kind, node, frames, statements, **fields))
+
+
+def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
+    """``accelerator.backward(loss)``, ``self.backward(loss)``, apex's ``scaled_loss.backward()``:
+    a backward that is not ``tensor.backward()``."""
+    text = nodes.code(target)
+    if text in walk.managed_names:
+        return True
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return bool(positional) and (text == "self" or any(word in text.lower() for word in
+                                                          ("accelerator", "engine", "fabric", "trainer", "strategy", "scaler")))
+
+
+def _plain_names(test: cst.BaseExpression) -> list[str]:
+    """``log_now`` in ``if log_now:`` / ``if rank == 0 and log_now:``: flags a test reads directly."""
+    if isinstance(test, cst.BooleanOperation):
+        return _plain_names(test.left) + _plain_names(test.right)
+    return [nodes.code(test)] if isinstance(test, (cst.Name, cst.Attribute)) else []
+
+
+_EXITS = frozenset({"exit", "_exit", "quit", "abort"})
+
+
+def _leaves(block: cst.BaseSuite) -> bool:
+    """Whether ``block`` always ends the step: it raises, exits or returns (``if not
+    math.isfinite(loss): print(loss); sys.exit(1)``), so it runs once at most."""
+    body = _body(block)
+    last = body[-1] if body else None
+    if isinstance(last, cst.If):
+        return _leaves(last.body) and last.orelse is not None and (
+            _leaves(last.orelse.body) if isinstance(last.orelse, cst.Else) else _leaves(cst.IndentedBlock(body=[last.orelse])))
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        small = last.body[-1]
+        if isinstance(small, (cst.Raise, cst.Return)):
+            return True
+        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
+    return False
+
+
+def _pulled(value: cst.BaseExpression) -> bool:
+    """Whether ``value`` is read on the host: ``loss.item()``, ``out.cpu().numpy()``, ``float(x)``."""
+    if isinstance(value, cst.Call):
+        name = nodes.call_name(value)
+        return name in ("item", "tolist", "numpy") or (isinstance(value.func, cst.Name) and name in ("float", "int"))
+    if isinstance(value, cst.BinaryOperation):
+        return _pulled(value.left) or _pulled(value.right)
+    return False
+
+
+def _body(block: cst.BaseSuite) -> list:
+    return list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
+
+
+def _targets(small: cst.CSTNode) -> tuple[str, ...]:
+    found: list[str] = []
+
+    def add(target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                add(element.value)
+        elif isinstance(target, cst.StarredElement):
+            add(target.value)
+        else:
+            found.append(nodes.code(target))
+
+    if isinstance(small, cst.Assign):
+        for target in small.targets:
+            add(target.target)
+    else:
+        add(small.target)
+    return tuple(found)
+
+
+def _receiver(call: cst.Call) -> str:
+    return nodes.code(call.func.value) if isinstance(call.func, cst.Attribute) else ""
+
+
+def _text(node: cst.CSTNode | None) -> str | None:
+    return nodes.code(node) if node is not None else None
+
+
+def _code(node: cst.CSTNode) -> str:
+    return nodes.code(node) if isinstance(node, (cst.Name, cst.Attribute)) else ""
+
+
+def _has_call(node: cst.CSTNode) -> bool:
+    return contains(node, (cst.Call,))
+
+
+def _in_with_item(call: cst.Call, statements: tuple) -> bool:
+    owner = statements[-1] if statements else None
+    return isinstance(owner, cst.With) and any(item.item is call for item in owner.items)

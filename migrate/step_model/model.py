@@ -1,0 +1,221 @@
+"""The model of a file's training steps, and the questions rules ask it.
+
+``StepModel.roots`` holds one ``Steps`` per function (and one for the module's top level), each
+with its events in execution order. The queries answer in terms of those events: which loop is
+the training loop around an event, whether two events run in one iteration or never together,
+whether an event runs only now and then (a logging guard), which values are the step's tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.step_model.build import Assignment, FileFacts
+from migrate.step_model.events import Arm, Backward, Event, Kind, Loop
+from migrate.step_model import vocabulary as words
+
+_STEPS = (Kind.STEP, Kind.SCALER_STEP)
+
+
+@dataclass
+class Steps:
+    """The events of one function (``root``), with the file's helpers it calls entered."""
+
+    root: cst.CSTNode
+    events: list[Event]
+    assignments: list[Assignment]
+    _tensors: set[str] | None = field(default=None, repr=False)
+
+    def of(self, *kinds: Kind) -> list[Event]:
+        return [event for event in self.events if event.kind in kinds]
+
+    def index(self, event: Event) -> int:
+        return next(i for i, other in enumerate(self.events) if other is event)
+
+    def backwards(self) -> list[Event]:
+        return self.of(Kind.BACKWARD)
+
+    # where an event runs
+
+    def training_loop(self, event: Event) -> Loop | None:
+        """The innermost loop around ``event`` that is a training loop: the innermost loop around a
+        backward pass or an optimizer step (an epoch loop around it is not one: what runs there
+        runs once per epoch)."""
+        training = {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()}
+        for loop in reversed(event.loops()):
+            if loop in training:
+                return loop
+        return None
+
+    def backward_loop(self, event: Event) -> Loop | None:
+        """The innermost loop around ``event`` that also holds a backward pass (a loop over the
+        optimizers inside the step is not one)."""
+        for loop in reversed(event.loops()):
+            if any(loop in backward.frames for backward in self.backwards()):
+                return loop
+        return None
+
+    def each_step(self, event: Event) -> tuple[bool, Loop | None]:
+        """Whether ``event`` runs in every training step, and the training loop it runs in.
+
+        A function with a backward pass outside any loop is one step (a ``train_step`` method,
+        called by a framework or from another file): what runs in it outside loops runs each step.
+        """
+        loop = self.training_loop(event)
+        if loop is not None:
+            # `for phase in ("train", "val")`: the validation arm runs no backward pass
+            trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
+            return trains and not self._in_evaluation(event, loop), loop
+        if not event.loops() and any(not backward.loops() for backward in self.backwards()):
+            return True, None
+        return False, None
+
+    def _in_evaluation(self, event: Event, loop: Loop) -> bool:
+        """Whether ``event`` is in a loop of its own inside the training loop that runs the model
+        and no backward pass: a validation pass, which is not the training step."""
+        inner = event.loops()[-1]
+        if inner is loop:
+            return False
+        around = [e for e in self.events if inner in e.frames]
+        return any(e.kind is Kind.FORWARD for e in around) and not any(e.kind is Kind.BACKWARD for e in around)
+
+    def guarded(self, event: Event, loop: Loop | None) -> bool:
+        """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``
+        (``if step % log_every == 0``, ``if rank == 0 and i % 100 == 0``) or on the time elapsed
+        (``if time.time() - last_log > 30``) unless every
+        step of the optimizer is in its arm (that is an accumulation boundary: every optimizer step)."""
+        stepping = [step for step in self.of(*_STEPS) if loop is None or loop in step.frames]
+        for frame in event.frames_inside(loop):
+            if not (isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves)):
+                continue
+            inside = [step for step in stepping if frame in step.frames]
+            # All the steps in the arm: an accumulation boundary, which is every optimizer step.
+            # Some outside it too: an extra step now and then (a regulariser every 16 iterations).
+            if not inside or len(inside) < len(stepping):
+                return True
+        return False
+
+    @staticmethod
+    def exclusive(first: Event, second: Event) -> bool:
+        """Whether the two never run in one pass: they sit in different arms of one ``if``, or in
+        opposite arms of two ``if`` statements on the same flag (``if scaler:`` ... ``if scaler is None:``)."""
+        for a in first.arms():
+            for b in second.arms():
+                if a.node is b.node and a.body != b.body:
+                    return True
+                if a.node is not b.node and a.test == b.test and a.polarity != b.polarity and not a.modulo:
+                    return True
+        return False
+
+    @staticmethod
+    def runs_whenever(event: Event, *given: Event) -> bool:
+        """Whether ``event`` runs in every pass that runs all of ``given``: each ``if`` arm around it
+        is around one of them, or tests the same flag the same way (``if args.fp16:`` twice)."""
+        known = [arm for other in given for arm in other.arms()]
+        return all(arm in known or any(a.test == arm.test and a.polarity == arm.polarity and not a.modulo for a in known)
+                   for arm in event.arms())
+
+    def same_iteration(self, first: Event, second: Event) -> bool:
+        """Whether ``second`` runs in the pass of the training loop (or step function) that runs ``first``."""
+        running, loop = self.each_step(first)
+        if not running:
+            return False
+        return loop is None or loop in second.frames
+
+    def before(self, event: Event, kinds: tuple[Kind, ...]) -> list[Event]:
+        """The events of ``kinds`` earlier in the same pass that can run with ``event``."""
+        end = self.index(event)
+        return [other for other in self.events[:end]
+                if other.kind in kinds and self.same_iteration(event, other) and not self.exclusive(event, other)]
+
+    def after(self, event: Event, kinds: tuple[Kind, ...]) -> list[Event]:
+        start = self.index(event) + 1
+        return [other for other in self.events[start:]
+                if other.kind in kinds and self.same_iteration(event, other) and not self.exclusive(event, other)]
+
+    # values
+
+    def tensors(self) -> set[str]:
+        """The step's tensors: the losses and their summands, what the model returns, and what is
+        computed from them (``acc = (logits.argmax(1) == y).float().mean()``); not what was read
+        on the host already (``loss_value = loss.item()``)."""
+        if self._tensors is not None:
+            return self._tensors
+        found = {backward.subject for backward in self.backwards() if backward.subject}
+        models = {event.subject for event in self.of(Kind.FORWARD)}
+        found |= {t for a in self.assignments if isinstance(a.value, cst.Call) and nodes.code(a.value.func) in models
+                  for t in a.targets}
+        for _ in range(4):
+            size = len(found)
+            for assignment in self.assignments:
+                if assignment.on_host:
+                    continue
+                operands = _tensor_operands(assignment.value)
+                if set(assignment.targets) & found and isinstance(assignment.value, cst.BinaryOperation):
+                    # `loss = ce_loss + 0.1 * aux_loss`: the losses it sums are tensors of the step too
+                    # (not a weight it is scaled by, which may be a float)
+                    found |= {name for name in operands if "loss" in name.lower() and self._computed(name)}
+                if operands & found:
+                    found |= set(assignment.targets)
+            if len(found) == size:
+                break
+        self._tensors = found
+        return found
+
+    def _computed(self, name: str) -> bool:
+        return any(name in a.targets and not a.on_host and isinstance(a.value, (cst.Call, cst.BinaryOperation))
+                   for a in self.assignments)
+
+
+@dataclass
+class StepModel:
+    module: cst.Module
+    facts: FileFacts
+    roots: list[Steps]
+
+    def each(self, *kinds: Kind) -> Iterator[tuple[Steps, Event]]:
+        for steps in self.roots:
+            for event in steps.of(*kinds):
+                yield steps, event
+
+    def all_events(self, *kinds: Kind) -> list[Event]:
+        return [event for _, event in self.each(*kinds)]
+
+    def scaled(self) -> bool:
+        return any(e.how is Backward.SCALED for e in self.all_events(Kind.BACKWARD))
+
+
+def _tensor_operands(expression: cst.CSTNode) -> set[str]:
+    """The names ``expression`` computes a tensor from: operands of arithmetic, receivers of
+    methods (``loss.detach()``), arguments of torch functions; not what a function of the project
+    is given (``valid, error = check_loss(loss)`` returns what it likes)."""
+    found: set[str] = set()
+
+    class _Find(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            found.add(nodes.code(node))  # `out.logits` is a value; `args` in `args.lr` is not one
+            return False
+
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            node.value.visit(self)  # `outputs[i]`: the index is no tensor
+            return False
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            if isinstance(node.func, cst.Attribute):
+                node.func.value.visit(self)  # the receiver of `loss.detach()`
+            if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
+                for arg in node.args:
+                    arg.visit(self)
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+    expression.visit(_Find())
+    return found

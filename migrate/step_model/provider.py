@@ -1,0 +1,118 @@
+"""The model as libcst metadata: ``StepModelProvider`` attaches the file's ``StepModel`` to the module."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import BatchableMetadataProvider, QualifiedNameProvider
+
+from migrate import apex_nodes as nodes
+from migrate.step_model import vocabulary as words
+from migrate.step_model.build import FileFacts, Walk
+from migrate.step_model.model import StepModel, Steps
+
+
+class StepModelProvider(BatchableMetadataProvider[StepModel]):
+    """Attaches the file's ``StepModel`` to the ``Module`` node."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.set_metadata(node, build_model(self, node))
+        return False
+
+
+def model_of(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
+    return visitor.get_metadata(StepModelProvider, module)
+
+
+def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
+    facts = FileFacts()
+    functions: list[cst.FunctionDef] = []
+    _Facts(visitor, facts, functions).collect(module)
+    roots = []
+    for root in (module, *functions):
+        walk = Walk(visitor, facts, root).run()
+        if walk.events:
+            roots.append(Steps(root, walk.events, walk.assignments))
+    return StepModel(module, facts, roots)
+
+
+class _Facts(cst.CSTVisitor):
+    """One walk over the file: its functions and classes, and the names of its scalers,
+    optimizers and models."""
+
+    def __init__(self, visitor: cst.MetadataDependent, facts: FileFacts, functions: list) -> None:
+        super().__init__()
+        self.visitor = visitor
+        self.facts = facts
+        self.functions = functions
+        self.stack: list[cst.CSTNode] = []
+        self.aliases: list[tuple[tuple[str, ...], str]] = []  # `scaler = self.scaler`
+
+    def collect(self, module: cst.Module) -> None:
+        module.visit(self)
+        facts = self.facts
+        for targets, value in self.aliases:
+            if value in facts.scalers:
+                facts.scalers.update(targets)
+        facts.models -= facts.optimizers | facts.scalers
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.facts.methods[id(node)] = {}
+        self.stack.append(node)
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self.stack.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        facts = self.facts
+        owner = self.stack[-1] if self.stack else None
+        if owner is None:
+            facts.functions.setdefault(node.name.value, node)
+        elif isinstance(owner, cst.ClassDef):
+            facts.methods[id(owner)].setdefault(node.name.value, node)
+            facts.owner[id(node)] = owner
+        else:
+            facts.nested.setdefault(id(owner), {}).setdefault(node.name.value, node)
+            if id(owner) in facts.owner:  # a function inside a method still sees `self`
+                facts.owner[id(node)] = facts.owner[id(owner)]
+        self.functions.append(node)
+        self.stack.append(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.stack.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        targets = tuple(nodes.code(t.target) for t in node.targets)
+        value = node.value
+        if isinstance(value, cst.IfExp):  # `scaler = GradScaler() if amp else None`
+            value = value.body
+        if isinstance(value, cst.Call) and words.is_grad_scaler(self.visitor, value):
+            self.facts.scalers.update(targets)
+        elif isinstance(value, (cst.Name, cst.Attribute)):
+            self.aliases.append((targets, nodes.code(value)))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None and isinstance(node.value, cst.Call) and words.is_grad_scaler(self.visitor, node.value):
+            self.facts.scalers.add(nodes.code(node.target))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute):
+            return
+        name = func.attr.value
+        receiver = nodes.code(func.value)
+        first = nodes.code(node.args[0].value) if node.args else None
+        if name == "backward" and isinstance(func.value, cst.Call) and nodes.call_name(func.value) == "scale":
+            inner = func.value.func
+            if isinstance(inner, cst.Attribute):
+                self.facts.scalers.add(nodes.code(inner.value))
+        elif name == "unscale_":
+            self.facts.scalers.add(receiver)
+            if first:
+                self.facts.optimizers.add(first)
+        elif name == "step" and first and (receiver in self.facts.scalers or words.scaler_like(receiver)):
+            # `scaler.step(optimizer)` on a scaler handed in as a parameter
+            self.facts.scalers.add(receiver)
+            self.facts.optimizers.add(first)
+        elif name in ("parameters", "named_parameters", "train", "eval") and not words.optimizer_like(receiver):
+            self.facts.models.add(receiver)

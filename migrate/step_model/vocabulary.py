@@ -1,0 +1,196 @@
+"""The words of a training step: which calls create a scaler or an autocast region, which names
+are optimizers, which reads see gradients, which calls pull a tensor to the host, which ``if``
+tests are flags. Plain functions on nodes; names resolved through imports where they can be."""
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.names import qualified_names
+
+GRAD_SCALERS = frozenset(
+    {
+        "torch.amp.GradScaler",
+        "torch.GradScaler",
+        "torch.cuda.amp.GradScaler",
+        "torch.cpu.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.cuda.amp.grad_scaler.GradScaler",
+        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+    }
+)
+AUTOCASTS = frozenset(
+    {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
+     "torch.amp.autocast_mode.autocast"}
+)
+# Autocast whose default dtype is bfloat16: the CPU one.
+_CPU_AUTOCASTS = frozenset({"torch.cpu.amp.autocast"})
+
+_OPTIMIZER_NAME = re.compile(r"(optim|(^|_)opt($|_|\d))", re.IGNORECASE)
+_NOT_OPTIMIZER = re.compile(r"(sched|lr|warmup)", re.IGNORECASE)
+# Calls that read gradients: clipping and gradient norms.
+_GRAD_READING_CALL = re.compile(r"(clip_grad|grad_norm|clip_gradient|gradient_norm)", re.IGNORECASE)
+# What may touch scaled gradients: linear (averaging across ranks, in-place scaling) or clearing.
+GRAD_NEUTRAL_USES = frozenset({"all_reduce", "all_gather", "reduce", "broadcast", "reduce_scatter", "div_", "mul_",
+                               "add_", "copy_", "zero_", "detach_", "requires_grad_", "fill_", "set_"})
+# A pull to the host of a tensor: ``loss.item()``, ``out.cpu()``.
+PULL_METHODS = frozenset({"item", "cpu", "tolist", "numpy"})
+# What moves a tensor without computing anything from the step (a batch put on the device).
+_MOVES = frozenset({"to", "cuda", "float", "half", "long", "int", "double", "bfloat16", "contiguous", "next",
+                    "non_blocking", "view", "reshape", "squeeze", "unsqueeze", "permute"})
+
+
+def resolved(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozenset[str]) -> bool:
+    return bool(qualified_names(visitor, node) & names)
+
+
+def is_grad_scaler(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
+    return resolved(visitor, call.func, GRAD_SCALERS) or nodes.call_name(call) in ("GradScaler", "ShardedGradScaler")
+
+
+def autocast_call(visitor: cst.MetadataDependent, call: cst.Call) -> tuple[str | None, bool | None] | None:
+    """``(dtype, enabled)`` of an autocast construction, or None when ``call`` is none."""
+    names = qualified_names(visitor, call.func)
+    if not (names & AUTOCASTS or (not names and nodes.call_name(call) == "autocast")):
+        return None
+    device_arg = nodes.argument(call, 0, "device_type")
+    device = nodes.literal_string(getattr(device_arg, "value", None))
+    # torch.autocast(device_type, dtype, enabled) or torch.cuda.amp.autocast(enabled, dtype)
+    new_style = bool(names & {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}) or (
+        not names & AUTOCASTS and device_arg is not None and literal_bool(device_arg.value) is None)
+    dtype_arg = nodes.argument(call, 1 if new_style else None, "dtype")
+    if dtype_arg is not None:
+        dtype = dtype_of(dtype_arg.value)
+    elif names & _CPU_AUTOCASTS or (new_style and device == "cpu"):
+        dtype = "bfloat16"
+    elif new_style and device not in ("cuda", None):
+        dtype = None  # another device: its own default
+    else:
+        dtype = "float16"
+    enabled_arg = nodes.argument(call, 2 if new_style else 0, "enabled")
+    enabled = True if enabled_arg is None else literal_bool(enabled_arg.value)
+    return dtype, enabled
+
+
+def dtype_of(node: cst.BaseExpression) -> str | None:
+    """``"float16"`` for ``torch.float16``/``torch.half``, ``"bfloat16"`` for ``torch.bfloat16``, else None."""
+    text = nodes.code(node)
+    if re.fullmatch(r"(torch\.)?bfloat16|[\"']bfloat16[\"']", text):
+        return "bfloat16"
+    if re.fullmatch(r"(torch\.)?(float16|half)|[\"'](float16|half)[\"']", text):
+        return "float16"
+    return None
+
+
+def literal_bool(node: cst.BaseExpression) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
+def scaler_like(text: str) -> bool:
+    return bool(re.search(r"(^|_)scaler$", text.rsplit(".", 1)[-1], re.IGNORECASE))
+
+
+def model_like(text: str, models: set[str]) -> bool:
+    """``model``, ``self.net``, ``student_model``, or anything whose ``parameters()`` the file uses."""
+    last = text.rsplit(".", 1)[-1].lower()
+    return text in models or "model" in last or last == "net" or last.endswith("_net")
+
+
+def optimizer_like(text: str) -> bool:
+    last = text.rsplit(".", 1)[-1]
+    return bool(_OPTIMIZER_NAME.search(last)) and not _NOT_OPTIMIZER.search(last)
+
+
+def reads_gradients(call_or_attribute: cst.CSTNode) -> bool:
+    if isinstance(call_or_attribute, cst.Call):
+        return bool(_GRAD_READING_CALL.search(nodes.call_name(call_or_attribute)))
+    return isinstance(call_or_attribute, cst.Attribute) and call_or_attribute.attr.value == "grad"
+
+
+def moves_only(call: cst.Call) -> bool:
+    return nodes.call_name(call) in _MOVES
+
+
+def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
+    """``x``, ``x is not None``, ``x is None``, ``not x``: the flag ``x`` and whether the arm runs when set."""
+    polarity = True
+    while True:
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, polarity = test.expression, not polarity
+            continue
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            target = test.comparisons[0]
+            other = nodes.code(target.comparator)
+            if other in ("None", "False", "True"):
+                negative = isinstance(target.operator, (cst.Is, cst.Equal)) == (other != "True")
+                test, polarity = test.left, polarity != negative
+                continue
+        break
+    text = nodes.code(test)
+    return re.sub(r"^self\.", "", text), polarity
+
+
+# Flags a trainer sets every n steps: `if self.control.should_log:`, `if log_now:`.
+_INTERVAL_FLAG = re.compile(r"(should_(log|save|evaluate|eval)|log_now|do_log|is_log(ging)?_step)$")
+
+
+def has_modulo(test: cst.BaseExpression) -> bool:
+    """Whether ``test`` runs its arm every n steps: a ``%``, or a flag a trainer sets that way."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            nonlocal found
+            found = found or isinstance(node.operator, cst.Modulo)
+
+    test.visit(_Find())
+    return found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
+
+
+def _flags(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation):
+        return _flags(test.left) + _flags(test.right)
+    return [test] if isinstance(test, (cst.Name, cst.Attribute)) else []
+
+
+def compares_time(test: cst.BaseExpression) -> bool:
+    """``if now - last_print >= 30``, ``if time.time() - t0 > interval``: a test on elapsed time."""
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> None:
+            nonlocal found
+            ordered = any(isinstance(t.operator, (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual))
+                          for t in node.comparisons)
+            found = found or (ordered and "time" in nodes.code(node).lower())
+
+    test.visit(_Find())
+    return found
+
+
+def root_text(node: cst.BaseExpression) -> str | None:
+    """``loss`` for ``loss``, ``loss.detach()``, ``losses["ce"]``, ``self.loss``: the name a value
+    is read through, without calls in between that compute something new."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Attribute) and not (isinstance(node.value, cst.Name) and node.value.value == "self"):
+            node = node.value
+        else:
+            break
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return nodes.code(node)
+    return None
+
+
+def grad_attribute(node: cst.BaseExpression) -> cst.CSTNode | None:
+    """The ``x.grad`` of ``x.grad`` or ``x.grad.data``, else None."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+        node = node.value
+    return node if isinstance(node, cst.Attribute) and node.attr.value == "grad" else None

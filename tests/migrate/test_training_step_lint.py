@@ -1,0 +1,375 @@
+"""The anti-pattern rules (AMP100-AMP109) on shapes real training code has: each shape once
+reported wrongly, or once missed, and the lines reported now."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper
+
+from migrate.engine import run_rules
+from migrate.rules import all_rules
+from migrate.step_model import Kind, StepModelProvider, Via
+
+_FAMILY = [rule for rule in all_rules() if rule.CODE.startswith("AMP1")]
+
+
+def _lines(source: str, code: str) -> list[int]:
+    result = run_rules(textwrap.dedent(source), "train.py", _FAMILY)
+    assert result.error is None, result.error
+    return sorted(d.location.row for d in result.diagnostics if d.code == code)
+
+
+SHAPES = [
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, opt, loader, scaler):
+            for x in loader:
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                loss_value = loss.item()
+                print(f"loss {loss_value:.3f} lr {opt.param_groups[0]['lr']}")
+        """,
+        [7],
+        id="a value read on the host once is a float afterwards",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, opt, loader, scaler):
+            for x in loader:
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                loss = loss.detach().cpu().numpy()
+                total = loss.item()
+        """,
+        [7],
+        id="one pull per chain, and item() of a numpy value is no wait",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        import time
+
+        def train(model, opt, loader, scaler):
+            last = time.time()
+            for x in loader:
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                if time.time() - last > 30:
+                    print(loss.item())
+                    last = time.time()
+        """,
+        [],
+        id="logging every n seconds is a guard",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        import math, sys
+
+        def train(model, opt, loader, scaler):
+            for x in loader:
+                loss = model(x)
+                if not math.isfinite(loss.item()):
+                    print(loss)
+                    sys.exit(1)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        """,
+        [6],
+        id="the check waits each step, the report before exiting runs once",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, g_opt, loader, scaler, every):
+            for i, x in enumerate(loader):
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(g_opt)
+                regularize = i % every == 0
+                if regularize:
+                    penalty = model.penalty(x)
+                    scaler.scale(penalty).backward()
+                    scaler.step(g_opt)
+                    penalty_value = penalty.item()
+                scaler.update()
+        """,
+        [],
+        id="an extra step every n iterations is an interval, not accumulation",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, opt, loaders, scaler):
+            for phase in ("train", "val"):
+                for x in loaders[phase]:
+                    loss = model(x)
+                    if phase == "train":
+                        scaler.scale(loss).backward()
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        val_loss = loss.item()
+        """,
+        [],
+        id="the validation arm of a phase loop runs no training step",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def fit(self, loader):
+                for x in loader:
+                    loss = self.model(x)
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    if self.control.should_log:
+                        self.log({"loss": loss.item()})
+        """,
+        [],
+        id="a trainer's should_log flag is a guard",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, opt, loader, scaler):
+            for x in loader:
+                ce_loss, aux_loss = model(x)
+                loss = ce_loss + 0.1 * aux_loss
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                print(f"ce {ce_loss:.3f} aux {aux_loss:.3f}")
+                valid, message = check(loss)
+                print(message)
+        """,
+        [8],
+        id="the parts of a loss are tensors, what a project function returns is not known",
+    ),
+    pytest.param(
+        "AMP101",
+        """\
+        def train(model, opt, loader, scaler, args):
+            for x in loader:
+                loss = model(x)
+                if args.fp16:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                if args.fp16:
+                    scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+        """,
+        [],
+        id="unscale_ under the flag the scaled backward is under",
+    ),
+    pytest.param(
+        "AMP103",
+        """\
+        class Context:
+            def step_optimizer(self, optimizer, scaler=None):
+                scaler = scaler or self._scaler
+                scaler.step(optimizer)
+        """,
+        [],
+        id="a scaler made and updated in another file",
+    ),
+    pytest.param(
+        "AMP105",
+        """\
+        def train(hyp, model, opt, loader):
+            scaler = torch.amp.GradScaler("cuda")
+            for epoch in range(hyp.epochs):
+                for x in loader:
+                    scaler.scale(model(x)).backward()
+                    scaler.step(opt)
+                    scaler.update()
+
+        def evolve(hyp, model, opt, loader):
+            for generation in range(300):
+                train(hyp, model, opt, loader)
+        """,
+        [],
+        id="a whole training run called once per trial",
+    ),
+    pytest.param(
+        "AMP105",
+        """\
+        def train_epoch(model, opt, loader):
+            scaler = torch.amp.GradScaler("cuda")
+            for chunk in loader:
+                for x in chunk:
+                    scaler.scale(model(x)).backward()
+                    scaler.step(opt)
+                    scaler.update()
+
+        def main(model, opt, loader, epochs):
+            for epoch in range(epochs):
+                train_epoch(model, opt, loader)
+        """,
+        [2],
+        id="a scaler made once per epoch",
+    ),
+    pytest.param(
+        "AMP108",
+        """\
+        from copy import deepcopy
+
+        def train(model, opt, loader, fp16):
+            scaler = torch.amp.GradScaler("cuda")
+            model.half().float()
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+            torch.save({"model": deepcopy(model).half(), "scaler": scaler.state_dict()}, "last.pt")
+
+        def evaluate(model, loader):
+            model = model.to(dtype=torch.float16)
+            with torch.autocast("cuda"):
+                return [model(x) for x in loader]
+
+        def pure_fp16(model, x):
+            scaler = torch.amp.GradScaler("cuda", enabled=False)
+            model.half()
+            scaler.scale(model(x.half())).backward()
+        """,
+        [],
+        id="a round trip, a copy for the checkpoint, an evaluation cast, a disabled scaler",
+    ),
+    pytest.param(
+        "AMP107",
+        """\
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            torch.save(state, "last.pt")
+        """,
+        [],
+        id="a scaler handed in: its owner may save it",
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "source", "expected"), SHAPES)
+def test_real_shape_is_reported_where_the_pattern_is_and_nowhere_else(code, source, expected):
+    assert _lines(source, code) == expected
+
+
+def _model(source: str):
+    wrapper = MetadataWrapper(cst.parse_module(textwrap.dedent(source)))
+    return wrapper.resolve(StepModelProvider)[wrapper.module]
+
+
+def test_model_enters_helpers_and_orders_the_step_as_it_runs():
+    model = _model("""\
+        class Trainer:
+            def fit(self, loader):
+                for batch in loader:
+                    loss = self.forward(batch)
+                    self.backward(loss)
+                    self.optimizer_step()
+
+            def forward(self, batch):
+                with torch.autocast("cuda"):
+                    return self.model(batch)
+
+            def backward(self, loss):
+                self.scaler.scale(loss).backward()
+
+            def optimizer_step(self):
+                self.scaler.unscale_(self.optimizer)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        """)
+    fit = next(steps for steps in model.roots if getattr(steps.root, "name", None) and steps.root.name.value == "fit")
+    kinds = [event.kind for event in fit.events if event.kind is not Kind.FORWARD]
+    assert kinds == [Kind.AUTOCAST, Kind.LOSS, Kind.BACKWARD, Kind.UNSCALE, Kind.SCALER_STEP, Kind.UPDATE]
+    backward = fit.of(Kind.BACKWARD)[0]
+    assert backward.scaler == "self.scaler" and backward.how.value == "scaled"
+    assert any(isinstance(frame, Via) for frame in backward.frames)
+    assert fit.of(Kind.SCALER_STEP)[0].subject == "self.optimizer"
+    assert fit.same_iteration(backward, fit.of(Kind.UPDATE)[0])
+
+
+def test_model_pairs_two_ifs_on_one_flag():
+    model = _model("""\
+        def step(model, opt, x, scaler):
+            loss = model(x)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if scaler is None:
+                opt.step()
+        """)
+    steps = model.roots[-1]
+    scaled, plain = steps.of(Kind.BACKWARD)
+    step = steps.of(Kind.STEP)[0]
+    assert steps.exclusive(scaled, step)
+    assert not steps.exclusive(plain, step)
+
+
+def test_linting_never_imports_torch():
+    script = (
+        "import sys\n"
+        "from migrate.api import migrate_source\n"
+        "from migrate.rules._training_step import CORRECT_LOOP\n"
+        "migrate_source(CORRECT_LOOP, 'train.py')\n"
+        "assert 'torch' not in sys.modules, 'migrate imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_a_validation_pass_inside_the_training_loop_is_not_the_step():
+    source = """\
+        def range_test(model, opt, loader, val_loader, scaler, iterations):
+            for iteration in range(iterations):
+                loss = model(next(loader))
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                total = 0.0
+                for x in val_loader:
+                    total += model(x).item()
+                for p in model.parameters():
+                    total += p.grad.norm().item()
+        """
+    assert _lines(source, "AMP100") == [11]
+
+
+def test_model_binds_each_loss_where_it_is_assigned():
+    model = _model("""\
+        def train(model, opt, loader, scaler):
+            for x, y in loader:
+                with torch.autocast("cuda"):
+                    out = model(x)
+                    loss = criterion(out, y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        """)
+    steps = model.roots[-1]
+    kinds = [event.kind for event in steps.events]
+    assert kinds.index(Kind.LOSS) < kinds.index(Kind.BACKWARD)
+    loss = steps.of(Kind.LOSS)[0]
+    assert loss.subject == "loss" and loss.regions() and loss.loops()
