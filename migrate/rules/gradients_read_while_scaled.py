@@ -8,7 +8,7 @@ from migrate.apex_plan.syntax import contains
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Backward, Event, Kind, Steps
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 _LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
@@ -36,6 +36,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
     """
 
     CODE = "AMP101"
+    FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
     TRIGGERS = ("scale",)
 
@@ -180,7 +181,8 @@ class GradientsReadWhileScaled(TrainingStepRule):
         new = nodes.parse_statements(line + "\n", module)[0]
         placed = cst.FlattenSentinel([nodes.with_leading(new, anchor), anchor.with_changes(leading_lines=())])
         return anchor, {"replacement": placed, "safety": Safety.UNSAFE,
-                        "fix_message": f"Insert `{line}` before the gradients are read (unsafe: the clip changes)"}
+                        "fix_message": f"Insert `{line}` before the gradients are read",
+                        "why_unsafe": "the clip then acts on true gradients, not on scaled ones: what it clips changes"}
 
     @staticmethod
     def _block(steps: Steps, outer: tuple) -> list | None:

@@ -5,7 +5,7 @@ from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Backward, Kind
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 
 class OptimizerStepBesideScaler(TrainingStepRule):
@@ -26,6 +26,7 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     """
 
     CODE = "AMP102"
+    FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
     TRIGGERS = ("scale",)
 
@@ -109,8 +110,8 @@ class OptimizerStepBesideScaler(TrainingStepRule):
                 fix = {
                     "replacement": nodes.parse_expression(f"{scaler}.step({event.subject})", model.module),
                     "safety": Safety.UNSAFE,
-                    "fix_message": f"Use `{scaler}.step({event.subject})` (unsafe: updates become unscaled, "
-                                   "and steps with inf/NaN gradients are skipped)",
+                    "fix_message": f"Use `{scaler}.step({event.subject})`",
+                    "why_unsafe": "updates become unscaled, and steps with inf/NaN gradients are skipped",
                 }
             message = f"`{event.subject}.step()` after `{scaler}.scale(loss).backward()`: use `{scaler}.step({event.subject})`"
             yield event.node, message, fix

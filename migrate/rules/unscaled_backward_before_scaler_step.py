@@ -5,7 +5,7 @@ from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Backward, Kind
-from migrate.types import Safety
+from migrate.types import FixSafety, Safety
 
 
 class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
@@ -26,6 +26,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     """
 
     CODE = "AMP109"
+    FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "a backward pass on an unscaled loss is followed by `scaler.step()`; use `scaler.scale(loss).backward()`"
     TRIGGERS = ("scaler",)
 
@@ -95,5 +96,6 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                     replacement = backward.node.with_changes(
                         func=backward.node.func.with_changes(value=nodes.parse_expression(f"{event.scaler}.scale({loss})", model.module)))
                     fix = {"replacement": replacement, "safety": Safety.UNSAFE,
-                           "fix_message": f"Use `{event.scaler}.scale({loss}).backward()` (unsafe: every update changes)"}
+                           "fix_message": f"Use `{event.scaler}.scale({loss}).backward()`",
+                           "why_unsafe": "every update changes: the gradients were never scaled, and scaler.step divides them by the scale"}
                 yield backward.node, None, fix
