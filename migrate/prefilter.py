@@ -33,7 +33,7 @@ __all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
-PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "amp", "ampmigrate", "apex", "autocast", "backward", "noqa", "scale", "scaler")
+PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "amp", "ampmigrate", "apex", "autocast", "noqa", "scaler")
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
 # ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:

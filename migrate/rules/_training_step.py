@@ -17,7 +17,7 @@ class TrainingStepRule(Rule):
     two loops), in the order the walks first meet it.
     """
 
-    TRIGGERS = ("backward", "GradScaler", "autocast", "scaler")
+    TRIGGERS = ("GradScaler", "autocast", "scaler")
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, StepModelProvider)
 
     def visit_Module(self, node: cst.Module) -> bool:

@@ -38,7 +38,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
     CODE = "AMP101"
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
-    TRIGGERS = ("scale",)
+    TRIGGERS = ("scaler", "GradScaler")
 
     VALID = [
         Valid(CORRECT_LOOP),

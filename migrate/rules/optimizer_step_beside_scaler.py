@@ -28,7 +28,7 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     CODE = "AMP102"
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
-    TRIGGERS = ("scale",)
+    TRIGGERS = ("scaler", "GradScaler")
 
     VALID = [
         Valid(CORRECT_LOOP),
