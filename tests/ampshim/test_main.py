@@ -38,6 +38,7 @@ CHILDREN_SCRIPT = textwrap.dedent('''
         model(torch.full((1, 1), float(rank))).sum().backward()
         with open(f"{init_file}.rank{rank}", "w") as out:
             out.write(str(model.module.weight.grad.item()))
+        dist.barrier()  # no rank tears gloo down while the other still talks to it
         dist.destroy_process_group()
 
 

@@ -271,6 +271,7 @@ if __name__ == "__main__":
     train(model, torch.load(data), slice(4 * rank, 4 * rank + 4))
     torch.save({"state": model.module.state_dict(),
                 "grads": [p.grad for p in model.parameters()]}, f"{out}/rank{rank}.pt")
+    dist.barrier()  # no rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 '''
 
