@@ -8,25 +8,19 @@ changes, so a second run changes nothing. Output that does not compile is never 
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 import libcst as cst
 from libcst.metadata import (
-    BatchableMetadataProvider,
     CodeRange,
     MetadataWrapper,
-    ParentNodeProvider,
     PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
 )
 
 from migrate import noqa
+from migrate.metadata import resolve
 from migrate.apex_nodes import is_pure
 from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
@@ -169,7 +163,7 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
     if not visitors:
         return _Visited(module, [], Positions(module), directives)
     try:
-        metadata = _resolve(wrapper, visitors, context.settings)
+        metadata = resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
             visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
         cst.visit_batched(module, visitors)
@@ -217,142 +211,6 @@ def _unsuppressed(
 def _row(positions: Mapping[cst.CSTNode, CodeRange], report: Report) -> int:
     where = positions.get(report.node)
     return where.start.line if where is not None else 1
-
-
-def _resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
-    """The metadata the visitors declare, resolved once for all of them, as ``MetadataWrapper`` would.
-
-    Some providers are run here, at a fraction of the wrapper's cost:
-
-    - ``ParentNodeProvider``: read from the nodes' fields. libcst's rebuilds each node's
-      children to list them, a tenth of a one-file run.
-    - ``QualifiedNameProvider``: each node's names are worked out when first asked for; libcst's
-      walks the tree to attach a lazy value to every node.
-    - ``PositionProvider``: ``migrate.positions``, in half the time, and only once asked for
-      (the findings need it; a file with none never does).
-    - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
-      module alone. The wrapper walks the whole tree once for each of them, in vain.
-
-    The wrapper resolves the rest, and keeps what one of those depends on (it would compute it again).
-    """
-    wanted = _with_dependencies(frozenset().union(*(visitor.get_inherited_dependencies() for visitor in visitors)))
-    ours = {provider for provider in wanted if provider in _COMPUTED_HERE or _visits_only_the_module(provider)}
-    ours -= _with_dependencies(wanted - ours)
-    metadata = dict(wrapper.resolve_many(wanted - ours))
-    module = wrapper.module
-    parents = _parents(module) if ours & {ParentNodeProvider, QualifiedNameProvider} else {}
-    while ours:
-        ready = [provider for provider in ours if provider.get_inherited_dependencies() <= metadata.keys()]
-        if not ready:
-            raise RuntimeError(f"circular metadata dependencies among {', '.join(p.__name__ for p in ours)}")
-        for provider in ready:
-            if provider is ParentNodeProvider:
-                metadata[provider] = MappingProxyType(parents)
-            elif provider is QualifiedNameProvider:
-                metadata[provider] = _QualifiedNames(module, parents, metadata[ScopeProvider])
-            elif provider is PositionProvider:
-                metadata[provider] = Positions(module)
-            else:
-                metadata[provider] = _run_on_module(provider, module, metadata, settings)
-        ours.difference_update(ready)
-    return metadata
-
-
-_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider, PositionProvider)
-
-
-def _with_dependencies(providers: Collection[type]) -> set[type]:
-    found: set[type] = set()
-    pending = list(providers)
-    while pending:
-        provider = pending.pop()
-        if provider not in found:
-            found.add(provider)
-            pending.extend(provider.get_inherited_dependencies())
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _visits_only_the_module(provider: type) -> bool:
-    return (
-        issubclass(provider, BatchableMetadataProvider)
-        and not provider.gen_cache
-        and provider.get_visitors is BatchableMetadataProvider.get_visitors
-        and set(visitor_names(provider)) <= {"visit_Module", "leave_Module"}
-    )
-
-
-def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[type, Mapping], settings: Mapping) -> Mapping:
-    """What a batched visit gives a provider that only visits the module; the run's settings come
-    in as libcst's provider ``cache`` (what a provider knows from outside the module)."""
-    provider = provider_class(cache=MappingProxyType(dict(settings)))
-    provider.metadata = {key: metadata[key] for key in provider.get_inherited_dependencies()}
-    methods = visitor_names(provider_class)
-    if "visit_Module" in methods:
-        provider.visit_Module(module)
-    if "leave_Module" in methods:
-        provider.leave_Module(module)
-    provider.metadata = {}
-    return MappingProxyType(dict(provider._computed))  # as MetadataWrapper copies it
-
-
-class _QualifiedNames(Mapping):
-    """``QualifiedNameProvider``'s metadata: every node of the tree, with its scope's names for it.
-
-    As libcst's provider has it: ``scope.get_qualified_names_for(node)``, an empty set for a node
-    without a scope, worked out once, when first asked for.
-    """
-
-    def __init__(self, module: cst.Module, parents: Mapping, scopes: Mapping) -> None:
-        self._module = module
-        self._parents = parents  # every node but the module
-        self._scopes = scopes
-        self._names: dict[cst.CSTNode, object] = {}
-
-    def __getitem__(self, node: cst.CSTNode) -> object:
-        names = self._names.get(node)
-        if names is None:
-            if node is not self._module and node not in self._parents:
-                raise KeyError(node)
-            scope = self._scopes.get(node)
-            names = self._names[node] = scope.get_qualified_names_for(node) if scope else set()
-        return names
-
-    def __iter__(self):
-        yield self._module
-        yield from self._parents
-
-    def __len__(self) -> int:
-        return len(self._parents) + 1
-
-
-def _parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Each node's parent: the node holding it in a field (alone or in a sequence), as in ``node.children``."""
-    found: dict[cst.CSTNode, cst.CSTNode] = {}
-    pending: list[cst.CSTNode] = [module]
-    while pending:
-        node = pending.pop()
-        for name in _field_names(type(node)):
-            value = getattr(node, name)
-            if type(value) in (list, tuple):
-                for item in value:
-                    if _is_node(type(item)):
-                        found[item] = node
-                        pending.append(item)
-            elif _is_node(type(value)):
-                found[value] = node
-                pending.append(value)
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _field_names(node_type: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(node_type))
-
-
-@functools.lru_cache(maxsize=None)
-def _is_node(value_type: type) -> bool:  # a cached issubclass: isinstance on CSTNode, an ABC, is slow
-    return issubclass(value_type, cst.CSTNode)
 
 
 def _fix_to_fixed_point(

@@ -21,8 +21,9 @@ Where each concept lives:
   ``initialize`` (the GradScaler, its options and where it is made),
   ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
-  ``master_params``), ``autocast`` (the region around the forward pass), and
-  ``checkpoints`` (``state_dict``/``load_state_dict``).
+  ``master_params``), ``autocast`` (the region around the forward pass),
+  ``checkpoints`` (``state_dict``/``load_state_dict``), and ``handed_on`` (the amp module passed
+  to a function or kept on an object, and what receives it).
 """
 from migrate.apex_plan.planner import ApexPlanProvider, plan_of
 from migrate.apex_plan.vocabulary import (

@@ -15,7 +15,6 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Kind, Loop
-from migrate.step_model import vocabulary as words
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
 

@@ -1,4 +1,3 @@
-import copyreg
 import io
 import pickle
 

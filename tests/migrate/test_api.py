@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from migrate import api
-from migrate import prefilter
+from migrate import prefilter, run_in_workers
 from migrate.api import discover, migrate_paths, migrate_source, select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE
 
@@ -332,6 +332,6 @@ def test_jobs_are_capped_at_the_cores(tmp_path, monkeypatch):
             super().__init__(max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
-    monkeypatch.setattr(api, "_cores", lambda: 2)
+    monkeypatch.setattr(run_in_workers, "cores", lambda: 2)
     results = migrate_paths([tmp_path], jobs=64, write=False)
     assert started == [2] and all(r.changed for r in results)

@@ -15,8 +15,9 @@ from libcst.metadata import (
 )
 
 from migrate.apex_plan import ApexPlanProvider
-from migrate.engine import _parents, _resolve, run_rules
-from migrate.rule import ImportChange, Invalid, Rule, SkipFile
+from migrate.engine import run_rules
+from migrate.metadata import parents, resolve
+from migrate.rule import ImportChange, Rule, SkipFile
 from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
 from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Position, Safety
@@ -338,7 +339,7 @@ with (open(a) as b, open(c) as d):
 def test_the_parent_map_is_libcsts_for_every_node():
     module = cst.parse_module(_EVERY_KIND_OF_NODE)
     expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
-    found = _parents(module)
+    found = parents(module)
     assert len(found) == len(expected) > 500
     assert all(found[node] is parent for node, parent in expected.items())
 
@@ -374,10 +375,10 @@ optimizer.step()
 def test_the_engine_resolves_the_metadata_libcst_would(source, planned):
     module = cst.parse_module(source)
     ours, theirs = ReadsEveryProvider(), ReadsEveryProvider()
-    ours.metadata = _resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ours], {})
+    ours.metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ours], {})
     theirs.metadata = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many(theirs.get_inherited_dependencies())
     assert ours.metadata.keys() == theirs.metadata.keys()
-    nodes = [module, *_parents(module)]
+    nodes = [module, *parents(module)]
     for provider in (PositionProvider, ParentNodeProvider, ExpressionContextProvider):
         assert [ours.get_metadata(provider, n, None) for n in nodes] == [theirs.get_metadata(provider, n, None) for n in nodes]
     for node in nodes:

@@ -1,0 +1,107 @@
+"""The amp module handed on (``model.amp = amp``, ``f(amp=amp)``, ``amp if fp16 else None``):
+the GradScaler goes where it went, and its receivers' calls become the scaler's; ``self.amp = amp``
+that only ever stands in for the module is the module under another name."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.vocabulary import CORE, INITIALIZE
+
+
+class HandedOnPlanning:
+    """The amp module handed on to a parameter or an attribute, and what receives it.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _escape(self, node: cst.CSTNode) -> str | None:
+        """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
+        module is handed on under (the GradScaler takes its place, so ``None`` still means "off")."""
+        parent = self.parent.get(id(node))
+        if isinstance(parent, cst.IfExp) and nodes.is_none(parent.orelse if parent.body is node else parent.body):
+            node, parent = parent, self.parent.get(id(parent))
+        if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+            target = parent.targets[0].target
+            return target.attr.value if isinstance(target, cst.Attribute) else None
+        if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
+            return parent.keyword.value
+        return None
+
+    def _find_stand_ins(self) -> None:
+        """``self.amp = amp`` where the file only ever calls apex's API on ``self.amp`` (or assigns
+        it): the attribute is another name for the module, so its calls are the module's sites
+        and the assignment goes."""
+        uses: dict[str, list[cst.Attribute]] = {}
+
+        class _Uses(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if isinstance(node.value, cst.Name) and node.value.value == "self":
+                    uses.setdefault(node.attr.value, []).append(node)
+
+        candidates = []
+        for node, alias in self.escapes:
+            assign = self.parent.get(id(node))
+            if isinstance(assign, cst.Assign) and nodes.code(assign.targets[0].target) == f"self.{alias}":
+                candidates.append((node, alias, assign))
+        if not candidates:
+            return
+        self.module.visit(_Uses())
+        for node, alias, assign in candidates:
+            calls, plain = [], True
+            for use in uses.get(alias, []):
+                parent = self.parent.get(id(use))
+                call = self.parent.get(id(parent))
+                if isinstance(parent, cst.Attribute) and parent.attr.value in CORE and isinstance(call, cst.Call) and call.func is parent:
+                    calls.append((parent.attr.value, call))
+                elif not self._assigned(use):
+                    plain = False
+            if not plain or not calls:
+                continue
+            self.escapes.remove((node, alias))
+            statement = self._statement(assign)
+            self._stand_in_assignments.append(statement)
+            for kind, call in calls:
+                self.sites[kind].append(call)
+                self._stand_in_calls.add(id(call))
+
+    def _assigned(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is a target of an assignment (also inside a tuple of targets)."""
+        parent = self.parent.get(id(node))
+        while isinstance(parent, (cst.Element, cst.Tuple, cst.List)):
+            node, parent = parent, self.parent.get(id(parent))
+        return isinstance(parent, cst.AssignTarget) and parent.target is node
+
+    def _find_alias_sites(self, aliases: set[str]) -> None:
+        """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
+        a parameter or an attribute of that name (``def run(..., amp=None)``, ``self.amp``)."""
+        known = {id(call) for kind in CORE for call in self.sites[kind]}
+        planner = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                func = node.func
+                if not isinstance(func, cst.Attribute) or id(node) in known:
+                    return
+                holder = func.value
+                name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
+                if name in aliases and func.attr.value == "initialize":
+                    # A GradScaler has no `initialize`: the receiver would call it on the scaler.
+                    planner.blockers.append((node, f"`{nodes.code(holder)}.initialize` is called on the handed-on module"))
+                elif name in aliases and func.attr.value in ("scale_loss", "master_params"):
+                    planner.sites[func.attr.value].append(node)
+                    planner.alias_of[id(node)] = nodes.code(holder)
+
+        self.module.visit(_Find())
+
+    def _scaler_of(self, call: cst.Call) -> str:
+        """The scaler a site uses: the plan's, or what received the handed-on module."""
+        return self.alias_of.get(id(call), self.scaler)
+
+    def _plan_escapes(self) -> None:
+        for statement in self._stand_in_assignments:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
+        for node, _ in self.escapes:
+            self._replace(node, nodes.parse_expression(self.scaler, self.module))
+            self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
