@@ -1,7 +1,11 @@
 """Small helpers the apex rewrites share: source text of nodes, building statements, purity."""
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
+
+from migrate.tree_walk import walk
 
 _EMPTY = cst.Module(body=[])
 
@@ -33,6 +37,7 @@ _PURE_CALLS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1 << 14)  # nodes never change, and the same ones are asked for again and again
 def code(node: cst.CSTNode) -> str:
     """The source text of ``node`` alone (without the whitespace that belongs to its parent)."""
     return _EMPTY.code_for_node(node)
@@ -52,7 +57,7 @@ def is_pure(expression: cst.BaseExpression) -> bool:
                 found_impure = True
             return not found_impure
 
-    expression.visit(_Check())
+    walk(expression, _Check())
     return not found_impure
 
 
@@ -164,7 +169,7 @@ def _find_apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
                     found.setdefault(bound, []).append(ImportChange(module_name, alias.evaluated_name, alias.evaluated_alias))
             return False
 
-    module.visit(_Imports())
+    walk(module, _Imports())
     return found
 
 

@@ -24,6 +24,7 @@ from migrate.metadata import resolve
 from migrate.apex_nodes import is_pure
 from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
+from migrate.tree_walk import walk, walk_batched
 from migrate.types import (
     ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, ImportChange, Position, Safety,
 )
@@ -166,7 +167,7 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
         metadata = resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
             visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
-        cst.visit_batched(module, visitors)
+        walk_batched(module, visitors)
     except RuleCrashed as error:
         raise _RoundFailed(f"rule {error}") from error
     except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
@@ -304,7 +305,7 @@ def _empty_ifs(module: cst.Module) -> set[str]:
             if _only_pass(node):
                 found.add(_code(node))
 
-    module.visit(_Find())
+    walk(module, _Find())
     return found
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.tree_walk import walk
 
 # Calls with "grad" in their name that do not read gradients.
 _GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
@@ -87,7 +88,7 @@ def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:
                 found.append(node)
             return node is statement or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
-    statement.visit(_Find())
+    walk(statement, _Find())
     return found
 
 
@@ -99,5 +100,5 @@ def _subtree(node: cst.CSTNode) -> list[cst.CSTNode]:
             found.append(inner)
             return True
 
-    node.visit(_All())
+    walk(node, _All())
     return found

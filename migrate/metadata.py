@@ -2,7 +2,6 @@
 ``MetadataWrapper`` would, with the costly providers computed here at a fraction of its cost."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
@@ -19,6 +18,7 @@ from libcst.metadata import (
 
 from migrate.positions import Positions
 from migrate.rule import Rule, visitor_names
+from migrate.tree_walk import children
 
 __all__ = ["parents", "resolve"]
 
@@ -136,24 +136,7 @@ def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
     pending: list[cst.CSTNode] = [module]
     while pending:
         node = pending.pop()
-        for name in _field_names(type(node)):
-            value = getattr(node, name)
-            if type(value) in (list, tuple):
-                for item in value:
-                    if _is_node(type(item)):
-                        found[item] = node
-                        pending.append(item)
-            elif _is_node(type(value)):
-                found[value] = node
-                pending.append(value)
+        for child in children(node):
+            found[child] = node
+            pending.append(child)
     return found
-
-
-@functools.lru_cache(maxsize=None)
-def _field_names(node_type: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(node_type))
-
-
-@functools.lru_cache(maxsize=None)
-def _is_node(value_type: type) -> bool:  # a cached issubclass: isinstance on CSTNode, an ABC, is slow
-    return issubclass(value_type, cst.CSTNode)

@@ -7,6 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import assigns, calls
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite, grouped_text
 from migrate.names import qualified_names
+from migrate.tree_walk import walk
 
 
 class AutocastPlanning:
@@ -84,7 +85,7 @@ class AutocastPlanning:
                 if planner._helper(node) is function:
                     found.append((planner._statement(node), nodes.argument(node, position, scale.loss.value)))
 
-        self.module.visit(_Calls())
+        walk(self.module, _Calls())
         if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]

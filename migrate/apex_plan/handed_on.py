@@ -7,6 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE
+from migrate.tree_walk import walk
 
 
 class HandedOnPlanning:
@@ -46,7 +47,7 @@ class HandedOnPlanning:
                 candidates.append((node, alias, assign))
         if not candidates:
             return
-        self.module.visit(_Uses())
+        walk(self.module, _Uses())
         for node, alias, assign in candidates:
             calls, plain = [], True
             for use in uses.get(alias, []):
@@ -92,7 +93,7 @@ class HandedOnPlanning:
                     planner.sites[func.attr.value].append(node)
                     planner.alias_of[id(node)] = nodes.code(holder)
 
-        self.module.visit(_Find())
+        walk(self.module, _Find())
 
     def _scaler_of(self, call: cst.Call) -> str:
         """The scaler a site uses: the plan's, or what received the handed-on module."""

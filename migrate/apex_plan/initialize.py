@@ -22,6 +22,7 @@ from migrate.apex_plan.vocabulary import (
     operand,
     run_time_scale,
 )
+from migrate.tree_walk import walk
 
 
 class InitializePlanning:
@@ -424,7 +425,7 @@ class InitializePlanning:
                                     and isinstance(func.value, cst.Name) and func.value.value == "self")
 
         if init is not None:
-            init.visit(_Find())
+            walk(init, _Find())
         return called
 
     def _o0_keeps_state(self, init: InitializeSite) -> bool:

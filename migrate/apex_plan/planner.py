@@ -34,6 +34,7 @@ from migrate.apex_plan.vocabulary import (
 from migrate.names import qualified_names
 from migrate.native_casts import registered_natively
 from migrate.rule import ImportChange, Replacement, Report
+from migrate.tree_walk import walk
 from migrate.types import Safety
 
 
@@ -88,7 +89,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
-        module.visit(Collect(self))
+        walk(module, Collect(self))
 
     def plan(self) -> ApexPlan:
         self._classify()

@@ -7,6 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import ReplaceByIdentity, backward_calls, is_step
 from migrate.apex_plan.vocabulary import EACH, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
 from migrate.rule import Replacement
+from migrate.tree_walk import walk
 
 
 class StepPlanning:
@@ -81,7 +82,7 @@ class StepPlanning:
                 if node.value == name and not any(planner._inside(node, other) for other in withs):
                     found = True
 
-        scope.visit(_Find())
+        walk(scope, _Find())
         return found
 
     def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
@@ -277,7 +278,7 @@ class StepPlanning:
                 found.extend((node, i) for i, small in enumerate(node.body) if is_step(small, wanted))
                 return False
 
-        self.module.visit(_Steps())
+        walk(self.module, _Steps())
         return found
 
     def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:

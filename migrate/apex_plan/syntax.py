@@ -9,6 +9,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
 from migrate.rule import Replacement
+from migrate.tree_walk import walk
 
 if TYPE_CHECKING:
     from migrate.apex_plan.planner import Planner
@@ -139,7 +140,7 @@ def calls(statement: cst.CSTNode, wanted, *, nested: bool = False) -> list[cst.C
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return nested
 
-    statement.visit(_Find())
+    walk(statement, _Find())
     return found
 
 
@@ -179,7 +180,7 @@ def assigns(statement: cst.CSTNode, name: str) -> bool:
         def visit_ClassDef(self, node: cst.ClassDef) -> bool:
             return False
 
-    statement.visit(_Find())
+    walk(statement, _Find())
     return found
 
 
@@ -205,7 +206,7 @@ def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
             found = found or isinstance(node, kinds)
             return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
-    statement.visit(_Find())
+    walk(statement, _Find())
     return found
 
 

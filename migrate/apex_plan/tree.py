@@ -6,6 +6,7 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import SUSPENDS, contains, defines
+from migrate.tree_walk import walk
 
 
 class TreeQueries:
@@ -90,8 +91,8 @@ class TreeQueries:
             def visit_AugAssign(self, node: cst.AugAssign) -> None:
                 assigned.add(nodes.code(node.target))
 
-        branch.test.visit(_Tested())
-        branch.body.visit(_Assigned())
+        walk(branch.test, _Tested())
+        walk(branch.body, _Assigned())
         return bool(tested & assigned)
 
     def _in_test(self, node: cst.CSTNode) -> bool:
@@ -113,7 +114,7 @@ class TreeQueries:
                 hit = hit or id(node) in targets
                 return not hit
 
-        statement.visit(_Find())
+        walk(statement, _Find())
         return hit
 
     def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
@@ -147,7 +148,7 @@ class TreeQueries:
             def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
                 return node is statement
 
-        statement.visit(_Find())
+        walk(statement, _Find())
         for call in calls:
             func = call.func
             if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):

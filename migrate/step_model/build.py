@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate import tree_walk
 from migrate.apex_plan.syntax import contains
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
@@ -112,8 +113,9 @@ class Walk:
     def _if(self, node: cst.If, frames: tuple, statements: tuple) -> None:
         self._expression(node.test, frames, statements)
         test, polarity = words.normalised_test(node.test)
+        flags = _plain_names(node.test)
         modulo = words.has_modulo(node.test) or any(
-            name in a.targets and words.has_modulo(a.value) for a in self.assignments for name in _plain_names(node.test))
+            name in a.targets and words.has_modulo(a.value) for a in self.assignments for name in flags)
         timed = words.compares_time(node.test)
         leaves = _leaves(node.body)
         self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
@@ -194,7 +196,7 @@ class Walk:
                     return not (isinstance(node.left, cst.Attribute) and node.left.attr.value == "grad")
                 return True
 
-        expression.visit(_Events())
+        tree_walk.walk(expression, _Events())
 
     def _call(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         name = nodes.call_name(call)

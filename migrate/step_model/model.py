@@ -15,6 +15,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Kind, Loop
+from migrate.tree_walk import walk
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
 
@@ -202,19 +203,19 @@ def _tensor_operands(expression: cst.CSTNode) -> set[str]:
             return False
 
         def visit_Subscript(self, node: cst.Subscript) -> bool:
-            node.value.visit(self)  # `outputs[i]`: the index is no tensor
+            walk(node.value, self)  # `outputs[i]`: the index is no tensor
             return False
 
         def visit_Call(self, node: cst.Call) -> bool:
             if isinstance(node.func, cst.Attribute):
-                node.func.value.visit(self)  # the receiver of `loss.detach()`
+                walk(node.func.value, self)  # the receiver of `loss.detach()`
             if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
                 for arg in node.args:
-                    arg.visit(self)
+                    walk(arg, self)
             return False
 
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return False
 
-    expression.visit(_Find())
+    walk(expression, _Find())
     return found

@@ -5,6 +5,7 @@ import libcst as cst
 from libcst.metadata import BatchableMetadataProvider, QualifiedNameProvider
 
 from migrate import apex_nodes as nodes
+from migrate import tree_walk
 from migrate.step_model import vocabulary as words
 from migrate.step_model.build import FileFacts, Walk
 from migrate.step_model.model import StepModel, Steps
@@ -49,7 +50,7 @@ class _Facts(cst.CSTVisitor):
         self.aliases: list[tuple[tuple[str, ...], str]] = []  # `scaler = self.scaler`
 
     def collect(self, module: cst.Module) -> None:
-        module.visit(self)
+        tree_walk.walk(module, self)
         facts = self.facts
         for targets, value in self.aliases:
             if value in facts.scalers:

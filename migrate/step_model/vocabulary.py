@@ -9,6 +9,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
+from migrate.tree_walk import walk
 
 GRAD_SCALERS = frozenset(
     {
@@ -147,7 +148,7 @@ def has_modulo(test: cst.BaseExpression) -> bool:
             nonlocal found
             found = found or isinstance(node.operator, cst.Modulo)
 
-    test.visit(_Find())
+    walk(test, _Find())
     return found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
 
 
@@ -168,7 +169,7 @@ def compares_time(test: cst.BaseExpression) -> bool:
                           for t in node.comparisons)
             found = found or (ordered and "time" in nodes.code(node).lower())
 
-    test.visit(_Find())
+    walk(test, _Find())
     return found
 
 
