@@ -7,6 +7,10 @@ training script that was most of the time. ``walk`` calls the same ``on_visit``/
 in the same order, reading the children from the nodes' fields. ``walk_batched`` does the same for
 ``cst.visit_batched``. Neither recurses, so a deeply nested expression cannot overflow the stack.
 
+Punctuation and whitespace (commas, parentheses, operators' tokens, blank lines, comments) are
+two thirds of a tree's nodes, and no reader of ours looks at them: ``walk`` leaves them out, and
+``walk_batched`` meets them only when one of its visitors has a method for one (``visit_Comment``).
+
 Use them for ``CSTVisitor``s only; a transformer still needs ``node.visit``.
 """
 from __future__ import annotations
@@ -45,20 +49,22 @@ _SOURCE_ORDER: dict[str, tuple[str, ...]] = {
 _SOURCE_ORDER["LazyImportFrom"] = _SOURCE_ORDER["ImportFrom"]
 
 
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node.children`` without rebuilding ``node``: its child nodes in source order."""
+def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
+    """``node.children`` without rebuilding ``node``: its child nodes in source order (without
+    punctuation and whitespace when not ``tokens``)."""
     found: list[cst.CSTNode] = []
+    wanted = _NODE if tokens else _SYNTAX
     for name in _fields(type(node)):
         value = getattr(node, name)
         if type(value) in (list, tuple):
-            found.extend(item for item in value if _is_node(type(item)))
-        elif _is_node(type(value)):
+            found.extend(item for item in value if _kind(type(item)) & wanted)
+        elif _kind(type(value)) & wanted:
             found.append(value)
     return found
 
 
 def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
-    """``root.visit(visitor)`` for a visitor that only reads."""
+    """``root.visit(visitor)`` for a visitor that only reads, punctuation and whitespace left out."""
     on_visit, on_leave = visitor.on_visit, visitor.on_leave
     pending: list = [root]
     while pending:
@@ -67,7 +73,7 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             on_leave(pending.pop())
         elif on_visit(node):
             pending += (node, _LEAVE)
-            pending += reversed(children(node))
+            pending += reversed(children(node, tokens=False))
         else:
             on_leave(node)
 
@@ -76,6 +82,7 @@ def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor])
     """``cst.visit_batched(root, visitors)``: every visitor's ``visit_X``/``leave_X`` on each node;
     as there, what a ``visit_X`` returns is ignored."""
     calls = _BatchedCalls(visitors)
+    tokens = calls.want_tokens()
     pending: list = [root]
     while pending:
         node = pending.pop()
@@ -87,7 +94,7 @@ def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor])
         for visit in calls.visiting(type(node).__name__):
             visit(node)
         pending += (node, _LEAVE)
-        pending += reversed(children(node))
+        pending += reversed(children(node, tokens=tokens))
 
 
 _LEAVE = object()  # marks, on the walk's stack, that the node below it is to be left
@@ -106,6 +113,10 @@ class _BatchedCalls:
     def leaving(self, type_name: str) -> list[Callable]:
         return self._methods("leave_" + type_name)
 
+    def want_tokens(self) -> bool:
+        """Whether a visitor has a method for a punctuation or whitespace node (``visit_Comment``)."""
+        return any(name.split("_", 1)[1] in _TOKEN_NAMES for table in self._tables for name in table)
+
     def _methods(self, name: str) -> list[Callable]:
         methods = self._by_name.get(name)
         if methods is None:
@@ -117,11 +128,36 @@ class _BatchedCalls:
 def _fields(node_type: type) -> tuple[str, ...]:
     names = tuple(field.name for field in dataclasses.fields(node_type))
     order = _SOURCE_ORDER.get(node_type.__name__)
-    if order is None:
-        return names
-    return tuple(name for name in order if name in names) + tuple(name for name in names if name not in order)
+    if order is not None:
+        return tuple(name for name in order if name in names) + tuple(name for name in names if name not in order)
+    # the lines and comments before a statement or block come first, those after it last
+    first = tuple(name for name in names if name in ("leading_lines", "header"))
+    last = tuple(name for name in names if name in ("trailing_whitespace", "footer"))
+    return first + tuple(name for name in names if name not in first + last) + last
+
+
+_NODE, _SYNTAX = 1, 2  # what `_kind` says of a value: any node, and (both bits) a node that is not a token
 
 
 @functools.lru_cache(maxsize=None)
-def _is_node(value_type: type) -> bool:  # a cached issubclass: isinstance on CSTNode, an ABC, is slow
-    return issubclass(value_type, cst.CSTNode)
+def _kind(value_type: type) -> int:
+    if not issubclass(value_type, cst.CSTNode):  # a cached issubclass: isinstance on CSTNode, an ABC, is slow
+        return 0
+    return _NODE if value_type.__name__ in _TOKEN_NAMES else _NODE | _SYNTAX
+
+
+def _token_names() -> frozenset[str]:
+    """libcst's punctuation and whitespace node types: those of its operator and whitespace modules,
+    and the brackets and ``async`` keyword its expression module defines."""
+    import libcst._nodes.op as operators
+    import libcst._nodes.whitespace as whitespace
+
+    found = {"LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace",
+             "RightCurlyBrace", "Asynchronous"}
+    for module in (operators, whitespace):
+        found.update(name for name, value in vars(module).items()
+                     if isinstance(value, type) and issubclass(value, cst.CSTNode) and value.__module__ == module.__name__)
+    return frozenset(found)
+
+
+_TOKEN_NAMES = _token_names()

@@ -67,7 +67,9 @@ class Collect(cst.CSTVisitor):
                     planner.assigned.setdefault(target.target.value, []).append(node.value)
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
             self._argument(node)
-        if isinstance(node, (cst.Name, cst.Attribute)) and not self._binding(node):
+        # only a name an apex import binds resolves to apex.amp: the others need no scope lookup
+        if isinstance(node, (cst.Name, cst.Attribute)) and nodes.root_name(node) in planner.imports \
+                and not self._binding(node):
             found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
             if found:
                 planner.refs.append((node, found[0]))

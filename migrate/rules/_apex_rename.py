@@ -65,9 +65,17 @@ class ApexRename(Rule):
         self._in_import -= 1
 
     def _target(self, node: cst.CSTNode) -> str | None:
-        if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
+        if not self._apex_use(node):
             return None
         return next((name for name in self.TARGETS if name in qualified_names(self, node)), None)
+
+    def _apex_use(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` may be a use of an apex name: only a name an apex import binds resolves
+        to one (every target is an apex name), and the others, nearly all of a file's, need no
+        scope lookup."""
+        if nodes.root_name(node) not in nodes.apex_imports(self._module):
+            return False
+        return not (self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node))
 
     def visit_Call(self, node: cst.Call) -> None:
         target = self._target(node.func)

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider
 
 from migrate.apex_plan import CAST_API, CORE, ApexPlanProvider, plan_of
 from migrate.names import qualified_names
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, binds
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 
 _STEP = (
     "GradScaler keeps its state in `scaler.get_scale()`, `scaler.state_dict()` and `scaler.load_state_dict()`; "
@@ -70,7 +69,7 @@ class AmpInternals(ApexRename):
         return first not in CORE and first not in CAST_API
 
     def _target(self, node: cst.CSTNode) -> str | None:
-        if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
+        if not self._apex_use(node):
             return None
         found = sorted(n for n in qualified_names(self, node) if n.startswith("apex.amp.") and self._internal(n))
         return found[0] if found else None

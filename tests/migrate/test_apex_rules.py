@@ -199,6 +199,22 @@ def test_every_apex_rule_declares_the_apex_trigger():
             assert "apex" in rule.TRIGGERS, rule
 
 
+def test_every_renamed_name_is_an_apex_name():
+    """The rename rules look up only names an apex import binds: a target outside apex would be missed."""
+    from migrate.rules._apex_rename import ApexRename
+
+    renames = [rule for rule in all_rules() if issubclass(rule, ApexRename) and rule._target is ApexRename._target]
+    assert len(renames) >= 7
+    for rule in renames:
+        assert all(target.startswith("apex.") for target in rule.TARGETS), rule
+
+
+def test_an_apex_name_rebound_through_an_alias_import_is_still_found():
+    source = "import apex.optimizers as fast\nopt = fast.FusedAdam(params, lr=1e-3)\n"
+    [finding] = migrate_source(source).diagnostics
+    assert finding.code == "AMP012" and finding.fix is not None and "torch.optim.AdamW" in finding.fix.message
+
+
 @pytest.mark.parametrize("selection", [("AMP003",), ("AMP002", "AMP004", "AMP005")])
 def test_selecting_part_of_the_fix_group_reports_without_fixing(selection):
     source = textwrap.dedent(CANONICAL.format(level="O1"))

@@ -197,3 +197,30 @@ def _punctuation(node_type: type, name: str) -> bool:
                             "colon", "dot", "semicolon", "star", "operator", "first_colon", "second_colon",
                             "asynchronous", "leading_lines", "lines_after_decorators", "header", "footer", "arrow",
                             "newline", "trailing_whitespace", "leading_whitespace", "indent", "empty_lines"))
+
+
+def test_walk_leaves_punctuation_and_whitespace_out():
+    seen: list[cst.CSTNode] = []
+
+    class Everything(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            seen.append(node)
+            return True
+
+    walk(cst.parse_module("x = f(a, b)  # note\n\n# more\n"), Everything())
+    assert seen and not any(_token(node) for node in seen)
+    assert {type(node).__name__ for node in seen} >= {"Module", "Assign", "Call", "Arg", "Name"}
+
+
+def test_walk_batched_meets_comments_for_a_visitor_that_asks():
+    class Comments(cst.BatchableCSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def visit_Comment(self, node: cst.Comment) -> None:
+            self.seen.append(node.value)
+
+    visitor = Comments()
+    walk_batched(cst.parse_module("# first\nx = 1  # second\n"), [visitor])
+    assert visitor.seen == ["# first", "# second"]
