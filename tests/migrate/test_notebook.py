@@ -213,3 +213,14 @@ def test_diff_shows_each_changed_cell_source_labelled_with_its_cell(tmp_path):
     # the findings name the same cells
     check = CliRunner().invoke(main, ["--check", str(path)]).output
     assert f"{path}:cell 4:4:1: AMP002" in check
+
+
+def test_github_and_sarif_output_name_the_cell_of_a_notebook_finding(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "train.ipynb", APEX_NOTEBOOK)
+    github = CliRunner().invoke(main, ["--check", "--output-format", "github", "train.ipynb"]).stdout
+    assert "title=AMP002 in cell 4%2C line 4::" in github
+    sarif = json.loads(CliRunner().invoke(main, ["--check", "--output-format", "sarif", "train.ipynb"]).stdout)
+    results = sarif["runs"][0]["results"]
+    assert results and all(r["locations"][0]["logicalLocations"][0]["name"].startswith("cell ") for r in results)
+    assert any(r["ruleId"] == "AMP002" and r["message"]["text"].startswith("cell 4, line 4: ") for r in results)
