@@ -78,7 +78,7 @@ def run_rules(
     except (RecursionError, MemoryError) as error:  # pathologically nested code
         return _failed(source, filename, ERROR_CODE, f"cannot parse: {type(error).__name__}; the file was left untouched")
     ran = frozenset(rule.CODE for rule in rules)  # a directive for a rule that ran but found nothing is unused
-    rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
+    selected, rules = rules, [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
         visited = _visit(module, source, rules, context)
     except _RoundFailed as failure:
@@ -104,7 +104,10 @@ def run_rules(
     )
     if edits:
         remaining = _with_edits(remaining, visited, filename)
-    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, ran))  # comments only: the findings keep their place
+    # Judged on the fixed text only for the rules that visited it, or could find nothing in it: a
+    # directive the fixes wrote for a rule the original text gave no reason to run stays.
+    judged = frozenset(rule.CODE for rule in selected if rule in rules or not rule.may_apply(fixed))
+    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, judged))  # comments only: the findings keep their place
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
