@@ -104,10 +104,7 @@ def run_rules(
     )
     if edits:
         remaining = _with_edits(remaining, visited, filename)
-    # Judged on the fixed text only for the rules that visited it, or could find nothing in it: a
-    # directive the fixes wrote for a rule the original text gave no reason to run stays.
-    judged = frozenset(rule.CODE for rule in selected if rule in rules or not rule.may_apply(fixed))
-    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, judged))  # comments only: the findings keep their place
+    fixed = noqa.remove_unused(fixed, _unused_noqa(_judging(fixed, visited, selected, rules, context), ran))
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
@@ -117,6 +114,23 @@ def run_rules(
         message = f"the fixes produced code that does not compile ({problem}); the file was left unchanged"
         return _failed(source, filename, INTERNAL_ERROR_CODE, message, diagnostics=diagnostics)
     return EngineResult(fixed, diagnostics, remaining=remaining)
+
+
+def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleContext) -> "_Visited":
+    """The visit of the fixed text that says which of its ``# noqa`` directives suppress something.
+
+    The rounds ran the rules the original text called for; a directive the fixes wrote may be
+    for a rule the fixed text calls for (the apex rewrite marks a clip ``# noqa: AMP101``, and
+    brings the word ``scaler``): then all the rules it calls for visit it once more, to judge.
+    Only the directives are read from that visit: the findings and fixes stay the rounds'.
+    """
+    late = [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]
+    if not (late and visited.directives and UNUSED_NOQA_CODE in {rule.CODE for rule in selected}):
+        return visited
+    try:
+        return _visit(cst.parse_module(fixed), fixed, [*rules, *late], context)
+    except (_RoundFailed, cst.ParserSyntaxError):
+        return _Visited(visited.module, [], visited.positions, noqa.Directives(""))  # judge nothing
 
 
 def _unused_noqa(visited: "_Visited", ran: frozenset[str]) -> list[noqa.Unused]:
