@@ -175,6 +175,8 @@ def changed_cells(before: str, after: str) -> list[tuple[int, str, str]]:
     old_cells, new_cells = json.loads(before)["cells"], json.loads(after)["cells"]
     changed = []
     for index, (old, new) in enumerate(zip(old_cells, new_cells)):
+        if not (isinstance(old, dict) and isinstance(new, dict)):
+            continue  # not a cell: nothing was read from it, nothing changed in it
         old_source, new_source = "".join(old.get("source", "")), "".join(new.get("source", ""))
         if old.get("cell_type") == "code" and old_source != new_source:
             changed.append((index + 1, old_source, new_source))

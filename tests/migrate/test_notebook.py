@@ -224,3 +224,15 @@ def test_github_and_sarif_output_name_the_cell_of_a_notebook_finding(tmp_path, m
     results = sarif["runs"][0]["results"]
     assert results and all(r["locations"][0]["logicalLocations"][0]["name"].startswith("cell ") for r in results)
     assert any(r["ruleId"] == "AMP002" and r["message"]["text"].startswith("cell 4, line 4: ") for r in results)
+
+
+def test_diff_passes_over_what_is_not_a_cell(tmp_path):
+    document = _notebook(_code(IMPORTS), _code(SETUP), _code(LOOP))
+    document["cells"].insert(1, "a stray string among the cells")
+    path = tmp_path / "odd.ipynb"
+    _write(path, document)
+    result = CliRunner().invoke(main, ["--diff", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert [line for line in result.stdout.splitlines() if line.startswith("+++")] == [
+        f"+++ {path}:cell {n}" for n in (3, 4, 5)
+    ]

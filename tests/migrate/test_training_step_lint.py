@@ -468,3 +468,17 @@ def test_amp101_fix_inside_a_try_in_the_loop_is_unsafe():
     assert result.source == textwrap.dedent(source)
     fixed, _ = _amp101(source, unsafe_fixes=True)
     assert "            scaler.unscale_(optimizer)\n            clip_grad_norm_" in fixed.source
+    # a `try` around the whole loop ends the training on an exception: the step always follows
+    around = """\
+    def train(model, optimizer, loader, scaler):
+        try:
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
+        finally:
+            save(model)
+    """
+    result, [finding] = _amp101(around)
+    assert finding.fix.applicability.value == "safe" and "scaler.unscale_(optimizer)" in result.source
