@@ -322,14 +322,31 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
 
 
 def _unified_diff(result, styled: bool) -> str:
+    """A Python file's diff, or a notebook's: one per changed cell, labelled ``nb.ipynb:cell 3``
+    on both sides as Ruff labels them (the JSON around the sources does not change)."""
+    from migrate import notebook
+
+    if result.filename.endswith(notebook.SUFFIX):
+        text = "".join(
+            # a cell's last line has no line end in the JSON: that is no change to mark
+            _diff(_ended(old), _ended(new), f"{result.filename}:cell {number}", f"{result.filename}:cell {number}")
+            for number, old, new in notebook.changed_cells(result.source, result.new_source)
+        )
+    else:
+        name = result.filename.lstrip("/")
+        text = _diff(result.source, result.new_source, f"a/{name}", f"b/{name}")
+    return "".join(_diff_style(line) for line in text.splitlines(keepends=True)) if styled else text
+
+
+def _ended(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _diff(before: str, after: str, old_label: str, new_label: str) -> str:
     import difflib
 
-    before = result.source.splitlines(keepends=True)
-    after = result.new_source.splitlines(keepends=True)
-    name = result.filename.lstrip("/")
-    lines = difflib.unified_diff(before, after, f"a/{name}", f"b/{name}")
-    text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
-    return "".join(_diff_style(line) for line in text.splitlines(keepends=True)) if styled else text
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old_label, new_label)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
 def _diff_style(line: str) -> str:

@@ -79,7 +79,7 @@ def run_rules(
     except (RecursionError, MemoryError) as error:  # pathologically nested code
         return _failed(source, filename, ERROR_CODE, f"cannot parse: {type(error).__name__}; the file was left untouched")
     ran = frozenset(rule.CODE for rule in rules)  # a directive for a rule that ran but found nothing is unused
-    rules = [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
+    selected, rules = rules, [rule for rule in rules if rule.may_apply(source)]  # decided on the original text, for all rounds
     try:
         visited = _visit(module, source, rules, context)
     except _RoundFailed as failure:
@@ -105,7 +105,7 @@ def run_rules(
     )
     if edits:
         remaining = _with_edits(remaining, visited, filename)
-    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, ran))  # comments only: the findings keep their place
+    fixed = noqa.remove_unused(fixed, _unused_noqa(_judging(fixed, visited, selected, rules, context), ran))
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
@@ -115,6 +115,23 @@ def run_rules(
         message = f"the fixes produced code that does not compile ({problem}); the file was left unchanged"
         return _failed(source, filename, INTERNAL_ERROR_CODE, message, diagnostics=diagnostics)
     return EngineResult(fixed, diagnostics, remaining=remaining)
+
+
+def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleContext) -> "_Visited":
+    """The visit of the fixed text that says which of its ``# noqa`` directives suppress something.
+
+    The rounds ran the rules the original text called for; a directive the fixes wrote may be
+    for a rule the fixed text calls for (the apex rewrite marks a clip ``# noqa: AMP101``, and
+    brings the word ``scaler``): then all the rules it calls for visit it once more, to judge.
+    Only the directives are read from that visit: the findings and fixes stay the rounds'.
+    """
+    late = [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]
+    if not (late and visited.directives and UNUSED_NOQA_CODE in {rule.CODE for rule in selected}):
+        return visited
+    try:
+        return _visit(cst.parse_module(fixed), fixed, [*rules, *late], context)
+    except (_RoundFailed, cst.ParserSyntaxError):
+        return _Visited(visited.module, [], visited.positions, noqa.Directives(""))  # judge nothing
 
 
 def _unused_noqa(visited: "_Visited", ran: frozenset[str]) -> list[noqa.Unused]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from migrate.types import Position
 
-__all__ = ["Notebook", "NotebookError", "SUFFIX", "searchable"]
+__all__ = ["Notebook", "NotebookError", "SUFFIX", "changed_cells", "searchable"]
 
 SUFFIX = ".ipynb"
 _BOUNDARY = "_ampmigrate_cell_boundary"  # a statement: comments can go with a statement a fix removes
@@ -167,6 +167,20 @@ def _split_cells(python: str) -> list[str]:
     last = "\n".join(current)
     texts.append(last if last.endswith("\n") else last + "\n")
     return texts
+
+
+def changed_cells(before: str, after: str) -> list[tuple[int, str, str]]:
+    """The code cells whose source differs between two versions of a notebook's JSON text, as
+    ``(number, old source, new source)``, numbered as positions are (from 1, among all cells)."""
+    old_cells, new_cells = json.loads(before)["cells"], json.loads(after)["cells"]
+    changed = []
+    for index, (old, new) in enumerate(zip(old_cells, new_cells)):
+        if not (isinstance(old, dict) and isinstance(new, dict)):
+            continue  # not a cell: nothing was read from it, nothing changed in it
+        old_source, new_source = "".join(old.get("source", "")), "".join(new.get("source", ""))
+        if old.get("cell_type") == "code" and old_source != new_source:
+            changed.append((index + 1, old_source, new_source))
+    return changed
 
 
 def searchable(text: str) -> str:

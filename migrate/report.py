@@ -186,11 +186,17 @@ def _github_line(d: Diagnostic, root: Path) -> str:
         "col": d.location.column,
         "endLine": d.end_location.row,
         "endColumn": d.end_location.column,
-        "title": d.code,
+        "title": d.code if d.location.cell is None else f"{d.code} in {_cell_place(d)}",
     }
     rendered = ",".join(f"{key}={_github_escape(str(value), property=True)}" for key, value in properties.items())
     message = d.message + (f" (fix: {d.fix.message})" if d.fix is not None else "")
     return f"::error {rendered}::{_github_escape(message)}"
+
+
+def _cell_place(d: Diagnostic) -> str:
+    """Where a notebook's finding is, said in words: formats that give lines give a line of the
+    file, and a notebook's are lines of its JSON, so the cell must be named beside them."""
+    return f"cell {d.location.cell}, line {d.location.row}"
 
 
 def _github_escape(value: str, property: bool = False) -> str:
@@ -225,11 +231,20 @@ def _sarif(diagnostics: Sequence[Diagnostic], rules: Sequence[type], root: Path)
     results = []
     for d in diagnostics:
         artifact = _artifact(d.filename, root)
+        location = {"physicalLocation": {"artifactLocation": artifact, "region": _region(d.location, d.end_location)}}
+        message = d.message
+        if d.location.cell is not None:
+            # SARIF has no notion of a notebook cell: its region is in the cell (as in the text and
+            # JSON formats), the cell a logical location, and the message says it for the viewers
+            # that show only the message and a line (GitHub code scanning)
+            cell = f"cell {d.location.cell}"
+            location["logicalLocations"] = [{"name": cell, "fullyQualifiedName": f"{artifact['uri']}:{cell}"}]
+            message = f"{_cell_place(d)}: {message}"
         result = {
             "ruleId": d.code,
             "level": "error" if d.code in TOOL_FINDINGS else "warning",
-            "message": {"text": d.message},
-            "locations": [{"physicalLocation": {"artifactLocation": artifact, "region": _region(d.location, d.end_location)}}],
+            "message": {"text": message},
+            "locations": [location],
         }
         if d.code in index:
             result["ruleIndex"] = index[d.code]

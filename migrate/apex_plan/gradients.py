@@ -5,8 +5,11 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.syntax import backward_calls, contains
-from migrate.apex_plan.vocabulary import MASTER_COPIES, MASTER_PARAMS, SCALE_LOSS, ScaleLossSite, Unplannable
+from migrate.apex_plan.syntax import backward_calls, contains, with_first_line_comment
+from migrate.apex_plan.vocabulary import (
+    MASTER_COPIES, MASTER_PARAMS, SCALE_AWARE_MARK, SCALE_LOSS, SCALED_READER_MARK, ScaleLossSite, Unplannable,
+)
+from migrate.step_model.vocabulary import reads_gradients_in
 
 
 class GradientPlanning:
@@ -79,6 +82,28 @@ class GradientPlanning:
                 lines.append(line)
         self.unscale_covered.update(id(reader) for reader, _, _ in readers)
 
+    def _mark_scaled_readers(self, scales: list[ScaleLossSite]) -> None:
+        """What reads gradients inside ``amp.scale_loss``, after its backward, read scaled ones:
+        apex unscaled them only on leaving the block. Kept so, and marked ``# noqa: AMP101`` to
+        say it, so that the lint does not unscale them before it on a later run."""
+        if self.o0:
+            return  # nothing is scaled
+        keep = frozenset(self.replacements)
+        for scale in scales:
+            entry = self.replacements.get(id(scale.statement))
+            if entry is None or not isinstance(entry[1], cst.FlattenSentinel):
+                continue  # the block was only its backward
+            readers, backward_seen = set(), False
+            for statement in scale.body:
+                # as AMP101 counts reads: where it would report nothing, an unused `noqa` is noise
+                if backward_seen and reads_gradients_in(statement) and id(statement) not in keep:
+                    readers.add(id(statement))
+                backward_seen = backward_seen or bool(backward_calls(statement))
+            if readers:
+                parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) in readers else part
+                         for part in entry[1].nodes]
+                self._replace(scale.statement, cst.FlattenSentinel(parts))
+
     def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call]) -> None:
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``)."""
         factor = f"{self._scaler_of(scale.call)}.get_scale()"
@@ -90,8 +115,13 @@ class GradientPlanning:
                 generator = self._master_params_generator(params)
                 self.master_params_in_clips.add(id(params))
             new = grad_readers.scale_aware(clip, factor, self.parent.get(id(clip)), generator, self.module)
-            self._replace(clip, new)
-            self._kind(clip, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
+            # Marked `# noqa: AMP101`: it reads scaled gradients, and rightly (AMP101 offers no fix
+            # there, as no step may follow). One mark per statement.
+            node, statement = clip, self._statement(clip)
+            if id(statement) not in self.replacements:
+                node, new = statement, with_first_line_comment(statement.deep_replace(clip, new), SCALE_AWARE_MARK)
+            self._replace(node, new)
+            self._kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
                        f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
 
     def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:

@@ -408,6 +408,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
 
     def _emit(self, scales: list[ScaleLossSite]) -> None:
+        self._mark_scaled_readers(scales)
         self._place_insertions()
         self._compose_nested()
         if not self.o0:

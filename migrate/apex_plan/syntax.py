@@ -212,6 +212,38 @@ def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
     return found
 
 
+def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:
+    """``statement`` with ``text`` (a ``# ...`` comment) at the end of its first line, after any
+    comment already there: where a ``# noqa`` for a finding on the statement goes. Nodes whose
+    id is in ``keep`` stay the same objects (a rewrite planned for them finds them)."""
+
+    def joined(trailing: cst.TrailingWhitespace) -> cst.TrailingWhitespace:
+        comment = f"{trailing.comment.value}  {text}" if trailing.comment else text
+        return trailing.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment))
+
+    if isinstance(statement, cst.SimpleStatementLine):
+
+        class _FirstBreak(cst.CSTTransformer):  # the first line break inside brackets ends the first line
+            done = False
+
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                return not self.done and id(node) not in keep
+
+            def leave_ParenthesizedWhitespace(self, original, updated):
+                if self.done:
+                    return updated
+                self.done = True
+                return updated.with_changes(first_line=joined(updated.first_line))
+
+        marker = _FirstBreak()
+        marked = statement.visit(marker)
+        return marked if marker.done else statement.with_changes(trailing_whitespace=joined(statement.trailing_whitespace))
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):  # a compound statement: its header line
+        return statement.with_changes(body=body.with_changes(header=joined(body.header)))
+    return statement
+
+
 def imports_apex(small: cst.BaseSmallStatement) -> bool:
     if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
         return nodes.code(small.module).split(".")[0] == "apex"

@@ -216,3 +216,9 @@ def as_bool(expression: cst.BaseExpression) -> str:
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
         return text
     return f"bool({text})"
+
+# Put by the migration on what reads gradients inside `amp.scale_loss` after its backward: apex had
+# not unscaled them yet there, nor has GradScaler, so AMP101's unscale_ must not come before it.
+SCALED_READER_MARK = "# noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss"
+# Put on a clip made scale-aware (threshold times the scale): it works on scaled gradients, rightly.
+SCALE_AWARE_MARK = "# noqa: AMP101 clips the scaled gradients at the threshold times the scale"

@@ -4,13 +4,10 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import contains
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Backward, Event, Kind, Steps
 from migrate.types import FixSafety, Safety
-
-_LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
 class GradientsReadWhileScaled(TrainingStepRule):
@@ -25,18 +22,23 @@ class GradientsReadWhileScaled(TrainingStepRule):
     is about 1.5e-5: in effect it always clips, and the logged norms are the scale's size.
 
     Fix safety:
-    Unsafe: ``scaler.unscale_(optimizer)`` goes before the first reading statement, which changes
-    what the clip does (that is its point), so it is applied only with ``--unsafe-fixes``; code
-    migrated from apex keeps a clip apex made on scaled gradients until the user asks. The fix is
-    offered only where it cannot fail: ``scaler.step(optimizer)`` always follows (same block,
-    nothing leaves the block in between), the scaler steps one optimizer, and nothing else in the
-    step calls ``unscale_`` (a second call per step raises). ``scaler.step`` then skips its own
-    unscaling. Elsewhere the finding has no fix: unscaling where no step follows would raise at
-    the next ``unscale_``.
+    ``scaler.unscale_(optimizer)`` goes before the first reading statement, offered only where
+    ``scaler.step(optimizer)`` follows it in the same block, the scaler steps one optimizer,
+    nothing else in the step calls ``unscale_`` (a second call per step raises) and no backward
+    pass runs in between (it would add scaled gradients to unscaled ones). ``scaler.step`` then
+    skips its own unscaling, and the reader sees true gradients: a logged norm is the true one,
+    a clip clips at the threshold it names (that is the point).
+    Safe where the step always follows: nothing between leaves the block, and no ``try``
+    within the step surrounds them. Unsafe inside such a ``try`` (the out-of-memory recovery
+    loop): an exception caught between ``unscale_`` and the step skips the step, and the next
+    ``unscale_`` raises. Elsewhere the finding has no fix: unscaling where no step may follow
+    (gradient accumulation, the step in another branch) raises at the next ``unscale_``.
+    A clip that apex made inside ``amp.scale_loss`` saw scaled gradients there too: the
+    migration keeps it so and marks it ``# noqa: AMP101``; delete the mark to have it fixed.
     """
 
     CODE = "AMP101"
-    FIX_SAFETY = FixSafety.NEVER
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
     TRIGGERS = ("scaler", "GradScaler")
 
@@ -74,7 +76,6 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n",
-            unsafe_fixes=True,
         ),
         Invalid(
             "class Trainer:\n"
@@ -100,6 +101,29 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "\n"
             "    def backward(self, loss):\n"
             "        self.scaler.scale(loss).backward()\n",
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    batches = iter(loader)\n"
+            "    while True:\n"
+            "        try:\n"
+            "            scaler.scale(model(next(batches))).backward()\n"
+            "            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        except torch.cuda.OutOfMemoryError:\n"
+            "            optimizer.zero_grad()\n",
+            "def train(model, optimizer, loader, scaler):\n"
+            "    batches = iter(loader)\n"
+            "    while True:\n"
+            "        try:\n"
+            "            scaler.scale(model(next(batches))).backward()\n"
+            "            scaler.unscale_(optimizer)\n"
+            "            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        except torch.cuda.OutOfMemoryError:\n"
+            "            optimizer.zero_grad()\n",
             unsafe_fixes=True,
         ),
         Invalid(
@@ -155,41 +179,35 @@ class GradientsReadWhileScaled(TrainingStepRule):
         return None
 
     def _fix(self, steps: Steps, event: Event, scaler: str) -> tuple[cst.CSTNode | None, dict]:
-        """The statement to put ``unscale_`` before, and the fix; ``(None, {})`` where it is not exact."""
-        if event.inlined():
-            return None, {}
+        """The statement to put ``unscale_`` before, and the fix; ``(None, {})`` where unscaling there
+        could fail or be wrong (no step on the way, a second ``unscale_``, another backward pass)."""
         stepping = [e for e in steps.after(event, (Kind.SCALER_STEP,)) if e.scaler == scaler]
         everywhere = [e for e in steps.events if e.scaler == scaler and steps.same_iteration(event, e)]
         optimizers = {e.subject for e in everywhere if e.kind is Kind.SCALER_STEP}
         if len(optimizers) != 1 or None in optimizers or any(e.kind is Kind.UNSCALE for e in everywhere):
             return None, {}
         step = next((e for e in stepping if not e.inlined()), None)
-        if step is None:
+        path = None if step is None else steps.straight_path(event, step)
+        if path is None or not isinstance(path[0], cst.BaseStatement):
             return None, {}
-        depth = len(step.statements) - 1
-        if event.statements[:depth] != step.statements[:depth] or len(event.statements) <= depth:
+        if self._backward_between(steps, event, step, path):
             return None, {}
-        anchor, target = event.statements[depth], step.statements[depth]
-        block = self._block(steps, step.statements[:depth])
-        if block is None or anchor not in block or target not in block:
-            return None, {}
-        start, end = block.index(anchor), block.index(target)
-        if start >= end or any(contains(s, _LEAVES) for s in block[start:end]) or not isinstance(anchor, cst.BaseStatement):
-            return None, {}
+        anchor = path[0]
         line = f"{scaler}.unscale_({step.subject})"
         module = steps.root if isinstance(steps.root, cst.Module) else cst.Module(body=[])
         new = nodes.parse_statements(line + "\n", module)[0]
         placed = cst.FlattenSentinel([nodes.with_leading(new, anchor), anchor.with_changes(leading_lines=())])
-        return anchor, {"replacement": placed, "safety": Safety.UNSAFE,
-                        "fix_message": f"Insert `{line}` before the gradients are read",
-                        "why_unsafe": "the clip then acts on true gradients, not on scaled ones: what it clips changes"}
+        fix = {"replacement": placed, "fix_message": f"Insert `{line}` before the gradients are read"}
+        if steps.always_follows(event, step):
+            return anchor, {**fix, "safety": Safety.SAFE}
+        return anchor, {**fix, "safety": Safety.UNSAFE,
+                        "why_unsafe": f"an exception caught between it and `{scaler}.step` inside the step would leave the "
+                                      "gradients unscaled with no step, and the next `unscale_` raises"}
 
     @staticmethod
-    def _block(steps: Steps, outer: tuple) -> list | None:
-        owner = outer[-1] if outer else steps.root
-        body = getattr(owner, "body", None)
-        if isinstance(body, cst.IndentedBlock):
-            return list(body.body)
-        if isinstance(owner, cst.Module):
-            return list(owner.body)
-        return None
+    def _backward_between(steps: Steps, event: Event, step: Event, path: list) -> bool:
+        """Whether a backward pass runs after the unscaling and before the step: it would add
+        scaled gradients to unscaled ones."""
+        end = steps.index(step)
+        return any(e.kind is Kind.BACKWARD and (steps.index(e) > steps.index(event) or path[0] in e.statements)
+                   for e in steps.events[:end])

@@ -164,18 +164,13 @@ class Walk:
 
     def _expression(self, expression: cst.CSTNode, frames: tuple, statements: tuple) -> None:
         walk = self
-        unread: set[int] = set()  # `.grad` attributes only moved, averaged or cleared
+        unread = words.unread_gradients(expression)  # `.grad` attributes only moved, averaged, cleared or tested
 
         class _Events(cst.CSTVisitor):
             def visit_Lambda(self, node: cst.Lambda) -> bool:
                 return False
 
             def visit_Call(self, node: cst.Call) -> bool:
-                if nodes.call_name(node) in words.GRAD_NEUTRAL_USES:
-                    operands = [arg.value for arg in node.args]
-                    if isinstance(node.func, cst.Attribute):
-                        operands.append(node.func.value)
-                    unread.update(id(words.grad_attribute(operand)) for operand in operands)
                 walk._call(node, frames, statements)
                 return True
 
@@ -189,12 +184,6 @@ class Walk:
             def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
                 walk._add(Kind.HOST_PULL, node, frames, statements, subject=words.root_text(node.expression),
                           detail={"form": "f-string", "bare": not _has_call(node.expression)})
-
-            def visit_Comparison(self, node: cst.Comparison) -> bool:
-                # `p.grad is not None` reads no gradient value
-                if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
-                    return not (isinstance(node.left, cst.Attribute) and node.left.attr.value == "grad")
-                return True
 
         tree_walk.walk(expression, _Events())
 

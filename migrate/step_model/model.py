@@ -13,11 +13,13 @@ from typing import Iterator
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import contains
 from migrate.step_model.build import Assignment, FileFacts
-from migrate.step_model.events import Arm, Backward, Event, Kind, Loop
+from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop
 from migrate.tree_walk import walk
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
+_LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
 @dataclass
@@ -135,6 +137,41 @@ class Steps:
         start = self.index(event) + 1
         return [other for other in self.events[start:]
                 if other.kind in kinds and self.same_iteration(event, other) and not self.exclusive(event, other)]
+
+    def straight_path(self, event: Event, later: Event) -> list[cst.BaseStatement] | None:
+        """The statements of one block from the one holding ``event`` up to the one holding
+        ``later`` (not included), where ``later`` sits in that block after it and none of them
+        leaves the block (``continue``, ``break``, ``return``, ``raise``); both walked from this
+        function, not reached through a helper. None otherwise."""
+        if event.inlined() or later.inlined() or not later.statements:
+            return None
+        depth = len(later.statements) - 1
+        if len(event.statements) <= depth or event.statements[:depth] != later.statements[:depth]:
+            return None
+        block = self._block(later.statements[:depth])
+        first, target = event.statements[depth], later.statements[depth]
+        if block is None or first not in block or target not in block or block.index(first) >= block.index(target):
+            return None
+        path = block[block.index(first):block.index(target)]
+        return None if any(contains(statement, _LEAVES) for statement in path) else path
+
+    def always_follows(self, event: Event, later: Event) -> bool:
+        """Whether every pass that runs ``event`` goes on to run ``later``: a straight path leads
+        from one to the other (``straight_path``) and no ``try`` within the step surrounds them,
+        whose handler could take an exception raised between them and let the loop go on
+        without ``later``."""
+        if self.straight_path(event, later) is None:
+            return False
+        return not any(isinstance(frame, Handler) for frame in later.frames_inside(self.training_loop(later)))
+
+    def _block(self, outer: tuple) -> list | None:
+        owner = outer[-1] if outer else self.root
+        body = getattr(owner, "body", None)
+        if isinstance(body, cst.IndentedBlock):
+            return list(body.body)
+        if isinstance(owner, cst.Module):
+            return list(owner.body)
+        return None
 
     # values
 

@@ -195,3 +195,41 @@ def grad_attribute(node: cst.BaseExpression) -> cst.CSTNode | None:
     if isinstance(node, cst.Attribute) and node.attr.value == "data":
         node = node.value
     return node if isinstance(node, cst.Attribute) and node.attr.value == "grad" else None
+
+
+def unread_gradients(expression: cst.CSTNode) -> set[int]:
+    """The ids of the ``x.grad`` attributes in ``expression`` that read no gradient value: moved,
+    averaged or cleared (``dist.all_reduce(p.grad)``, ``p.grad.zero_()``), or compared with None."""
+    unread: set[int] = set()
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if nodes.call_name(node) in GRAD_NEUTRAL_USES:
+                operands = [arg.value for arg in node.args]
+                if isinstance(node.func, cst.Attribute):
+                    operands.append(node.func.value)
+                unread.update(id(grad_attribute(operand)) for operand in operands)
+
+        def visit_Comparison(self, node: cst.Comparison) -> None:
+            if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
+                unread.add(id(node.left))  # `p.grad is not None`
+
+    walk(expression, _Find())
+    return unread
+
+
+def reads_gradients_in(statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` reads gradients as the step model counts a read: a clip or a norm
+    (``reads_gradients``), or an ``x.grad`` that ``unread_gradients`` does not leave out."""
+    unread = unread_gradients(statement)
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if isinstance(node, cst.Call) or isinstance(node, cst.Attribute) and id(node) not in unread:
+                found = found or reads_gradients(node)
+            return not found and not isinstance(node, (cst.Lambda, cst.FunctionDef, cst.ClassDef))
+
+    walk(statement, _Find())
+    return found

@@ -43,6 +43,10 @@ def test_a_clip_at_every_micro_batch_becomes_scale_aware_and_safe(read, expected
     assert expected in result.new_source
     assert "unscale_" not in result.new_source  # a second unscale_ before the step would raise
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
+    # right on scaled gradients, and marked so: AMP101 reports nothing there, the mark is used
+    assert "  # noqa: AMP101 clips the scaled gradients at the threshold times the scale\n" in result.new_source
+    again = migrate_source(result.new_source, "train.py", select=["AMP101", "AMP800"])
+    assert again.diagnostics == () and again.new_source == result.new_source
 
 
 def test_other_gradient_reads_there_stay_unsafe_and_are_never_unscaled_twice():
@@ -97,6 +101,7 @@ for x in loader:
     optimizer.step()
 """, "train.py")
     assert ("    scaled_loss = scaler.scale(loss)\n    scaled_loss.backward()\n"
-            '    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)\n'
+            '    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)'
+            "  # noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss\n"
             "    scaler.step(optimizer)\n") in result.new_source
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}

@@ -171,3 +171,26 @@ def test_the_command_line_exits_0_on_a_suppressed_finding_and_fixes_an_unused_di
     assert CliRunner().invoke(main, [str(path)]).exit_code == 1
     assert path.read_text() == "import torch\nx = torch.ones(1)\n"
     assert CliRunner().invoke(main, ["--check", str(path)]).exit_code == 0
+
+
+def test_a_noqa_a_fix_writes_is_judged_by_the_rule_it_names_and_a_stale_one_still_goes():
+    from migrate.api import migrate_source
+
+    # the apex rewrite marks the clip it leaves on scaled gradients `# noqa: AMP101`; the original
+    # text never gave AMP101 a reason to run (no "scaler" in it), the fixed text does
+    source = (
+        "import torch\nfrom apex import amp\n\n"
+        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+        "for x in loader:\n"
+        "    loss = model(x)  # noqa: AMP101\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "        scaled_loss.backward()\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    optimizer.step()\n"
+    )
+    result = migrate_source(source, "train.py")
+    assert "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # noqa: AMP101" in result.new_source
+    assert "loss = model(x)\n" in result.new_source  # the directive that suppressed nothing went
+    assert [d.code for d in result.diagnostics if d.code == "AMP800"] == ["AMP800"]
+    again = migrate_source(result.new_source, "train.py")
+    assert again.diagnostics == () and again.new_source == result.new_source

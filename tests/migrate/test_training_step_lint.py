@@ -373,3 +373,112 @@ def test_model_binds_each_loss_where_it_is_assigned():
     assert kinds.index(Kind.LOSS) < kinds.index(Kind.BACKWARD)
     loss = steps.of(Kind.LOSS)[0]
     assert loss.subject == "loss" and loss.regions() and loss.loops()
+
+
+def _amp101(source: str, unsafe_fixes: bool = False):
+    result = run_rules(textwrap.dedent(source), "train.py", _FAMILY, unsafe_fixes=unsafe_fixes)
+    assert result.error is None, result.error
+    return result, [d for d in result.diagnostics if d.code == "AMP101"]
+
+
+_CLIP_THEN_STEP = """\
+def train(model, optimizer, loader, scaler):
+    for x, y in loader:
+        scaler.scale(model(x, y)).backward()
+        {reader}
+        scaler.step(optimizer)
+        scaler.update()
+"""
+
+
+@pytest.mark.parametrize("reader", [
+    "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+    "if args.clip:\n            norm = clip_grad_norm_(model.parameters(), args.clip)",
+])
+def test_amp101_unscales_by_default_where_the_step_always_follows(reader):
+    source = _CLIP_THEN_STEP.format(reader=reader)
+    result, [finding] = _amp101(source)
+    assert finding.fix.applicability.value == "safe" and finding.applied
+    lines = result.source.splitlines()
+    assert lines[3] == "        scaler.unscale_(optimizer)" and lines[4] == "        " + reader.splitlines()[0]
+    again, findings = _amp101(result.source)
+    assert findings == [] and again.source == result.source
+
+
+@pytest.mark.parametrize("source", [
+    pytest.param("""\
+        def train(model, optimizer, loader, scaler, accumulation):
+            for i, batch in enumerate(loader):
+                scaler.scale(model(batch) / accumulation).backward()
+                clip_grad_norm_(model.parameters(), 1.0)
+                if (i + 1) % accumulation == 0:
+                    scaler.step(optimizer)
+                    scaler.update()
+        """, id="accumulation: the step every k micro-batches"),
+    pytest.param("""\
+        def train(model, optimizer, loader, scaler, warmup):
+            for i, batch in enumerate(loader):
+                scaler.scale(model(batch)).backward()
+                if i < warmup:
+                    norm = clip_grad_norm_(model.parameters(), 1.0)
+                else:
+                    scaler.step(optimizer)
+                    scaler.update()
+        """, id="the step in the other arm"),
+    pytest.param("""\
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                if not torch.isfinite(clip_grad_norm_(model.parameters(), 1.0)):
+                    continue
+                scaler.step(optimizer)
+                scaler.update()
+        """, id="the step skipped by a continue"),
+    pytest.param("""\
+        def train(model, optimizer, loader, scaler):
+            for x, y in loader:
+                scaler.scale(model(x)).backward()
+                clip_grad_norm_(model.parameters(), 1.0)
+                scaler.scale(model(y)).backward()
+                scaler.step(optimizer)
+                scaler.update()
+        """, id="another backward pass before the step"),
+])
+def test_amp101_offers_no_fix_where_unscaling_could_raise_or_mix_scales(source):
+    for unsafe_fixes in (False, True):
+        result, [finding] = _amp101(source, unsafe_fixes)
+        assert finding.fix is None and result.source == textwrap.dedent(source)
+
+
+def test_amp101_fix_inside_a_try_in_the_loop_is_unsafe():
+    source = """\
+    def train(model, optimizer, loader, scaler):
+        for x in loader:
+            try:
+                scaler.scale(model(x)).backward()
+                clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
+            except torch.cuda.OutOfMemoryError:
+                optimizer.zero_grad()
+    """
+    result, [finding] = _amp101(source)
+    assert finding.fix.applicability.value == "unsafe" and not finding.applied
+    assert "the next `unscale_` raises" in finding.fix.why_unsafe
+    assert result.source == textwrap.dedent(source)
+    fixed, _ = _amp101(source, unsafe_fixes=True)
+    assert "            scaler.unscale_(optimizer)\n            clip_grad_norm_" in fixed.source
+    # a `try` around the whole loop ends the training on an exception: the step always follows
+    around = """\
+    def train(model, optimizer, loader, scaler):
+        try:
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
+        finally:
+            save(model)
+    """
+    result, [finding] = _amp101(around)
+    assert finding.fix.applicability.value == "safe" and "scaler.unscale_(optimizer)" in result.source
