@@ -36,8 +36,7 @@ class AutocastPlanning:
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
-        scaled = {id(call_statement) for call_statement in map(self._statement, self.sites["scale_loss"])}
-        if not window and before and id(before[-1]) in scaled:
+        if not window and before and id(before[-1]) in self._scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
         self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line

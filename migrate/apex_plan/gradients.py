@@ -203,7 +203,7 @@ class GradientPlanning:
             already = any(block is unscaled_block for block in blocks for unscaled_block in done)
             # In the `scale_loss` block apex had not unscaled yet: what reads gradients there reads
             # scaled ones, as it will natively.
-            in_block = any(self._inside(call, self._statement(scaled)) for scaled in self.sites["scale_loss"])
+            in_block = self._inside_any(call, self._scale_loss_statements)
             inspects_grads = self._feeds_grad_consumer(call, statement) and not in_block
             covered = any(id(node) in self.unscale_covered for node in (statement, *self._ancestors(statement)))
             already = already or covered  # unscaled before the gradients are first read, on the way to the step

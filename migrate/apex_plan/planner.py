@@ -436,9 +436,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
     def _compose_nested(self) -> None:
         """A replacement that keeps original statements (the body of a ``scale_loss`` block)
         carries the replacements planned inside them; innermost first."""
-        for node, replacement in sorted(self.replacements.values(), key=lambda item: -len(self._ancestors(item[0]))):
-            node, replacement = self.replacements[id(node)]  # composed already, if it was inside another
-            inner = {id(n): r for n, r in self.replacements.values() if n is not node and self._inside(n, node)}
+        ancestors = {key: self._ancestors(node) for key, (node, _) in self.replacements.items()}
+        nested: dict[int, list[int]] = {}  # a replaced node -> the replaced nodes inside it
+        for key, found in ancestors.items():
+            for ancestor in found:
+                if id(ancestor) in self.replacements:
+                    nested.setdefault(id(ancestor), []).append(key)
+        for key in sorted(self.replacements, key=lambda key: -len(ancestors[key])):
+            node, replacement = self.replacements[key]  # composed already, if it was inside another
+            inner = {inside: self.replacements[inside][1] for inside in nested.get(key, ())}
             if not inner or id(node) in self.composed or isinstance(replacement, cst.RemovalSentinel):
                 continue
             swap = ReplaceByIdentity(inner)

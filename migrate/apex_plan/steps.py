@@ -69,17 +69,27 @@ class StepPlanning:
                 backward_args = list(call_node.args)
         return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements)
 
+    @property
+    def _scale_loss_statements(self) -> frozenset[int]:
+        """The ids of the statements holding ``amp.scale_loss``, found once for the sites as they
+        stand (a file may have hundreds; planning may still add some)."""
+        calls = tuple(self.sites["scale_loss"])
+        known = self.__dict__.get("_scale_loss_known")
+        if known is None or known[0] != calls:
+            known = self.__dict__["_scale_loss_known"] = (calls, frozenset(id(self._statement(call)) for call in calls))
+        return known[1]
+
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
         scope = self._function(statement) or self.module
-        withs = [self._statement(call) for call in self.sites["scale_loss"]]
+        withs = self._scale_loss_statements
         found = False
         planner = self
 
         class _Find(cst.CSTVisitor):
             def visit_Name(self, node: cst.Name) -> None:
                 nonlocal found
-                if node.value == name and not any(planner._inside(node, other) for other in withs):
+                if node.value == name and not planner._inside_any(node, withs):
                     found = True
 
         walk(scope, _Find())
@@ -185,10 +195,9 @@ class StepPlanning:
     def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
-        scaled = [self._statement(call) for call in self.sites["scale_loss"]]
         scope = self.module if beside is None else self._function(beside) or self.module
         for call in backward_calls(scope, nested=True):
-            if any(self._inside(call, statement) for statement in scaled) or self._scaler_disabled_at(call):
+            if self._inside_any(call, self._scale_loss_statements) or self._scaler_disabled_at(call):
                 continue
             if beside is not None and self._exclusive(call, beside):
                 continue

@@ -42,6 +42,14 @@ class TreeQueries:
             node = self.parent.get(id(node))
         return False
 
+    def _inside_any(self, node: cst.CSTNode, containers: frozenset[int]) -> bool:
+        """Whether ``node`` is one of, or inside one of, the nodes whose ids are ``containers``."""
+        while node is not None:
+            if id(node) in containers:
+                return True
+            node = self.parent.get(id(node))
+        return False
+
     def _ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         found = []
         node = self.parent.get(id(node))

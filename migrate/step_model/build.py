@@ -163,29 +163,7 @@ class Walk:
     # expressions
 
     def _expression(self, expression: cst.CSTNode, frames: tuple, statements: tuple) -> None:
-        walk = self
-        unread = words.unread_gradients(expression)  # `.grad` attributes only moved, averaged, cleared or tested
-
-        class _Events(cst.CSTVisitor):
-            def visit_Lambda(self, node: cst.Lambda) -> bool:
-                return False
-
-            def visit_Call(self, node: cst.Call) -> bool:
-                walk._call(node, frames, statements)
-                return True
-
-            def leave_Call(self, node: cst.Call) -> None:
-                walk._after_call(node, frames, statements)
-
-            def visit_Attribute(self, node: cst.Attribute) -> None:
-                if node.attr.value == "grad" and id(node) not in unread:
-                    walk._add(Kind.GRAD_READ, node, frames, statements, subject=nodes.code(node.value))
-
-            def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
-                walk._add(Kind.HOST_PULL, node, frames, statements, subject=words.root_text(node.expression),
-                          detail={"form": "f-string", "bare": not _has_call(node.expression)})
-
-        tree_walk.walk(expression, _Events())
+        tree_walk.walk(expression, _Events(self, frames, statements))
 
     def _call(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         name = nodes.call_name(call)
@@ -284,6 +262,33 @@ class Walk:
 
     def _add(self, kind: Kind, node: cst.CSTNode, frames: tuple, statements: tuple, **fields) -> None:
         self.events.append(Event(kind, node, frames, statements, **fields))
+
+
+class _Events(words.GradientUses):
+    """The events of one expression, in the order they happen, added to ``walk``."""
+
+    def __init__(self, walk: Walk, frames: tuple, statements: tuple) -> None:
+        super().__init__()
+        self.walk, self.frames, self.statements = walk, frames, statements
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        super().visit_Call(node)
+        self.walk._call(node, self.frames, self.statements)
+        return True
+
+    def leave_Call(self, node: cst.Call) -> None:
+        self.walk._after_call(node, self.frames, self.statements)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad" and id(node) not in self.unread:  # `.grad` only moved, averaged, cleared or tested
+            self.walk._add(Kind.GRAD_READ, node, self.frames, self.statements, subject=nodes.code(node.value))
+
+    def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
+        self.walk._add(Kind.HOST_PULL, node, self.frames, self.statements, subject=words.root_text(node.expression),
+                       detail={"form": "f-string", "bare": not _has_call(node.expression)})
 
 
 def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:

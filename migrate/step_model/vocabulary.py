@@ -197,25 +197,34 @@ def grad_attribute(node: cst.BaseExpression) -> cst.CSTNode | None:
     return node if isinstance(node, cst.Attribute) and node.attr.value == "grad" else None
 
 
+class GradientUses(cst.CSTVisitor):
+    """Collects, as it walks, the ids of the ``x.grad`` attributes that read no gradient value:
+    moved, averaged or cleared (``dist.all_reduce(p.grad)``, ``p.grad.zero_()``), or compared with
+    None. A call or comparison is met before the attributes inside it, so ``visit_Attribute`` of a
+    subclass already knows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unread: set[int] = set()
+
+    def visit_Call(self, node: cst.Call) -> bool | None:
+        if nodes.call_name(node) in GRAD_NEUTRAL_USES:
+            operands = [arg.value for arg in node.args]
+            if isinstance(node.func, cst.Attribute):
+                operands.append(node.func.value)
+            self.unread.update(id(grad_attribute(operand)) for operand in operands)
+        return None
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
+            self.unread.add(id(node.left))  # `p.grad is not None`
+
+
 def unread_gradients(expression: cst.CSTNode) -> set[int]:
-    """The ids of the ``x.grad`` attributes in ``expression`` that read no gradient value: moved,
-    averaged or cleared (``dist.all_reduce(p.grad)``, ``p.grad.zero_()``), or compared with None."""
-    unread: set[int] = set()
-
-    class _Find(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if nodes.call_name(node) in GRAD_NEUTRAL_USES:
-                operands = [arg.value for arg in node.args]
-                if isinstance(node.func, cst.Attribute):
-                    operands.append(node.func.value)
-                unread.update(id(grad_attribute(operand)) for operand in operands)
-
-        def visit_Comparison(self, node: cst.Comparison) -> None:
-            if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
-                unread.add(id(node.left))  # `p.grad is not None`
-
-    walk(expression, _Find())
-    return unread
+    """The ids of the ``x.grad`` attributes in ``expression`` that read no gradient value (``GradientUses``)."""
+    uses = GradientUses()
+    walk(expression, uses)
+    return uses.unread
 
 
 def reads_gradients_in(statement: cst.CSTNode) -> bool:
