@@ -16,6 +16,7 @@ Where each concept lives:
   about a statement (does it bind the loss, call backward, hold a ``yield``).
 - ``tree``: where a statement sits (its block, function, class, loop, branch) and whether it runs
   the model, directly or through a helper of the file.
+- ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 - ``planner``: the ``Planner``: classifies the references, orders the rewrite, emits findings.
   Its rewrite families are mixed in from:
   ``initialize`` (the GradScaler, its options and where it is made),
@@ -25,7 +26,7 @@ Where each concept lives:
   ``checkpoints`` (``state_dict``/``load_state_dict``), and ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it).
 """
-from migrate.apex_plan.planner import ApexPlanProvider, plan_of
+from migrate.apex_plan.provider import ApexPlanProvider, plan_of
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     CAST_API,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import BatchableMetadataProvider, PositionProvider, QualifiedNameProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
@@ -495,17 +494,3 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     "gradients read after `amp.scale_loss` were unscaled by apex",
                     f"Call `{self.scaler}.unscale_(optimizer)` before reading them",
                 )
-
-
-class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
-    """Attaches the file's ``ApexPlan`` to the ``Module`` node."""
-
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
-
-    def visit_Module(self, node: cst.Module) -> bool:
-        self.set_metadata(node, Planner(self, node).plan())
-        return False
-
-
-def plan_of(visitor: cst.MetadataDependent, module: cst.Module) -> ApexPlan:
-    return visitor.get_metadata(ApexPlanProvider, module)
