@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from typing import Callable, Iterable, Sequence
 
 import libcst as cst
@@ -54,7 +55,7 @@ def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
     punctuation and whitespace when not ``tokens``)."""
     found: list[cst.CSTNode] = []
     wanted = _NODE if tokens else _SYNTAX
-    for name in _fields(type(node)):
+    for name in (_fields if tokens else _syntax_fields)(type(node)):
         value = getattr(node, name)
         if type(value) in (list, tuple):
             found.extend(item for item in value if _kind(type(item)) & wanted)
@@ -65,6 +66,36 @@ def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
 
 def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """``root.visit(visitor)`` for a visitor that only reads, punctuation and whitespace left out."""
+    kind = type(visitor)
+    if kind.on_visit is not cst.CSTVisitor.on_visit or kind.on_leave is not cst.CSTVisitor.on_leave:
+        _walk_generic(root, visitor)
+        return
+    # libcst's own on_visit looks up `visit_<type>` on every node and calls one of its ~1,600
+    # empty stubs for most: here each node type's methods are looked up once per walk.
+    handlers: dict[type, tuple] = {}
+    pending: list = [root]
+    while pending:
+        node = pending.pop()
+        if node is _LEAVE:
+            node = pending.pop()
+            leave = handlers[type(node)][1]
+            if leave is not None:
+                leave(node)
+            continue
+        found = handlers.get(type(node))
+        if found is None:
+            name = type(node).__name__
+            found = handlers[type(node)] = (_own(visitor, "visit_" + name), _own(visitor, "leave_" + name))
+        visit = found[0]
+        if visit is None or visit(node) is not False:
+            pending += (node, _LEAVE)
+            pending += reversed(children(node, tokens=False))
+        elif found[1] is not None:
+            found[1](node)
+
+
+def _walk_generic(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """``walk`` for a visitor with its own ``on_visit``/``on_leave``."""
     on_visit, on_leave = visitor.on_visit, visitor.on_leave
     pending: list = [root]
     while pending:
@@ -76,6 +107,14 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             pending += reversed(children(node, tokens=False))
         else:
             on_leave(node)
+
+
+def _own(visitor: cst.CSTVisitor, name: str) -> Callable | None:
+    """``visitor``'s method ``name``, unless it is libcst's empty stub."""
+    method = getattr(visitor, name, None)
+    if method is None or getattr(type(visitor), name, None) is getattr(cst.CSTVisitor, name, None):
+        return None
+    return method
 
 
 def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor]) -> None:
@@ -134,6 +173,22 @@ def _fields(node_type: type) -> tuple[str, ...]:
     first = tuple(name for name in names if name in ("leading_lines", "header"))
     last = tuple(name for name in names if name in ("trailing_whitespace", "footer"))
     return first + tuple(name for name in names if name not in first + last) + last
+
+
+@functools.lru_cache(maxsize=None)
+def _syntax_fields(node_type: type) -> tuple[str, ...]:
+    """The fields that may hold something other than punctuation and whitespace, by their types."""
+    hints = {field.name: field.type for field in dataclasses.fields(node_type)}
+    return tuple(name for name in _fields(node_type) if _may_hold_syntax(hints[name]))
+
+
+def _may_hold_syntax(annotation: object) -> bool:
+    if isinstance(annotation, type):
+        return issubclass(annotation, cst.CSTNode) and annotation.__name__ not in _TOKEN_NAMES
+    if typing.get_origin(annotation) is typing.Literal:  # `Arg.star: Literal["", "*", "**"]`
+        return False
+    arguments = typing.get_args(annotation)
+    return any(_may_hold_syntax(argument) for argument in arguments) if arguments else True  # unknown: keep it
 
 
 _NODE, _SYNTAX = 1, 2  # what `_kind` says of a value: any node, and (both bits) a node that is not a token

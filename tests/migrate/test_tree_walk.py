@@ -224,3 +224,27 @@ def test_walk_batched_meets_comments_for_a_visitor_that_asks():
     visitor = Comments()
     walk_batched(cst.parse_module("# first\nx = 1  # second\n"), [visitor])
     assert visitor.seen == ["# first", "# second"]
+
+
+def test_walk_calls_visit_and_leave_methods_as_libcst_does():
+    class Calls(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, int]] = []
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            self.seen.append(("call", id(node)))
+            return not isinstance(node.func, cst.Name)  # `f(g(x))`: g is not met; `x.f(g(y))`: it is
+
+        def leave_Call(self, original_node: cst.Call) -> None:
+            self.seen.append(("left", id(original_node)))
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.seen.append(("name", id(node)))
+
+    for source in _sources():
+        module = cst.parse_module(source + "\nf(g(x))\nx.f(g(y))\n")
+        theirs, ours = Calls(), Calls()
+        module.visit(theirs)
+        walk(module, ours)
+        assert ours.seen == theirs.seen
