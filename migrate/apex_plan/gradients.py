@@ -44,8 +44,8 @@ class GradientPlanning:
                     readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
                     continue
                 if self._reads_grads(statement):
-                    readers.append((statement, self._step_condition(conditions, scale.call), step_always_follows))
-        condition = self._step_condition(passed[-1][1], scale.call) if passed else None
+                    readers.append((statement, self._step_condition(conditions, scale.call, optimizer), step_always_follows))
+        condition = self._step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         if len(inner) == 1:
             path = inner[0]
             for depth in range(len(path) - 1, -1, -1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.vocabulary import CORE, INITIALIZE
+from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
 from migrate.tree_walk import walk
 
 
@@ -59,12 +59,35 @@ class HandedOnPlanning:
                     plain = False
             if not plain or not calls:
                 continue
+            others = [use for use in uses[alias] if self._assigned(use) and self._statement(use) is not self._statement(assign)]
+            self._stand_ins_assigned_once = self._stand_ins_assigned_once and all(self._sets_none(use) for use in others)
             self.escapes.remove((node, alias))
             statement = self._statement(assign)
             self._stand_in_assignments.append(statement)
             for kind, call in calls:
                 self.sites[kind].append(call)
                 self._stand_in_calls.add(id(call))
+
+    def _only_stand_ins_set_beside(self, init: InitializeSite) -> bool:
+        """Whether the scaler is only ever used through ``self.amp``, a stand-in for the module that
+        is given the module nowhere but just before ``init``, in its block (elsewhere at most
+        ``None``): wherever ``init`` has not run, the file failed on ``self.amp`` exactly as its
+        rewrite fails on the scaler."""
+        block = self.parent.get(id(init.statement))
+        body = list(getattr(block, "body", ()))
+        used = [call for kind in CORE if kind != "initialize" for call in self.sites[kind]]
+        return (
+            bool(self._stand_in_assignments) and not self.escapes and self._stand_ins_assigned_once
+            and all(id(call) in self._stand_in_calls for call in used)
+            and all(statement in body and body.index(statement) < body.index(init.statement) for statement in self._stand_in_assignments)
+        )
+
+    def _sets_none(self, target: cst.CSTNode) -> bool:
+        """Whether the assignment to ``target`` gives it ``None`` (``a.x, a.y = [None, None]`` too)."""
+        statement = self._statement(target)
+        values = [small.value for small in getattr(statement, "body", ()) if isinstance(small, cst.Assign)]
+        return len(values) == 1 and all(nodes.is_none(value) for value in (
+            [e.value for e in values[0].elements] if isinstance(values[0], (cst.List, cst.Tuple)) else values))
 
     def _assigned(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is a target of an assignment (also inside a tuple of targets)."""

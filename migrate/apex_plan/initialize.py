@@ -369,6 +369,9 @@ class InitializePlanning:
             return None
         if self.default_in_init:
             return None  # `__init__` makes a disabled scaler that stands in until this block runs
+        if self.scaler_scope == "local":
+            self._plan_local_default(init)
+            return None
         if not self.scaler.startswith("self."):
             # A local created in the block may not exist where autocast asks it.
             raise Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
@@ -380,9 +383,28 @@ class InitializePlanning:
         self.scaler_in_block = True
         return None
 
-    def _plan_default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, attribute: str) -> None:
+    def _plan_local_default(self, init: InitializeSite) -> None:
+        """A disabled local scaler made at the top of the function, standing in until the block
+        that holds ``initialize`` (``if epoch == start:`` in the epoch loop) has run."""
+        function = self._function(init.statement)
+        anchor = init.statement
+        while self.parent.get(id(self.parent.get(id(anchor)))) is not function:
+            anchor = self.parent[id(anchor)]
+        line = f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
+        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
+                   "Create it disabled before the block that makes it")
+        self.unsafe.append(
+            "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
+            "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
+        )
+        self.local_default = True
+
+    def _plan_default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, attribute: str, init: InitializeSite) -> None:
         """A disabled ``self.<attribute>`` made in ``__init__``, standing in until ``function`` runs."""
         anchor = self._init_anchor(owner)
+        if anchor is None and self._only_stand_ins_set_beside(init):
+            return  # where `function` has not run, the file failed on `self.amp` as the rewrite fails on the scaler
         if anchor is None:
             self.unsafe.append(
                 f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
@@ -447,7 +469,7 @@ class InitializePlanning:
             if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
                 if not self._runs_at_construction(function, owner):
-                    self._plan_default_in_init(owner, function, attribute)
+                    self._plan_default_in_init(owner, function, attribute, init)
                 return f"self.{attribute}", "self"
         if all(self._function(site) is function for site in sites):
             return name, "local"

@@ -9,6 +9,7 @@ from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
 from migrate.apex_plan.tree import TreeQueries
@@ -38,7 +39,7 @@ from migrate.types import Safety
 
 
 class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning,
-              HandedOnPlanning):
+              HandedOnPlanning, ModuleReadPlanning):
     """The plan of one file: its apex.amp sites, then a consistent rewrite of all of them, or none.
 
     ``plan()`` classifies the references, then ``_rewrite()`` plans, in order: the steps after
@@ -68,9 +69,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
         self._stand_in_calls: set[int] = set()
         self._stand_in_assignments: list[cst.CSTNode] = []  # `self.amp = amp` where `self.amp` only stands in for the module
+        self._stand_ins_assigned_once = True  # no stand-in is assigned anywhere else
         self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
+        self.local_default = False  # a disabled local scaler made earlier in the function stands in until then
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
@@ -86,6 +89,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.regions: set[int] = set()  # statements that became an autocast region
         self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
+        self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
         walk(module, Collect(self))
@@ -104,6 +108,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem))
         handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
+        handled |= {id(node) for node, _ in self.refs if self._statement(node) in self.module_reads}
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
 
     def _classify(self) -> None:
@@ -124,7 +129,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     self.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
                 else:
                     self.escapes.append((node, alias))
-            elif not self._scale_poke(attr, node):
+            elif not self._scale_poke(attr, node) and not self._module_read(attr, node):
                 self.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
         self._find_stand_ins()
         if self.escapes:
@@ -145,49 +150,6 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
             "does not read them, so the ops they name run in autocast's own precision"
         )
-
-    def _scale_poke(self, attr: str, node: cst.CSTNode) -> bool:
-        """``amp._amp_state.loss_scalers[0]._loss_scale = X``: the scale to start from, set by hand."""
-        subscript = self.parent.get(id(node))
-        attribute = self.parent.get(id(subscript))
-        target = self.parent.get(id(attribute))
-        assign = self.parent.get(id(target))
-        if not (attr == "_amp_state.loss_scalers" and isinstance(subscript, cst.Subscript) and isinstance(attribute, cst.Attribute)
-                and attribute.attr.value == "_loss_scale" and isinstance(target, cst.AssignTarget) and isinstance(assign, cst.Assign)
-                and len(assign.targets) == 1 and nodes.is_pure(assign.value)):
-            return False
-        self.scale_pokes.append((self._statement(assign), assign.value, node))
-        return True
-
-    def _plan_scale_pokes(self, inits: list[InitializeSite]) -> None:
-        """The scale poked right after ``initialize`` (in its block) is the scaler's ``init_scale``."""
-        for statement, value, _ in self.scale_pokes:
-            block = self.parent.get(id(statement))
-            body = list(getattr(block, "body", ()))
-            init = next((i for i in inits if self.parent.get(id(i.statement)) is block
-                         and body.index(i.statement) < body.index(statement)), None)
-            if init is None:
-                raise Unplannable(statement, "apex's loss scale is set by hand away from `amp.initialize`")
-            init.scaler_args[:] = [a for a in init.scaler_args if not a.startswith("init_scale=")] + [f"init_scale={nodes.code(value)}"]
-            self._replace(statement, cst.RemoveFromParent())
-            self._kind(statement, INITIALIZE, "apex's loss scale is set through its internals", "Start the GradScaler at that scale")
-
-    def _probe(self, node: cst.CSTNode) -> None:
-        """``if "state_dict" in amp.__dict__:`` (no ``else``): asks whether apex is new enough to
-        save its state; GradScaler always is, so the ``if`` gives way to its body."""
-        comparison = self.parent.get(id(self.parent.get(id(node))))
-        branch = self.parent.get(id(comparison))
-        probed = nodes.literal_string(getattr(comparison, "left", None))
-        if probed in ("state_dict", "load_state_dict") and isinstance(branch, cst.If) and branch.test is comparison and branch.orelse is None:
-            self.probes.append((branch, node))
-        else:
-            self.blockers.append((node, "`amp.__dict__` is probed here: apex's own attributes have no native counterpart"))
-
-    def _plan_probes(self) -> None:
-        for branch, _ in self.probes:
-            body = list(branch.body.body)
-            self._replace(branch, cst.FlattenSentinel([nodes.with_leading(body[0], branch), *body[1:]]))
-            self._kind(branch, STATE_DICT, "apex's `state_dict` is probed for", "Drop the test: GradScaler has `state_dict` and `load_state_dict`")
 
     def _report_only(self, problem: Unplannable) -> list[Report]:
         line = self._line(problem.node)
@@ -260,6 +222,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             hoist is not None
             or self.default_scaler
             or self.default_in_init
+            or self.local_default
             or (init is not None and (init.enabled is not None or init.level_expression is not None))
         )
 
@@ -305,6 +268,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_state_dicts()
         self._plan_escapes()
         self._plan_probes()
+        self._plan_module_reads()
         for extra in inits[1:]:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
@@ -478,14 +442,14 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             own = self.replacements.get(id(statement))
             if own is not None:
                 replaced = own[1]
-                body = list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
+                body = [] if isinstance(replaced, cst.RemovalSentinel) else list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
             else:
                 inner = {id(node): new for node, new in self.replacements.values() if self._inside(node, statement)}
                 body = [statement.visit(ReplaceByIdentity(inner))] if inner else [statement]
                 if inner:
                     self.composed.add(id(statement))
             new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
-            placed = [nodes.with_leading(new[0], statement), *new[1:], body[0].with_changes(leading_lines=()), *body[1:]]
+            placed = [nodes.with_leading(new[0], statement), *new[1:], *(part.with_changes(leading_lines=()) if i == 0 else part for i, part in enumerate(body))]
             self._replace(statement, cst.FlattenSentinel(placed))
             if id(statement) not in self._kinds:
                 self._kind(

@@ -145,7 +145,7 @@ class StepPlanning:
                 self._no_closure(found)
                 if any(self._in_handler(line, scale.statement) for line, _ in found):
                     self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
-                condition = self._step_condition(conditions, scale.call)
+                condition = self._step_condition(conditions, scale.call, wanted)
                 self._plan_grad_readers(scale, wanted, passed, sibling, found)
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
@@ -176,7 +176,7 @@ class StepPlanning:
             self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
             self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
-        return [(line, index, None) for line, index in anywhere]
+        return [(line, index, self._step_condition([], scale.call, wanted)) for line, index in anywhere]
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
@@ -224,17 +224,30 @@ class StepPlanning:
             if line.body[index].value.args:
                 raise Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
-    def _step_condition(self, conditions: list[str | None], call: cst.Call) -> str | None:
+    def _step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str) -> str | None:
         """The test under which the scaled backward ran, when the step sits outside that ``if``.
 
         None when no test is needed: no branch, or the branch's test is the flag the scaler
         was created with (a disabled scaler steps the optimizer plainly).
         """
+        if self.scaler_in_block:
+            # The block that creates the scaler may not have run: there apex was off, and the
+            # optimizer steps plainly.
+            owner, attribute = self.scaler.split(".", 1)
+            conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
         if not conditions or (self._guard_test is not None and conditions == [self._guard_test]):
             return None
-        if None not in conditions:
-            return " and ".join(f"({c})" if " " in c and len(conditions) > 1 else c for c in reversed(conditions))
-        raise Unplannable(call, "the scaled backward runs under a condition the optimizer step cannot test again (it calls something)")
+        if None in conditions:
+            # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the
+            # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
+            # where `scaler.step` would find nothing scaled and fail.
+            self.unsafe.append(
+                f"the scaled backward runs under a test that calls something (line {self._line(call)}): "
+                f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
+            )
+            conditions = [c for c in conditions if c is not None]
+            conditions.insert(0, f'any(p.grad is not None for group in {optimizer}.param_groups for p in group["params"])')
+        return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
 
     def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
         """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.

@@ -677,3 +677,196 @@ def test_amp_kept_on_self_and_tested_elsewhere_stays_a_handed_on_module():
                 self.optimizer.step()
     """, unsafe_fixes=True)
     assert result.new_source == result.source
+
+
+TRAINER_SETTING_UP_AMP_LATE = """\
+    import torch
+    from apex import amp
+
+    class Base:
+        def __init__(self, path):
+            self.path = path
+            self.net, self.amp = [None, None]
+
+    class Trainer(Base):
+        def __init__(self, **options):
+            super().__init__(**options)
+
+        def setup(self):
+            self.net = build_net().to(self.device)
+            self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+            self.amp = amp
+            self.net, self.opt = self.amp.initialize(self.net, self.opt, opt_level="O1")
+            self.resume()
+
+        def resume(self):
+            state = torch.load(self.path)
+            self.amp.load_state_dict(state["amp"])
+
+        def save(self):
+            torch.save({"amp": self.amp.state_dict()}, self.path)
+
+        def fit_batch(self, x, y):
+            self.opt.zero_grad()
+            loss = self.loss_fn(self.net(x), y)
+            with self.amp.scale_loss(loss, self.opt) as scaled:
+                scaled.backward()
+            self.opt.step()
+"""
+
+
+def test_a_scaler_made_where_self_amp_was_set_is_safe_when_every_use_goes_through_self_amp():
+    # Every use of the scaler was a use of `self.amp`, set (other than to None) only just before
+    # `initialize`: where `setup()` has not run, the original failed on `self.amp` as the rewrite
+    # fails on the scaler.
+    result = _migrate(TRAINER_SETTING_UP_AMP_LATE)
+    assert _safe(result)
+    setup = result.new_source[result.new_source.index("def setup"):result.new_source.index("def resume")]
+    assert 'self.scaler = torch.amp.GradScaler("cuda")' in setup and "self.amp." not in result.new_source
+    assert "self.scaler.scale(loss).backward()" in result.new_source
+
+
+def test_a_scaler_made_late_stays_unsafe_when_a_method_uses_the_module_itself():
+    # `amp.state_dict()` worked before `setup()` ran (an empty state); the scaler would not exist yet.
+    source = TRAINER_SETTING_UP_AMP_LATE.replace('{"amp": self.amp.state_dict()}', '{"amp": amp.state_dict()}')
+    result = _migrate(source, unsafe_fixes=True)
+    reasons = {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    assert any("methods that use it fail where that has not run" in (reason or "") for reason in reasons)
+
+
+def test_a_scaler_made_late_stays_unsafe_when_self_amp_is_also_set_elsewhere():
+    # `attach()` gives `self.amp` the module without making the scaler.
+    source = TRAINER_SETTING_UP_AMP_LATE.replace("        def resume(self):", "        def attach(self):\n            self.amp = amp\n\n        def resume(self):")
+    result = _migrate(source, unsafe_fixes=True)
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+
+
+def test_a_local_scaler_made_in_a_run_once_block_of_the_epoch_loop_has_a_disabled_stand_in_before():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def train(args, model, loader):
+            for epoch in range(args.epochs):
+                if epoch == args.start_epoch:
+                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                    if args.fp16:
+                        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                for x in loader:
+                    loss = model(x)
+                    if args.fp16:
+                        with amp.scale_loss(loss, optimizer) as scaled_loss:
+                            scaled_loss.backward()
+                    else:
+                        loss.backward()
+                    optimizer.step()
+    """, unsafe_fixes=True)
+    new = result.new_source
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+    # Defined on every path where it is read, off until the block has run, as apex was.
+    stand_in = new.index('scaler = torch.amp.GradScaler("cuda", enabled=False)')
+    assert stand_in < new.index("for epoch in range") < new.index('scaler = torch.amp.GradScaler("cuda")\n')
+    assert 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())' in new
+    assert "scaler.step(optimizer)" in new
+    compile(new, "train.py", "exec")
+
+
+def test_a_step_after_a_nan_skip_goes_through_the_scaler_where_the_optimizer_holds_gradients():
+    # `torch.isnan(loss).any()` cannot be asked again at the step; after `zero_grad()` a skipped
+    # batch leaves no gradient, where `scaler.step` would fail and apex's step did nothing.
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            if torch.isnan(loss).any():
+                print("skipped")
+            else:
+                if args.amp:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """, unsafe_fixes=True)
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+    assert ('    if args.amp and any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):\n'
+            "        scaler.step(optimizer)\n        scaler.update()\n    else:\n        optimizer.step()\n") in result.new_source
+
+
+def test_an_unused_legacy_handle_and_a_log_line_naming_apex_go_with_apex():
+    result = _migrate("""\
+        import logging
+        from apex import amp
+
+        logger = logging.getLogger(__name__)
+
+        def train(model, optimizer, loader):
+            try:
+                logger.info("apex from {}".format(amp.__path__))
+            except NameError:
+                raise RuntimeError("apex is not installed")
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            handle = amp.init(enabled=True)
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+    """, unsafe_fixes=True)
+    new = result.new_source
+    reasons = {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    assert all("legacy `amp.init()` handle" in reason for reason in reasons)
+    assert "amp" not in new.replace("torch.amp", "").replace("torch.autocast", "")
+    assert "    try:\n        pass\n    except NameError:" in new  # the block keeps a body
+    assert not [d for d in result.diagnostics if d.code in ("AMP009", "AMP016")]
+
+
+def test_a_used_legacy_handle_is_still_reported():
+    result = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        handle = amp.init(enabled=True)
+        with handle.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+    """, unsafe_fixes=True)
+    assert "handle = amp.init(enabled=True)" in result.new_source
+    assert [d for d in result.diagnostics if d.code == "AMP009"]
+
+
+def test_a_scaler_made_in_one_arm_of_a_mode_switch_is_asked_for_before_every_step():
+    # `configure()` makes the scaler only in the "amp" mode: the other modes step (and clip) as
+    # before instead of failing on a scaler that was never made.
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        class Engine:
+            def __init__(self, model, optimizer, mode):
+                self.model, self.optimizer, self.mode = model, optimizer, mode
+                self.configure()
+
+            def configure(self):
+                if self.mode == "fp16":
+                    self.optimizer = LossScaledOptimizer(self.optimizer)
+                elif self.mode == "amp":
+                    self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+            def backward(self, loss):
+                if self.mode == "amp":
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+
+            def step(self):
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.optimizer.step()
+    """, unsafe_fixes=True)
+    step = result.new_source[result.new_source.index("def step"):]
+    assert step.count('if getattr(self, "scaler", None) is not None:') == 2
+    assert "        else:\n            self.optimizer.step()" in step
