@@ -12,12 +12,10 @@ import errno
 import fnmatch
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from migrate import gitignore
 
 __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "read", "replace"]
 
@@ -102,6 +100,8 @@ def _walk(
 ) -> None:
     # Links are not followed: a linked directory is not entered, and a linked file is either in
     # the tree, where the walk finds it, or outside it, where it is none of this run's business.
+    from migrate import gitignore  # only a directory needs it: a hook's file list never does
+
     above = gitignore.rules_above(root) if respect_gitignore else None
     real_root = Path(os.path.realpath(root)).as_posix()
     ignore_rules: dict[str, gitignore.Rules] = {}  # by path relative to root: its own .gitignore's included
@@ -178,6 +178,8 @@ def replace(path: Path, data: bytes, read_as: Source) -> None:
     if status.st_nlink > 1:
         _rewrite_in_place(target, data, read_as)
         return
+    import tempfile  # only a write needs it: a check never does
+
     global _temporary
     descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     _temporary = temporary
