@@ -8,6 +8,7 @@ changes, so a second run changes nothing. Output that does not compile is never 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 from dataclasses import dataclass, replace
@@ -250,16 +251,23 @@ def _fix_to_fixed_point(
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")
 
 
-def _apply(module: cst.Module, reports: list[Report], filename: str) -> str:
-    """Replace the reported nodes (by identity) in one pass, then schedule the imports once."""
+def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: bool = False) -> str:
+    """Replace the reported nodes (by identity) in one pass, then schedule the imports once.
+
+    ``alone``: one fix of a file's several, for its edits. An import it would remove is kept
+    while the module still names it anywhere but in an import, which spares libcst's scope
+    analysis (seconds on a large file) once per fix; the other fixes nearly always use it still.
+    """
     replacer = _Replacer(reports)
     try:
         module = module.visit(replacer)
     except Exception as error:
         raise _RoundFailed(f"a fix could not be applied: {type(error).__name__}: {error}") from error
     applied = [report for report in reports if id(report) in replacer.applied]
-    adds = _unique(imp for report in applied for imp in report.add_imports)
+    adds = [imp for imp in _unique(imp for report in applied for imp in report.add_imports) if not _imported(module, imp)]
     removes = _unique(imp for report in applied for imp in report.remove_imports)
+    if alone and removes:
+        removes = [imp for imp in removes if not _named_outside_imports(module, _bound_name(imp))]
     if adds or removes:
         module = _schedule_imports(module, adds, removes, filename)
     return module.code
@@ -311,6 +319,51 @@ def _schedule_imports(
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
+
+
+def _bound_name(imp: ImportChange) -> str:
+    return imp.asname or imp.obj or imp.module.split(".")[0]
+
+
+def _imported(module: cst.Module, imp: ImportChange) -> bool:
+    """Whether the imports that open ``module`` (after a docstring) make ``imp`` already:
+    libcst's ``AddImportsVisitor``, which looks only there, would add nothing, after a walk of
+    the whole tree. One import per line, as it reads them."""
+    body = module.body
+    if body and isinstance(body[0], cst.SimpleStatementLine) and _is_docstring(body[0]):
+        body = body[1:]
+    for statement in body:
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))):
+            return False
+        small = statement.body[0]
+        if isinstance(small, cst.ImportFrom):
+            if imp.obj is None or small.relative or small.module is None or isinstance(small.names, cst.ImportStar):
+                continue
+            if _code(small.module) != imp.module:
+                continue
+        elif imp.obj is not None:
+            continue
+        names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in small.names}
+        if (imp.obj or imp.module, imp.asname) in names:
+            return True
+    return False
+
+
+def _is_docstring(statement: cst.SimpleStatementLine) -> bool:
+    return len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString)
+
+
+def _named_outside_imports(module: cst.Module, name: str) -> bool:
+    """Whether ``name`` appears as a word (not an attribute) in a top-level statement that is not
+    only imports; comments and strings count too, so this may say yes where nothing uses it."""
+    word = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
+    for statement in module.body:
+        if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+            continue
+        if word.search(module.code_for_node(statement)):
+            return True
+    return False
 
 
 def _empty_ifs(module: cst.Module) -> set[str]:
@@ -395,7 +448,7 @@ def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename
     for diagnostic, report in zip(diagnostics, visited.reports):
         if diagnostic.fix is not None:
             try:
-                edited = _apply(visited.module, [report], filename)
+                edited = _apply(visited.module, [report], filename, alone=True)
             except _RoundFailed:  # the fix cannot be applied alone: it comes without edits
                 edited = text
             diagnostic = replace(diagnostic, fix=replace(diagnostic.fix, edits=text_edits(text, edited)))

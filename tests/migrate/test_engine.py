@@ -413,3 +413,86 @@ def test_positions_are_libcsts(path):
     assert positions(module) == MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     crlf = cst.parse_module(path.read_text(encoding="utf-8").replace("\n", "\r\n"))
     assert positions(crlf) == MetadataWrapper(crlf, unsafe_skip_copy=True).resolve(PositionProvider)
+
+
+def _apply_edits(text: str, edits) -> str:
+    lines = text.splitlines(keepends=True)
+    starts = [sum(len(line) for line in lines[:i]) for i in range(len(lines) + 1)]
+
+    def offset(where):
+        return starts[where.row - 1] + where.column - 1
+
+    for edit in sorted(edits, key=lambda e: offset(e.location), reverse=True):
+        text = text[: offset(edit.location)] + edit.content + text[offset(edit.end_location):]
+    return text
+
+
+def test_one_fix_alone_keeps_an_import_the_other_sites_still_use():
+    source = "from os.path import join\n\na = join('x', 'y')\nb = join('z', 'w')\n"
+    result = run_rules(source, "f.py", [UseOsPath], fix=False, edits=True)
+    assert len(result.diagnostics) == 2
+    for diagnostic in result.diagnostics:
+        alone = _apply_edits(source, diagnostic.fix.edits)
+        assert "import os\n" in alone and "from os.path import join\n" in alone  # added, and still there
+        assert alone.count("os.path.join(") == 1
+
+
+def test_one_fix_alone_that_leaves_an_import_unused_removes_it():
+    source = "from os.path import join\n\na = join('x', 'y')\n"
+    [diagnostic] = run_rules(source, "f.py", [UseOsPath], fix=False, edits=True).diagnostics
+    assert _apply_edits(source, diagnostic.fix.edits) == run_rules(source, "f.py", [UseOsPath]).source
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "import os\n",
+        '"""Doc."""\nimport os\n',
+        "import os as o\n",
+        "import os.path\n",
+        "import sys, os\n",
+        "x = 1\nimport os\n",
+        "from os import path\n",
+        "from os import *\n",
+        "import sys\nfrom os import path as p\n",
+        "from . import os\n",
+        "'''a''' 'b'\nimport os\n",
+        "",
+    ],
+)
+@pytest.mark.parametrize("wanted", [ImportChange("os"), ImportChange("os", "path"), ImportChange("os", "path", "p")])
+def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
+    # the engine skips libcst's AddImportsVisitor (a walk of the whole tree) when it would add nothing
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from migrate.engine import _imported
+
+    module = cst.parse_module(head + "\ndef f():\n    return 1\n")
+    context = CodemodContext(filename="f.py", full_module_name="pkg.f")
+    AddImportsVisitor.add_needed_import(context, wanted.module, wanted.obj, wanted.asname)
+    libcst_adds_nothing = AddImportsVisitor(context).transform_module(module).code == module.code
+    assert not _imported(module, wanted) or libcst_adds_nothing
+    if _imported(module, wanted) != libcst_adds_nothing:  # only ever where a shortcut would be unsure
+        assert head in ("import sys, os\n", "from os import *\n", "'''a''' 'b'\nimport os\n", "from . import os\n")
+
+
+def test_the_edits_of_many_fixes_cost_no_import_scheduling_each(monkeypatch):
+    # libcst's import visitors walk the whole tree (seconds on a large file): once per fix made
+    # a JSON report of a large apex file take a minute and a half
+    from libcst.codemod import ContextAwareTransformer
+
+    calls = []
+    original = ContextAwareTransformer.transform_module
+
+    def counted(self, module):
+        calls.append(type(self).__name__)
+        return original(self, module)
+
+    monkeypatch.setattr(ContextAwareTransformer, "transform_module", counted)
+    source = "import os\nfrom os.path import join\n\n" + "".join(f"a{i} = join('x', '{i}')\n" for i in range(6))
+    result = run_rules(source, "f.py", [UseOsPath], fix=False, edits=True)
+    assert len(result.diagnostics) == 6 and all(d.fix.edits for d in result.diagnostics)
+    assert calls == []
+    assert run_rules(source, "f.py", [UseOsPath]).source.startswith("import os\n\na0 = os.path.join(")
+    assert calls == ["RemoveImportsVisitor"]  # the rewrite itself: once
