@@ -41,6 +41,7 @@ CASES = {
     "trainer_amp_attribute.py": "amp stored on a trainer only when fp16 is on, tested for None; the model stored on self",
     "o0_checkpoint.py": "O0 with the amp state saved and loaded: a disabled GradScaler, fp32 throughout",
     "nan_skip.py": "a NaN loss skipped by a test that calls something, the step after it: no crash where nothing was scaled",
+    "model_handed_to_loss.py": "the model handed to a loss method, the step in profiling blocks; a local name for the model",
 }
 
 

@@ -46,12 +46,13 @@ class AutocastPlanning:
         """Autocast around the statements before ``statement`` from the model's forward call on
         (in its block, or a block around it); whether that call was found."""
         current = statement
+        models = self._models_seen_from(statement)
         while True:
             block = self.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 return False
             window = self._window(block, current)
-            start = next((i for i, s in enumerate(window) if self._calls_model(s, self.model_codes)), None)
+            start = next((i for i, s in enumerate(window) if self._calls_model(s, models)), None)
             if start is not None:
                 self._wrap(window[start:], scale, loss)
                 return True
@@ -118,7 +119,8 @@ class AutocastPlanning:
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
-        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, self.model_codes)]
+        models = self._models_seen_from(scale.statement)
+        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, models)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f"{self.scaler}.is_enabled()" if self.may_be_disabled and not self.scaler_in_block else None

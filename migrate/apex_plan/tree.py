@@ -144,9 +144,22 @@ class TreeQueries:
             return None
         return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
 
+    def _models_seen_from(self, statement: cst.CSTNode) -> set[str]:
+        """The model codes, and the names the function around ``statement`` gives them in its
+        own top-level lines (``model = self.model``)."""
+        models = set(self.model_codes)
+        function = self._function(statement)
+        for line in function.body.body if function is not None else ():
+            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                        and nodes.code(small.value) in self.model_codes):
+                    models.add(small.targets[0].target.value)
+        return models
+
     def _calls_model(self, statement: cst.CSTNode, models: set[str], depth: int = 0) -> bool:
-        """Whether ``statement`` runs the model: a call of it, or of a helper of the file (a
-        function, or a method of the same class) that calls it (``loss = self.run_batch(b)``)."""
+        """Whether ``statement`` runs the model: a call of it, of a helper of the file (a
+        function, or a method of the same class) that calls it (``loss = self.run_batch(b)``), or
+        of anything it is handed to."""
         calls: list[cst.Call] = []
 
         class _Find(cst.CSTVisitor):
@@ -161,6 +174,8 @@ class TreeQueries:
             func = call.func
             if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):
                 return True
+            if any(nodes.code(arg.value) in models for arg in call.args) and not any(call in found for found in self.sites.values()):
+                return True  # handed to what runs it: `loss, out = self.compute_loss(batch, self.model)`
             helper = self._helper(call) if depth < 2 else None
             if helper is not None and self._calls_model(helper, models, depth + 1):
                 return True

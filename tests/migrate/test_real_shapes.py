@@ -203,6 +203,51 @@ def test_a_loss_from_a_helper_method_is_computed_under_autocast_with_the_helper(
     assert 'with torch.autocast("cuda", dtype=torch.float16):\n                loss = self.run_batch(batch)\n' in result.new_source
 
 
+@pytest.mark.parametrize("forward", ["loss, stats = self.loss(batch, self.model)", "loss = compute_loss(model=self.model, batch=batch)"])
+def test_a_loss_from_a_function_handed_the_model_is_computed_under_autocast(forward):
+    result = _migrate(f"""\
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+            def step(self, batch):
+                with profile("forward"):
+                    {forward}
+                self.optimizer.zero_grad()
+                with profile("backward"):
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                self.optimizer.step()
+    """)
+    assert _safe(result)
+    assert ('with torch.autocast("cuda", dtype=torch.float16):\n            with profile("forward"):\n'
+            f'                {forward}\n        self.optimizer.zero_grad()\n') in result.new_source
+
+
+def test_a_local_name_for_the_model_runs_it():
+    result = _migrate("""\
+        from apex import amp
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+            def train(self, loader):
+                net = self.model
+                for x, y in loader:
+                    out = net(x)
+                    loss = self.criterion(out, y)
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    self.optimizer.step()
+    """)
+    assert _safe(result)
+    assert ('with torch.autocast("cuda", dtype=torch.float16):\n                out = net(x)\n'
+            '                loss = self.criterion(out, y)\n') in result.new_source
+
+
 def test_a_loss_handed_to_an_optimize_method_is_computed_under_autocast_in_each_caller():
     result = _migrate("""\
         from apex import amp
