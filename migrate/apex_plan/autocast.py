@@ -67,6 +67,25 @@ class AutocastPlanning:
                 return False
             current = owner
 
+    def _repeats_the_region(self, call: cst.Call) -> bool:
+        """Whether the file's own ``autocast`` says what the region says: on, CUDA, float16. Inside
+        it the rewrite computes as the original did, apex's casts aside as everywhere else."""
+        names = qualified_names(self.provider, call.func)
+        if names & {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}:
+            device, keywords = None, {"enabled", "dtype"}
+        elif names & {"torch.autocast", "torch.amp.autocast"}:
+            device, keywords = nodes.argument(call, 0, "device_type"), {"device_type", "enabled", "dtype"}
+            if device is None or nodes.literal_string(device.value) != "cuda":
+                return False
+        else:
+            return False
+        if any(arg.keyword is None and arg is not device for arg in call.args) or any(
+                arg.keyword is not None and arg.keyword.value not in keywords for arg in call.args):
+            return False
+        enabled, dtype = nodes.argument(call, None, "enabled"), nodes.argument(call, None, "dtype")
+        return (enabled is None or nodes.code(enabled.value) == "True") and (
+            dtype is None or nodes.code(dtype.value) in ("torch.float16", "torch.half"))
+
     def _callers_handing(self, scale: ScaleLossSite) -> list[tuple[cst.CSTNode, str]]:
         """Where the loss ``scale`` scales is a parameter: each call of its function in the file,
         and the name handed in for it (``self.optimize(loss)``); empty unless all are names."""
@@ -129,7 +148,8 @@ class AutocastPlanning:
             enabled = f"{alias} is not None and {alias}.is_enabled()"
         if enabled is not None and self._widen_own_autocast(statements, enabled):
             return
-        inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")]
+        inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")
+                 if not self._repeats_the_region(call)]
         if inner:
             # apex cast by patching functions, whatever native autocast said: a region the file
             # turns native autocast off in (or to another dtype) now computes differently.

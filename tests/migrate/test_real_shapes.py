@@ -226,6 +226,41 @@ def test_a_loss_from_a_function_handed_the_model_is_computed_under_autocast(forw
             f'                {forward}\n        self.optimizer.zero_grad()\n') in result.new_source
 
 
+@pytest.mark.parametrize(
+    ("own", "safe"),
+    [
+        ("torch.cuda.amp.autocast(enabled=True)", True),
+        ('torch.autocast("cuda", dtype=torch.float16)', True),
+        ('torch.autocast(device_type="cuda")', True),
+        ("torch.cuda.amp.autocast(enabled=False)", False),  # apex still cast in there
+        ("torch.cuda.amp.autocast(dtype=torch.bfloat16)", False),
+        ('torch.autocast("cpu")', False),
+        ("torch.cuda.amp.autocast(enabled=args.native)", False),
+    ],
+)
+def test_the_files_own_autocast_inside_the_region_is_safe_only_where_it_repeats_the_region(own, safe):
+    result = _migrate(f"""\
+        import torch
+        from apex import amp
+
+        def train(args, model, optimizer, loader):
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x, y in loader:
+                if args.native:
+                    with {own}:
+                        out = model(x)
+                else:
+                    out = model(x)
+                loss = (out - y).pow(2).mean()
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+    """)
+    assert _safe(result) is safe
+    if not safe:
+        assert "is inside the region" in next(d.fix.why_unsafe for d in result.diagnostics if d.fix)
+
+
 def test_a_local_name_for_the_model_runs_it():
     result = _migrate("""\
         from apex import amp
