@@ -42,6 +42,7 @@ CASES = {
     "o0_checkpoint.py": "O0 with the amp state saved and loaded: a disabled GradScaler, fp32 throughout",
     "nan_skip.py": "a NaN loss skipped by a test that calls something, the step after it: no crash where nothing was scaled",
     "model_handed_to_loss.py": "the model handed to a loss method, the step in profiling blocks; a local name for the model",
+    "inference_after_initialize.py": "O1 for inference only, at the end of its function: what follows runs under autocast",
 }
 
 

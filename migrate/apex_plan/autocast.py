@@ -4,8 +4,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import assigns, calls
-from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, ScaleLossSite, grouped_text
+from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines
+from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, grouped_text
 from migrate.names import qualified_names
 from migrate.tree_walk import walk
 
@@ -175,3 +175,52 @@ class AutocastPlanning:
         for statement in statements[1:]:
             self._replace(statement, cst.RemoveFromParent())
             self._kind(statement, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Moved under `torch.autocast`")
+
+    def _inference_tail(self, init: InitializeSite) -> bool:
+        """Whether ``init`` readies models for inference at O1 and only the lines after it, to
+        the end of its function, run after it: apex cast every op from there on, as autocast
+        around those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then
+        the evaluation)."""
+        if not init.inference or init.level != "O1" or init.level_expression is not None or init.enabled is not None:
+            return False
+        if init.restore is not None and init.restore.startswith("return "):
+            return False
+        block = self.parent.get(id(init.statement))
+        body = list(block.body)
+        rest = body[body.index(init.statement) + 1 :]
+        if any("." in code for code in init.model_codes) or not any(self._calls_model(s, init.model_codes) for s in rest):
+            return False  # a model kept on an object may run elsewhere, later
+        if any(defines(s) or contains(s, (cst.Return, *SUSPENDS)) for s in rest):
+            return False  # its caller may run the model it gets back, outside
+        current = block
+        while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
+            statement = self.parent.get(id(current))
+            if isinstance(statement, cst.FunctionDef):
+                return True
+            while isinstance(statement, cst.Else) or isinstance(self.parent.get(id(statement)), (cst.If, cst.Else)):
+                statement = self.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
+            if not isinstance(statement, (cst.If, cst.With)):
+                return False  # a loop runs the lines before it again; a `try` has its handlers after it
+            current = self.parent.get(id(statement))
+            if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
+                return False
+        return True
+
+    def _plan_inference_tail(self, init: InitializeSite) -> None:
+        """The lines after ``init`` in its block go under autocast; the call goes (its models are
+        the ones passed in, as under O1)."""
+        body = list(self.parent[id(init.statement)].body)
+        rest = body[body.index(init.statement) + 1 :]
+        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled='')}:\n    pass\n", self.module)[0]
+        inner = [nodes.with_leading(rest[0], cst.SimpleStatementLine([])), *rest[1:]]
+        wrapped = head.with_changes(body=head.body.with_changes(body=inner))
+        placed = [nodes.parse_statements(init.restore + "\n", self.module)[0]] if init.restore else []
+        placed = [nodes.with_leading(statement, init.statement if i == 0 else cst.SimpleStatementLine([]))
+                  for i, statement in enumerate([*placed, wrapped])]
+        self._replace(init.statement, cst.FlattenSentinel(placed))
+        self._kind(init.statement, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
+                   "Run the lines after it under `torch.autocast`: apex cast every op from there on")
+        for statement in rest:
+            self._replace(statement, cst.RemoveFromParent())
+            self._kind(statement, INITIALIZE, "what runs after `amp.initialize` ran under apex's casts", "Moved under `torch.autocast`")
+        self.regions.update(id(statement) for statement in rest)

@@ -171,10 +171,19 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _rewrite(self) -> None:
         inits = [self._initialize(call) for call in self.sites["initialize"]]
+        alone = not self.sites["scale_loss"] and any(self.sites[kind] for kind in ("master_params", "state_dict", "load_state_dict"))
+        tails = [] if alone else [init for init in inits if self._inference_tail(init)]  # no scaler: autocast on what follows
+        inits = [init for init in inits if init not in tails]
+        for tail in tails:
+            self._plan_inference_tail(tail)
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
         self._plan_scale_pokes(inits)
         others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         if not scales:
+            if not inits and tails:
+                self.level, self.o0 = "O1", False
+                self._emit([])
+                return
             if not inits:
                 self._master_params_alone()
                 return

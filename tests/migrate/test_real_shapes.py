@@ -261,6 +261,71 @@ def test_the_files_own_autocast_inside_the_region_is_safe_only_where_it_repeats_
         assert "is inside the region" in next(d.fix.why_unsafe for d in result.diagnostics if d.fix)
 
 
+def test_an_inference_initialize_at_the_end_of_a_function_puts_what_follows_under_autocast():
+    result = _migrate("""\
+        import torch
+        from apex import amp
+
+        def main(args, model, optimizer, loader):
+            if not args.eval_only:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                for x, y in loader:
+                    loss = (model(x) - y).pow(2).mean()
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    optimizer.step()
+            else:
+                model = amp.initialize(model, opt_level="O1", verbosity=0)
+                model.load_state_dict(torch.load(args.path))
+                print(evaluate(args, model, loader))
+    """)
+    assert _safe(result)
+    assert ('    else:\n        with torch.autocast("cuda", dtype=torch.float16):\n'
+            '            model.load_state_dict(torch.load(args.path))\n'
+            '            print(evaluate(args, model, loader))\n') in result.new_source
+    assert "GradScaler" in result.new_source.split("else:")[0] and "apex" not in result.new_source
+
+
+def test_an_inference_only_script_computes_under_autocast_after_its_initialize():
+    result = _migrate("""\
+        from apex import amp
+
+        def predict(model, batches):
+            model = amp.initialize(model, opt_level="O1")
+            for x in batches:
+                print(model(x).argmax(1))
+
+        predict(load(), batches())
+    """)
+    assert _safe(result)
+    assert result.new_source == textwrap.dedent("""\
+        import torch
+
+        def predict(model, batches):
+            with torch.autocast("cuda", dtype=torch.float16):
+                for x in batches:
+                    print(model(x).argmax(1))
+
+        predict(load(), batches())
+    """)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "model = amp.initialize(model, opt_level='O1')\nmodel.eval()\nreturn model",  # run by the caller
+        "for m in models:\n    m = amp.initialize(m, opt_level='O1')\n    print(m(x))",  # the loop runs lines before it again
+        "self.model = amp.initialize(self.model, opt_level='O1')\nprint(self.model(x))",  # run by other methods too
+        "if flag:\n    model = amp.initialize(model, opt_level='O1')\n    print(model(x))\nprint(model(y))",  # more runs after
+        "model = amp.initialize(model, opt_level='O2')\nprint(model(x))",  # fp16 weights
+    ],
+)
+def test_an_inference_initialize_with_more_running_after_its_function_stays_unsafe(body):
+    source = "from apex import amp\n\ndef f(self, model, models, x, y, flag):\n" + textwrap.indent(body, "    ") + "\n"
+    result = _migrate(source)
+    assert not _safe(result)
+
+
 def test_a_local_name_for_the_model_runs_it():
     result = _migrate("""\
         from apex import amp
