@@ -126,6 +126,11 @@ def parse_expression(source: str, module: cst.Module) -> cst.BaseExpression:
     return cst.parse_expression(source, config=module.config_for_parsing)
 
 
+def is_import_line(statement: cst.CSTNode) -> bool:
+    """A line of imports only (``import a, b``; ``from x import y; import z``)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+
+
 def with_leading(statement: cst.BaseStatement, leading: cst.CSTNode) -> cst.BaseStatement:
     """``statement`` carrying the comments and blank lines that stood above ``leading``."""
     return statement.with_changes(leading_lines=getattr(leading, "leading_lines", ()))

@@ -22,7 +22,7 @@ from libcst.metadata import (
 
 from migrate import noqa
 from migrate.metadata import resolve
-from migrate.apex_nodes import is_pure
+from migrate.apex_nodes import is_import_line, is_pure
 from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import walk, walk_batched
@@ -359,9 +359,7 @@ def _named_outside_imports(module: cst.Module, name: str) -> bool:
     only imports; comments and strings count too, so this may say yes where nothing uses it."""
     word = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
     for statement in module.body:
-        if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
-            continue
-        if word.search(module.code_for_node(statement)):
+        if not is_import_line(statement) and word.search(module.code_for_node(statement)):
             return True
     return False
 

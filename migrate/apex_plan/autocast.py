@@ -165,16 +165,24 @@ class AutocastPlanning:
             alias = self.alias_of[id(scale.call)]
             enabled = f", enabled={alias} is not None and {alias}.is_enabled()"
 
-        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
         first = statements[0]
-        body = [nodes.with_leading(first, cst.SimpleStatementLine([])), *statements[1:]]
-        wrapped = head.with_changes(body=head.body.with_changes(body=body), leading_lines=first.leading_lines)
-        self._replace(first, wrapped)
-        self.regions.update(id(statement) for statement in statements)
+        self._replace(first, self._under_autocast(statements, enabled))
         self._kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
-        for statement in statements[1:]:
+        self._move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
+        self.regions.add(id(first))
+
+    def _under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
+        """``with torch.autocast(...):`` holding ``statements``, with the lines that stood above the first."""
+        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
+        body = [nodes.with_leading(statements[0], cst.SimpleStatementLine([])), *statements[1:]]
+        return head.with_changes(body=head.body.with_changes(body=body), leading_lines=statements[0].leading_lines)
+
+    def _move_into_region(self, statements: list[cst.BaseStatement], message: str) -> None:
+        """``statements`` leave their place: the autocast block that holds them replaces another."""
+        for statement in statements:
             self._replace(statement, cst.RemoveFromParent())
-            self._kind(statement, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Moved under `torch.autocast`")
+            self._kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
+        self.regions.update(id(statement) for statement in statements)
 
     def _inference_tail(self, init: InitializeSite) -> bool:
         """Whether ``init`` readies models for inference at O1 and only the lines after it, to
@@ -211,16 +219,9 @@ class AutocastPlanning:
         the ones passed in, as under O1)."""
         body = list(self.parent[id(init.statement)].body)
         rest = body[body.index(init.statement) + 1 :]
-        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled='')}:\n    pass\n", self.module)[0]
-        inner = [nodes.with_leading(rest[0], cst.SimpleStatementLine([])), *rest[1:]]
-        wrapped = head.with_changes(body=head.body.with_changes(body=inner))
-        placed = [nodes.parse_statements(init.restore + "\n", self.module)[0]] if init.restore else []
-        placed = [nodes.with_leading(statement, init.statement if i == 0 else cst.SimpleStatementLine([]))
-                  for i, statement in enumerate([*placed, wrapped])]
+        placed = [*nodes.parse_statements(init.restore + "\n", self.module), self._under_autocast(rest)] if init.restore else [self._under_autocast(rest)]
+        placed = [nodes.with_leading(statement, init.statement if i == 0 else cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
         self._replace(init.statement, cst.FlattenSentinel(placed))
         self._kind(init.statement, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
-        for statement in rest:
-            self._replace(statement, cst.RemoveFromParent())
-            self._kind(statement, INITIALIZE, "what runs after `amp.initialize` ran under apex's casts", "Moved under `torch.autocast`")
-        self.regions.update(id(statement) for statement in rest)
+        self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")

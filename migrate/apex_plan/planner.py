@@ -171,14 +171,14 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
 
     def _rewrite(self) -> None:
         inits = [self._initialize(call) for call in self.sites["initialize"]]
-        alone = not self.sites["scale_loss"] and any(self.sites[kind] for kind in ("master_params", "state_dict", "load_state_dict"))
-        tails = [] if alone else [init for init in inits if self._inference_tail(init)]  # no scaler: autocast on what follows
+        others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
+        # No scaler for these: autocast on what follows (not in a file whose scaler state lives elsewhere).
+        tails = [init for init in inits if self._inference_tail(init)] if self.sites["scale_loss"] or not others else []
         inits = [init for init in inits if init not in tails]
         for tail in tails:
             self._plan_inference_tail(tail)
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
         self._plan_scale_pokes(inits)
-        others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         if not scales:
             if not inits and tails:
                 self.level, self.o0 = "O1", False
@@ -350,7 +350,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         """The last top-level import line: module-level definitions of the rewrite go after it."""
         anchor = None
         for statement in self.module.body:
-            if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+            if nodes.is_import_line(statement):
                 anchor = statement
         return anchor
 
