@@ -6,7 +6,9 @@ parsing them (``migrate.prefilter``), parses the rest (in worker processes when 
 and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
 owner and hard links, unless they changed since they were read. A file that cannot be read,
 decoded, parsed or written is reported in its result and left untouched; the other files are
-still processed. Ctrl-C stops a run cleanly (``Interrupted``).
+still processed. Ctrl-C stops a run cleanly (``Interrupted``). Files holding one half of apex amp
+each (``amp.initialize`` in one, ``amp.scale_loss`` in the other) are paired first
+(``migrate.halves``), so that each is migrated knowing the other.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from migrate import files, notebook, run_in_workers
+from migrate import files, halves, notebook, run_in_workers
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import may_apply, needs_parsing, trigger_words
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
@@ -38,6 +40,7 @@ class _Options:
     settings: dict = field(default_factory=dict)
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
     edits: bool = False  # give each fix its text edits (JSON, SARIF)
+    partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
 
 
 def select_rules(
@@ -185,6 +188,7 @@ def migrate_paths(
     for path, why in found.problems.items():
         results[path] = _error_result(str(path), why)
     todo: list[tuple[Path, files.Source]] = []
+    apex_texts: dict[Path, str] = {}
     for path in found.files:
         try:
             source = files.read(path)
@@ -202,6 +206,8 @@ def migrate_paths(
             worth_parsing = needs_parsing(text, words)
         if worth_parsing:
             todo.append((path, source))
+            if "apex" in text and path.suffix != notebook.SUFFIX:
+                apex_texts[path] = text
         else:
             results[path] = FileResult(str(path))
 
@@ -209,7 +215,10 @@ def migrate_paths(
         rules = tuple(select_rules())
     workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(todo))
     with run_in_workers.StopOnInterrupt() as stop:
-        if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES:
+        partners = halves.partners(apex_texts, options.settings)  # seconds at most: a Ctrl-C stops after it
+        if partners:
+            options = replace(options, partners={str(path): partner for path, partner in partners.items()})
+        if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES and not stop.requested:
             run_in_workers.run_parallel([path for path, _ in todo], workers, results, stop, _migrate_path, rules, options, write)
         else:
             for path, source in todo:
@@ -302,6 +311,9 @@ def _migrate_path(path: Path, rules: tuple | None, options: _Options, write: boo
 
 
 def _migrate_file(path: Path, source: files.Source, rules: tuple | None, options: _Options, write: bool) -> FileResult:
+    partner = options.partners.get(str(path))
+    if partner is not None:
+        options = replace(options, settings={**options.settings, halves.PARTNER: partner})
     result = _migrate_one(str(path), source.data, None, rules, options)
     if not (write and result.changed):
         return result

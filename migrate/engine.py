@@ -308,7 +308,7 @@ def _schedule_imports(
 
     context = CodemodContext(filename=filename)
     for imp in adds:
-        AddImportsVisitor.add_needed_import(context, imp.module, imp.obj, imp.asname)
+        AddImportsVisitor.add_needed_import(context, imp.module, imp.obj, imp.asname, imp.relative)
     for imp in removes:
         RemoveImportsVisitor.remove_unused_import(context, imp.module, imp.obj, imp.asname)
     if adds:
@@ -338,7 +338,7 @@ def _imported(module: cst.Module, imp: ImportChange) -> bool:
             return False
         small = statement.body[0]
         if isinstance(small, cst.ImportFrom):
-            if imp.obj is None or small.relative or small.module is None or isinstance(small.names, cst.ImportStar):
+            if imp.obj is None or len(small.relative) != imp.relative or small.module is None or isinstance(small.names, cst.ImportStar):
                 continue
             if _code(small.module) != imp.module:
                 continue

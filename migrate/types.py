@@ -22,11 +22,13 @@ class Safety(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ImportChange:
-    """``import module`` (obj None) or ``from module import obj [as asname]``."""
+    """``import module`` (obj None) or ``from module import obj [as asname]``; ``relative``: the
+    number of leading dots of a relative import's module."""
 
     module: str
     obj: str | None = None
     asname: str | None = None
+    relative: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ Where each concept lives:
   ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
   ``master_params``), ``autocast`` (the region around the forward pass),
-  ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
+  ``checkpoints`` (``state_dict``/``load_state_dict``), ``cross_file`` (a file holding one half
+  of apex amp, planned with the facts of the other half, ``migrate.halves``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), and ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
   ``amp.init()`` handle, a log line naming apex).

@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
+from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
@@ -15,7 +16,6 @@ from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
 from migrate.apex_plan.tree import TreeQueries
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
-    AUTOCAST,
     CAST_API,
     CORE,
     EACH,
@@ -27,10 +27,12 @@ from migrate.apex_plan.vocabulary import (
     SCALE_LOSS,
     STATE_DICT,
     ApexPlan,
+    HalfFacts,
     InitializeSite,
     ScaleLossSite,
     Unplannable,
 )
+from migrate.halves import PARTNER
 from migrate.names import qualified_names
 from migrate.native_casts import registered_natively
 from migrate.rule import ImportChange, Replacement, Report
@@ -39,7 +41,7 @@ from migrate.types import Safety
 
 
 class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning,
-              HandedOnPlanning, ModuleReadPlanning):
+              HandedOnPlanning, ModuleReadPlanning, CrossFilePlanning):
     """The plan of one file: its apex.amp sites, then a consistent rewrite of all of them, or none.
 
     ``plan()`` classifies the references, then ``_rewrite()`` plans, in order: the steps after
@@ -79,6 +81,10 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
+        self.partner = (provider.cache or {}).get(PARTNER)  # the other half of apex amp, in another file
+        self.partner_unsafe: list[str] = []  # the other half's reasons: a pair is fixed together or not at all
+        self.half_facts: dict | None = None  # what this half tells the other half's plan
+        self.imports_added: list[ImportChange] = []  # imports the rewrite needs besides torch
         self._kinds: dict[int, tuple[str, str, str]] = {}
         # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
         # gradient-reading statements an unscale covers.
@@ -103,13 +109,18 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             if self.blockers:
                 node, reason = self.blockers[0]
                 raise Unplannable(node, reason)
+            self._check_partner(core[0])
             self._rewrite()
             self._check_disjoint()
         except Unplannable as problem:
-            return ApexPlan(self._report_only(problem))
+            return ApexPlan(self._report_only(problem), half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         handled |= {id(node) for node, _ in self.refs if self._statement(node) in self.module_reads}
-        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe)), handled=handled)
+        half = HalfFacts(**(self.half_facts or {}), reasons=tuple(dict.fromkeys(self.unsafe))) if self._is_half() else None
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe + self.partner_unsafe)), handled=handled, half=half)
+
+    def _is_half(self) -> bool:
+        return bool(self.sites["initialize"]) != bool(self.sites["scale_loss"])
 
     def _classify(self) -> None:
         for node, name in self.refs:
@@ -187,22 +198,16 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             if not inits:
                 self._master_params_alone()
                 return
-            if others:
-                raise Unplannable(others[0], "`amp.scale_loss` is not in this file, so the scaler this needs lives elsewhere")
-            self._hand_off(inits)
+            self._hand_off(inits, others)
             return
         init = inits[0] if inits else None
-        if init is None:
-            self.unsafe.append(
-                "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
-                "(the opt level and options given to `amp.initialize` elsewhere are not seen)"
-            )
+        level, partner_args = self._scale_half() if init is None else (init.level, ())
         repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
         joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
         self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
-        self.level = init.level if init is not None else "O1"
+        self.level = level
         self.o0 = self.level == "O0"
         self.level_guarded = init is not None and init.guard_level
         self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS
@@ -285,42 +290,15 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 self._plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:
             self._plan_initialize(init, hoist)
-        else:
-            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda")\n')
+        elif not self.o0:
+            arguments = ", ".join(['"cuda"', *partner_args])
+            self.after_imports.append(f"{self.scaler} = torch.amp.GradScaler({arguments})\n")
+            self.half_facts = {"scaler": self.scaler}
         if not self.o0:
             for scale in scales:
                 self._plan_autocast(scale)
         self._plan_after_imports()
         self._emit(scales)
-
-    def _hand_off(self, inits: list[InitializeSite]) -> None:
-        """``amp.initialize`` with the scaled backward in another file: the call goes, nothing else.
-
-        Under O1 the returned models and optimizers are the ones passed in; the file that scales
-        the loss gets its own GradScaler when it is migrated.
-        """
-        self.level = inits[0].level
-        self.o0 = True
-        self._note_inference(inits)
-        if all(init.level != "O0" for init in inits):
-            self.unsafe.append(
-                "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
-                "autocast when it is migrated (migrate both, or neither)"
-            )
-        for init in inits:
-            model = nodes.argument(init.call, 0, "models").value
-            if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
-                self._plan_half(init, model)
-                continue
-            self._plan_initialize_removal(init)
-            if init.inference and init.level != "O0":
-                models = " ".join(nodes.code(model).split())
-                if init.level in ("O2", "O3"):
-                    step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
-                else:
-                    step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
-                self._leave_marker(init.statement, step)
-        self._emit([])
 
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
@@ -387,11 +365,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             for name, scope in self.torch_shadowed:
                 if any(self._inside(node, scope) for node, _ in self.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
-        safety = Safety.UNSAFE if self.unsafe else Safety.SAFE
-        why_unsafe = "; ".join(dict.fromkeys(self.unsafe))
+        safety = Safety.UNSAFE if self.unsafe or self.partner_unsafe else Safety.SAFE
+        why_unsafe = "; ".join(dict.fromkeys(self.unsafe + self.partner_unsafe))
         notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
-        adds = () if self.o0 else (ImportChange("torch"),)
+        adds = (*(() if self.o0 else (ImportChange("torch"),)), *self.imports_added)
         for scale in scales:
             fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
             self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)

@@ -5,8 +5,10 @@ without apex (a pre-commit hook on a native training loop) never loads it.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import libcst as cst
-from libcst.metadata import BatchableMetadataProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import BatchableMetadataProvider, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from migrate.apex_plan.vocabulary import ApexPlan
 
@@ -21,6 +23,23 @@ class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
 
         self.set_metadata(node, Planner(self, node).plan())
         return False
+
+
+def plan_text(text: str, settings: Mapping) -> ApexPlan | None:
+    """The plan of a file's text outside a run of the rules (``migrate.halves`` asks one half of
+    apex amp for the facts the other half needs); None when it does not parse."""
+    from migrate.metadata import resolve
+
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return None
+    metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [_PlanReader()], settings)
+    return metadata[ApexPlanProvider][module]
+
+
+class _PlanReader(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (ApexPlanProvider,)
 
 
 def plan_of(visitor: cst.MetadataDependent, module: cst.Module) -> ApexPlan:

@@ -7,6 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Report
+from migrate.types import ImportChange
 
 CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
 
@@ -130,9 +131,35 @@ class ApexPlan:
     unsafe_reasons: tuple[str, ...] = ()  # why the fixes are unsafe, when they are
     active_codes: set[str] = field(default_factory=set)  # the planned rules taking part in this run
     handled: frozenset[int] = frozenset()  # nodes other rules would report that the plan rewrites (handed-on receivers, `amp.__dict__` probes)
+    half: HalfFacts | None = None  # set when the file holds one half of apex amp
 
     def findings_for(self, code: str) -> list[Report]:
         return [finding for finding in self.findings if finding.code == code]
+
+
+@dataclass(frozen=True)
+class HalfFacts:
+    """What the plan of one half of apex amp tells the plan of the other half (``Partner``)."""
+
+    level: str | None = "O1"  # initialize half: its opt level, None when computed at run time
+    scaler_args: tuple[str, ...] = ()  # initialize half: GradScaler's arguments for its options
+    scaler: str | None = None  # scale half: the module-level name of its GradScaler
+    reasons: tuple[str, ...] = ()  # why its own rewrite is unsafe
+    manual: str | None = None  # why it cannot be rewritten at all
+
+
+@dataclass(frozen=True)
+class Partner:
+    """The other half of a file's apex amp, in another file (``migrate.halves`` finds it).
+
+    ``facts`` are those of its plan when the run migrates it too (the two are paired); None when
+    it was only found on disk, to be named.
+    """
+
+    file: str
+    line: int
+    facts: HalfFacts | None = None
+    scaler_import: ImportChange | None = None  # initialize half: its import of the scale half's module
 
 
 class Unplannable(Exception):

@@ -35,6 +35,11 @@ class AmpInitialize(PlannedApexRule):
     says so.
     Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
     ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
+    With ``amp.scale_loss`` in another file that imports this one or is imported by it, both
+    given to one run, the call goes and that file makes the GradScaler with these options; this
+    file imports it for ``amp.state_dict``. Safe when the call runs unconditionally with a literal
+    opt level and static options; the pair shares its safety, so a run fixes both or neither.
+    Given alone, either half is unsafe and its reason names the other half's file.
     When the module itself is handed on (``model.amp = amp``, ``train(..., amp=amp)``), the
     GradScaler is handed on in its place, and ``scale_loss``/``master_params`` called on what
     receives it (a parameter or attribute of that name) become the scaler's: unsafe, as the

@@ -31,7 +31,9 @@ class AmpScaleLoss(PlannedApexRule):
     is updated once per iteration, after the last optimizer step,
     where apex kept one scaler per loss), ``delay_overflow_check``, gradients read where the step
     may not follow (apex unscaled them at every micro-batch), an unscaled backward pass with the
-    step elsewhere, or no ``amp.initialize`` in the file (see AMP002). Reported without a fix when
+    step elsewhere, or no ``amp.initialize`` in the file (see AMP002) unless the run also holds the
+    file that initializes, paired through their imports (then the GradScaler is made here, at the
+    top of the module, with that file's options). Reported without a fix when
     ``scale_loss`` is not a ``with`` (entered by hand, returned), when no ``optimizer.step()``
     follows, when the step takes a closure (GradScaler does not support them), or when the
     backward's condition calls something. Applied together with AMP002, AMP004 and AMP005.

@@ -1,0 +1,141 @@
+"""One half of apex amp in this file, the other half in another: planned with that half's facts."""
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.vocabulary import (
+    AUTOCAST,
+    SCALER_NAMES,
+    InitializeSite,
+    Unplannable,
+    normal,
+)
+from migrate.types import ImportChange
+
+
+BOTH = "give ampmigrate both files to migrate them together"
+
+
+class CrossFilePlanning:
+    """A file with ``amp.initialize`` and no ``amp.scale_loss`` (the initialize half), or the reverse.
+
+    Alone, each half's rewrite is unsafe: the scale half makes a GradScaler with apex's defaults,
+    not with the options ``initialize`` was given, and the initialize half only loses its call.
+    Paired in one run (``migrate.halves``), the scale half makes its GradScaler at module level
+    with the initialize half's options, and the initialize half imports it for its checkpoints.
+    The pair is as safe as its less safe half (each takes the other's reasons), so a run fixes
+    both halves or neither; a half that cannot be rewritten keeps the other as it is too.
+
+    A part of ``Planner``: its methods read and fill the planner's state.
+    """
+
+    def _check_partner(self, first: cst.CSTNode) -> None:
+        facts = self.partner.facts if self.partner is not None else None
+        if facts is not None and facts.manual:
+            raise Unplannable(first, f"its other half, {self._partner_at()}, cannot be rewritten ({facts.manual})")
+
+    def _partner_at(self) -> str:
+        return f"{self.partner.file} (line {self.partner.line})"
+
+    def _scale_half(self) -> tuple[str, tuple[str, ...]]:
+        """The opt level and GradScaler arguments of a file that scales the loss but initializes nothing."""
+        partner = self.partner
+        if partner is None or partner.facts is None:
+            where = f"; `amp.initialize` is in {self._partner_at()}: {BOTH}" if partner else ""
+            self.unsafe.append(
+                "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
+                "(the opt level and options given to `amp.initialize` elsewhere are not seen)" + where
+            )
+            return "O1", ()
+        self.notes.append(f"`amp.initialize` is in {self._partner_at()}, migrated with this file")
+        self.partner_unsafe += [f"{partner.file}: {reason}" for reason in partner.facts.reasons]
+        return partner.facts.level or "O1", partner.facts.scaler_args
+
+    def _hand_off(self, inits: list[InitializeSite], others: list[cst.Call]) -> None:
+        """``amp.initialize`` with the scaled backward in another file: the call goes. Under O1 the
+        returned models and optimizers are the ones passed in; the file that scales the loss
+        makes the GradScaler, which this file imports for its checkpoints (``others``)."""
+        partner = self.partner
+        paired = partner is not None and partner.facts is not None
+        if others:
+            self._import_partner_scaler(others[0])
+        self.level, self.o0 = inits[0].level, True  # no scaler made here
+        static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
+        self.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
+        self._note_inference(inits)
+        if all(init.level != "O0" for init in inits):
+            if paired:
+                self.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
+                self.partner_unsafe += [f"{partner.file}: {reason}" for reason in partner.facts.reasons]
+                self._note_what_cannot_cross(inits)
+            elif partner is not None:
+                self.unsafe.append(f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}")
+            else:
+                self.unsafe.append(
+                    "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
+                    "autocast when it is migrated (migrate both, or neither)"
+                )
+        for init in inits:
+            model = nodes.argument(init.call, 0, "models").value
+            if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
+                self._plan_half(init, model)
+                continue
+            marked = init.inference and init.level != "O0"  # a comment on what to do takes its place
+            self._plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
+            if marked:
+                models = " ".join(nodes.code(model).split())
+                if init.level in ("O2", "O3"):
+                    step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
+                else:
+                    step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+                self._leave_marker(init.statement, step)
+        if others:
+            self._plan_state_dicts()
+            self._plan_after_imports()
+        self._emit([])
+
+    def _import_partner_scaler(self, first: cst.CSTNode) -> None:
+        """The checkpoints of an initialize half read the scale half's GradScaler, imported from its module."""
+        partner = self.partner
+        if partner is not None and partner.facts is None:
+            raise Unplannable(first, f"`amp.scale_loss` is in {self._partner_at()}, which makes the scaler this needs: {BOTH}")
+        if partner is None:
+            raise Unplannable(first, "`amp.scale_loss` is not in this file, so the scaler this needs lives elsewhere")
+        if partner.facts.scaler is None:
+            raise Unplannable(first, f"its other half, {self._partner_at()}, makes no GradScaler whose state could be saved")
+        if partner.scaler_import is None:
+            raise Unplannable(first, f"the GradScaler lives in {partner.file}, which imports this file: importing it back would be circular")
+        name = partner.facts.scaler
+        local = name if name not in self.names else next((other for other in SCALER_NAMES if other not in self.names), "amp_grad_scaler")
+        self.scaler = local
+        self.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
+
+    def _note_what_cannot_cross(self, inits: list[InitializeSite]) -> None:
+        """Where the scale half's GradScaler, made once at module level, cannot be what apex
+        made here: an opt level, options or a switch known only at run time, or a call that may not run."""
+        other = self.partner.file
+        init = inits[0]
+        if len({normal(nodes.code(each.call)) for each in inits}) > 1:
+            self.unsafe.append(f"`amp.initialize` is called {len(inits)} times with different arguments: {other} makes one GradScaler, as the first asked")
+        if init.level is None:
+            self.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 GradScaler and autocast")
+        if init.enabled is not None:
+            self.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s GradScaler and autocast are always on")
+        if not self.half_facts["scaler_args"] and init.scaler_args:
+            self.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
+        block = self.parent.get(id(init.statement))
+        if not (isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)):
+            self.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s GradScaler and autocast are on whether or not it ran")
+
+
+def _constant(expression: str) -> bool:
+    """Whether a GradScaler argument's value names nothing (``128.0``, ``2**31 - 1``): one that
+    reads the script's variables cannot be moved to another module's top level."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) for node in ast.walk(tree))

@@ -1,0 +1,231 @@
+"""apex.amp split across files: ``amp.initialize`` in one, ``amp.scale_loss`` in another.
+
+Real repositories often initialize in the script (``train.py``) and scale the loss in a module it
+imports (``engine.py``), or the other way round (a setup helper in ``utils.py``). Neither half
+can be rewritten exactly alone: the GradScaler that replaces ``initialize`` is the one that must
+scale the loss. A run given both pairs them by their imports, and each half's plan reads the
+other's facts (``apex_plan.Partner``). A half given alone is still matched to its other half on
+disk, so that its report can name the file.
+
+A pair is an import between the two files, either way, and nothing ambiguous: the scale half
+imports or is imported by exactly one initialize half, and that half by exactly one scale half.
+Nothing here imports libcst: ``ast`` finds the halves.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from functools import lru_cache
+from dataclasses import dataclass
+from pathlib import Path
+
+from migrate.types import ImportChange
+
+__all__ = ["INITIALIZE", "PARTNER", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
+
+INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
+PARTNER = "apex-partner"  # the setting that hands a half's plan its ``apex_plan.Partner`` (not a user setting)
+SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+_HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
+_MOST_FILES_SEARCHED = 5000  # a search on disk looks at no more files than this
+
+
+@dataclass(frozen=True)
+class Import:
+    """``from <.level><module> import <names>`` (names empty for ``import module``)."""
+
+    level: int
+    module: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Half:
+    """A file that holds only one half of apex amp: what it holds, where, and what it imports."""
+
+    path: Path
+    role: str  # INITIALIZE or SCALE_LOSS
+    line: int  # its first such call
+    imports: tuple[Import, ...]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A half's other half; ``scaler_import``: for the initialize half that imports the scale
+    half, how it imports that module's GradScaler (None the other way round)."""
+
+    other: Half
+    scaler_import: ImportChange | None
+
+
+def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]:
+    """Each half's ``apex_plan.Partner`` in a run over ``texts``: the other half's facts where the
+    run holds both (the initialize half is planned first: the scale half's GradScaler takes its
+    options; then the initialize half takes the scale half's), else the file found on disk."""
+    found = [half for path, text in texts.items() if (half := find_half(path, text)) is not None]
+    if not found:
+        return {}
+    from migrate.apex_plan.provider import plan_text
+    from migrate.apex_plan.vocabulary import HalfFacts, Partner
+
+    def facts(half: Half, partner: Partner) -> HalfFacts:
+        plan = plan_text(texts[half.path], {**settings, PARTNER: partner})
+        return plan.half if plan is not None and plan.half is not None else HalfFacts(manual="it does not parse, or holds both halves")
+
+    pairs = pair(found)
+    result: dict[Path, object] = {}
+    for half in found:
+        pairing = pairs.get(half.path)
+        if pairing is None:
+            other = on_disk(half)
+            if other is not None:
+                result[half.path] = Partner(_shown(other.path), other.line)
+        elif half.role == INITIALIZE:
+            scale = pairing.other
+            placeholder = Partner(_shown(scale.path), scale.line, HalfFacts(scaler=SCALER), pairing.scaler_import)
+            result[scale.path] = Partner(_shown(half.path), half.line, facts(half, placeholder))
+            result[half.path] = Partner(_shown(scale.path), scale.line, facts(scale, result[scale.path]), pairing.scaler_import)
+    return result
+
+
+def find_half(path: Path, text: str) -> Half | None:
+    """The half of apex amp ``text`` holds, or None when it holds both or neither (or does not parse)."""
+    if "apex" not in text or len(set(_HALF_CALL.findall(text))) != 1:
+        return None  # neither call, or both: nothing to pair
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    amp_names, apex_names, imports = set(), set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imports.append(Import(node.level, node.module or "", tuple(alias.name for alias in node.names)))
+            if node.module == "apex" and node.level == 0:
+                amp_names |= {alias.asname or alias.name for alias in node.names if alias.name == "amp"}
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                imports.append(Import(0, alias.name, ()))
+                if alias.name == "apex.amp" and alias.asname:
+                    amp_names.add(alias.asname)
+                elif alias.name.split(".")[0] == "apex":
+                    apex_names.add(alias.asname or "apex")
+    first: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (INITIALIZE, SCALE_LOSS):
+            owner = node.func.value
+            if (isinstance(owner, ast.Name) and owner.id in amp_names) or (
+                isinstance(owner, ast.Attribute) and owner.attr == "amp" and isinstance(owner.value, ast.Name) and owner.value.id in apex_names
+            ):
+                first[node.func.attr] = min(first.get(node.func.attr, node.lineno), node.lineno)
+    if len(first) != 1:
+        return None
+    (role, line), = first.items()
+    return Half(path, role, line, tuple(imports))
+
+
+def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:
+    """Each half's other half, where the pairing is unambiguous (see the module's docstring)."""
+    halves = list(halves)
+    links: dict[Path, dict[Path, ImportChange | None]] = {half.path: {} for half in halves}
+    for half in halves:
+        others = [other for other in halves if other.role != half.role]
+        for imported in half.imports:
+            for other, module in _imported_halves(half, imported, others):
+                scaler_import = _scaler_import(imported, module) if half.role == INITIALIZE else None
+                links[half.path].setdefault(other.path, scaler_import)
+                links[other.path].setdefault(half.path, None)
+    by_path = {half.path: half for half in halves}
+    pairs = {}
+    for half in halves:
+        linked = links[half.path]
+        if len(linked) == 1:
+            (other_path, scaler_import), = linked.items()
+            if len(links[other_path]) == 1:
+                pairs[half.path] = Pairing(by_path[other_path], scaler_import if half.role == INITIALIZE else None)
+    return pairs
+
+
+def on_disk(half: Half) -> Half | None:
+    """The other half of ``half`` among the files of its project (the nearest folder up with a
+    ``.git``, ``pyproject.toml`` or ``setup.py``; else its own folder), when exactly one pairs."""
+    me = half.path.resolve()
+    found = [half, *(other for other in _halves_under(_project_root(half.path)) if other.role != half.role and other.path != me)]
+    pairing = pair(found).get(half.path)
+    return pairing.other if pairing is not None else None
+
+
+@lru_cache(maxsize=8)
+def _halves_under(root: Path) -> tuple[Half, ...]:
+    found = []
+    for path in _python_files(root):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"apex" in data:
+            half = find_half(path.resolve(), data.decode("utf-8", "replace"))
+            if half is not None:
+                found.append(half)
+    return tuple(found)
+
+
+def _shown(path: Path) -> str:
+    """A path as a user reads it: relative to the working directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _imported_halves(half: Half, imported: Import, others: list[Half]) -> Iterator[tuple[Half, str]]:
+    """The halves ``imported`` may load, with the module name (as spelled there) each one is."""
+    candidates = [(imported.module, imported.module.split(".") if imported.module else [])]
+    candidates += [(f"{imported.module}.{name}" if imported.module else name, [*candidates[0][1], name]) for name in imported.names]
+    for module, parts in candidates:
+        if not parts:
+            continue
+        if imported.level:
+            base = half.path.parent
+            for _ in range(imported.level - 1):
+                base = base.parent
+            wanted = {(base.joinpath(*parts).with_suffix(".py")).resolve(), base.joinpath(*parts, "__init__.py").resolve()}
+            for other in others:
+                if other.path.resolve() in wanted:
+                    yield other, module
+            continue
+        suffixes = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
+        matching = [other for other in others if any(other.path.resolve().parts[-len(s):] == s for s in suffixes)]
+        if matching:  # the one nearest the importer: several projects may have a `utils.py`
+            nearest = max(len(os.path.commonpath([half.path.resolve(), other.path.resolve()])) for other in matching)
+            closest = [other for other in matching if len(os.path.commonpath([half.path.resolve(), other.path.resolve()])) == nearest]
+            if len(closest) == 1:
+                yield closest[0], module
+
+
+def _scaler_import(imported: Import, module: str) -> ImportChange:
+    return ImportChange(module, SCALER, relative=imported.level)
+
+
+def _project_root(path: Path) -> Path:
+    folder = path.resolve().parent
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
+            return candidate
+    return folder
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    from migrate.files import DEFAULT_EXCLUDES
+
+    seen = 0
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(name for name in subfolders if name not in DEFAULT_EXCLUDES and not name.startswith("."))
+        for name in sorted(names):
+            if name.endswith(".py"):
+                seen += 1
+                if seen > _MOST_FILES_SEARCHED:
+                    return
+                yield Path(folder, name)

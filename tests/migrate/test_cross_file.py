@@ -1,0 +1,155 @@
+"""apex amp split across two files: ``amp.initialize`` in one, ``amp.scale_loss`` in the other."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from migrate import halves
+from migrate.api import migrate_paths
+
+ENGINE = """import torch
+from apex import amp
+
+
+def train_epoch(model, optimizer, loader):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+TRAIN = """import torch
+from apex import amp
+
+from engine import train_epoch
+
+
+def main(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1"{options})
+    train_epoch(model, optimizer, loader)
+    torch.save({{"model": model.state_dict(), "amp": amp.state_dict()}}, "last.pt")
+"""
+
+
+def _project(root: Path, texts: dict[str, str]) -> Path:
+    for name, text in texts.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _by_name(results) -> dict:
+    return {Path(result.filename).name: result for result in results}
+
+
+def _reasons(result) -> str:
+    return " ".join(d.fix.why_unsafe for d in result.diagnostics if d.fix is not None) + " ".join(d.message for d in result.diagnostics)
+
+
+def test_both_halves_in_one_run_are_migrated_together_safely(tmp_path):
+    root = _project(tmp_path, {"engine.py": ENGINE, "train.py": TRAIN.format(options=", loss_scale=128.0")})
+    migrate_paths([root])
+    engine, train = (root / "engine.py").read_text(), (root / "train.py").read_text()
+    # The scale half makes the GradScaler, with the options given to `initialize` in the other file.
+    assert 'scaler = torch.amp.GradScaler("cuda", init_scale=128.0, growth_interval=2**31 - 1)' in engine
+    assert "scaler.scale(loss).backward()" in engine and "scaler.step(optimizer)" in engine
+    assert "with torch.autocast(" in engine
+    # The initialize half imports it for its checkpoint.
+    assert "from engine import scaler, train_epoch" in train
+    assert '"amp": scaler.state_dict()' in train and "amp.initialize" not in train
+    assert "apex" not in engine + train
+    for text in (engine, train):
+        compile(text, "<rewritten>", "exec")
+    assert not any(result.changed for result in migrate_paths([root]))  # idempotent
+
+
+def test_the_scale_half_may_import_the_initialize_half_relatively(tmp_path):
+    setup = 'from apex import amp\n\n\ndef build(model, optimizer):\n    return amp.initialize(model, optimizer, opt_level="O1")\n'
+    loop = ENGINE.replace("from apex import amp\n", "from apex import amp\n\nfrom .setup_amp import build\n")
+    root = _project(tmp_path, {"pkg/__init__.py": "", "pkg/setup_amp.py": setup, "pkg/loop.py": loop})
+    results = _by_name(migrate_paths([root]))
+    assert results["setup_amp.py"].changed and results["loop.py"].changed
+    assert "return model, optimizer" in (root / "pkg" / "setup_amp.py").read_text()
+    assert 'scaler = torch.amp.GradScaler("cuda")' in (root / "pkg" / "loop.py").read_text()
+
+
+def test_a_checkpoint_in_an_imported_initialize_half_is_not_rewritten(tmp_path):
+    """Its scaler would live in the file that imports it: importing it back is circular."""
+    setup = (
+        'from apex import amp\n\n\ndef build(model, optimizer):\n    return amp.initialize(model, optimizer, opt_level="O1")\n\n\n'
+        'def save():\n    return {"amp": amp.state_dict()}\n'
+    )
+    loop = ENGINE.replace("from apex import amp\n", "from apex import amp\n\nfrom setup_amp import build\n")
+    (tmp_path / "setup_amp.py").write_text(setup)
+    (tmp_path / "loop.py").write_text(loop)
+    results = _by_name(migrate_paths([tmp_path], unsafe_fixes=True))
+    assert not results["setup_amp.py"].changed and not results["loop.py"].changed  # neither half alone
+    assert "circular" in _reasons(results["setup_amp.py"])
+    assert "cannot be rewritten" in _reasons(results["loop.py"])
+
+
+def test_a_guarded_initialize_makes_the_pair_unsafe_in_both_files(tmp_path):
+    guarded = TRAIN.format(options="").replace(
+        "    model, optimizer = amp.initialize(", "    if fp16:\n        model, optimizer = amp.initialize("
+    ).replace("def main(model, optimizer, loader):", "def main(model, optimizer, loader, fp16):")
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(guarded)
+    results = _by_name(migrate_paths([tmp_path]))
+    assert not any(result.changed for result in results.values())
+    assert "runs inside a block" in _reasons(results["train.py"])
+    assert "train.py: `amp.initialize` runs inside a block" in _reasons(results["engine.py"])
+    results = _by_name(migrate_paths([tmp_path], unsafe_fixes=True))
+    assert all(result.changed for result in results.values())  # both, never one
+    assert "if fp16" not in (tmp_path / "train.py").read_text()
+
+
+def test_a_run_time_opt_level_makes_the_pair_unsafe(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(TRAIN.format(options="").replace('opt_level="O1"', "opt_level=args.opt_level"))
+    results = _by_name(migrate_paths([tmp_path]))
+    assert not any(result.changed for result in results.values())
+    assert "opt level is computed at run time" in _reasons(results["engine.py"])
+
+
+def test_one_half_given_alone_names_the_other_half(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(TRAIN.format(options=""))
+    (tmp_path / "pyproject.toml").write_text("")
+    engine, = migrate_paths([tmp_path / "engine.py"])
+    assert not engine.changed
+    assert "`amp.initialize` is in train.py (line 8): give ampmigrate both files" in _reasons(engine).replace(str(tmp_path) + "/", "")
+    train, = migrate_paths([tmp_path / "train.py"])
+    assert not train.changed
+    assert "`amp.scale_loss` is in engine.py (line 9)" in _reasons(train).replace(str(tmp_path) + "/", "")
+
+
+def test_two_initialize_halves_importing_one_loop_are_not_paired(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(TRAIN.format(options=""))
+    (tmp_path / "finetune.py").write_text(TRAIN.format(options=", loss_scale=8.0"))
+    results = _by_name(migrate_paths([tmp_path]))
+    assert not any(result.changed for result in results.values())
+    assert "nothing is initialized in this file" in _reasons(results["engine.py"])
+
+
+def test_a_half_is_found_through_every_apex_spelling():
+    found = halves.find_half(Path("a.py"), "import apex\n\ndef f(m, o):\n    return apex.amp.initialize(m, o)\n")
+    assert found is not None and found.role == halves.INITIALIZE and found.line == 4
+    found = halves.find_half(Path("b.py"), "from apex import amp as apex_amp\nwith apex_amp.scale_loss(l, o) as s:\n    s.backward()\n")
+    assert found is not None and found.role == halves.SCALE_LOSS
+    both = "from apex import amp\nm, o = amp.initialize(m, o)\nwith amp.scale_loss(l, o) as s:\n    s.backward()\n"
+    assert halves.find_half(Path("c.py"), both) is None
+    not_apex = "import apex\nfrom torch.cuda import amp\ncfg.initialize(x)\nwith amp.autocast():\n    pass\n"
+    assert halves.find_half(Path("d.py"), not_apex) is None
+
+
+def test_an_o0_initialize_half_makes_the_loop_plain_fp32(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(TRAIN.format(options="").replace('opt_level="O1"', 'opt_level="O0"').replace(
+        '    torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, "last.pt")\n', ""))
+    results = _by_name(migrate_paths([tmp_path]))
+    assert all(result.changed for result in results.values())
+    engine = (tmp_path / "engine.py").read_text()
+    assert "loss.backward()" in engine and "GradScaler" not in engine and "autocast" not in engine
