@@ -44,6 +44,8 @@ CASES = {
     "nan_skip.py": "a NaN loss skipped by a test that calls something, the step after it: no crash where nothing was scaled",
     "model_handed_to_loss.py": "the model handed to a loss method, the step in profiling blocks; a local name for the model",
     "inference_after_initialize.py": "O1 for inference only, at the end of its function: what follows runs under autocast",
+    "inference_under_flag.py": "O1 for inference only under a flag with an else arm: the lines after it under autocast by that flag",
+    "teacher_for_inference.py": "a teacher readied for inference before the training initialize, under one flag: one scaler",
 }
 
 

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines
-from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, grouped_text
+from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
 from migrate.names import qualified_names
 from migrate.tree_walk import walk
 
@@ -189,39 +189,94 @@ class AutocastPlanning:
         the end of its function, run after it: apex cast every op from there on, as autocast
         around those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then
         the evaluation)."""
+        return self._tail_of(init) is not None
+
+    def _tail_of(self, init: InitializeSite) -> tuple[cst.CSTNode, list[cst.BaseStatement], str] | None:
+        """The statement ``init`` leaves (itself, or the ``if flag:`` it is alone in), the lines after
+        it that go under autocast, and the region's ``enabled`` (the flag's test, or none)."""
         if not init.inference or init.level != "O1" or init.level_expression is not None or init.enabled is not None:
-            return False
+            return None
         if init.restore is not None and init.restore.startswith("return "):
-            return False
-        block = self.parent.get(id(init.statement))
+            return None
+        if any("." in code for code in init.model_codes):
+            return None  # a model kept on an object may run elsewhere, later
+        anchor, enabled = init.statement, ""
+        block = self.parent.get(id(anchor))
+        owner = self.parent.get(id(block))
+        if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
+                and nodes.is_pure(owner.test) and not self._changes_its_test(owner)):
+            # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
+            # autocast on the lines after the `if`, when its test held.
+            anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.parent.get(id(owner))
         body = list(block.body)
-        rest = body[body.index(init.statement) + 1 :]
-        if any("." in code for code in init.model_codes) or not any(self._calls_model(s, init.model_codes) for s in rest):
-            return False  # a model kept on an object may run elsewhere, later
-        if any(defines(s) or contains(s, (cst.Return, *SUSPENDS)) for s in rest):
-            return False  # its caller may run the model it gets back, outside
+        rest = body[body.index(anchor) + 1 :]
+        if not any(self._calls_model(s, init.model_codes) for s in rest):
+            return None
+        if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
+            return None  # its caller may run the model it gets back, outside
+        if enabled and any(assigns(s, nodes.code(name)) for s in rest for name in _names_in(anchor.test)):
+            return None  # the flag may differ by the time the lines after it run
         current = block
         while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
             statement = self.parent.get(id(current))
             if isinstance(statement, cst.FunctionDef):
-                return True
+                return anchor, rest, enabled
             while isinstance(statement, cst.Else) or isinstance(self.parent.get(id(statement)), (cst.If, cst.Else)):
                 statement = self.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
             if not isinstance(statement, (cst.If, cst.With)):
-                return False  # a loop runs the lines before it again; a `try` has its handlers after it
+                return None  # a loop runs the lines before it again; a `try` has its handlers after it
             current = self.parent.get(id(statement))
             if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
+                return None
+        return anchor, rest, enabled
+
+    @staticmethod
+    def _returns_models(statement: cst.CSTNode, models: set[str]) -> bool:
+        """A ``return`` that may hand a model back (``return results`` with numbers only does not)."""
+        found = False
+
+        class _Find(cst.CSTVisitor):
+            def visit_Return(self, node: cst.Return) -> None:
+                nonlocal found
+                found = found or node.value is None or any(name in models for name in map(nodes.code, _names_in(node.value)))
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
                 return False
-        return True
+
+        walk(statement, _Find())
+        return found
 
     def _plan_inference_tail(self, init: InitializeSite) -> None:
-        """The lines after ``init`` in its block go under autocast; the call goes (its models are
-        the ones passed in, as under O1)."""
-        body = list(self.parent[id(init.statement)].body)
-        rest = body[body.index(init.statement) + 1 :]
-        placed = [*nodes.parse_statements(init.restore + "\n", self.module), self._under_autocast(rest)] if init.restore else [self._under_autocast(rest)]
-        placed = [nodes.with_leading(statement, init.statement if i == 0 else cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
-        self._replace(init.statement, cst.FlattenSentinel(placed))
-        self._kind(init.statement, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
+        """The lines after ``init`` (or after the ``if flag:`` it is alone in) go under autocast;
+        the call goes (its models are the ones passed in, as under O1)."""
+        anchor, rest, enabled = self._tail_of(init)
+        region = self._under_autocast(rest, enabled)
+        placed = [*nodes.parse_statements(init.restore + "\n", self.module), region] if init.restore else [region]
+        if anchor is not init.statement:  # the `if` keeps what else it holds
+            kept = [statement for statement in anchor.body.body if statement is not init.statement]
+            if kept or anchor.orelse is not None:
+                placed.insert(0, anchor.with_changes(body=anchor.body.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])])))
+        # The first line takes the place of `anchor`; the region keeps the blank lines above the
+        # lines it holds.
+        placed = [nodes.with_leading(statement, anchor) if i == 0 else statement if statement is region
+                  else nodes.with_leading(statement, cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
+        self._replace(anchor, cst.FlattenSentinel(placed))
+        self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+
+
+def _names_in(expression: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The names and dotted attributes ``expression`` reads (``args.amp``, ``has_apex``)."""
+    found: list[cst.BaseExpression] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            found.append(node)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+    walk(expression, _Find())
+    return found

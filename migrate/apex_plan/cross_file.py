@@ -95,6 +95,7 @@ class CrossFilePlanning:
         if others:
             self._plan_state_dicts()
             self._plan_after_imports()
+        self._plan_module_reads(inits)
         self._emit([])
 
     def _import_partner_scaler(self, first: cst.CSTNode) -> None:

@@ -78,9 +78,7 @@ class ModuleReadPlanning:
                     return False  # `amp_handle.scale_loss(...)`: the legacy API is in use
             elif not (isinstance(small, cst.Expr) and small.value is call):
                 return False
-            self.unsafe.append(
-                f"the legacy `amp.init()` handle (line {self._line(node)}) is unused and goes: autocast now makes the casts it switched on"
-            )
+            self.legacy_handles.append(call)
         elif attr in _ABOUT_THE_MODULE:
             logged = small.value if isinstance(small, cst.Expr) else None
             func = getattr(logged, "func", None)
@@ -104,7 +102,16 @@ class ModuleReadPlanning:
         walk(self.module, _Count())
         return found
 
-    def _plan_module_reads(self) -> None:
+    def _plan_module_reads(self, inits: list[InitializeSite]) -> None:
+        for call in self.legacy_handles:
+            enabled = nodes.argument(call, 0, "enabled")
+            # O1's `initialize` runs `amp.init()` itself: a second handle beside it, in the same
+            # function, patched the same casts again; a disabled one patched nothing.
+            beside_o1 = any(init.level == "O1" and self._function(init.statement) is self._function(call) for init in inits)
+            if not (beside_o1 or (enabled is not None and nodes.code(enabled.value) == "False")):
+                self.unsafe.append(
+                    f"the legacy `amp.init()` handle (line {self._line(call)}) is unused and goes: autocast now makes the casts it switched on"
+                )
         for statement in dict.fromkeys(self.module_reads):
             block = self.parent.get(id(statement))
             alone = isinstance(block, cst.IndentedBlock) and len(block.body) == 1

@@ -96,6 +96,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
+        self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.imports = nodes.apex_imports(module)
         walk(module, Collect(self))
@@ -193,6 +194,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         if not scales:
             if not inits and tails:
                 self.level, self.o0 = "O1", False
+                self._plan_module_reads(tails)
                 self._emit([])
                 return
             if not inits:
@@ -200,10 +202,13 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 return
             self._hand_off(inits, others)
             return
-        init = inits[0] if inits else None
+        # The scaler is made where the first training `initialize` was (a teacher readied for
+        # inference before it does not decide).
+        init = next((site for site in inits if not site.inference), inits[0]) if inits else None
+        others_inits = [site for site in inits if site is not init]
         level, partner_args = self._scale_half() if init is None else (init.level, ())
-        repeats = [extra for extra in inits[1:] if self._repeats(init, extra)]
-        joined = [extra for extra in inits[1:] if extra not in repeats and self._joins(init, extra)]
+        repeats = [extra for extra in others_inits if self._repeats(init, extra)]
+        joined = [extra for extra in others_inits if extra not in repeats and (self._joins(init, extra) or self._inference_beside(init, extra))]
         self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
@@ -282,8 +287,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._plan_state_dicts()
         self._plan_escapes()
         self._plan_probes()
-        self._plan_module_reads()
-        for extra in inits[1:]:  # first: the `if` around `init` goes when nothing else stays in it
+        self._plan_module_reads(inits)
+        for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
             else:

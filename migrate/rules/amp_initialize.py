@@ -48,10 +48,12 @@ class AmpInitialize(PlannedApexRule):
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
     O2/O3 (O2/O3 become O1); ``min_loss_scale`` with a dynamic scale (GradScaler has no floor); a ``loss_scale`` that
     is neither a number nor a name; several losses or ``initialize`` calls sharing one scaler; an
-    autocast region that could only be guessed; and the two halves of a split file: with
-    ``scale_loss`` but no ``initialize`` the file gets its own module-level scaler with apex's
-    defaults, and with ``initialize`` but no ``scale_loss`` the call is removed (migrate both
-    files). Reported without a fix when the file cannot be rewritten consistently (``amp`` handed
+    autocast region that could only be guessed; a model readied for inference only (no
+    optimizers), unless the training ``initialize`` of its function, with the same options, runs
+    under every test it runs under (O1's casts are then already global: the call just goes); and
+    the two halves of a split file given alone: with ``scale_loss`` but no ``initialize`` the file
+    gets its own module-level scaler with apex's defaults, and with ``initialize`` but no
+    ``scale_loss`` the call is removed (migrate both files together). Reported without a fix when the file cannot be rewritten consistently (``amp`` handed
     to other code, apex internals, ``**kwargs``, an invalid opt level, an ``initialize`` in a block
     its scaler's users are not in); the message says why. Applied together with AMP003-AMP005.
 

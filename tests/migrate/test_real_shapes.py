@@ -942,7 +942,8 @@ def test_a_step_after_a_nan_skip_goes_through_the_scaler_where_the_optimizer_hol
             "        scaler.step(optimizer)\n        scaler.update()\n    else:\n        optimizer.step()\n") in result.new_source
 
 
-def test_an_unused_legacy_handle_and_a_log_line_naming_apex_go_with_apex():
+def test_an_unused_legacy_handle_beside_o1_and_a_log_line_naming_apex_go_with_apex_safely():
+    # O1's `initialize` runs `amp.init()` itself: a second handle in its function patched the same casts.
     result = _migrate("""\
         import logging
         from apex import amp
@@ -961,13 +962,33 @@ def test_an_unused_legacy_handle_and_a_log_line_naming_apex_go_with_apex():
                 with amp.scale_loss(loss, optimizer) as scaled_loss:
                     scaled_loss.backward()
                 optimizer.step()
-    """, unsafe_fixes=True)
+    """)
     new = result.new_source
-    reasons = {d.fix.why_unsafe for d in result.diagnostics if d.fix}
-    assert all("legacy `amp.init()` handle" in reason for reason in reasons)
+    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
     assert "amp" not in new.replace("torch.amp", "").replace("torch.autocast", "")
     assert "    try:\n        pass\n    except NameError:" in new  # the block keeps a body
     assert not [d for d in result.diagnostics if d.code in ("AMP009", "AMP016")]
+
+
+def test_an_unused_legacy_handle_where_no_o1_initialize_runs_is_unsafe():
+    result = _migrate("""\
+        from apex import amp
+
+        def fit(net, opt, batches):
+            net, opt = amp.initialize(net, opt, opt_level="O1")
+            for batch in batches:
+                loss = net(batch).mean()
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                opt.step()
+
+        def evaluate(model, loader):
+            amp.init()
+            return [model(x) for x in loader]
+    """)
+    reasons = {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    assert reasons and all("legacy `amp.init()` handle (line 12)" in reason for reason in reasons)
+    assert result.new_source == result.source
 
 
 def test_a_used_legacy_handle_is_still_reported():
@@ -1015,3 +1036,91 @@ def test_a_scaler_made_in_one_arm_of_a_mode_switch_is_asked_for_before_every_ste
     step = result.new_source[result.new_source.index("def step"):]
     assert step.count('if getattr(self, "scaler", None) is not None:') == 2
     assert "        else:\n            self.optimizer.step()" in step
+
+
+TEACHER_TRAINER = """\
+    import torch
+    from apex import amp
+
+    class Distiller:
+        def __init__(self, student, optimizer, teachers, fp16):
+            self.fp16 = fp16
+            self.teachers = []
+            for teacher in teachers:
+                if self.fp16:
+                    teacher = amp.initialize(teacher, opt_level="O1")
+                self.teachers.append(teacher.eval())
+            self.student, self.optimizer = student, optimizer
+            if {guard}:
+                self.student, self.optimizer = amp.initialize(self.student, self.optimizer, opt_level="O1")
+
+        def step(self, x):
+            soft = sum(teacher(x) for teacher in self.teachers)
+            loss = (self.student(x) - soft).pow(2).mean()
+            self.optimizer.zero_grad()
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+            self.optimizer.step()
+"""
+
+
+def test_a_teacher_readied_for_inference_beside_the_training_initialize_goes_safely():
+    # O1's casts are global once the training `initialize` ran, under the same test: the
+    # teacher's own call adds none. The scaler is made where the training call was, not in the loop.
+    result = _migrate(TEACHER_TRAINER.format(guard="self.fp16"))
+    assert _safe(result), {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    new = result.new_source
+    assert "amp.initialize" not in new and "if self.fp16:\n                teacher" not in new
+    assert '        self.scaler = torch.amp.GradScaler("cuda", enabled=bool(self.fp16))\n' in new
+    assert new.index("self.scaler = ") > new.index("self.teachers.append")
+
+
+def test_a_teacher_readied_under_a_test_the_training_initialize_does_not_share_stays_unsafe():
+    result = _migrate(TEACHER_TRAINER.format(guard="self.fp16 and not self.teachers"))
+    reasons = {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    assert reasons and all("without optimizers" in reason for reason in reasons)
+    assert result.new_source == result.source
+
+
+VALIDATE = """\
+    import torch
+    from apex import amp
+
+    def validate(model, loader, args):
+        model = model.cuda()
+        if args.amp:
+{arm}
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for x, y in loader:
+                total += (model(x).argmax(-1) == y).float().sum().item()
+{after}
+        return {{"top1": total}}
+"""
+
+
+def test_an_inference_initialize_under_a_flag_puts_the_lines_after_the_flag_under_autocast():
+    result = _migrate(VALIDATE.format(arm='            model = amp.initialize(model, opt_level="O1")', after=""))
+    assert _safe(result), {d.fix.why_unsafe for d in result.diagnostics if d.fix}
+    new = result.new_source
+    assert "if args.amp" not in new
+    assert '    with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.amp)):\n        model.eval()\n' in new
+    assert '\n        return {"top1": total}\n' in new  # a return of numbers goes inside the region
+
+
+def test_the_flag_arm_keeps_its_other_lines_and_the_else():
+    arm = '            print("mixed precision")\n            model = amp.initialize(model, opt_level="O1")\n        else:\n            print("fp32")'
+    result = _migrate(VALIDATE.format(arm=arm, after=""))
+    assert _safe(result)
+    new = result.new_source
+    assert '    if args.amp:\n        print("mixed precision")\n    else:\n        print("fp32")\n    with torch.autocast(' in new
+
+
+def test_an_inference_flag_changed_later_or_a_model_handed_back_is_not_a_tail():
+    flag_changed = VALIDATE.format(arm='            model = amp.initialize(model, opt_level="O1")', after="        args.amp = False")
+    model_returned = VALIDATE.format(arm='            model = amp.initialize(model, opt_level="O1")', after="").replace(
+        'return {"top1": total}', "return model")
+    for source in (flag_changed, model_returned):
+        result = _migrate(source)
+        assert not _safe(result) and result.new_source == result.source
