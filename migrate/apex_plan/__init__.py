@@ -20,6 +20,8 @@ Where each concept lives:
 - ``planner``: the ``Planner``: classifies the references, orders the rewrite, emits findings.
   Its rewrite families are mixed in from:
   ``initialize`` (the GradScaler, its options and where it is made),
+  ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
+  others are: a repeat, models joined to it, an inference-only copy),
   ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
   ``master_params``), ``autocast`` (the region around the forward pass),

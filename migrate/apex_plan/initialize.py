@@ -4,7 +4,6 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import backward_calls
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -222,96 +221,6 @@ class InitializePlanning:
             else:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options
-
-    def _repeats(self, first: InitializeSite, again: InitializeSite) -> bool:
-        """``again`` initializes as ``first`` did (re-initialising before loading a checkpoint), in
-        its function, outside any block that could make the scaler's flag differ: apex started
-        a fresh loss scaler there, as a fresh GradScaler does."""
-        same = normal(nodes.code(first.call)) == normal(nodes.code(again.call)) and first.restore == again.restore
-        block = self.parent.get(id(first.statement))
-        at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
-        return same and at_top and self._function(first.statement) is self._function(again.statement)
-
-    def _note_inference(self, inits: list[InitializeSite]) -> None:
-        if any(init.inference and init.level != "O0" for init in inits):
-            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
-
-    @staticmethod
-    def _options(site: InitializeSite) -> list[str] | None:
-        """``initialize``'s options besides its models and optimizers, by name; None when some
-        are given by position."""
-        extra = [arg for arg in site.call.args if arg.keyword is None or arg.keyword.value not in ("models", "optimizers")]
-        positional = [arg for arg in extra if arg.keyword is None]
-        if len(positional) > (1 if site.inference else 2):
-            return None
-        return sorted(normal(nodes.code(arg)) for arg in extra if arg.keyword is not None)
-
-    def _inference_beside(self, main: InitializeSite, other: InitializeSite) -> bool:
-        """``other`` readies a model for inference only (a teacher, an EMA copy) at O1 with the
-        options of ``main``, the training ``initialize``, in its function, under every test
-        ``main`` runs under: O1's casts are global once ``main`` has run, so ``other`` adds none,
-        and the model runs where apex cast it no differently than the training models' other
-        uses (in the autocast region or not). Before ``main``, nothing may run that model."""
-        if not other.inference or main.inference or main.level != "O1" or other.level != "O1" or other.enabled is not None:
-            return False
-        mine = self._options(main)
-        function = self._function(main.statement)
-        if mine is None or mine != self._options(other) or function is None or self._function(other.statement) is not function:
-            return False
-        main_tests, other_tests = self._tests_around(main.statement, function, loops=False), self._tests_around(other.statement, function, loops=True)
-        if main_tests is None or other_tests is None or not main_tests <= other_tests:
-            return False
-        if self.order[id(other.statement)] > self.order[id(main.statement)]:
-            return True
-        between = [s for s in self._statements_of(function) if self.order[id(other.statement)] < self.order[id(s)] < self.order[id(main.statement)]]
-        return not any(self._calls_model(s, other.model_codes) for s in between)
-
-    def _tests_around(self, statement: cst.CSTNode, function: cst.FunctionDef, loops: bool) -> set[str] | None:
-        """The tests of the ``if`` arms (pure, no ``else``/``elif`` arm) that hold ``statement`` in
-        ``function``; loops and ``with`` blocks between are allowed with ``loops``; None otherwise."""
-        tests = set()
-        node = self.parent.get(id(statement))
-        while node is not None and node is not function:
-            if isinstance(node, cst.If):
-                if not nodes.is_pure(node.test):
-                    return None
-                tests.add(normal(nodes.code(node.test)))
-            elif isinstance(node, (cst.For, cst.With)) and loops:
-                pass
-            elif not isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
-                return None  # an else arm, a try, a while: not a plain test
-            node = self.parent.get(id(node))
-        return tests if node is function else None
-
-    @staticmethod
-    def _statements_of(function: cst.FunctionDef) -> list[cst.SimpleStatementLine]:
-        found = []
-
-        class _Lines(cst.CSTVisitor):
-            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-                found.append(node)
-
-        walk(function, _Lines())
-        return found
-
-    def _joins(self, first: InitializeSite, other: InitializeSite) -> bool:
-        """``other`` initializes other models with ``first``'s options right after it, in its block
-        or under a plain test there (a GAN's generator and discriminator; an EMA or teacher copy
-        run forward only): apex kept one loss scaler for all, as one GradScaler does, and cast
-        every model alike, as the autocast region does for the models it runs."""
-        mine = self._options(first)
-        if mine is None or mine != self._options(other) or (first.inference and not other.inference):
-            return False
-        block = self.parent.get(id(first.statement))
-        statement: cst.CSTNode = other.statement
-        while self.parent.get(id(statement)) is not block:
-            owner = self.parent.get(id(self.parent.get(id(statement))))
-            if not (isinstance(owner, cst.If) and nodes.is_pure(owner.test)):
-                return False
-            statement = owner
-        body = list(block.body)
-        between = body[body.index(first.statement) + 1 : body.index(statement)] if statement in body else None
-        return between is not None and not any(backward_calls(s, nested=True) for s in between)
 
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []

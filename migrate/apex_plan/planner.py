@@ -10,6 +10,7 @@ from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
@@ -41,7 +42,7 @@ from migrate.types import Safety
 
 
 class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning,
-              HandedOnPlanning, ModuleReadPlanning, CrossFilePlanning):
+              HandedOnPlanning, ModuleReadPlanning, CrossFilePlanning, SeveralInitializePlanning):
     """The plan of one file: its apex.amp sites, then a consistent rewrite of all of them, or none.
 
     ``plan()`` classifies the references, then ``_rewrite()`` plans, in order: the steps after
