@@ -204,7 +204,8 @@ class AutocastPlanning:
         block = self.parent.get(id(anchor))
         owner = self.parent.get(id(block))
         if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
-                and nodes.is_pure(owner.test) and not self._changes_its_test(owner)):
+                and nodes.is_pure(owner.test) and not self._changes_its_test(owner)
+                and isinstance(self.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
             # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
             # autocast on the lines after the `if`, when its test held.
             anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.parent.get(id(owner))

@@ -1121,6 +1121,7 @@ def test_an_inference_flag_changed_later_or_a_model_handed_back_is_not_a_tail():
     flag_changed = VALIDATE.format(arm='            model = amp.initialize(model, opt_level="O1")', after="        args.amp = False")
     model_returned = VALIDATE.format(arm='            model = amp.initialize(model, opt_level="O1")', after="").replace(
         'return {"top1": total}', "return model")
-    for source in (flag_changed, model_returned):
+    in_elif = VALIDATE.format(arm='            pass\n        elif args.half:\n            model = amp.initialize(model, opt_level="O1")', after="")
+    for source in (flag_changed, model_returned, in_elif):
         result = _migrate(source)
         assert not _safe(result) and result.new_source == result.source
