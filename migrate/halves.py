@@ -152,7 +152,7 @@ def on_disk(half: Half) -> Half | None:
     """The other half of ``half`` among the files of its project (the nearest folder up with a
     ``.git``, ``pyproject.toml`` or ``setup.py``; else its own folder), when exactly one pairs."""
     me = half.path.resolve()
-    found = [half, *(other for other in _halves_under(_project_root(half.path)) if other.role != half.role and other.path != me)]
+    found = [half, *(other for other in _halves_under(_project_root(half.path)) if other.path != me)]
     pairing = pair(found).get(half.path)
     return pairing.other if pairing is not None else None
 

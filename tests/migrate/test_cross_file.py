@@ -153,3 +153,15 @@ def test_an_o0_initialize_half_makes_the_loop_plain_fp32(tmp_path):
     assert all(result.changed for result in results.values())
     engine = (tmp_path / "engine.py").read_text()
     assert "loss.backward()" in engine and "GradScaler" not in engine and "autocast" not in engine
+
+
+def test_a_half_given_alone_names_no_file_when_its_project_pairs_it_ambiguously(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "train.py").write_text(TRAIN.format(options=""))
+    (tmp_path / "finetune.py").write_text(TRAIN.format(options=", loss_scale=8.0"))
+    engine, = migrate_paths([tmp_path / "engine.py"])
+    assert "nothing is initialized in this file" in _reasons(engine)
+    assert "train.py" not in _reasons(engine) and "finetune.py" not in _reasons(engine)
+    train, = migrate_paths([tmp_path / "train.py"])  # the loop is finetune.py's too: not this file's alone
+    assert "engine.py" not in _reasons(train)
