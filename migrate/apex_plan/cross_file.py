@@ -6,13 +6,7 @@ import ast
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.vocabulary import (
-    AUTOCAST,
-    SCALER_NAMES,
-    InitializeSite,
-    Unplannable,
-    normal,
-)
+from migrate.apex_plan.vocabulary import AUTOCAST, SCALER_NAMES, InitializeSite, Unplannable, normal
 from migrate.types import ImportChange
 
 

@@ -10,8 +10,8 @@ from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
-from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
+from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
 from migrate.apex_plan.tree import TreeQueries
