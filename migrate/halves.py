@@ -9,7 +9,7 @@ disk, so that its report can name the file.
 
 A pair is an import between the two files, either way, and nothing ambiguous: the scale half
 imports or is imported by exactly one initialize half, and that half by exactly one scale half.
-Nothing here imports libcst: ``ast`` finds the halves.
+Finding and pairing the halves takes ``ast`` only; libcst is loaded to plan a pair, when there is one.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 
+from migrate.files import find
 from migrate.types import ImportChange
 
 __all__ = ["INITIALIZE", "PARTNER", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
@@ -129,11 +130,12 @@ def find_half(path: Path, text: str) -> Half | None:
 def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:
     """Each half's other half, where the pairing is unambiguous (see the module's docstring)."""
     halves = list(halves)
+    real = {half.path: half.path.resolve() for half in halves}
     links: dict[Path, dict[Path, ImportChange | None]] = {half.path: {} for half in halves}
     for half in halves:
         others = [other for other in halves if other.role != half.role]
         for imported in half.imports:
-            for other, module in _imported_halves(half, imported, others):
+            for other, module in _imported_halves(half, imported, others, real):
                 scaler_import = _scaler_import(imported, module) if half.role == INITIALIZE else None
                 links[half.path].setdefault(other.path, scaler_import)
                 links[other.path].setdefault(half.path, None)
@@ -160,7 +162,7 @@ def on_disk(half: Half) -> Half | None:
 @lru_cache(maxsize=8)
 def _halves_under(root: Path) -> tuple[Half, ...]:
     found = []
-    for path in _python_files(root):
+    for path in [path for path in find([root]).files if path.suffix == ".py"][:_MOST_FILES_SEARCHED]:
         try:
             data = path.read_bytes()
         except OSError:
@@ -180,29 +182,28 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _imported_halves(half: Half, imported: Import, others: list[Half]) -> Iterator[tuple[Half, str]]:
-    """The halves ``imported`` may load, with the module name (as spelled there) each one is."""
+def _imported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:
+    """The halves ``imported`` may load, with the module name (as spelled there) each one is;
+    ``real``: each half's resolved path."""
     candidates = [(imported.module, imported.module.split(".") if imported.module else [])]
     candidates += [(f"{imported.module}.{name}" if imported.module else name, [*candidates[0][1], name]) for name in imported.names]
     for module, parts in candidates:
         if not parts:
             continue
+        if imported.level > len(real[half.path].parents):
+            continue  # above the root: nothing there to pair with
         if imported.level:
-            base = half.path.parent
-            for _ in range(imported.level - 1):
-                base = base.parent
-            wanted = {(base.joinpath(*parts).with_suffix(".py")).resolve(), base.joinpath(*parts, "__init__.py").resolve()}
-            for other in others:
-                if other.path.resolve() in wanted:
-                    yield other, module
-            continue
-        suffixes = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
-        matching = [other for other in others if any(other.path.resolve().parts[-len(s):] == s for s in suffixes)]
-        if matching:  # the one nearest the importer: several projects may have a `utils.py`
-            nearest = max(len(os.path.commonpath([half.path.resolve(), other.path.resolve()])) for other in matching)
-            closest = [other for other in matching if len(os.path.commonpath([half.path.resolve(), other.path.resolve()])) == nearest]
-            if len(closest) == 1:
-                yield closest[0], module
+            base = real[half.path].parents[imported.level - 1]
+            wanted = {base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")}
+            matching = [other for other in others if real[other.path] in wanted]
+        else:
+            suffixes = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
+            matching = [other for other in others if any(real[other.path].parts[-len(s):] == s for s in suffixes)]
+        # The one nearest the importer: several projects in a tree may have a `utils.py`.
+        shared = {other.path: len(os.path.commonpath([real[half.path], real[other.path]])) for other in matching}
+        closest = [other for other in matching if shared[other.path] == max(shared.values())]
+        if len(closest) == 1:
+            yield closest[0], module
 
 
 def _scaler_import(imported: Import, module: str) -> ImportChange:
@@ -215,17 +216,3 @@ def _project_root(path: Path) -> Path:
         if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
             return candidate
     return folder
-
-
-def _python_files(root: Path) -> Iterator[Path]:
-    from migrate.files import DEFAULT_EXCLUDES
-
-    seen = 0
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = sorted(name for name in subfolders if name not in DEFAULT_EXCLUDES and not name.startswith("."))
-        for name in sorted(names):
-            if name.endswith(".py"):
-                seen += 1
-                if seen > _MOST_FILES_SEARCHED:
-                    return
-                yield Path(folder, name)

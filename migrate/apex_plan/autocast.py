@@ -4,10 +4,15 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines
+from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines, read_names
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
 from migrate.names import qualified_names
 from migrate.tree_walk import walk
+
+
+# What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
+# it, and the region's `enabled` argument.
+Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
 
 
 class AutocastPlanning:
@@ -184,16 +189,13 @@ class AutocastPlanning:
             self._kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
         self.regions.update(id(statement) for statement in statements)
 
-    def _inference_tail(self, init: InitializeSite) -> bool:
-        """Whether ``init`` readies models for inference at O1 and only the lines after it, to
-        the end of its function, run after it: apex cast every op from there on, as autocast
-        around those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then
-        the evaluation)."""
-        return self._tail_of(init) is not None
+    def _inference_tail(self, init: InitializeSite) -> Tail | None:
+        """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
+        of its function, run after it: apex cast every op from there on, as autocast around those
+        lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
 
-    def _tail_of(self, init: InitializeSite) -> tuple[cst.CSTNode, list[cst.BaseStatement], str] | None:
-        """The statement ``init`` leaves (itself, or the ``if flag:`` it is alone in), the lines after
-        it that go under autocast, and the region's ``enabled`` (the flag's test, or none)."""
+        The statement ``init`` leaves (itself, or the ``if flag:`` whose arm it ends), the lines
+        after it that go under autocast, and the region's ``enabled`` (the flag's test, or none)."""
         if not init.inference or init.level != "O1" or init.level_expression is not None or init.enabled is not None:
             return None
         if init.restore is not None and init.restore.startswith("return "):
@@ -204,7 +206,7 @@ class AutocastPlanning:
         block = self.parent.get(id(anchor))
         owner = self.parent.get(id(block))
         if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
-                and nodes.is_pure(owner.test) and not self._changes_its_test(owner)
+                and nodes.is_pure(owner.test)
                 and isinstance(self.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
             # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
             # autocast on the lines after the `if`, when its test held.
@@ -215,7 +217,7 @@ class AutocastPlanning:
             return None
         if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
             return None  # its caller may run the model it gets back, outside
-        if enabled and any(assigns(s, nodes.code(name)) for s in rest for name in _names_in(anchor.test)):
+        if enabled and self._changes_its_test(anchor, rest):
             return None  # the flag may differ by the time the lines after it run
         current = block
         while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
@@ -239,7 +241,7 @@ class AutocastPlanning:
         class _Find(cst.CSTVisitor):
             def visit_Return(self, node: cst.Return) -> None:
                 nonlocal found
-                found = found or node.value is None or any(name in models for name in map(nodes.code, _names_in(node.value)))
+                found = found or node.value is None or bool(read_names(node.value) & models)
 
             def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
                 return False
@@ -247,10 +249,10 @@ class AutocastPlanning:
         walk(statement, _Find())
         return found
 
-    def _plan_inference_tail(self, init: InitializeSite) -> None:
-        """The lines after ``init`` (or after the ``if flag:`` it is alone in) go under autocast;
+    def _plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
+        """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
         the call goes (its models are the ones passed in, as under O1)."""
-        anchor, rest, enabled = self._tail_of(init)
+        anchor, rest, enabled = tail
         region = self._under_autocast(rest, enabled)
         placed = [*nodes.parse_statements(init.restore + "\n", self.module), region] if init.restore else [region]
         if anchor is not init.statement:  # the `if` keeps what else it holds
@@ -265,19 +267,3 @@ class AutocastPlanning:
         self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
-
-
-def _names_in(expression: cst.CSTNode) -> list[cst.BaseExpression]:
-    """The names and dotted attributes ``expression`` reads (``args.amp``, ``has_apex``)."""
-    found: list[cst.BaseExpression] = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            found.append(node)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
-
-    walk(expression, _Find())
-    return found

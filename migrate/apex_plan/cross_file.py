@@ -6,7 +6,7 @@ import ast
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.vocabulary import AUTOCAST, SCALER_NAMES, InitializeSite, Unplannable, normal
+from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, Unplannable, normal
 from migrate.types import ImportChange
 
 
@@ -45,8 +45,12 @@ class CrossFilePlanning:
             )
             return "O1", ()
         self.notes.append(f"`amp.initialize` is in {self._partner_at()}, migrated with this file")
-        self.partner_unsafe += [f"{partner.file}: {reason}" for reason in partner.facts.reasons]
+        self._take_partner_reasons()
         return partner.facts.level or "O1", partner.facts.scaler_args
+
+    def _take_partner_reasons(self) -> None:
+        """The pair is as safe as its less safe half: the other half's reasons, by its file."""
+        self.partner_unsafe += [f"{self.partner.file}: {reason}" for reason in self.partner.facts.reasons]
 
     def _hand_off(self, inits: list[InitializeSite], others: list[cst.Call]) -> None:
         """``amp.initialize`` with the scaled backward in another file: the call goes. Under O1 the
@@ -63,8 +67,8 @@ class CrossFilePlanning:
         if all(init.level != "O0" for init in inits):
             if paired:
                 self.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
-                self.partner_unsafe += [f"{partner.file}: {reason}" for reason in partner.facts.reasons]
-                self._note_what_cannot_cross(inits)
+                self._take_partner_reasons()
+                self._note_what_cannot_cross(inits, static)
             elif partner is not None:
                 self.unsafe.append(f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}")
             else:
@@ -104,11 +108,11 @@ class CrossFilePlanning:
         if partner.scaler_import is None:
             raise Unplannable(first, f"the GradScaler lives in {partner.file}, which imports this file: importing it back would be circular")
         name = partner.facts.scaler
-        local = name if name not in self.names else next((other for other in SCALER_NAMES if other not in self.names), "amp_grad_scaler")
+        local = name if name not in self.names else self._free_scaler_name()
         self.scaler = local
         self.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
 
-    def _note_what_cannot_cross(self, inits: list[InitializeSite]) -> None:
+    def _note_what_cannot_cross(self, inits: list[InitializeSite], static: bool) -> None:
         """Where the scale half's GradScaler, made once at module level, cannot be what apex
         made here: an opt level, options or a switch known only at run time, or a call that may not run."""
         other = self.partner.file
@@ -119,7 +123,7 @@ class CrossFilePlanning:
             self.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 GradScaler and autocast")
         if init.enabled is not None:
             self.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s GradScaler and autocast are always on")
-        if not self.half_facts["scaler_args"] and init.scaler_args:
+        if not static:
             self.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
         block = self.parent.get(id(init.statement))
         if not (isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)):

@@ -418,8 +418,11 @@ class InitializePlanning:
         return bool(states) and isinstance(self.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
             self.parent.get(id(self.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
 
+    def _free_scaler_name(self) -> str:
+        return next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+
     def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
-        name = next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+        name = self._free_scaler_name()
         if init is None:
             return name, "module"
         if init.level == "O0" and not self._o0_keeps_state(init):

@@ -186,10 +186,11 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         inits = [self._initialize(call) for call in self.sites["initialize"]]
         others = self.sites["master_params"] + self.sites["state_dict"] + self.sites["load_state_dict"]
         # No scaler for these: autocast on what follows (not in a file whose scaler state lives elsewhere).
-        tails = [init for init in inits if self._inference_tail(init)] if self.sites["scale_loss"] or not others else []
+        found = {id(init): self._inference_tail(init) for init in inits} if self.sites["scale_loss"] or not others else {}
+        tails = [init for init in inits if found.get(id(init)) is not None]
         inits = [init for init in inits if init not in tails]
         for tail in tails:
-            self._plan_inference_tail(tail)
+            self._plan_inference_tail(tail, found[id(tail)])
         scales = [self._scale_loss(call) for call in self.sites["scale_loss"]]
         self._plan_scale_pokes(inits)
         if not scales:

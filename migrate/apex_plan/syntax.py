@@ -186,6 +186,21 @@ def assigns(statement: cst.CSTNode, name: str) -> bool:
     return found
 
 
+def read_names(expression: cst.CSTNode) -> set[str]:
+    """The names and dotted attributes ``expression`` reads (``has_apex``, ``args.amp``, ``args``)."""
+    found: set[str] = set()
+
+    class _Find(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            found.add(nodes.code(node))
+
+    walk(expression, _Find())
+    return found
+
+
 def defines(statement: cst.CSTNode) -> bool:
     """Statements autocast must not swallow: definitions, imports and scope declarations."""
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):

@@ -1,11 +1,13 @@
 """Where statements sit: blocks, functions, classes, loops and branches."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import SUSPENDS, contains, defines
+from migrate.apex_plan.syntax import SUSPENDS, contains, defines, read_names
 from migrate.tree_walk import walk
 
 
@@ -80,28 +82,22 @@ class TreeQueries:
         return False
 
     @staticmethod
-    def _changes_its_test(branch: cst.If) -> bool:
-        """``if not self.initialized: ...; self.initialized = True``: a run-once guard."""
-        tested: set[str] = set()
+    def _changes_its_test(branch: cst.If, after: Sequence[cst.CSTNode] = ()) -> bool:
+        """``if not self.initialized: ...; self.initialized = True``: a run-once guard; ``after``:
+        statements that must not change the test either."""
         assigned: set[str] = set()
-
-        class _Tested(cst.CSTVisitor):
-            def visit_Name(self, node: cst.Name) -> None:
-                tested.add(node.value)
-
-            def visit_Attribute(self, node: cst.Attribute) -> None:
-                tested.add(nodes.code(node))
 
         class _Assigned(cst.CSTVisitor):
             def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-                assigned.add(nodes.code(node.target))
+                targets = [element.value for element in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
+                assigned.update(nodes.code(target) for target in targets)
 
             def visit_AugAssign(self, node: cst.AugAssign) -> None:
                 assigned.add(nodes.code(node.target))
 
-        walk(branch.test, _Tested())
-        walk(branch.body, _Assigned())
-        return bool(tested & assigned)
+        for statement in (branch.body, *after):
+            walk(statement, _Assigned())
+        return bool(read_names(branch.test) & assigned)
 
     def _in_test(self, node: cst.CSTNode) -> bool:
         """``if amp:``, ``amp is not None``, ``not amp``: an availability check, not a use."""
