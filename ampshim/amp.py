@@ -7,9 +7,8 @@ apex's submodules that scripts reach as attributes (``amp.frontend``, ``amp.scal
 import importlib
 
 from ampshim import lists
-from ampshim.casting import (disable_casts, float_function, half_function, promote_function,
-                             register_float_function, register_half_function,
-                             register_promote_function)
+from ampshim.cast_decorators import disable_casts, float_function, half_function, promote_function
+from ampshim.casting import register_float_function, register_half_function, register_promote_function
 from ampshim.handle import init
 from ampshim.initialize import initialize
 from ampshim.scale_loss import scale_loss

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _amp_testing import fresh_amp_state, quiet  # noqa: F401
-from ampshim import casting
+from ampshim import cast_decorators, casting
 from ampshim.deprecation import DeprecatedFeatureWarning
 from ampshim.handle import init
 from ampshim.lists import functional_overrides, tensor_overrides, torch_overrides
@@ -107,7 +107,7 @@ def test_wrappers_pass_through_outside_autocast():
     functional_overrides.FP32_FUNCS.remove("softmax")
     functional_overrides.FP16_FUNCS.append("softmax")
     o1()
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert F.softmax(x(), dim=-1).dtype == torch.float32
     with torch.autocast("cpu", enabled=False):
         assert F.softmax(x(), dim=-1).dtype == torch.float32
@@ -184,28 +184,28 @@ def _decorate(decorator, fn):
 
 
 def test_half_function_decorated_before_init_casts_only_while_active():
-    dtypes = _decorate(casting.half_function, lambda *tensors: [t.dtype for t in tensors])
+    dtypes = _decorate(cast_decorators.half_function, lambda *tensors: [t.dtype for t in tensors])
     assert dtypes(x()) == [torch.float32]
     handle = o1()
     assert dtypes(x(), x().to(LOW)) == [LOW, LOW]
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert dtypes(x()) == [torch.float32]
     handle._deactivate()
     assert dtypes(x()) == [torch.float32]
 
 
 def test_float_function_on_a_builtin_callable():
-    mm = _decorate(casting.float_function, torch.mm)  # like `nms = amp.float_function(_C.nms)`
+    mm = _decorate(cast_decorators.float_function, torch.mm)  # like `nms = amp.float_function(_C.nms)`
     o1()
     assert mm(x().to(LOW), x().to(LOW)).dtype == LOW  # inner ops stay under O1, as in apex
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert mm(x().to(LOW), x().to(LOW)).dtype == LOW
     assert mm.__name__ == "mm"
 
 
 def test_promote_function_decorator_after_init():
     o1()
-    add = _decorate(casting.promote_function, lambda a, b: (a.dtype, b.dtype))
+    add = _decorate(cast_decorators.promote_function, lambda a, b: (a.dtype, b.dtype))
     assert add(x().to(LOW), x()) == (torch.float32, torch.float32)
 
 
@@ -213,12 +213,12 @@ def test_decorators_on_autograd_function_staticmethods():
     with pytest.warns(DeprecatedFeatureWarning):
         class Scale(torch.autograd.Function):
             @staticmethod
-            @casting.half_function
+            @cast_decorators.half_function
             def forward(ctx, tensor, factor):
                 ctx.save_for_backward(factor)
                 return tensor * factor
 
-            @casting.float_function
+            @cast_decorators.float_function
             @staticmethod
             def backward(ctx, grad):
                 factor, = ctx.saved_tensors
@@ -234,14 +234,14 @@ def test_decorators_on_autograd_function_staticmethods():
 
 def test_decorating_a_non_callable_is_a_clear_error():
     with pytest.raises(TypeError, match="expects a function"):
-        _decorate(casting.half_function, 3)
+        _decorate(cast_decorators.half_function, 3)
 
 
 # --- disable_casts --------------------------------------------------------------------------
 
 def test_disable_casts_turns_autocast_off_for_the_block_only():
     handle = o1()
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert torch.mm(x(), x()).dtype == torch.float32
         assert not handle.is_active()
     assert torch.mm(x(), x()).dtype == LOW
@@ -251,20 +251,20 @@ def test_disable_casts_turns_autocast_off_for_the_block_only():
 def test_disable_casts_restores_on_exception():
     handle = o1()
     with pytest.raises(KeyError):
-        with casting.disable_casts():
+        with cast_decorators.disable_casts():
             raise KeyError("boom")
     assert torch.is_autocast_enabled("cpu") and handle.is_active()
 
 
 def test_disable_casts_without_o1_names_the_fix():
     with pytest.raises(RuntimeError, match=r"opt_level='O1'"):
-        with casting.disable_casts():
+        with cast_decorators.disable_casts():
             pass
 
 
 def test_disable_casts_with_a_disabled_handle_is_a_no_op():
     init(enabled=False)
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert torch.mm(x(), x()).dtype == torch.float32
 
 
@@ -313,7 +313,7 @@ def test_inplace_fp32_method_on_half_tensor_raises():
     with pytest.raises(NotImplementedError, match=r"^Cannot call in-place function log_ with bf16"):
         torch.log_(x().abs().to(LOW))
     assert x().exp_().dtype == torch.float32  # float32 tensors are fine
-    with casting.disable_casts():
+    with cast_decorators.disable_casts():
         assert x().to(LOW).exp_().dtype == LOW
 
 
