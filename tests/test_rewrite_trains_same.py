@@ -9,6 +9,7 @@ CPU, float16 as bfloat16 — exactly what ampshim does for the original — and 
 closely, step by step.
 """
 import json
+import math
 import os
 import re
 import shutil
@@ -102,11 +103,7 @@ def test_rewritten_script_trains_like_the_original(script, tmp_path):
     original, migrated = loss_series(original_result), loss_series(migrated_result)
     assert original.keys() == migrated.keys() and original
     assert dtypes(original_result) == dtypes(migrated_result)
-    for key in original:
-        before, after = original[key], migrated[key]
-        assert len(before) == len(after)
-        for step, (a, b) in enumerate(zip(before, after)):
-            assert abs(a - b) <= 1e-3 + 1e-2 * abs(b), f"{key}[{step}]: {a} under ampshim, {b} rewritten"
+    assert_same_series(original, migrated)
 
 
 def test_a_project_split_in_two_files_trains_like_the_original(tmp_path):
@@ -124,7 +121,19 @@ def test_a_project_split_in_two_files_trains_like_the_original(tmp_path):
     migrated_result = run(rewritten / "train.py", under_ampshim=False, cwd=tmp_path)
     before, after = loss_series(original_result), loss_series(migrated_result)
     assert before.keys() == after.keys() == {"losses", "scales"}
-    for key in before:
-        assert len(before[key]) == len(after[key])
-        for step, (a, b) in enumerate(zip(before[key], after[key])):
-            assert abs(a - b) <= 1e-3 + 1e-2 * abs(b), f"{key}[{step}]: {a} under ampshim, {b} rewritten"
+    assert_same_series(before, after)
+
+
+def assert_same_series(original, migrated):
+    """Each logged series agrees step by step, up to and including the first step where both
+    runs log a non-finite value (an overflowing float16 step, as on a GPU): from there apex's
+    loss scale, updated per backward pass, and GradScaler's, updated per optimizer step, may part
+    (README's compatibility table)."""
+    for key in original:
+        assert len(original[key]) == len(migrated[key]), key
+        for step, (a, b) in enumerate(zip(original[key], migrated[key])):
+            both_nan = math.isnan(a) and math.isnan(b)
+            assert a == b or both_nan or abs(a - b) <= 1e-3 + 1e-2 * abs(b), \
+                f"{key}[{step}]: {a} under ampshim, {b} rewritten"
+            if not math.isfinite(a):
+                break

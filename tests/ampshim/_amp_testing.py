@@ -21,6 +21,7 @@ def fresh_amp_state():
     vars(_amp_state).clear()
     vars(_amp_state).update(saved)
     assert not torch.is_autocast_enabled("cpu")
+    assert not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda"))
 
 
 def mlp(batchnorm=True):

@@ -28,7 +28,7 @@ def _run(optimizer, params, steps=4, grad_scale=1.0):
     """Feed the same deterministic gradients to ``params`` for ``steps`` steps."""
     for step in range(steps):
         for p, g in zip(params, _grads(step, params)):
-            p.grad = (g * grad_scale).to(p.dtype)
+            p.grad = (g * grad_scale).to(p.device, p.dtype)
         optimizer.step()
     return [p.detach().float().clone() for p in params]
 
