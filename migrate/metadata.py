@@ -2,8 +2,9 @@
 ``MetadataWrapper`` would, with the costly providers computed here at a fraction of its cost."""
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import libcst as cst
@@ -15,10 +16,12 @@ from libcst.metadata import (
     QualifiedNameProvider,
     ScopeProvider,
 )
+from libcst.metadata.expression_context_provider import ExpressionContextVisitor
+from libcst.metadata.scope_provider import ScopeVisitor
 
 from migrate.positions import Positions
 from migrate.rule import Rule, visitor_names
-from migrate.tree_walk import children
+from migrate.tree_walk import children, walk
 
 __all__ = ["parents", "resolve"]
 
@@ -35,7 +38,9 @@ def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappin
     - ``PositionProvider``: ``migrate.positions``, in half the time, and only once asked for
       (the findings need it; a file with none never does).
     - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
-      module alone. The wrapper walks the whole tree once for each of them, in vain.
+      module alone. The wrapper walks the whole tree once for each of them, in vain. libcst's
+      scope and expression-context analyses then read the tree without rebuilding it
+      (``_read_only_visits``).
 
     The wrapper resolves the rest, and keeps what one of those depends on (it would compute it again).
     """
@@ -92,12 +97,38 @@ def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[t
     provider = provider_class(cache=MappingProxyType(dict(settings)))
     provider.metadata = {key: metadata[key] for key in provider.get_inherited_dependencies()}
     methods = visitor_names(provider_class)
-    if "visit_Module" in methods:
-        provider.visit_Module(module)
-    if "leave_Module" in methods:
-        provider.leave_Module(module)
+    with _read_only_visits():
+        if "visit_Module" in methods:
+            provider.visit_Module(module)
+        if "leave_Module" in methods:
+            provider.leave_Module(module)
     provider.metadata = {}
     return MappingProxyType(dict(provider._computed))  # as MetadataWrapper copies it
+
+
+# libcst's visitors behind ScopeProvider and ExpressionContextProvider: they only read the tree.
+_READ_ONLY_VISITORS = (ScopeVisitor, ExpressionContextVisitor)
+
+
+@contextlib.contextmanager
+def _read_only_visits() -> Iterator[None]:
+    """While it lasts, ``node.visit(visitor)`` for libcst's scope and expression-context visitors
+    walks the tree (``tree_walk.walk``) instead of rebuilding every node it passes: they call it on
+    the module and again on children in their own methods, and rebuilding was most of their time.
+    What they record is the same, but for punctuation and whitespace, which no rule asks a scope of."""
+    rebuilding = cst.CSTNode.visit
+
+    def visit(node: cst.CSTNode, visitor: cst.CSTVisitor) -> cst.CSTNode:
+        if type(visitor) in _READ_ONLY_VISITORS:
+            walk(node, visitor)
+            return node
+        return rebuilding(node, visitor)
+
+    cst.CSTNode.visit = visit
+    try:
+        yield
+    finally:
+        cst.CSTNode.visit = rebuilding
 
 
 class _QualifiedNames(Mapping):
