@@ -40,7 +40,25 @@ _PURE_CALLS = frozenset(
 @functools.lru_cache(maxsize=1 << 14)  # nodes never change, and the same ones are asked for again and again
 def code(node: cst.CSTNode) -> str:
     """The source text of ``node`` alone (without the whitespace that belongs to its parent)."""
-    return _EMPTY.code_for_node(node)
+    dotted = _dotted(node)
+    return dotted if dotted is not None else _EMPTY.code_for_node(node)
+
+
+def _dotted(node: cst.CSTNode) -> str | None:
+    """The text of a plain dotted name (``self.scaler``: no brackets, no spaces), which most asked
+    for are, without libcst's code generation; None for anything else."""
+    if type(node) is cst.Name:
+        return None if node.lpar else node.value
+    if type(node) is not cst.Attribute or node.lpar or not _tight(node.dot):
+        return None
+    base = _dotted(node.value)
+    return None if base is None else f"{base}.{node.attr.value}"
+
+
+def _tight(dot: cst.Dot) -> bool:
+    before, after = dot.whitespace_before, dot.whitespace_after
+    return (type(before) is cst.SimpleWhitespace and not before.value
+            and type(after) is cst.SimpleWhitespace and not after.value)
 
 
 def is_pure(expression: cst.BaseExpression) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+import weakref
 from typing import Callable, Iterable, Sequence
 
 import libcst as cst
@@ -71,8 +72,10 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         _walk_generic(root, visitor)
         return
     # libcst's own on_visit looks up `visit_<type>` on every node and calls one of its ~1,600
-    # empty stubs for most: here each node type's methods are looked up once per walk.
-    handlers: dict[type, tuple] = {}
+    # empty stubs for most: here each node type's methods are looked up once per visitor class.
+    handlers = _HANDLERS.get(kind)
+    if handlers is None:
+        handlers = _HANDLERS[kind] = {}
     pending: list = [root]
     while pending:
         node = pending.pop()
@@ -80,18 +83,17 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             node = pending.pop()
             leave = handlers[type(node)][1]
             if leave is not None:
-                leave(node)
+                leave(visitor, node)
             continue
         found = handlers.get(type(node))
         if found is None:
-            name = type(node).__name__
-            found = handlers[type(node)] = (_own(visitor, "visit_" + name), _own(visitor, "leave_" + name))
-        visit = found[0]
-        if visit is None or visit(node) is not False:
+            found = handlers[type(node)] = _handlers(kind, type(node).__name__)
+        visit, leave = found
+        if visit is None or visit(visitor, node) is not False:
             pending += (node, _LEAVE)
             pending += reversed(children(node, tokens=False))
-        elif found[1] is not None:
-            found[1](node)
+        elif leave is not None:
+            leave(visitor, node)
 
 
 def _walk_generic(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
@@ -109,12 +111,20 @@ def _walk_generic(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             on_leave(node)
 
 
-def _own(visitor: cst.CSTVisitor, name: str) -> Callable | None:
-    """``visitor``'s method ``name``, unless it is libcst's empty stub."""
-    method = getattr(visitor, name, None)
-    if method is None or getattr(type(visitor), name, None) is getattr(cst.CSTVisitor, name, None):
-        return None
-    return method
+# Per visitor class, its (visit, leave) functions by node type. Weak: some visitor classes are
+# made per call (a class inside a function), and must not be kept for ever.
+_HANDLERS: weakref.WeakKeyDictionary[type, dict[type, tuple]] = weakref.WeakKeyDictionary()
+
+
+def _handlers(visitor_type: type, type_name: str) -> tuple[Callable | None, Callable | None]:
+    """``visitor_type``'s ``visit_<type_name>`` and ``leave_<type_name>`` functions, None for
+    libcst's empty stubs."""
+    return _own(visitor_type, "visit_" + type_name), _own(visitor_type, "leave_" + type_name)
+
+
+def _own(visitor_type: type, name: str) -> Callable | None:
+    method = getattr(visitor_type, name, None)
+    return None if method is None or method is getattr(cst.CSTVisitor, name, None) else method
 
 
 def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor]) -> None:

@@ -2,6 +2,7 @@
 queries on statements."""
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -33,6 +34,20 @@ class ReplaceByIdentity(cst.CSTTransformer):
         return updated_node
 
 
+_IMPORT, _STATEMENT = "import", "statement"
+
+
+@functools.lru_cache(maxsize=None)
+def _kind(node_type: type) -> str | None:
+    """An import, a statement or neither: asked of every node, so worked out once per node type
+    (``isinstance`` on libcst's abstract base classes is slow)."""
+    if issubclass(node_type, (cst.Import, cst.ImportFrom)):
+        return _IMPORT
+    if issubclass(node_type, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        return _STATEMENT
+    return None
+
+
 class Collect(cst.CSTVisitor):
     """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
 
@@ -46,9 +61,10 @@ class Collect(cst.CSTVisitor):
         if self.stack:
             planner.parent[id(node)] = self.stack[-1]
         self.stack.append(node)
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
+        kind = _kind(type(node))
+        if kind is _IMPORT:
             return False
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        if kind is _STATEMENT:
             planner.order[id(node)] = len(planner.order)
         if isinstance(node, cst.Try):
             self._import_fallback(node)
