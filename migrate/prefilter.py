@@ -27,7 +27,7 @@ import ast
 import re
 from typing import Sequence
 
-from migrate.types import triggers_pattern
+from migrate.types import holds_trigger
 
 __all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
 
@@ -64,7 +64,7 @@ def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     """The text search: ``content`` holds one of ``words`` (bytes: the words are ASCII in any PEP 263 encoding)."""
     if words is None:
         return True
-    return triggers_pattern(words, isinstance(content, bytes)).search(content) is not None
+    return holds_trigger(content, words)
 
 
 def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:

@@ -14,7 +14,7 @@ from typing import Callable, ClassVar, Mapping, Union
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from migrate.types import FixSafety, ImportChange, Safety, triggers_pattern  # ImportChange: re-exported for rules
+from migrate.types import FixSafety, ImportChange, Safety, holds_trigger  # ImportChange: re-exported for rules
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
@@ -143,7 +143,7 @@ class Rule(cst.BatchableCSTVisitor):
     @classmethod
     def may_apply(cls, source: str) -> bool:
         """Whether ``source`` contains one of ``TRIGGERS`` (always True without triggers)."""
-        return not cls.TRIGGERS or triggers_pattern(cls.TRIGGERS).search(source) is not None
+        return not cls.TRIGGERS or holds_trigger(source, cls.TRIGGERS)
 
     @classmethod
     def fixable(cls) -> bool:

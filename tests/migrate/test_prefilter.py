@@ -9,6 +9,7 @@ from migrate.api import select_rules
 from migrate.engine import run_rules
 from migrate.prefilter import PLAIN_RUN_WORDS, needs_parsing, trigger_words
 from migrate.rules import all_rules
+from migrate.types import holds_trigger, triggers_pattern
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 _FILES = sorted(
@@ -84,3 +85,27 @@ def test_rare_words_decide_without_parsing():
     assert needs_parsing("scaler = torch.cuda.amp.GradScaler()\n", words)
     assert not needs_parsing("use_amp = True\n", ("amp", "autocast"))
     assert not needs_parsing("x = 1\n", words)
+
+
+_TRIGGER_TEXTS = [
+    "use_amp = True", "AMP_LEVEL = 'O1'", "x = clamp(y)", "sample = example", "from apex import amp",
+    "ampmigrate", "ampmigratex", "xampmigrate", "xcustom_fwd", "custom_fwdx", "@custom_fwd", "my_custom_bwd_x",
+    "GRADSCALER()", "torch.cuda.amp.GradScaler", "scaler2 = 1", "2scaler", "amp", "", "camp amp",
+    "# noqa: AMP100", "sampleamp_amp", "ſcaler = 1", "é amp", "éamp", "amp\u00e9", "name = 'Kelvin \u212a'",
+]
+
+
+@pytest.mark.parametrize("text", _TRIGGER_TEXTS)
+@pytest.mark.parametrize("words", [PLAIN_RUN_WORDS, ("custom_fwd", "custom_bwd", "amp"), ("noqa",), ()])
+def test_the_trigger_search_finds_what_the_regex_finds(text, words):
+    for content in (text, text.encode()):
+        expected = triggers_pattern(words, isinstance(content, bytes)).search(content) is not None
+        assert holds_trigger(content, words) is expected, content
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.rglob("*.py")), ids=lambda path: path.name)
+def test_the_trigger_search_agrees_with_the_regex_on_the_fixtures(path):
+    words = tuple(sorted({word for rule in all_rules() for word in rule.TRIGGERS or ()}))
+    for content in (path.read_text(encoding="utf-8"), path.read_bytes()):
+        expected = triggers_pattern(words, isinstance(content, bytes)).search(content) is not None
+        assert holds_trigger(content, words) is expected
