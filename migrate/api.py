@@ -219,7 +219,9 @@ def migrate_paths(
         if partners:
             options = replace(options, partners={str(path): partner for path, partner in partners.items()})
         if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES and not stop.requested:
-            run_in_workers.run_parallel([path for path, _ in todo], workers, results, stop, _migrate_path, rules, options, write)
+            # the largest first: a long file started last would keep one worker busy while the others wait
+            largest_first = [path for path, source in sorted(todo, key=lambda item: len(item[1].data), reverse=True)]
+            run_in_workers.run_parallel(largest_first, workers, results, stop, _migrate_path, rules, options, write)
         else:
             for path, source in todo:
                 if stop.requested:

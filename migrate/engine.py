@@ -17,13 +17,13 @@ import libcst as cst
 from libcst.metadata import (
     CodeRange,
     MetadataWrapper,
+    ParentNodeProvider,
     PositionProvider,
 )
 
 from migrate import noqa
-from migrate.metadata import resolve
+from migrate.metadata import positions_when_asked, resolve
 from migrate.apex_nodes import is_import_line, is_pure
-from migrate.positions import Positions
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import walk, walk_batched
 from migrate.types import (
@@ -180,12 +180,12 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
     visitors = [rule_class(context) for rule_class in rules if visitor_names(rule_class)]
     directives = noqa.Directives(text)
     if not visitors:
-        return _Visited(module, [], Positions(module), directives)
+        return _Visited(module, [], positions_when_asked(module), directives)
     try:
         metadata = resolve(wrapper, visitors, context.settings)
         for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
             visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
-        walk_batched(module, visitors)
+        walk_batched(module, visitors, path=getattr(metadata.get(ParentNodeProvider), "path", None))
     except RuleCrashed as error:
         raise _RoundFailed(f"rule {error}") from error
     except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
@@ -194,7 +194,7 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
         for visitor in visitors:
             visitor.metadata = {}
     reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
-    positions = metadata[PositionProvider] if PositionProvider in metadata else Positions(module)
+    positions = metadata[PositionProvider] if PositionProvider in metadata else positions_when_asked(module)
     if directives:
         reports = _unsuppressed(reports, positions, directives, rules)
     return _Visited(module, reports, positions, directives)

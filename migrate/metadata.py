@@ -2,9 +2,10 @@
 ``MetadataWrapper`` would, with the costly providers computed here at a fraction of its cost."""
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import libcst as cst
@@ -16,14 +17,15 @@ from libcst.metadata import (
     QualifiedNameProvider,
     ScopeProvider,
 )
+from libcst.metadata.scope_provider import ImportAssignment
 from libcst.metadata.expression_context_provider import ExpressionContextVisitor
 from libcst.metadata.scope_provider import ScopeVisitor
 
-from migrate.positions import Positions
+from migrate.positions import positions
 from migrate.rule import Rule, visitor_names
 from migrate.tree_walk import children, walk
 
-__all__ = ["parents", "resolve"]
+__all__ = ["Parents", "WhenAsked", "parents", "positions_when_asked", "resolve"]
 
 
 def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
@@ -31,10 +33,12 @@ def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappin
 
     Some providers are run here, at a fraction of the wrapper's cost:
 
-    - ``ParentNodeProvider``: read from the nodes' fields. libcst's rebuilds each node's
-      children to list them, a tenth of a one-file run.
+    - ``ParentNodeProvider``: read from the walk that visits the rules where it can (``Parents``),
+      and from the nodes' fields otherwise. libcst's rebuilds each node's children to list them,
+      a tenth of a one-file run.
     - ``QualifiedNameProvider``: each node's names are worked out when first asked for; libcst's
-      walks the tree to attach a lazy value to every node.
+      walks the tree to attach a lazy value to every node. A name no import binds and no builtin
+      has resolves to nothing, and is answered without a scope lookup (``resolved_names``).
     - ``PositionProvider``: ``migrate.positions``, in half the time, and only once asked for
       (the findings need it; a file with none never does).
     - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
@@ -49,18 +53,17 @@ def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappin
     ours -= _with_dependencies(wanted - ours)
     metadata = dict(wrapper.resolve_many(wanted - ours))
     module = wrapper.module
-    parent_of = parents(module) if ours & {ParentNodeProvider, QualifiedNameProvider} else {}
     while ours:
         ready = [provider for provider in ours if provider.get_inherited_dependencies() <= metadata.keys()]
         if not ready:
             raise RuntimeError(f"circular metadata dependencies among {', '.join(p.__name__ for p in ours)}")
         for provider in ready:
             if provider is ParentNodeProvider:
-                metadata[provider] = MappingProxyType(parent_of)
+                metadata[provider] = Parents(module)
             elif provider is QualifiedNameProvider:
-                metadata[provider] = _QualifiedNames(module, parent_of, metadata[ScopeProvider])
+                metadata[provider] = _QualifiedNames(module, metadata[ScopeProvider])
             elif provider is PositionProvider:
-                metadata[provider] = Positions(module)
+                metadata[provider] = positions_when_asked(module)
             else:
                 metadata[provider] = _run_on_module(provider, module, metadata, settings)
         ours.difference_update(ready)
@@ -131,34 +134,143 @@ def _read_only_visits() -> Iterator[None]:
         cst.CSTNode.visit = rebuilding
 
 
+class WhenAsked(Mapping):
+    """The mapping ``compute()`` returns, worked out when first read: metadata a file's rules never
+    read (the positions of a file with nothing to report, most files' parents) is never paid for."""
+
+    def __init__(self, compute: Callable[[], Mapping]) -> None:
+        self._compute = compute
+        self._found: Mapping | None = None
+
+    def _all(self) -> Mapping:
+        if self._found is None:
+            self._found = self._compute()
+        return self._found
+
+    def __getitem__(self, node: cst.CSTNode) -> object:
+        return self._all()[node]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class Parents(Mapping):
+    """``ParentNodeProvider``'s metadata. The rules ask for the parent of a node near the one they
+    are visiting: above it (the statement around a call, the ``if`` around a statement) or just
+    below it (a call's function). Those are read from ``path``, the nodes from the module to the
+    one being visited, which the engine's walk keeps (``walk_batched(..., path=parents.path)``),
+    and from the visited node's own nodes. Any other node's parent comes from ``parents(module)``,
+    worked out when first needed."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.path: list[cst.CSTNode] = []
+        self._all = WhenAsked(functools.partial(parents, module))
+
+    def __getitem__(self, node: cst.CSTNode) -> cst.CSTNode:
+        path = self.path
+        for index in range(len(path) - 1, 0, -1):
+            if path[index] is node:
+                return path[index - 1]
+        if len(path) > 1:  # below a statement or an expression: its own nodes are few
+            parent = _parent_below(path[-1], node)
+            if parent is not None:
+                return parent
+        return self._all[node]
+
+    def __iter__(self):
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+
+def _parent_below(top: cst.CSTNode, node: cst.CSTNode) -> cst.CSTNode | None:
+    """``node``'s parent, when ``node`` is below ``top``."""
+    pending = [top]
+    while pending:
+        parent = pending.pop()
+        for child in children(parent):
+            if child is node:
+                return parent
+            pending.append(child)
+    return None
+
+
+def positions_when_asked(module: cst.Module) -> WhenAsked:
+    """``positions(module)``, worked out when first asked for: a file with nothing to report never needs them."""
+    return WhenAsked(functools.partial(positions, module))
+
+
 class _QualifiedNames(Mapping):
     """``QualifiedNameProvider``'s metadata: every node of the tree, with its scope's names for it.
 
-    As libcst's provider has it: ``scope.get_qualified_names_for(node)``, an empty set for a node
-    without a scope, worked out once, when first asked for.
+    As libcst's provider has it: ``scope.get_qualified_names_for(node)``, worked out once, when
+    first asked for. Punctuation and whitespace, which have no scope here, are not in it.
     """
 
-    def __init__(self, module: cst.Module, parents: Mapping, scopes: Mapping) -> None:
+    def __init__(self, module: cst.Module, scopes: Mapping) -> None:
         self._module = module
-        self._parents = parents  # every node but the module
-        self._scopes = scopes
+        self._scopes = scopes  # every node but punctuation and whitespace
         self._names: dict[cst.CSTNode, object] = {}
+        self._import_roots: frozenset[str] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> object:
         names = self._names.get(node)
         if names is None:
-            if node is not self._module and node not in self._parents:
-                raise KeyError(node)
             scope = self._scopes.get(node)
+            if scope is None and node is not self._module:
+                raise KeyError(node)
             names = self._names[node] = scope.get_qualified_names_for(node) if scope else set()
         return names
 
     def __iter__(self):
         yield self._module
-        yield from self._parents
+        yield from (node for node in self._scopes if node is not self._module)
 
     def __len__(self) -> int:
-        return len(self._parents) + 1
+        return len(self._scopes) + (self._module not in self._scopes)
+
+    def resolved_names(self, node: cst.CSTNode, sources: Collection) -> frozenset[str]:
+        """The names of ``node`` that come from one of ``sources`` (an import, a builtin).
+
+        A name resolves through an import or to a builtin only if its root (``a`` of ``a.b(c)[d]``)
+        is bound by an import somewhere in the file or is a builtin: any other is answered without
+        asking its scope, which is most of the cost on a real file.
+        """
+        root = _root_name(node)
+        if root is not None and not hasattr(builtins, root) and root not in self._roots_bound_by_imports():
+            if node not in self._scopes and node is not self._module:
+                raise KeyError(node)
+            return frozenset()
+        return frozenset(name.name for name in self[node] if name.source in sources)
+
+    def _roots_bound_by_imports(self) -> frozenset[str]:
+        if self._import_roots is None:
+            scopes = {id(scope): scope for scope in self._scopes.values()}.values()
+            self._import_roots = frozenset(
+                assignment.name.split(".")[0]
+                for scope in scopes
+                for assignment in scope.assignments
+                if isinstance(assignment, ImportAssignment)
+            )
+        return self._import_roots
+
+
+def _root_name(node: cst.CSTNode) -> str | None:
+    """The name ``get_full_name_for_node`` starts from: ``a`` for ``a.b(c)[d]``; None when there is none."""
+    while True:
+        kind = type(node)
+        if kind is cst.Attribute or kind is cst.Subscript:
+            node = node.value
+        elif kind is cst.Call:
+            node = node.func
+        elif kind is cst.Decorator:
+            node = node.decorator
+        else:
+            return node.value if kind is cst.Name else None
 
 
 def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:

@@ -23,8 +23,15 @@ def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozen
         answers = _answers = (table, {})
     names = answers[1].get(id(node))
     if names is None:
-        found = visitor.get_metadata(QualifiedNameProvider, node, ())
-        names = answers[1][id(node)] = frozenset(q.name for q in found if q.source in _RESOLVED)
+        if hasattr(table, "resolved_names"):  # migrate.metadata's, with a shortcut for local names
+            try:
+                names = table.resolved_names(node, _RESOLVED)
+            except KeyError:
+                names = frozenset()
+        else:
+            found = visitor.get_metadata(QualifiedNameProvider, node, ())
+            names = frozenset(q.name for q in found if q.source in _RESOLVED)
+        answers[1][id(node)] = names
     return names
 
 

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-__all__ = ["Positions", "positions"]
+__all__ = ["positions"]
 
 
 def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
@@ -24,28 +24,6 @@ def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
     state = _CountingState(default_indent=module.default_indent, default_newline=module.default_newline, provider=found)
     module._codegen(state)
     return MappingProxyType(found._computed)
-
-
-class Positions(Mapping):
-    """``positions(module)``, worked out when first asked for: a file with nothing to report never needs them."""
-
-    def __init__(self, module: cst.Module) -> None:
-        self._module = module
-        self._found: Mapping | None = None
-
-    def _all(self) -> Mapping:
-        if self._found is None:
-            self._found = positions(self._module)
-        return self._found
-
-    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
-        return self._all()[node]
-
-    def __iter__(self):
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
 
 
 class _Found:

@@ -3,9 +3,10 @@
 Each rule names words (``TRIGGERS``) a file must contain for it to have anything to do. Most are
 rare (``GradScaler``, ``custom_fwd``, ``ampmigrate``), and a file holding one is parsed. Two are
 everywhere in real trees: ``amp`` (``use_amp``, ``--amp``, ``amp_dtype``) and ``apex`` ("install
-apex for fp16"). A file whose only trigger words are those is parsed with ``ast`` (CPython's own
-parser, about ten times faster than libcst's) and goes on only if it holds a shape the rules that
-read those words act on:
+apex for fp16"). A file whose only trigger words are those goes on only if it holds a shape the
+rules that read those words act on. Its text is searched first for what such a shape must spell
+out (most files say ``use_amp`` and nothing more, and are decided there); a file holding some is
+parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's) and looked at:
 
 - an import of ``apex`` or of its kernels ``amp_C``/``apex_C`` (or anything else so named: a
   name, an attribute, a definition);
@@ -46,6 +47,15 @@ _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 # apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
 _APEX_NAMES = frozenset({"apex", "amp_C", "apex_C"})
+# Text each shape below needs, looked for before parsing: one of those names standing alone, an
+# amp call (whitespace, a line continuation or a comment may sit around its dot), an import error.
+_GAP = r"(?:\s|\\|#[^\n]*)*"
+_SHAPE_TEXT = re.compile(
+    rf"(?<![A-Za-z0-9_])(?:{'|'.join(sorted(_APEX_NAMES))})(?![A-Za-z0-9_])"
+    rf"|(?<![A-Za-z0-9_])amp{_GAP}\.{_GAP}(?:{'|'.join(sorted(_AMP_CALLS))})(?![A-Za-z0-9_])"
+    rf"|{'|'.join(sorted(_IMPORT_ERRORS))}"
+)
+_SHAPE_TEXT_BYTES = re.compile(_SHAPE_TEXT.pattern.encode())
 
 
 def trigger_words(rules: Sequence[type] | None) -> tuple[str, ...] | None:
@@ -71,8 +81,10 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     """Whether a rule with these ``words`` may have anything to do in ``content``.
 
     False only when none of the words is there, or the only ones there are ``amp``/``apex`` and
-    the syntax tree has none of the shapes the rules act on. A file ``ast`` cannot parse is
-    handed on, so that its error is reported.
+    the file has none of the shapes the rules act on: first its text is searched for what each
+    shape must spell out (a string spelling ``apex`` with escapes or split in two is not looked
+    for), and only a file holding some is parsed. A file ``ast`` cannot parse is then handed on,
+    so that its error is reported.
     """
     if words is None:
         return True
@@ -88,6 +100,8 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     rare = tuple(word for word in words if word not in _COMMON_WORDS)
     if len(rare) == len(words) or (rare and may_apply(content, rare)):
         return True
+    if not (_SHAPE_TEXT_BYTES if isinstance(content, bytes) else _SHAPE_TEXT).search(content):
+        return False  # no shape can be there: most such files are decided without parsing
     try:
         tree = ast.parse(content)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

@@ -127,11 +127,15 @@ def _own(visitor_type: type, name: str) -> Callable | None:
     return None if method is None or method is getattr(cst.CSTVisitor, name, None) else method
 
 
-def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor]) -> None:
+def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor], path: list | None = None) -> None:
     """``cst.visit_batched(root, visitors)``: every visitor's ``visit_X``/``leave_X`` on each node;
-    as there, what a ``visit_X`` returns is ignored."""
+    as there, what a ``visit_X`` returns is ignored.
+
+    ``path``: a list kept, while the walk lasts, as the nodes from ``root`` to the one being
+    visited or left, that one last."""
     calls = _BatchedCalls(visitors)
     tokens = calls.want_tokens()
+    path = [] if path is None else path
     pending: list = [root]
     while pending:
         node = pending.pop()
@@ -139,7 +143,9 @@ def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor])
             node = pending.pop()
             for leave in calls.leaving(type(node).__name__):
                 leave(node)
+            path.pop()
             continue
+        path.append(node)
         for visit in calls.visiting(type(node).__name__):
             visit(node)
         pending += (node, _LEAVE)

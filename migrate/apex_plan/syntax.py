@@ -61,30 +61,31 @@ class Collect(cst.CSTVisitor):
         if self.stack:
             planner.parent[id(node)] = self.stack[-1]
         self.stack.append(node)
-        kind = _kind(type(node))
+        node_type = type(node)  # compared by identity: isinstance on libcst's classes is slow
+        kind = _kind(node_type)
         if kind is _IMPORT:
             return False
         if kind is _STATEMENT:
             planner.order[id(node)] = len(planner.order)
-        if isinstance(node, cst.Try):
+        if node_type is cst.Try:
             self._import_fallback(node)
-        if isinstance(node, cst.Name):
+        if node_type is cst.Name:
             planner.names.add(node.value)
             if node.value == "torch" and isinstance(self.stack[-2], (cst.Param, cst.AssignTarget)):
                 # A parameter or local named `torch`: the rewrite's `torch.autocast` would read it.
                 scope = next((n for n in reversed(self.stack) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
                 if scope is not None:
                     planner.torch_shadowed.append((node, scope))
-        elif isinstance(node, cst.Attribute):
+        elif node_type is cst.Attribute:
             planner.attributes.add(node.attr.value)
-        elif isinstance(node, cst.Assign):
+        elif node_type is cst.Assign:
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
                     planner.assigned.setdefault(target.target.value, []).append(node.value)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+        elif node_type is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
             self._argument(node)
         # only a name an apex import binds resolves to apex.amp: the others need no scope lookup
-        if isinstance(node, (cst.Name, cst.Attribute)) and nodes.root_name(node) in planner.imports \
+        if (node_type is cst.Name or node_type is cst.Attribute) and nodes.root_name(node) in planner.imports \
                 and not self._binding(node):
             found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
             if found:

@@ -65,17 +65,19 @@ class ApexRename(Rule):
         self._in_import -= 1
 
     def _target(self, node: cst.CSTNode) -> str | None:
-        if not self._apex_use(node):
+        # Only a name an apex import binds resolves to a target (every target is an apex name):
+        # the others, nearly all of a file's, need no scope lookup.
+        imports = nodes.apex_imports(self._module)
+        if not imports or self._in_import or nodes.root_name(node) not in imports:
             return None
-        return next((name for name in self.TARGETS if name in qualified_names(self, node)), None)
+        target = self._target_among(qualified_names(self, node))
+        if target is None or binds(self.get_metadata(ParentNodeProvider, node, None), node):
+            return None
+        return target
 
-    def _apex_use(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` may be a use of an apex name: only a name an apex import binds resolves
-        to one (every target is an apex name), and the others, nearly all of a file's, need no
-        scope lookup."""
-        if nodes.root_name(node) not in nodes.apex_imports(self._module):
-            return False
-        return not (self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node))
+    def _target_among(self, names: frozenset[str]) -> str | None:
+        """The target a use resolving to ``names`` is a use of."""
+        return next((name for name in self.TARGETS if name in names), None)
 
     def visit_Call(self, node: cst.Call) -> None:
         target = self._target(node.func)

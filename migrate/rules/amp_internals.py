@@ -4,7 +4,6 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.apex_plan import CAST_API, CORE, ApexPlanProvider, plan_of
-from migrate.names import qualified_names
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 
@@ -68,10 +67,8 @@ class AmpInternals(ApexRename):
         first = name[len("apex.amp.") :].split(".")[0]
         return first not in CORE and first not in CAST_API
 
-    def _target(self, node: cst.CSTNode) -> str | None:
-        if not self._apex_use(node):
-            return None
-        found = sorted(n for n in qualified_names(self, node) if n.startswith("apex.amp.") and self._internal(n))
+    def _target_among(self, names: frozenset[str]) -> str | None:
+        found = sorted(n for n in names if n.startswith("apex.amp.") and self._internal(n))
         return found[0] if found else None
 
     def visit_Call(self, node: cst.Call) -> None:

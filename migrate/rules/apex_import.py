@@ -105,10 +105,10 @@ class ApexImport(Rule):
                         "import it with an import statement, or migrate its uses by hand")
 
     def visit_Name(self, node: cst.Name) -> None:
+        if not qualified_names(self, node) & {"apex", "apex.amp"}:
+            return
         parent = self.get_metadata(ParentNodeProvider, node, None)
         if isinstance(parent, (cst.AssignTarget, cst.Attribute, cst.ImportAlias, cst.AsName)):
-            return
-        if not qualified_names(self, node) & {"apex", "apex.amp"}:
             return
         tested = (isinstance(parent, (cst.If, cst.While, cst.IfExp, cst.Assert)) and parent.test is node) or isinstance(
             parent, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)

@@ -92,9 +92,12 @@ class ApexWithoutNativeEquivalent(ApexRename):
         self._star = False  # the file star-imports apex.fp16_utils
 
     def _apex_names(self, node: cst.CSTNode) -> list[str]:
-        if self._in_import or binds(self.get_metadata(ParentNodeProvider, node, None), node):
+        if self._in_import:
             return []
-        return sorted(name for name in qualified_names(self, node) if name.split(".")[0] in _ROOTS)
+        names = sorted(name for name in qualified_names(self, node) if name.split(".")[0] in _ROOTS)
+        if names and binds(self.get_metadata(ParentNodeProvider, node, None), node):
+            return []
+        return names
 
     def _target(self, node: cst.CSTNode) -> str | None:
         """The manual step's key for ``node``, or ``_ANY`` for an apex name no rule knows."""

@@ -17,10 +17,11 @@ from libcst.metadata import (
 from migrate.apex_plan import ApexPlanProvider
 from migrate.engine import run_rules
 from migrate.metadata import parents, resolve
+from migrate.names import qualified_names
 from migrate.rule import ImportChange, Rule, SkipFile
 from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
 from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
-from migrate.tree_walk import _TOKEN_NAMES
+from migrate.tree_walk import _TOKEN_NAMES, children, walk_batched
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Position, Safety
 
 REPO = Path(__file__).resolve().parents[2]
@@ -347,6 +348,49 @@ def test_the_parent_map_is_libcsts_for_every_node():
     assert all(found[node] is parent for node, parent in expected.items())
 
 
+class AsksParentsAround(Rule):
+    """Asks, of each node of some kinds it visits, the parent of the node, of each node below it,
+    and of a node elsewhere in the tree; and at the end of the walk, of every node."""
+
+    CODE = "TST012"
+    METADATA_DEPENDENCIES = (*Rule.METADATA_DEPENDENCIES, ParentNodeProvider)
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        self.answers: list[tuple[cst.CSTNode, cst.CSTNode | None]] = []
+
+    def _ask(self, node: cst.CSTNode) -> None:
+        for asked in [node, *_below(node), self._elsewhere]:
+            self.answers.append((asked, self.get_metadata(ParentNodeProvider, asked, None)))
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._elsewhere = node.body[-1].body.body[0]  # a node the walk has not reached
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self._ask(original_node)
+
+    visit_Name = visit_Call = visit_Attribute = visit_SimpleStatementLine = visit_If = visit_IndentedBlock = _ask
+    visit_FunctionDef = visit_Arg = visit_Param = visit_Subscript = visit_Comparison = visit_Comment = _ask
+
+
+def _below(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found, pending = [], list(children(node))
+    while pending:
+        found.append(pending.pop())
+        pending.extend(children(found[-1]))
+    return found
+
+
+def test_parents_read_during_the_walk_are_libcsts():
+    module = cst.parse_module(_EVERY_KIND_OF_NODE)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    rule = AsksParentsAround()
+    rule.metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [rule], {})
+    walk_batched(module, [rule], path=rule.metadata[ParentNodeProvider].path)
+    assert len(rule.answers) > 2_000
+    assert all(parent is expected.get(node) for node, parent in rule.answers)
+
+
 def test_rules_read_each_names_parent():
     result = run_rules("import torch\nclass Net(torch.nn.Module):\n    pass\n", "f.py", [ParentOfName])
     assert [d.message for d in result.diagnostics] == ["ImportAlias", "ClassDef", "Attribute", "Attribute", "Attribute"]
@@ -400,10 +444,29 @@ def test_the_engine_resolves_the_metadata_libcst_would(source, planned):
 def test_scopes_are_libcsts_on_real_shapes(path):
     module = cst.parse_module(path.read_text(encoding="utf-8"))
     ours = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ReadsEveryProvider()], {})
-    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many([ScopeProvider, ExpressionContextProvider])
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many([ScopeProvider, ExpressionContextProvider, QualifiedNameProvider])
     nodes = [module, *parents(module)]
     assert _scopes(ours[ScopeProvider], nodes) == _scopes(theirs[ScopeProvider], nodes)
     assert dict(ours[ExpressionContextProvider]) == dict(theirs[ExpressionContextProvider])
+    assert _resolved(ours, nodes) == _resolved(theirs, nodes)
+
+
+def test_names_resolve_as_with_libcst_on_every_kind_of_node():
+    source = _EVERY_KIND_OF_NODE + "import torch.cuda.amp\nfrom apex import amp as A\nA.initialize(len(x))[0].y\ntorch.cuda.amp.autocast()\n"
+    module = cst.parse_module(source)
+    ours = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [ReadsEveryProvider()], {})
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve_many([QualifiedNameProvider])
+    nodes = [module, *parents(module)]
+    found = _resolved(ours, nodes)
+    assert found == _resolved(theirs, nodes)
+    assert {"apex.amp.initialize", "builtins.len", "torch.cuda.amp.autocast", "a.b", "d"} <= set().union(*found)
+
+
+def _resolved(metadata, nodes: list[cst.CSTNode]) -> list[frozenset[str]]:
+    """What ``migrate.names.qualified_names`` gives each node (its import and builtin names), punctuation and whitespace aside."""
+    reader = ReadsEveryProvider()
+    reader.metadata = {QualifiedNameProvider: metadata[QualifiedNameProvider]}
+    return [qualified_names(reader, node) for node in nodes if not _token(node)]
 
 
 def _token(node: cst.CSTNode) -> bool:

@@ -53,6 +53,8 @@ def test_no_fixture_a_rule_reports_on_is_skipped(path):
         "config = dict(amp=True, apex=False)\nprint('install apex for fp16 training')\n",
         "# ampere GPUs: amp is faster with apex\nfrom torch.cuda import amp\nprint(amp.common.amp_definitely_not_available())\n",
         "try:\n    import apex_free_module\nexcept ImportError:\n    raise\nuse_amp = True\n",
+        "use_amp = True\ndef broken(:\n",  # nothing of apex's there: not worth reporting its syntax error
+        "amp_scale = 2\nclamp.initialize()\nprint('apex_version')\n",
     ],
 )
 def test_files_that_only_say_amp_are_skipped(source):
@@ -73,7 +75,9 @@ def test_files_that_only_say_amp_are_skipped(source):
         "try:\n    pass\nexcept ImportError:\n    amp = None\n",
         "try:\n    HAS_AMP = True\nexcept (ModuleNotFoundError, OSError):\n    HAS_AMP = False\n",
         "# TODO(ampmigrate): put the forward pass under torch.autocast\nuse_amp = True\n",
-        "use_amp = True\ndef broken(:\n",  # not parsed here: handed on, so that the error is reported
+        "from apex import amp\ndef broken(:\n",  # not parsed here: handed on, so that the error is reported
+        "x = amp  \\\n    .initialize(model)\n",
+        "x = (amp  # the handle\n     .scale_loss(loss, opt))\n",
     ],
 )
 def test_files_with_a_shape_the_rules_read_are_parsed(source):
