@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.tree_walk import walk
+from migrate.tree_walk import children, walk
 
 _EMPTY = cst.Module(body=[])
 
@@ -172,28 +173,38 @@ def _find_apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
     from migrate.rule import ImportChange
 
     found: dict[str, list[ImportChange]] = {}
-
-    class _Imports(cst.CSTVisitor):
-        def visit_Import(self, node: cst.Import) -> bool:
+    for node in _import_statements(module):
+        if type(node) is cst.Import:
             for alias in node.names:
                 name = alias.evaluated_name
                 if name == "apex" or name.startswith("apex."):
                     bound = alias.evaluated_alias or name.split(".")[0]
                     found.setdefault(bound, []).append(ImportChange(name, None, alias.evaluated_alias))
-            return False
-
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-            if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
-                return False
+        elif not (node.relative or node.module is None or isinstance(node.names, cst.ImportStar)):
             module_name = code(node.module)
             if module_name == "apex" or module_name.startswith("apex."):
                 for alias in node.names:
                     bound = alias.evaluated_alias or alias.evaluated_name
                     found.setdefault(bound, []).append(ImportChange(module_name, alias.evaluated_name, alias.evaluated_alias))
-            return False
-
-    walk(module, _Imports())
     return found
+
+
+# What holds statements: a compound statement's blocks and branches. Expressions never do.
+_HOLDS_STATEMENTS = (cst.BaseCompoundStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler,
+                     cst.Finally, cst.MatchCase)
+
+
+def _import_statements(module: cst.Module) -> Iterator[cst.Import | cst.ImportFrom]:
+    """Every import statement of ``module``, nested ones included, in source order; only the
+    statements are read, never the expressions (nine nodes in ten)."""
+    pending: list[cst.CSTNode] = list(reversed(module.body))
+    while pending:
+        node = pending.pop()
+        if type(node) is cst.SimpleStatementLine or type(node) is cst.SimpleStatementSuite:
+            yield from (small for small in node.body if type(small) is cst.Import or type(small) is cst.ImportFrom)
+        elif isinstance(node, _HOLDS_STATEMENTS):
+            pending.extend(reversed([child for child in children(node, tokens=False)
+                                     if isinstance(child, (cst.BaseStatement, *_HOLDS_STATEMENTS))]))
 
 
 def root_name(node: cst.BaseExpression) -> str | None:

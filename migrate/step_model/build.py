@@ -52,6 +52,7 @@ class Walk:
         self.root = root
         self.events: list[Event] = []
         self.assignments: list[Assignment] = []
+        self._values_of: dict[str, list[cst.BaseExpression]] = {}  # what each name was assigned so far
         self.scaled_names: dict[str, str] = {}  # `scaled = scaler.scale(loss)` -> scaled: scaler
         self.managed_names: set[str] = set()  # `with amp.scale_loss(...) as scaled_loss`
         self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
@@ -115,7 +116,7 @@ class Walk:
         test, polarity = words.normalised_test(node.test)
         flags = _plain_names(node.test)
         modulo = words.has_modulo(node.test) or any(
-            name in a.targets and words.has_modulo(a.value) for a in self.assignments for name in flags)
+            words.has_modulo(value) for name in flags for value in self._values_of.get(name, ()))
         timed = words.compares_time(node.test)
         leaves = _leaves(node.body)
         self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
@@ -147,6 +148,8 @@ class Walk:
             targets = _targets(small)
             self._expression(value, frames, statements)
             self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), small, frames, statements))
+            for target in targets:
+                self._values_of.setdefault(target, []).append(value)
             if not isinstance(small, cst.AugAssign):
                 self.host_names.difference_update(targets)
                 if _pulled(value):

@@ -185,12 +185,10 @@ class Steps:
         models = {event.subject for event in self.of(Kind.FORWARD)}
         found |= {t for a in self.assignments if isinstance(a.value, cst.Call) and nodes.code(a.value.func) in models
                   for t in a.targets}
+        computed = [(a, _tensor_operands(a.value)) for a in self.assignments if not a.on_host]
         for _ in range(4):
             size = len(found)
-            for assignment in self.assignments:
-                if assignment.on_host:
-                    continue
-                operands = _tensor_operands(assignment.value)
+            for assignment, operands in computed:
                 if set(assignment.targets) & found and isinstance(assignment.value, cst.BinaryOperation):
                     # `loss = ce_loss + 0.1 * aux_loss`: the losses it sums are tensors of the step too
                     # (not a weight it is scaled by, which may be a float)
@@ -229,30 +227,34 @@ def _tensor_operands(expression: cst.CSTNode) -> set[str]:
     """The names ``expression`` computes a tensor from: operands of arithmetic, receivers of
     methods (``loss.detach()``), arguments of torch functions; not what a function of the project
     is given (``valid, error = check_loss(loss)`` returns what it likes)."""
-    found: set[str] = set()
+    finder = _Operands()
+    walk(expression, finder)
+    return finder.found
 
-    class _Find(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
 
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            found.add(nodes.code(node))  # `out.logits` is a value; `args` in `args.lr` is not one
-            return False
+class _Operands(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: set[str] = set()
 
-        def visit_Subscript(self, node: cst.Subscript) -> bool:
-            walk(node.value, self)  # `outputs[i]`: the index is no tensor
-            return False
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found.add(node.value)
 
-        def visit_Call(self, node: cst.Call) -> bool:
-            if isinstance(node.func, cst.Attribute):
-                walk(node.func.value, self)  # the receiver of `loss.detach()`
-            if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
-                for arg in node.args:
-                    walk(arg, self)
-            return False
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self.found.add(nodes.code(node))  # `out.logits` is a value; `args` in `args.lr` is not one
+        return False
 
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
+    def visit_Subscript(self, node: cst.Subscript) -> bool:
+        walk(node.value, self)  # `outputs[i]`: the index is no tensor
+        return False
 
-    walk(expression, _Find())
-    return found
+    def visit_Call(self, node: cst.Call) -> bool:
+        if isinstance(node.func, cst.Attribute):
+            walk(node.func.value, self)  # the receiver of `loss.detach()`
+        if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
+            for arg in node.args:
+                walk(arg, self)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False

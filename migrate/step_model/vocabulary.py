@@ -141,15 +141,16 @@ _INTERVAL_FLAG = re.compile(r"(should_(log|save|evaluate|eval)|log_now|do_log|is
 
 def has_modulo(test: cst.BaseExpression) -> bool:
     """Whether ``test`` runs its arm every n steps: a ``%``, or a flag a trainer sets that way."""
+    finder = _FindModulo()
+    walk(test, finder)
+    return finder.found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
+
+
+class _FindModulo(cst.CSTVisitor):
     found = False
 
-    class _Find(cst.CSTVisitor):
-        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            nonlocal found
-            found = found or isinstance(node.operator, cst.Modulo)
-
-    walk(test, _Find())
-    return found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        self.found = self.found or isinstance(node.operator, cst.Modulo)
 
 
 def _flags(test: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -160,17 +161,18 @@ def _flags(test: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 def compares_time(test: cst.BaseExpression) -> bool:
     """``if now - last_print >= 30``, ``if time.time() - t0 > interval``: a test on elapsed time."""
+    finder = _FindTimeComparison()
+    walk(test, finder)
+    return finder.found
+
+
+class _FindTimeComparison(cst.CSTVisitor):
     found = False
 
-    class _Find(cst.CSTVisitor):
-        def visit_Comparison(self, node: cst.Comparison) -> None:
-            nonlocal found
-            ordered = any(isinstance(t.operator, (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual))
-                          for t in node.comparisons)
-            found = found or (ordered and "time" in nodes.code(node).lower())
-
-    walk(test, _Find())
-    return found
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        ordered = any(isinstance(t.operator, (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual))
+                      for t in node.comparisons)
+        self.found = self.found or (ordered and "time" in nodes.code(node).lower())
 
 
 def root_text(node: cst.BaseExpression) -> str | None:

@@ -1,10 +1,11 @@
-"""``apex_nodes.code``: a node's own text, as libcst generates it, dotted names without codegen."""
+"""``apex_nodes``: a node's own text (dotted names without codegen), and a file's apex imports wherever they are."""
 from pathlib import Path
 
 import libcst as cst
 import pytest
 
-from migrate.apex_nodes import code
+from migrate.apex_nodes import apex_imports, code
+from migrate.types import ImportChange
 from migrate.metadata import parents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,3 +25,42 @@ def test_code_is_libcsts_text_for_every_name_and_attribute_of_the_fixtures():
         for node in parents(module):
             if isinstance(node, (cst.Name, cst.Attribute)):
                 assert code(node) == generated.code_for_node(node), path.name
+
+
+_IMPORTS_EVERYWHERE = """\
+import apex
+if fp16: import apex.amp as A
+try:
+    from apex import amp
+except ImportError:
+    from apex.optimizers import FusedAdam as Adam
+else:
+    from apex import parallel
+finally:
+    from apex.normalization import FusedLayerNorm
+class Trainer:
+    def setup(self):
+        with ctx():
+            for _ in range(1):
+                while True:
+                    from apex import fp16_utils; break
+match mode:
+    case "amp":
+        from apex import amp
+x = lambda: __import__("apex")  # not an import statement
+from . import apex
+from apex.amp import *
+"""
+
+
+def test_apex_imports_are_found_in_every_kind_of_block_in_source_order():
+    found = apex_imports(cst.parse_module(_IMPORTS_EVERYWHERE))
+    assert found == {
+        "apex": [ImportChange("apex")],
+        "A": [ImportChange("apex.amp", None, "A")],
+        "amp": [ImportChange("apex", "amp"), ImportChange("apex", "amp")],
+        "Adam": [ImportChange("apex.optimizers", "FusedAdam", "Adam")],
+        "parallel": [ImportChange("apex", "parallel")],
+        "FusedLayerNorm": [ImportChange("apex.normalization", "FusedLayerNorm")],
+        "fp16_utils": [ImportChange("apex", "fp16_utils")],
+    }
