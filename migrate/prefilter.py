@@ -13,7 +13,9 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 - a string naming an apex module (``importlib.import_module("apex.amp")``);
 - an amp call through a name (``amp.scale_loss``, ``self.amp.initialize``);
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
-  (what is left of an apex import guard).
+  (what is left of an apex import guard);
+- a ``backward`` or ``step`` call (AMP100 reads the training step of a file that says ``amp``,
+  and a training loop has one of them).
 
 ``noqa`` (the word of the unused-noqa rule, AMP800) counts only in a directive naming an ``AMP``
 code: ``# noqa: E501`` alone never makes a file worth parsing.
@@ -45,14 +47,18 @@ _AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+# What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
+_STEP_CALLS = frozenset({"backward", "step"})
 # apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
 _APEX_NAMES = frozenset({"apex", "amp_C", "apex_C"})
 # Text each shape below needs, looked for before parsing: one of those names standing alone, an
-# amp call (whitespace, a line continuation or a comment may sit around its dot), an import error.
+# amp call or a step's call (whitespace, a line continuation or a comment may sit around its
+# dot), an import error.
 _GAP = r"(?:\s|\\|#[^\n]*)*"
 _SHAPE_TEXT = re.compile(
     rf"(?<![A-Za-z0-9_])(?:{'|'.join(sorted(_APEX_NAMES))})(?![A-Za-z0-9_])"
     rf"|(?<![A-Za-z0-9_])amp{_GAP}\.{_GAP}(?:{'|'.join(sorted(_AMP_CALLS))})(?![A-Za-z0-9_])"
+    rf"|\.{_GAP}(?:{'|'.join(sorted(_STEP_CALLS))})(?![A-Za-z0-9_])"
     rf"|{'|'.join(sorted(_IMPORT_ERRORS))}"
 )
 _SHAPE_TEXT_BYTES = re.compile(_SHAPE_TEXT.pattern.encode())
@@ -122,7 +128,7 @@ def _has_amp_shape(tree: ast.AST) -> bool:
             if node.id in _APEX_NAMES:
                 return True
         elif kind is ast.Attribute:
-            if node.attr in _APEX_NAMES or (node.attr in _AMP_CALLS and _is_amp(node.value)):
+            if node.attr in _APEX_NAMES or node.attr in _STEP_CALLS or (node.attr in _AMP_CALLS and _is_amp(node.value)):
                 return True
         elif kind is ast.Constant:
             if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")):

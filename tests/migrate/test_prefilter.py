@@ -78,6 +78,8 @@ def test_files_that_only_say_amp_are_skipped(source):
         "from apex import amp\ndef broken(:\n",  # not parsed here: handed on, so that the error is reported
         "x = amp  \\\n    .initialize(model)\n",
         "x = (amp  # the handle\n     .scale_loss(loss, opt))\n",
+        "use_amp = False\nfor x, y in loader:\n    model(x, y).backward()\n    print(loss.item())\n",
+        "# no apex here\nfor batch in data:\n    optimizer.step()\n",
     ],
 )
 def test_files_with_a_shape_the_rules_read_are_parsed(source):
