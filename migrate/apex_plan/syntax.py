@@ -10,7 +10,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
 from migrate.rule import Replacement
-from migrate.tree_walk import walk
+from migrate.tree_walk import is_node_type, walk
 
 if TYPE_CHECKING:
     from migrate.apex_plan.planner import Planner
@@ -41,9 +41,9 @@ _IMPORT, _STATEMENT = "import", "statement"
 def _kind(node_type: type) -> str | None:
     """An import, a statement or neither: asked of every node, so worked out once per node type
     (``isinstance`` on libcst's abstract base classes is slow)."""
-    if issubclass(node_type, (cst.Import, cst.ImportFrom)):
+    if node_type is cst.Import or node_type is cst.ImportFrom:
         return _IMPORT
-    if issubclass(node_type, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+    if node_type is cst.SimpleStatementLine or is_node_type(node_type, cst.BaseCompoundStatement):
         return _STATEMENT
     return None
 

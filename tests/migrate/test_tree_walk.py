@@ -12,7 +12,7 @@ import libcst._nodes.op as operators
 import libcst._nodes.whitespace as whitespace
 import pytest
 
-from migrate.tree_walk import _fields, children, walk, walk_batched
+from migrate.tree_walk import _fields, children, is_node_type, walk, walk_batched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -248,3 +248,12 @@ def test_walk_calls_visit_and_leave_methods_as_libcst_does():
         module.visit(theirs)
         walk(module, ours)
         assert ours.seen == theirs.seen
+
+
+def test_node_types_are_told_as_issubclass_tells_them():
+    classes = [value for value in vars(cst).values() if isinstance(value, type)]
+    others = [str, int, tuple, type(None), cst.MaybeSentinel, cst.RemovalSentinel, dataclasses.Field]
+    assert len(classes) > 200
+    for base in (cst.CSTNode, cst.BaseCompoundStatement, cst.BaseExpression, cst.BaseSmallStatement):
+        for value_type in classes + others:
+            assert is_node_type(value_type, base) == issubclass(value_type, base), (value_type, base)
