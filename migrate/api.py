@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from migrate import files, halves, notebook, run_in_workers
+from migrate import files, run_in_workers
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import may_apply, needs_parsing, trigger_words
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
@@ -200,13 +200,15 @@ def migrate_paths(
             results[path] = decoded
             continue
         text = decoded[0]
-        if path.suffix == notebook.SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+        if path.suffix == files.NOTEBOOK_SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+            from migrate import notebook
+
             worth_parsing = may_apply(notebook.searchable(text), words)
         else:  # the whole check here, so that a run of such files never imports a rule
             worth_parsing = needs_parsing(text, words)
         if worth_parsing:
             todo.append((path, source))
-            if "apex" in text and path.suffix != notebook.SUFFIX:
+            if "apex" in text and path.suffix != files.NOTEBOOK_SUFFIX:
                 apex_texts[path] = text
         else:
             results[path] = FileResult(str(path))
@@ -215,7 +217,11 @@ def migrate_paths(
         rules = tuple(select_rules())
     workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(todo))
     with run_in_workers.StopOnInterrupt() as stop:
-        partners = halves.partners(apex_texts, options.settings)  # seconds at most: a Ctrl-C stops after it
+        partners = {}
+        if apex_texts:  # apex amp split across files: paired here, in seconds at most (a Ctrl-C stops after it)
+            from migrate import halves
+
+            partners = halves.partners(apex_texts, options.settings)
         if partners:
             options = replace(options, partners={str(path): partner for path, partner in partners.items()})
         if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES and not stop.requested:
@@ -315,7 +321,9 @@ def _migrate_path(path: Path, rules: tuple | None, options: _Options, write: boo
 def _migrate_file(path: Path, source: files.Source, rules: tuple | None, options: _Options, write: bool) -> FileResult:
     partner = options.partners.get(str(path))
     if partner is not None:
-        options = replace(options, settings={**options.settings, halves.PARTNER: partner})
+        from migrate.halves import PARTNER
+
+        options = replace(options, settings={**options.settings, PARTNER: partner})
     result = _migrate_one(str(path), source.data, None, rules, options)
     if not (write and result.changed):
         return result
@@ -353,13 +361,15 @@ def _migrate_one(filename: str, data: bytes | None, text: str | None, rules: tup
         if isinstance(decoded, FileResult):
             return decoded
         text, encoding = decoded
-    if filename.endswith(notebook.SUFFIX):
+    if filename.endswith(files.NOTEBOOK_SUFFIX):
         return _migrate_notebook(filename, text, encoding, rules, options)
     return _migrate_python(filename, text, encoding, rules, options)
 
 
 def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | None, options: _Options) -> FileResult:
     """A notebook's code cells, run as one Python text; findings are placed in their cells."""
+    from migrate import notebook
+
     try:
         book = notebook.Notebook(text)
     except notebook.NotebookError as error:

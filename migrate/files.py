@@ -27,7 +27,8 @@ DEFAULT_EXCLUDES = (
 
 
 # What a directory search takes: Python files and Jupyter notebooks.
-SUFFIXES = (".py", ".ipynb")
+NOTEBOOK_SUFFIX = ".ipynb"
+SUFFIXES = (".py", NOTEBOOK_SUFFIX)
 
 
 class ChangedSinceRead(OSError):

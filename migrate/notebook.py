@@ -23,11 +23,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from migrate.files import NOTEBOOK_SUFFIX
 from migrate.types import Position
 
 __all__ = ["Notebook", "NotebookError", "SUFFIX", "changed_cells", "searchable"]
 
-SUFFIX = ".ipynb"
+SUFFIX = NOTEBOOK_SUFFIX
 _BOUNDARY = "_ampmigrate_cell_boundary"  # a statement: comments can go with a statement a fix removes
 _MAGIC = "_ampmigrate_magic_{}"
 # IPython's line magics that run without their "%" when automagic is on (the default):

@@ -8,7 +8,6 @@ Every format lists findings by file, line and column.
 """
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -37,6 +36,8 @@ def format_results(
     diagnostics = sorted((d for result in results for d in result.diagnostics), key=_place)
     if output_format == "text":
         return "".join(_text(d, color) for d in diagnostics)
+    if output_format in ("json", "sarif"):
+        import json  # here: the text output, a pre-commit hook's, never needs it
     if output_format == "json":
         return json.dumps([_json_item(d) for d in diagnostics], indent=2) + "\n"
     if output_format == "github":

@@ -235,7 +235,7 @@ def _token_names() -> frozenset[str]:
              "RightCurlyBrace", "Asynchronous"}
     for module in (operators, whitespace):
         found.update(name for name, value in vars(module).items()
-                     if isinstance(value, type) and issubclass(value, cst.CSTNode) and value.__module__ == module.__name__)
+                     if isinstance(value, type) and value.__module__ == module.__name__ and is_node_type(value))
     return frozenset(found)
 
 

@@ -24,7 +24,8 @@ def all_rules() -> tuple[type, ...]:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(module).values():
-            if not (isinstance(value, type) and issubclass(value, Rule) and value.__module__ == module.__name__):
+            # a rule defined here; its bases read (see tree_walk.is_node_type: issubclass is slow here)
+            if not (isinstance(value, type) and value.__module__ == module.__name__ and Rule in value.__mro__):
                 continue
             if not value.CODE:
                 continue
