@@ -114,38 +114,34 @@ def holds_trigger(content: str | bytes, words: tuple[str, ...]) -> bool:
     ``use_amp`` and ``AMP_LEVEL``, not in ``clamp``. Kept here, below libcst, so that files can be
     skipped before anything heavy is imported.
 
-    What ``triggers_pattern`` finds, about four times faster on ASCII: there, the lowered text is searched
-    for the words alone, a C-speed literal search, and each place one starts is checked for its
-    neighbours. (A lookbehind in front of the words keeps the regex from that fast search.)
+    What ``triggers_pattern`` finds, several times faster on ASCII: there, the lowered text is
+    searched for each word alone, a C-speed literal search, and each place one starts is checked
+    for its neighbours. (A lookbehind in front of the words keeps the regex from that fast search.)
     """
     binary = isinstance(content, bytes)
     if not (binary or content.isascii()) or not words or not all(words):
         # Unicode case rules, or no word (the regex then matches any word boundary): the regex
         return triggers_pattern(words, binary).search(content) is not None
-    starts, lowered_words, alphanumeric = _literal_search(words, binary)
+    lowered_words, alphanumeric = _lowered(words, binary)
     lowered = content.lower()
-    found = starts.search(lowered)
-    while found is not None:
-        start = found.start()
-        if start == 0 or lowered[start - 1:start] not in alphanumeric:
-            for word in lowered_words:
-                end = start + len(word)
-                if lowered.startswith(word, start) and lowered[end:end + 1] not in alphanumeric:
-                    return True
-        found = starts.search(lowered, start + 1)
+    for word in lowered_words:
+        start = lowered.find(word)
+        while start != -1:
+            end = start + len(word)
+            if lowered[start - 1:start] not in alphanumeric and lowered[end:end + 1] not in alphanumeric:
+                return True
+            start = lowered.find(word, start + 1)
     return False
 
 
 @functools.lru_cache(maxsize=None)
-def _literal_search(words: tuple[str, ...], binary: bool) -> tuple[re.Pattern, tuple, frozenset]:
-    """The lowered words' regex, the lowered words, and the ASCII letters and digits, in text or bytes."""
-    lowered = tuple(sorted({word.lower() for word in words}, key=len, reverse=True))
+def _lowered(words: tuple[str, ...], binary: bool) -> tuple[tuple, frozenset]:
+    """The lowered words and the ASCII letters and digits, in text or bytes."""
+    lowered = tuple(sorted({word.lower() for word in words}))
     characters = "abcdefghijklmnopqrstuvwxyz0123456789"
     if binary:
-        encoded = tuple(word.encode() for word in lowered)
-        return (re.compile(b"|".join(re.escape(word) for word in encoded)), encoded,
-                frozenset(bytes([c]) for c in characters.encode()))
-    return re.compile("|".join(re.escape(word) for word in lowered)), lowered, frozenset(characters)
+        return tuple(word.encode() for word in lowered), frozenset(bytes([c]) for c in characters.encode())
+    return lowered, frozenset(characters)
 
 
 @functools.lru_cache(maxsize=None)
