@@ -17,9 +17,8 @@ from libcst.metadata import (
     QualifiedNameProvider,
     ScopeProvider,
 )
-from libcst.metadata.scope_provider import ImportAssignment
 from libcst.metadata.expression_context_provider import ExpressionContextVisitor
-from libcst.metadata.scope_provider import ScopeVisitor
+from libcst.metadata.scope_provider import ImportAssignment, ScopeVisitor
 
 from migrate.positions import positions
 from migrate.rule import Rule, visitor_names
@@ -238,12 +237,11 @@ class _QualifiedNames(Mapping):
 
         A name resolves through an import or to a builtin only if its root (``a`` of ``a.b(c)[d]``)
         is bound by an import somewhere in the file or is a builtin: any other is answered without
-        asking its scope, which is most of the cost on a real file.
+        asking its scope, which is most of the cost on a real file. KeyError for another node
+        not in the tree.
         """
         root = _root_name(node)
         if root is not None and not hasattr(builtins, root) and root not in self._roots_bound_by_imports():
-            if node not in self._scopes and node is not self._module:
-                raise KeyError(node)
             return frozenset()
         return frozenset(name.name for name in self[node] if name.source in sources)
 

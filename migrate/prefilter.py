@@ -114,24 +114,21 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
 
 def _holds_word(content: bytes | str, word: str) -> bool:
     """``word`` in ``content`` with no letter, digit or underscore on either side."""
-    binary = isinstance(content, bytes)
-    target = word.encode() if binary else word
+    target, underscore = (word.encode(), b"_") if isinstance(content, bytes) else (word, "_")
     start = content.find(target)
     while start != -1:
         end = start + len(target)
         before, after = content[start - 1:start], content[end:end + 1]
-        if not (_in_identifier(before, binary) or _in_identifier(after, binary)):
+        if not (_in_identifier(before, underscore) or _in_identifier(after, underscore)):
             return True
         start = content.find(target, start + 1)
     return False
 
 
-def _in_identifier(character: bytes | str, binary: bool) -> bool:
-    """A letter, digit or underscore (in bytes, only ASCII ones: a UTF-8 byte of another letter
-    counts as a boundary, which can only let more files through)."""
-    if binary:
-        return character != b"" and (character.isalnum() or character == b"_")
-    return character != "" and (character.isalnum() or character == "_")
+def _in_identifier(character: bytes | str, underscore: bytes | str) -> bool:
+    """A letter, digit or underscore; nothing at the text's ends. In bytes only ASCII ones count:
+    a UTF-8 byte of another letter is taken for a boundary, which can only let more files through."""
+    return character.isalnum() or character == underscore
 
 
 def _has_amp_shape(tree: ast.AST) -> bool:
