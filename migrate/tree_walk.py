@@ -65,10 +65,14 @@ def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
     return found
 
 
-def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
-    """``root.visit(visitor)`` for a visitor that only reads, punctuation and whitespace left out."""
+def walk(root: cst.CSTNode, visitor: cst.CSTVisitor, leaving: Callable[[cst.CSTNode], None] | None = None) -> None:
+    """``root.visit(visitor)`` for a visitor that only reads, punctuation and whitespace left out.
+
+    ``leaving``: called on each node as it is left, before the visitor's ``leave_<type>``, in
+    place of the visitor's own ``on_leave`` (which the caller knows to do no more than that).
+    """
     kind = type(visitor)
-    if kind.on_visit is not cst.CSTVisitor.on_visit or kind.on_leave is not cst.CSTVisitor.on_leave:
+    if kind.on_visit is not cst.CSTVisitor.on_visit or (leaving is None and kind.on_leave is not cst.CSTVisitor.on_leave):
         _walk_generic(root, visitor)
         return
     # libcst's own on_visit looks up `visit_<type>` on every node and calls one of its ~1,600
@@ -81,6 +85,8 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         node = pending.pop()
         if node is _LEAVE:
             node = pending.pop()
+            if leaving is not None:
+                leaving(node)
             leave = handlers[type(node)][1]
             if leave is not None:
                 leave(visitor, node)
@@ -92,8 +98,11 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         if visit is None or visit(visitor, node) is not False:
             pending += (node, _LEAVE)
             pending += reversed(children(node, tokens=False))
-        elif leave is not None:
-            leave(visitor, node)
+        else:
+            if leaving is not None:
+                leaving(node)
+            if leave is not None:
+                leave(visitor, node)
 
 
 def _walk_generic(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:

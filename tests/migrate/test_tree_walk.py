@@ -250,6 +250,37 @@ def test_walk_calls_visit_and_leave_methods_as_libcst_does():
         assert ours.seen == theirs.seen
 
 
+def test_leaving_is_called_where_libcsts_on_leave_is():
+    class Leaves(cst.CSTVisitor):
+        """Skips the children of calls; records each node it leaves, in ``on_leave`` or through ``leaving``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, int]] = []
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            return False
+
+        def leave_Call(self, original_node: cst.Call) -> None:
+            self.seen.append(("leave_Call", id(original_node)))
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            self.record(original_node)
+            super().on_leave(original_node)
+
+        def record(self, node: cst.CSTNode) -> None:
+            if not _token(node):
+                self.seen.append(("left", id(node)))
+
+    for source in _sources():
+        module = cst.parse_module(source + "\nf(g(x))\n")
+        theirs, ours = Leaves(), Leaves()
+        module.visit(theirs)
+        walk(module, ours, ours.record)
+        assert ours.seen == theirs.seen
+        assert ("leave_Call", id(module.body[-1].body[0].value)) in ours.seen
+
+
 def test_node_types_are_told_as_issubclass_tells_them():
     classes = [value for value in vars(cst).values() if isinstance(value, type)]
     others = [str, int, tuple, type(None), cst.MaybeSentinel, cst.RemovalSentinel, dataclasses.Field]
