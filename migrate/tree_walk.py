@@ -55,14 +55,29 @@ def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
     """``node.children`` without rebuilding ``node``: its child nodes in source order (without
     punctuation and whitespace when not ``tokens``)."""
     found: list[cst.CSTNode] = []
-    wanted = _NODE if tokens else _SYNTAX
-    for name in (_fields if tokens else _syntax_fields)(type(node)):
+    wanted, fields = (_NODE, _FIELDS) if tokens else (_SYNTAX, _SYNTAX_FIELDS)
+    kinds = _KINDS
+    for name in fields[type(node)]:
         value = getattr(node, name)
-        if type(value) in (list, tuple):
-            found.extend(item for item in value if _kind(type(item)) & wanted)
-        elif _kind(type(value)) & wanted:
+        value_type = type(value)
+        if value_type is list or value_type is tuple:
+            found += [item for item in value if kinds[type(item)] & wanted]
+        elif kinds[value_type] & wanted:
             found.append(value)
     return found
+
+
+class _ByType(dict):
+    """``compute(type)``, worked out on first use: asked of every node, a dict lookup is a
+    fraction of the cost of a ``functools.lru_cache`` call."""
+
+    def __init__(self, compute: Callable[[type], object]) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, key: type) -> object:
+        value = self[key] = self._compute(key)
+        return value
 
 
 def walk(root: cst.CSTNode, visitor: cst.CSTVisitor, leaving: Callable[[cst.CSTNode], None] | None = None) -> None:
@@ -219,9 +234,8 @@ def _may_hold_syntax(annotation: object) -> bool:
 _NODE, _SYNTAX = 1, 2  # what `_kind` says of a value: any node, and (both bits) a node that is not a token
 
 
-@functools.lru_cache(maxsize=None)
 def _kind(value_type: type) -> int:
-    if not is_node_type(value_type):  # cached: isinstance on CSTNode, an ABC, is slow
+    if not is_node_type(value_type):  # cached in _KINDS: isinstance on CSTNode, an ABC, is slow
         return 0
     return _NODE if value_type.__name__ in _TOKEN_NAMES else _NODE | _SYNTAX
 
@@ -249,3 +263,6 @@ def _token_names() -> frozenset[str]:
 
 
 _TOKEN_NAMES = _token_names()
+_KINDS = _ByType(_kind)
+_FIELDS = _ByType(_fields)
+_SYNTAX_FIELDS = _ByType(_syntax_fields)
