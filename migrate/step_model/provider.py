@@ -28,18 +28,24 @@ def model_of(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
 def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
     facts = FileFacts()
     functions: list[cst.FunctionDef] = []
-    _Facts(visitor, facts, functions).collect(module)
+    found = _Facts(visitor, facts, functions)
+    found.collect(module)
     roots = []
-    for root in (module, *functions):
+    for root in found.may_hold_a_step(module):
         walk = Walk(visitor, facts, root).run()
         if walk.events:
             roots.append(Steps(root, walk.events, walk.assignments))
     return StepModel(module, facts, roots)
 
 
+# The methods whose calls make the events every rule starts from: a backward pass, a step, a
+# scaler's update, a cast of the model (``_is_step_call`` adds saves, scalers and autocast).
+_STEP_CALLS = frozenset({"backward", "step", "update", "half"})
+
+
 class _Facts(cst.CSTVisitor):
-    """One walk over the file: its functions and classes, and the names of its scalers,
-    optimizers and models."""
+    """One walk over the file: its functions and classes, the names of its scalers, optimizers and
+    models, and which functions may hold a training step."""
 
     def __init__(self, visitor: cst.MetadataDependent, facts: FileFacts, functions: list) -> None:
         super().__init__()
@@ -48,6 +54,22 @@ class _Facts(cst.CSTVisitor):
         self.functions = functions
         self.stack: list[cst.CSTNode] = []
         self.aliases: list[tuple[tuple[str, ...], str]] = []  # `scaler = self.scaler`
+        self.stepping: set[int] = set()  # functions (by id; 0: the module) making one of a step's calls
+        self.callees: dict[int, set[str]] = {}  # what each function calls by name: `f()`, `self.f()`
+
+    def may_hold_a_step(self, module: cst.Module) -> list[cst.CSTNode]:
+        """The module and the functions whose walk may meet an event a rule starts from: those
+        calling one of its calls, or calling (by name, through any number of calls) a function
+        that does. A walk of any other function finds nothing a rule reports: most of a file's."""
+        named = [(id(function), function.name.value) for function in self.functions]
+        stepping = set(self.stepping)
+        while True:
+            names = {name for key, name in named if key in stepping}
+            more = {key for key, callees in self.callees.items() if key not in stepping and callees & names}
+            if not more:
+                break
+            stepping |= more
+        return [root for key, root in ((0, module), *((id(f), f) for f in self.functions)) if key in stepping]
 
     def collect(self, module: cst.Module) -> None:
         tree_walk.walk(module, self)
@@ -97,6 +119,7 @@ class _Facts(cst.CSTVisitor):
             self.facts.scalers.add(nodes.code(node.target))
 
     def visit_Call(self, node: cst.Call) -> None:
+        self._note_step_call(node)
         func = node.func
         if not isinstance(func, cst.Attribute):
             return
@@ -117,3 +140,23 @@ class _Facts(cst.CSTVisitor):
             self.facts.optimizers.add(first)
         elif name in ("parameters", "named_parameters", "train", "eval") and not words.optimizer_like(receiver):
             self.facts.models.add(receiver)
+
+    def _note_step_call(self, node: cst.Call) -> None:
+        """Note, for the function holding ``node``, whether it makes one of a step's calls and
+        what it calls by name: a superset of what ``Walk`` makes those events of, and enters."""
+        func = node.func
+        owner = next((id(n) for n in reversed(self.stack) if type(n) is cst.FunctionDef), 0)
+        if type(func) is cst.Name or (type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self"):
+            self.callees.setdefault(owner, set()).add(nodes.call_name(node))
+        if owner not in self.stepping and _is_step_call(self.visitor, node):
+            self.stepping.add(owner)
+
+
+def _is_step_call(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
+    name = nodes.call_name(call)
+    if type(call.func) is cst.Attribute and (name in _STEP_CALLS or (
+            name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))):
+        return True
+    if "save" in name.lower() and call.args:
+        return True
+    return words.is_grad_scaler(visitor, call) or words.autocast_call(visitor, call) is not None

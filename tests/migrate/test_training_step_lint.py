@@ -311,6 +311,47 @@ def test_model_enters_helpers_and_orders_the_step_as_it_runs():
     assert fit.same_iteration(backward, fit.of(Kind.UPDATE)[0])
 
 
+def test_model_walks_the_functions_that_reach_a_step_and_no_other():
+    source = """\
+        import torch
+        from torch.amp import GradScaler as Scaler
+
+        def backward(loss):
+            loss.backward()
+
+        def run_batch(model, batch):
+            backward(model(batch))
+
+        def run_epoch(model, loader):
+            for batch in loader:
+                run_batch(model, batch)
+                print(batch.item())
+
+        def collate(items):
+            return torch.stack([item.to("cuda") for item in items]).item()
+
+        def make_scaler():
+            return Scaler()
+
+        def to_half(model):
+            return model.to(torch.float16)
+
+        def checkpoint(model, path):
+            torch.save(model.state_dict(), path)
+
+        class Trainer:
+            def fit(self, loader):
+                run_epoch(self.model, loader)
+
+            def evaluate(self, loader):
+                return [self.model(batch).item() for batch in loader]
+        """
+    model = _model(source)
+    walked = [getattr(steps.root, "name", None) for steps in model.roots]
+    assert [name.value for name in walked] == ["backward", "run_batch", "run_epoch", "make_scaler", "to_half", "checkpoint", "fit"]
+    assert _lines(source, "AMP100") == [13]  # the pull in the loop whose step is two calls away
+
+
 def test_model_pairs_two_ifs_on_one_flag():
     model = _model("""\
         def step(model, opt, x, scaler):
