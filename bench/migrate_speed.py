@@ -127,7 +127,7 @@ def _timed(command: list[str], env: dict) -> tuple[float, float, str]:
 
 
 def _ampmigrate(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-m", "migrate", *args]  # the command as installed: `migrate.cli.run`
 
 
 def main() -> None:

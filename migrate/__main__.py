@@ -1,4 +1,4 @@
 """``python -m migrate``: the ``ampmigrate`` command."""
-from migrate.cli import main
+from migrate.cli import run
 
-main(prog_name="ampmigrate")
+run()

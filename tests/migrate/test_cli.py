@@ -247,6 +247,28 @@ def test_python_dash_m_migrate(tree):
     assert usage.stdout.startswith(b"Usage: ampmigrate ")
 
 
+def test_the_command_leaves_with_its_status_and_all_its_output(tmp_path):
+    """``ampmigrate`` ends its process without the interpreter's clean-up: what it prints (more
+    than a pipe holds) and writes still arrives whole, and its exit status is kept."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
+    command = [sys.executable, "-m", "migrate", "--select", "AMP021"]
+    many = tmp_path / "many.py"
+    many.write_text("import torch\n" + "scaler = torch.cuda.amp.GradScaler()\n" * 3000)
+    clean = tmp_path / "clean.py"
+    clean.write_text("x = 1\n")
+    found = subprocess.run([*command, "--check", str(many)], capture_output=True, env=env, timeout=120)
+    lines = found.stdout.decode().splitlines()
+    assert found.returncode == 1 and len(found.stdout) > 1 << 17, found.stderr
+    assert sum(" AMP021 " in line for line in lines) == 3000 and lines[-1].startswith("  fix: "), lines[-3:]
+    assert found.stderr.decode().splitlines()[-1].startswith("Found 3000 "), found.stderr
+    written = tmp_path / "findings.txt"
+    to_file = subprocess.run([*command, "--check", "--output-file", str(written), str(many)], capture_output=True, env=env, timeout=120)
+    assert to_file.returncode == 1 and written.read_text().splitlines() == lines
+    assert subprocess.run([*command, "--check", str(clean)], capture_output=True, env=env, timeout=60).returncode == 0
+    usage = subprocess.run([*command, "--no-such-option"], capture_output=True, env=env, timeout=60)
+    assert usage.returncode == 2 and b"No such option" in usage.stderr
+
+
 def test_stdin_to_stdout(tree):
     result = _run("-", "--stdin-filename", "train.py", input=OLD)
     assert result.exit_code == 1
