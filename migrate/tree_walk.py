@@ -165,12 +165,12 @@ def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor],
         node = pending.pop()
         if node is _LEAVE:
             node = pending.pop()
-            for leave in calls.leaving(type(node).__name__):
+            for leave in calls[type(node)][1]:
                 leave(node)
             path.pop()
             continue
         path.append(node)
-        for visit in calls.visiting(type(node).__name__):
+        for visit in calls[type(node)][0]:
             visit(node)
         pending += (node, _LEAVE)
         pending += reversed(children(node, tokens=tokens))
@@ -179,28 +179,25 @@ def walk_batched(root: cst.CSTNode, visitors: Sequence[cst.BatchableCSTVisitor],
 _LEAVE = object()  # marks, on the walk's stack, that the node below it is to be left
 
 
-class _BatchedCalls:
-    """The visitors' ``visit_X``/``leave_X`` methods by node type, as their ``get_visitors()`` give them."""
+class _BatchedCalls(dict):
+    """The visitors' ``visit_X`` and ``leave_X`` methods, as their ``get_visitors()`` give them,
+    by node type: ``calls[type] == (visits, leaves)``, worked out on first meeting the type."""
 
     def __init__(self, visitors: Iterable[cst.BatchableCSTVisitor]) -> None:
+        super().__init__()
         self._tables = [visitor.get_visitors() for visitor in visitors]
-        self._by_name: dict[str, list[Callable]] = {}
 
-    def visiting(self, type_name: str) -> list[Callable]:
-        return self._methods("visit_" + type_name)
-
-    def leaving(self, type_name: str) -> list[Callable]:
-        return self._methods("leave_" + type_name)
+    def __missing__(self, node_type: type) -> tuple[list[Callable], list[Callable]]:
+        name = node_type.__name__
+        found = self[node_type] = (self._methods("visit_" + name), self._methods("leave_" + name))
+        return found
 
     def want_tokens(self) -> bool:
         """Whether a visitor has a method for a punctuation or whitespace node (``visit_Comment``)."""
         return any(name.split("_", 1)[1] in _TOKEN_NAMES for table in self._tables for name in table)
 
     def _methods(self, name: str) -> list[Callable]:
-        methods = self._by_name.get(name)
-        if methods is None:
-            methods = self._by_name[name] = [table[name] for table in self._tables if name in table]
-        return methods
+        return [table[name] for table in self._tables if name in table]
 
 
 @functools.lru_cache(maxsize=None)
