@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 from libcst.metadata import (
     BatchableMetadataProvider,
     MetadataWrapper,
@@ -231,7 +232,7 @@ class _QualifiedNames(Mapping):
         self._module = module
         self._scopes = scopes  # every node but punctuation and whitespace
         self._names: dict[cst.CSTNode, object] = {}
-        self._import_roots: frozenset[str] | None = None
+        self._import_roots: dict[str, frozenset[str]] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> object:
         names = self._names.get(node)
@@ -262,16 +263,36 @@ class _QualifiedNames(Mapping):
             return frozenset()
         return frozenset(name.name for name in self[node] if name.source in sources)
 
-    def _roots_bound_by_imports(self) -> frozenset[str]:
+    def may_come_from(self, node: cst.CSTNode, packages: Collection[str]) -> bool:
+        """Whether ``node`` may resolve to a name in one of ``packages`` (``apex``, ``torch``): not
+        when its root is bound by no import of one of them (a builtin's package is ``builtins``)."""
+        root = _root_name(node)
+        if root is None:
+            return True
+        imported = self._roots_bound_by_imports().get(root)
+        if imported is None:
+            return "builtins" in packages and hasattr(builtins, root)
+        return not imported.isdisjoint(packages)
+
+    def _roots_bound_by_imports(self) -> dict[str, frozenset[str]]:
+        """Each name an import binds, anywhere in the file, with the packages its imports come
+        from (all those of an ``import a, b`` statement; "" for a relative import)."""
         if self._import_roots is None:
             scopes = {id(scope): scope for scope in self._scopes.values()}.values()
-            self._import_roots = frozenset(
-                assignment.name.split(".")[0]
-                for scope in scopes
-                for assignment in scope.assignments
-                if isinstance(assignment, ImportAssignment)
-            )
+            found: dict[str, set[str]] = {}
+            for scope in scopes:
+                for assignment in scope.assignments:
+                    if isinstance(assignment, ImportAssignment):
+                        found.setdefault(assignment.name.split(".")[0], set()).update(_packages(assignment.node))
+            self._import_roots = {root: frozenset(packages) for root, packages in found.items()}
         return self._import_roots
+
+
+def _packages(statement: cst.Import | cst.ImportFrom) -> set[str]:
+    """The top-level packages ``statement`` imports from: ``torch`` for ``import torch.nn as nn``."""
+    if isinstance(statement, cst.ImportFrom):
+        return {"" if statement.relative or statement.module is None else get_full_name_for_node(statement.module).split(".")[0]}
+    return {alias.evaluated_name.split(".")[0] for alias in statement.names}
 
 
 def _root_name(node: cst.CSTNode) -> str | None:

@@ -1,6 +1,8 @@
 """Resolve what a name or call refers to through the file's imports, never by its spelling."""
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
@@ -38,6 +40,14 @@ def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozen
 # Every rule of a run asks about the same names: the answers are kept, by node, for the last
 # qualified-name metadata asked about. Holding that metadata keeps its nodes, and so their ids, alive.
 _answers: tuple[object, dict[int, frozenset[str]]] = (None, {})
+
+
+def may_resolve_within(visitor: cst.MetadataDependent, node: cst.CSTNode, packages: Collection[str]) -> bool:
+    """Whether ``node`` may resolve to a name in one of ``packages`` (top-level: ``apex``,
+    ``torch``). False only when no import of them binds its root: asked before ``qualified_names``
+    of every name in a file, it spares the scope lookups of all the others."""
+    table = visitor.metadata.get(QualifiedNameProvider)
+    return not hasattr(table, "may_come_from") or table.may_come_from(node, packages)
 
 
 def resolves_to(visitor: cst.MetadataDependent, node: cst.CSTNode, *names: str) -> str | None:

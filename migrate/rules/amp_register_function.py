@@ -5,7 +5,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
@@ -85,7 +85,7 @@ class AmpRegisterFunction(ApexRename):
             self._statements[id(node.body[0].value)] = node
 
     def _reference(self, node: cst.BaseExpression) -> None:
-        if id(node) in self._funcs or getattr(self, "_inside_lists", False):
+        if id(node) in self._funcs or getattr(self, "_inside_lists", False) or not may_resolve_within(self, node, ("apex",)):
             return
         names = qualified_names(self, node)
         if any(n == "apex.amp.lists" or n.startswith("apex.amp.lists.") for n in names):

@@ -5,7 +5,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
 from migrate.types import FixSafety, Safety
 
@@ -105,7 +105,7 @@ class ApexImport(Rule):
                         "import it with an import statement, or migrate its uses by hand")
 
     def visit_Name(self, node: cst.Name) -> None:
-        if not qualified_names(self, node) & {"apex", "apex.amp"}:
+        if not may_resolve_within(self, node, ("apex",)) or not qualified_names(self, node) & {"apex", "apex.amp"}:
             return
         parent = self.get_metadata(ParentNodeProvider, node, None)
         if isinstance(parent, (cst.AssignTarget, cst.Attribute, cst.ImportAlias, cst.AsName)):

@@ -5,7 +5,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
 
 from migrate import apex_nodes as nodes
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, binds
 
@@ -92,7 +92,7 @@ class ApexWithoutNativeEquivalent(ApexRename):
         self._star = False  # the file star-imports apex.fp16_utils
 
     def _apex_names(self, node: cst.CSTNode) -> list[str]:
-        if self._in_import:
+        if self._in_import or not may_resolve_within(self, node, _ROOTS):
             return []
         names = sorted(name for name in qualified_names(self, node) if name.split(".")[0] in _ROOTS)
         if names and binds(self.get_metadata(ParentNodeProvider, node, None), node):

@@ -3,12 +3,13 @@ are optimizers, which reads see gradients, which calls pull a tensor to the host
 tests are flags. Plain functions on nodes; names resolved through imports where they can be."""
 from __future__ import annotations
 
+import functools
 import re
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.tree_walk import walk
 
 GRAD_SCALERS = frozenset(
@@ -44,7 +45,12 @@ _MOVES = frozenset({"to", "cuda", "float", "half", "long", "int", "double", "bfl
 
 
 def resolved(visitor: cst.MetadataDependent, node: cst.CSTNode, names: frozenset[str]) -> bool:
-    return bool(qualified_names(visitor, node) & names)
+    return may_resolve_within(visitor, node, _packages(names)) and bool(qualified_names(visitor, node) & names)
+
+
+@functools.lru_cache(maxsize=None)
+def _packages(names: frozenset[str]) -> frozenset[str]:
+    return frozenset(name.split(".")[0] for name in names)
 
 
 def is_grad_scaler(visitor: cst.MetadataDependent, call: cst.Call) -> bool:

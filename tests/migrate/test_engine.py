@@ -17,7 +17,7 @@ from libcst.metadata import (
 from migrate.apex_plan import ApexPlanProvider
 from migrate.engine import run_rules
 from migrate.metadata import parents, resolve
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import ImportChange, Rule, SkipFile
 from migrate.rules.deprecated_cuda_autocast import DeprecatedCudaAutocast
 from migrate.rules.deprecated_cuda_grad_scaler import DeprecatedCudaGradScaler
@@ -460,6 +460,25 @@ def test_names_resolve_as_with_libcst_on_every_kind_of_node():
     found = _resolved(ours, nodes)
     assert found == _resolved(theirs, nodes)
     assert {"apex.amp.initialize", "builtins.len", "torch.cuda.amp.autocast", "a.b", "d"} <= set().union(*found)
+
+
+_PACKAGES = [("apex",), ("torch",), ("apex", "amp_C", "apex_C"), ("builtins",), ("numpy", "os")]
+
+
+@pytest.mark.parametrize("path", sorted([*(REPO / "fixtures" / "legacy").rglob("*.py"), *(REPO / "fixtures" / "corpus").glob("*.py")]),
+                         ids=lambda path: path.name)
+def test_a_name_said_not_to_come_from_a_package_resolves_to_none_of_its_names(path):
+    source = path.read_text(encoding="utf-8") + "import numpy as np, os.path\nfrom . import apex\nnp.mean(os.path.join(apex.x))\nlen(x)\n"
+    module = cst.parse_module(source)
+    reader = ReadsEveryProvider()
+    reader.metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [reader], {})
+    for node in (node for node in [module, *parents(module)] if not _token(node)):
+        names = qualified_names(reader, node)
+        for packages in _PACKAGES:
+            if not may_resolve_within(reader, node, packages):
+                assert not any(name.split(".")[0] in packages for name in names), (packages, names)
+    mean = module.body[-2].body[0].value.func  # the test spares the lookups it can
+    assert [may_resolve_within(reader, mean, packages) for packages in _PACKAGES] == [False, False, False, False, True]
 
 
 def _resolved(metadata, nodes: list[cst.CSTNode]) -> list[frozenset[str]]:
