@@ -374,9 +374,9 @@ def run() -> None:
     """The ``ampmigrate`` command (``main``), leaving the process at once when it is done.
 
     An interpreter's normal exit frees every object one by one: libcst's thousands of classes,
-    the parsed trees. That is about a sixth of a one-file run (a pre-commit hook's), for nothing: what
-    the command writes is complete by then (its files are closed, the workers gone), and only
-    the standard streams remain to be flushed.
+    the parsed trees. That is about a sixth of a one-file run (a pre-commit hook's), for nothing:
+    what the command writes is complete by then (its files are closed, the workers gone), and
+    only the standard streams remain to be flushed.
     """
     status: object = 0
     try:

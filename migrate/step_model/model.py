@@ -1,9 +1,10 @@
 """The model of a file's training steps, and the questions rules ask it.
 
 ``StepModel.roots`` holds one ``Steps`` per function (and one for the module's top level) that
-makes or calls a step's calls, each with its events in execution order. The queries answer in terms of those events: which loop is
-the training loop around an event, whether two events run in one iteration or never together,
-whether an event runs only now and then (a logging guard), which values are the step's tensors.
+makes or calls a step's calls, each with its events in execution order. The queries answer in
+terms of those events: which loop is the training loop around an event, whether two events run in
+one iteration or never together, whether an event runs only now and then (a logging guard), which
+values are the step's tensors.
 """
 from __future__ import annotations
 
