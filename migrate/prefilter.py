@@ -30,7 +30,7 @@ import ast
 import re
 from typing import Sequence
 
-from migrate.types import holds_trigger
+from migrate.types import holds_trigger, holds_word
 
 __all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
 
@@ -113,22 +113,15 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
 
 
 def _holds_word(content: bytes | str, word: str) -> bool:
-    """``word`` in ``content`` with no letter, digit or underscore on either side."""
-    target, underscore = (word.encode(), b"_") if isinstance(content, bytes) else (word, "_")
-    start = content.find(target)
-    while start != -1:
-        end = start + len(target)
-        before, after = content[start - 1:start], content[end:end + 1]
-        if not (_in_identifier(before, underscore) or _in_identifier(after, underscore)):
-            return True
-        start = content.find(target, start + 1)
-    return False
+    """``word`` in ``content`` with no ASCII letter, digit or underscore on either side. Another
+    letter (or a byte of one in UTF-8) is taken for a boundary, which can only let more files through."""
+    if isinstance(content, bytes):
+        return holds_word(content, word.encode(), _IDENTIFIER_BYTES)
+    return holds_word(content, word, _IDENTIFIER_CHARACTERS)
 
 
-def _in_identifier(character: bytes | str, underscore: bytes | str) -> bool:
-    """A letter, digit or underscore; nothing at the text's ends. In bytes only ASCII ones count:
-    a UTF-8 byte of another letter is taken for a boundary, which can only let more files through."""
-    return character.isalnum() or character == underscore
+_IDENTIFIER_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_IDENTIFIER_BYTES = frozenset(character.encode() for character in _IDENTIFIER_CHARACTERS)
 
 
 def _has_amp_shape(tree: ast.AST) -> bool:

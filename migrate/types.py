@@ -124,13 +124,19 @@ def holds_trigger(content: str | bytes, words: tuple[str, ...]) -> bool:
         return triggers_pattern(words, binary).search(content) is not None
     lowered_words, alphanumeric = _lowered(words, binary)
     lowered = content.lower()
-    for word in lowered_words:
-        start = lowered.find(word)
-        while start != -1:
-            end = start + len(word)
-            if lowered[start - 1:start] not in alphanumeric and lowered[end:end + 1] not in alphanumeric:
-                return True
-            start = lowered.find(word, start + 1)
+    return any(holds_word(lowered, word, alphanumeric) for word in lowered_words)
+
+
+def holds_word(content: str | bytes, word: str | bytes, inside: frozenset) -> bool:
+    """Whether ``word`` stands in ``content`` with none of the characters ``inside`` a word (single
+    characters, or single bytes) on either side: each place a C-speed literal search finds it,
+    its neighbours are checked."""
+    start = content.find(word)
+    while start != -1:
+        end = start + len(word)
+        if content[start - 1:start] not in inside and content[end:end + 1] not in inside:
+            return True
+        start = content.find(word, start + 1)
     return False
 
 

@@ -144,16 +144,15 @@ class _Facts(cst.CSTVisitor):
     def _note_step_call(self, node: cst.Call) -> None:
         """Note, for the function holding ``node``, whether it makes one of a step's calls and
         what it calls by name: a superset of what ``Walk`` makes those events of, and enters."""
-        func = node.func
+        func, name = node.func, nodes.call_name(node)
         owner = next((id(n) for n in reversed(self.stack) if type(n) is cst.FunctionDef), 0)
         if type(func) is cst.Name or (type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self"):
-            self.callees.setdefault(owner, set()).add(nodes.call_name(node))
-        if owner not in self.stepping and _is_step_call(self.visitor, node):
+            self.callees.setdefault(owner, set()).add(name)
+        if owner not in self.stepping and _is_step_call(self.visitor, node, name):
             self.stepping.add(owner)
 
 
-def _is_step_call(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
-    name = nodes.call_name(call)
+def _is_step_call(visitor: cst.MetadataDependent, call: cst.Call, name: str) -> bool:
     if type(call.func) is cst.Attribute and (name in _STEP_CALLS or (
             name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))):
         return True
