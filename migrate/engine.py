@@ -177,7 +177,7 @@ class _Visited(NamedTuple):
 
 def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: RuleContext) -> _Visited:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the module is ours alone: no deep copy
-    visitors = [rule_class(context) for rule_class in rules if visitor_names(rule_class)]
+    visitors = [rule_class(context) for rule_class in rules if visitor_names(rule_class) and rule_class.has_work_in(text)]
     directives = noqa.Directives(text)
     if not visitors:
         return _Visited(module, [], positions_when_asked(module), directives)

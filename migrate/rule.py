@@ -146,6 +146,13 @@ class Rule(cst.BatchableCSTVisitor):
         return not cls.TRIGGERS or holds_trigger(source, cls.TRIGGERS)
 
     @classmethod
+    def has_work_in(cls, text: str) -> bool:
+        """Whether one round's text can hold anything for the rule, asked of every round once
+        ``may_apply`` has chosen the rule on the file's original text. A rule that visits
+        comments, and so makes the walk meet every token, says no when its text is not there."""
+        return True
+
+    @classmethod
     def fixable(cls) -> bool:
         return cls.FIX_SAFETY is not FixSafety.NO_FIX
 

@@ -38,6 +38,10 @@ class ManualStepLeft(Rule):
         )
     ]
 
+    @classmethod
+    def has_work_in(cls, text: str) -> bool:
+        return MANUAL_STEP_MARKER in text  # else no comment starts with it, and the walk can leave the tokens out
+
     def visit_Comment(self, node: cst.Comment) -> None:
         text = node.value.lstrip("#").strip()
         if text.startswith(MANUAL_STEP_MARKER):

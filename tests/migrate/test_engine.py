@@ -255,6 +255,45 @@ def test_rules_chosen_by_trigger_words_keep_running_in_later_rounds():
     assert result.source == "flag = 2\n"
 
 
+class TodoComments(Rule):
+    """Reports each ``# TODO(x)`` comment; has work only in a round whose text holds one."""
+
+    CODE = "TST011"
+    MESSAGE = "x"
+    comments_visited = 0
+
+    @classmethod
+    def has_work_in(cls, text: str) -> bool:
+        return "TODO(x)" in text
+
+    def visit_Comment(self, node: cst.Comment) -> None:
+        type(self).comments_visited += 1
+        if node.value.startswith("# TODO(x)"):
+            self.report(node)
+
+
+class LeaveTodo(Rule):
+    """Rewrites ``old = 1`` as ``new = 1`` with a ``# TODO(x)`` comment."""
+
+    CODE = "TST012"
+    MESSAGE = "x"
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if cst.Module([node]).code.strip() == "old = 1":
+            self.report(node, replacement=cst.parse_statement("new = 1  # TODO(x): check\n"))
+
+
+def test_a_round_without_a_rules_text_is_walked_without_it():
+    TodoComments.comments_visited = 0
+    result = run_rules("y = 1  # a comment\nprint(y)  # another\n", "f.py", [TodoComments, PrintCall])
+    assert [d.code for d in result.diagnostics] == ["TST001"]
+    assert TodoComments.comments_visited == 0  # the walk met no comment: it left the tokens out
+    # the text a fix writes brings the rule into the next round
+    fixed = run_rules("old = 1\n", "f.py", [TodoComments, LeaveTodo])
+    assert fixed.source == "new = 1  # TODO(x): check\n"
+    assert [(d.code, d.location) for d in fixed.remaining] == [("TST011", Position(1, 10))]
+
+
 class OnlyWithApex(Rule):
     """Reports every name, but only claims files that mention ``apex`` as a word."""
 
