@@ -114,17 +114,27 @@ def holds_trigger(content: str | bytes, words: tuple[str, ...]) -> bool:
     ``use_amp`` and ``AMP_LEVEL``, not in ``clamp``. Kept here, below libcst, so that files can be
     skipped before anything heavy is imported.
 
-    What ``triggers_pattern`` finds, several times faster on ASCII: there, the lowered text is
-    searched for each word alone, a C-speed literal search, and each place one starts is checked
-    for its neighbours. (A lookbehind in front of the words keeps the regex from that fast search.)
+    What ``triggers_pattern`` finds, several times faster: the lowered text is searched for each
+    word alone, a C-speed literal search, and each place one starts is checked for its neighbours.
+    (A lookbehind in front of the words keeps the regex from that fast search.) The regex is left
+    for the text where lowering is not what its Unicode case rules do (``_FOLDING_INTO_ASCII``).
     """
     binary = isinstance(content, bytes)
-    if not (binary or content.isascii()) or not words or not all(words):
-        # Unicode case rules, or no word (the regex then matches any word boundary): the regex
+    if not words or not all(words) or not (binary or content.isascii() or _lowers_as_the_regex_folds(content, words)):
+        # no word (the regex then matches any word boundary), or Unicode case rules at play: the regex
         return triggers_pattern(words, binary).search(content) is not None
     lowered_words, alphanumeric = _lowered(words, binary)
     lowered = content.lower()
     return any(holds_word(lowered, word, alphanumeric) for word in lowered_words)
+
+
+# The only characters that, in the regex's case-insensitive match, stand for an ASCII letter (or
+# lower to one): dotted and dotless i, long s, the Kelvin sign. Any other keeps its own letters.
+_FOLDING_INTO_ASCII = ("\u0130", "\u0131", "\u017f", "\u212a")
+
+
+def _lowers_as_the_regex_folds(text: str, words: tuple[str, ...]) -> bool:
+    return all(word.isascii() for word in words) and not any(character in text for character in _FOLDING_INTO_ASCII)
 
 
 def holds_word(content: str | bytes, word: str | bytes, inside: frozenset) -> bool:

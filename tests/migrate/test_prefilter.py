@@ -98,6 +98,9 @@ _TRIGGER_TEXTS = [
     "ampmigrate", "ampmigratex", "xampmigrate", "xcustom_fwd", "custom_fwdx", "@custom_fwd", "my_custom_bwd_x",
     "GRADSCALER()", "torch.cuda.amp.GradScaler", "scaler2 = 1", "2scaler", "amp", "", "camp amp",
     "# noqa: AMP100", "sampleamp_amp", "ſcaler = 1", "é amp", "éamp", "amp\u00e9", "name = 'Kelvin \u212a'",
+    # the characters that match an ASCII letter in another case, beside a word or in one, and others that do not
+    "\u0131amp", "amp\u0131", "\u0130amp = 1", "amp\u0130", "\u017famp", "amp\u017f", "\u212aamp", "amp\u212a",
+    "Gradſcaler()", "ſcaler ü", "ÄMP = 1", "über_amp", "amp_über", "AMPé = 1", "naïve autocast", "ﬀ amp", "Ωscaler",
 ]
 
 
