@@ -53,12 +53,22 @@ def _packages(names: frozenset[str]) -> frozenset[str]:
     return frozenset(name.split(".")[0] for name in names)
 
 
+# What an attribute resolves to through an import ends with the attribute's own name
+# (``amp.GradScaler`` may be ``torch.cuda.amp.GradScaler``, never ``torch.autocast``): asked of
+# every call, ``is_grad_scaler`` and ``autocast_call`` look up the names of a bare name only.
+_GRAD_SCALER_CLASSES = frozenset(name.rsplit(".", 1)[1] for name in GRAD_SCALERS)
+
+
 def is_grad_scaler(visitor: cst.MetadataDependent, call: cst.Call) -> bool:
-    return resolved(visitor, call.func, GRAD_SCALERS) or nodes.call_name(call) in ("GradScaler", "ShardedGradScaler")
+    if type(call.func) is cst.Attribute:
+        return call.func.attr.value in _GRAD_SCALER_CLASSES
+    return resolved(visitor, call.func, GRAD_SCALERS) or nodes.call_name(call) in _GRAD_SCALER_CLASSES
 
 
 def autocast_call(visitor: cst.MetadataDependent, call: cst.Call) -> tuple[str | None, bool | None] | None:
     """``(dtype, enabled)`` of an autocast construction, or None when ``call`` is none."""
+    if type(call.func) is cst.Attribute and call.func.attr.value != "autocast":
+        return None
     names = qualified_names(visitor, call.func)
     if not (names & AUTOCASTS or (not names and nodes.call_name(call) == "autocast")):
         return None
