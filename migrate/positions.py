@@ -29,8 +29,8 @@ def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
 
 
 class _Positions(Mapping):
-    """The recorded ``(node, (line, column), (line, column))`` by the node's ``id``, read as
-    ``CodeRange``s by node."""
+    """The recorded ``(node, start line, start column, end line, end column)`` by the node's
+    ``id``, read as ``CodeRange``s by node."""
 
     def __init__(self, found: dict[int, tuple]) -> None:
         self._found = found  # its tuples hold the nodes: their ids stay theirs while it lives
@@ -39,18 +39,18 @@ class _Positions(Mapping):
         found = self._found.get(id(node))
         if found is None:
             raise KeyError(node)
-        _, start, end = found
-        return CodeRange(CodePosition(*start), CodePosition(*end))
+        _, start_line, start_column, end_line, end_column = found
+        return CodeRange(CodePosition(start_line, start_column), CodePosition(end_line, end_column))
 
     def __iter__(self) -> Iterator[cst.CSTNode]:
-        return (node for node, _, _ in self._found.values())
+        return (found[0] for found in self._found.values())
 
     def __len__(self) -> int:
         return len(self._found)
 
 
 class _CountingState(PositionProvidingCodegenState):
-    found: dict[int, tuple]  # id(node) -> (node, start, end)
+    found: dict[int, tuple]  # id(node) -> (node, start line, start column, end line, end column)
 
     def _update_position(self, value: str) -> None:
         if "\r" in value:
@@ -67,9 +67,9 @@ class _CountingState(PositionProvidingCodegenState):
         self._stack.append((self.line, self.column))
 
     def after_codegen(self, node: cst.CSTNode) -> None:
-        start = self._stack.pop()
+        line, column = self._stack.pop()
         if id(node) not in self.found:  # a syntactic position, recorded inside, is kept
-            self.found[id(node)] = (node, start, (self.line, self.column))
+            self.found[id(node)] = (node, line, column, self.line, self.column)
 
     def record_syntactic_position(self, node, *, start_node=None, end_node=None) -> "_Recording":
         return _Recording(self, node, start_node, end_node)
@@ -92,7 +92,7 @@ class _Recording:
     def __exit__(self, *_exc) -> bool:
         state = self.state
         found = state.found
-        start = found[id(self.start_node)][1] if self.start_node is not None else self.start
-        end = found[id(self.end_node)][2] if self.end_node is not None else (state.line, state.column)
-        found[id(self.node)] = (self.node, start, end)
+        start = found[id(self.start_node)][1:3] if self.start_node is not None else self.start
+        end = found[id(self.end_node)][3:] if self.end_node is not None else (state.line, state.column)
+        found[id(self.node)] = (self.node, *start, *end)
         return False
