@@ -29,8 +29,8 @@ from migrate.types import Position
 __all__ = ["Notebook", "NotebookError", "SUFFIX", "changed_cells", "searchable"]
 
 SUFFIX = NOTEBOOK_SUFFIX
-_BOUNDARY = "_ampmigrate_cell_boundary"  # a statement: comments can go with a statement a fix removes
-_MAGIC = "_ampmigrate_magic_{}"
+_BOUNDARY = "_ipynb_cell_boundary"  # a statement (comments can go with a statement a fix removes), no rule's word
+_MAGIC = "_ipynb_magic_{}"
 # IPython's line magics that run without their "%" when automagic is on (the default):
 # "pip install x" in a cell is "%pip install x".
 _AUTOMAGICS = frozenset(
@@ -45,7 +45,7 @@ _MAGIC_LINE = re.compile(
     r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w.,() \t]+=[ \t]*[%!]"  # %magic, !shell, ?help, obj?, x = !ls
     rf"|(?:{'|'.join(sorted(_AUTOMAGICS))})(?:[ \t]+[^\s=(\[,:;]|[ \t]*$))"  # pip install x, cd .., ls -la
 )
-_PLACEHOLDER_LINE = re.compile(r"^([ \t]*)(_ampmigrate_magic_\d+)[ \t]*$")
+_PLACEHOLDER_LINE = re.compile(r"^([ \t]*)(" + _MAGIC.format(r"\d+") + r")[ \t]*$")
 
 
 class NotebookError(ValueError):
@@ -151,7 +151,7 @@ class Notebook:
             return match.group(1) + self._magics.get(match.group(2), match.group(2))
 
         restored = "\n".join(_PLACEHOLDER_LINE.sub(put_back, line) for line in text.split("\n"))
-        if sorted(found) != sorted(cell.magics) or text.count("_ampmigrate_magic_") != len(found):
+        if sorted(found) != sorted(cell.magics) or text.count(_MAGIC.format("")) != len(found):
             raise NotebookError("the fixes moved an IPython magic line; the notebook was left unchanged")
         return restored
 

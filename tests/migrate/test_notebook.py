@@ -151,7 +151,7 @@ def test_a_file_that_is_not_a_notebook_is_an_error_and_left_alone(tmp_path, text
 
 
 def test_a_syntax_error_in_a_cell_is_reported_in_that_cell(tmp_path):
-    document = _notebook(_code(["import torch\n"]), _code(["x = (\n"]))
+    document = _notebook(_code(["from apex import amp\n"]), _code(["x = (\n"]))  # a notebook worth checking
     result = migrate_source(json.dumps(document), "nb.ipynb")
     assert result.error is not None
     assert result.diagnostics[0].location.cell == 3
@@ -170,6 +170,21 @@ def test_a_layout_that_cannot_be_written_back_exactly_is_reported_and_left_alone
 def test_a_notebook_in_another_language_is_not_checked():
     document = _notebook(_code(["from apex import amp\n"]), language="R")
     assert migrate_source(json.dumps(document), "nb.ipynb").diagnostics == ()
+
+
+def test_a_notebook_whose_code_holds_no_trigger_word_is_not_parsed(monkeypatch):
+    # its outputs say `amp`, which lets it past the search of the whole file; its code, joined
+    # with the cell boundaries and magic placeholders, holds no word a rule looks for
+    document = _notebook(_code(["import os\n", "%load_ext autoreload\n"]), _code(["print(os.getcwd())\n"]))
+    document["cells"][1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["use_amp: True\n"]}]
+    import migrate.engine
+
+    def never(*args, **kwargs):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(migrate.engine, "run_rules", never)
+    result = migrate_source(json.dumps(document), "nb.ipynb")
+    assert result.diagnostics == () and result.error is None
 
 
 def test_a_folder_search_finds_notebooks_but_not_their_checkpoints(tmp_path):
