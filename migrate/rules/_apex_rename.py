@@ -46,11 +46,13 @@ class ApexRename(Rule):
         self._funcs: set[int] = set()
         self._in_import = 0
         self._module: cst.Module | None = None
+        self._apex_bound: dict[str, list] = {}  # the names the file's apex imports bind
         self._pending: list[tuple[cst.CSTNode, str, NativeCall | NoFix]] = []  # decided once every use is known
         self._references: set[str] = set()  # targets also used outside calls
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
+        self._apex_bound = nodes.apex_imports(node)
 
     def visit_Import(self, node: cst.Import) -> None:
         self._in_import += 1
@@ -86,11 +88,15 @@ class ApexRename(Rule):
         self._funcs.add(id(node.func))
         self._pending.append((node, target, self.native_call(node, target)))
 
+    # Asked of every name in the file by each of these rules: one whose root no apex import binds
+    # is no target (``_target``), and is passed over before any other work.
     def visit_Name(self, node: cst.Name) -> None:
-        self._reference(node)
+        if node.value in self._apex_bound:
+            self._reference(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._reference(node)
+        if nodes.root_name(node) in self._apex_bound:
+            self._reference(node)
 
     def _reference(self, node: cst.BaseExpression) -> None:
         if id(node) in self._funcs:
