@@ -38,6 +38,8 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
     return StepModel(module, facts, roots)
 
 
+# The calls whose receiver (and first argument) name a scaler, an optimizer or a model.
+_READ_RECEIVER = frozenset({"unscale_", "step", "parameters", "named_parameters", "train", "eval"})
 # The methods whose calls make the events every rule starts from: a backward pass, a step, a
 # scaler's update, a cast of the model (``_is_step_call`` adds saves, scalers and autocast).
 _STEP_CALLS = frozenset({"backward", "step", "update", "half"})
@@ -105,14 +107,13 @@ class _Facts(cst.CSTVisitor):
         self.stack.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        targets = tuple(nodes.code(t.target) for t in node.targets)
         value = node.value
         if isinstance(value, cst.IfExp):  # `scaler = GradScaler() if amp else None`
             value = value.body
         if isinstance(value, cst.Call) and words.is_grad_scaler(self.visitor, value):
-            self.facts.scalers.update(targets)
+            self.facts.scalers.update(nodes.code(t.target) for t in node.targets)
         elif isinstance(value, (cst.Name, cst.Attribute)):
-            self.aliases.append((targets, nodes.code(value)))
+            self.aliases.append((tuple(nodes.code(t.target) for t in node.targets), nodes.code(value)))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and isinstance(node.value, cst.Call) and words.is_grad_scaler(self.visitor, node.value):
@@ -124,13 +125,16 @@ class _Facts(cst.CSTVisitor):
         if not isinstance(func, cst.Attribute):
             return
         name = func.attr.value
-        receiver = nodes.code(func.value)
-        first = nodes.code(node.args[0].value) if node.args else None
         if name == "backward" and isinstance(func.value, cst.Call) and nodes.call_name(func.value) == "scale":
             inner = func.value.func
             if isinstance(inner, cst.Attribute):
                 self.facts.scalers.add(nodes.code(inner.value))
-        elif name == "unscale_":
+            return
+        if name not in _READ_RECEIVER:
+            return  # nearly every call: its receiver's text is not worked out
+        receiver = nodes.code(func.value)
+        first = nodes.code(node.args[0].value) if node.args else None
+        if name == "unscale_":
             self.facts.scalers.add(receiver)
             if first:
                 self.facts.optimizers.add(first)
