@@ -1,7 +1,7 @@
 """The plan as libcst metadata: ``ApexPlanProvider`` attaches the file's ``ApexPlan`` to the module.
 
-The planner is imported when a file is first planned, not with the rules: a run over files
-without apex (a pre-commit hook on a native training loop) never loads it.
+The planner is imported when a file with an apex import is first planned, not with the rules: a
+run over files without one (a pre-commit hook on a native training loop) never loads it.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import libcst as cst
 from libcst.metadata import BatchableMetadataProvider, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from migrate.apex_nodes import apex_imports
 from migrate.apex_plan.vocabulary import ApexPlan
 
 
@@ -19,6 +20,9 @@ class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
     METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
 
     def visit_Module(self, node: cst.Module) -> bool:
+        if not apex_imports(node):  # nothing can name apex.amp (the planner's references all start at an apex import)
+            self.set_metadata(node, ApexPlan())
+            return False
         from migrate.apex_plan.planner import Planner
 
         self.set_metadata(node, Planner(self, node).plan())

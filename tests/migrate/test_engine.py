@@ -1,6 +1,8 @@
 """The engine: one parse for all rules, fixes by node identity, imports scheduled once, never a broken file."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import libcst as cst
@@ -631,6 +633,28 @@ def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
     assert not _imported(module, wanted) or libcst_adds_nothing
     if _imported(module, wanted) != libcst_adds_nothing:  # only ever where a shortcut would be unsure
         assert head in ("import sys, os\n", "from os import *\n", "'''a''' 'b'\nimport os\n", "from . import os\n")
+
+
+def test_a_native_file_saying_amp_is_linted_without_the_apex_planner():
+    source = (
+        "import torch\n"
+        "scaler = torch.amp.GradScaler('cuda')\n"
+        "for x, y in loader:\n"
+        "    with torch.autocast('cuda'):\n"
+        "        loss = model(x, y)\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.step(optimizer)\n"
+        "    scaler.update()\n"
+        "    print(loss.item())\n"
+    )
+    script = (
+        "import sys\n"
+        "from migrate.api import migrate_source\n"
+        f"print([d.code for d in migrate_source({source!r}, 'train.py').diagnostics])\n"
+        "print('migrate.apex_plan.planner' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.split("\n")[:2] == ["['AMP100']", "False"]
 
 
 def test_the_edits_of_many_fixes_cost_no_import_scheduling_each(monkeypatch):
