@@ -46,13 +46,13 @@ class ApexRename(Rule):
         self._funcs: set[int] = set()
         self._in_import = 0
         self._module: cst.Module | None = None
-        self._apex_bound: dict[str, list] = {}  # the names the file's apex imports bind
+        self._apex_imports: dict[str, list[ImportChange]] = {}  # the file's apex imports, by the name each binds
         self._pending: list[tuple[cst.CSTNode, str, NativeCall | NoFix]] = []  # decided once every use is known
         self._references: set[str] = set()  # targets also used outside calls
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
-        self._apex_bound = nodes.apex_imports(node)
+        self._apex_imports = nodes.apex_imports(node)
 
     def visit_Import(self, node: cst.Import) -> None:
         self._in_import += 1
@@ -69,8 +69,7 @@ class ApexRename(Rule):
     def _target(self, node: cst.CSTNode) -> str | None:
         # Only a name an apex import binds resolves to a target (every target is an apex name):
         # the others, nearly all of a file's, need no scope lookup.
-        imports = nodes.apex_imports(self._module)
-        if not imports or self._in_import or nodes.root_name(node) not in imports:
+        if self._in_import or nodes.root_name(node) not in self._apex_imports:
             return None
         target = self._target_among(qualified_names(self, node))
         if target is None or binds(self.get_metadata(ParentNodeProvider, node, None), node):
@@ -91,11 +90,11 @@ class ApexRename(Rule):
     # Asked of every name in the file by each of these rules: one whose root no apex import binds
     # is no target (``_target``), and is passed over before any other work.
     def visit_Name(self, node: cst.Name) -> None:
-        if node.value in self._apex_bound:
+        if node.value in self._apex_imports:
             self._reference(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if nodes.root_name(node) in self._apex_bound:
+        if nodes.root_name(node) in self._apex_imports:
             self._reference(node)
 
     def _reference(self, node: cst.BaseExpression) -> None:
@@ -141,7 +140,7 @@ class ApexRename(Rule):
             fix_message=message,
             add_imports=(ImportChange("torch"),),
             why_unsafe=why_unsafe,
-            remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
+            remove_imports=tuple(self._apex_imports.get(root or "", ())),
         )
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:

@@ -75,7 +75,7 @@ class AmpRegisterFunction(ApexRename):
             safety=safety,
             fix_message="Remove the registration",
             why_unsafe=why if safety is Safety.UNSAFE else "",
-            remove_imports=tuple(nodes.apex_imports(self._module).get(root or "", ())),
+            remove_imports=tuple(self._apex_imports.get(root or "", ())),
         )
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
