@@ -2,7 +2,7 @@
 
 ``migrate_source`` handles one text; ``migrate_paths`` finds the Python files and notebooks under paths
 (``migrate.files``), skips those that cannot contain anything the selected rules look for without
-parsing them (``migrate.prefilter``), parses the rest (in worker processes when there are many),
+parsing them (``migrate.prefilter``), parses the rest (both in worker processes when there are many),
 and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
 owner and hard links, unless they changed since they were read. A file that cannot be read,
 decoded, parsed or written is reported in its result and left untouched; the other files are
@@ -181,61 +181,128 @@ def migrate_paths(
     """
     rules = _chosen(rules, select, ignore)
     options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
-    words = trigger_words(rules)
     found = files.find(paths, exclude, respect_gitignore)
     results: dict[Path, FileResult | None] = _Results.fromkeys(sorted([*found.files, *found.problems]))  # path order
     results.progress = progress
     for path, why in found.problems.items():
         results[path] = _error_result(str(path), why)
-    todo: list[tuple[Path, files.Source]] = []
-    apex_texts: dict[Path, str] = {}
-    for path in found.files:
-        try:
-            source = files.read(path)
-        except OSError as error:
-            results[path] = _error_result(str(path), f"cannot read: {error.strerror or error}")
-            continue
-        decoded = _decode(str(path), source.data)
-        if isinstance(decoded, FileResult):
-            results[path] = decoded
-            continue
-        text = decoded[0]
-        if path.suffix == files.NOTEBOOK_SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
-            from migrate import notebook
-
-            worth_parsing = may_apply(notebook.searchable(text), words)
-        else:  # the whole check here, so that a run of such files never imports a rule
-            worth_parsing = needs_parsing(text, words)
-        if worth_parsing:
-            todo.append((path, source))
-            if "apex" in text and path.suffix != files.NOTEBOOK_SUFFIX:
-                apex_texts[path] = text
-        else:
-            results[path] = FileResult(str(path))
-
-    if todo and rules is None:
-        rules = tuple(select_rules())
-    workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(todo))
+    workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(found.files))
     with run_in_workers.StopOnInterrupt() as stop:
-        partners = {}
-        if apex_texts:  # apex amp split across files: paired here, in seconds at most (a Ctrl-C stops after it)
-            from migrate import halves
-
-            partners = halves.partners(apex_texts, options.settings)
-        if partners:
-            options = replace(options, partners={str(path): partner for path, partner in partners.items()})
-        if workers > 1 and len(todo) >= _PARALLEL_MIN_FILES and not stop.requested:
-            # the largest first: a long file started last would keep one worker busy while the others wait
-            largest_first = [path for path, source in sorted(todo, key=lambda item: len(item[1].data), reverse=True)]
-            run_in_workers.run_parallel(largest_first, workers, results, stop, _migrate_path, rules, options, write)
+        if workers > 1 and len(found.files) >= _PARALLEL_MIN_FILES:
+            with run_in_workers.WorkerPool(workers, stop) as pool:
+                _run_in_pool(pool, found.files, results, stop, rules, options, write)
         else:
-            for path, source in todo:
-                if stop.requested:
-                    break
-                results[path] = _migrate_file(path, source, rules, options, write)
+            _run_here(found.files, results, stop, rules, options, write)
         if stop.requested:
             raise Interrupted([r for r in results.values() if r is not None], len(results))
     return list(results.values())
+
+
+def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, options: _Options, write: bool) -> None:
+    """Every file in this process: few of them, or one worker asked for."""
+    words = trigger_words(rules)
+    todo: dict[Path, files.Source] = {}
+    apex_texts: dict[Path, str] = {}
+    for path in paths:
+        _take(path, _triage(path, words), results, todo, apex_texts)
+    if todo and rules is None:
+        rules = tuple(select_rules())
+    options = _with_partners(options, apex_texts)
+    for path, source in todo.items():
+        if stop.requested:
+            break
+        results[path] = _migrate_file(path, source, rules, options, write)
+
+
+def _run_in_pool(pool, paths: list[Path], results: dict, stop, rules: tuple | None, options: _Options, write: bool) -> None:
+    """Every file in worker processes: first each is triaged (read and prefiltered) there, sixteen
+    a job; then the files worth parsing are worked on, the largest first (a long file started
+    last would keep one worker busy while the others wait). The halves of apex amp are paired
+    here while the workers start on the first files, none of which says apex."""
+    words = trigger_words(rules)
+    sizes: dict[Path, int] = {}
+    apex_texts: dict[Path, str] = {}
+
+    def triaged(_key, verdicts: list) -> None:
+        for path, verdict in verdicts:
+            _take(path, verdict, results, sizes, apex_texts)
+
+    chunks = [paths[start:start + _TRIAGE_CHUNK] for start in range(0, len(paths), _TRIAGE_CHUNK)]
+    pool.run(((None, _triage_in_worker, (chunk, words)) for chunk in chunks), triaged)
+    if stop.requested or not sizes:
+        return
+    largest_first = sorted(sizes, key=sizes.get, reverse=True)
+    first = [path for path in largest_first if path not in apex_texts][: 2 * pool.workers]
+    started = set(first)
+
+    def jobs():
+        for path in first:
+            yield path, _migrate_path, (path, rules, options, write)
+        paired = _with_partners(options, apex_texts)  # while the workers work on the first files
+        for path in largest_first:
+            if path not in started:
+                yield path, _migrate_path, (path, rules, paired, write)
+
+    pool.run(jobs(), results.__setitem__)
+
+
+_TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it out, few enough to share evenly
+
+
+def _with_partners(options: _Options, apex_texts: dict[Path, str]) -> _Options:
+    """``options`` with the other half of each file holding one half of apex amp."""
+    if not apex_texts:
+        return options
+    from migrate import halves
+
+    partners = halves.partners(apex_texts, options.settings)
+    if not partners:
+        return options
+    return replace(options, partners={str(path): partner for path, partner in partners.items()})
+
+
+def _triage(path: Path, words: tuple[str, ...] | None) -> FileResult | tuple[files.Source, str | None]:
+    """A file's final result when it cannot be read or decoded, or is not worth parsing; else its
+    bytes as read, and its text when it may hold a half of apex amp (``migrate.halves``)."""
+    try:
+        source = files.read(path)
+    except OSError as error:
+        return _error_result(str(path), f"cannot read: {error.strerror or error}")
+    decoded = _decode(str(path), source.data)
+    if isinstance(decoded, FileResult):
+        return decoded
+    text = decoded[0]
+    if path.suffix == files.NOTEBOOK_SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+        from migrate import notebook
+
+        return (source, None) if may_apply(notebook.searchable(text), words) else FileResult(str(path))
+    if not needs_parsing(text, words):  # the whole check here, so that a run of such files never imports a rule
+        return FileResult(str(path))
+    return source, text if "apex" in text else None
+
+
+def _take(path: Path, verdict, results: dict, todo: dict, apex_texts: dict[Path, str]) -> None:
+    """A ``_triage`` verdict put where it goes: a final result, or ``todo[path]`` (the file's bytes, or
+    its size) and its text when it may hold a half of apex amp."""
+    if isinstance(verdict, FileResult):
+        results[path] = verdict
+        return
+    todo[path], apex_text = verdict
+    if apex_text is not None:
+        apex_texts[path] = apex_text
+
+
+def _triage_in_worker(paths: list[Path], words: tuple[str, ...] | None) -> list[tuple[Path, object]]:
+    """``_triage`` of each path, in a worker: a file worth parsing comes back as its size, not its
+    bytes (it is read again where it is worked on)."""
+    verdicts = []
+    for path in paths:
+        verdict = _triage(path, words)
+        if not isinstance(verdict, FileResult):
+            source, apex_text = verdict
+            verdict = len(source.data), apex_text
+        verdicts.append((path, verdict))
+    return verdicts
 
 
 class _Results(dict):

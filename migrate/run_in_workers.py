@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from migrate import files
 
-__all__ = ["StopOnInterrupt", "cores", "run_parallel"]
+__all__ = ["StopOnInterrupt", "WorkerPool", "cores"]
 
 
 class StopOnInterrupt:
@@ -37,34 +36,52 @@ class StopOnInterrupt:
         self.requested = True
 
 
-def run_parallel(todo: list[Path], workers: int, results: dict, stop: StopOnInterrupt, task: Callable, *run) -> None:
-    """One task a file, in worker processes that leave Ctrl-C to this one. Only a few files are
-    handed out ahead, so that on a stop request only the files in progress are finished."""
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # here: one-file runs start faster
+class WorkerPool:
+    """Worker processes that leave Ctrl-C to this one, for the jobs of one run. On leaving it after
+    a second Ctrl-C (KeyboardInterrupt) the workers are stopped at once (a replace is one rename)."""
 
-    waiting = iter(todo)
-    running = {}
+    def __init__(self, workers: int, stop: StopOnInterrupt) -> None:
+        from concurrent.futures import ProcessPoolExecutor  # here: one-file runs start faster
 
-    def hand_out_one() -> None:
-        path = next(waiting, None)
-        if path is not None:
-            running[pool.submit(task, path, *run)] = path
+        self.workers = workers
+        self._stop = stop
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context(), initializer=_leave_interrupts)
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context(), initializer=_leave_interrupts)
-    try:
-        for _ in range(2 * workers):  # two each: a worker never waits for its next file
-            hand_out_one()
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, kind, *_exc) -> None:
+        if kind is KeyboardInterrupt:
+            _stop_workers()
+            self._pool.shutdown(wait=False)
+        else:
+            self._pool.shutdown()
+
+    def run(self, jobs: Iterable[tuple[object, Callable, tuple]], on_done: Callable[[object, object], None]) -> None:
+        """Each job ``(key, function, arguments)`` runs in a worker; ``on_done(key, result)`` is called
+        here as it ends. Jobs are drawn from ``jobs`` only as workers need them (two each ahead,
+        so a worker never waits), so a generator of jobs may work between two; after a stop
+        request none is drawn, and only the jobs in progress are finished."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        waiting = iter(jobs)
+        running = {}
+
+        def hand_out_one() -> None:
+            job = next(waiting, None)
+            if job is not None:
+                key, function, arguments = job
+                running[self._pool.submit(function, *arguments)] = key
+
+        for _ in range(2 * self.workers):
+            if not self._stop.requested:
+                hand_out_one()
         while running:
             done, _ = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
             for future in done:
-                results[running.pop(future)] = future.result()
-                if not stop.requested:
+                on_done(running.pop(future), future.result())
+                if not self._stop.requested:
                     hand_out_one()
-    except KeyboardInterrupt:  # asked twice: the workers stop now (a replace is one rename)
-        _stop_workers()
-        pool.shutdown(wait=False)
-        raise
-    pool.shutdown()
 
 
 def _leave_interrupts() -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from migrate import halves
 from migrate.api import migrate_paths
+from migrate.types import ERROR_CODE
 
 ENGINE = """import torch
 from apex import amp
@@ -165,3 +166,39 @@ def test_a_half_given_alone_names_no_file_when_its_project_pairs_it_ambiguously(
     assert "train.py" not in _reasons(engine) and "finetune.py" not in _reasons(engine)
     train, = migrate_paths([tmp_path / "train.py"])  # the loop is finetune.py's too: not this file's alone
     assert "engine.py" not in _reasons(train)
+
+
+def test_a_run_in_workers_gives_the_results_of_a_run_in_one_process(tmp_path, monkeypatch):
+    """Many files are read, prefiltered and migrated in worker processes while the halves are
+    paired here: each file's result is the one a run in this process gives."""
+    from migrate import run_in_workers
+
+    notebook = (
+        '{"cells": [{"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], "source": '
+        '["from apex import amp\\n", "model, optimizer = amp.initialize(model, optimizer)\\n"]}], '
+        '"metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}\n'
+    )
+    root = _project(tmp_path, {
+        "engine.py": ENGINE,
+        "train.py": TRAIN.format(options=""),
+        "notes.py": "# install apex for fp16\nuse_amp = True\n",  # not worth parsing
+        "broken.py": "from apex import amp\ndef (:\n",
+        "book.ipynb": notebook,
+        "native.py": "import torch\nfor x in loader:\n    loss = model(x)\n    loss.backward()\n    print(loss.item())\n",
+        **{f"deprecated_{index}.py": "import torch\nscaler = torch.cuda.amp.GradScaler()\n" for index in range(3)},
+    })
+    (root / "latin.py").write_bytes(b"from apex import amp\nname = '\xe9'\n")  # not UTF-8
+    pools = []
+    monkeypatch.setattr(run_in_workers, "cores", lambda: 2)
+    run = run_in_workers.WorkerPool.run
+    monkeypatch.setattr(run_in_workers.WorkerPool, "run", lambda pool, *args: (pools.append(pool), run(pool, *args))[1])
+
+    here = migrate_paths([root], jobs=1, write=False, select=["ALL"])
+    assert not pools
+    in_workers = migrate_paths([root], jobs=2, write=False, select=["ALL"])
+    assert len(pools) == 2  # the triage, then the work
+    assert in_workers == here
+    results = _by_name(in_workers)
+    assert "from engine import scaler, train_epoch" in results["train.py"].new_source  # paired
+    assert results["latin.py"].error and results["broken.py"].diagnostics[0].code == ERROR_CODE
+    assert results["notes.py"].diagnostics == () and results["book.ipynb"].diagnostics[0].code == "AMP002"
