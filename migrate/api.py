@@ -189,8 +189,7 @@ def migrate_paths(
     workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(found.files))
     with run_in_workers.StopOnInterrupt() as stop:
         if workers > 1 and len(found.files) >= _PARALLEL_MIN_FILES:
-            with run_in_workers.WorkerPool(workers, stop) as pool:
-                _run_in_pool(pool, found.files, results, stop, rules, options, write)
+            _run_in_workers(workers, found.files, results, stop, rules, options, write)
         else:
             _run_here(found.files, results, stop, rules, options, write)
         if stop.requested:
@@ -214,25 +213,30 @@ def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, optio
         results[path] = _migrate_file(path, source, rules, options, write)
 
 
-def _run_in_pool(pool, paths: list[Path], results: dict, stop, rules: tuple | None, options: _Options, write: bool) -> None:
+def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules: tuple | None, options: _Options, write: bool) -> None:
     """Every file in worker processes: first each is triaged (read and prefiltered) there, sixteen
-    a job; then the files worth parsing are worked on, the largest first (a long file started
-    last would keep one worker busy while the others wait). The halves of apex amp are paired
-    here while the workers start on the first files, none of which says apex."""
+    a job, while this process imports the rules once a file needs them; then, in new workers
+    that inherit the rules, the files worth parsing are worked on, the largest first (a long file
+    started last would keep one worker busy while the others wait). The halves of apex amp are
+    paired here while the workers start on the first files, none of which says apex."""
     words = trigger_words(rules)
     sizes: dict[Path, int] = {}
     apex_texts: dict[Path, str] = {}
 
     def triaged(_key, verdicts: list) -> None:
+        nonlocal rules
         for path, verdict in verdicts:
             _take(path, verdict, results, sizes, apex_texts)
+        if sizes and rules is None:
+            rules = tuple(select_rules())
 
     chunks = [paths[start:start + _TRIAGE_CHUNK] for start in range(0, len(paths), _TRIAGE_CHUNK)]
-    pool.run(((None, _triage_in_worker, (chunk, words)) for chunk in chunks), triaged)
+    with run_in_workers.WorkerPool(workers, stop) as pool:
+        pool.run(((None, _triage_in_worker, (chunk, words)) for chunk in chunks), triaged)
     if stop.requested or not sizes:
         return
     largest_first = sorted(sizes, key=sizes.get, reverse=True)
-    first = [path for path in largest_first if path not in apex_texts][: 2 * pool.workers]
+    first = [path for path in largest_first if path not in apex_texts][: 2 * workers]
     started = set(first)
 
     def jobs():
@@ -243,7 +247,8 @@ def _run_in_pool(pool, paths: list[Path], results: dict, stop, rules: tuple | No
             if path not in started:
                 yield path, _migrate_path, (path, rules, paired, write)
 
-    pool.run(jobs(), results.__setitem__)
+    with run_in_workers.WorkerPool(min(workers, len(sizes)), stop) as pool:
+        pool.run(jobs(), results.__setitem__)
 
 
 _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it out, few enough to share evenly

@@ -43,7 +43,7 @@ class WorkerPool:
     def __init__(self, workers: int, stop: StopOnInterrupt) -> None:
         from concurrent.futures import ProcessPoolExecutor  # here: one-file runs start faster
 
-        self.workers = workers
+        self._workers = workers
         self._stop = stop
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context(), initializer=_leave_interrupts)
 
@@ -73,7 +73,7 @@ class WorkerPool:
                 key, function, arguments = job
                 running[self._pool.submit(function, *arguments)] = key
 
-        for _ in range(2 * self.workers):
+        for _ in range(2 * self._workers):
             if not self._stop.requested:
                 hand_out_one()
         while running:

@@ -395,6 +395,18 @@ def test_files_with_nothing_to_do_are_checked_without_importing_libcst(tree):
     assert result.stdout.decode().splitlines()[-1].split() == ["1", "True"], result.stderr.decode()
 
 
+def test_a_tree_with_nothing_to_do_is_checked_in_workers_without_importing_libcst(tmp_path):
+    for index in range(20):  # enough for worker processes to triage them
+        (tmp_path / f"module_{index}.py").write_text("import torch\nuse_amp = True  # install apex for fp16\n")
+    probe = (
+        "import sys\nfrom migrate.cli import main\ntry:\n    main([*sys.argv[1:], '--check', '-j', '2'])\n"
+        "except SystemExit as e:\n    print(e.code, 'libcst' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AMPSHIM_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, env=env, timeout=60)
+    assert result.stdout.decode().splitlines()[-1].split() == ["0", "False"], result.stderr.decode()
+
+
 @pytest.mark.parametrize(
     ("body", "named"),
     [

@@ -196,7 +196,7 @@ def test_a_run_in_workers_gives_the_results_of_a_run_in_one_process(tmp_path, mo
     here = migrate_paths([root], jobs=1, write=False, select=["ALL"])
     assert not pools
     in_workers = migrate_paths([root], jobs=2, write=False, select=["ALL"])
-    assert len(pools) == 2  # the triage, then the work
+    assert len(pools) == 2  # the triage, then the work, each in its workers
     assert in_workers == here
     results = _by_name(in_workers)
     assert "from engine import scaler, train_epoch" in results["train.py"].new_source  # paired
