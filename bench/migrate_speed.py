@@ -9,7 +9,8 @@ Measured side by side, round after round (the medians are reported), each in a f
    most 1.3x.
 3. ``ampmigrate --check`` on one generated apex file of a growing size (an apex training module of
    this benchmark's own, repeated): wall time and peak memory (maximum resident set), to see both
-   grow linearly; the largest is ``--big-mb``.
+   grow linearly; the largest is ``--big-mb``. Beside each, libcst alone parsing the file (its
+   import included), the floor of any run that parses it with libcst.
 
 ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
 share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.
@@ -93,6 +94,9 @@ def train_{index}(model, optimizer, loader, epochs=1):
 '''
 
 
+_PARSE_FILE = "import sys, libcst; libcst.parse_module(open(sys.argv[1], encoding='utf-8').read())"
+
+
 def big_file(path: Path, megabytes: float) -> Path:
     """An apex module of about ``megabytes`` MB: ``_MODULE`` repeated with fresh names."""
     parts = ["import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom apex import amp\n"]
@@ -168,8 +172,9 @@ def main() -> None:
             for megabytes in sizes:
                 path = big_file(Path(directory) / f"big_{megabytes:g}.py", megabytes)
                 elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
+                parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
                 print(f"generated apex file, {path.stat().st_size / 1e6:.2f} MB: --check {elapsed:.1f} s, "
-                      f"peak memory {peak:.0f} MB")
+                      f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
 
 
 if __name__ == "__main__":
