@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from migrate.api import _decode, select_rules
+from migrate.api import select_rules
+from migrate.file_run import decode
 from migrate.engine import run_rules
 from migrate.prefilter import may_apply, needs_parsing, trigger_words
 from migrate.types import FileResult
@@ -30,7 +31,7 @@ def main(trees: list[str]) -> int:
             words = words or trigger_words(rules)
             by_words = parsed = 0
             for path in paths:
-                decoded = _decode(str(path), path.read_bytes())
+                decoded = decode(str(path), path.read_bytes())
                 if isinstance(decoded, FileResult):
                     continue  # reported as an error whatever the rules say
                 text = decoded[0]

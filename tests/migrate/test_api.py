@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from migrate import api
-from migrate import prefilter, run_in_workers
+from migrate import file_run, prefilter, run_in_workers
 from migrate.api import discover, migrate_paths, migrate_source, select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE
 
@@ -77,13 +77,13 @@ def test_files_without_trigger_words_are_not_parsed(tmp_path, monkeypatch):
     plain = _write(tmp_path / "plain.py", "import torch\n")
     relevant = _write(tmp_path / "train.py", OLD)
     parsed = []
-    real = api._migrate_one
+    real = file_run.migrate_one
 
     def spy(filename, *args, **kwargs):
         parsed.append(Path(filename).name)
         return real(filename, *args, **kwargs)
 
-    monkeypatch.setattr(api, "_migrate_one", spy)
+    monkeypatch.setattr(file_run, "migrate_one", spy)
     results = migrate_paths([tmp_path], write=False, jobs=1, select=["AMP02"])
     assert [Path(r.filename).name for r in results] == ["plain.py", "train.py"]
     assert parsed == ["train.py"]

@@ -1,0 +1,221 @@
+"""One file's run: read and decode it, decide whether it is worth parsing (``triage``), run the
+rules over it, as Python or as a notebook's cells, and write the result back atomically. Every
+failure (unreadable, undecodable, unparsable, unwritable, a crashing rule) becomes the file's
+error result: one file never ends a run over the others.
+
+``migrate.api`` runs this over a text or a tree, in this process or in worker processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import tokenize
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+from migrate import files
+from migrate.prefilter import may_apply, needs_parsing, trigger_words
+from migrate.rules import select_rules
+from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
+
+__all__ = ["Options", "decode", "error_result", "migrate_file", "migrate_one", "migrate_path", "triage", "triage_in_worker"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What changes a file's result. ``fix=False`` only reports (``--check``)."""
+
+    unsafe_fixes: bool = False
+    fix: bool = True
+    settings: dict = field(default_factory=dict)
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
+    edits: bool = False  # give each fix its text edits (JSON, SARIF)
+    partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
+
+
+def triage(path: Path, words: tuple[str, ...] | None) -> FileResult | tuple[files.Source, str | None]:
+    """A file's final result when it cannot be read or decoded, or is not worth parsing; else its
+    bytes as read, and its text when it may hold a half of apex amp (``migrate.halves``)."""
+    try:
+        source = files.read(path)
+    except OSError as error:
+        return error_result(str(path), f"cannot read: {error.strerror or error}")
+    decoded = decode(str(path), source.data)
+    if isinstance(decoded, FileResult):
+        return decoded
+    text = decoded[0]
+    if path.suffix == files.NOTEBOOK_SUFFIX:  # its JSON escapes line ends: "\nscaler" would hide "scaler"
+        from migrate import notebook
+
+        return (source, None) if may_apply(notebook.searchable(text), words) else FileResult(str(path))
+    if not needs_parsing(text, words):  # the whole check here, so that a run of such files never imports a rule
+        return FileResult(str(path))
+    return source, text if "apex" in text else None
+
+
+def triage_in_worker(paths: list[Path], words: tuple[str, ...] | None) -> list[tuple[Path, object]]:
+    """``triage`` of each path, in a worker: a file worth parsing comes back as its size, not its
+    bytes (it is read again where it is worked on)."""
+    verdicts = []
+    for path in paths:
+        verdict = triage(path, words)
+        if not isinstance(verdict, FileResult):
+            source, apex_text = verdict
+            verdict = len(source.data), apex_text
+        verdicts.append((path, verdict))
+    return verdicts
+
+
+def _ignored_here(filename: str, options: Options) -> tuple[str, ...]:
+    """The code prefixes ``per_file_ignores`` leave out for this file."""
+    path = Path(filename)
+    return tuple(
+        code.strip().upper()
+        for glob, codes in options.per_file_ignores
+        if (not files.matches(path, [glob[1:]]) if glob.startswith("!") else files.matches(path, [glob]))
+        for code in codes
+    )
+
+
+def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool) -> FileResult:
+    """One file in a worker process (re-read there: cheaper than sending its bytes over)."""
+    try:
+        source = files.read(path)
+    except OSError as error:
+        return error_result(str(path), f"cannot read: {error.strerror or error}")
+    return migrate_file(path, source, rules, options, write)
+
+
+def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
+    partner = options.partners.get(str(path))
+    if partner is not None:
+        from migrate.halves import PARTNER
+
+        options = replace(options, settings={**options.settings, PARTNER: partner})
+    result = migrate_one(str(path), source.data, None, rules, options)
+    if not (write and result.changed):
+        return result
+    try:
+        files.replace(path, result.new_source.encode(result.encoding), source)
+    except UnicodeEncodeError as error:
+        return _unwritten(result, f"the fixed text cannot be encoded as {result.encoding!r}: {error}")
+    except files.ChangedSinceRead:
+        return _unwritten(result, "it changed on disk while ampmigrate ran; left as it is: run again to migrate it")
+    except OSError as error:
+        return _unwritten(result, f"cannot write: {error.strerror or error}; check the file's permissions")
+    return result
+
+
+def decode(filename: str, data: bytes) -> tuple[str, str] | FileResult:
+    """The text and its encoding (PEP 263 cookie or BOM), or the error result of a file that cannot be decoded."""
+    encoding = "utf-8"
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        return data.decode(encoding), encoding
+    except (SyntaxError, LookupError, UnicodeDecodeError) as error:
+        hint = "; it looks like UTF-16 or UTF-32" if data.startswith(_WIDE_BOMS) or b"\0" in data[:4096] else ""
+        return error_result(
+            filename, f"cannot decode as {encoding!r}: {error}{hint}; save it as UTF-8 or declare its encoding (PEP 263)"
+        )
+
+
+_WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def migrate_one(filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: Options) -> FileResult:
+    encoding = "utf-8"
+    if data is not None:
+        decoded = decode(filename, data)
+        if isinstance(decoded, FileResult):
+            return decoded
+        text, encoding = decoded
+    if filename.endswith(files.NOTEBOOK_SUFFIX):
+        return _migrate_notebook(filename, text, encoding, rules, options)
+    return _migrate_python(filename, text, encoding, rules, options)
+
+
+def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | None, options: Options) -> FileResult:
+    """A notebook's code cells, run as one Python text; findings are placed in their cells."""
+    from migrate import notebook
+
+    try:
+        book = notebook.Notebook(text)
+    except notebook.NotebookError as error:
+        return error_result(filename, f"{error}; left as it is")
+    if book.python is None:  # another language's notebook
+        return FileResult(filename, source=text, new_source=text, encoding=encoding)
+    inner = _migrate_python(filename, book.python, "utf-8", rules, options)
+
+    def in_cells(diagnostics: tuple[Diagnostic, ...], python: str) -> tuple[Diagnostic, ...]:
+        # a fix's edits address the cells joined as one text, not the notebook's JSON: they are left out
+        return tuple(
+            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
+                    fix=d.fix and replace(d.fix, edits=()))
+            for d in diagnostics
+        )
+
+    diagnostics = in_cells(inner.diagnostics, book.python)
+    source = None if inner.source is None else text
+    if inner.error or not inner.changed:
+        remaining = in_cells(inner.remaining, book.python)
+        return FileResult(filename, diagnostics, source, source, inner.error, encoding, remaining)
+    try:
+        fixed = book.rebuild(inner.new_source)
+    except notebook.NotebookError as error:
+        return _unwritten(FileResult(filename, diagnostics, text, text, None, encoding), str(error))
+    return FileResult(filename, diagnostics, text, fixed, None, encoding, in_cells(inner.remaining, inner.new_source))
+
+
+def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: Options) -> FileResult:
+    if not needs_parsing(text, trigger_words(rules)):
+        return FileResult(filename, source=text, new_source=text, encoding=encoding)
+    if rules is None:
+        rules = tuple(select_rules())
+    ignored = _ignored_here(filename, options) if options.per_file_ignores else ()
+    if ignored:
+        rules = () if "ALL" in ignored else tuple(rule for rule in rules if not rule.CODE.startswith(ignored))
+
+    from migrate.engine import run_rules  # libcst is imported only once a file needs parsing
+
+    # libcst drops the last newline of a file whose lines end in a lone CR: such a file is
+    # worked on with LF, then given its CRs back (a CR in its text can only be a line end).
+    cr_only = "\r" in text and "\n" not in text
+    try:
+        with _without_cycle_collection():
+            outcome = run_rules(
+                text.replace("\r", "\n") if cr_only else text, filename, rules,
+                fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings, edits=options.edits,
+            )
+    except Exception as error:  # one file must never end the run over the others
+        return error_result(filename, f"internal error: {type(error).__name__}: {error}", INTERNAL_ERROR_CODE)
+    new_text = outcome.source.replace("\n", "\r") if cr_only else outcome.source
+    return FileResult(filename, outcome.diagnostics, text, new_text, outcome.error, encoding, outcome.remaining)
+
+
+def _unwritten(result: FileResult, message: str) -> FileResult:
+    """The result of a file whose fixes could not be saved: it is as it was."""
+    error = error_result(result.filename, message)
+    diagnostics = (*error.diagnostics, *(replace(d, applied=False) for d in result.diagnostics))
+    return FileResult(result.filename, diagnostics, result.source, result.source, message, result.encoding, diagnostics)
+
+
+def error_result(filename: str, message: str, code: str = ERROR_CODE) -> FileResult:
+    start = Position(1, 1)
+    error = (Diagnostic(code, message, filename, start, start),)
+    return FileResult(filename, error, error=message, remaining=error)
+
+
+@contextlib.contextmanager
+def _without_cycle_collection():
+    """A parsed file is a tree of objects that all live until its run ends. The cycle collector
+    would scan them again and again as they are made, ever more of them: a fifth of a large file's
+    time, growing faster than the file. What the run leaves is collected once it is over."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
