@@ -1,7 +1,7 @@
 """Does the check before parsing skip a file that a rule would report? Asked of real trees.
 
-For every ``.py`` file of each TREE holding a rule's trigger word, in a plain run and with every
-rule (``--select ALL``): if ``migrate.prefilter.needs_parsing`` says no, the rules are run on it
+For every ``.py`` file of each TREE holding a rule's trigger word, in a plain run, with every
+rule (``--select ALL``) and with the training-step rules alone (``--select AMP1``): if ``migrate.prefilter.needs_parsing`` says no, the rules are run on it
 anyway, and any finding is printed. Also counts what each stage lets through.
 
 Usage::
@@ -18,17 +18,21 @@ from pathlib import Path
 from migrate.api import select_rules
 from migrate.file_run import decode
 from migrate.engine import run_rules
-from migrate.prefilter import may_apply, needs_parsing, trigger_words
+from migrate.prefilter import may_apply, needs_parsing, step_words, trigger_words
 from migrate.types import FileResult
 
 
 def main(trees: list[str]) -> int:
-    selections = {"plain run": (select_rules(), trigger_words(None)), "ALL": (select_rules(["ALL"]), None)}
+    selections = {  # the rules run, and the selection the prefilter is asked about (None: a plain run's)
+        "plain run": (select_rules(), None),
+        "ALL": (select_rules(["ALL"]), select_rules(["ALL"])),
+        "AMP1": (select_rules(["AMP1"]), select_rules(["AMP1"])),
+    }
     missed = 0
     for tree in trees:
         paths = sorted(p for p in Path(tree).rglob("*.py") if p.is_file() and not p.is_symlink())
-        for name, (rules, words) in selections.items():
-            words = words or trigger_words(rules)
+        for name, (rules, selection) in selections.items():
+            words, stepping = trigger_words(selection), step_words(selection)
             by_words = parsed = 0
             for path in paths:
                 decoded = decode(str(path), path.read_bytes())
@@ -38,7 +42,7 @@ def main(trees: list[str]) -> int:
                 if not may_apply(text, words):
                     continue
                 by_words += 1
-                if needs_parsing(text, words):
+                if needs_parsing(text, words, stepping):
                     parsed += 1
                     continue
                 found = run_rules(text, str(path), rules, fix=False).diagnostics

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from migrate import files, run_in_workers
 from migrate.file_run import Options, error_result, migrate_file, migrate_one, migrate_path, triage, triage_in_worker
 from migrate.files import DEFAULT_EXCLUDES
-from migrate.prefilter import trigger_words
+from migrate.prefilter import step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import FileResult
 
@@ -132,11 +132,11 @@ def migrate_paths(
 
 def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, options: Options, write: bool) -> None:
     """Every file in this process: few of them, or one worker asked for."""
-    words = trigger_words(rules)
+    words, stepping = trigger_words(rules), step_words(rules)
     todo: dict[Path, files.Source] = {}
     apex_texts: dict[Path, str] = {}
     for path in paths:
-        _take(path, triage(path, words), results, todo, apex_texts)
+        _take(path, triage(path, words, stepping), results, todo, apex_texts)
     if todo and rules is None:
         rules = tuple(select_rules())
     options = _with_partners(options, apex_texts)
@@ -152,7 +152,7 @@ def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules:
     that inherit the rules, the files worth parsing are worked on, the largest first (a long file
     started last would keep one worker busy while the others wait). The halves of apex amp are
     paired here while the workers start on the first files, none of which says apex."""
-    words = trigger_words(rules)
+    words, stepping = trigger_words(rules), step_words(rules)
     sizes: dict[Path, int] = {}
     apex_texts: dict[Path, str] = {}
 
@@ -165,7 +165,7 @@ def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules:
 
     chunks = [paths[start:start + _TRIAGE_CHUNK] for start in range(0, len(paths), _TRIAGE_CHUNK)]
     with run_in_workers.WorkerPool(workers, stop) as pool:
-        pool.run(((None, triage_in_worker, (chunk, words)) for chunk in chunks), triaged)
+        pool.run(((None, triage_in_worker, (chunk, words, stepping)) for chunk in chunks), triaged)
     if stop.requested or not sizes:
         return
     largest_first = sorted(sizes, key=sizes.get, reverse=True)

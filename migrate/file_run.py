@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from migrate import files
-from migrate.prefilter import may_apply, needs_parsing, trigger_words
+from migrate.prefilter import may_apply, needs_parsing, step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
@@ -35,9 +35,10 @@ class Options:
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
 
 
-def triage(path: Path, words: tuple[str, ...] | None) -> FileResult | tuple[files.Source, str | None]:
-    """A file's final result when it cannot be read or decoded, or is not worth parsing; else its
-    bytes as read, and its text when it may hold a half of apex amp (``migrate.halves``)."""
+def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) -> FileResult | tuple[files.Source, str | None]:
+    """A file's final result when it cannot be read or decoded, or is not worth parsing (``words``,
+    ``stepping``: ``needs_parsing``'s); else its bytes as read, and its text when it may hold a half
+    of apex amp (``migrate.halves``)."""
     try:
         source = files.read(path)
     except OSError as error:
@@ -50,17 +51,17 @@ def triage(path: Path, words: tuple[str, ...] | None) -> FileResult | tuple[file
         from migrate import notebook
 
         return (source, None) if may_apply(notebook.searchable(text), words) else FileResult(str(path))
-    if not needs_parsing(text, words):  # the whole check here, so that a run of such files never imports a rule
+    if not needs_parsing(text, words, stepping):  # the whole check here, so that a run of such files never imports a rule
         return FileResult(str(path))
     return source, text if "apex" in text else None
 
 
-def triage_in_worker(paths: list[Path], words: tuple[str, ...] | None) -> list[tuple[Path, object]]:
+def triage_in_worker(paths: list[Path], words: tuple[str, ...] | None, stepping: frozenset[str]) -> list[tuple[Path, object]]:
     """``triage`` of each path, in a worker: a file worth parsing comes back as its size, not its
     bytes (it is read again where it is worked on)."""
     verdicts = []
     for path in paths:
-        verdict = triage(path, words)
+        verdict = triage(path, words, stepping)
         if not isinstance(verdict, FileResult):
             source, apex_text = verdict
             verdict = len(source.data), apex_text
@@ -169,7 +170,7 @@ def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | No
 
 
 def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: Options) -> FileResult:
-    if not needs_parsing(text, trigger_words(rules)):
+    if not needs_parsing(text, trigger_words(rules), step_words(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:
         rules = tuple(select_rules())

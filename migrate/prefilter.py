@@ -17,6 +17,14 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 - a ``backward`` or ``step`` call (AMP100 reads the training step of a file that says ``amp``,
   and a training loop has one of them).
 
+Two more words are common in code that trains nothing: ``autocast`` (inference under autocast) and
+``scaler`` (a feature scaler). The rules reading them in a plain run (AMP100–AMP104, AMP108, AMP109:
+``Rule.NEEDS_A_STEP``) report only in a file making a step's call or casting to float16, so a file
+whose other words are only ``amp``/``apex`` goes on only if it holds one of those shapes too: a
+``backward``/``step`` call, or ``half``/``float16`` spelled as a name, an attribute or a string.
+A selection with a rule that reads them everywhere (the deprecated ``torch.cuda.amp.autocast``,
+AMP020) parses every file holding them, as before.
+
 ``noqa`` (the word of the unused-noqa rule, AMP800) counts only in a directive naming an ``AMP``
 code: ``# noqa: E501`` alone never makes a file worth parsing.
 
@@ -32,11 +40,13 @@ from typing import Sequence
 
 from migrate.types import holds_trigger, holds_word
 
-__all__ = ["PLAIN_RUN_WORDS", "needs_parsing", "trigger_words"]
+__all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_words", "trigger_words"]
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
 PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "amp", "ampmigrate", "apex", "autocast", "noqa", "scaler")
+# The words only NEEDS_A_STEP rules read in a plain run (``step_words``); test_prefilter keeps it so.
+PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"autocast", "scaler"})
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
 # ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:
@@ -49,6 +59,8 @@ _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
 _STEP_CALLS = frozenset({"backward", "step"})
+# What a float16 cast spells (``.half()``, ``.to(torch.float16)``, ``dtype="half"``): AMP108 reads these.
+_HALF_NAMES = frozenset({"half", "float16"})
 # apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
 _APEX_NAMES = frozenset({"apex", "amp_C", "apex_C"})
 
@@ -65,6 +77,14 @@ def trigger_words(rules: Sequence[type] | None) -> tuple[str, ...] | None:
     return tuple(sorted({word for rule in rules for word in rule.TRIGGERS}))
 
 
+def step_words(rules: Sequence[type] | None) -> frozenset[str]:
+    """The trigger words of ``rules`` (None: the plain run's) that only rules needing a step read."""
+    if rules is None:
+        return PLAIN_RUN_STEP_WORDS
+    anywhere = {word for rule in rules if not rule.NEEDS_A_STEP for word in rule.TRIGGERS}
+    return frozenset(word for rule in rules if rule.NEEDS_A_STEP for word in rule.TRIGGERS) - anywhere
+
+
 def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     """The text search: ``content`` holds one of ``words`` (bytes: the words are ASCII in any PEP 263 encoding)."""
     if words is None:
@@ -72,11 +92,12 @@ def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     return holds_trigger(content, words)
 
 
-def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
-    """Whether a rule with these ``words`` may have anything to do in ``content``.
+def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, step_words: frozenset[str] = frozenset()) -> bool:
+    """Whether a rule with these ``words`` may have anything to do in ``content``; ``step_words``
+    (``step_words(rules)``) are those of them that only rules needing a step read.
 
     False only when none of the words is there, or the only ones there are ``amp``/``apex`` and
-    the file has none of the shapes the rules act on: first its text is searched for what each
+    step words, and the file has none of the shapes the rules act on: first its text is searched for what each
     shape must spell out (a string spelling ``apex`` with escapes or split in two is not looked
     for), and only a file holding some is parsed. A file ``ast`` cannot parse is then handed on,
     so that its error is reported.
@@ -92,16 +113,18 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None) -> bool:
         words = tuple(word for word in words if word != _NOQA_WORD)
         if not words or not may_apply(content, words):
             return False
-    rare = tuple(word for word in words if word not in _COMMON_WORDS)
+    rare = tuple(word for word in words if word not in _COMMON_WORDS and word not in step_words)
     if len(rare) == len(words) or (rare and may_apply(content, rare)):
         return True
-    if not _may_hold_a_shape(content):
+    stepping = tuple(word for word in words if word in step_words)
+    casts = bool(stepping) and may_apply(content, stepping)  # a float16 cast is then a shape too
+    if not (_may_hold_a_shape(content) or (casts and any(_holds_word(content, name) for name in _HALF_NAMES))):
         return False  # most such files are decided here, without parsing
     try:
         tree = ast.parse(content)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return True
-    return _has_amp_shape(tree)
+    return _has_amp_shape(tree, casts)
 
 
 def _may_hold_a_shape(content: bytes | str) -> bool:
@@ -124,7 +147,9 @@ _IDENTIFIER_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR
 _IDENTIFIER_BYTES = frozenset(character.encode() for character in _IDENTIFIER_CHARACTERS)
 
 
-def _has_amp_shape(tree: ast.AST) -> bool:
+def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
+    """Whether ``tree`` holds one of the shapes; with ``casts``, a name, attribute or string
+    spelling a float16 cast counts too."""
     for node in ast.walk(tree):
         kind = type(node)
         if kind is ast.Import:
@@ -134,13 +159,16 @@ def _has_amp_shape(tree: ast.AST) -> bool:
             if _names_apex(node.module or "") or any(alias.name in _APEX_NAMES for alias in node.names):
                 return True
         elif kind is ast.Name:
-            if node.id in _APEX_NAMES:
+            if node.id in _APEX_NAMES or (casts and node.id in _HALF_NAMES):
                 return True
         elif kind is ast.Attribute:
             if node.attr in _APEX_NAMES or node.attr in _STEP_CALLS or (node.attr in _AMP_CALLS and _is_amp(node.value)):
                 return True
+            if casts and node.attr in _HALF_NAMES:
+                return True
         elif kind is ast.Constant:
-            if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")):
+            if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")
+                                            or (casts and node.value in _HALF_NAMES)):
                 return True
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
             if node.name in _APEX_NAMES:

@@ -90,6 +90,11 @@ class Rule(cst.BatchableCSTVisitor):
     # "clamp"). Files holding none of the selected rules' words are skipped unparsed, and a rule
     # whose words a file lacks does not visit it. Empty: every file.
     TRIGGERS: ClassVar[tuple[str, ...]] = ()
+    # True: the rule reports only in a file that calls ``.backward()`` or ``.step()`` through an
+    # attribute, or casts to float16 (``.half()``, ``.to(torch.float16)``): where the step model has
+    # events. A file whose only trigger words are such rules' words, and that does none of this, is
+    # skipped unparsed (``migrate.prefilter``).
+    NEEDS_A_STEP: ClassVar[bool] = False
     # False: run only when a --select prefix (or ALL) names the rule, not in a plain run.
     DEFAULT: ClassVar[bool] = True
     # How safe the fixes it offers are, as --list-rules shows it; checked against INVALID by the tests.

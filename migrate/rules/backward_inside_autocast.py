@@ -24,6 +24,7 @@ class BackwardInsideAutocast(TrainingStepRule):
     CODE = "AMP104"
     MESSAGE = "`backward()` inside an autocast region; end the `with autocast` block after the loss"
     TRIGGERS = ("autocast",)
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -41,6 +41,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
     TRIGGERS = ("scaler", "GradScaler")
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -28,6 +28,7 @@ class HalfModelWithAutocast(TrainingStepRule):
     CODE = "AMP108"
     MESSAGE = "the model is cast to float16 while autocast / a GradScaler manage precision; keep it in float32"
     TRIGGERS = ("autocast", "GradScaler")
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -33,6 +33,7 @@ class HostSyncEveryStep(TrainingStepRule):
     CODE = "AMP100"
     MESSAGE = "a training-step tensor is pulled to the host every iteration (the GPU waits each step)"
     TRIGGERS = ("GradScaler", "autocast", "scaler", "amp", "apex")  # a mixed-precision step: fp32 loops are not this linter's
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -29,6 +29,7 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
     TRIGGERS = ("scaler", "GradScaler")
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

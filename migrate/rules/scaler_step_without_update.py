@@ -26,6 +26,7 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
     CODE = "AMP103"
     MESSAGE = "`scaler.step()` with no `scaler.update()` in the same iteration"
     TRIGGERS = ("scaler", "GradScaler")
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

@@ -29,6 +29,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "a backward pass on an unscaled loss is followed by `scaler.step()`; use `scaler.scale(loss).backward()`"
     TRIGGERS = ("scaler",)
+    NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),

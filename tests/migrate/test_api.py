@@ -73,22 +73,39 @@ def test_missing_path_is_an_error(tmp_path):
         discover([tmp_path / "nope"])
 
 
-def test_files_without_trigger_words_are_not_parsed(tmp_path, monkeypatch):
-    plain = _write(tmp_path / "plain.py", "import torch\n")
-    relevant = _write(tmp_path / "train.py", OLD)
-    parsed = []
+@pytest.fixture
+def parsed(monkeypatch):
+    """The names of the files a run in this process parses, in order."""
+    names = []
     real = file_run.migrate_one
 
     def spy(filename, *args, **kwargs):
-        parsed.append(Path(filename).name)
+        names.append(Path(filename).name)
         return real(filename, *args, **kwargs)
 
     monkeypatch.setattr(file_run, "migrate_one", spy)
+    return names
+
+
+def test_files_without_trigger_words_are_not_parsed(tmp_path, parsed):
+    plain = _write(tmp_path / "plain.py", "import torch\n")
+    relevant = _write(tmp_path / "train.py", OLD)
     results = migrate_paths([tmp_path], write=False, jobs=1, select=["AMP02"])
     assert [Path(r.filename).name for r in results] == ["plain.py", "train.py"]
     assert parsed == ["train.py"]
     assert results[0].diagnostics == () and not results[0].changed
     assert plain.read_text() == "import torch\n" and relevant.read_text() == OLD  # write=False
+
+
+def test_a_file_only_step_rules_could_read_is_not_parsed_without_a_step(tmp_path, parsed):
+    inference = _write(tmp_path / "infer.py", "import torch\nwith torch.cuda.amp.autocast():\n    for x in loader:\n        print(model(x).argmax(1).item())\n")
+    _write(tmp_path / "train.py", "with torch.autocast('cuda'):\n    loss = model(x)\n    loss.backward()\n")
+    results = migrate_paths([tmp_path], write=False, jobs=1)
+    assert parsed == ["train.py"]
+    assert [d.code for r in results for d in r.diagnostics] == ["AMP104"]
+    parsed.clear()
+    results = migrate_paths([inference], write=False, jobs=1, select=["AMP020"])  # reads autocast anywhere
+    assert parsed == ["infer.py"] and [d.code for d in results[0].diagnostics] == ["AMP020"]
 
 
 def test_trigger_words_match_whole_words_only(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from migrate.api import select_rules
 from migrate.engine import run_rules
-from migrate.prefilter import PLAIN_RUN_WORDS, needs_parsing, trigger_words
+from migrate.prefilter import PLAIN_RUN_STEP_WORDS, PLAIN_RUN_WORDS, needs_parsing, step_words, trigger_words
 from migrate.rules import all_rules
 from migrate.types import holds_trigger, triggers_pattern
 
@@ -22,6 +22,11 @@ def test_plain_run_words_are_the_default_rules_words():
     assert tuple(sorted(PLAIN_RUN_WORDS)) == words, f"set migrate.prefilter.PLAIN_RUN_WORDS = {words!r}"
 
 
+def test_plain_run_step_words_are_those_only_the_default_step_rules_read():
+    stepping = step_words([rule for rule in all_rules() if rule.DEFAULT])
+    assert PLAIN_RUN_STEP_WORDS == stepping, f"set migrate.prefilter.PLAIN_RUN_STEP_WORDS = {set(stepping)!r}"
+
+
 @pytest.mark.parametrize(
     ("rule", "source"),
     [
@@ -31,18 +36,18 @@ def test_plain_run_words_are_the_default_rules_words():
     ],
 )
 def test_every_rule_example_is_parsed(rule, source):
-    assert needs_parsing(source, trigger_words([rule]))
+    assert needs_parsing(source, trigger_words([rule]), step_words([rule]))
     if rule.DEFAULT:
-        assert needs_parsing(source, trigger_words(None))
+        assert needs_parsing(source, trigger_words(None), step_words(None))
 
 
 @pytest.mark.parametrize("path", _FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_fixture_a_rule_reports_on_is_skipped(path):
     text = path.read_text(encoding="utf-8")
-    for rules, words in ((select_rules(), trigger_words(None)), (select_rules(["ALL"]), trigger_words(all_rules()))):
+    for rules, selection in ((select_rules(), None), (select_rules(["ALL"]), all_rules()), (select_rules(["AMP1"]),) * 2):
         outcome = run_rules(text, str(path), rules, fix=False)
         if outcome.diagnostics:
-            assert needs_parsing(text, words), [d.code for d in outcome.diagnostics]
+            assert needs_parsing(text, trigger_words(selection), step_words(selection)), [d.code for d in outcome.diagnostics]
 
 
 @pytest.mark.parametrize(
@@ -84,6 +89,45 @@ def test_files_that_only_say_amp_are_skipped(source):
 )
 def test_files_with_a_shape_the_rules_read_are_parsed(source):
     assert needs_parsing(source, trigger_words(None))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "with torch.autocast('cuda'):\n    for x in loader:\n        print(model(x).argmax(1).tolist())\n",
+        "scaler = StandardScaler()\nfeatures = scaler.fit_transform(features)\nprint(features.mean().item())\n",
+        "def predict(model, x, use_amp):\n    with torch.cuda.amp.autocast(enabled=use_amp):\n        return model(x).float()\n",
+        "# not .step() but a step size\ngrad_scaler_steps = 4\nscaler = MinMaxScaler(step_size=2)\n",
+        "with torch.autocast('cuda'):\n    y = model(x)\ndef broken(:\n",  # no step: its error is not ours to report
+    ],
+)
+def test_files_whose_words_only_step_rules_read_are_skipped_without_a_step(source):
+    assert not needs_parsing(source, trigger_words(None), step_words(None))
+    assert not needs_parsing(source.encode(), trigger_words(None), step_words(None))
+    assert needs_parsing(source, trigger_words(None))  # without step words: every file holding them
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "with torch.autocast('cuda'):\n    loss = model(x)\nloss.backward()\n",
+        "for x in loader:\n    scaler.step(opt)\n",
+        "model.half()\nwith torch.autocast('cuda'):\n    y = model(x)\n",
+        "model.to(device, dtype=half)\nwith autocast():\n    y = model(x)\n",
+        "model = model.to(torch.float16)\nwith torch.autocast('cuda'):\n    y = model(x)\n",
+        "model = model.to(dtype='float16')\nwith torch.autocast('cuda'):\n    y = model(x)\n",
+        "with torch.autocast('cuda'):\n    loss = model(x)\nloss.backward()\ndef broken(:\n",  # handed on: its error is reported
+    ],
+)
+def test_files_whose_words_only_step_rules_read_are_parsed_with_a_step_or_a_cast(source):
+    assert needs_parsing(source, trigger_words(None), step_words(None))
+
+
+def test_a_selection_with_a_rule_reading_a_step_word_everywhere_parses_every_file_holding_it():
+    inference = "with torch.cuda.amp.autocast():\n    y = model(x)\n"
+    assert not step_words(select_rules(["AMP020", "AMP104"]))
+    assert needs_parsing(inference, trigger_words(select_rules(["AMP020"])), step_words(select_rules(["AMP020"])))
+    assert not needs_parsing(inference, trigger_words(select_rules(["AMP104"])), step_words(select_rules(["AMP104"])))
 
 
 def test_rare_words_decide_without_parsing():
