@@ -92,8 +92,8 @@ def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:
     return holds_trigger(content, words)
 
 
-def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, step_words: frozenset[str] = frozenset()) -> bool:
-    """Whether a rule with these ``words`` may have anything to do in ``content``; ``step_words``
+def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, stepping: frozenset[str] = frozenset()) -> bool:
+    """Whether a rule with these ``words`` may have anything to do in ``content``; ``stepping``
     (``step_words(rules)``) are those of them that only rules needing a step read.
 
     False only when none of the words is there, or the only ones there are ``amp``/``apex`` and
@@ -113,11 +113,11 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, step_word
         words = tuple(word for word in words if word != _NOQA_WORD)
         if not words or not may_apply(content, words):
             return False
-    rare = tuple(word for word in words if word not in _COMMON_WORDS and word not in step_words)
+    rare = tuple(word for word in words if word not in _COMMON_WORDS and word not in stepping)
     if len(rare) == len(words) or (rare and may_apply(content, rare)):
         return True
-    stepping = tuple(word for word in words if word in step_words)
-    casts = bool(stepping) and may_apply(content, stepping)  # a float16 cast is then a shape too
+    present = tuple(word for word in words if word in stepping)
+    casts = bool(present) and may_apply(content, present)  # a float16 cast is then a shape too
     if not (_may_hold_a_shape(content) or (casts and any(_holds_word(content, name) for name in _HALF_NAMES))):
         return False  # most such files are decided here, without parsing
     try:
