@@ -95,7 +95,7 @@ def migrate_file(path: Path, source: files.Source, rules: tuple | None, options:
         from migrate.halves import PARTNER
 
         options = replace(options, settings={**options.settings, PARTNER: partner})
-    result = migrate_one(str(path), source.data, None, rules, options)
+    result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
     if not (write and result.changed):
         return result
     try:
@@ -125,7 +125,9 @@ def decode(filename: str, data: bytes) -> tuple[str, str] | FileResult:
 _WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
-def migrate_one(filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: Options) -> FileResult:
+def migrate_one(filename: str, data: bytes | None, text: str | None, rules: tuple | None, options: Options,
+                triaged: bool = False) -> FileResult:
+    """One file's result; ``triaged``: ``triage`` found it worth parsing (not asked again)."""
     encoding = "utf-8"
     if data is not None:
         decoded = decode(filename, data)
@@ -134,7 +136,7 @@ def migrate_one(filename: str, data: bytes | None, text: str | None, rules: tupl
         text, encoding = decoded
     if filename.endswith(files.NOTEBOOK_SUFFIX):
         return _migrate_notebook(filename, text, encoding, rules, options)
-    return _migrate_python(filename, text, encoding, rules, options)
+    return _migrate_python(filename, text, encoding, rules, options, triaged)
 
 
 def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | None, options: Options) -> FileResult:
@@ -169,8 +171,9 @@ def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | No
     return FileResult(filename, diagnostics, text, fixed, None, encoding, in_cells(inner.remaining, inner.new_source))
 
 
-def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: Options) -> FileResult:
-    if not needs_parsing(text, trigger_words(rules), step_words(rules)):
+def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None, options: Options,
+                    triaged: bool = False) -> FileResult:
+    if not triaged and not needs_parsing(text, trigger_words(rules), step_words(rules)):
         return FileResult(filename, source=text, new_source=text, encoding=encoding)
     if rules is None:
         rules = tuple(select_rules())
