@@ -17,6 +17,7 @@ from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
 
 _MAX_DEPTH = 3
+_ASSIGNMENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign)  # compared by exact type
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Walk:
             self._statement(statement, frames, statements + (statement,))
 
     def _statement(self, node: cst.CSTNode, frames: tuple, statements: tuple) -> None:
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        if type(node) is cst.FunctionDef or type(node) is cst.ClassDef:  # exact types: isinstance of a libcst node is slow
             return
         if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             for small in node.body:
@@ -144,13 +145,13 @@ class Walk:
 
     def _small(self, small: cst.BaseSmallStatement, frames: tuple, statements: tuple) -> None:
         value = getattr(small, "value", None)
-        if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and value is not None:
+        if type(small) in _ASSIGNMENTS and value is not None:
             targets = _targets(small)
             self._expression(value, frames, statements)
             self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), small, frames, statements))
             for target in targets:
                 self._values_of.setdefault(target, []).append(value)
-            if not isinstance(small, cst.AugAssign):
+            if type(small) is not cst.AugAssign:
                 self.host_names.difference_update(targets)
                 if _pulled(value):
                     self.host_names.update(targets)
@@ -250,7 +251,7 @@ class Walk:
     def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
         facts = self.facts
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             for entered in reversed(self._entered):
                 local = facts.nested.get(id(entered), {}).get(func.value)
                 if local is not None:
@@ -333,10 +334,10 @@ def _leaves(block: cst.BaseSuite) -> bool:
 
 def _pulled(value: cst.BaseExpression) -> bool:
     """Whether ``value`` is read on the host: ``loss.item()``, ``out.cpu().numpy()``, ``float(x)``."""
-    if isinstance(value, cst.Call):
+    if type(value) is cst.Call:
         name = nodes.call_name(value)
-        return name in ("item", "tolist", "numpy") or (isinstance(value.func, cst.Name) and name in ("float", "int"))
-    if isinstance(value, cst.BinaryOperation):
+        return name in ("item", "tolist", "numpy") or (type(value.func) is cst.Name and name in ("float", "int"))
+    if type(value) is cst.BinaryOperation:
         return _pulled(value.left) or _pulled(value.right)
     return False
 
@@ -349,10 +350,10 @@ def _targets(small: cst.CSTNode) -> tuple[str, ...]:
     found: list[str] = []
 
     def add(target: cst.BaseExpression) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) is cst.Tuple or type(target) is cst.List:
             for element in target.elements:
                 add(element.value)
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             add(target.value)
         else:
             found.append(nodes.code(target))
@@ -374,7 +375,7 @@ def _text(node: cst.CSTNode | None) -> str | None:
 
 
 def _code(node: cst.CSTNode) -> str:
-    return nodes.code(node) if isinstance(node, (cst.Name, cst.Attribute)) else ""
+    return nodes.code(node) if type(node) is cst.Name or type(node) is cst.Attribute else ""
 
 
 def _has_call(node: cst.CSTNode) -> bool:
