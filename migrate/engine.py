@@ -315,10 +315,57 @@ def _schedule_imports(
         module = AddImportsVisitor(context).transform_module(module)
     if removes:
         before = _empty_ifs(module)
-        module = RemoveImportsVisitor(context).transform_module(module)
+        module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
+
+
+def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer]:
+    """``remover``, keeping the comments above an import line it removes: they go to the next
+    statement (or the end of the block; a block left empty loses them). libcst drops them with
+    the line, and they are the user's (often the native import, commented out:
+    ``# from torch.nn.parallel import DDP``)."""
+
+    class RemoveImportsKeepingComments(remover):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._removed: dict[int, Sequence[cst.EmptyLine]] = {}
+
+        def leave_SimpleStatementLine(self, original_node, updated_node):
+            if not updated_node.body:  # libcst removes the line
+                comments = any(line.comment for line in original_node.leading_lines)
+                self._removed[id(original_node)] = original_node.leading_lines if comments else ()
+            return updated_node
+
+        def _carried(self, original_node, updated_node, footer_field: str):
+            removed = sum(id(s) in self._removed for s in original_node.body)
+            if not removed or len(updated_node.body) != len(original_node.body) - removed:
+                return updated_node  # nothing removed here, or not only removed: kept as libcst made it
+            kept, carried, survivors = [], [], iter(updated_node.body)
+            for statement in original_node.body:
+                if id(statement) in self._removed:
+                    carried += self._removed[id(statement)]
+                    continue
+                survivor = next(survivors)
+                if carried:
+                    survivor = survivor.with_changes(leading_lines=(*carried, *survivor.leading_lines))
+                    carried = []
+                kept.append(survivor)
+            changes = {"body": kept}
+            if carried:
+                changes[footer_field] = (*carried, *getattr(updated_node, footer_field))
+            return updated_node.with_changes(**changes)
+
+        def leave_IndentedBlock(self, original_node, updated_node):
+            if not updated_node.body:  # the block goes (its `if` with it): so do its comments
+                return updated_node
+            return self._carried(original_node, updated_node, "footer")
+
+        def leave_Module(self, original_node, updated_node):
+            return self._carried(original_node, super().leave_Module(original_node, updated_node), "footer")
+
+    return RemoveImportsKeepingComments
 
 
 def _bound_name(imp: ImportChange) -> str:

@@ -36,7 +36,10 @@ class AmpInternals(ApexRename):
     INVALID = [
         Invalid("from apex import amp\namp._amp_state.loss_scalers[0]._loss_scale = 2.0 ** 16\n"),
         Invalid("from apex import amp\namp_handle = amp.init(enabled=args.fp16)\n"),
-        Invalid("import apex\nif hasattr(optimizer, '_amp_stash'):\n    optimizer._amp_stash.lazy_init_called = True\n"),
+        Invalid(
+            "import apex\nif hasattr(optimizer, '_amp_stash'):\n    optimizer._amp_stash.lazy_init_called = True\n",
+            "if hasattr(optimizer, '_amp_stash'):\n    optimizer._amp_stash.lazy_init_called = True\n",
+        ),
     ]
 
     METADATA_DEPENDENCIES = (*ApexRename.METADATA_DEPENDENCIES, ApexPlanProvider)

@@ -1,5 +1,9 @@
-"""AMP001: apex imports: dead ``try: ... except ImportError:`` guards removed, unresolvable imports reported."""
+"""AMP001: apex imports: unused ones and dead ``try: ... except ImportError:`` guards removed,
+unresolvable imports reported."""
 from __future__ import annotations
+
+import ast
+import re
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
@@ -7,33 +11,42 @@ from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameP
 from migrate import apex_nodes as nodes
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
-from migrate.types import FixSafety, Safety
+from migrate.types import FixSafety, ImportChange, Safety
 
 class ApexImport(Rule):
     """What it does:
     Once the apex names an import brought in are no longer used, the rewrites' import cleanup
     removes the import itself (``from apex import amp``, ``import apex.amp as apex_amp``,
-    ``import apex``, and so on, resolved by qualified name). This rule finishes the job on the
-    guards around it: a ``try:`` left holding only ``pass`` or constant flags
-    (``APEX_AVAILABLE = True``) cannot raise, so its ``except ImportError:`` branch is dead and
-    the ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
+    ``import apex``, and so on, resolved by qualified name). This rule removes the apex imports
+    that nothing in the file used in the first place (``from apex import optimizers`` left over
+    from an experiment), and finishes the job on the guards around an import: a ``try:`` left
+    holding only ``pass`` or constant flags (``APEX_AVAILABLE = True``) cannot raise, so its
+    ``except ImportError:`` branch is dead and the ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
     (``if amp is not None:``) that keep apex imported.
 
+    An unused import is left alone where it may be wanted all the same: in a class body (a class
+    attribute), under ``if TYPE_CHECKING:`` (never imported at run time), in a ``try`` whose
+    ``except ImportError:`` sets a fallback (an availability check: ``HAS_APEX = False``), and
+    where a string that is Python code names it (``__all__``, a string annotation, ``eval``; not
+    a message such as "please install apex").
+
     Why is this bad?
-    An import guard around nothing is noise, and an import the codemod cannot resolve hides apex
-    use from it.
+    An apex import, used or not, makes the file fail where apex is not installed. An import
+    guard around nothing is noise, and an import the codemod cannot resolve hides apex use from it.
 
     Fix safety:
-    Safe: a body of ``pass`` and constant assignments cannot raise, so the handlers never run.
-    The rest is reported without a fix.
+    Safe: a body of ``pass`` and constant assignments cannot raise, so the handlers never run;
+    an unused import's only effect is importing apex (which patches nothing until it is called).
+    Unsafe where other modules may import the name from this one: in a package's ``__init__.py``,
+    or marked ``# noqa: F401`` (kept on purpose). The rest is reported without a fix.
 
     Options:
     None.
     """
 
     CODE = "AMP001"
-    FIX_SAFETY = FixSafety.ALWAYS
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex import"
     TRIGGERS = ("apex", "amp")
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
@@ -42,6 +55,12 @@ class ApexImport(Rule):
         Valid("try:\n    import torch_xla\nexcept ImportError:\n    pass\n"),
         Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
         Valid("try:\n    class Norm(Base):\n        pass\nexcept ImportError:\n    Norm = None\n"),
+        Valid("try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n"),
+        Valid("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from apex.optimizers import FusedLAMB\n\n"
+              "def build(opt: 'FusedLAMB'):\n    return opt\n"),
+        Valid("from apex.normalization import FusedLayerNorm\n\n__all__ = ['FusedLayerNorm']\n"),
+        Valid("class Trainer:\n    from apex import amp\n\n    def step(self, loss):\n        self.amp.scale_loss(loss)\n"),
+        Valid("import apex.amp\n\nmodel = apex.parallel.convert_syncbn_model(model)\n"),
     ]
     INVALID = [
         Invalid(
@@ -53,9 +72,80 @@ class ApexImport(Rule):
             "import torch\n\nif args.fp16:\n    try:\n        pass\n    except ImportError:\n        raise ImportError('Please install apex')\n",
             "import torch\n",
         ),
+        Invalid("import torch\nfrom apex import optimizers\n\nopt = torch.optim.SGD(params, lr=0.1)\n",
+                "import torch\n\nopt = torch.optim.SGD(params, lr=0.1)\n"),
+        Invalid(
+            "import torch\nfrom apex import amp, optimizers\n\nmodel = amp.initialize(model)\n",
+            "import torch\nfrom apex import amp\n\nmodel = amp.initialize(model)\n",
+        ),
+        Invalid(
+            "def main(args):\n    if args.fused:\n        from apex.optimizers import FusedAdam\n    return train(args)\n",
+            "def main(args):\n    return train(args)\n",
+        ),
+        Invalid(
+            "import torch\n\ntry:\n    from apex.parallel import SyncBatchNorm\nexcept ImportError:\n"
+            "    raise ImportError('Please install apex')\n\nnorm = torch.nn.SyncBatchNorm(64)\n",
+            "import torch\n\nnorm = torch.nn.SyncBatchNorm(64)\n",
+        ),
+        Invalid("import torch\nfrom apex import amp  # noqa: F401\n", "import torch\n", unsafe_fixes=True),
         Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
         Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
     ]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
+        self._used: set[str] = set()
+        self._aliases: list[tuple[cst.ImportAlias, ImportChange]] = []
+        self._in_strings = re.compile(rf"\b(?:{'|'.join(map(re.escape, self._imported))})\b") if self._imported else None
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        """Collects the file's apex imports, but those an unused import may be wanted in."""
+        if not self._imported:
+            return
+        parent_of = self._parent_of
+        statement = parent_of(node)
+        change = _apex_import(statement, node)
+        if change is not None and not _kept_on_purpose(statement, parent_of):
+            self._aliases.append((node, change))
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        """A string that is code naming an import counts as a use of it: ``__all__ = ["amp"]``,
+        ``opt: "FusedLAMB"``, ``eval("amp.scale_loss")``."""
+        if self._in_strings is None or not self._in_strings.search(node.value):
+            return
+        text = node.evaluated_value
+        if isinstance(text, str) and _is_an_expression(text):
+            self._used.update(self._in_strings.findall(text))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for alias, change in self._aliases:
+            bound = alias.evaluated_alias or alias.evaluated_name.split(".")[0]
+            if bound in self._used:
+                continue
+            line = self._line_of_statement(alias)
+            reasons = []
+            if self.context.filename.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
+                reasons.append("this is a package's `__init__.py`: other modules may import "
+                               f"`{bound}` from it")
+            if line is not None and _noqa_f401(line):
+                reasons.append("the import is marked `# noqa: F401`: it may be kept for other modules")
+            self.report(
+                alias,
+                f"`{_spelled(change)}` is never used, and keeps the file depending on apex",
+                replacement=alias,
+                safety=Safety.UNSAFE if reasons else Safety.SAFE,
+                fix_message="Remove the unused import",
+                remove_imports=(change,),
+                why_unsafe="; ".join(reasons),
+            )
+
+    def _parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def _line_of_statement(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+        while node is not None and not isinstance(node, cst.SimpleStatementLine):
+            node = self._parent_of(node)
+        return node
 
     def visit_Try(self, node: cst.Try) -> None:
         if node.finalbody is not None or not node.handlers:
@@ -105,6 +195,8 @@ class ApexImport(Rule):
                         "import it with an import statement, or migrate its uses by hand")
 
     def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self._imported and _is_a_use(node, self._parent_of):
+            self._used.add(node.value)
         if not may_resolve_within(self, node, ("apex",)) or not qualified_names(self, node) & {"apex", "apex.amp"}:
             return
         parent = self.get_metadata(ParentNodeProvider, node, None)
@@ -116,6 +208,72 @@ class ApexImport(Rule):
         if tested:
             self.report(node, "this availability check keeps apex imported: test a flag of your own "
                         "(e.g. `args.fp16`) once the file no longer uses apex")
+
+
+def _apex_import(statement: cst.CSTNode, alias: cst.ImportAlias) -> ImportChange | None:
+    """``alias`` as the import change that removes it, when it imports from apex."""
+    if type(statement) is cst.Import:
+        name = alias.evaluated_name
+        if name == "apex" or name.startswith("apex."):
+            return ImportChange(name, None, alias.evaluated_alias)
+    elif type(statement) is cst.ImportFrom and not statement.relative and statement.module is not None:
+        module = nodes.code(statement.module)
+        if module == "apex" or module.startswith("apex."):
+            return ImportChange(module, alias.evaluated_name, alias.evaluated_alias)
+    return None
+
+
+def _spelled(change: ImportChange) -> str:
+    """The import statement of one name: ``from apex import amp as A``."""
+    head = f"import {change.module}" if change.obj is None else f"from {change.module} import {change.obj}"
+    return head + (f" as {change.asname}" if change.asname else "")
+
+
+def _kept_on_purpose(statement: cst.CSTNode, parent_of) -> bool:
+    """Whether an unused import here may be wanted: in a class body (a class attribute), under
+    ``if TYPE_CHECKING:``, or in a ``try`` whose ``except ImportError:`` sets a fallback (it tests
+    that apex is installed). Looked for up to the function or module the import binds in."""
+    node = parent_of(statement)
+    while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef, cst.Lambda)):
+        if isinstance(node, cst.ClassDef):
+            return True
+        if isinstance(node, cst.If) and nodes.code(node.test).rsplit(".", 1)[-1] == "TYPE_CHECKING":
+            return True
+        if isinstance(node, cst.Try) and nodes.import_error_fallback(node) is not None:
+            return True
+        node = parent_of(node)
+    return False
+
+
+# Where a ``Name`` inside an import statement sits: the module, the imported name, its alias.
+_IMPORT_PARTS = (cst.ImportAlias, cst.ImportFrom, cst.AsName)
+
+
+def _is_a_use(name: cst.Name, parent_of) -> bool:
+    """Whether ``name`` reads a name (or may: a parameter or keyword of the same spelling counts),
+    rather than spelling an attribute (``model.amp``) or a part of an import statement."""
+    parent = parent_of(name)
+    if type(parent) is cst.Attribute and parent.attr is name:
+        return False
+    while type(parent) is cst.Attribute:
+        parent = parent_of(parent)
+    return not isinstance(parent, _IMPORT_PARTS)
+
+
+def _is_an_expression(text: str) -> bool:
+    try:
+        ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+_NOQA_F401 = re.compile(r"(?i)#\s*noqa\s*:[^#]*\bF401\b")
+
+
+def _noqa_f401(line: cst.SimpleStatementLine) -> bool:
+    comment = line.trailing_whitespace.comment
+    return comment is not None and _NOQA_F401.search(comment.value) is not None
 
 
 def _constant_flag(small: cst.BaseSmallStatement) -> bool:

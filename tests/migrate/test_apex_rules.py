@@ -729,3 +729,68 @@ def test_an_if_left_empty_by_the_import_removal_goes_and_a_users_own_stays():
     output, _ = _migrate(source)
     assert "if DEBUG:\n    pass\n" in output
     assert "use_amp" not in output
+
+
+def _unused_import_fixes(source: str, filename: str):
+    result = migrate_source(textwrap.dedent(source), filename, unsafe_fixes=False)
+    assert result.error is None, result.error
+    return [d for d in result.diagnostics if d.code == "AMP001"], result
+
+
+def test_an_unused_apex_import_in_a_module_is_removed_safely():
+    found, result = _unused_import_fixes("import torch\nfrom apex import optimizers\n\nopt = torch.optim.SGD(p)\n", "train.py")
+    assert [d.fix.applicability.value for d in found] == ["safe"]
+    assert "`from apex import optimizers` is never used" in found[0].message
+    assert result.new_source == "import torch\n\nopt = torch.optim.SGD(p)\n"
+
+
+def test_an_unused_apex_import_in_a_packages_init_may_be_imported_by_other_modules():
+    source = "from .layers import Block\nfrom apex.normalization import FusedLayerNorm\n"
+    found, result = _unused_import_fixes(source, "pkg/__init__.py")
+    assert [d.fix.applicability.value for d in found] == ["unsafe"]
+    assert "other modules may import `FusedLayerNorm`" in found[0].fix.why_unsafe
+    assert result.new_source in (None, result.source)
+    fixed = migrate_source(source, "pkg/__init__.py", unsafe_fixes=True)
+    assert fixed.new_source == "from .layers import Block\n"
+
+
+@pytest.mark.parametrize(
+    "used",
+    [
+        "model.amp = amp\n",  # stored for later: the name is read
+        "print(f'{amp}')\n",
+        "handle = globals()['amp']\n",
+        "def f():\n    return amp.scale_loss\n",
+        "del amp\n",
+    ],
+)
+def test_an_apex_import_read_anywhere_is_not_reported_unused(used):
+    found, _ = _unused_import_fixes("from apex import amp\n" + used, "train.py")
+    assert not [d for d in found if "never used" in d.message]
+
+
+def test_a_name_spelled_only_as_an_attribute_does_not_keep_an_unused_import():
+    found, result = _unused_import_fixes("import torch\nfrom apex import amp\n\nuse = args.amp\nmodel.amp = True\n", "train.py")
+    assert [d.fix.applicability.value for d in found] == ["safe"]
+    assert result.new_source == "import torch\n\nuse = args.amp\nmodel.amp = True\n"
+
+
+def test_a_dead_guard_left_by_an_unused_import_goes_with_it():
+    source = """\
+        import torch
+        try:
+            from apex.parallel import DistributedDataParallel as DDP
+        except ImportError:
+            print("apex is not installed")
+
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    """
+    _, result = _unused_import_fixes(source, "train.py")
+    assert result.new_source == "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model)\n"
+
+
+def test_an_unused_apex_import_named_only_in_a_message_is_reported():
+    source = 'import torch\ntry:\n    import apex\nexcept ImportError:\n    raise ImportError("Please install apex from github")\n'
+    found, result = _unused_import_fixes(source, "train.py")
+    assert [d.fix.applicability.value for d in found] == ["safe"]
+    assert result.new_source == "import torch\n"

@@ -191,6 +191,25 @@ def test_imports_still_used_elsewhere_are_kept():
     assert "from os.path import join\n" in result.source and "a = os.path.join('x', 'y')" in result.source
 
 
+def test_comments_above_a_removed_import_are_kept():
+    source = (
+        "import sys\n# from posixpath import join  (the old spelling)\nfrom os.path import join\nimport re\n\n"
+        "def f():\n    # joined here\n    from os.path import join\n    return join('x', 'y')\n"
+        "# last\nfrom os.path import join\n"
+    )
+    result = run_rules(source, "f.py", [UseOsPath])
+    assert result.source == (
+        "import sys\n# from posixpath import join  (the old spelling)\nimport re\nimport os\n\n"
+        "def f():\n    # joined here\n    return os.path.join('x', 'y')\n# last\n"
+    )
+
+
+def test_a_block_an_import_removal_empties_goes_with_its_comments():
+    source = "import sys\nif sys.flags.debug:\n    # only here\n    from os.path import join\nx = join('a', 'b')\n"
+    result = run_rules(source, "f.py", [UseOsPath])
+    assert result.source == "import sys\nimport os\nx = os.path.join('a', 'b')\n"
+
+
 def test_output_that_does_not_compile_is_discarded_with_an_internal_error():
     source = "x = 1\nold = 2\n"
     result = run_rules(source, "f.py", [BreaksCode, RenameOld])
@@ -675,4 +694,11 @@ def test_the_edits_of_many_fixes_cost_no_import_scheduling_each(monkeypatch):
     assert len(result.diagnostics) == 6 and all(d.fix.edits for d in result.diagnostics)
     assert calls == []
     assert run_rules(source, "f.py", [UseOsPath]).source.startswith("import os\n\na0 = os.path.join(")
-    assert calls == ["RemoveImportsVisitor"]  # the rewrite itself: once
+    assert calls == ["RemoveImportsKeepingComments"]  # the rewrite itself: once
+
+
+def test_comments_above_one_of_several_removed_imports_are_kept():
+    source = "import sys\nfrom os.path import join\n# the old one\nfrom os.path import join\nfrom os.path import join\nx = join('a', 'b')\n"
+    result = run_rules(source, "f.py", [UseOsPath])
+    assert result.error is None, result.error
+    assert result.source == "import sys\n# the old one\nimport os\n\nx = os.path.join('a', 'b')\n"
