@@ -2,19 +2,32 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import PositionProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+from libcst.metadata import (
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    QualifiedNameSource,
+    ScopeProvider,
+)
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan import CORE, ApexPlanProvider, plan_of
-from migrate.names import qualified_names
+from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
+
+
+# Where a value is handed on: stored (``x.amp = amp``), passed (``f(amp=amp)``), put in a
+# container or returned. Each holds it as ``value``.
+_HANDING_ON = (cst.Assign, cst.AnnAssign, cst.Arg, cst.Element, cst.DictElement, cst.Return)
 
 
 class AmpThroughAnotherName(Rule):
     """What it does:
     Reports calls of apex's amp API made through something that is not an import: ``self.amp.scale_loss(...)``,
     ``trainer.amp.initialize(...)``, an ``amp`` parameter (``def train(..., amp=None)``), or the handle
-    returned by the legacy ``amp.init()`` (``amp_handle.scale_loss(...)``).
+    returned by the legacy ``amp.init()`` (``amp_handle.scale_loss(...)``). In a file that calls none
+    of amp's API itself, it also reports where the module is handed on (``model.amp = amp``,
+    ``Trainer(amp=amp)``, ``return amp``): the other end of such calls, in code elsewhere.
 
     Why is this bad?
     These are apex calls the codemod cannot follow to their import, so it cannot rewrite them
@@ -37,18 +50,23 @@ class AmpThroughAnotherName(Rule):
     CODE = "AMP016"
     MESSAGE = "apex amp reached through a name that cannot be resolved to its import"
     TRIGGERS = ("amp", "apex")
-    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider)
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider, ParentNodeProvider)
     VALID = [
         Valid("from torch.cuda import amp\nscaler = amp.GradScaler()\n"),
         Valid("model_ref.amp_scale_loss(loss, optimizer)\n"),
         Valid("def scale_loss(loss, optimizer):\n    return loss\n\nscale_loss(loss, optimizer)\n"),
         Valid("cfg.amp.initialize(model)\n"),
+        Valid("from torch.cuda import amp\n\ntrainer = Trainer(amp=amp)\n"),
+        Valid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
     ]
     INVALID = [
         Invalid("def setup(trainer, model, optimizer):\n    return trainer.amp.initialize(model, optimizer, opt_level='O1')\n"),
         Invalid("class Hook:\n    def after_train_iter(self, runner):\n        with self.amp.scale_loss(runner.outputs['loss'], runner.optimizer) as scaled:\n            scaled.backward()\n"),
         Invalid("def train(model, optimizer, loss, amp=None):\n    if amp:\n        with amp.scale_loss(loss, optimizer) as scaled:\n            scaled.backward()\n"),
         Invalid("from apex import amp\n\nhandle = amp.init(enabled=True)\nwith handle.scale_loss(loss, optimizer) as scaled:\n    scaled.backward()\n"),
+        Invalid("def initialize_amp(model):\n    from apex import amp\n    model.amp = amp\n"),
+        Invalid("from apex import amp\n\ndef build(args):\n    return Trainer(args, amp=amp if args.fp16 else None)\n"),
+        Invalid("import apex\n\nclass Runner:\n    def __init__(self):\n        self.amp = apex.amp\n"),
     ]
 
     def __init__(self, context=None) -> None:
@@ -57,6 +75,7 @@ class AmpThroughAnotherName(Rule):
         self._handled: frozenset[int] = frozenset()
         self._apex_seen = False  # an apex import, or an apex-only call (`scale_loss`) through a name
         self._state_calls: list[tuple[cst.Call, str]] = []
+        self._handed_on: list[cst.CSTNode] = []
 
     def visit_Module(self, node: cst.Module) -> None:
         self._handled = plan_of(self, node).handled  # the apex rewrite hands a GradScaler to these
@@ -66,6 +85,22 @@ class AmpThroughAnotherName(Rule):
         value = node.value
         if isinstance(value, cst.Call) and "apex.amp.init" in qualified_names(self, value.func):
             self._handles.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._may_hand_on(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._may_hand_on(node)
+
+    def _may_hand_on(self, node: cst.Name | cst.Attribute) -> None:
+        """Collects ``amp`` (or ``apex.amp``) handed on as a value: stored, passed, returned."""
+        if not may_resolve_within(self, node, ("apex",)) or "apex.amp" not in qualified_names(self, node):
+            return
+        value, parent = node, self.get_metadata(ParentNodeProvider, node, None)
+        if type(parent) is cst.IfExp and parent.test is not node:  # `amp if fp16 else None`
+            value, parent = parent, self.get_metadata(ParentNodeProvider, parent, None)
+        if isinstance(parent, _HANDING_ON) and getattr(parent, "value", None) is value:
+            self._handed_on.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -100,6 +135,11 @@ class AmpThroughAnotherName(Rule):
         if self._apex_seen:
             for node, where in self._state_calls:
                 self._report_through(node, where)
+        if not plan_of(self, original_node).findings:  # the file calls no amp API: nothing is rewritten
+            for node in self._handed_on:
+                self.report(node, "apex's `amp` module is handed on here, so the calls made through it elsewhere stay "
+                            "on apex; migrate them together (hand a GradScaler over instead), or keep that code "
+                            "running on ampshim")
 
     def _report_through(self, node: cst.Call, where: str) -> None:
         self.report(node, f"{self.MESSAGE}: `amp` is {where} here; migrate this call together with where `amp` "
