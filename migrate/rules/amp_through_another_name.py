@@ -1,6 +1,8 @@
 """AMP016: apex's amp reached through a name the codemod cannot resolve (``self.amp``, a parameter): reported."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import libcst as cst
 from libcst.metadata import (
     ParentNodeProvider,
@@ -76,10 +78,12 @@ class AmpThroughAnotherName(Rule):
         self._apex_seen = False  # an apex import, or an apex-only call (`scale_loss`) through a name
         self._state_calls: list[tuple[cst.Call, str]] = []
         self._handed_on: list[cst.CSTNode] = []
+        self._apex_names: Mapping[str, object] = {}
 
     def visit_Module(self, node: cst.Module) -> None:
         self._handled = plan_of(self, node).handled  # the apex rewrite hands a GradScaler to these
-        self._apex_seen = bool(nodes.apex_imports(node))
+        self._apex_names = nodes.apex_imports(node)  # the names apex imports bind: `amp`, `apex`
+        self._apex_seen = bool(self._apex_names)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
@@ -87,10 +91,12 @@ class AmpThroughAnotherName(Rule):
             self._handles.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
 
     def visit_Name(self, node: cst.Name) -> None:
-        self._may_hand_on(node)
+        if node.value in self._apex_names:
+            self._may_hand_on(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._may_hand_on(node)
+        if node.attr.value == "amp":
+            self._may_hand_on(node)
 
     def _may_hand_on(self, node: cst.Name | cst.Attribute) -> None:
         """Collects ``amp`` (or ``apex.amp``) handed on as a value: stored, passed, returned."""
