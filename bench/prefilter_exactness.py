@@ -2,7 +2,8 @@
 
 For every ``.py`` file of each TREE holding a rule's trigger word, in a plain run, with every
 rule (``--select ALL``) and with the training-step rules alone (``--select AMP1``): if
-``migrate.prefilter.needs_parsing`` says no, the rules are run on it anyway, and any finding is printed. Also counts what each stage lets through.
+``migrate.prefilter.needs_parsing`` says no, the rules are run on it anyway, and any finding is
+printed. Also counts what each stage lets through.
 
 Usage::
 

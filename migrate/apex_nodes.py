@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from migrate.tree_walk import children, walk
+from migrate.types import ImportChange
 
 _EMPTY = cst.Module(body=[])
 
@@ -159,7 +160,7 @@ def with_leading(statement: cst.BaseStatement, leading: cst.CSTNode) -> cst.Base
 _LAST_IMPORTS: list = [None, None]  # (module, its apex imports): the rules of one run share one walk
 
 
-def apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
+def apex_imports(module: cst.Module) -> dict[str, list[ImportChange]]:
     """Every import of an ``apex`` module in the file, by the local name it binds.
 
     A fix hands the ones it stops using to ``remove_imports``; the engine removes an import
@@ -170,24 +171,30 @@ def apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
     return _LAST_IMPORTS[1]
 
 
-def _find_apex_imports(module: cst.Module) -> dict[str, list["ImportChange"]]:
-    from migrate.rule import ImportChange
-
+def _find_apex_imports(module: cst.Module) -> dict[str, list[ImportChange]]:
     found: dict[str, list[ImportChange]] = {}
     for node in _import_statements(module):
-        if type(node) is cst.Import:
-            for alias in node.names:
-                name = alias.evaluated_name
-                if name == "apex" or name.startswith("apex."):
-                    bound = alias.evaluated_alias or name.split(".")[0]
-                    found.setdefault(bound, []).append(ImportChange(name, None, alias.evaluated_alias))
-        elif not (node.relative or node.module is None or isinstance(node.names, cst.ImportStar)):
-            module_name = code(node.module)
-            if module_name == "apex" or module_name.startswith("apex."):
-                for alias in node.names:
-                    bound = alias.evaluated_alias or alias.evaluated_name
-                    found.setdefault(bound, []).append(ImportChange(module_name, alias.evaluated_name, alias.evaluated_alias))
+        if isinstance(node.names, cst.ImportStar):
+            continue
+        for alias in node.names:
+            imported = apex_import(node, alias)
+            if imported is not None:
+                found.setdefault(imported[0], []).append(imported[1])
     return found
+
+
+def apex_import(statement: cst.Import | cst.ImportFrom, alias: cst.ImportAlias) -> tuple[str, ImportChange] | None:
+    """The name ``alias`` of ``statement`` binds and the import change that removes it, when it
+    imports from apex: ``("amp", ImportChange("apex", "amp"))`` for ``from apex import amp``."""
+    if type(statement) is cst.Import:
+        name = alias.evaluated_name
+        if name == "apex" or name.startswith("apex."):
+            return alias.evaluated_alias or name.split(".")[0], ImportChange(name, None, alias.evaluated_alias)
+    elif not (statement.relative or statement.module is None):
+        module = code(statement.module)
+        if module == "apex" or module.startswith("apex."):
+            return alias.evaluated_alias or alias.evaluated_name, ImportChange(module, alias.evaluated_name, alias.evaluated_alias)
+    return None
 
 
 # What holds statements: a compound statement's blocks and branches. Expressions never do.

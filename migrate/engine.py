@@ -8,7 +8,6 @@ changes, so a second run changes nothing. Output that does not compile is never 
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 from dataclasses import dataclass, replace
@@ -21,13 +20,12 @@ from libcst.metadata import (
     PositionProvider,
 )
 
-from migrate import noqa
+from migrate import import_changes, noqa
 from migrate.metadata import positions_when_asked, resolve
-from migrate.apex_nodes import is_import_line, is_pure
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
-from migrate.tree_walk import walk, walk_batched
+from migrate.tree_walk import walk_batched
 from migrate.types import (
-    ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, ImportChange, Position, Safety,
+    ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, Position, Safety,
 )
 
 __all__ = ["EngineResult", "run_rules"]
@@ -254,9 +252,7 @@ def _fix_to_fixed_point(
 def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: bool = False) -> str:
     """Replace the reported nodes (by identity) in one pass, then schedule the imports once.
 
-    ``alone``: one fix of a file's several, for its edits. An import it would remove is kept
-    while the module still names it anywhere but in an import, which spares libcst's scope
-    analysis (seconds on a large file) once per fix; the other fixes nearly always use it still.
+    ``alone``: one fix of a file's several, for its edits (see ``import_changes.apply``).
     """
     replacer = _Replacer(reports)
     try:
@@ -264,13 +260,7 @@ def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: b
     except Exception as error:
         raise _RoundFailed(f"a fix could not be applied: {type(error).__name__}: {error}") from error
     applied = [report for report in reports if id(report) in replacer.applied]
-    adds = [imp for imp in _unique(imp for report in applied for imp in report.add_imports) if not _imported(module, imp)]
-    removes = _unique(imp for report in applied for imp in report.remove_imports)
-    if alone and removes:
-        removes = [imp for imp in removes if not _named_outside_imports(module, _bound_name(imp))]
-    if adds or removes:
-        module = _schedule_imports(module, adds, removes, filename)
-    return module.code
+    return import_changes.apply(module, applied, filename, alone=alone).code
 
 
 class _Replacer(cst.CSTTransformer):
@@ -296,170 +286,6 @@ class _Replacer(cst.CSTTransformer):
             return updated_node
         self.applied.add(id(report))
         return report.replacement
-
-
-def _schedule_imports(
-    module: cst.Module, adds: list[ImportChange], removes: list[ImportChange], filename: str
-) -> cst.Module:
-    # Imported here: libcst.codemod pulls in libcst.matchers, which costs a fifth of a second
-    # at start-up, and only files that change need it.
-    from libcst.codemod import CodemodContext
-    from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-
-    context = CodemodContext(filename=filename)
-    for imp in adds:
-        AddImportsVisitor.add_needed_import(context, imp.module, imp.obj, imp.asname, imp.relative)
-    for imp in removes:
-        RemoveImportsVisitor.remove_unused_import(context, imp.module, imp.obj, imp.asname)
-    if adds:
-        module = AddImportsVisitor(context).transform_module(module)
-    if removes:
-        before = _empty_ifs(module)
-        module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
-        if _empty_ifs(module) - before:
-            module = module.visit(_DropEmptyIfs(before))
-    return module
-
-
-def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer]:
-    """``remover``, keeping the comments above an import line it removes: they go to the next
-    statement (or the end of the block; a block left empty loses them). libcst drops them with
-    the line, and they are the user's (often the native import, commented out:
-    ``# from torch.nn.parallel import DDP``)."""
-
-    class RemoveImportsKeepingComments(remover):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self._removed: dict[int, Sequence[cst.EmptyLine]] = {}
-
-        def leave_SimpleStatementLine(self, original_node, updated_node):
-            if not updated_node.body:  # libcst removes the line
-                comments = any(line.comment for line in original_node.leading_lines)
-                self._removed[id(original_node)] = original_node.leading_lines if comments else ()
-            return updated_node
-
-        def _carried(self, original_node, updated_node, footer_field: str):
-            removed = sum(id(s) in self._removed for s in original_node.body)
-            if not removed or len(updated_node.body) != len(original_node.body) - removed:
-                return updated_node  # nothing removed here, or not only removed: kept as libcst made it
-            kept, carried, survivors = [], [], iter(updated_node.body)
-            for statement in original_node.body:
-                if id(statement) in self._removed:
-                    carried += self._removed[id(statement)]
-                    continue
-                survivor = next(survivors)
-                if carried:
-                    survivor = survivor.with_changes(leading_lines=(*carried, *survivor.leading_lines))
-                    carried = []
-                kept.append(survivor)
-            changes = {"body": kept}
-            if carried:
-                changes[footer_field] = (*carried, *getattr(updated_node, footer_field))
-            return updated_node.with_changes(**changes)
-
-        def leave_IndentedBlock(self, original_node, updated_node):
-            if not updated_node.body:  # the block goes (its `if` with it): so do its comments
-                return updated_node
-            return self._carried(original_node, updated_node, "footer")
-
-        def leave_Module(self, original_node, updated_node):
-            return self._carried(original_node, super().leave_Module(original_node, updated_node), "footer")
-
-    return RemoveImportsKeepingComments
-
-
-def _bound_name(imp: ImportChange) -> str:
-    return imp.asname or imp.obj or imp.module.split(".")[0]
-
-
-def _imported(module: cst.Module, imp: ImportChange) -> bool:
-    """Whether the imports that open ``module`` (after a docstring) make ``imp`` already:
-    libcst's ``AddImportsVisitor``, which looks only there, would add nothing, after a walk of
-    the whole tree. One import per line, as it reads them."""
-    body = module.body
-    if body and isinstance(body[0], cst.SimpleStatementLine) and _is_docstring(body[0]):
-        body = body[1:]
-    for statement in body:
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-                and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))):
-            return False
-        small = statement.body[0]
-        if isinstance(small, cst.ImportFrom):
-            if imp.obj is None or len(small.relative) != imp.relative or small.module is None or isinstance(small.names, cst.ImportStar):
-                continue
-            if _code(small.module) != imp.module:
-                continue
-        elif imp.obj is not None:
-            continue
-        names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in small.names}
-        if (imp.obj or imp.module, imp.asname) in names:
-            return True
-    return False
-
-
-def _is_docstring(statement: cst.SimpleStatementLine) -> bool:
-    return len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString)
-
-
-def _named_outside_imports(module: cst.Module, name: str) -> bool:
-    """Whether ``name`` appears as a word (not an attribute) in a top-level statement that is not
-    only imports; comments and strings count too, so this may say yes where nothing uses it."""
-    word = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
-    for statement in module.body:
-        if not is_import_line(statement) and word.search(module.code_for_node(statement)):
-            return True
-    return False
-
-
-def _empty_ifs(module: cst.Module) -> set[str]:
-    """The code of each ``if <test>: pass`` (no else) in ``module``."""
-    found: set[str] = set()
-
-    class _Find(cst.CSTVisitor):
-        def visit_If(self, node: cst.If) -> None:
-            if _only_pass(node):
-                found.add(_code(node))
-
-    walk(module, _Find())
-    return found
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node).strip()
-
-
-def _only_pass(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.If) or node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
-        return False
-    lines = node.body.body
-    return (
-        all(isinstance(line, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in line.body) for line in lines)
-        and not any(line.comment for line in node.body.footer)
-        and is_pure(node.test)
-    )
-
-
-class _DropEmptyIfs(cst.CSTTransformer):
-    """Removes an ``if flag: pass`` that an import removal left (``if fp16: from apex import amp``):
-    its test has no effect. One the user wrote is kept, and so is a block's last statement."""
-
-    def __init__(self, kept: set[str]) -> None:
-        super().__init__()
-        self.kept = kept
-
-    def _filter(self, body):
-        left = [s for s in body if not (_only_pass(s) and _code(s) not in self.kept)]
-        return left if left else body
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated_node.with_changes(body=self._filter(updated_node.body))
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return updated_node.with_changes(body=self._filter(updated_node.body))
-
-
-def _unique(imports) -> list[ImportChange]:
-    return list(dict.fromkeys(imports))
 
 
 def _allowed(safety: Safety, unsafe_fixes: bool) -> bool:

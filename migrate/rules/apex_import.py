@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import PurePath
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
@@ -95,7 +96,7 @@ class ApexImport(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
         self._used: set[str] = set()
-        self._aliases: list[tuple[cst.ImportAlias, ImportChange]] = []
+        self._aliases: list[tuple[cst.ImportAlias, str, ImportChange, cst.CSTNode]] = []
         self._in_strings = re.compile(rf"\b(?:{'|'.join(map(re.escape, self._imported))})\b") if self._imported else None
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
@@ -104,9 +105,9 @@ class ApexImport(Rule):
             return
         parent_of = self._parent_of
         statement = parent_of(node)
-        change = _apex_import(statement, node)
-        if change is not None and not _kept_on_purpose(statement, parent_of):
-            self._aliases.append((node, change))
+        imported = nodes.apex_import(statement, node)
+        if imported is not None and not _kept_on_purpose(statement, parent_of):
+            self._aliases.append((node, *imported, parent_of(statement)))
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         """A string that is code naming an import counts as a use of it: ``__all__ = ["amp"]``,
@@ -118,16 +119,13 @@ class ApexImport(Rule):
             self._used.update(self._in_strings.findall(text))
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        for alias, change in self._aliases:
-            bound = alias.evaluated_alias or alias.evaluated_name.split(".")[0]
+        for alias, bound, change, line in self._aliases:
             if bound in self._used:
                 continue
-            line = self._line_of_statement(alias)
             reasons = []
-            if self.context.filename.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
-                reasons.append("this is a package's `__init__.py`: other modules may import "
-                               f"`{bound}` from it")
-            if line is not None and _noqa_f401(line):
+            if PurePath(self.context.filename).name == "__init__.py":
+                reasons.append(f"this is a package's `__init__.py`: other modules may import `{bound}` from it")
+            if _noqa_f401(line):
                 reasons.append("the import is marked `# noqa: F401`: it may be kept for other modules")
             self.report(
                 alias,
@@ -141,11 +139,6 @@ class ApexImport(Rule):
 
     def _parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.get_metadata(ParentNodeProvider, node, None)
-
-    def _line_of_statement(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
-        while node is not None and not isinstance(node, cst.SimpleStatementLine):
-            node = self._parent_of(node)
-        return node
 
     def visit_Try(self, node: cst.Try) -> None:
         if node.finalbody is not None or not node.handlers:
@@ -210,19 +203,6 @@ class ApexImport(Rule):
                         "(e.g. `args.fp16`) once the file no longer uses apex")
 
 
-def _apex_import(statement: cst.CSTNode, alias: cst.ImportAlias) -> ImportChange | None:
-    """``alias`` as the import change that removes it, when it imports from apex."""
-    if type(statement) is cst.Import:
-        name = alias.evaluated_name
-        if name == "apex" or name.startswith("apex."):
-            return ImportChange(name, None, alias.evaluated_alias)
-    elif type(statement) is cst.ImportFrom and not statement.relative and statement.module is not None:
-        module = nodes.code(statement.module)
-        if module == "apex" or module.startswith("apex."):
-            return ImportChange(module, alias.evaluated_name, alias.evaluated_alias)
-    return None
-
-
 def _spelled(change: ImportChange) -> str:
     """The import statement of one name: ``from apex import amp as A``."""
     head = f"import {change.module}" if change.obj is None else f"from {change.module} import {change.obj}"
@@ -271,7 +251,8 @@ def _is_an_expression(text: str) -> bool:
 _NOQA_F401 = re.compile(r"(?i)#\s*noqa\s*:[^#]*\bF401\b")
 
 
-def _noqa_f401(line: cst.SimpleStatementLine) -> bool:
+def _noqa_f401(line: cst.CSTNode) -> bool:
+    """Whether the import's line (a ``SimpleStatementLine`` or ``SimpleStatementSuite``) says ``# noqa: F401``."""
     comment = line.trailing_whitespace.comment
     return comment is not None and _NOQA_F401.search(comment.value) is not None
 

@@ -643,14 +643,14 @@ def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
     from libcst.codemod import CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor
 
-    from migrate.engine import _imported
+    from migrate.import_changes import already_imported
 
     module = cst.parse_module(head + "\ndef f():\n    return 1\n")
     context = CodemodContext(filename="f.py", full_module_name="pkg.f")
     AddImportsVisitor.add_needed_import(context, wanted.module, wanted.obj, wanted.asname)
     libcst_adds_nothing = AddImportsVisitor(context).transform_module(module).code == module.code
-    assert not _imported(module, wanted) or libcst_adds_nothing
-    if _imported(module, wanted) != libcst_adds_nothing:  # only ever where a shortcut would be unsure
+    assert not already_imported(module, wanted) or libcst_adds_nothing
+    if already_imported(module, wanted) != libcst_adds_nothing:  # only ever where a shortcut would be unsure
         assert head in ("import sys, os\n", "from os import *\n", "'''a''' 'b'\nimport os\n", "from . import os\n")
 
 
