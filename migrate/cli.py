@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from typing import NamedTuple, Sequence
 
 import click
@@ -301,7 +300,7 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
                 click.echo(_unified_diff(result, styled=view.color is not False), nl=False, color=view.color)
     else:
         # what was fixed is gone: show what is left, where it now is
-        shown = [replace(result, diagnostics=result.remaining) for result in results] if wrote else results
+        shown = [result._replace(diagnostics=result.remaining) for result in results] if wrote else results
         if (view.output_format == "sarif" or view.statistics) and rules is None:
             from migrate.rules import all_rules
 

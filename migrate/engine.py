@@ -10,20 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
-from dataclasses import dataclass, replace
 
 import libcst as cst
-from libcst.metadata import (
-    CodeRange,
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-)
+from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
 from migrate import import_changes, noqa
-from migrate.metadata import positions_when_asked, resolve
+from migrate.metadata import resolve
+from migrate.positions import positions_by_statement
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
-from migrate.tree_walk import walk_batched
+from migrate.tree_walk import children_kept, walk_batched
 from migrate.types import (
     ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, Position, Safety,
 )
@@ -33,8 +28,7 @@ __all__ = ["EngineResult", "run_rules"]
 _MAX_ROUNDS = 8
 
 
-@dataclass(frozen=True)
-class EngineResult:
+class EngineResult(NamedTuple):
     """The text after fixes, the findings located in the original text, and an error if any.
 
     ``remaining`` are the findings still there after the fixes, located in the returned text.
@@ -99,7 +93,7 @@ def run_rules(
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
     remaining = tuple(
-        replace(_diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes), applied=False)
+        _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes)._replace(applied=False)
         for report in visited.reports
     )
     if edits:
@@ -177,22 +171,23 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the module is ours alone: no deep copy
     visitors = [rule_class(context) for rule_class in rules if visitor_names(rule_class) and rule_class.has_work_in(text)]
     directives = noqa.Directives(text)
-    if not visitors:
-        return _Visited(module, [], positions_when_asked(module), directives)
-    try:
-        metadata = resolve(wrapper, visitors, context.settings)
-        for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
-            visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
-        walk_batched(module, visitors, path=getattr(metadata.get(ParentNodeProvider), "path", None))
-    except RuleCrashed as error:
-        raise _RoundFailed(f"rule {error}") from error
-    except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
-        raise _RoundFailed(f"a rule crashed: {type(error).__name__}: {error}") from error
-    finally:
-        for visitor in visitors:
-            visitor.metadata = {}
+    with children_kept() as kept:
+        positions = positions_by_statement(module, text, kept)  # the walks' lists serve it later
+        if not visitors:
+            return _Visited(module, [], positions, directives)
+        try:
+            metadata = resolve(wrapper, visitors, context.settings, positions)
+            for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
+                visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
+            walk_batched(module, visitors, path=getattr(metadata.get(ParentNodeProvider), "path", None))
+        except RuleCrashed as error:
+            raise _RoundFailed(f"rule {error}") from error
+        except Exception as error:  # a crashing rule or metadata provider must not cost the user their file
+            raise _RoundFailed(f"a rule crashed: {type(error).__name__}: {error}") from error
+        finally:
+            for visitor in visitors:
+                visitor.metadata = {}
     reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
-    positions = metadata[PositionProvider] if PositionProvider in metadata else positions_when_asked(module)
     if directives:
         reports = _unsuppressed(reports, positions, directives, rules)
     return _Visited(module, reports, positions, directives)
@@ -218,7 +213,7 @@ def _unsuppressed(
         return kept
     note = "; not fixed: a `# noqa` suppresses another part of the same rewrite"
     return [
-        replace(report, replacement=None, message=report.message + note, add_imports=(), remove_imports=())
+        report._replace(replacement=None, message=report.message + note, add_imports=(), remove_imports=())
         if report.replacement is not None and group_of.get(report.code) in cut_groups
         else report
         for report in kept
@@ -322,7 +317,7 @@ def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename
                 edited = _apply(visited.module, [report], filename, alone=True)
             except _RoundFailed:  # the fix cannot be applied alone: it comes without edits
                 edited = text
-            diagnostic = replace(diagnostic, fix=replace(diagnostic.fix, edits=text_edits(text, edited)))
+            diagnostic = diagnostic._replace(fix=diagnostic.fix._replace(edits=text_edits(text, edited)))
         with_edits.append(diagnostic)
     return tuple(with_edits)
 
@@ -345,7 +340,7 @@ def _failed(
     diagnostics: tuple[Diagnostic, ...] = (),
 ) -> EngineResult:
     """The original text, untouched, with an error finding first and no fix marked applied."""
-    unapplied = tuple(replace(d, applied=False) for d in diagnostics)
+    unapplied = tuple(d._replace(applied=False) for d in diagnostics)
     at = Position(*where)
     error = Diagnostic(code=code, message=message, filename=filename, location=at, end_location=at)
     return EngineResult(source, (error, *unapplied), error=message, remaining=(error, *unapplied))

@@ -154,8 +154,8 @@ def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | No
     def in_cells(diagnostics: tuple[Diagnostic, ...], python: str) -> tuple[Diagnostic, ...]:
         # a fix's edits address the cells joined as one text, not the notebook's JSON: they are left out
         return tuple(
-            replace(d, location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
-                    fix=d.fix and replace(d.fix, edits=()))
+            d._replace(location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
+                       fix=d.fix and d.fix._replace(edits=()))
             for d in diagnostics
         )
 
@@ -201,7 +201,7 @@ def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None
 def _unwritten(result: FileResult, message: str) -> FileResult:
     """The result of a file whose fixes could not be saved: it is as it was."""
     error = error_result(result.filename, message)
-    diagnostics = (*error.diagnostics, *(replace(d, applied=False) for d in result.diagnostics))
+    diagnostics = (*error.diagnostics, *(d._replace(applied=False) for d in result.diagnostics))
     return FileResult(result.filename, diagnostics, result.source, result.source, message, result.encoding, diagnostics)
 
 

@@ -12,9 +12,8 @@ import errno
 import fnmatch
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 
 __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "read", "replace"]
@@ -35,16 +34,14 @@ class ChangedSinceRead(OSError):
     """The file changed on disk after it was read: writing would lose that change."""
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(NamedTuple):
     """The files to read, in path order, and the paths that cannot be read, with why."""
 
     files: list[Path]
     problems: dict[Path, str]
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """A file's bytes and the identity they were read with (checked again before replacing it)."""
 
     data: bytes

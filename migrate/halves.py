@@ -18,8 +18,8 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from migrate.files import find
 from migrate.types import ImportChange
@@ -34,8 +34,7 @@ _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `
 _MOST_FILES_SEARCHED = 5000  # a search on disk looks at no more files than this
 
 
-@dataclass(frozen=True)
-class Import:
+class Import(NamedTuple):
     """``from <.level><module> import <names>`` (names empty for ``import module``)."""
 
     level: int
@@ -43,8 +42,7 @@ class Import:
     names: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Half:
+class Half(NamedTuple):
     """A file that holds only one half of apex amp: what it holds, where, and what it imports."""
 
     path: Path
@@ -53,8 +51,7 @@ class Half:
     imports: tuple[Import, ...]
 
 
-@dataclass(frozen=True)
-class Pairing:
+class Pairing(NamedTuple):
     """A half's other half; ``scaler_import``: for the initialize half that imports the scale
     half, how it imports that module's GradScaler (None the other way round)."""
 

@@ -28,7 +28,9 @@ from migrate.tree_walk import children, walk
 __all__ = ["Parents", "WhenAsked", "parents", "positions_when_asked", "resolve"]
 
 
-def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping) -> dict[type, Mapping]:
+def resolve(
+    wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping, positions: Mapping | None = None
+) -> dict[type, Mapping]:
     """The metadata the visitors declare, resolved once for all of them, as ``MetadataWrapper`` would.
 
     Some providers are run here, at a fraction of the wrapper's cost:
@@ -39,8 +41,9 @@ def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappin
     - ``QualifiedNameProvider``: each node's names are worked out when first asked for; libcst's
       walks the tree to attach a lazy value to every node. A name no import binds and no builtin
       has resolves to nothing, and is answered without a scope lookup (``resolved_names``).
-    - ``PositionProvider``: ``migrate.positions``, in half the time, and only once asked for
-      (the findings need it; a file with none never does).
+    - ``PositionProvider``: ``positions`` when given (``migrate.positions.positions_by_statement``),
+      else ``migrate.positions``, in half the time, and only once asked for (the findings need it;
+      a file with none never does).
     - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
       module alone. The wrapper walks the whole tree once for each of them, in vain. libcst's
       scope and expression-context analyses then read the tree without rebuilding it
@@ -63,7 +66,7 @@ def resolve(wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mappin
             elif provider is QualifiedNameProvider:
                 metadata[provider] = _QualifiedNames(module, metadata[ScopeProvider])
             elif provider is PositionProvider:
-                metadata[provider] = positions_when_asked(module)
+                metadata[provider] = positions if positions is not None else positions_when_asked(module)
             else:
                 metadata[provider] = _run_on_module(provider, module, metadata, settings)
         ours.difference_update(ready)

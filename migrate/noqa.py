@@ -19,7 +19,7 @@ import io
 import re
 import tokenize
 from dataclasses import dataclass, field
-from typing import Collection, Iterable
+from typing import Collection, Iterable, NamedTuple
 
 from migrate.types import UNUSED_NOQA_CODE
 
@@ -119,8 +119,7 @@ class Directives:
         self.by_row[row] = Directive(row, match.start(), column, match.end(), codes)
 
 
-@dataclass(frozen=True)
-class Unused:
+class Unused(NamedTuple):
     """A directive's codes that suppressed nothing; ``unknown``: those no rule has."""
 
     directive: Directive

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from migrate.files import NOTEBOOK_SUFFIX
 from migrate.types import Position
@@ -52,8 +52,7 @@ class NotebookError(ValueError):
     """The file is not a notebook this tool can read, or its fixes cannot be written back."""
 
 
-@dataclass(frozen=True)
-class _Cell:
+class _Cell(NamedTuple):
     index: int  # among all the notebook's cells, from 0
     text: str  # the source, as joined by the kernel
     magics: tuple[str, ...]  # the placeholders standing for its IPython lines

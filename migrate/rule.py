@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Union
+from typing import Callable, ClassVar, Mapping, NamedTuple, Union
 
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
@@ -30,8 +30,7 @@ class SkipFile(Exception):
     """
 
 
-@dataclass
-class Report:
+class Report(NamedTuple):
     """What a rule found at one node; ``replacement`` is the fix, if the rule has one."""
 
     code: str
@@ -45,15 +44,13 @@ class Report:
     why_unsafe: str = ""  # for an unsafe fix: how it may change behaviour
 
 
-@dataclass(frozen=True)
-class Valid:
+class Valid(NamedTuple):
     """Source the rule must leave alone and report nothing on."""
 
     code: str
 
 
-@dataclass(frozen=True)
-class Invalid:
+class Invalid(NamedTuple):
     """Source the rule must report; ``expected_replacement`` is the fixed source, if it fixes it.
 
     ``unsafe_fixes`` says the replacement is only produced with unsafe fixes enabled.

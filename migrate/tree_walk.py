@@ -15,15 +15,16 @@ Use them for ``CSTVisitor``s only; a transformer still needs ``node.visit``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import typing
 import weakref
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import libcst as cst
 
-__all__ = ["children", "is_node_type", "walk", "walk_batched"]
+__all__ = ["children", "children_kept", "is_node_type", "walk", "walk_batched"]
 
 # Where libcst's source order of a node's children is not the order of its fields (tokens and
 # whitespace aside, which every field order puts right for what a visitor reads).
@@ -53,7 +54,12 @@ _SOURCE_ORDER["LazyImportFrom"] = _SOURCE_ORDER["ImportFrom"]
 
 def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
     """``node.children`` without rebuilding ``node``: its child nodes in source order (without
-    punctuation and whitespace when not ``tokens``)."""
+    punctuation and whitespace when not ``tokens``). The list is not to be changed: inside
+    ``children_kept`` it is the one every caller gets."""
+    if not tokens and _kept is not None:
+        kept = _kept.get(id(node))
+        if kept is not None:
+            return kept[1]
     found: list[cst.CSTNode] = []
     wanted, fields = (_NODE, _FIELDS) if tokens else (_SYNTAX, _SYNTAX_FIELDS)
     kinds = _KINDS
@@ -64,7 +70,27 @@ def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
             found += [item for item in value if kinds[type(item)] & wanted]
         elif kinds[value_type] & wanted:
             found.append(value)
+    if not tokens and _kept is not None:
+        _kept[id(node)] = (node, found)  # the node held: its id cannot pass to another while kept
     return found
+
+
+_kept: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] | None = None
+
+
+@contextlib.contextmanager
+def children_kept(kept: dict | None = None) -> Iterator[dict]:
+    """Within it, ``children(node, tokens=False)`` lists each node's children once: the analysis
+    of a file walks its tree a dozen times (the metadata, the step model, the apex plan, the rules),
+    and listing children was a tenth of that. It gives the lists kept; hand them back as ``kept``
+    to go on with them in a later walk of the same tree."""
+    global _kept
+    outer = _kept
+    _kept = kept if kept is not None else {} if outer is None else outer
+    try:
+        yield _kept
+    finally:
+        _kept = outer
 
 
 class _ByType(dict):

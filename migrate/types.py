@@ -1,10 +1,15 @@
-"""Plain data shared by every layer of ``migrate``: findings, their fixes, and where they are."""
+"""Plain data shared by every layer of ``migrate``: findings, their fixes, and where they are.
+
+Immutable records here and across the package are ``NamedTuple``s: creating a frozen dataclass
+compiles its six methods at import, some 3 million instructions each on Python 3.11, and a run
+on one file imports some thirty records (a tenth of the time it takes past ``import libcst``).
+"""
 from __future__ import annotations
 
 import enum
 import functools
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 # Codes of the findings the tool itself makes about a file, rather than a rule.
@@ -20,8 +25,7 @@ class Safety(str, enum.Enum):
     UNSAFE = "unsafe"  # may change behaviour: applied only with --unsafe-fixes
 
 
-@dataclass(frozen=True)
-class ImportChange:
+class ImportChange(NamedTuple):
     """``import module`` (obj None) or ``from module import obj [as asname]``; ``relative``: the
     number of leading dots of a relative import's module."""
 
@@ -31,8 +35,7 @@ class ImportChange:
     relative: int = 0
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(NamedTuple):
     """A place in a file: 1-based row, 1-based column (Ruff's convention); in a notebook, the
     row is in the cell numbered ``cell`` (from 1, among all its cells)."""
 
@@ -50,8 +53,7 @@ class FixSafety(str, enum.Enum):
     NO_FIX = "no fix"  # it only reports
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """Replace the text from ``location`` up to ``end_location`` (exclusive) by ``content`` (Ruff's edit)."""
 
     content: str
@@ -59,8 +61,7 @@ class Edit:
     end_location: Position
 
 
-@dataclass(frozen=True)
-class Fix:
+class Fix(NamedTuple):
     """A finding's fix. ``why_unsafe`` says how an unsafe fix may change behaviour; ``edits`` are
     filled in only when asked for (JSON and SARIF output), located in the text the finding is in."""
 
@@ -70,8 +71,7 @@ class Fix:
     edits: tuple[Edit, ...] = ()
 
 
-@dataclass(frozen=True)
-class Diagnostic:
+class Diagnostic(NamedTuple):
     """One finding at one site. ``fix`` is None when the rule can only report."""
 
     code: str
@@ -83,8 +83,7 @@ class Diagnostic:
     applied: bool = False  # the fix was written (or would be, under --diff/--check)
 
 
-@dataclass(frozen=True)
-class FileResult:
+class FileResult(NamedTuple):
     """What a run did to one file.
 
     ``source`` is the text read and ``new_source`` the text after the fixes allowed (the same

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -137,8 +138,7 @@ class ApexPlan:
         return [finding for finding in self.findings if finding.code == code]
 
 
-@dataclass(frozen=True)
-class HalfFacts:
+class HalfFacts(NamedTuple):
     """What the plan of one half of apex amp tells the plan of the other half (``Partner``)."""
 
     level: str | None = "O1"  # initialize half: its opt level, None when computed at run time
@@ -148,8 +148,7 @@ class HalfFacts:
     manual: str | None = None  # why it cannot be rewritten at all
 
 
-@dataclass(frozen=True)
-class Partner:
+class Partner(NamedTuple):
     """The other half of a file's apex amp, in another file (``migrate.halves`` finds it).
 
     ``facts`` are those of its plan when the run migrates it too (the two are paired); None when

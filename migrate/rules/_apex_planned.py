@@ -1,7 +1,6 @@
 """The base of the four rewrites planned together per file (AMP002-AMP005): they report the plan."""
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 import libcst as cst
@@ -49,7 +48,7 @@ class PlannedApexRule(Rule):
             if whole and known_level:
                 # The project says its computed opt levels are O0 or O1: the rewrite keeps both.
                 message = finding.fix_message + " (opt level O0/O1 by the `opt-level` setting)"
-                finding = dataclasses.replace(finding, safety=Safety.SAFE, fix_message=message, why_unsafe="")
+                finding = finding._replace(safety=Safety.SAFE, fix_message=message, why_unsafe="")
             if whole or finding.replacement is None:
                 self._pass_on(finding)
                 continue

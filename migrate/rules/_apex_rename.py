@@ -1,8 +1,7 @@
 """The base of the rewrites that swap an apex class or function for its native counterpart."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
@@ -13,8 +12,7 @@ from migrate.rule import ImportChange, Rule
 from migrate.types import Safety
 
 
-@dataclass(frozen=True)
-class NativeCall:
+class NativeCall(NamedTuple):
     """How a call is rewritten: the new source of the call, its safety, and why (when unsafe)."""
 
     source: str
@@ -22,8 +20,7 @@ class NativeCall:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class NoFix:
+class NoFix(NamedTuple):
     """Why a call (or reference) is only reported."""
 
     reason: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -39,13 +40,11 @@ class Backward(str, enum.Enum):
     MANAGED = "managed"  # accelerator.backward(loss), apex's scaled_loss: scaled elsewhere, or not ours to judge
 
 
-@dataclass(frozen=True)
-class Loop:
+class Loop(NamedTuple):
     node: cst.For | cst.While
 
 
-@dataclass(frozen=True)
-class Arm:
+class Arm(NamedTuple):
     """One arm of an ``if``; ``test`` is its condition normalised (``not x`` and ``x is None`` are
     ``x`` with the other ``polarity``), so two ``if`` statements on one flag pair up."""
 
@@ -63,8 +62,7 @@ class Arm:
         return self.modulo or self.timed or self.leaves
 
 
-@dataclass(frozen=True)
-class Region:
+class Region(NamedTuple):
     """A ``with`` item that is an autocast region; ``dtype`` is ``"float16"``, ``"bfloat16"`` or None
     when not known; ``enabled`` is False for ``autocast(enabled=False)``, None when computed."""
 
@@ -73,13 +71,11 @@ class Region:
     enabled: bool | None
 
 
-@dataclass(frozen=True)
-class Handler:
+class Handler(NamedTuple):
     node: cst.CSTNode  # a Try (its body) or an except/finally arm
 
 
-@dataclass(frozen=True)
-class Via:
+class Via(NamedTuple):
     """A call of one of the file's own functions or methods, whose body the walk entered."""
 
     node: cst.Call

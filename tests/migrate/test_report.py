@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -187,8 +186,8 @@ def test_sarif_validates_against_the_official_2_1_0_schema():
 
 # A notebook's finding: row 4 of its third cell, which is not line 4 of the file (its JSON).
 NOTEBOOK_RESULTS = [
-    _result("nb/train.ipynb", (replace(_diagnostic(filename="nb/train.ipynb", fix=None, applied=False),
-                                       location=Position(4, 10, cell=3), end_location=Position(4, 38, cell=3)),))
+    _result("nb/train.ipynb", (_diagnostic(filename="nb/train.ipynb", fix=None, applied=False)._replace(
+        location=Position(4, 10, cell=3), end_location=Position(4, 38, cell=3)),))
 ]
 
 
@@ -227,7 +226,7 @@ def test_migration_plan_has_a_summary_table_then_what_remains_per_file_and_how()
 
 
 def test_migration_plan_after_a_rewrite_lists_what_remains_where_it_now_is():
-    moved = replace(_diagnostic(code="AMP010", message="needs a manual step", fix=None, applied=False), location=Position(9, 1))
+    moved = _diagnostic(code="AMP010", message="needs a manual step", fix=None, applied=False)._replace(location=Position(9, 1))
     result = FileResult("src/train.py", RESULTS[0].diagnostics, "a", "b", remaining=(moved,))
     report = migration_report([result], wrote=True, unsafe_fixes=False)
     assert "1 site fixed." in report

@@ -12,7 +12,7 @@ import libcst._nodes.op as operators
 import libcst._nodes.whitespace as whitespace
 import pytest
 
-from migrate.tree_walk import _fields, children, is_node_type, walk, walk_batched
+from migrate.tree_walk import _fields, children, children_kept, is_node_type, walk, walk_batched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,23 @@ def test_walk_meets_the_nodes_libcst_visits_in_its_order(skip):
         module.visit(theirs)
         walk(module, ours)
         assert ours.seen == theirs.seen
+
+
+@pytest.mark.parametrize("skip", [None, cst.Call])
+def test_walks_with_children_kept_meet_the_same_nodes(skip):
+    for source in _sources()[:8]:
+        module = cst.parse_module(source)
+        theirs = _Record(skip)
+        module.visit(theirs)
+        with children_kept() as kept:
+            for _ in range(2):  # listing the children, then reading them back
+                ours = _Record(skip)
+                walk(module, ours)
+                assert ours.seen == theirs.seen
+        assert kept, "the walks kept the lists"
+        with children_kept(kept):  # handed back: the same lists
+            assert children(module, tokens=False) is kept[id(module)][1]
+        assert children(module, tokens=False) is not kept[id(module)][1]  # none kept outside
 
 
 def test_children_are_libcsts_children():
