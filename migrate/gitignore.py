@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 __all__ = ["Pattern", "Rules", "ignored", "parse", "read_directory", "repository_root", "rules_above"]
 
 
-@dataclass(frozen=True)
-class Pattern:
+class Pattern(NamedTuple):
     """One line of an ignore file, for paths relative to ``base`` (the file's directory)."""
 
     base: str

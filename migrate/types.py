@@ -3,6 +3,7 @@
 Immutable records here and across the package are ``NamedTuple``s: creating a frozen dataclass
 compiles its six methods at import, some 3 million instructions each on Python 3.11, and a run
 on one file imports some thirty records (a tenth of the time it takes past ``import libcst``).
+Records with a dict field stay frozen dataclasses: a ``NamedTuple`` default would be one dict for all.
 """
 from __future__ import annotations
 

@@ -170,8 +170,7 @@ class Unplannable(Exception):
         self.reason = reason
 
 
-@dataclass
-class InitializeSite:
+class InitializeSite(NamedTuple):
     call: cst.Call
     statement: cst.SimpleStatementLine
     level: str | None  # "O0".."O3", None when computed at run time
@@ -185,8 +184,7 @@ class InitializeSite:
     inference: bool = False  # no optimizers: the models only ran forward under apex's casts
 
 
-@dataclass
-class ScaleLossSite:
+class ScaleLossSite(NamedTuple):
     call: cst.Call
     statement: cst.With
     loss: cst.BaseExpression

@@ -7,6 +7,7 @@ one; the events found there carry the call as a ``Via`` frame and point at the h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -20,8 +21,7 @@ _MAX_DEPTH = 3
 _ASSIGNMENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign)  # compared by exact type
 
 
-@dataclass
-class Assignment:
+class Assignment(NamedTuple):
     targets: tuple[str, ...]
     value: cst.BaseExpression
     order: int

@@ -9,7 +9,7 @@ values are the step's tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import libcst as cst
 
@@ -206,8 +206,7 @@ class Steps:
                    for a in self.assignments)
 
 
-@dataclass
-class StepModel:
+class StepModel(NamedTuple):
     module: cst.Module
     facts: FileFacts
     roots: list[Steps]
