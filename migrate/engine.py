@@ -14,7 +14,7 @@ from typing import NamedTuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
-from migrate import import_changes, noqa
+from migrate import import_changes, noqa, quiet
 from migrate.metadata import resolve
 from migrate.positions import positions_by_statement
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
@@ -324,7 +324,8 @@ def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename
 
 def _compile_error(source: str, filename: str) -> str | None:
     try:
-        compile(source, filename, "exec", dont_inherit=True)
+        with quiet.warnings_off():
+            compile(source, filename, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
         line = getattr(error, "lineno", None)
         return f"{getattr(error, 'msg', error)} (line {line})" if line else str(error)

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
+from migrate import quiet
 from migrate.files import find
 from migrate.types import ImportChange
 
@@ -94,7 +95,7 @@ def find_half(path: Path, text: str) -> Half | None:
     if "apex" not in text or len(set(_HALF_CALL.findall(text))) != 1:
         return None  # neither call, or both: nothing to pair
     try:
-        tree = ast.parse(text)
+        tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return None
     amp_names, apex_names, imports = set(), set(), []

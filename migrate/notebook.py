@@ -23,6 +23,7 @@ import json
 import re
 from typing import NamedTuple
 
+from migrate import quiet
 from migrate.files import NOTEBOOK_SUFFIX
 from migrate.types import Position
 
@@ -191,7 +192,8 @@ def searchable(text: str) -> str:
 
 def _parses(text: str) -> bool:
     try:
-        compile(text, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        with quiet.warnings_off():
+            compile(text, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     except (SyntaxError, ValueError):
         return False
     return True

@@ -25,6 +25,7 @@ import libcst as cst
 from libcst.metadata import CodePosition, CodeRange
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
+from migrate import quiet
 from migrate.tree_walk import children, children_kept
 
 __all__ = ["positions", "positions_by_statement"]
@@ -176,7 +177,7 @@ def _statement_starts(module: cst.Module, text: str) -> dict[int, tuple[int, tup
     and the indentation of the blocks around it, by the statement's ``id``; statements in a one-line
     body (``if x: y``) are left out. None where ``ast`` cannot read ``text`` or sees other statements."""
     try:
-        tree = ast.parse(text)
+        tree = quiet.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     starts: dict[int, tuple[int, tuple[str, ...]]] = {}

@@ -38,6 +38,7 @@ import ast
 import re
 from typing import Sequence
 
+from migrate import quiet
 from migrate.types import holds_trigger, holds_word
 
 __all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_words", "trigger_words"]
@@ -121,7 +122,7 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, stepping:
     if not (_may_hold_a_shape(content) or (casts and any(_holds_word(content, name) for name in _HALF_NAMES))):
         return False  # most such files are decided here, without parsing
     try:
-        tree = ast.parse(content)
+        tree = quiet.parse(content)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return True
     return _has_amp_shape(tree, casts)

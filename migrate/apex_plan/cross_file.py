@@ -6,6 +6,7 @@ import ast
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate import quiet
 from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, Unplannable, normal
 from migrate.types import ImportChange
 
@@ -134,7 +135,7 @@ def _constant(expression: str) -> bool:
     """Whether a GradScaler argument's value names nothing (``128.0``, ``2**31 - 1``): one that
     reads the script's variables cannot be moved to another module's top level."""
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = quiet.parse(expression.strip(), mode="eval")
     except SyntaxError:
         return False
     return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) for node in ast.walk(tree))

@@ -2,7 +2,6 @@
 unresolvable imports reported."""
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import PurePath
 
@@ -10,6 +9,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate import quiet
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
 from migrate.types import FixSafety, ImportChange, Safety
@@ -242,7 +242,7 @@ def _is_a_use(name: cst.Name, parent_of) -> bool:
 
 def _is_an_expression(text: str) -> bool:
     try:
-        ast.parse(text.strip(), mode="eval")
+        quiet.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError):
         return False
     return True
