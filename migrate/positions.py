@@ -33,10 +33,16 @@ __all__ = ["positions", "positions_by_statement"]
 
 def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
     """Every node's syntactic range, as ``MetadataWrapper(module).resolve(PositionProvider)`` gives it."""
-    state = _CountingState(default_indent=module.default_indent, default_newline=module.default_newline, provider=None)
-    state.found = {}
+    state = _counting_state(module, {})
     module._codegen(state)
     return _Positions(state.found)
+
+
+def _counting_state(module: cst.Module, found: dict[int, tuple]) -> _CountingState:
+    """A code generation state for ``module`` recording positions into ``found``."""
+    state = _CountingState(default_indent=module.default_indent, default_newline=module.default_newline, provider=None)
+    state.found = found
+    return state
 
 
 def positions_by_statement(module: cst.Module, text: str, kept: dict | None = None) -> Mapping[cst.CSTNode, CodeRange]:
@@ -155,21 +161,15 @@ class _ByStatement(_Positions):
             self._record_all()
             return
         line, indents = self._starts[id(statement)]
-        state = self._state()
+        state = _counting_state(self._module, self._found)
         state.line = line
         state.indent_tokens = list(indents)
         statement._codegen(state)
 
     def _record_all(self) -> None:
         if not self._whole:
-            self._module._codegen(self._state())
+            self._module._codegen(_counting_state(self._module, self._found))
             self._whole = True
-
-    def _state(self) -> _CountingState:
-        module = self._module
-        state = _CountingState(default_indent=module.default_indent, default_newline=module.default_newline, provider=None)
-        state.found = self._found
-        return state
 
 
 def _statement_starts(module: cst.Module, text: str) -> dict[int, tuple[int, tuple[str, ...]]] | None:
@@ -213,8 +213,9 @@ def _statement_starts(module: cst.Module, text: str) -> dict[int, tuple[int, tup
     return starts
 
 
+_AST_TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # except*: Python 3.11+
 _AST_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-                 ast.With, ast.AsyncWith, ast.Try, ast.Match, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
+                 ast.With, ast.AsyncWith, ast.Match, *_AST_TRY)
 
 
 def _blocks(statement: cst.BaseStatement, node: ast.stmt | None) -> list[tuple[cst.BaseSuite, list[ast.stmt]]] | None:
@@ -247,9 +248,6 @@ def _blocks(statement: cst.BaseStatement, node: ast.stmt | None) -> list[tuple[c
     if isinstance(statement, cst.Match) and isinstance(node, ast.Match) and len(statement.cases) == len(node.cases):
         return [(case.body, ast_case.body) for case, ast_case in zip(statement.cases, node.cases)]
     return None
-
-
-_AST_TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
 
 
 def _with_else(statement: cst.BaseCompoundStatement, node: ast.stmt) -> list[tuple[cst.BaseSuite, list[ast.stmt]]] | None:
