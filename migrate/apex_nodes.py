@@ -1,12 +1,11 @@
 """Small helpers the apex rewrites share: source text of nodes, building statements, purity."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.tree_walk import children, walk
+from migrate.tree_walk import children, kept_per_tree, walk
 from migrate.types import ImportChange
 
 _EMPTY = cst.Module(body=[])
@@ -39,7 +38,7 @@ _PURE_CALLS = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=1 << 14)  # nodes never change, and the same ones are asked for again and again
+@kept_per_tree  # the same nodes are asked for again and again
 def code(node: cst.CSTNode) -> str:
     """The source text of ``node`` alone (without the whitespace that belongs to its parent)."""
     dotted = _dotted(node)
@@ -157,21 +156,13 @@ def with_leading(statement: cst.BaseStatement, leading: cst.CSTNode) -> cst.Base
     return statement.with_changes(leading_lines=getattr(leading, "leading_lines", ()))
 
 
-_LAST_IMPORTS: list = [None, None]  # (module, its apex imports): the rules of one run share one walk
-
-
+@kept_per_tree  # the rules of one run and the apex plan ask of the same module
 def apex_imports(module: cst.Module) -> dict[str, list[ImportChange]]:
     """Every import of an ``apex`` module in the file, by the local name it binds.
 
     A fix hands the ones it stops using to ``remove_imports``; the engine removes an import
     only when nothing uses it any more, so ``from apex import amp, optimizers`` keeps what is left.
     """
-    if _LAST_IMPORTS[0] is not module:
-        _LAST_IMPORTS[:] = [module, _find_apex_imports(module)]
-    return _LAST_IMPORTS[1]
-
-
-def _find_apex_imports(module: cst.Module) -> dict[str, list[ImportChange]]:
     found: dict[str, list[ImportChange]] = {}
     for node in _import_statements(module):
         if isinstance(node.names, cst.ImportStar):

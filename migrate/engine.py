@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
 from migrate import import_changes, noqa, quiet
-from migrate.metadata import resolve
+from migrate.metadata import release, resolve
 from migrate.positions import positions_by_statement
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import children_kept, walk_batched
@@ -175,6 +175,7 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
         positions = positions_by_statement(module, text, kept)  # the walks' lists serve it later
         if not visitors:
             return _Visited(module, [], positions, directives)
+        metadata: dict = {}
         try:
             metadata = resolve(wrapper, visitors, context.settings, positions)
             for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
@@ -187,6 +188,7 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
         finally:
             for visitor in visitors:
                 visitor.metadata = {}
+            release(metadata)
     reports = [report for visitor in visitors if visitor.skipped is None for report in visitor.reports]
     if directives:
         reports = _unsuppressed(reports, positions, directives, rules)

@@ -7,6 +7,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
+from migrate.tree_walk import analysing, memo_per_tree
 from migrate.types import ImportChange
 
 _RESOLVED = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
@@ -18,28 +19,25 @@ def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozen
     ``from apex import amp as A; A.initialize`` and ``import apex.amp; apex.amp.initialize``
     both give ``{"apex.amp.initialize"}``; a local ``initialize`` gives nothing.
     """
-    global _answers
     table = visitor.metadata.get(QualifiedNameProvider)
-    answers = _answers
-    if table is None or answers[0] is not table:
-        answers = _answers = (table, {})
-    names = answers[1].get(id(node))
-    if names is None:
-        if hasattr(table, "resolved_names"):  # migrate.metadata's, with a shortcut for local names
-            try:
-                names = table.resolved_names(node, _RESOLVED)
-            except KeyError:
-                names = frozenset()
-        else:
-            found = visitor.get_metadata(QualifiedNameProvider, node, ())
-            names = frozenset(q.name for q in found if q.source in _RESOLVED)
-        answers[1][id(node)] = names
+    found = _answers.get(id(node))
+    if found is not None and found[1] is table:
+        return found[2]
+    if hasattr(table, "resolved_names"):  # migrate.metadata's, with a shortcut for local names
+        try:
+            names = table.resolved_names(node, _RESOLVED)
+        except KeyError:
+            names = frozenset()
+    else:
+        found = visitor.get_metadata(QualifiedNameProvider, node, ())
+        names = frozenset(q.name for q in found if q.source in _RESOLVED)
+    if analysing():
+        _answers[id(node)] = (node, table, names)
     return names
 
 
-# Every rule of a run asks about the same names: the answers are kept, by node, for the last
-# qualified-name metadata asked about. Holding that metadata keeps its nodes, and so their ids, alive.
-_answers: tuple[object, dict[int, frozenset[str]]] = (None, {})
+# Every rule of an analysis asks about the same names: the answers are kept, by node, while it lasts.
+_answers: dict[int, tuple[cst.CSTNode, object, frozenset[str]]] = memo_per_tree()
 
 
 def may_resolve_within(visitor: cst.MetadataDependent, node: cst.CSTNode, packages: Collection[str]) -> bool:

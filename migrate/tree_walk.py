@@ -20,11 +20,11 @@ import dataclasses
 import functools
 import typing
 import weakref
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
 
-__all__ = ["children", "children_kept", "is_node_type", "walk", "walk_batched"]
+__all__ = ["analysing", "children", "children_kept", "is_node_type", "kept_per_tree", "memo_per_tree", "walk", "walk_batched"]
 
 # Where libcst's source order of a node's children is not the order of its fields (tokens and
 # whitespace aside, which every field order puts right for what a visitor reads).
@@ -50,6 +50,7 @@ _SOURCE_ORDER: dict[str, tuple[str, ...]] = {
                   "whitespace_after_type_parameters", "whitespace_after_equals", "value", "semicolon"),
 }
 _SOURCE_ORDER["LazyImportFrom"] = _SOURCE_ORDER["ImportFrom"]
+T = TypeVar("T")
 
 
 def children(node: cst.CSTNode, *, tokens: bool = True) -> list[cst.CSTNode]:
@@ -83,7 +84,8 @@ def children_kept(kept: dict | None = None) -> Iterator[dict]:
     """Within it, ``children(node, tokens=False)`` lists each node's children once: the analysis
     of a file walks its tree a dozen times (the metadata, the step model, the apex plan, the rules),
     and listing children was a tenth of that. It gives the lists kept; hand them back as ``kept``
-    to go on with them in a later walk of the same tree."""
+    to go on with them in a later walk of the same tree. It is the span of one analysis: the
+    ``memo_per_tree`` dicts are emptied when the outermost one ends."""
     global _kept
     outer = _kept
     _kept = kept if kept is not None else {} if outer is None else outer
@@ -91,6 +93,43 @@ def children_kept(kept: dict | None = None) -> Iterator[dict]:
         yield _kept
     finally:
         _kept = outer
+        if outer is None:
+            for memo in _MEMOS:
+                memo.clear()
+
+
+_MEMOS: list[dict] = []  # those of ``memo_per_tree``, emptied when the outermost ``children_kept`` ends
+
+
+def memo_per_tree() -> dict:
+    """A dict for answers about a tree's nodes, by ``id``, within ``children_kept`` (``None``
+    outside it), emptied when it ends. Each entry must hold its node, so that the id cannot pass
+    to another. A cache kept across files would hold their nodes alive, and each file's cycle
+    collection would scan them again."""
+    memo: dict = {}
+    _MEMOS.append(memo)
+    return memo
+
+
+def analysing() -> bool:
+    """Whether a ``children_kept`` is in force: the ``memo_per_tree`` dicts may be filled."""
+    return _kept is not None
+
+
+def kept_per_tree(function: Callable[[cst.CSTNode], T]) -> Callable[[cst.CSTNode], T]:
+    """``function(node)`` worked out once per node within ``children_kept`` (nodes never change)."""
+    memo = memo_per_tree()
+
+    @functools.wraps(function)
+    def remembered(node: cst.CSTNode) -> T:
+        if _kept is None:
+            return function(node)
+        found = memo.get(id(node))
+        if found is None:
+            found = memo[id(node)] = (node, function(node))
+        return found[1]
+
+    return remembered
 
 
 class _ByType(dict):

@@ -101,15 +101,9 @@ class AutocastPlanning:
         if scale.loss.value not in params:
             return []
         position = params.index(scale.loss.value) - (1 if self._class(function) is not None else 0)
-        found: list[tuple[cst.CSTNode, cst.Arg | None]] = []
-        planner = self
-
-        class _Calls(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                if planner._helper(node) is function:
-                    found.append((planner._statement(node), nodes.argument(node, position, scale.loss.value)))
-
-        walk(self.module, _Calls())
+        finder = _HelperCalls(self, function, position, scale.loss.value)
+        walk(self.module, finder)
+        found = finder.found
         if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]
@@ -267,3 +261,18 @@ class AutocastPlanning:
         self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+
+
+class _HelperCalls(cst.CSTVisitor):
+    """The calls of the file's own helper ``function``: each one's statement and the argument in
+    ``position`` (or named ``keyword``). A class of its own: one made in the method is a cycle
+    that holds the planner, and the file's tree, for the cycle collector."""
+
+    def __init__(self, planner: AutocastPlanning, function: cst.FunctionDef, position: int, keyword: str) -> None:
+        super().__init__()
+        self.planner, self.function, self.position, self.keyword = planner, function, position, keyword
+        self.found: list[tuple[cst.CSTNode, cst.Arg | None]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.planner._helper(node) is self.function:
+            self.found.append((self.planner._statement(node), nodes.argument(node, self.position, self.keyword)))

@@ -32,14 +32,16 @@ class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
 def plan_text(text: str, settings: Mapping) -> ApexPlan | None:
     """The plan of a file's text outside a run of the rules (``migrate.halves`` asks one half of
     apex amp for the facts the other half needs); None when it does not parse."""
-    from migrate.metadata import resolve
+    from migrate.metadata import release, resolve
 
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError:
         return None
     metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [_PlanReader()], settings)
-    return metadata[ApexPlanProvider][module]
+    plan = metadata[ApexPlanProvider][module]
+    release(metadata)
+    return plan
 
 
 class _PlanReader(cst.CSTVisitor):

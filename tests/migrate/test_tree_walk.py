@@ -12,7 +12,7 @@ import libcst._nodes.op as operators
 import libcst._nodes.whitespace as whitespace
 import pytest
 
-from migrate.tree_walk import _fields, children, children_kept, is_node_type, walk, walk_batched
+from migrate.tree_walk import _fields, children, children_kept, is_node_type, kept_per_tree, walk, walk_batched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,6 +134,28 @@ def test_walks_with_children_kept_meet_the_same_nodes(skip):
         with children_kept(kept):  # handed back: the same lists
             assert children(module, tokens=False) is kept[id(module)][1]
         assert children(module, tokens=False) is not kept[id(module)][1]  # none kept outside
+
+
+def test_kept_per_tree_works_a_node_out_once_per_analysis_and_then_forgets_it():
+    calls = []
+
+    @kept_per_tree
+    def text(node):
+        calls.append(node)
+        return cst.Module(body=[]).code_for_node(node)
+
+    module = cst.parse_module("x = a.b\n")
+    with children_kept():
+        with children_kept():  # an inner span is part of the outer one
+            assert text(module) == text(module) == "x = a.b\n"
+        assert text(module) == "x = a.b\n"
+        assert calls == [module]
+    text(module)  # once the analysis is over nothing is kept, and the node is not held
+    text(module)
+    assert calls == [module, module, module]
+    with children_kept():
+        text(module)
+    assert len(calls) == 4, "a new analysis works it out again"
 
 
 def test_children_are_libcsts_children():
