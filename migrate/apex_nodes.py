@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.tree_walk import children, kept_per_tree, walk
+from migrate.tree_walk import children, descendants, kept_per_tree
 from migrate.types import ImportChange
 
 _EMPTY = cst.Module(body=[])
@@ -65,19 +65,11 @@ def _tight(dot: cst.Dot) -> bool:
 def is_pure(expression: cst.BaseExpression) -> bool:
     """Whether evaluating ``expression`` twice is the same as once: names, attributes, operators,
     and availability checks such as ``torch.cuda.is_available()``."""
-    found_impure = False
-
-    class _Check(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            nonlocal found_impure
-            if isinstance(node, cst.Call) and call_name(node) in _PURE_CALLS:
-                return True
-            if isinstance(node, cst.BaseExpression) and not isinstance(node, _PURE):
-                found_impure = True
-            return not found_impure
-
-    walk(expression, _Check())
-    return not found_impure
+    return not any(
+        isinstance(node, cst.BaseExpression) and not isinstance(node, _PURE)
+        and not (isinstance(node, cst.Call) and call_name(node) in _PURE_CALLS)
+        for node in descendants(expression)
+    )
 
 
 def call_name(call: cst.Call) -> str:

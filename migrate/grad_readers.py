@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants
 
 # Calls with "grad" in their name that do not read gradients.
 _GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
@@ -80,25 +80,11 @@ def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:
 
 
 def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:
-    found = []
+    def enter(node: cst.CSTNode) -> bool:
+        return node is statement or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, kind):
-                found.append(node)
-            return node is statement or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
-
-    walk(statement, _Find())
-    return found
+    return [node for node in descendants(statement, enter) if isinstance(node, kind)]
 
 
 def _subtree(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, inner: cst.CSTNode) -> bool:
-            found.append(inner)
-            return True
-
-    walk(node, _All())
-    return found
+    return list(descendants(node))

@@ -24,7 +24,10 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import libcst as cst
 
-__all__ = ["analysing", "children", "children_kept", "is_node_type", "kept_per_tree", "memo_per_tree", "walk", "walk_batched"]
+__all__ = [
+    "analysing", "children", "children_kept", "descendants", "is_node_type", "kept_per_tree", "memo_per_tree", "walk",
+    "walk_batched",
+]
 
 # Where libcst's source order of a node's children is not the order of its fields (tokens and
 # whitespace aside, which every field order puts right for what a visitor reads).
@@ -183,6 +186,19 @@ def walk(root: cst.CSTNode, visitor: cst.CSTVisitor, leaving: Callable[[cst.CSTN
                 leaving(node)
             if leave is not None:
                 leave(visitor, node)
+
+
+def descendants(root: cst.CSTNode, enter: Callable[[cst.CSTNode], bool] | None = None) -> Iterator[cst.CSTNode]:
+    """``root`` and the nodes under it, in the order ``walk`` meets them (punctuation and
+    whitespace left out); nothing under a node for which ``enter(node)`` is false. For a question
+    asked of a subtree, in place of a visitor class made for it: a class made in a function is a
+    cycle, with what its closure holds, left to the cycle collector."""
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        yield node
+        if enter is None or enter(node):
+            pending += reversed(children(node, tokens=False))
 
 
 def _walk_generic(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:

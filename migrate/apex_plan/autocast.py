@@ -7,7 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines, read_names
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
 from migrate.names import qualified_names
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
@@ -230,18 +230,11 @@ class AutocastPlanning:
     @staticmethod
     def _returns_models(statement: cst.CSTNode, models: set[str]) -> bool:
         """A ``return`` that may hand a model back (``return results`` with numbers only does not)."""
-        found = False
-
-        class _Find(cst.CSTVisitor):
-            def visit_Return(self, node: cst.Return) -> None:
-                nonlocal found
-                found = found or node.value is None or bool(read_names(node.value) & models)
-
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return False
-
-        walk(statement, _Find())
-        return found
+        return any(
+            node.value is None or bool(read_names(node.value) & models)
+            for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef)
+            if type(node) is cst.Return
+        )
 
     def _plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
         """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;

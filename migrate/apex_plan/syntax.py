@@ -10,7 +10,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.names import qualified_names
 from migrate.rule import Replacement
-from migrate.tree_walk import is_node_type, walk
+from migrate.tree_walk import descendants, is_node_type
 
 if TYPE_CHECKING:
     from migrate.apex_plan.planner import Planner
@@ -144,23 +144,16 @@ def backward_calls(statement: cst.CSTNode, nested: bool = False) -> list[cst.Cal
 def calls(statement: cst.CSTNode, wanted, *, nested: bool = False) -> list[cst.Call]:
     """The calls in ``statement`` of something whose last name part satisfies ``wanted``; those in
     nested definitions only with ``nested``."""
-    found: list[cst.Call] = []
 
-    class _Find(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-            if wanted(name):
-                found.append(node)
+    def enter(node: cst.CSTNode) -> bool:
+        kind = type(node)
+        return nested or not (kind is cst.Lambda or (kind is cst.FunctionDef and node is not statement))
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return nested or node is statement
+    return [node for node in descendants(statement, enter) if type(node) is cst.Call and wanted(_last_name(node.func))]
 
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return nested
 
-    walk(statement, _Find())
-    return found
+def _last_name(func: cst.BaseExpression) -> str:
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
 
 
 def is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:
@@ -173,48 +166,27 @@ def is_step(small: cst.BaseSmallStatement, optimizer: str) -> bool:
 def assigns(statement: cst.CSTNode, name: str) -> bool:
     """Whether ``statement`` binds ``name``: alone, in a tuple (``loss, aux = ...``), or in an arm
     of a compound statement; not in nested definitions."""
-    found = False
+    return any(
+        _binds(node.target, name)
+        for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef and type(node) is not cst.ClassDef)
+        if type(node) in (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)
+    )
 
-    class _Find(cst.CSTVisitor):
-        def _target(self, target: cst.BaseExpression) -> None:
-            nonlocal found
-            if isinstance(target, (cst.Tuple, cst.List)):
-                for element in target.elements:
-                    self._target(element.value)
-            else:
-                found = found or nodes.code(target) == name
 
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            self._target(node.target)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self._target(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self._target(node.target)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    walk(statement, _Find())
-    return found
+def _binds(target: cst.BaseExpression, name: str) -> bool:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return any(_binds(element.value, name) for element in target.elements)
+    return nodes.code(target) == name
 
 
 def read_names(expression: cst.CSTNode) -> set[str]:
     """The names and dotted attributes ``expression`` reads (``has_apex``, ``args.amp``, ``args``)."""
     found: set[str] = set()
-
-    class _Find(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
+    for node in descendants(expression):
+        if type(node) is cst.Name:
             found.add(node.value)
-
-        def visit_Attribute(self, node: cst.Attribute) -> None:
+        elif type(node) is cst.Attribute:
             found.add(nodes.code(node))
-
-    walk(expression, _Find())
     return found
 
 
@@ -232,16 +204,11 @@ SUSPENDS = (cst.Yield, cst.Await)  # other code runs meanwhile: autocast must no
 
 def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
     """Whether ``statement`` holds a node of ``kinds`` outside nested definitions."""
-    found = False
+    return any(isinstance(node, kinds) for node in descendants(statement, _not_a_definition))
 
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            nonlocal found
-            found = found or isinstance(node, kinds)
-            return not found and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
-    walk(statement, _Find())
-    return found
+def _not_a_definition(node: cst.CSTNode) -> bool:
+    return not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
 
 def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:

@@ -8,7 +8,7 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import SUSPENDS, contains, defines, read_names
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants
 
 
 class TreeQueries:
@@ -86,17 +86,14 @@ class TreeQueries:
         """``if not self.initialized: ...; self.initialized = True``: a run-once guard; ``after``:
         statements that must not change the test either."""
         assigned: set[str] = set()
-
-        class _Assigned(cst.CSTVisitor):
-            def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-                targets = [element.value for element in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
-                assigned.update(nodes.code(target) for target in targets)
-
-            def visit_AugAssign(self, node: cst.AugAssign) -> None:
-                assigned.add(nodes.code(node.target))
-
         for statement in (branch.body, *after):
-            walk(statement, _Assigned())
+            for node in descendants(statement):
+                if type(node) is cst.AssignTarget:
+                    target = node.target
+                    targets = [element.value for element in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+                    assigned.update(nodes.code(target) for target in targets)
+                elif type(node) is cst.AugAssign:
+                    assigned.add(nodes.code(node.target))
         return bool(read_names(branch.test) & assigned)
 
     def _in_test(self, node: cst.CSTNode) -> bool:
@@ -110,16 +107,7 @@ class TreeQueries:
 
     def _touched(self, statement: cst.CSTNode) -> bool:
         targets = self.replacements
-        hit = False
-
-        class _Find(cst.CSTVisitor):
-            def on_visit(self, node: cst.CSTNode) -> bool:
-                nonlocal hit
-                hit = hit or id(node) in targets
-                return not hit
-
-        walk(statement, _Find())
-        return hit
+        return any(id(node) in targets for node in descendants(statement))
 
     def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
         body = list(block.body)
@@ -156,16 +144,10 @@ class TreeQueries:
         """Whether ``statement`` runs the model: a call of it, of a helper of the file (a
         function, or a method of the same class) that calls it (``loss = self.run_batch(b)``), or
         of anything it is handed to."""
-        calls: list[cst.Call] = []
-
-        class _Find(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                calls.append(node)
-
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return node is statement
-
-        walk(statement, _Find())
+        calls = [
+            node for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef or node is statement)
+            if type(node) is cst.Call
+        ]
         for call in calls:
             func = call.func
             if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):

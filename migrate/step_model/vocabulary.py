@@ -10,7 +10,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.names import may_resolve_within, qualified_names
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 
 GRAD_SCALERS = frozenset(
     {
@@ -249,14 +249,7 @@ def reads_gradients_in(statement: cst.CSTNode) -> bool:
     """Whether ``statement`` reads gradients as the step model counts a read: a clip or a norm
     (``reads_gradients``), or an ``x.grad`` that ``unread_gradients`` does not leave out."""
     unread = unread_gradients(statement)
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            nonlocal found
-            if isinstance(node, cst.Call) or isinstance(node, cst.Attribute) and id(node) not in unread:
-                found = found or reads_gradients(node)
-            return not found and not isinstance(node, (cst.Lambda, cst.FunctionDef, cst.ClassDef))
-
-    walk(statement, _Find())
-    return found
+    return any(
+        (isinstance(node, cst.Call) or isinstance(node, cst.Attribute) and id(node) not in unread) and reads_gradients(node)
+        for node in descendants(statement, lambda node: not isinstance(node, (cst.Lambda, cst.FunctionDef, cst.ClassDef)))
+    )

@@ -12,7 +12,7 @@ import libcst._nodes.op as operators
 import libcst._nodes.whitespace as whitespace
 import pytest
 
-from migrate.tree_walk import _fields, children, children_kept, is_node_type, kept_per_tree, walk, walk_batched
+from migrate.tree_walk import _fields, children, children_kept, descendants, is_node_type, kept_per_tree, walk, walk_batched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,17 @@ def test_walk_meets_the_nodes_libcst_visits_in_its_order(skip):
         module.visit(theirs)
         walk(module, ours)
         assert ours.seen == theirs.seen
+
+
+@pytest.mark.parametrize("skip", [None, cst.Call, cst.FunctionDef])
+def test_descendants_are_the_nodes_libcst_visits_in_its_order(skip):
+    for source in _sources()[:20]:
+        module = cst.parse_module(source)
+        theirs = _Record(skip)
+        module.visit(theirs)
+        visited = [node_id for event, node_id in theirs.seen if event == "visit"]
+        enter = None if skip is None else (lambda node: not isinstance(node, skip))
+        assert [id(node) for node in descendants(module, enter)] == visited
 
 
 @pytest.mark.parametrize("skip", [None, cst.Call])
