@@ -6,8 +6,9 @@ from typing import Iterator
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
+from migrate import apex_nodes as nodes
 from migrate.rule import Rule
-from migrate.step_model import StepModel, StepModelProvider, model_of
+from migrate.step_model import Event, Loop, StepModel, StepModelProvider, Steps, Via, model_of
 
 
 class TrainingStepRule(Rule):
@@ -30,6 +31,30 @@ class TrainingStepRule(Rule):
 
     def findings(self, model: StepModel) -> Iterator[tuple[cst.CSTNode, str | None, dict]]:
         raise NotImplementedError
+
+
+def made_each_iteration(steps: Steps, created: Event) -> bool:
+    """Whether the GradScaler made at ``created`` is made again in a loop that runs backward
+    passes (AMP105): in the training loop, an epoch loop around it, or a helper called there. A
+    function that runs a whole training (its own loop over epochs) may make its own."""
+    loops = set(created.loops())
+    trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
+    return bool(trained) and not any(_whole_run(created, backward) for backward in trained)
+
+
+def _whole_run(created: Event, backward: Event) -> bool:
+    """Whether the scaler is made in a function that runs a whole training (its own loop over
+    epochs), called once per trial of a search: each run rightly starts a new scaler."""
+    calls = [frame for frame in created.frames if isinstance(frame, Via)]
+    if not calls or calls[-1] not in backward.frames:
+        return False
+    inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
+    return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
+
+
+def _over_epochs(loop: cst.For | cst.While) -> bool:
+    head = (loop.target, loop.iter) if isinstance(loop, cst.For) else (loop.test,)
+    return any("epoch" in nodes.code(part).lower() for part in head)
 
 
 # A complete, correct native loop: periodic logging, clipping after unscale_, a full checkpoint.

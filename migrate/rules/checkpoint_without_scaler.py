@@ -5,9 +5,10 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, Steps
 from migrate.step_model.vocabulary import optimizer_like
+from migrate.tree_walk import descendants
 
 
 class CheckpointWithoutScaler(TrainingStepRule):
@@ -15,7 +16,9 @@ class CheckpointWithoutScaler(TrainingStepRule):
     Reports a checkpoint (``torch.save({...})``, or the file's own ``save_checkpoint({...})``)
     whose dictionary holds a model's and an optimizer's ``state_dict()`` but nothing from the
     GradScaler, in a file that scales its losses with one. Entries added to the dictionary
-    later in the same function (``state["scaler"] = scaler.state_dict()``) count.
+    later in the same function (``state["scaler"] = scaler.state_dict()``) count. A scaler that
+    is made but never scales, steps or updates, or that is made anew in the training loop (AMP105:
+    fix that first), holds no state worth keeping.
 
     Why is this bad?
     A run resumed from it starts the scaler again at its initial scale (65,536): the first steps
@@ -38,6 +41,28 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "def save(model, optimizer, path):\n"
             "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, path)\n"
         ),
+        Valid(  # the scaler's calls commented out: it never scales, and has no state
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        loss = model(x)\n"
+            "        loss.backward()  # scaler.scale(loss).backward()\n"
+            "        optimizer.step()  # scaler.step(optimizer); scaler.update()\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+        ),
+        Valid(  # made anew each epoch (AMP105 reports that): no scale outlives the epoch
+            "def train_one_epoch(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "\n"
+            "def main(model, optimizer, loader):\n"
+            "    for epoch in range(90):\n"
+            "        train_one_epoch(model, optimizer, loader)\n"
+            "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+        ),
     ]
     INVALID = [
         Invalid(
@@ -56,6 +81,11 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "        self.model, self.optimizer = model, optimizer\n"
             "        self.scaler = torch.amp.GradScaler('cuda')\n"
             "\n"
+            "    def train_step(self, batch):\n"
+            "        self.scaler.scale(self.model(batch)).backward()\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+            "\n"
             "    def save(self, path):\n"
             "        state = {'model': self.model.state_dict()}\n"
             "        state['optimizer'] = self.optimizer.state_dict()\n"
@@ -72,11 +102,24 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "        step += 1\n"
             "    save_checkpoint({'state_dict': model.module.state_dict(), 'optimizer': optimizer.state_dict()}, is_best=True)\n"
         ),
+        Invalid(  # the loop that scales is in another file: the scaler is handed to it
+            "from engine import train_loop\n"
+            "\n"
+            "def main(model, optimizer, loader, epochs):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for epoch in range(epochs):\n"
+            "        train_loop(model, optimizer, scaler, loader)\n"
+            "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+        ),
     ]
 
     def findings(self, model):
         scalers = model.facts.scalers
-        if not scalers or not model.all_events(Kind.SCALER_NEW):
+        made = list(model.each(Kind.SCALER_NEW))
+        anew = {id(event.node) for steps, event in made if made_each_iteration(steps, event)}  # in any walk
+        if not scalers or all(id(event.node) in anew for _, event in made):
+            return
+        if not _used(model):
             return
         for steps, event in model.each(Kind.SAVE):
             entries = _entries(steps, event)
@@ -89,6 +132,21 @@ class CheckpointWithoutScaler(TrainingStepRule):
                 "scaler" in nodes.code(v).lower() for v in entries)
             if optimizers and models and not saved:
                 yield event.node, None, {}
+
+
+def _used(model) -> bool:
+    """Whether a scaler of the file scales, steps or updates, or is read anywhere but where it is
+    made: handed to a training loop in another file (``train_loop(model, scaler, ...)``)."""
+    if model.scaled() or model.all_events(Kind.SCALER_STEP, Kind.UPDATE, Kind.UNSCALE):
+        return True
+    made: set[int] = set()
+    for node in descendants(model.module):
+        kind = type(node)
+        if kind is cst.AssignTarget or kind is cst.AnnAssign:
+            made.add(id(node.target))
+        elif (kind is cst.Name or kind is cst.Attribute) and id(node) not in made and nodes.code(node) in model.facts.scalers:
+            return True
+    return False
 
 
 def _state_dict(value: cst.BaseExpression) -> bool:

@@ -1,12 +1,9 @@
 """AMP105: a GradScaler created inside the training loop."""
 from __future__ import annotations
 
-import libcst as cst
-
-from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.step_model import Event, Kind, Loop, Via
+from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
+from migrate.step_model import Kind
 
 
 class GradScalerInLoop(TrainingStepRule):
@@ -96,22 +93,5 @@ class GradScalerInLoop(TrainingStepRule):
 
     def findings(self, model):
         for steps, event in model.each(Kind.SCALER_NEW):
-            loops = set(event.loops())
-            trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
-            if trained and not any(_whole_run(event, backward) for backward in trained):
+            if made_each_iteration(steps, event):
                 yield event.node, None, {}
-
-
-def _whole_run(created: Event, backward: Event) -> bool:
-    """Whether the scaler is made in a function that runs a whole training (its own loop over
-    epochs), called once per trial of a search: each run rightly starts a new scaler."""
-    calls = [frame for frame in created.frames if isinstance(frame, Via)]
-    if not calls or calls[-1] not in backward.frames:
-        return False
-    inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
-    return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
-
-
-def _over_epochs(loop: cst.For | cst.While) -> bool:
-    head = (loop.target, loop.iter) if isinstance(loop, cst.For) else (loop.test,)
-    return any("epoch" in nodes.code(part).lower() for part in head)
