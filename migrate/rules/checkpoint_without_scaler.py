@@ -51,17 +51,18 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
         ),
         Valid(  # made anew each epoch (AMP105 reports that): no scale outlives the epoch
-            "def train_one_epoch(model, optimizer, loader):\n"
-            "    scaler = torch.amp.GradScaler('cuda')\n"
-            "    for x in loader:\n"
-            "        scaler.scale(model(x)).backward()\n"
-            "        scaler.step(optimizer)\n"
-            "        scaler.update()\n"
+            "class Trainer:\n"
+            "    def fit(self, loader, epochs):\n"
+            "        for epoch in range(epochs):\n"
+            "            self.run_epoch(loader)\n"
+            "            torch.save({'net': self.net.state_dict(), 'opt': self.opt.state_dict()}, 'last.pt')\n"
             "\n"
-            "def main(model, optimizer, loader):\n"
-            "    for epoch in range(90):\n"
-            "        train_one_epoch(model, optimizer, loader)\n"
-            "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+            "    def run_epoch(self, loader):\n"
+            "        scaler = torch.amp.GradScaler('cuda')\n"
+            "        for batch in loader:\n"
+            "            scaler.scale(self.net(batch)).backward()\n"
+            "            scaler.step(self.opt)\n"
+            "            scaler.update()\n"
         ),
     ]
     INVALID = [
