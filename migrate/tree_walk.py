@@ -105,10 +105,10 @@ _MEMOS: list[dict] = []  # those of ``memo_per_tree``, emptied when the outermos
 
 
 def memo_per_tree() -> dict:
-    """A dict for answers about a tree's nodes, by ``id``, within ``children_kept`` (``None``
-    outside it), emptied when it ends. Each entry must hold its node, so that the id cannot pass
-    to another. A cache kept across files would hold their nodes alive, and each file's cycle
-    collection would scan them again."""
+    """A dict for answers about a tree's nodes, by ``id``, to fill only within ``children_kept``
+    (``analysing()``), which empties it when it ends. Each entry must hold its node, so that the
+    id cannot pass to another. A cache kept across files would hold their nodes alive, and each
+    file's cycle collection would scan them again."""
     memo: dict = {}
     _MEMOS.append(memo)
     return memo
