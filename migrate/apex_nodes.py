@@ -72,6 +72,11 @@ def is_pure(expression: cst.BaseExpression) -> bool:
     )
 
 
+def not_a_definition(node: cst.CSTNode) -> bool:
+    """For ``descendants``: code in a nested function, class or lambda does not run where it stands."""
+    return not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+
 def call_name(call: cst.Call) -> str:
     """``f`` for ``f(x)``, ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(x)``, else ""."""
     func = call.func

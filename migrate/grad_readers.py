@@ -81,7 +81,7 @@ def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:
 
 def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:
     def enter(node: cst.CSTNode) -> bool:
-        return node is statement or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        return node is statement or nodes.not_a_definition(node)
 
     return [node for node in descendants(statement, enter) if isinstance(node, kind)]
 

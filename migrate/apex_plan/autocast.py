@@ -7,7 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines, read_names
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
 from migrate.names import qualified_names
-from migrate.tree_walk import descendants, walk
+from migrate.tree_walk import descendants
 
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
@@ -101,9 +101,8 @@ class AutocastPlanning:
         if scale.loss.value not in params:
             return []
         position = params.index(scale.loss.value) - (1 if self._class(function) is not None else 0)
-        finder = _HelperCalls(self, function, position, scale.loss.value)
-        walk(self.module, finder)
-        found = finder.found
+        found = [(self._statement(node), nodes.argument(node, position, scale.loss.value))
+                 for node in descendants(self.module) if type(node) is cst.Call and self._helper(node) is function]
         if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]
@@ -254,18 +253,3 @@ class AutocastPlanning:
         self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
-
-
-class _HelperCalls(cst.CSTVisitor):
-    """The calls of the file's own helper ``function``: each one's statement and the argument in
-    ``position`` (or named ``keyword``). A class of its own: one made in the method is a cycle
-    that holds the planner, and the file's tree, for the cycle collector."""
-
-    def __init__(self, planner: AutocastPlanning, function: cst.FunctionDef, position: int, keyword: str) -> None:
-        super().__init__()
-        self.planner, self.function, self.position, self.keyword = planner, function, position, keyword
-        self.found: list[tuple[cst.CSTNode, cst.Arg | None]] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.planner._helper(node) is self.function:
-            self.found.append((self.planner._statement(node), nodes.argument(node, self.position, self.keyword)))

@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 
 
 class HandedOnPlanning:
@@ -100,7 +100,18 @@ class HandedOnPlanning:
         """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
         a parameter or an attribute of that name (``def run(..., amp=None)``, ``self.amp``)."""
         known = {id(call) for kind in CORE for call in self.sites[kind]}
-        walk(self.module, _AliasSites(self, aliases, known))
+        for node in descendants(self.module):
+            func = node.func if type(node) is cst.Call else None
+            if not isinstance(func, cst.Attribute) or id(node) in known:
+                continue
+            holder = func.value
+            name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
+            if name in aliases and func.attr.value == "initialize":
+                # A GradScaler has no `initialize`: the receiver would call it on the scaler.
+                self.blockers.append((node, f"`{nodes.code(holder)}.initialize` is called on the handed-on module"))
+            elif name in aliases and func.attr.value in ("scale_loss", "master_params"):
+                self.sites[func.attr.value].append(node)
+                self.alias_of[id(node)] = nodes.code(holder)
 
     def _scaler_of(self, call: cst.Call) -> str:
         """The scaler a site uses: the plan's, or what received the handed-on module."""
@@ -113,27 +124,3 @@ class HandedOnPlanning:
         for node, _ in self.escapes:
             self._replace(node, nodes.parse_expression(self.scaler, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
-
-
-class _AliasSites(cst.CSTVisitor):
-    """Adds to the planner the calls of ``HandedOnPlanning._find_alias_sites``. A class of its own:
-    one made in the method is a cycle that holds the planner, and the file's tree, for the cycle
-    collector."""
-
-    def __init__(self, planner: HandedOnPlanning, aliases: set[str], known: set[int]) -> None:
-        super().__init__()
-        self.planner, self.aliases, self.known = planner, aliases, known
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if not isinstance(func, cst.Attribute) or id(node) in self.known:
-            return
-        holder = func.value
-        name = holder.value if isinstance(holder, cst.Name) else holder.attr.value if isinstance(holder, cst.Attribute) else None
-        planner = self.planner
-        if name in self.aliases and func.attr.value == "initialize":
-            # A GradScaler has no `initialize`: the receiver would call it on the scaler.
-            planner.blockers.append((node, f"`{nodes.code(holder)}.initialize` is called on the handed-on module"))
-        elif name in self.aliases and func.attr.value in ("scale_loss", "master_params"):
-            planner.sites[func.attr.value].append(node)
-            planner.alias_of[id(node)] = nodes.code(holder)

@@ -7,7 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import ReplaceByIdentity, backward_calls, is_step
 from migrate.apex_plan.vocabulary import EACH, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
 from migrate.rule import Replacement
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 
 
 class StepPlanning:
@@ -82,9 +82,9 @@ class StepPlanning:
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
         scope = self._function(statement) or self.module
-        finder = _ReadOutside(self, name, self._scale_loss_statements)
-        walk(scope, finder)
-        return finder.found
+        withs = self._scale_loss_statements
+        return any(type(node) is cst.Name and node.value == name and not self._inside_any(node, withs)
+                   for node in descendants(scope))
 
     def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
@@ -326,17 +326,3 @@ class StepPlanning:
             first = line.with_changes(body=[smalls[0]])
             return cst.FlattenSentinel([first, *(cst.SimpleStatementLine([small]) for small in smalls[1:])]) if len(smalls) > 1 else first
         return line.with_changes(body=smalls)
-
-
-class _ReadOutside(cst.CSTVisitor):
-    """Finds ``name`` read outside every ``with amp.scale_loss`` of the planner's file. (A class of
-    its own, not one made in the method: such a class and its closure are a cycle that would hold
-    the planner, and with it the file's tree, for the cycle collector.)"""
-
-    def __init__(self, planner: StepPlanning, name: str, withs: frozenset[int]) -> None:
-        super().__init__()
-        self.planner, self.name, self.withs, self.found = planner, name, withs, False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value == self.name and not self.planner._inside_any(node, self.withs):
-            self.found = True

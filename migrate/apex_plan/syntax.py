@@ -204,11 +204,7 @@ SUSPENDS = (cst.Yield, cst.Await)  # other code runs meanwhile: autocast must no
 
 def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
     """Whether ``statement`` holds a node of ``kinds`` outside nested definitions."""
-    return any(isinstance(node, kinds) for node in descendants(statement, _not_a_definition))
-
-
-def _not_a_definition(node: cst.CSTNode) -> bool:
-    return not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+    return any(isinstance(node, kinds) for node in descendants(statement, nodes.not_a_definition))
 
 
 def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:

@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
-from migrate.step_model import Kind, Steps
+from migrate.step_model import Kind, StepModel, Steps
 from migrate.step_model.vocabulary import optimizer_like
 from migrate.tree_walk import descendants
 
@@ -117,8 +117,10 @@ class CheckpointWithoutScaler(TrainingStepRule):
     def findings(self, model):
         scalers = model.facts.scalers
         made = list(model.each(Kind.SCALER_NEW))
+        if not scalers or not made:
+            return
         anew = {id(event.node) for steps, event in made if made_each_iteration(steps, event)}  # in any walk
-        if not scalers or all(id(event.node) in anew for _, event in made):
+        if all(id(event.node) in anew for _, event in made):
             return
         if not _used(model):
             return
@@ -135,7 +137,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
                 yield event.node, None, {}
 
 
-def _used(model) -> bool:
+def _used(model: StepModel) -> bool:
     """Whether a scaler of the file scales, steps or updates, or is read anywhere but where it is
     made: handed to a training loop in another file (``train_loop(model, scaler, ...)``)."""
     if model.scaled() or model.all_events(Kind.SCALER_STEP, Kind.UPDATE, Kind.UNSCALE):

@@ -251,5 +251,5 @@ def reads_gradients_in(statement: cst.CSTNode) -> bool:
     unread = unread_gradients(statement)
     return any(
         (isinstance(node, cst.Call) or isinstance(node, cst.Attribute) and id(node) not in unread) and reads_gradients(node)
-        for node in descendants(statement, lambda node: not isinstance(node, (cst.Lambda, cst.FunctionDef, cst.ClassDef)))
+        for node in descendants(statement, nodes.not_a_definition)
     )
