@@ -16,6 +16,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
 from migrate import import_changes, noqa, quiet
 from migrate.metadata import release, resolve
+from migrate.parsing import parse_module
 from migrate.positions import positions_by_statement
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import children_kept, walk_batched
@@ -65,7 +66,7 @@ def run_rules(
     if noqa.skips_file(source):
         return EngineResult(source, ())
     try:
-        module = cst.parse_module(source)
+        module = parse_module(source)
     except cst.ParserSyntaxError as error:
         message = f"cannot parse ({error.message}); fix the syntax error, then run again"
         return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
@@ -122,7 +123,7 @@ def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleCont
     if not (late and visited.directives and UNUSED_NOQA_CODE in {rule.CODE for rule in selected}):
         return visited
     try:
-        return _visit(cst.parse_module(fixed), fixed, [*rules, *late], context)
+        return _visit(parse_module(fixed), fixed, [*rules, *late], context)
     except (_RoundFailed, cst.ParserSyntaxError):
         return _Visited(visited.module, [], visited.positions, noqa.Directives(""))  # judge nothing
 
@@ -240,7 +241,7 @@ def _fix_to_fixed_point(
             return text, visited
         text = new_text
         try:
-            visited = _visit(cst.parse_module(text), text, rules, context)
+            visited = _visit(parse_module(text), text, rules, context)
         except cst.ParserSyntaxError as error:
             raise _RoundFailed(f"the fixes produced code that does not parse ({error.message})") from error
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")

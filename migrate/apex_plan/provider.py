@@ -33,9 +33,10 @@ def plan_text(text: str, settings: Mapping) -> ApexPlan | None:
     """The plan of a file's text outside a run of the rules (``migrate.halves`` asks one half of
     apex amp for the facts the other half needs); None when it does not parse."""
     from migrate.metadata import release, resolve
+    from migrate.parsing import parse_module
 
     try:
-        module = cst.parse_module(text)
+        module = parse_module(text)
     except cst.ParserSyntaxError:
         return None
     metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [_PlanReader()], settings)
