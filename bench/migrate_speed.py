@@ -9,8 +9,8 @@ Measured side by side, round after round (the medians are reported), each in a f
    most 1.3x.
 3. ``ampmigrate --check`` on one generated apex file of a growing size (an apex training module of
    this benchmark's own, repeated): wall time and peak memory (maximum resident set), to see both
-   grow linearly; the largest is ``--big-mb``. Beside each, libcst alone parsing the file (its
-   import included), the floor of any run that parses it with libcst.
+   grow linearly; the largest is ``--big-mb``. Beside each, libcst alone parsing the file whole
+   (its import included); ampmigrate parses a file that large in pieces (``migrate/parsing.py``).
 
 ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
 share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.
