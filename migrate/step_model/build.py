@@ -333,10 +333,17 @@ def _leaves(block: cst.BaseSuite) -> bool:
 
 
 def _pulled(value: cst.BaseExpression) -> bool:
-    """Whether ``value`` is read on the host: ``loss.item()``, ``out.cpu().numpy()``, ``float(x)``."""
+    """Whether ``value`` is on the host: ``loss.item()``, ``out.cpu()``, ``float(x)``, or what a
+    method or a torch function computes from such a value (``torch.argmax(out.cpu(), 1)``): the
+    wait was where it was pulled, not where it is read."""
     if type(value) is cst.Call:
-        name = nodes.call_name(value)
-        return name in ("item", "tolist", "numpy") or (type(value.func) is cst.Name and name in ("float", "int"))
+        name, func = nodes.call_name(value), value.func
+        if name in words.PULL_METHODS or (type(func) is cst.Name and name in ("float", "int")):
+            return True
+        if type(func) is cst.Attribute:
+            return _pulled(func.value) or (
+                words.root_text(func) == "torch" and bool(value.args) and _pulled(value.args[0].value))
+        return False
     if type(value) is cst.BinaryOperation:
         return _pulled(value.left) or _pulled(value.right)
     return False

@@ -57,6 +57,27 @@ SHAPES = [
     pytest.param(
         "AMP100",
         """\
+        def train(model, opt, loader, scaler, labels, names):
+            for x, y in loader:
+                with torch.autocast("cuda"):
+                    scores = model(x)
+                    loss = criterion(scores, y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                best = torch.argmax(scores.detach().cpu(), 1)
+                on_host = scores.detach().cpu().softmax(1)
+                for i in range(len(y)):
+                    names.append(labels[best[i].item()])
+                    if best[i].item() == 0 or on_host[i, 0].item() > 0.5:
+                        names.append("none")
+        """,
+        [9, 10],
+        id="what a torch function or a method computes from a value on the host is on the host",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
         import time
 
         def train(model, opt, loader, scaler):
