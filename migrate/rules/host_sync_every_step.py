@@ -17,8 +17,9 @@ class HostSyncEveryStep(TrainingStepRule):
     ``.tolist()``, ``.numpy()``, ``print(loss)`` or ``f"{loss}"``. A read under a logging guard
     (``if step % log_every == 0:``, ``if rank == 0 and step % n == 0:``), after the loop, or of a
     value already pulled (``best = torch.argmax(out.cpu(), 1)``, then ``best[i].item()``: the
-    ``.cpu()`` is where the GPU waits) is not reported; an ``if`` with a ``%`` that also steps the
-    optimizer is a gradient-accumulation boundary, not a guard.
+    ``.cpu()`` is where the GPU waits; what a function of the file returns as ``loss.cpu()``) is
+    not reported; an ``if`` with a ``%`` that also steps the optimizer is a gradient-accumulation
+    boundary, not a guard.
 
     Why is this bad?
     CUDA runs asynchronously: the host queues kernels and goes on. Reading a value on the host

@@ -148,12 +148,13 @@ class Walk:
         if type(small) in _ASSIGNMENTS and value is not None:
             targets = _targets(small)
             self._expression(value, frames, statements)
-            self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), small, frames, statements))
+            on_host = _pulled(value) or self._returns_host(value)
+            self.assignments.append(Assignment(targets, value, len(self.events), on_host, small, frames, statements))
             for target in targets:
                 self._values_of.setdefault(target, []).append(value)
             if type(small) is not cst.AugAssign:
                 self.host_names.difference_update(targets)
-                if _pulled(value):
+                if on_host:
                     self.host_names.update(targets)
             if isinstance(value, cst.Call) and nodes.call_name(value) == "scale":
                 scaler = _receiver(value)
@@ -193,9 +194,7 @@ class Walk:
                 while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
                     self._round_trips.add(id(inner))
                     inner = inner.func.value
-                subject = words.root_text(func.value)
-                self._add(Kind.HOST_PULL, call, frames, statements, subject=subject,
-                          detail={"form": name, "host": subject in self.host_names})
+                self._pull(call, frames, statements, words.root_text(func.value), form=name)
             elif (name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))) \
                     and id(call) not in self._round_trips:
                 self._add(Kind.HALF, call, frames, statements, subject=receiver)
@@ -207,13 +206,11 @@ class Walk:
                 self._add(Kind.FORWARD, call, frames, statements, subject=receiver)
         elif isinstance(func, cst.Name):
             if name == "float" and first is not None:
-                self._add(Kind.HOST_PULL, call, frames, statements, subject=words.root_text(first),
-                          detail={"form": "float()", "bare": not _has_call(first)})
+                self._pull(call, frames, statements, words.root_text(first), form="float()", bare=not _has_call(first))
             elif name == "print":
                 for arg in call.args:
                     if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
-                        self._add(Kind.HOST_PULL, arg.value, frames, statements, subject=words.root_text(arg.value),
-                                  detail={"form": "print()", "bare": True})
+                        self._pull(arg.value, frames, statements, words.root_text(arg.value), form="print()", bare=True)
         if _code(func) and words.model_like(_code(func), self.facts.models):
             self._add(Kind.FORWARD, call, frames, statements, subject=_code(func))
         if words.reads_gradients(call):
@@ -248,6 +245,15 @@ class Walk:
             how, loss = Backward.MANAGED, _text(call.args[0].value if call.args else None)
         self._add(Kind.BACKWARD, call, frames, statements, subject=loss, scaler=scaler, how=how)
 
+    def _returns_host(self, value: cst.BaseExpression) -> bool:
+        """Whether ``value`` calls a function of the file whose every return is on the host
+        (``loss = self.fit_batch(batch)``, which returns ``loss.detach().cpu()``)."""
+        helper = self._helper(value) if type(value) is cst.Call else None
+        if helper is None:
+            return False
+        returns = [node.value for node in tree_walk.descendants(helper.body, nodes.not_a_definition) if type(node) is cst.Return]
+        return bool(returns) and all(returned is not None and _pulled(returned) for returned in returns)
+
     def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
         facts = self.facts
@@ -263,6 +269,11 @@ class Walk:
                 if owner is not None:
                     return facts.methods[id(owner)].get(func.attr.value)
         return None
+
+    def _pull(self, node: cst.CSTNode, frames: tuple, statements: tuple, subject: str | None, **detail) -> None:
+        """A read on the host of what ``subject`` holds; ``host``: it holds a value already there."""
+        self._add(Kind.HOST_PULL, node, frames, statements, subject=subject,
+                  detail={**detail, "host": subject in self.host_names})
 
     def _add(self, kind: Kind, node: cst.CSTNode, frames: tuple, statements: tuple, **fields) -> None:
         self.events.append(Event(kind, node, frames, statements, **fields))
@@ -291,8 +302,8 @@ class _Events(words.GradientUses):
             self.walk._add(Kind.GRAD_READ, node, self.frames, self.statements, subject=nodes.code(node.value))
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
-        self.walk._add(Kind.HOST_PULL, node, self.frames, self.statements, subject=words.root_text(node.expression),
-                       detail={"form": "f-string", "bare": not _has_call(node.expression)})
+        self.walk._pull(node, self.frames, self.statements, words.root_text(node.expression),
+                        form="f-string", bare=not _has_call(node.expression))
 
 
 def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:

@@ -78,6 +78,31 @@ SHAPES = [
     pytest.param(
         "AMP100",
         """\
+        class Trainer:
+            def fit(self, loader):
+                for batch in loader:
+                    loss = self.fit_batch(batch)
+                    self.average = self.update_average(loss, self.average)
+
+            def fit_batch(self, batch):
+                with torch.autocast("cuda"):
+                    loss = self.model(batch)
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                if not torch.isfinite(loss):
+                    return loss.cpu()
+                return loss.detach().cpu()
+
+            def update_average(self, loss, average):
+                return average * 0.9 + float(loss) * 0.1
+        """,
+        [15],
+        id="what a method of the file returns pulled is on the host where it is called",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
         import time
 
         def train(model, opt, loader, scaler):
