@@ -7,15 +7,13 @@ error result: one file never ends a run over the others.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from migrate import files
+from migrate import files, quiet
 from migrate.prefilter import may_apply, needs_parsing, step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
@@ -187,7 +185,9 @@ def _migrate_python(filename: str, text: str, encoding: str, rules: tuple | None
     # worked on with LF, then given its CRs back (a CR in its text can only be a line end).
     cr_only = "\r" in text and "\n" not in text
     try:
-        with _without_cycle_collection():
+        # the file's tree lives until the run ends: the collector would scan it again and again as
+        # it is made, a fifth of a large file's time, growing faster than the file
+        with quiet.cycle_collector_paused():
             outcome = run_rules(
                 text.replace("\r", "\n") if cr_only else text, filename, rules,
                 fix=options.fix, unsafe_fixes=options.unsafe_fixes, settings=options.settings, edits=options.edits,
@@ -210,16 +210,3 @@ def error_result(filename: str, message: str, code: str = ERROR_CODE) -> FileRes
     error = (Diagnostic(code, message, filename, start, start),)
     return FileResult(filename, error, error=message, remaining=error)
 
-
-@contextlib.contextmanager
-def _without_cycle_collection():
-    """A parsed file is a tree of objects that all live until its run ends. The cycle collector
-    would scan them again and again as they are made, ever more of them: a fifth of a large file's
-    time, growing faster than the file. What the run leaves is collected once it is over."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
