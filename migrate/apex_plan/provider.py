@@ -34,14 +34,16 @@ def plan_text(text: str, settings: Mapping) -> ApexPlan | None:
     apex amp for the facts the other half needs); None when it does not parse."""
     from migrate.metadata import release, resolve
     from migrate.parsing import parse_module
+    from migrate.quiet import cycle_collector_paused
 
-    try:
-        module = parse_module(text)
-    except cst.ParserSyntaxError:
-        return None
-    metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [_PlanReader()], settings)
-    plan = metadata[ApexPlanProvider][module]
-    release(metadata)
+    with cycle_collector_paused():  # as in a file's run of the rules
+        try:
+            module = parse_module(text)
+        except cst.ParserSyntaxError:
+            return None
+        metadata = resolve(MetadataWrapper(module, unsafe_skip_copy=True), [_PlanReader()], settings)
+        plan = metadata[ApexPlanProvider][module]
+        release(metadata)
     return plan
 
 
