@@ -72,6 +72,16 @@ def is_pure(expression: cst.BaseExpression) -> bool:
     )
 
 
+def bound_texts(target: cst.BaseExpression) -> list[str]:
+    """The text of each name, attribute or item an assignment target binds:
+    ``loss, (aux, self.total) = ...`` binds ``loss``, ``aux`` and ``self.total``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [text for element in target.elements for text in bound_texts(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return bound_texts(target.value)
+    return [code(target)]
+
+
 def not_a_definition(node: cst.CSTNode) -> bool:
     """For ``descendants``: code in a nested function, class or lambda does not run where it stands."""
     return not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))

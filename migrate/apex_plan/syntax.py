@@ -167,16 +167,10 @@ def assigns(statement: cst.CSTNode, name: str) -> bool:
     """Whether ``statement`` binds ``name``: alone, in a tuple (``loss, aux = ...``), or in an arm
     of a compound statement; not in nested definitions."""
     return any(
-        _binds(node.target, name)
+        name in nodes.bound_texts(node.target)
         for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef and type(node) is not cst.ClassDef)
         if type(node) in (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)
     )
-
-
-def _binds(target: cst.BaseExpression, name: str) -> bool:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return any(_binds(element.value, name) for element in target.elements)
-    return nodes.code(target) == name
 
 
 def read_names(expression: cst.CSTNode) -> set[str]:

@@ -88,12 +88,8 @@ class TreeQueries:
         assigned: set[str] = set()
         for statement in (branch.body, *after):
             for node in descendants(statement):
-                if type(node) is cst.AssignTarget:
-                    target = node.target
-                    targets = [element.value for element in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-                    assigned.update(nodes.code(target) for target in targets)
-                elif type(node) is cst.AugAssign:
-                    assigned.add(nodes.code(node.target))
+                if type(node) is cst.AssignTarget or type(node) is cst.AugAssign:
+                    assigned.update(nodes.bound_texts(node.target))
         return bool(read_names(branch.test) & assigned)
 
     def _in_test(self, node: cst.CSTNode) -> bool:

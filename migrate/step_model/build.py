@@ -365,23 +365,8 @@ def _body(block: cst.BaseSuite) -> list:
 
 
 def _targets(small: cst.CSTNode) -> tuple[str, ...]:
-    found: list[str] = []
-
-    def add(target: cst.BaseExpression) -> None:
-        if type(target) is cst.Tuple or type(target) is cst.List:
-            for element in target.elements:
-                add(element.value)
-        elif type(target) is cst.StarredElement:
-            add(target.value)
-        else:
-            found.append(nodes.code(target))
-
-    if isinstance(small, cst.Assign):
-        for target in small.targets:
-            add(target.target)
-    else:
-        add(small.target)
-    return tuple(found)
+    targets = [target.target for target in small.targets] if isinstance(small, cst.Assign) else [small.target]
+    return tuple(text for target in targets for text in nodes.bound_texts(target))
 
 
 def _receiver(call: cst.Call) -> str:

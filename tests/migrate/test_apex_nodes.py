@@ -4,7 +4,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from migrate.apex_nodes import apex_imports, code
+from migrate.apex_nodes import apex_imports, bound_texts, code
 from migrate.types import ImportChange
 from migrate.metadata import parents
 
@@ -64,3 +64,15 @@ def test_apex_imports_are_found_in_every_kind_of_block_in_source_order():
         "FusedLayerNorm": [ImportChange("apex.normalization", "FusedLayerNorm")],
         "fp16_utils": [ImportChange("apex", "fp16_utils")],
     }
+
+
+@pytest.mark.parametrize(("statement", "bound"), [
+    ("loss = f()", ["loss"]),
+    ("loss, (aux, self.total) = f()", ["loss", "aux", "self.total"]),
+    ("[first, *rest] = f()", ["first", "rest"]),
+    ("state['scaler'] = s", ["state['scaler']"]),
+])
+def test_bound_texts_unpacks_every_target_an_assignment_binds(statement, bound):
+    assign = cst.parse_statement(statement + "\n").body[0]
+
+    assert bound_texts(assign.targets[0].target) == bound
