@@ -11,6 +11,9 @@ Measured side by side, round after round (the medians are reported), each in a f
    this benchmark's own, repeated): wall time and peak memory (maximum resident set), to see both
    grow linearly; the largest is ``--big-mb``. Beside each, libcst alone parsing the file whole
    (its import included); ampmigrate parses a file that large in pieces (``migrate/parsing.py``).
+4. The same for a script whose top level repeats one training cell, reusing its names (a notebook
+   exported as a script), up to ``--cells-kb``: every site shares one scope, where a question
+   asked per site of the whole scope makes the time grow with the square of the size.
 
 ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
 share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.
@@ -94,15 +97,30 @@ def train_{index}(model, optimizer, loader, epochs=1):
 '''
 
 
+_CELL = '''
+# In[{index}]:
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for epoch in range(2):
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        print(loss.item())
+'''
+
 _PARSE_FILE = "import sys, libcst; libcst.parse_module(open(sys.argv[1], encoding='utf-8').read())"
 
 
-def big_file(path: Path, megabytes: float) -> Path:
-    """An apex module of about ``megabytes`` MB: ``_MODULE`` repeated with fresh names."""
+def big_file(path: Path, megabytes: float, repeated: str = _MODULE) -> Path:
+    """An apex module of about ``megabytes`` MB: ``repeated`` (``_MODULE``, ``_CELL``) again and again."""
     parts = ["import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom apex import amp\n"]
     size, index = len(parts[0]), 0
     while size < megabytes * 1_000_000:
-        parts.append(_MODULE.format(index=index))
+        parts.append(repeated.format(index=index))
         size += len(parts[-1])
         index += 1
     path.write_text("".join(parts))
@@ -140,6 +158,7 @@ def main() -> None:
     parser.add_argument("--file", default=str(REPO / "fixtures" / "legacy" / "train_o1.py"), help="one apex file")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--big-mb", type=float, default=5.0, help="largest generated file, in MB (0: skip)")
+    parser.add_argument("--cells-kb", type=float, default=400.0, help="largest script of repeated cells, in KB (0: skip)")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ampmigrate-bench-") as directory:
@@ -174,6 +193,14 @@ def main() -> None:
                 elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
                 parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
                 print(f"generated apex file, {path.stat().st_size / 1e6:.2f} MB: --check {elapsed:.1f} s, "
+                      f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
+
+        if options.cells_kb:
+            for kilobytes in (options.cells_kb / 4, options.cells_kb / 2, options.cells_kb):
+                path = big_file(Path(directory) / f"cells_{kilobytes:g}.py", kilobytes / 1000, _CELL)
+                elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
+                parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
+                print(f"repeated top-level cells, {path.stat().st_size / 1e3:.0f} KB: --check {elapsed:.1f} s, "
                       f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
 
 

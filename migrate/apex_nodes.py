@@ -143,6 +143,36 @@ def number_text(node: cst.BaseExpression | None) -> str | None:
         return None
 
 
+def number_value(node: cst.BaseExpression | None) -> float | None:
+    """The value of a number written as arithmetic on literals (``2.**24``, ``2 ** 16``, ``-1``,
+    ``"128.0"``); None for anything else, or a power too large to mean a loss scale."""
+    text = number_text(node)
+    if text is not None:
+        return float(text)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        value = number_value(node.expression)
+        return None if value is None else -value
+    if isinstance(node, cst.BinaryOperation):
+        left, right = number_value(node.left), number_value(node.right)
+        if left is None or right is None:
+            return None
+        operator = type(node.operator)
+        if operator is cst.Power:
+            try:
+                return float(left) ** right if abs(right) <= 128 and left > 0 else None
+            except OverflowError:
+                return None
+        if operator is cst.Multiply:
+            return left * right
+        if operator is cst.Divide and right:
+            return left / right
+        if operator is cst.Add:
+            return left + right
+        if operator is cst.Subtract:
+            return left - right
+    return None
+
+
 def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]:
     """Statements parsed with the file's own indentation and line endings."""
     text = source.replace("    ", module.default_indent).replace("\n", module.default_newline)
@@ -151,6 +181,14 @@ def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]
 
 def parse_expression(source: str, module: cst.Module) -> cst.BaseExpression:
     return cst.parse_expression(source, config=module.config_for_parsing)
+
+
+def with_trailing_comment(statement: cst.BaseStatement, replaced: cst.CSTNode) -> cst.BaseStatement:
+    """``statement`` ending with the comment that ended the line of ``replaced``, if it has none of its own."""
+    comment = getattr(getattr(replaced, "trailing_whitespace", None), "comment", None)
+    if comment is None or not isinstance(statement, cst.SimpleStatementLine) or statement.trailing_whitespace.comment:
+        return statement
+    return statement.with_changes(trailing_whitespace=replaced.trailing_whitespace)
 
 
 def is_import_line(statement: cst.CSTNode) -> bool:

@@ -13,7 +13,7 @@ import libcst as cst
 
 from migrate.apex_nodes import is_import_line, is_pure
 from migrate.rule import Report
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 from migrate.types import ImportChange
 
 __all__ = ["already_imported", "apply"]
@@ -111,28 +111,40 @@ def _bound_name(imp: ImportChange) -> str:
 
 
 def already_imported(module: cst.Module, imp: ImportChange) -> bool:
-    """Whether the imports that open ``module`` (after a docstring) make ``imp`` already:
-    libcst's ``AddImportsVisitor``, which looks only there, would add nothing, after a walk of
-    the whole tree. One import per line, as it reads them."""
+    """Whether ``module`` makes ``imp`` before anything uses its name: in the imports that open it
+    (after a docstring), where libcst's ``AddImportsVisitor`` looks, or in a later import line of
+    its top level that comes before any other mention of the name (``import os``,
+    ``os.environ[...] = ...``, then ``import torch``: adding one above would run it first).
+    One import per line, as libcst reads them."""
     body = module.body
     if body and isinstance(body[0], cst.SimpleStatementLine) and _is_docstring(body[0]):
         body = body[1:]
+    name = _bound_name(imp)
+    opening = True
     for statement in body:
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-                and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))):
+        line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if isinstance(line, (cst.Import, cst.ImportFrom)):
+            if _makes(line, imp):
+                return True
+            if opening:
+                continue
+        opening = False
+        if any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
             return False
-        small = statement.body[0]
-        if isinstance(small, cst.ImportFrom):
-            if imp.obj is None or len(small.relative) != imp.relative or small.module is None or isinstance(small.names, cst.ImportStar):
-                continue
-            if _code(small.module) != imp.module:
-                continue
-        elif imp.obj is not None:
-            continue
-        names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in small.names}
-        if (imp.obj or imp.module, imp.asname) in names:
-            return True
     return False
+
+
+def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange) -> bool:
+    """Whether the import ``small`` binds ``imp``."""
+    if isinstance(small, cst.ImportFrom):
+        if imp.obj is None or len(small.relative) != imp.relative or small.module is None or isinstance(small.names, cst.ImportStar):
+            return False
+        if _code(small.module) != imp.module:
+            return False
+    elif imp.obj is not None:
+        return False
+    names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in small.names}
+    return (imp.obj or imp.module, imp.asname) in names
 
 
 def _is_docstring(statement: cst.SimpleStatementLine) -> bool:

@@ -65,8 +65,11 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -
     else:
         verb = "fixed" if wrote else "fixable"
         remaining = len(diagnostics) - applied
+        if wrote:  # what the fixed files still hold, as listed (a fix may leave something new to report)
+            remaining = sum(1 for r in results for d in (r.remaining if r.changed else r.diagnostics)
+                            if d.code not in TOOL_FINDINGS and not d.applied)
         lines.append(
-            f"Found {_count(len(diagnostics), 'finding')} ({applied} {verb}, {remaining} remaining) "
+            f"Found {_count(applied + remaining, 'finding')} ({applied} {verb}, {remaining} remaining) "
             f"in {_count(len(results), 'file')}; {_count(changed, 'file')} {'changed' if wrote else 'would change'}"
             + (f"; {_count(errors, 'file')} with errors left untouched" if errors else "")
             + "."

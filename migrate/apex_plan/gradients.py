@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.syntax import backward_calls, contains, with_first_line_comment
+from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     MASTER_COPIES, MASTER_PARAMS, SCALE_AWARE_MARK, SCALE_LOSS, SCALED_READER_MARK, ScaleLossSite, Unplannable,
 )
@@ -36,10 +36,12 @@ class GradientPlanning:
         between two scaled backward passes, makes the fix unsafe.
         """
         readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
+        route: list[cst.BaseStatement] = []  # the statements on the way to the step, in the order they run
         inner = self._paths_to_steps(container, steps, every_step or steps)
         step_always_follows = not any(conditional for path in inner for _, conditional in path)
         for between, conditions in passed:
             for statement in between:
+                route.append(statement)
                 if self._scales_again(statement, scale):
                     readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
                     continue
@@ -52,15 +54,28 @@ class GradientPlanning:
                 siblings, _ = path[depth]
                 follows = not any(conditional for _, conditional in path[:depth])
                 for sibling in siblings:
+                    route.append(sibling)
                     if not passed and self._scales_again(sibling, None):
                         readers = []  # read before the backward pass: not between it and the step
                     elif self._reads_grads(sibling):
                         readers.append((sibling, condition, follows))
         elif any(self._reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
             readers.append((container, condition, False))
+        leaving = next((found for found in map(loop_exit, route) if found is not None), None) if passed else None
+        if leaving is not None:
+            self.unsafe.append(
+                f"the iteration may end at line {self._line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
+                f"`{optimizer}.step()`: apex lowered the loss scale after an overflow as `amp.scale_loss` exited; "
+                f"natively `{self._scaler_of(scale.call)}.update()` runs after the step, so there the scale is not lowered"
+            )
         if not readers:
             return
-        if not all(follows for _, _, follows in readers) or any(contains(r, (cst.Return, cst.Break, cst.Continue)) for r, _, _ in readers):
+        # `if not isfinite(norm): continue` after the read: that iteration ends without the step
+        # (natively, without the scaler's `update()`, so the next `unscale_` would fail)
+        position = {id(statement): index for index, statement in enumerate(route)}
+        readers = [(r, c, follows and not any(loop_exit(s) for s in route[position[id(r)] + 1:]) if id(r) in position else follows)
+                   for r, c, follows in readers]
+        if not all(follows for _, _, follows in readers) or any(loop_exit(r) for r, _, _ in readers):
             clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
             if all(clips):
                 self._plan_scale_aware(scale, [call for calls in clips for call in calls])

@@ -188,14 +188,19 @@ class InitializePlanning:
     def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
         """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
 
-        Dropping one is safe where it changes nothing: ``max_loss_scale`` (GradScaler has no cap,
-        as for apex's default cap of 2**24 that every rewrite drops), and, for O0/O1, the options
-        apex only applies under O2/O3 (under O1 it refuses them outright). A ``loss_scale`` known
+        Dropping one is safe where it changes nothing: ``max_loss_scale`` of 2**24 or more (apex's
+        default cap; GradScaler has none) or beside a static scale (which never grows), and, for
+        O0/O1, the options apex only applies under O2/O3 (under O1 it refuses them outright). A
+        lower cap is dropped unsafely; below 2**16 the scaler starts at it, as apex's did. A ``loss_scale`` known
         only at run time (``args.loss_scale``, a config value) picks the scaler's start and growth
         at run time: dynamic as GradScaler's defaults, a static value as a scale that never grows.
         """
         options = []
-        harmless = {"max_loss_scale", *(O2_O3_OPTIONS if o0_or_o1 else ())}
+        harmless = set(O2_O3_OPTIONS if o0_or_o1 else ())
+        cap = nodes.argument(call, None, "max_loss_scale")
+        cap_number = nodes.number_value(cap.value) if cap is not None else None
+        if cap_number is not None and cap_number >= 2**24:
+            harmless.add("max_loss_scale")
         loss_scale = nodes.argument(call, None, "loss_scale")
         if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
             number = nodes.number_text(loss_scale.value)
@@ -203,12 +208,14 @@ class InitializePlanning:
                 # A static scale: GradScaler starts there and never grows. It still skips a step whose
                 # gradients overflowed and halves, where apex would have stepped with inf/NaN.
                 options += [f"init_scale={number}", f"growth_interval={NEVER}"]
-                harmless.add("min_loss_scale")  # apex bounds only a dynamic scale
+                harmless |= {"min_loss_scale", "max_loss_scale"}  # apex bounds only a dynamic scale
             elif o0_or_o1 and nodes.is_pure(loss_scale.value):
                 init, growth = run_time_scale(loss_scale.value)
                 options += [f"init_scale={init}", f"growth_interval={growth}"]
             else:
                 self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
+        if "max_loss_scale" not in harmless and not options and cap_number is not None and 0 < cap_number < 2**16:
+            options.append(f"init_scale={nodes.code(cap.value)}")  # apex's dynamic scale starts at min(2**16, cap)
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
             arg = nodes.argument(call, None, name)
             if arg is None or nodes.is_none(arg.value):
@@ -218,6 +225,8 @@ class InitializePlanning:
             if name == "num_losses":
                 self.merged_losses = True
                 self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
+            elif name == "max_loss_scale":
+                self.unsafe.append(f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:
                 self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options
@@ -249,6 +258,7 @@ class InitializePlanning:
                 self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
                 return
             new[0] = nodes.with_leading(new[0], init.statement)
+            new[-1] = nodes.with_trailing_comment(new[-1], init.statement)
             self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
             self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
             return

@@ -99,6 +99,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
         self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
+        self.per_scope: dict[tuple, object] = {}  # what is asked of a function (or the module) per site
         self.imports = nodes.apex_imports(module)
         walk(module, Collect(self))
 

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import ReplaceByIdentity, backward_calls, is_step
-from migrate.apex_plan.vocabulary import EACH, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
+from migrate.apex_plan.vocabulary import EACH, HOLDS_GRADIENTS, PLAIN_STEP_MARK, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
 from migrate.rule import Replacement
 from migrate.tree_walk import descendants, walk
 
@@ -72,19 +72,41 @@ class StepPlanning:
     @property
     def _scale_loss_statements(self) -> frozenset[int]:
         """The ids of the statements holding ``amp.scale_loss``, found once for the sites as they
-        stand (a file may have hundreds; planning may still add some)."""
-        calls = tuple(self.sites["scale_loss"])
+        stand (a file may have hundreds; planning may still add some, at the end of the list)."""
+        calls = self.sites["scale_loss"]
+        stamp = (id(calls), len(calls), id(calls[-1]) if calls else None)
         known = self.__dict__.get("_scale_loss_known")
-        if known is None or known[0] != calls:
-            known = self.__dict__["_scale_loss_known"] = (calls, frozenset(id(self._statement(call)) for call in calls))
+        if known is None or known[0] != stamp:
+            known = self.__dict__["_scale_loss_known"] = (stamp, frozenset(id(self._statement(call)) for call in calls))
         return known[1]
 
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
         scope = self._function(statement) or self.module
         withs = self._scale_loss_statements
-        return any(type(node) is cst.Name and node.value == name and not self._inside_any(node, withs)
-                   for node in descendants(scope))
+        key = ("read elsewhere", id(scope), name, withs)
+        if key not in self.per_scope:
+            self.per_scope[key] = any(not self._inside_any(node, withs) for node in self._names_in(scope).get(name, ()))
+        return self.per_scope[key]
+
+    def _names_in(self, scope: cst.CSTNode) -> dict[str, list[cst.Name]]:
+        """The names in ``scope``, by identifier: worked out once per scope, as each site asks
+        (a notebook's top level may hold hundreds)."""
+        key = ("names", id(scope))
+        if key not in self.per_scope:
+            found: dict[str, list[cst.Name]] = {}
+            for node in descendants(scope):
+                if type(node) is cst.Name:
+                    found.setdefault(node.value, []).append(node)
+            self.per_scope[key] = found
+        return self.per_scope[key]
+
+    def _backwards_in(self, scope: cst.CSTNode) -> list[cst.Call]:
+        """``backward_calls(scope, nested=True)``, worked out once per scope."""
+        key = ("backwards", id(scope))
+        if key not in self.per_scope:
+            self.per_scope[key] = backward_calls(scope, nested=True)
+        return self.per_scope[key]
 
     def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
@@ -109,6 +131,8 @@ class StepPlanning:
             inner = body.body[0]
             leading += [line for line in inner.leading_lines if line.comment]
             trailing = body.header if body.header.comment else inner.trailing_whitespace
+            if body.header.comment and getattr(inner, "trailing_whitespace", trailing).comment:  # both kept: the inner one above
+                leading.append(cst.EmptyLine(comment=inner.trailing_whitespace.comment))
         elif body.trailing_whitespace.comment:
             trailing = body.trailing_whitespace
         return new.with_changes(leading_lines=leading, trailing_whitespace=trailing)
@@ -187,13 +211,12 @@ class StepPlanning:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
         scope = self.module if beside is None else self._function(beside) or self.module
-        for call in backward_calls(scope, nested=True):
-            if self._inside_any(call, self._scale_loss_statements) or self._scaler_disabled_at(call):
-                continue
-            if beside is not None and self._exclusive(call, beside):
-                continue
-            return call
-        return None
+        withs = self._scale_loss_statements
+        key = ("plain backwards", id(scope), withs, getattr(self, "_guard_test", None))
+        if key not in self.per_scope:
+            self.per_scope[key] = [call for call in self._backwards_in(scope)
+                                   if not self._inside_any(call, withs) and not self._scaler_disabled_at(call)]
+        return next((call for call in self.per_scope[key] if beside is None or not self._exclusive(call, beside)), None)
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
@@ -237,7 +260,7 @@ class StepPlanning:
                 f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
             )
             conditions = [c for c in conditions if c is not None]
-            conditions.insert(0, f'any(p.grad is not None for group in {optimizer}.param_groups for p in group["params"])')
+            conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
         return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
 
     def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
@@ -319,7 +342,10 @@ class StepPlanning:
                 new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.module)))
             if condition is not None and len(line.body) == 1:
                 body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
-                text = f"if {condition}:\n{body}else:\n    {nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))}\n"
+                plain = nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
+                if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition:  # not a test on the backward's own flag
+                    plain += f"  {PLAIN_STEP_MARK}"
+                text = f"if {condition}:\n{body}else:\n    {plain}\n"
                 return nodes.with_leading(nodes.parse_statements(text, self.module)[0], line)
             smalls += new
         if len(line.body) == 1:

@@ -201,6 +201,17 @@ def contains(statement: cst.CSTNode, kinds: tuple[type, ...]) -> bool:
     return any(isinstance(node, kinds) for node in descendants(statement, nodes.not_a_definition))
 
 
+def loop_exit(statement: cst.CSTNode) -> cst.CSTNode | None:
+    """The first ``return`` in ``statement``, or ``break`` or ``continue`` of a loop around it (not of
+    a loop within it): where the iteration around ``statement`` may end early."""
+    inner_loop = (cst.For, cst.While)
+    for node in descendants(statement, nodes.not_a_definition):
+        if type(node) is cst.Return:
+            return node
+    return next((node for node in descendants(statement, lambda n: nodes.not_a_definition(n) and type(n) not in inner_loop)
+                 if type(node) in (cst.Break, cst.Continue)), None)
+
+
 def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:
     """``statement`` with ``text`` (a ``# ...`` comment) at the end of its first line, after any
     comment already there: where a ``# noqa`` for a finding on the statement goes. Nodes whose

@@ -244,5 +244,10 @@ def as_bool(expression: cst.BaseExpression) -> str:
 # Put by the migration on what reads gradients inside `amp.scale_loss` after its backward: apex had
 # not unscaled them yet there, nor has GradScaler, so AMP101's unscale_ must not come before it.
 SCALED_READER_MARK = "# noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss"
+# Whether an optimizer holds gradients: after `zero_grad()`, whether a backward pass ran since.
+HOLDS_GRADIENTS = 'any(p.grad is not None for group in {optimizer}.param_groups for p in group["params"])'
+# Put on the plain step of `if <that test>: scaler.step(opt) else: opt.step()`: on that path
+# nothing was scaled, so AMP102 (a step that skips the scaler) must not send it through.
+PLAIN_STEP_MARK = "# noqa: AMP102 nothing was scaled on this path: a plain step, as apex did"
 # Put on a clip made scale-aware (threshold times the scale): it works on scaled gradients, rightly.
 SCALE_AWARE_MARK = "# noqa: AMP101 clips the scaled gradients at the threshold times the scale"

@@ -31,12 +31,31 @@ class Steps:
     events: list[Event]
     assignments: list[Assignment]
     _tensors: set[str] | None = field(default=None, repr=False)
+    # Answers kept: the rules ask of every event, and a module's top level may hold thousands.
+    _memo: dict = field(default_factory=dict, repr=False)
 
     def of(self, *kinds: Kind) -> list[Event]:
-        return [event for event in self.events if event.kind in kinds]
+        """The events of ``kinds``, in order (the same list each time: read it, do not change it)."""
+        found = self._memo.get(kinds)
+        if found is None:
+            found = self._memo[kinds] = [event for event in self.events if event.kind in kinds]
+        return found
 
     def index(self, event: Event) -> int:
-        return next(i for i, other in enumerate(self.events) if other is event)
+        positions = self._memo.get("index")
+        if positions is None:
+            positions = self._memo["index"] = {id(other): i for i, other in enumerate(self.events)}
+        return positions[id(event)]
+
+    def _within(self, frame) -> list[Event]:
+        """The events inside ``frame`` (a loop, an arm, ...)."""
+        by_frame = self._memo.get("within")
+        if by_frame is None:
+            by_frame = self._memo["within"] = {}
+            for event in self.events:
+                for around in dict.fromkeys(event.frames):
+                    by_frame.setdefault(around, []).append(event)
+        return by_frame.get(frame, [])
 
     def backwards(self) -> list[Event]:
         return self.of(Kind.BACKWARD)
@@ -47,7 +66,9 @@ class Steps:
         """The innermost loop around ``event`` that is a training loop: the innermost loop around a
         backward pass or an optimizer step (an epoch loop around it is not one: what runs there
         runs once per epoch)."""
-        training = {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()}
+        training = self._memo.get("training")
+        if training is None:
+            training = self._memo["training"] = {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()}
         for loop in reversed(event.loops()):
             if loop in training:
                 return loop
@@ -82,7 +103,7 @@ class Steps:
         inner = event.loops()[-1]
         if inner is loop:
             return False
-        around = [e for e in self.events if inner in e.frames]
+        around = self._within(inner)
         return any(e.kind is Kind.FORWARD for e in around) and not any(e.kind is Kind.BACKWARD for e in around)
 
     def guarded(self, event: Event, loop: Loop | None) -> bool:
@@ -130,14 +151,18 @@ class Steps:
 
     def before(self, event: Event, kinds: tuple[Kind, ...]) -> list[Event]:
         """The events of ``kinds`` earlier in the same pass that can run with ``event``."""
-        end = self.index(event)
-        return [other for other in self.events[:end]
-                if other.kind in kinds and self.same_iteration(event, other) and not self.exclusive(event, other)]
+        return self._in_pass(event, kinds, self.events[:self.index(event)])
 
     def after(self, event: Event, kinds: tuple[Kind, ...]) -> list[Event]:
-        start = self.index(event) + 1
-        return [other for other in self.events[start:]
-                if other.kind in kinds and self.same_iteration(event, other) and not self.exclusive(event, other)]
+        return self._in_pass(event, kinds, self.events[self.index(event) + 1:])
+
+    def _in_pass(self, event: Event, kinds: tuple[Kind, ...], others: list[Event]) -> list[Event]:
+        """Those of ``others`` of ``kinds`` that run in ``event``'s pass (``same_iteration``) and can run with it."""
+        running, loop = self.each_step(event)
+        if not running:
+            return []
+        return [other for other in others
+                if other.kind in kinds and (loop is None or loop in other.frames) and not self.exclusive(event, other)]
 
     def straight_path(self, event: Event, later: Event) -> list[cst.BaseStatement] | None:
         """The statements of one block from the one holding ``event`` up to the one holding

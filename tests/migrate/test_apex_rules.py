@@ -278,7 +278,9 @@ def test_the_opt_level_setting_makes_a_computed_opt_level_safe():
 
 
 @pytest.mark.parametrize("options, safe", [
-    ('opt_level="O1", max_loss_scale=2.0**20', True),  # GradScaler has no cap: apex's default one goes too
+    ('opt_level="O1", max_loss_scale=2.**24', True),  # apex's default cap: GradScaler has none, and never gets there
+    ('opt_level="O1", max_loss_scale=2.0**20', False),  # a lower cap: the native scale grows past it
+    ('opt_level="O1", loss_scale=128.0, max_loss_scale=64.0', True),  # a static scale never grows: no cap to keep
     ("opt_level=args.opt_level, keep_batchnorm_fp32=args.keep_bn", True),  # O2/O3 only; they stop at run time
     ('opt_level="O0", master_weights=True', True),
     ('opt_level="O2", keep_batchnorm_fp32=True', False),
@@ -290,6 +292,16 @@ def test_options_dropped_only_where_they_change_nothing(options, safe):
     assert "from apex import" not in output
     fixes = {d.fix.applicability.value for d in diagnostics if d.fix}
     assert fixes == ({"safe"} if safe else {"unsafe"})
+
+
+def test_a_cap_below_the_start_starts_the_scaler_there_and_is_unsafe():
+    # apex's dynamic scale starts at min(2**16, max_loss_scale) and never grows past the cap
+    source = CANONICAL.replace('opt_level="{level}"', 'opt_level="O1", max_loss_scale=512.0')
+    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    assert 'scaler = torch.amp.GradScaler("cuda", init_scale=512.0)' in output
+    initialize = next(d for d in diagnostics if d.code == "AMP002" and "GradScaler" in d.fix.message)
+    assert initialize.fix.applicability.value == "unsafe"
+    assert "grows past max_loss_scale=512.0" in initialize.fix.why_unsafe
 
 
 def test_a_run_time_loss_scale_picks_the_scalers_start_and_growth_at_run_time():
@@ -343,6 +355,55 @@ def test_every_branch_reading_gradients_unscales_once():
     for index, line in enumerate(lines):
         if "grad_norm(" in line:
             assert lines[index - 1] == "scaler.unscale_(optimizer)"
+
+
+SKIP_AFTER_THE_CLIP = """\
+import math
+import torch
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x in loader:
+    loss = model(x)
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    if not math.isfinite(norm):
+        optimizer.zero_grad()
+        continue
+    optimizer.step()
+"""
+
+
+def test_an_iteration_that_may_end_before_the_step_is_not_unscaled_and_is_unsafe():
+    # `unscale_` there, with no `update()` on the skipping path, fails on the next iteration; and
+    # natively the skipping path never lowers the scale, which apex did as `scale_loss` exited.
+    safe, diagnostics = _migrate(SKIP_AFTER_THE_CLIP)
+    assert safe == SKIP_AFTER_THE_CLIP
+    reasons = {d.fix.why_unsafe for d in diagnostics if d.fix}
+    assert all("the iteration may end at line 13 (`continue`)" in reason for reason in reasons)
+    output, _ = _migrate(SKIP_AFTER_THE_CLIP, unsafe_fixes=True)
+    assert "unscale_" not in output
+    assert "1.0 * scaler.get_scale()) / scaler.get_scale()" in output
+
+
+@pytest.mark.parametrize("leaving", ["return", "break", "continue"])
+def test_leaving_after_the_read_is_seen_in_any_statement_on_the_way(leaving):
+    source = SKIP_AFTER_THE_CLIP.replace("continue", leaving)
+    _, diagnostics = _migrate(source)
+    assert all(d.fix.applicability.value == "unsafe" for d in diagnostics if d.fix)
+
+
+def test_a_continue_of_a_loop_over_the_parameters_does_not_end_the_iteration():
+    source = SKIP_AFTER_THE_CLIP.replace(
+        "    norm = torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)\n"
+        "    if not math.isfinite(norm):\n        optimizer.zero_grad()\n        continue\n",
+        "    total = 0.0\n    for p in amp.master_params(optimizer):\n        if p.grad is None:\n"
+        "            continue\n        total += p.grad.norm() ** 2\n",
+    )
+    output, diagnostics = _migrate(source)
+    assert all(d.fix.applicability.value == "safe" for d in diagnostics if d.fix)
+    assert "    total = 0.0\n    scaler.unscale_(optimizer)\n    for p in" in output
 
 
 def test_gradients_read_after_a_nested_unscale_are_reported_not_unscaled_twice():
@@ -794,3 +855,18 @@ def test_an_unused_apex_import_named_only_in_a_message_is_reported():
     found, result = _unused_import_fixes(source, "train.py")
     assert [d.fix.applicability.value for d in found] == ["safe"]
     assert result.new_source == "import torch\n"
+
+
+def test_comments_ending_the_rewritten_lines_are_kept():
+    output, _ = _migrate("""\
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")  # TODO: try O2 again
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:  # apex handles overflow
+                scaled_loss.backward()  # backprop
+            optimizer.step()
+        """)
+    assert 'scaler = torch.amp.GradScaler("cuda")  # TODO: try O2 again\n' in output
+    assert "    # backprop\n    scaler.scale(loss).backward()  # apex handles overflow\n" in output

@@ -650,9 +650,34 @@ def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
     context = CodemodContext(filename="f.py", full_module_name="pkg.f")
     AddImportsVisitor.add_needed_import(context, wanted.module, wanted.obj, wanted.asname)
     libcst_adds_nothing = AddImportsVisitor(context).transform_module(module).code == module.code
-    assert not already_imported(module, wanted) or libcst_adds_nothing
-    if already_imported(module, wanted) != libcst_adds_nothing:  # only ever where a shortcut would be unsure
-        assert head in ("import sys, os\n", "from os import *\n", "'''a''' 'b'\nimport os\n", "from . import os\n")
+    ours = already_imported(module, wanted)
+    if ours and not libcst_adds_nothing:  # an import after other code and before any use, where libcst does not look
+        assert head in ("x = 1\nimport os\n", "'''a''' 'b'\nimport os\n")
+    elif ours != libcst_adds_nothing:  # only ever where a shortcut would be unsure
+        assert head in ("import sys, os\n", "from os import *\n", "from . import os\n")
+
+
+@pytest.mark.parametrize("head, added", [
+    ('import os\nos.environ["OMP_NUM_THREADS"] = "1"\nimport torch\n', False),  # set before torch loads: kept so
+    ('import os\nprint(torch)\nimport torch\n', True),  # used before that import
+    ('import os\nif fast:\n    import torch\n', True),  # not at the top level
+])
+def test_a_later_import_at_the_top_level_serves_the_fixes_when_nothing_uses_the_name_before_it(head, added):
+    source = head + (
+        'from apex import amp\n\n'
+        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+        'for x in loader:\n'
+        '    loss = model(x)\n'
+        '    with amp.scale_loss(loss, optimizer) as scaled_loss:\n'
+        '        scaled_loss.backward()\n'
+        '    optimizer.step()\n'
+    )
+    from migrate.api import migrate_source
+
+    output = migrate_source(source, "train.py").new_source
+    assert "torch.amp.GradScaler" in output
+    assert output.startswith("import os\nimport torch\n") == added
+    assert output.count("import torch\n") == head.count("import torch\n") + added
 
 
 def test_a_native_file_saying_amp_is_linted_without_the_apex_planner():

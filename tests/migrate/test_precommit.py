@@ -51,7 +51,7 @@ def _git(*args, cwd):
 
 def _this_repository_as_committed(target: Path) -> Path:
     """This working tree (tracked and new files, as they are now) committed into a fresh
-    repository tagged as the README's snippet says, so the hooks tested are the ones in front of us."""
+    repository, so the hooks tested are the ones in front of us."""
     listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO).split("\0")
     for name in filter(None, listed):
         source = REPO / name
@@ -61,17 +61,17 @@ def _this_repository_as_committed(target: Path) -> Path:
     _git("init", "-q", cwd=target)
     _git("add", "-A", cwd=target)
     _git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot", cwd=target)
-    _git("tag", "v0.1.0", cwd=target)
     return target
 
 
 def _readme_snippet(repository: Path) -> str:
-    """The README's `.pre-commit-config.yaml`, as written, with the repository's URL filled in."""
+    """The README's `.pre-commit-config.yaml`, as written, with the repository's URL and commit filled in."""
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### pre-commit"):]
     [snippet] = re.findall(r"```yaml\n(.*?)```", section[: section.index("\n## ")], re.S)
-    assert "<url of this repository>" in snippet
-    return snippet.replace("<url of this repository>", str(repository))
+    assert "<url of this repository>" in snippet and "<a commit of this repository>" in snippet
+    commit = _git("rev-parse", "HEAD", cwd=repository)
+    return snippet.replace("<url of this repository>", str(repository)).replace("<a commit of this repository>", commit)
 
 
 @pytest.fixture(scope="module")

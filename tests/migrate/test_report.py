@@ -103,6 +103,15 @@ def test_summary_counts_fixes_remaining_errors_and_hidden_unsafe_fixes():
     assert summary([RESULTS[3]], wrote=False, unsafe_fixes=False) == "All checked! (1 file)\n"
 
 
+def test_summary_after_writing_counts_what_the_fixed_file_still_holds_as_listed():
+    # a fix may leave a finding of its own in the new text: it is listed, so it is counted
+    changed = RESULTS[0]
+    new = _diagnostic(code="AMP102", message="a plain step", fix=None, applied=False, row=7)
+    result = changed._replace(remaining=(*changed.remaining, new))
+    assert summary([result], wrote=True, unsafe_fixes=False).startswith("Found 3 findings (1 fixed, 2 remaining) in 1 file;")
+    assert summary([result], wrote=False, unsafe_fixes=False).startswith("Found 2 findings (1 fixable, 1 remaining)")
+
+
 def test_json_uses_ruffs_field_names_and_never_says_applied():
     items = json.loads(format_results(RESULTS, "json"))
     assert len(items) == 4
