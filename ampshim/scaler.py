@@ -253,6 +253,8 @@ class LossScaler:
 
     def _check_and_scale_(self, tensors, inv_scale):
         """Multiply in place by ``inv_scale``; a dynamic scaler also records non-finite values."""
+        # a sparse gradient (`nn.Embedding(sparse=True)`) is its values: the kernels take dense tensors
+        tensors = [t._values() if t.is_sparse else t for t in tensors]
         if not self.dynamic:
             if inv_scale != 1.0:
                 _grouped_mul_(tensors, inv_scale)

@@ -412,3 +412,25 @@ def test_a_loss_that_stays_nan_for_200_steps_never_crashes(opt_level):
     optimizer.step()  # the loss is finite again: the step happens
     assert not all(torch.equal(p.detach().float(), w.float())
                    for p, w in zip(model.parameters(), weights))
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", 128.0])
+def test_sparse_gradients_are_unscaled_and_checked_for_overflow(loss_scale):
+    # `nn.Embedding(sparse=True)` under O1: its gradient's values are unscaled, an inf among them skips the step
+    embedding = torch.nn.Embedding(10, 2, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)  # whole numbers: the sparse step's sums are exact in any order
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=1.0)
+    embedding, optimizer = initialize(embedding, optimizer, opt_level="O1", loss_scale=loss_scale, verbosity=0)
+    before = embedding.weight.detach().clone()
+    loss = embedding(torch.tensor([1, 2, 2])).float().sum()
+    with scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    grad = embedding.weight.grad.coalesce().to_dense()
+    assert torch.equal(grad[2], torch.full((2,), 2.0)) and torch.equal(grad[1], torch.ones(2))
+    optimizer.step()
+    assert torch.equal(embedding.weight.detach(), before - grad)
+    if loss_scale == "dynamic":
+        optimizer.zero_grad()
+        with scale_loss(embedding(torch.tensor([3])).float().sum() * float("inf"), optimizer) as scaled:
+            scaled.backward()
+        assert _amp_state.loss_scalers[0].loss_scale() == 2.0**15
