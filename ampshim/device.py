@@ -2,8 +2,9 @@
 
 apex assumed CUDA and float16. ampshim follows the models' parameters instead: on CUDA "half" is
 float16 (apex's choice), anywhere else it is bfloat16, because float16 arithmetic on the CPU is
-slow and poorly covered while bfloat16 is what CPU autocast supports. Setting the environment
-variable ``AMPSHIM_DTYPE=bfloat16`` selects bfloat16 on CUDA too (the ROCm fork's O4/O5 idea).
+slow and poorly covered while bfloat16 is what CPU autocast supports. The environment variable
+``AMPSHIM_DTYPE`` chooses on every device: ``bfloat16`` on CUDA too (the ROCm fork's O4/O5 idea),
+``float16`` elsewhere too.
 """
 from __future__ import annotations
 
@@ -41,15 +42,18 @@ def device_type_of(models) -> str:
 def half_dtype(device_type: str) -> torch.dtype:
     """The dtype that stands in for apex's float16 on ``device_type``.
 
-    CUDA: float16, or bfloat16 when ``AMPSHIM_DTYPE=bfloat16``. Any other device: bfloat16, with a
-    one-time warning per process saying so.
+    ``AMPSHIM_DTYPE`` when set (an unknown value is an error on every device); otherwise float16
+    on CUDA, and bfloat16 on any other device, with a one-time warning per process saying so.
 
     Args:
         device_type (str): ``"cuda"``, ``"cpu"``, ... (a ``torch.device`` is accepted too).
     """
     device_type = torch.device(device_type).type
+    requested = _requested_dtype()
+    if requested is not None:
+        return requested
     if device_type == "cuda":
-        return _cuda_half_dtype()
+        return torch.float16
     _warn_cpu_bfloat16_once(device_type)
     return torch.bfloat16
 
@@ -65,14 +69,15 @@ def resolve_dtype(dtype, device_type: str):
     return dtype
 
 
-def _cuda_half_dtype() -> torch.dtype:
+def _requested_dtype() -> torch.dtype | None:
     requested = os.environ.get(DTYPE_ENV_VAR, "").strip().lower()
     if not requested:
-        return torch.float16
+        return None
     if requested not in _ENV_DTYPES:
         raise ValueError(
             f"{DTYPE_ENV_VAR}={requested!r} is not a half-precision dtype ampshim knows. "
-            f"Use one of {sorted(_ENV_DTYPES)!r}, or unset it to get float16 on CUDA.")
+            f"Use one of {', '.join(sorted(_ENV_DTYPES))}, or unset it to get float16 on CUDA "
+            "and bfloat16 elsewhere.")
     return _ENV_DTYPES[requested]
 
 

@@ -1,4 +1,5 @@
-"""Runs a script under ``torchrun --nproc_per_node 2`` on the CPU, as a user would launch it."""
+"""Runs a script under ``torchrun --nproc_per_node 2`` on the CPU, as a user would launch it, and
+any command whose processes talk over gloo."""
 import os
 import socket
 import subprocess
@@ -28,11 +29,32 @@ def torchrun(script, *args, launcher=(), env=None, cwd=None, timeout=120):
     """
     environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     environment.update(env or {})
+    return run_past_gloo_teardown_aborts(
+        lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                 "--master_port", str(free_port()), *launcher, str(script), *map(str, args)],
+        env=environment, cwd=cwd, timeout=timeout)
+
+
+def run_past_gloo_teardown_aborts(command, **options) -> subprocess.CompletedProcess:
+    """``subprocess.run(command(), capture_output=True, text=True, **options)``, run again while a
+    process it started aborted in gloo's teardown (``_GLOO_TEARDOWN_ABORT``), at most ``_TRIES`` times."""
     for _ in range(_TRIES):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                   "--master_port", str(free_port()), *launcher, str(script), *map(str, args)]
-        completed = subprocess.run(command, env=environment, cwd=cwd, capture_output=True, text=True,
-                                   timeout=timeout)
+        completed = subprocess.run(command(), capture_output=True, text=True, **options)
         if completed.returncode == 0 or _GLOO_TEARDOWN_ABORT not in completed.stderr:
             return completed
     return completed
+
+
+def spawn_past_gloo_teardown_aborts(worker, directory: Path, nprocs: int = 2) -> None:
+    """``torch.multiprocessing.spawn(worker, (init_file,), nprocs)``, each worker given a gloo
+    rendezvous file in ``directory``; spawned again, with a fresh file, while a worker died of
+    SIGABRT (gloo's teardown, as above: a failed check in a worker raises instead), at most ``_TRIES`` times."""
+    import torch.multiprocessing as mp
+
+    for attempt in range(1, _TRIES + 1):
+        try:
+            mp.spawn(worker, args=(str(directory / f"init{attempt}"),), nprocs=nprocs, join=True)
+            return
+        except mp.ProcessExitedException as died:
+            if died.signal_name != "SIGABRT" or attempt == _TRIES:
+                raise

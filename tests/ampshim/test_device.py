@@ -13,6 +13,7 @@ def test_device_follows_the_first_floating_parameter():
 
 
 def test_cpu_half_is_bfloat16_with_one_warning_per_process(monkeypatch):
+    monkeypatch.delenv(device.DTYPE_ENV_VAR, raising=False)
     monkeypatch.setattr(device, "_warned_cpu", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -32,8 +33,23 @@ def test_cuda_half_is_float16_unless_asked_for_bfloat16(monkeypatch):
         device.half_dtype("cuda")
 
 
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"], ids=["cpu", "gpu"])  # no CUDA needed
+def test_the_dtype_variable_is_checked_and_obeyed_on_every_device(monkeypatch, device_type):
+    monkeypatch.setattr(device, "_warned_cpu", False)
+    monkeypatch.setenv(device.DTYPE_ENV_VAR, "float16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked for: no warning about a replacement
+        assert device.half_dtype(device_type) is torch.float16
+    monkeypatch.setenv(device.DTYPE_ENV_VAR, "bf16")
+    assert device.half_dtype(device_type) is torch.bfloat16
+    monkeypatch.setenv(device.DTYPE_ENV_VAR, "fp8")
+    with pytest.raises(ValueError, match="AMPSHIM_DTYPE='fp8' .* bf16, bfloat16, float16, fp16, half"):
+        device.half_dtype(device_type)
+
+
 @pytest.mark.filterwarnings("ignore:ampshim. the model")
-def test_resolve_dtype_maps_only_float16():
+def test_resolve_dtype_maps_only_float16(monkeypatch):
+    monkeypatch.delenv(device.DTYPE_ENV_VAR, raising=False)
     assert device.resolve_dtype(torch.float16, "cpu") is torch.bfloat16
     assert device.resolve_dtype(torch.float32, "cpu") is torch.float32
     assert device.resolve_dtype(None, "cpu") is None

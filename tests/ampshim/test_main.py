@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from _torchrun import run_past_gloo_teardown_aborts
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every kind of child a training script starts re-runs this file first, so each needs `apex`.
@@ -59,15 +61,23 @@ CHILDREN_SCRIPT = textwrap.dedent('''
 
 
 def run_ampshim(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
-               AMPSHIM_AUTOLOAD="0")  # no start-up hook: only `python -m ampshim` serves apex
-    return subprocess.run([sys.executable, "-m", "ampshim", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "ampshim", *args], cwd=cwd, env=_ENV,
                           capture_output=True, text=True, timeout=180)
+
+
+_ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
+            AMPSHIM_AUTOLOAD="0")  # no start-up hook: only `python -m ampshim` serves apex
 
 
 def test_spawned_children_import_apex_without_the_startup_hook(tmp_path):
     (tmp_path / "train.py").write_text(CHILDREN_SCRIPT)
-    completed = run_ampshim("train.py", str(tmp_path / "init"), cwd=tmp_path)
+    init = tmp_path / "init"
+
+    def command():
+        init.unlink(missing_ok=True)  # a run that aborted leaves its gloo rendezvous file behind
+        return [sys.executable, "-m", "ampshim", "train.py", str(init)]
+
+    completed = run_past_gloo_teardown_aborts(command, cwd=tmp_path, env=_ENV, timeout=180)  # DDP over gloo
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert result["process"] is True

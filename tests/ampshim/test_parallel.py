@@ -5,8 +5,7 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from _torchrun import torchrun
+from _torchrun import spawn_past_gloo_teardown_aborts, torchrun
 
 import ampshim.parallel as parallel
 from ampshim.deprecation import DeprecatedFeatureWarning
@@ -142,7 +141,7 @@ def _two_rank_worker(rank, init_file):
 
 
 def test_two_ranks_on_gloo(tmp_path):
-    mp.spawn(_two_rank_worker, args=(str(tmp_path / "init"),), nprocs=2, join=True)
+    spawn_past_gloo_teardown_aborts(_two_rank_worker, tmp_path)
 
 
 @pytest.fixture
