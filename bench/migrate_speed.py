@@ -13,7 +13,8 @@ Measured side by side, round after round (the medians are reported), each in a f
    (its import included); ampmigrate parses a file that large in pieces (``migrate/parsing.py``).
 4. The same for a script whose top level repeats one training cell, reusing its names (a notebook
    exported as a script), up to ``--cells-kb``: every site shares one scope, where a question
-   asked per site of the whole scope makes the time grow with the square of the size.
+   asked per site of the whole scope, or a link from each use of a name to each assignment of it
+   (libcst's scope analysis), makes the time grow with the square of the size.
 
 ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
 share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.

@@ -44,7 +44,9 @@ def resolve(
     - ``PositionProvider``: ``positions`` when given (``migrate.positions.positions_by_statement``),
       else ``migrate.positions``, in half the time, and only once asked for (the findings need it;
       a file with none never does).
-    - other providers that only visit the ``Module`` (scopes, the apex plan): called on the
+    - ``ScopeProvider``: libcst's scope analysis, but for the name lookups no rule needs
+      (``_LeanScopeVisitor``), called on the module alone as below.
+    - other providers that only visit the ``Module`` (the apex plan, the step model): called on the
       module alone. The wrapper walks the whole tree once for each of them, in vain. libcst's
       scope and expression-context analyses then read the tree without rebuilding it
       (``_read_only_visits``).
@@ -67,13 +69,15 @@ def resolve(
                 metadata[provider] = _QualifiedNames(module, metadata[ScopeProvider])
             elif provider is PositionProvider:
                 metadata[provider] = positions if positions is not None else positions_when_asked(module)
+            elif provider is ScopeProvider:
+                metadata[provider] = _run_on_module(_LeanScopes, module, metadata, settings)
             else:
                 metadata[provider] = _run_on_module(provider, module, metadata, settings)
         ours.difference_update(ready)
     return metadata
 
 
-_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider, PositionProvider)
+_COMPUTED_HERE = (ParentNodeProvider, QualifiedNameProvider, PositionProvider, ScopeProvider)
 
 
 def release(metadata: dict[type, Mapping]) -> None:
@@ -126,8 +130,73 @@ def _run_on_module(provider_class: type, module: cst.Module, metadata: Mapping[t
     return MappingProxyType(dict(provider._computed))  # as MetadataWrapper copies it
 
 
+class _LeanScopeVisitor(ScopeVisitor):
+    """libcst's scope analysis without two lookups of every name, each through every assignment of
+    that name in its scope: a top level that assigns ``model`` and ``loss`` once per cell (a
+    notebook exported as a script) made the analysis quadratic in the file's size.
+
+    - An access is linked to its assignments only when an import binds its name somewhere in the
+      file or a builtin has it: the only names that resolve to a qualified name a rule asks about
+      (``resolved_names``). Any other is still answered by its scope, from all its assignments there.
+    - A call is looked up (for ``typing.cast``, ``NewType``, ``TypeVar``) only when an import seen
+      so far binds the root of its name: none other can resolve into ``typing``.
+    """
+
+    _STACKS = ("_ScopeVisitor__top_level_attribute_stack", "_ScopeVisitor__in_type_hint_stack")
+
+    def __init__(self, provider: ScopeProvider) -> None:
+        super().__init__(provider)
+        self.imported: set[str] = set()  # the names imports bind, as the visit reaches them
+        self._stacks = [getattr(self, name, None) for name in self._STACKS]  # what visit_Call keeps
+
+    def visit_Import(self, node: cst.Import) -> bool | None:
+        self.imported.update(_bound_by(node))
+        return super().visit_Import(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool | None:
+        self.imported.update(_bound_by(node))
+        return super().visit_ImportFrom(node)
+
+    def visit_Call(self, node: cst.Call) -> bool | None:
+        root = _root_name(node.func)
+        if root is None or root in self.imported or None in self._stacks:
+            return super().visit_Call(node)
+        for stack, top in zip(self._stacks, (None, False)):  # what libcst's visit_Call does for other calls
+            stack.append(top)
+        return True
+
+    def infer_accesses(self) -> None:
+        deferred = getattr(self, "_ScopeVisitor__deferred_accesses", None)
+        if deferred:
+            self._ScopeVisitor__deferred_accesses = [
+                pending for pending in deferred
+                if (name := pending.access.node.value) in self.imported or hasattr(builtins, name)]
+        super().infer_accesses()
+
+
+class _LeanScopes(ScopeProvider):
+    """``ScopeProvider``'s metadata, from ``_LeanScopeVisitor``."""
+
+    def visit_Module(self, node: cst.Module) -> bool | None:
+        visitor = _LeanScopeVisitor(self)
+        node.visit(visitor)
+        visitor.infer_accesses()
+        return None
+
+
+def _bound_by(statement: cst.Import | cst.ImportFrom) -> Iterator[str]:
+    """The names an import statement binds: ``a`` for ``import a.b``, ``c`` for ``from a import b as c``."""
+    if isinstance(statement.names, cst.ImportStar):
+        return
+    for alias in statement.names:
+        if alias.asname is not None:
+            yield alias.evaluated_alias
+        else:
+            yield alias.evaluated_name.split(".")[0]
+
+
 # libcst's visitors behind ScopeProvider and ExpressionContextProvider: they only read the tree.
-_READ_ONLY_VISITORS = (ScopeVisitor, ExpressionContextVisitor)
+_READ_ONLY_VISITORS = (_LeanScopeVisitor, ExpressionContextVisitor)
 
 
 # The node types ScopeVisitor counts as assignments: concrete classes, which no node type extends.
@@ -153,7 +222,7 @@ def _read_only_visits() -> Iterator[None]:
     rebuilding = cst.CSTNode.visit
 
     def visit(node: cst.CSTNode, visitor: cst.CSTVisitor) -> cst.CSTNode:
-        if type(visitor) is ScopeVisitor:
+        if type(visitor) is _LeanScopeVisitor:
             walk(node, visitor, functools.partial(_leaving_a_scope, visitor))
             return node
         if type(visitor) in _READ_ONLY_VISITORS:

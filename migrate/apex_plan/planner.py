@@ -99,9 +99,16 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
         self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
-        self.per_scope: dict[tuple, object] = {}  # what is asked of a function (or the module) per site
+        self._per_scope: dict[tuple, object] = {}  # answers about a function (or the module), by question
         self.imports = nodes.apex_imports(module)
         walk(module, Collect(self))
+
+    def per_scope(self, key: tuple, compute):
+        """``compute()``, worked out once per ``key``: every site of a function (or of the module,
+        where a notebook's top level may hold hundreds) asks the same questions of it."""
+        if key not in self._per_scope:
+            self._per_scope[key] = compute()
+        return self._per_scope[key]
 
     def plan(self) -> ApexPlan:
         self._classify()

@@ -84,29 +84,23 @@ class StepPlanning:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
         scope = self._function(statement) or self.module
         withs = self._scale_loss_statements
-        key = ("read elsewhere", id(scope), name, withs)
-        if key not in self.per_scope:
-            self.per_scope[key] = any(not self._inside_any(node, withs) for node in self._names_in(scope).get(name, ()))
-        return self.per_scope[key]
+        return self.per_scope(("read elsewhere", id(scope), name, withs), lambda: any(
+            not self._inside_any(node, withs) for node in self._names_in(scope).get(name, ())))
 
     def _names_in(self, scope: cst.CSTNode) -> dict[str, list[cst.Name]]:
-        """The names in ``scope``, by identifier: worked out once per scope, as each site asks
-        (a notebook's top level may hold hundreds)."""
-        key = ("names", id(scope))
-        if key not in self.per_scope:
+        """The names in ``scope``, by identifier."""
+        def names() -> dict[str, list[cst.Name]]:
             found: dict[str, list[cst.Name]] = {}
             for node in descendants(scope):
                 if type(node) is cst.Name:
                     found.setdefault(node.value, []).append(node)
-            self.per_scope[key] = found
-        return self.per_scope[key]
+            return found
+
+        return self.per_scope(("names", id(scope)), names)
 
     def _backwards_in(self, scope: cst.CSTNode) -> list[cst.Call]:
         """``backward_calls(scope, nested=True)``, worked out once per scope."""
-        key = ("backwards", id(scope))
-        if key not in self.per_scope:
-            self.per_scope[key] = backward_calls(scope, nested=True)
-        return self.per_scope[key]
+        return self.per_scope(("backwards", id(scope)), lambda: backward_calls(scope, nested=True))
 
     def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
@@ -212,11 +206,11 @@ class StepPlanning:
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
         scope = self.module if beside is None else self._function(beside) or self.module
         withs = self._scale_loss_statements
-        key = ("plain backwards", id(scope), withs, getattr(self, "_guard_test", None))
-        if key not in self.per_scope:
-            self.per_scope[key] = [call for call in self._backwards_in(scope)
-                                   if not self._inside_any(call, withs) and not self._scaler_disabled_at(call)]
-        return next((call for call in self.per_scope[key] if beside is None or not self._exclusive(call, beside)), None)
+        candidates = self.per_scope(
+            ("plain backwards", id(scope), withs, getattr(self, "_guard_test", None)),
+            lambda: [call for call in self._backwards_in(scope)
+                     if not self._inside_any(call, withs) and not self._scaler_disabled_at(call)])
+        return next((call for call in candidates if beside is None or not self._exclusive(call, beside)), None)
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
