@@ -32,7 +32,7 @@ def warn_deprecated(feature: str, replacement: str, rewritten: bool = True) -> N
         rewritten (bool, optional, default=True): whether ampmigrate rewrites this feature (or
             only reports it with the manual steps).
     """
-    script = _user_file(_user_stacklevel())
+    script = _user_file(user_stacklevel())
     command = (f"`ampmigrate {script}` rewrites it (--diff to preview)" if rewritten else
                f"`ampmigrate --check {script}` lists the manual steps")
     deprecated_warning(f"{feature} is deprecated: use {replacement}; {command}")
@@ -53,10 +53,10 @@ def deprecated_warning(msg: str) -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return
-    warnings.warn(msg, DeprecatedFeatureWarning, stacklevel=_user_stacklevel())
+    warnings.warn(msg, DeprecatedFeatureWarning, stacklevel=user_stacklevel())
 
 
-def _user_stacklevel():
+def user_stacklevel():
     """The ``stacklevel`` that makes a warning issued by this module's caller point at the first
     frame outside ampshim (and outside the import system, for decorators run at import)."""
     frame, level = sys._getframe(2), 2  # the caller of the function that called this one

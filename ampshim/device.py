@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from ampshim.deprecation import user_stacklevel
+
 __all__ = ["device_type_of", "half_dtype", "resolve_dtype", "DTYPE_ENV_VAR"]
 
 DTYPE_ENV_VAR = "AMPSHIM_DTYPE"
@@ -89,7 +91,7 @@ def _warn_cpu_bfloat16_once(device_type: str) -> None:
     warnings.warn(
         f"ampshim: the model is on {device_type!r}, not CUDA; apex's float16 is replaced by "
         "bfloat16 there (float16 is slow and poorly supported off CUDA). Loss scaling still "
-        "follows apex's rules.", UserWarning, stacklevel=3)
+        "follows apex's rules.", UserWarning, stacklevel=user_stacklevel())
 
 
 def _floating_tensors(model):

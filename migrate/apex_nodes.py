@@ -1,7 +1,7 @@
 """Small helpers the apex rewrites share: source text of nodes, building statements, purity."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
@@ -189,6 +189,23 @@ def with_trailing_comment(statement: cst.BaseStatement, replaced: cst.CSTNode) -
     if comment is None or not isinstance(statement, cst.SimpleStatementLine) or statement.trailing_whitespace.comment:
         return statement
     return statement.with_changes(trailing_whitespace=replaced.trailing_whitespace)
+
+
+def with_inner_comments_above(statement: cst.BaseStatement, replaced: cst.CSTNode) -> cst.BaseStatement:
+    """``statement`` with the comments inside ``replaced`` (between the lines of a call written over
+    several) as comment lines above it; those above ``replaced`` and ending its line are not inner."""
+    inner = list(_comments(replaced.body)) if isinstance(replaced, cst.SimpleStatementLine) else []
+    if not inner:
+        return statement
+    return statement.with_changes(leading_lines=[*statement.leading_lines, *(cst.EmptyLine(comment=c) for c in inner)])
+
+
+def _comments(nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Comment]:
+    for node in nodes:
+        if isinstance(node, cst.Comment):
+            yield node
+        else:
+            yield from _comments(node.children)
 
 
 def is_import_line(statement: cst.CSTNode) -> bool:

@@ -298,6 +298,8 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
         for result in results:
             if result.changed:
                 click.echo(_unified_diff(result, styled=view.color is not False), nl=False, color=view.color)
+        if view.show_fixes:  # beside the patch, which stdout carries alone
+            click.echo(report.show_fixes(results, wrote=False), nl=False, err=True)
     else:
         # what was fixed is gone: show what is left, where it now is
         shown = [result._replace(diagnostics=result.remaining) for result in results] if wrote else results
@@ -307,7 +309,7 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
             rules = all_rules()
         styled = view.color is not False and view.output_file is None
         if view.statistics:
-            text = report.statistics(shown, rules)
+            text = report.statistics(shown, rules, view.output_format)
         else:
             text = report.format_results(shown, view.output_format, rules or (), color=styled)
         if view.show_fixes and view.output_format == "text":

@@ -18,6 +18,7 @@ On Python 3.10, where ``tomllib`` is missing, ``tomli`` is used if installed; wi
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,7 @@ def load_config(pyproject: Path | None) -> Config:
         raise ConfigError(f"{str(pyproject)!r} is not valid TOML: {error}") from error
     table = table.get("ampmigrate", {}) if isinstance(table, dict) else {}
     if not isinstance(table, dict):
-        raise ConfigError(f"tool.ampmigrate in {str(pyproject)!r} must be a table ([tool.ampmigrate]), not {table!r}")
+        raise ConfigError(f"tool.ampmigrate in {str(pyproject)!r} must be a table ([tool.ampmigrate]), not {_toml(table)}")
     values: dict = {}
     for key, value in table.items():
         if key not in _KEYS:
@@ -118,8 +119,8 @@ def load_config(pyproject: Path | None) -> Config:
             raise ConfigError(f"unknown key {key!r} in [tool.ampmigrate] of {str(pyproject)!r}; known keys: {known}")
         name, expected = _KEYS[key]
         if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
-            wanted = {list: "a list of strings", dict: "a table"}.get(expected, f"a {expected.__name__}")
-            raise ConfigError(f"[tool.ampmigrate] {key} in {str(pyproject)!r} must be {wanted}, not {value!r}")
+            wanted = {list: "a list of strings", dict: "a table", bool: "true or false"}.get(expected, f"a {expected.__name__}")
+            raise ConfigError(f"[tool.ampmigrate] {key} in {str(pyproject)!r} must be {wanted}, not {_toml(value)}")
         _check_value(key, value, pyproject)
         if key == "per-file-ignores":
             value = {pattern: tuple(codes) for pattern, codes in value.items()}
@@ -134,19 +135,32 @@ def _check_value(key: str, value, pyproject: Path) -> None:
         from migrate.report import FORMATS
 
         if value not in FORMATS:
-            raise ConfigError(f"{where} must be one of {', '.join(FORMATS)}, not {value!r}")
+            raise ConfigError(f"{where} must be one of {', '.join(map(_toml, FORMATS))}, not {_toml(value)}")
     elif key == "per-file-ignores":
         for pattern, codes in value.items():
             if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
-                raise ConfigError(f"{where}: {pattern!r} must map to a list of rule codes, not {codes!r}")
+                raise ConfigError(f"{where}: {_toml(pattern)} must map to a list of rule codes, not {_toml(codes)}")
     elif key == "settings":
         for name, setting in value.items():
             if name not in _SETTINGS:
                 known = ", ".join(sorted(_SETTINGS))
                 raise ConfigError(f"unknown setting {name!r} in {where}; known settings: {known}")
             if setting not in _SETTINGS[name]:
-                choices = ", ".join(repr(choice) for choice in _SETTINGS[name])
-                raise ConfigError(f"{where}: {name} must be one of {choices}, not {setting!r}")
+                choices = ", ".join(_toml(choice) for choice in _SETTINGS[name])
+                raise ConfigError(f"{where}: {name} must be one of {choices}, not {_toml(setting)}")
+
+
+def _toml(value) -> str:
+    """``value`` as pyproject.toml spells it (``true``, ``"O1"``, ``["AMP0"]``), for an error message."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_toml, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml(key)} = {_toml(item)}" for key, item in value.items()) + "}"
+    return str(value)
 
 
 # [tool.ampmigrate.settings]: each setting the rules read, with its choices.

@@ -56,7 +56,7 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
     """
     files: dict[Path, None] = {}
     problems: dict[Path, str] = {}
-    seen: set[str] = set()  # real paths already taken: a file reached through a link is read once
+    seen: set[tuple[int, int]] = set()  # files already taken: one reached by another name is read once
     for given in paths:
         root = Path(given)
         kind = _kind(root)
@@ -67,7 +67,7 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
         elif not matches(root, exclude):
             if kind == "file":
                 files[root] = None
-                seen.add(os.path.realpath(root))
+                seen.add(_inode(root))
             else:
                 problems[root] = _WHY[kind]
     return Found(sorted(files), problems)
@@ -94,7 +94,7 @@ def _kind(path: Path) -> str:
 
 
 def _walk(
-    root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[str], respect_gitignore: bool
+    root: Path, exclude: Sequence[str], files: dict, problems: dict, seen: set[tuple[int, int]], respect_gitignore: bool
 ) -> None:
     # Links are not followed: a linked directory is not entered, and a linked file is either in
     # the tree, where the walk finds it, or outside it, where it is none of this run's business.
@@ -130,10 +130,20 @@ def _walk(
                 problems[path] = _WHY[kind]
             if kind != "file" or path.is_symlink():
                 continue  # FIFOs, devices and sockets are no source files
-            real = os.path.realpath(path)
-            if real not in seen:  # also named on its own
-                seen.add(real)
+            inode = _inode(path)
+            if inode not in seen:  # not named on its own, nor a hard link to a file already taken
+                seen.add(inode)
                 files[path] = None
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    """Which file ``path`` names, whatever the name (a symbolic or hard link): rewriting it
+    through one name changes it under the others."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return (-1, id(path))  # unreadable: reading it will say why, under its own name
+    return status.st_dev, status.st_ino
 
 
 def matches(path: Path, patterns: Sequence[str]) -> bool:

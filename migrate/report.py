@@ -79,12 +79,18 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -
     return "\n".join(lines) + "\n"
 
 
-def statistics(results: Sequence[FileResult], rules: Sequence[type] = ()) -> str:
-    """``--statistics``: one line per code, most frequent first: count, code, ``[*]`` if fixable, name."""
+def statistics(results: Sequence[FileResult], rules: Sequence[type] = (), output_format: str = "text") -> str:
+    """``--statistics``: one line per code, most frequent first: count, code, ``[*]`` if fixable, name.
+    With ``json``, Ruff's list of ``{"code", "name", "count", "fixable"}`` objects, in the same order."""
     names = {rule.CODE: rule.name() for rule in rules} | {code: name for code, (name, _, _) in TOOL_FINDINGS.items()}
     counts = Counter(d.code for r in results for d in r.diagnostics)
     fixable = {d.code for r in results for d in r.diagnostics if d.applied}
     rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    if output_format == "json":
+        import json
+
+        listed = [{"code": code, "name": names.get(code, ""), "count": n, "fixable": code in fixable} for code, n in rows]
+        return json.dumps(listed, indent=2) + "\n"
     width = max((len(str(n)) for _, n in rows), default=1)
     return "".join(
         f"{n:>{width}}\t{code}\t{'[*]' if code in fixable else '   '} {names.get(code, '')}".rstrip() + "\n"

@@ -257,7 +257,7 @@ class InitializePlanning:
                 self._replace(init.statement, cst.RemoveFromParent())
                 self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
                 return
-            new[0] = nodes.with_leading(new[0], init.statement)
+            new[0] = nodes.with_inner_comments_above(nodes.with_leading(new[0], init.statement), init.statement)
             new[-1] = nodes.with_trailing_comment(new[-1], init.statement)
             self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
             self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())

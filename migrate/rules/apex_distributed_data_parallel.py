@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, listed, without_native
 from migrate.types import FixSafety, Safety
 
 _NATIVE = "torch.nn.parallel.DistributedDataParallel"
@@ -61,7 +61,12 @@ class ApexDistributedDataParallel(ApexRename):
         options = nodes.keyword_names(call) - {"module"}
         other = options - set(_OVERLAP_ONLY)
         if other:
-            return NoFix(f"{sorted(other)!r} have no native equivalent")
+            return without_native(other)
         if options:
-            return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY), Safety.UNSAFE, f"{sorted(options)!r} dropped: they only tune all-reduce overlap")
+            tune = "it only tunes" if len(options) == 1 else "they only tune"
+            why = f"{listed(options)} dropped: {tune} all-reduce overlap"
+            if "delay_allreduce" in options:
+                why += ("; with `delay_allreduce=True` apex also accepted parameters that get no gradient, "
+                        "where torch's DDP needs `find_unused_parameters=True`")
+            return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY), Safety.UNSAFE, why)
         return NativeCall(self.rebuild(_NATIVE, call))

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.types import FixSafety, Safety
 
 # Keywords both take with the same meaning.
@@ -65,7 +65,7 @@ class ApexFusedAdam(ApexRename):
         keywords = nodes.keyword_names(call)
         unknown = keywords - _SHARED - {"adam_w_mode", "set_grad_none", "bias_correction"}
         if unknown:
-            return NoFix(f"{sorted(unknown)!r} have no native equivalent")
+            return without_native(unknown)
         bias = nodes.argument(call, None, "bias_correction")
         if bias is not None and nodes.code(bias.value) not in ("True", "1"):
             return NoFix("torch's Adam always corrects the bias")

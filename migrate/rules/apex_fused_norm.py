@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.types import FixSafety, Safety
 
 _LAYER = ("apex.normalization.FusedLayerNorm", "apex.normalization.fused_layer_norm.FusedLayerNorm")
@@ -71,7 +71,7 @@ class ApexFusedNorm(ApexRename):
             return NoFix("its arguments are passed through `*args`/`**kwargs` or positionally")
         unknown = nodes.keyword_names(call) - _SHARED - {"memory_efficient"}
         if unknown:
-            return NoFix(f"{sorted(unknown)!r} have no native equivalent")
+            return without_native(unknown)
         rms = "RMSNorm" in target
         native = "torch.nn.RMSNorm" if rms else "torch.nn.LayerNorm"
         given_eps = nodes.argument(call, 1, "eps") is not None

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.types import FixSafety
 
 _SHARED = {"params", "lr", "momentum", "dampening", "weight_decay", "nesterov"}
@@ -49,7 +49,7 @@ class ApexFusedSGD(ApexRename):
             return NoFix("apex-only arguments are passed positionally or through `*args`/`**kwargs`")
         unknown = nodes.keyword_names(call) - _SHARED - set(_DROPPED) - {"wd_after_momentum"}
         if unknown:
-            return NoFix(f"{sorted(unknown)!r} have no native equivalent")
+            return without_native(unknown)
         after = nodes.argument(call, None, "wd_after_momentum")
         if after is not None and nodes.code(after.value) not in ("False", "0"):
             return NoFix("torch's SGD applies weight decay before momentum")

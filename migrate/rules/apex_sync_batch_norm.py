@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.types import FixSafety
 
 _CONVERT = "apex.parallel.convert_syncbn_model"
@@ -56,7 +56,7 @@ class ApexSyncBatchNorm(ApexRename):
             return NoFix("its arguments are passed through `*args`/`**kwargs`")
         apex_only = nodes.keyword_names(call) & {"channel_last", "fuse_relu"}
         if apex_only:
-            return NoFix(f"{sorted(apex_only)!r} have no native equivalent")
+            return without_native(apex_only)
         if target == _CONVERT:
             if len([a for a in call.args if a.keyword is None]) > 2:
                 return NoFix("`channel_last` is passed positionally")

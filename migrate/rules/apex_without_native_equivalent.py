@@ -17,6 +17,8 @@ _MANUAL_STEPS = {
     "apex.optimizers.FusedAdagrad": "use `torch.optim.Adagrad(..., foreach=True)` and check its arguments by hand",
     "apex.optimizers.FP16_Optimizer": "replace it with `torch.amp.GradScaler`: `scaler.scale(loss).backward()` for "
     "`optimizer.backward(loss)`, `scaler.step(optimizer)` and `scaler.update()` for `optimizer.step()`",
+    # before "apex.fp16_utils": the first prefix that matches is the one used
+    "apex.fp16_utils.to_python_float": "`t.item()` is what it returns for a tensor: use that in place of `to_python_float(t)`",
     "apex.fp16_utils": "replace FP16_Optimizer with `torch.amp.GradScaler` and autocast (`scaler.scale(loss).backward()` for "
     "`optimizer.backward(loss)`); `network_to_half` with autocast; `to_python_float(t)` with `t.item()`",
     "apex.parallel.LARC": "torch has no LARC: keep the wrapper as project code or drop it",
@@ -131,7 +133,9 @@ class ApexWithoutNativeEquivalent(ApexRename):
         target = self._target(func)
         if target is None and self._star and isinstance(func, cst.Name) and func.value in _FP16_UTILS_API:
             if not self.get_metadata(QualifiedNameProvider, func, set()):
-                target = "apex.fp16_utils"  # brought in by `from apex.fp16_utils import *`
+                # brought in by `from apex.fp16_utils import *`
+                own = f"apex.fp16_utils.{func.value}"
+                target = own if own in _MANUAL_STEPS else "apex.fp16_utils"
         if target is not None:
             self._funcs.add(id(func))
             self.report(node, f"{self.MESSAGE}; {_MANUAL_STEPS.get(target, _UNKNOWN)}")

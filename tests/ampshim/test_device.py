@@ -1,9 +1,11 @@
+import sys
 import warnings
 
 import pytest
 import torch
 
 import ampshim.device as device
+from _amp_testing import fresh_amp_state  # noqa: F401  (autouse: a clean amp state per test)
 
 
 def test_device_follows_the_first_floating_parameter():
@@ -21,6 +23,22 @@ def test_cpu_half_is_bfloat16_with_one_warning_per_process(monkeypatch):
         assert device.half_dtype("cpu") is torch.bfloat16
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "bfloat16" in messages[0]
+    assert caught[0].filename == __file__  # the user's line, not ampshim's
+
+
+def test_the_bfloat16_warning_points_at_the_users_initialize(monkeypatch):
+    from apex import amp
+
+    monkeypatch.delenv(device.DTYPE_ENV_VAR, raising=False)
+    monkeypatch.setattr(device, "_warned_cpu", False)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+    [found] = [w for w in caught if "bfloat16" in str(w.message)]
+    assert (found.filename, found.lineno) == (__file__, line)
 
 
 def test_cuda_half_is_float16_unless_asked_for_bfloat16(monkeypatch):

@@ -870,3 +870,54 @@ def test_comments_ending_the_rewritten_lines_are_kept():
         """)
     assert 'scaler = torch.amp.GradScaler("cuda")  # TODO: try O2 again\n' in output
     assert "    # backprop\n    scaler.scale(loss).backward()  # apex handles overflow\n" in output
+
+
+def test_comments_between_the_lines_of_initialize_go_above_the_scaler():
+    output, _ = _migrate("""\
+        from apex import amp
+
+        # mixed precision
+        model, optimizer = amp.initialize(
+            model, optimizer,
+            opt_level="O1",  # O2 diverged
+            # loss_scale=128.0,
+        )  # TODO: try O2 again
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        """)
+    assert ('# mixed precision\n# O2 diverged\n# loss_scale=128.0,\n'
+            'scaler = torch.amp.GradScaler("cuda")  # TODO: try O2 again\n') in output
+
+
+def test_apex_ddp_options_are_named_plainly_and_delay_allreduce_says_what_else_it_did():
+    source = ("import apex\n"
+              "model = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)\n"
+              "other = apex.parallel.DistributedDataParallel(other, gradient_predivide_factor=8.0)\n")
+    _, diagnostics = _migrate(source)
+    delayed, predivided = sorted((d for d in diagnostics if d.code == "AMP010"), key=lambda d: d.location.row)
+    assert delayed.fix.why_unsafe.startswith("`delay_allreduce` dropped: it only tunes all-reduce overlap; ")
+    assert "`find_unused_parameters=True`" in delayed.fix.why_unsafe
+    assert predivided.message.endswith("`gradient_predivide_factor` has no native equivalent")
+
+
+def test_apex_only_arguments_are_named_plainly():
+    source = ("from apex.optimizers import FusedAdam\n"
+              "from apex.parallel import SyncBatchNorm\n"
+              "opt = FusedAdam(params, lr=1e-3, master_weights=True)\n"
+              "norm = SyncBatchNorm(64, channel_last=True, fuse_relu=True)\n")
+    _, diagnostics = _migrate(source)
+    adam, norm = sorted((d for d in diagnostics if d.code in ("AMP012", "AMP011")), key=lambda d: d.location.row)
+    assert adam.message.endswith("not rewritten: `master_weights` has no native equivalent")
+    assert norm.message.endswith("not rewritten: `channel_last`, `fuse_relu` have no native equivalent")
+
+
+@pytest.mark.parametrize("head", ["from apex.fp16_utils import to_python_float\n", "from apex.fp16_utils import *\n"])
+def test_to_python_float_is_told_its_native_spelling_not_fp16_optimizers(head):
+    _, diagnostics = _migrate(head + "value = to_python_float(loss)\nmodel = network_to_half(model)\n")
+    found = {d.location.row: d.message for d in diagnostics if d.code == "AMP015"}
+    assert found[2].endswith("`t.item()` is what it returns for a tensor: use that in place of `to_python_float(t)`")
+    if "*" in head:  # the rest of the package keeps its own advice
+        assert "`network_to_half` with autocast" in found[3]

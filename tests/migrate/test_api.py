@@ -276,6 +276,10 @@ def test_hard_links_are_kept(tmp_path):
     path.chmod(0o640)
     migrate_paths([path])
     assert path.read_text() == NEW and other.read_text() == NEW
+    path.write_text(OLD)
+    [result] = migrate_paths([tmp_path])  # both names in the tree: one file, rewritten once
+    assert result.filename == str(other) and result.changed and not result.error
+    assert path.read_text() == NEW
     assert path.stat().st_ino == other.stat().st_ino and stat.S_IMODE(path.stat().st_mode) == 0o640
 
 

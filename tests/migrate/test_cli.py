@@ -180,8 +180,13 @@ def test_show_fixes_statistics_exit_zero_and_quiet(tree):
     (tree / "pkg" / "left.py").write_text(REPORT_ONLY)
     shown = _run("--check", "--show-fixes", tree)
     assert "Would fix 1 finding:\n- " in shown.stdout and "1 × AMP021 (Replace with `torch.amp.GradScaler`)" in shown.stdout
+    beside = _run("--diff", "--show-fixes", tree)
+    assert beside.stdout.startswith("--- ") and "Would fix" not in beside.stdout  # stdout stays a patch
+    assert "Would fix 1 finding:\n- " in beside.stderr and "1 × AMP021" in beside.stderr
     counted = _run("--check", "--statistics", tree)
     assert counted.stdout.splitlines() == ["2\tAMP021\t[*] DeprecatedCudaGradScaler"]
+    counted = _run("--check", "--statistics", "--output-format", "json", tree)
+    assert json.loads(counted.stdout) == [{"code": "AMP021", "name": "DeprecatedCudaGradScaler", "count": 2, "fixable": True}]
     assert _run("--check", "--exit-zero", tree).exit_code == 0
     (tree / "pkg" / "broken.py").write_text("scaler = torch.cuda.amp.GradScaler(\n")
     assert _run("--check", "--exit-zero", tree).exit_code == 2  # errors are not findings

@@ -42,13 +42,15 @@ def test_no_file_or_no_table_means_defaults(tmp_path):
     ("body", "message"),
     [
         ("[tool.ampmigrate]\nselekt = ['AMP0']\n", "unknown key 'selekt'"),
-        ("[tool.ampmigrate]\nselect = 'AMP0'\n", "select in .* must be a list of strings, not 'AMP0'"),
-        ("[tool.ampmigrate]\nunsafe-fixes = 'yes'\n", "unsafe-fixes in .* must be a bool"),
+        ("[tool.ampmigrate]\nselect = 'AMP0'\n", r'select in .* must be a list of strings, not "AMP0"'),
+        ("[tool.ampmigrate]\nunsafe-fixes = 'yes'\n", r'unsafe-fixes in .* must be true or false, not "yes"'),
         ("[tool.ampmigrate]\nselect = [\n", "is not valid TOML"),
-        ("[tool.ampmigrate]\noutput-format = 'xml'\n", r"output-format in .* must be one of text, json, github, sarif, not 'xml'"),
+        ("[tool.ampmigrate]\noutput-format = 'xml'\n", r'output-format in .* must be one of "text", "json", "github", "sarif", not "xml"'),
         ("[tool.ampmigrate.settings]\nopt-levl = 'O1'\n", "unknown setting 'opt-levl' .*; known settings: o2-as-autocast, opt-level"),
-        ("[tool.ampmigrate.settings]\nopt-level = 'O2'\n", "opt-level must be one of 'O0', 'O1', not 'O2'"),
+        ("[tool.ampmigrate.settings]\nopt-level = 'O2'\n", r'opt-level must be one of "O0", "O1", not "O2"'),
         ("[tool]\nampmigrate = 3\n", r"tool.ampmigrate in .* must be a table"),
+        ("[tool.ampmigrate.settings]\no2-as-autocast = 'yes'\n", r'o2-as-autocast must be one of true, false, not "yes"'),
+        ("[tool.ampmigrate.per-file-ignores]\n'tests/*' = 'AMP1'\n", r'"tests/\*" must map to a list of rule codes, not "AMP1"'),
     ],
 )
 def test_bad_configuration_is_a_clear_error(tmp_path, body, message):
@@ -168,7 +170,7 @@ def test_extend_exclude_adds_to_exclude(tmp_path):
         ('extend-ignore = ["XYZ"]', "extend-ignore in .*no rule code starts with 'XYZ'"),
         ('extend-exclude = "gen"', "extend-exclude in .* must be a list of strings"),
         ('per-file-ignores = ["tests/*"]', "per-file-ignores in .* must be a table"),
-        ('per-file-ignores = {"tests/*" = "AMP001"}', r"per-file-ignores .*'tests/\*' must map to a list of rule codes"),
+        ('per-file-ignores = {"tests/*" = "AMP001"}', r'per-file-ignores .*"tests/\*" must map to a list of rule codes, not "AMP001"'),
         ('per-file-ignores = {"tests/*" = ["AMP07"]}', r"per-file-ignores 'tests/\*' in .*no rule code starts with 'AMP07'"),
     ],
 )
