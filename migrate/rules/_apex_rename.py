@@ -26,14 +26,14 @@ class NoFix(NamedTuple):
     reason: str
 
 
-def listed(names) -> str:
+def _listed(names) -> str:
     """Argument names for a message, sorted and each in backticks."""
     return ", ".join(f"`{name}`" for name in sorted(names))
 
 
 def without_native(names) -> NoFix:
     """The report for apex-only arguments: they have no native counterpart to rewrite into."""
-    return NoFix(f"{listed(names)} {'has' if len(names) == 1 else 'have'} no native equivalent")
+    return NoFix(f"{_listed(names)} {'has' if len(names) == 1 else 'have'} no native equivalent")
 
 
 class ApexRename(Rule):

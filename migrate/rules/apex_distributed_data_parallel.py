@@ -5,11 +5,12 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, listed, without_native
-from migrate.types import FixSafety, Safety
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
+from migrate.types import FixSafety
 
 _NATIVE = "torch.nn.parallel.DistributedDataParallel"
-# apex options that only tune how the all-reduce overlaps with backward: dropping them keeps the maths.
+# apex options that only tune how the all-reduce overlaps with backward: dropping them keeps the
+# maths. But for delay_allreduce, which also let parameters go without a gradient: see native_call.
 _OVERLAP_ONLY = ("delay_allreduce", "message_size", "num_allreduce_streams", "allreduce_communicators", "prof")
 
 
@@ -24,17 +25,20 @@ class ApexDistributedDataParallel(ApexRename):
     all-reduce overlapping backward, parameters broadcast from rank 0 at construction).
 
     Fix safety:
-    Safe without options. Unsafe with options that only tune overlap (``delay_allreduce``,
-    ``message_size``, ...: dropped; the native class picks its own buckets). Reported with options
-    that change the maths or the buffers (``gradient_predivide_factor``, ``allreduce_always_fp32``,
-    ``shared_param``, ``retain_allreduce_buffers``, ...).
+    Safe. Options that only tune overlap (``message_size``, ``num_allreduce_streams``, ...) are
+    dropped: the native class picks its own buckets, and the gradients are the same.
+    ``delay_allreduce=X`` becomes ``find_unused_parameters=X`` (dropped when ``False``): delaying
+    the all-reduce to the end of backward also let parameters go without a gradient, which torch's
+    DDP allows only so. Reported with options that change the maths or the buffers
+    (``gradient_predivide_factor``, ``allreduce_always_fp32``, ``shared_param``,
+    ``retain_allreduce_buffers``, ...).
 
     Options:
     None.
     """
 
     CODE = "AMP010"
-    FIX_SAFETY = FixSafety.SOMETIMES
+    FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`apex.parallel.DistributedDataParallel` was removed from apex"
     TARGETS = ("apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel")
     REFERENCES = {name: _NATIVE for name in TARGETS}
@@ -49,8 +53,7 @@ class ApexDistributedDataParallel(ApexRename):
         ),
         Invalid(
             "import apex\n\nmodel = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)\nassert isinstance(model, apex.parallel.DistributedDataParallel)\n",
-            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model)\nassert isinstance(model, torch.nn.parallel.DistributedDataParallel)\n",
-            unsafe_fixes=True,
+            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\nassert isinstance(model, torch.nn.parallel.DistributedDataParallel)\n",
         ),
         Invalid("from apex.parallel import DistributedDataParallel\n\nmodel = DistributedDataParallel(model, gradient_predivide_factor=8.0)\n"),
     ]
@@ -62,11 +65,10 @@ class ApexDistributedDataParallel(ApexRename):
         other = options - set(_OVERLAP_ONLY)
         if other:
             return without_native(other)
-        if options:
-            tune = "it only tunes" if len(options) == 1 else "they only tune"
-            why = f"{listed(options)} dropped: {tune} all-reduce overlap"
-            if "delay_allreduce" in options:
-                why += ("; with `delay_allreduce=True` apex also accepted parameters that get no gradient, "
-                        "where torch's DDP needs `find_unused_parameters=True`")
-            return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY), Safety.UNSAFE, why)
-        return NativeCall(self.rebuild(_NATIVE, call))
+        delay = nodes.argument(call, None, "delay_allreduce")
+        kept = () if delay is None or _false(delay.value) else (f"find_unused_parameters={nodes.code(delay.value)}",)
+        return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=kept))
+
+
+def _false(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "False"

@@ -9,6 +9,7 @@ import pytest
 from migrate.apex_plan import HELPER_SOURCE
 from migrate.api import migrate_source
 from migrate.rules import all_rules
+from migrate.types import Safety
 
 
 def _migrate(source: str, unsafe_fixes: bool = False):
@@ -892,15 +893,26 @@ def test_comments_between_the_lines_of_initialize_go_above_the_scaler():
             'scaler = torch.amp.GradScaler("cuda")  # TODO: try O2 again\n') in output
 
 
-def test_apex_ddp_options_are_named_plainly_and_delay_allreduce_says_what_else_it_did():
-    source = ("import apex\n"
-              "model = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)\n"
-              "other = apex.parallel.DistributedDataParallel(other, gradient_predivide_factor=8.0)\n")
-    _, diagnostics = _migrate(source)
-    delayed, predivided = sorted((d for d in diagnostics if d.code == "AMP010"), key=lambda d: d.location.row)
-    assert delayed.fix.why_unsafe.startswith("`delay_allreduce` dropped: it only tunes all-reduce overlap; ")
-    assert "`find_unused_parameters=True`" in delayed.fix.why_unsafe
-    assert predivided.message.endswith("`gradient_predivide_factor` has no native equivalent")
+@pytest.mark.parametrize(("options", "native"), [
+    ("delay_allreduce=True", "find_unused_parameters=True"),
+    ("delay_allreduce=args.delay, message_size=2**22", "find_unused_parameters=args.delay"),
+    ("delay_allreduce=False, num_allreduce_streams=1", None),
+    ("message_size=10000000, prof=False", None),
+])
+def test_apex_ddp_overlap_options_go_and_delay_allreduce_keeps_its_unused_parameters(options, native):
+    # Delaying the all-reduce to the end of backward also let parameters go without a gradient;
+    # torch's DDP allows that only with find_unused_parameters. The rest only tunes overlap.
+    output, diagnostics = _migrate(f"import apex\nmodel = apex.parallel.DistributedDataParallel(model, {options})\n")
+    [ddp] = [d for d in diagnostics if d.code == "AMP010"]
+    assert ddp.fix.applicability is Safety.SAFE and ddp.applied
+    expected = f"model, {native}" if native else "model"
+    assert f"model = torch.nn.parallel.DistributedDataParallel({expected})\n" in output
+
+
+def test_apex_ddp_options_that_change_the_maths_are_named_plainly():
+    _, diagnostics = _migrate("import apex\nmodel = apex.parallel.DistributedDataParallel(model, gradient_predivide_factor=8.0)\n")
+    [ddp] = [d for d in diagnostics if d.code == "AMP010"]
+    assert ddp.fix is None and ddp.message.endswith("`gradient_predivide_factor` has no native equivalent")
 
 
 def test_apex_only_arguments_are_named_plainly():
