@@ -65,11 +65,11 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
         if kind == "directory":
             _walk(root, exclude, files, problems, seen, respect_gitignore)
         elif not matches(root, exclude):
-            if kind == "file":
+            if kind != "file":
+                problems[root] = _WHY[kind]
+            elif _inode(root) not in seen:  # not a file named before under another name
                 files[root] = None
                 seen.add(_inode(root))
-            else:
-                problems[root] = _WHY[kind]
     return Found(sorted(files), problems)
 
 

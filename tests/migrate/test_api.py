@@ -280,6 +280,9 @@ def test_hard_links_are_kept(tmp_path):
     [result] = migrate_paths([tmp_path])  # both names in the tree: one file, rewritten once
     assert result.filename == str(other) and result.changed and not result.error
     assert path.read_text() == NEW
+    path.write_text(OLD)
+    [result] = migrate_paths([path, other])  # both named
+    assert result.filename == str(path) and result.changed and not result.error
     assert path.stat().st_ino == other.stat().st_ino and stat.S_IMODE(path.stat().st_mode) == 0o640
 
 
