@@ -138,8 +138,8 @@ class _LeanScopeVisitor(ScopeVisitor):
     - An access is linked to its assignments only when an import binds its name somewhere in the
       file or a builtin has it: the only names that resolve to a qualified name a rule asks about
       (``resolved_names``). Any other is still answered by its scope, from all its assignments there.
-    - A call is looked up (for ``typing.cast``, ``NewType``, ``TypeVar``) only when an import seen
-      so far binds the root of its name: none other can resolve into ``typing``.
+    - A call is looked up (for ``typing.cast``, ``NewType``, ``TypeVar``) only when an import from
+      ``typing`` seen so far binds the root of its name: none other can resolve into ``typing``.
     """
 
     _STACKS = ("_ScopeVisitor__top_level_attribute_stack", "_ScopeVisitor__in_type_hint_stack")
@@ -147,19 +147,26 @@ class _LeanScopeVisitor(ScopeVisitor):
     def __init__(self, provider: ScopeProvider) -> None:
         super().__init__(provider)
         self.imported: set[str] = set()  # the names imports bind, as the visit reaches them
+        self._from_typing: set[str] = set()  # those of imports from typing
         self._stacks = [getattr(self, name, None) for name in self._STACKS]  # what visit_Call keeps
 
     def visit_Import(self, node: cst.Import) -> bool | None:
-        self.imported.update(_bound_by(node))
+        self._record(node)
         return super().visit_Import(node)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool | None:
-        self.imported.update(_bound_by(node))
+        self._record(node)
         return super().visit_ImportFrom(node)
+
+    def _record(self, statement: cst.Import | cst.ImportFrom) -> None:
+        for name, package in _bound_by(statement):
+            self.imported.add(name)
+            if package == "typing":
+                self._from_typing.add(name)
 
     def visit_Call(self, node: cst.Call) -> bool | None:
         root = _root_name(node.func)
-        if root is None or root in self.imported or None in self._stacks:
+        if root is None or root in self._from_typing or None in self._stacks:
             return super().visit_Call(node)
         for stack, top in zip(self._stacks, (None, False)):  # what libcst's visit_Call does for other calls
             stack.append(top)
@@ -184,15 +191,17 @@ class _LeanScopes(ScopeProvider):
         return None
 
 
-def _bound_by(statement: cst.Import | cst.ImportFrom) -> Iterator[str]:
-    """The names an import statement binds: ``a`` for ``import a.b``, ``c`` for ``from a import b as c``."""
+def _bound_by(statement: cst.Import | cst.ImportFrom) -> Iterator[tuple[str, str]]:
+    """The names an import statement binds, each with the package it comes from: ``("a", "a")``
+    for ``import a.b``, ``("c", "a")`` for ``from a.x import b as c`` ("" for a relative import)."""
     if isinstance(statement.names, cst.ImportStar):
         return
     for alias in statement.names:
-        if alias.asname is not None:
-            yield alias.evaluated_alias
+        name = alias.evaluated_alias or alias.evaluated_name.split(".")[0]
+        if isinstance(statement, cst.Import):
+            yield name, alias.evaluated_name.split(".")[0]
         else:
-            yield alias.evaluated_name.split(".")[0]
+            yield name, next(iter(_packages(statement)))
 
 
 # libcst's visitors behind ScopeProvider and ExpressionContextProvider: they only read the tree.
@@ -318,6 +327,9 @@ class _QualifiedNames(Mapping):
         self._module = module
         self._scopes = scopes  # every node but punctuation and whitespace
         self._names: dict[cst.CSTNode, object] = {}
+        self._of_assignment: dict[object, set] = {}  # an assignment's qualified names
+        self._by_full_name: dict[tuple[int, str], set] = {}  # a dotted name's, by scope
+        self._bound: set[int] | None = None
         self._import_roots: dict[str, frozenset[str]] | None = None
 
     def __getitem__(self, node: cst.CSTNode) -> object:
@@ -326,8 +338,48 @@ class _QualifiedNames(Mapping):
             scope = self._scopes.get(node)
             if scope is None and node is not self._module:
                 raise KeyError(node)
-            names = self._names[node] = scope.get_qualified_names_for(node) if scope else set()
+            names = self._names[node] = self._qualified(scope, node) if scope else set()
         return names
+
+    def _qualified(self, scope, node: cst.CSTNode) -> set:
+        """``scope.get_qualified_names_for(node)``, with what it works out from each assignment the
+        node may see computed once: a scope that imports ``torch`` in each of its hundreds of cells
+        has every ``torch.…`` see all those imports, and libcst asks each of them every time."""
+        accesses = getattr(scope, "_accesses_by_node", {}).get(node)
+        if accesses:  # a use libcst linked to the assignments it may see
+            found = set()
+            for access in accesses:
+                for assignment in access.referents:
+                    names = self._of_assignment.get(assignment)
+                    if names is None:
+                        names = self._of_assignment[assignment] = assignment.get_qualified_names_for(assignment.name)
+                    found |= names
+            return found
+        if id(node) in self._bound_nodes():  # a name being bound: its own assignment answers
+            return scope.get_qualified_names_for(node)
+        full_name = get_full_name_for_node(node)
+        if full_name is None:
+            return set()
+        key = (id(scope), full_name)
+        found = self._by_full_name.get(key)
+        if found is None:  # every assignment of the name in scope: what libcst answers for any other node
+            found = self._by_full_name[key] = scope.get_qualified_names_for(full_name)
+        return found
+
+    def _bound_nodes(self) -> set[int]:
+        """The nodes an assignment binds (``x`` of ``x = 1``, ``b`` of ``import a as b``), by id."""
+        if self._bound is None:
+            self._bound = set()
+            for scope in {id(scope): scope for scope in self._scopes.values()}.values():
+                for assignment in scope.assignments if scope is not None else ():
+                    bound = getattr(assignment, "node", None)
+                    self._bound.add(id(bound))
+                    if isinstance(bound, (cst.Import, cst.ImportFrom)) and not isinstance(bound.names, cst.ImportStar):
+                        for alias in bound.names:
+                            self._bound.add(id(alias.name))
+                            if alias.asname is not None:
+                                self._bound.add(id(alias.asname.name))
+        return self._bound
 
     def __iter__(self):
         yield self._module
