@@ -205,7 +205,7 @@ def _comments(nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Comment]:
         if isinstance(node, cst.Comment):
             yield node
         else:
-            yield from _comments(node.children)
+            yield from _comments(children(node))
 
 
 def is_import_line(statement: cst.CSTNode) -> bool:

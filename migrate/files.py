@@ -67,9 +67,11 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
         elif not matches(root, exclude):
             if kind != "file":
                 problems[root] = _WHY[kind]
-            elif _inode(root) not in seen:  # not a file named before under another name
+                continue
+            inode = _inode(root)
+            if inode not in seen:  # not a file named before under another name
                 files[root] = None
-                seen.add(_inode(root))
+                seen.add(inode)
     return Found(sorted(files), problems)
 
 

@@ -201,7 +201,8 @@ def _bound_by(statement: cst.Import | cst.ImportFrom) -> Iterator[tuple[str, str
         if isinstance(statement, cst.Import):
             yield name, alias.evaluated_name.split(".")[0]
         else:
-            yield name, next(iter(_packages(statement)))
+            (package,) = _packages(statement)  # a from-import names one module
+            yield name, package
 
 
 # libcst's visitors behind ScopeProvider and ExpressionContextProvider: they only read the tree.

@@ -66,9 +66,6 @@ class ApexDistributedDataParallel(ApexRename):
         if other:
             return without_native(other)
         delay = nodes.argument(call, None, "delay_allreduce")
-        kept = () if delay is None or _false(delay.value) else (f"find_unused_parameters={nodes.code(delay.value)}",)
+        off = delay is None or nodes.code(delay.value) in ("False", "0")
+        kept = () if off else (f"find_unused_parameters={nodes.code(delay.value)}",)
         return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=kept))
-
-
-def _false(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "False"

@@ -34,28 +34,29 @@ class Steps:
     # Answers kept: the rules ask of every event, and a module's top level may hold thousands.
     _memo: dict = field(default_factory=dict, repr=False)
 
+    def _once(self, key, compute):
+        """``compute()``, worked out once per ``key``."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def of(self, *kinds: Kind) -> list[Event]:
         """The events of ``kinds``, in order (the same list each time: read it, do not change it)."""
-        found = self._memo.get(kinds)
-        if found is None:
-            found = self._memo[kinds] = [event for event in self.events if event.kind in kinds]
-        return found
+        return self._once(kinds, lambda: [event for event in self.events if event.kind in kinds])
 
     def index(self, event: Event) -> int:
-        positions = self._memo.get("index")
-        if positions is None:
-            positions = self._memo["index"] = {id(other): i for i, other in enumerate(self.events)}
-        return positions[id(event)]
+        return self._once("index", lambda: {id(other): i for i, other in enumerate(self.events)})[id(event)]
 
     def _within(self, frame) -> list[Event]:
         """The events inside ``frame`` (a loop, an arm, ...)."""
-        by_frame = self._memo.get("within")
-        if by_frame is None:
-            by_frame = self._memo["within"] = {}
+        def by_frame() -> dict:
+            found: dict = {}
             for event in self.events:
                 for around in dict.fromkeys(event.frames):
-                    by_frame.setdefault(around, []).append(event)
-        return by_frame.get(frame, [])
+                    found.setdefault(around, []).append(event)
+            return found
+
+        return self._once("within", by_frame).get(frame, [])
 
     def backwards(self) -> list[Event]:
         return self.of(Kind.BACKWARD)
@@ -66,9 +67,7 @@ class Steps:
         """The innermost loop around ``event`` that is a training loop: the innermost loop around a
         backward pass or an optimizer step (an epoch loop around it is not one: what runs there
         runs once per epoch)."""
-        training = self._memo.get("training")
-        if training is None:
-            training = self._memo["training"] = {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()}
+        training = self._once("training", lambda: {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()})
         for loop in reversed(event.loops()):
             if loop in training:
                 return loop
