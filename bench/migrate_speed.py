@@ -11,6 +11,9 @@ Measured side by side, round after round (the medians are reported), each in a f
    this benchmark's own, repeated): wall time and peak memory (maximum resident set), to see both
    grow linearly; the largest is ``--big-mb``. Beside each, libcst alone parsing the file whole
    (its import included); ampmigrate parses a file that large in pieces (``migrate/parsing.py``).
+   Every repetition holds an apex training function, which every rule reads. The same sizes of
+   model code (the module's block and evaluation loop, repeated) around one apex training function
+   at the end show the usual large module: code that no rule reads stays text (``migrate/unread.py``).
 4. The same for a script whose top level repeats one training cell, reusing its names (a notebook
    exported as a script), up to ``--cells-kb``: every site shares one scope, where a question
    asked per site of the whole scope, or a link from each use of a name to each assignment of it
@@ -116,14 +119,20 @@ for epoch in range(2):
 _PARSE_FILE = "import sys, libcst; libcst.parse_module(open(sys.argv[1], encoding='utf-8').read())"
 
 
-def big_file(path: Path, megabytes: float, repeated: str = _MODULE) -> Path:
-    """An apex module of about ``megabytes`` MB: ``repeated`` (``_MODULE``, ``_CELL``) again and again."""
+_MODEL_CODE = _MODULE[:_MODULE.index("\n\ndef train_")]  # the block and the evaluation loop
+_TRAINING = _MODULE[_MODULE.index("\n\ndef train_"):]
+
+
+def big_file(path: Path, megabytes: float, repeated: str = _MODULE, last: str = "") -> Path:
+    """An apex module of about ``megabytes`` MB: ``repeated`` (``_MODULE``, ``_CELL``) again and
+    again, then ``last`` once."""
     parts = ["import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom apex import amp\n"]
     size, index = len(parts[0]), 0
     while size < megabytes * 1_000_000:
         parts.append(repeated.format(index=index))
         size += len(parts[-1])
         index += 1
+    parts.append(last.format(index=index))
     path.write_text("".join(parts))
     return path
 
@@ -195,6 +204,13 @@ def main() -> None:
                 parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
                 print(f"generated apex file, {path.stat().st_size / 1e6:.2f} MB: --check {elapsed:.1f} s, "
                       f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
+            for megabytes in sizes:
+                path = big_file(Path(directory) / f"model_{megabytes:g}.py", megabytes, _MODEL_CODE, _TRAINING)
+                elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
+                parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
+                print(f"model code around one apex training function, {path.stat().st_size / 1e6:.2f} MB: "
+                      f"--check {elapsed:.1f} s, peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, "
+                      f"{parse_peak:.0f} MB")
 
         if options.cells_kb:
             for kilobytes in (options.cells_kb / 4, options.cells_kb / 2, options.cells_kb):

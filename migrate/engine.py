@@ -18,6 +18,7 @@ from migrate import import_changes, noqa, quiet
 from migrate.metadata import release, resolve
 from migrate.parsing import parse_module
 from migrate.positions import positions_by_statement
+from migrate.prefilter import trigger_words
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import children_kept, walk_batched
 from migrate.types import (
@@ -45,6 +46,7 @@ class _RoundFailed(Exception):
     """A rule or a fix failed; the file keeps its original text."""
 
 
+@quiet.trees_kept()  # the cut into pieces and the findings' positions read one ast tree of a text
 def run_rules(
     source: str,
     filename: str,
@@ -66,7 +68,7 @@ def run_rules(
     if noqa.skips_file(source):
         return EngineResult(source, ())
     try:
-        module = parse_module(source)
+        module = _parse(source, rules)
     except cst.ParserSyntaxError as error:
         message = f"cannot parse ({error.message}); fix the syntax error, then run again"
         return _failed(source, filename, ERROR_CODE, message, (error.editor_line, error.editor_column))
@@ -111,6 +113,11 @@ def run_rules(
     return EngineResult(fixed, diagnostics, remaining=remaining)
 
 
+def _parse(text: str, rules: Sequence[type[Rule]]) -> cst.Module:
+    """``text``'s tree, without the top-level definitions none of ``rules`` reads (``migrate.unread``)."""
+    return parse_module(text, words=trigger_words(rules))
+
+
 def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleContext) -> "_Visited":
     """The visit of the fixed text that says which of its ``# noqa`` directives suppress something.
 
@@ -123,7 +130,7 @@ def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleCont
     if not (late and visited.directives and UNUSED_NOQA_CODE in {rule.CODE for rule in selected}):
         return visited
     try:
-        return _visit(parse_module(fixed), fixed, [*rules, *late], context)
+        return _visit(_parse(fixed, [*rules, *late]), fixed, [*rules, *late], context)
     except (_RoundFailed, cst.ParserSyntaxError):
         return _Visited(visited.module, [], visited.positions, noqa.Directives(""))  # judge nothing
 
@@ -241,7 +248,7 @@ def _fix_to_fixed_point(
             return text, visited
         text = new_text
         try:
-            visited = _visit(parse_module(text), text, rules, context)
+            visited = _visit(_parse(text, rules), text, rules, context)
         except cst.ParserSyntaxError as error:
             raise _RoundFailed(f"the fixes produced code that does not parse ({error.message})") from error
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")

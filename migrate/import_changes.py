@@ -15,6 +15,7 @@ from migrate.apex_nodes import is_import_line, is_pure
 from migrate.rule import Report
 from migrate.tree_walk import descendants, walk
 from migrate.types import ImportChange
+from migrate.unread import Unparsed
 
 __all__ = ["already_imported", "apply"]
 
@@ -129,7 +130,10 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
             if opening:
                 continue
         opening = False
-        if any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
+        if type(statement) is Unparsed:  # its text: a word in a comment or string counts too, as for an import then added
+            if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", statement.code):
+                return False
+        elif any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
             return False
     return False
 

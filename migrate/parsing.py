@@ -8,6 +8,11 @@ pieces' statements are joined into one ``Module``: the same tree as parsing it w
 the module is parsed whole: ``ast`` cannot read it, a piece does not parse, or the pieces disagree
 on the module's default indentation or line end (libcst takes the first of the file; a piece would
 take its own).
+
+Given the trigger words of the rules to run, the top-level definitions none of them reads are not
+parsed at all: each run of them is one ``Unparsed`` node holding its text (``migrate.unread``), which
+generates that text and has no children. A 5 MB module of model code around a few training functions
+is then mostly text.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import re
 import libcst as cst
 
 from migrate import quiet
+from migrate.unread import Unparsed, unread_statements
 
 __all__ = ["parse_module"]
 
@@ -25,53 +31,85 @@ PIECE_SIZE = 64 * 1024
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def parse_module(text: str, piece_size: int | None = None) -> cst.Module:
-    """``libcst.parse_module(text)``, in pieces of about ``piece_size`` (default ``PIECE_SIZE``) characters."""
+def parse_module(text: str, piece_size: int | None = None, words: tuple[str, ...] | None = None) -> cst.Module:
+    """``libcst.parse_module(text)``, in pieces of about ``piece_size`` (default ``PIECE_SIZE``)
+    characters. Given the trigger ``words`` of the rules to run, the top-level definitions none of
+    them reads are left unparsed (``migrate.unread``)."""
     piece_size = piece_size or PIECE_SIZE
     if len(text) < 4 * piece_size:
         return cst.parse_module(text)
-    pieces = _pieces(text, piece_size)
-    if len(pieces) < 2:
+    parts = _parts(text, piece_size, words)
+    if len(parts) < 2:
         return cst.parse_module(text)
     try:
-        modules = [cst.parse_module(piece) for piece in pieces]
+        modules = [part if isinstance(part, Unparsed) else cst.parse_module(part) for part in parts]
     except cst.ParserSyntaxError:
         return cst.parse_module(text)  # its error, located in the whole text
-    first = modules[0]
-    if any(m.default_indent != first.default_indent or m.default_newline != first.default_newline for m in modules):
+    parsed = [module for module in modules if isinstance(module, cst.Module)]
+    first = parsed[0]
+    if any(m.default_indent != first.default_indent or m.default_newline != first.default_newline for m in parsed):
         return cst.parse_module(text)
     body: list[cst.BaseStatement] = []
     before: tuple[cst.EmptyLine, ...] = ()
     for module in modules:
+        if isinstance(module, Unparsed):
+            body.append(module.with_changes(leading_lines=before))
+            before = ()
+            continue
         statements = list(module.body)
-        if before:  # the comment and blank lines ending the previous piece lead this piece's first statement
+        if body:  # the comment and blank lines before this piece's first statement are its own
+            before += tuple(module.header)
             statements[0] = statements[0].with_changes(leading_lines=(*before, *statements[0].leading_lines))
         body += statements
         before = tuple(module.footer)
-    last = modules[-1]
+    last = parsed[-1]
     return first.with_changes(body=body, footer=last.footer, has_trailing_newline=last.has_trailing_newline)
 
 
-def _pieces(text: str, piece_size: int) -> list[str]:
+def _parts(text: str, piece_size: int, words: tuple[str, ...] | None) -> list[str | Unparsed]:
     """``text`` cut at the first line of top-level statements (a decorator's, if any), into pieces
-    of at least ``piece_size`` characters; one piece where ``ast`` cannot read it."""
+    of at least ``piece_size`` characters to parse, and, given ``words``, the runs of definitions
+    no rule reads, unparsed; one piece where ``ast`` cannot read it."""
     try:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return [text]
-    if len(tree.body) < 2:
+    statements = tree.body
+    if len(statements) < 2:
         return [text]
-    offsets = [0, *(end.end() for end in _LINE_END.finditer(text))]  # where each line starts, as ast counts lines
-    pieces, start, previous_end = [], 0, tree.body[0].end_lineno
-    for statement in tree.body[1:]:  # each piece holds a statement
-        first = min([statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", ()))]) - 1
-        if (first >= previous_end and offsets[first] - offsets[start] >= piece_size
-                and _starts_a_line(text, offsets[first]) and _plain_gap(text, offsets[previous_end:first + 1])):
-            pieces.append(text[offsets[start]:offsets[first]])
-            start = first
-        previous_end = statement.end_lineno
-    pieces.append(text[offsets[start]:])
-    return pieces
+    # where each line starts, as ast counts lines, and the end of the text (a last line without a line end)
+    offsets = [0, *(end.end() for end in _LINE_END.finditer(text)), len(text)]
+    firsts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()))]) - 1 for s in statements]
+    ends = [s.end_lineno for s in statements]
+    cut_before = [False] + [  # whether a piece may start with statement k
+        firsts[k] >= ends[k - 1] and _starts_a_line(text, offsets[firsts[k]])
+        and _plain_gap(text, offsets[ends[k - 1]:firsts[k] + 1])
+        for k in range(1, len(statements))
+    ]
+    unread = [False] * len(statements)
+    if words is not None:
+        eligible = [cut_before[k] and k + 1 < len(statements) and cut_before[k + 1] for k in range(len(statements))]
+        texts = [text[offsets[first]:offsets[end]] for first, end in zip(firsts, ends)]
+        unread = unread_statements(tree, texts, words, eligible)
+    parts: list[str | Unparsed] = []
+    start = 0  # where the piece being gathered starts
+    k = 0
+    while k < len(statements):
+        if unread[k]:
+            last = k
+            while unread[last + 1]:
+                last += 1
+            if offsets[firsts[k]] > start:
+                parts.append(text[start:offsets[firsts[k]]])
+            parts.append(Unparsed(code=text[offsets[firsts[k]]:offsets[ends[last]]], statements=last + 1 - k))
+            start, k = offsets[ends[last]], last + 1
+            continue
+        if k and cut_before[k] and not unread[k - 1] and offsets[firsts[k]] - start >= piece_size:
+            parts.append(text[start:offsets[firsts[k]]])
+            start = offsets[firsts[k]]
+        k += 1
+    parts.append(text[start:])
+    return parts
 
 
 def _plain_gap(text: str, starts: list[int]) -> bool:

@@ -27,6 +27,7 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from migrate import quiet
 from migrate.tree_walk import children, children_kept
+from migrate.unread import Unparsed
 
 __all__ = ["positions", "positions_by_statement"]
 
@@ -186,6 +187,9 @@ def _statement_starts(module: cst.Module, text: str) -> dict[int, tuple[int, tup
         statements, nodes, indents = pending.pop()
         at = 0
         for statement in statements:
+            if type(statement) is Unparsed:  # ast's statements, kept as text: nothing in them is asked for
+                at += statement.statements
+                continue
             if isinstance(statement, cst.SimpleStatementLine):  # `a = 1; b = 2` is two statements to ast
                 first, at = (nodes[at] if at < len(nodes) else None), at + len(statement.body)
                 if first is None or isinstance(first, _AST_COMPOUND):

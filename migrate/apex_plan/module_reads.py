@@ -4,11 +4,14 @@ the loss scale set through apex's internals (``init_scale``), ``"state_dict" in 
 apex's install path or version (both go with apex)."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.vocabulary import INITIALIZE, STATE_DICT, InitializeSite, Unplannable
 from migrate.tree_walk import walk
+from migrate.unread import Unparsed
 
 _ABOUT_THE_MODULE = frozenset({"__path__", "__file__", "__version__"})
 _LOGGERS = frozenset({"print", "info", "debug", "warning", "warn", "log"})
@@ -94,10 +97,16 @@ class ModuleReadPlanning:
     def _name_count(self, name: str) -> int:
         found = 0
 
+        word = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
+
         class _Count(cst.CSTVisitor):
             def visit_Name(self, node: cst.Name) -> None:
                 nonlocal found
                 found += node.value == name
+
+            def visit_Unparsed(self, node: Unparsed) -> None:  # a definition kept as text: its words, comments' too
+                nonlocal found
+                found += len(word.findall(node.code))
 
         walk(self.module, _Count())
         return found

@@ -6,7 +6,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from migrate.parsing import _pieces, parse_module
+from migrate.parsing import _parts, parse_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,17 +48,17 @@ def test_a_module_parsed_in_pieces_is_the_tree_and_text_of_the_whole(name):
 
 
 def test_the_shapes_are_really_cut_in_pieces():
-    cut = {name: len(_pieces(text, 1)) for name, text in SHAPES.items()}
+    cut = {name: len(_parts(text, 1, None)) for name, text in SHAPES.items()}
 
     assert all(count > 1 for count in cut.values()), cut
-    assert _pieces(SHAPES["statements sharing a line"], 1) == [
+    assert _parts(SHAPES["statements sharing a line"], 1, None) == [
         "a = 1; b = 2\n", "c = 3; \\\n    d = 4\n", "e = 5; \\\nf = 6\n", "if a: b = 5\nelse: c = 6\n"
     ]
 
 
 def test_pieces_are_cut_only_once_they_reach_the_piece_size():
     text = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(100))
-    pieces = _pieces(text, 1000)
+    pieces = _parts(text, 1000, None)
 
     assert "".join(pieces) == text
     assert all(len(piece) >= 1000 for piece in pieces[:-1])
@@ -85,7 +85,7 @@ def test_a_syntax_error_in_a_later_piece_is_reported_where_it_is_in_the_whole_fi
 
 
 def test_a_small_module_is_parsed_whole(monkeypatch):
-    monkeypatch.setattr("migrate.parsing._pieces", lambda *args: pytest.fail("a small module was cut"))
+    monkeypatch.setattr("migrate.parsing._parts", lambda *args: pytest.fail("a small module was cut"))
 
     assert parse_module(SHAPES["tabs"]).code == SHAPES["tabs"]
 

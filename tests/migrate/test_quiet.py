@@ -1,6 +1,7 @@
 """Python's warnings about the user's code (read with ``ast`` or compiled to check fixes) are not printed."""
 from __future__ import annotations
 
+import ast
 import gc
 import os
 import subprocess
@@ -61,3 +62,18 @@ def test_a_parse_runs_without_the_cycle_collector_and_gives_it_back():
     # 100,000 nodes made: the collector ran 285 times while ast made them; once, at most, as it is given back
     assert collections.count("start") <= 1
     assert gc.isenabled()
+
+
+def test_a_module_parsed_again_within_trees_kept_is_not_parsed_again(monkeypatch):
+    calls = []
+    real_parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda source, mode="exec": calls.append(source) or real_parse(source, mode=mode))
+
+    with quiet.trees_kept():
+        first = quiet.parse("x = 1\n")
+        assert quiet.parse("x = 1\n") is first
+        assert quiet.parse("y = 2\n") is not first  # another text: parsed, and kept in its place
+        quiet.parse("y", mode="eval")  # an expression is never kept
+        assert quiet.parse("y = 2\n") is not first
+    assert quiet.parse("y = 2\n") is not quiet.parse("y = 2\n")  # outside: each parse its own tree
+    assert calls == ["x = 1\n", "y = 2\n", "y", "y = 2\n", "y = 2\n"]
