@@ -163,7 +163,7 @@ def _entries(steps: Steps, event) -> list[cst.BaseExpression] | None:
     name = None
     if isinstance(first, (cst.Name, cst.Attribute)):
         name = nodes.code(first)
-        bound = [a for a in steps.assignments if name in a.targets and isinstance(a.value, cst.Dict)]
+        bound = [a for a in steps.assigned(name) if isinstance(a.value, cst.Dict)]
         if not bound:
             return None
         first = bound[-1].value
@@ -172,6 +172,7 @@ def _entries(steps: Steps, event) -> list[cst.BaseExpression] | None:
     found = [part for element in first.elements if isinstance(element, cst.DictElement)
              for part in (element.key, element.value)]
     if name is not None:
-        found += [a.value for a in steps.assignments if any(t.startswith(name + "[") for t in a.targets)]
-        found += [cst.SimpleString(repr(t)) for a in steps.assignments for t in a.targets if t.startswith(name + "[")]
+        items = steps.items_assigned(name)
+        found += list({id(a): a.value for a, _ in items}.values())  # one value per assignment
+        found += [cst.SimpleString(repr(t)) for _, t in items]
     return found

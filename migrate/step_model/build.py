@@ -249,10 +249,7 @@ class Walk:
         """Whether ``value`` calls a function of the file whose every return is on the host
         (``loss = self.fit_batch(batch)``, which returns ``loss.detach().cpu()``)."""
         helper = self._helper(value) if type(value) is cst.Call else None
-        if helper is None:
-            return False
-        returns = [node.value for node in tree_walk.descendants(helper.body, nodes.not_a_definition) if type(node) is cst.Return]
-        return bool(returns) and all(returned is not None and _pulled(returned) for returned in returns)
+        return helper is not None and _returns_only_host_values(helper)
 
     def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
@@ -341,6 +338,12 @@ def _leaves(block: cst.BaseSuite) -> bool:
             return True
         return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
     return False
+
+
+@tree_walk.kept_per_tree  # asked at each call of the function: a script's top level may call it thousands of times
+def _returns_only_host_values(function: cst.FunctionDef) -> bool:
+    returns = [node.value for node in tree_walk.descendants(function.body, nodes.not_a_definition) if type(node) is cst.Return]
+    return bool(returns) and all(returned is not None and _pulled(returned) for returned in returns)
 
 
 def _pulled(value: cst.BaseExpression) -> bool:

@@ -47,6 +47,31 @@ class Steps:
     def index(self, event: Event) -> int:
         return self._once("index", lambda: {id(other): i for i, other in enumerate(self.events)})[id(event)]
 
+    def assigned(self, target: str) -> list[Assignment]:
+        """The assignments to ``target`` (``state``, ``self.best``), in order."""
+        def by_target() -> dict:
+            found: dict = {}
+            for assignment in self.assignments:
+                for name in dict.fromkeys(assignment.targets):
+                    found.setdefault(name, []).append(assignment)
+            return found
+
+        return self._once("assigned", by_target).get(target, [])
+
+    def items_assigned(self, container: str) -> list[tuple[Assignment, str]]:
+        """``(assignment, target)`` for each target ``container[...]`` assigned (``state["scaler"]``), in order."""
+        def by_container() -> dict:
+            found: dict = {}
+            for assignment in self.assignments:
+                for target in assignment.targets:
+                    at = target.find("[")
+                    while at > 0:  # each prefix a subscript follows: `a[0].b["k"]` is an item of `a` and of `a[0].b`
+                        found.setdefault(target[:at], []).append((assignment, target))
+                        at = target.find("[", at + 1)
+            return found
+
+        return self._once("items", by_container).get(container, [])
+
     def _within(self, frame) -> list[Event]:
         """The events inside ``frame`` (a loop, an arm, ...)."""
         def by_frame() -> dict:

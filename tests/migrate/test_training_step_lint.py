@@ -569,3 +569,48 @@ def test_amp101_fix_inside_a_try_in_the_loop_is_unsafe():
     """
     result, [finding] = _amp101(around)
     assert finding.fix.applicability.value == "safe" and "scaler.unscale_(optimizer)" in result.source
+
+
+def test_a_helper_called_at_every_step_of_a_script_is_read_once(monkeypatch):
+    """A script's top level calling the file's function at each of its thousands of steps: whether
+    the function returns a value on the host is worked out once, not at each call."""
+    from migrate import tree_walk
+
+    read: list[cst.CSTNode] = []
+    real_descendants = tree_walk.descendants
+
+    def counting(root, enter=None):
+        if type(root) is cst.IndentedBlock:
+            read.append(root)
+        return real_descendants(root, enter)
+
+    monkeypatch.setattr(tree_walk, "descendants", counting)
+
+    def reads(steps: int) -> tuple[int, int]:
+        read.clear()
+        step = ("for batch in loader:\n    with torch.autocast('cuda'):\n        loss = fetch(model, batch)\n"
+                "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n")
+        text = ("import torch\n\n\ndef fetch(model, batch):\n    return model(batch).sum().item()\n\n\n"
+                "scaler = torch.amp.GradScaler('cuda')\n" + step * steps)
+        found = run_rules(text, "script.py", all_rules(), fix=False).diagnostics
+        return len(read), len(found)
+
+    few, many = reads(5), reads(200)
+    assert many[1] == few[1] == 1  # the pull in `fetch`, reported where it is
+    assert many[0] == few[0]
+
+
+def test_the_items_of_a_container_are_found_under_each_prefix_a_subscript_follows():
+    """AMP107 reads what is added to a checkpoint later (``state["scaler"] = ...``): the
+    assignments are looked up by container, as ``target.startswith(container + "[")`` would."""
+    from migrate.step_model.build import Assignment
+    from migrate.step_model.model import Steps
+
+    first = Assignment(("state['scaler']", "a[0].b['k']", "state['epoch']"), cst.Name("x"), 0)
+    second = Assignment(("state",), cst.Name("y"), 1)
+    steps = Steps(cst.Module(body=()), [], [first, second])
+
+    assert steps.items_assigned("state") == [(first, "state['scaler']"), (first, "state['epoch']")]
+    assert steps.items_assigned("a") == steps.items_assigned("a[0].b") == [(first, "a[0].b['k']")]
+    assert steps.items_assigned("a[0]") == [] and steps.items_assigned("b") == []
+    assert steps.assigned("state") == [second] and steps.assigned("a") == []
