@@ -23,6 +23,15 @@ _STEPS = (Kind.STEP, Kind.SCALER_STEP)
 _LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
+def _grouped(items: list, keys) -> dict:
+    """Each of ``items`` under each of its ``keys(item)``, once, in order."""
+    found: dict = {}
+    for item in items:
+        for key in dict.fromkeys(keys(item)):
+            found.setdefault(key, []).append(item)
+    return found
+
+
 @dataclass
 class Steps:
     """The events of one function (``root``), with the file's helpers it calls entered."""
@@ -49,14 +58,7 @@ class Steps:
 
     def assigned(self, target: str) -> list[Assignment]:
         """The assignments to ``target`` (``state``, ``self.best``), in order."""
-        def by_target() -> dict:
-            found: dict = {}
-            for assignment in self.assignments:
-                for name in dict.fromkeys(assignment.targets):
-                    found.setdefault(name, []).append(assignment)
-            return found
-
-        return self._once("assigned", by_target).get(target, [])
+        return self._once("assigned", lambda: _grouped(self.assignments, lambda a: a.targets)).get(target, [])
 
     def items_assigned(self, container: str) -> list[tuple[Assignment, str]]:
         """``(assignment, target)`` for each target ``container[...]`` assigned (``state["scaler"]``), in order."""
@@ -74,14 +76,7 @@ class Steps:
 
     def _within(self, frame) -> list[Event]:
         """The events inside ``frame`` (a loop, an arm, ...)."""
-        def by_frame() -> dict:
-            found: dict = {}
-            for event in self.events:
-                for around in dict.fromkeys(event.frames):
-                    found.setdefault(around, []).append(event)
-            return found
-
-        return self._once("within", by_frame).get(frame, [])
+        return self._once("within", lambda: _grouped(self.events, lambda event: event.frames)).get(frame, [])
 
     def backwards(self) -> list[Event]:
         return self.of(Kind.BACKWARD)
