@@ -122,8 +122,12 @@ class Steps:
         inner = event.loops()[-1]
         if inner is loop:
             return False
-        around = self._within(inner)
-        return any(e.kind is Kind.FORWARD for e in around) and not any(e.kind is Kind.BACKWARD for e in around)
+
+        def evaluates() -> bool:  # asked of each event in the loop: worked out once per loop
+            around = self._within(inner)
+            return any(e.kind is Kind.FORWARD for e in around) and not any(e.kind is Kind.BACKWARD for e in around)
+
+        return self._once(("evaluation", inner), evaluates)
 
     def guarded(self, event: Event, loop: Loop | None) -> bool:
         """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``
@@ -246,8 +250,7 @@ class Steps:
         return found
 
     def _computed(self, name: str) -> bool:
-        return any(name in a.targets and not a.on_host and isinstance(a.value, (cst.Call, cst.BinaryOperation))
-                   for a in self.assignments)
+        return any(not a.on_host and isinstance(a.value, (cst.Call, cst.BinaryOperation)) for a in self.assigned(name))
 
 
 class StepModel(NamedTuple):

@@ -614,3 +614,26 @@ def test_the_items_of_a_container_are_found_under_each_prefix_a_subscript_follow
     assert steps.items_assigned("a") == steps.items_assigned("a[0].b") == [(first, "a[0].b['k']")]
     assert steps.items_assigned("a[0]") == [] and steps.items_assigned("b") == []
     assert steps.assigned("state") == [second] and steps.assigned("a") == []
+
+
+def test_whether_an_inner_loop_only_evaluates_is_worked_out_once_per_loop(monkeypatch):
+    """Each event in a loop inside the training loop asks whether that loop is a validation pass:
+    the answer is the loop's, worked out once (it was a scan of the loop's events per event)."""
+    from migrate.step_model.model import Steps
+
+    asked: list = []
+    real_within = Steps._within
+    monkeypatch.setattr(Steps, "_within", lambda self, frame: asked.append(frame) or real_within(self, frame))
+
+    def asks(pulls: int) -> tuple[int, int]:
+        asked.clear()
+        text = ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\nfor x in loader:\n"
+                "    with torch.autocast('cuda'):\n        loss = model(x)\n"
+                "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
+                "    for v in val:\n        out = model(v)\n" + "        print(out.item())\n" * pulls)
+        found = run_rules(text, "script.py", all_rules(), fix=False).diagnostics
+        return len([frame for frame in asked if type(frame).__name__ == "Loop"]), len(found)
+
+    few, many = asks(3), asks(60)
+    assert few[1] == many[1] == 0  # a validation pass: its pulls are not the training step's
+    assert many[0] == few[0]
