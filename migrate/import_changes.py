@@ -130,7 +130,7 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
             if opening:
                 continue
         opening = False
-        if type(statement) is Unparsed:  # its text: a word in a comment or string counts too, as for an import then added
+        if type(statement) is Unparsed:  # a definition kept as text: its words count, in comments and strings too (an import added then is harmless)
             if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", statement.code):
                 return False
         elif any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
