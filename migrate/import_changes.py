@@ -130,8 +130,8 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
             if opening:
                 continue
         opening = False
-        if type(statement) is Unparsed:  # a definition kept as text: its words count, in comments and strings too (an import added then is harmless)
-            if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", statement.code):
+        if type(statement) is Unparsed:  # a definition kept as text (a word in a comment counts: the import is added, harmless)
+            if statement.uses(name):
                 return False
         elif any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
             return False

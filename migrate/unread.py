@@ -56,6 +56,11 @@ class Unparsed(cst.BaseStatement):
             line._codegen(state)
         state.add_token(self.code)
 
+    def uses(self, name: str) -> int:
+        """How often ``name`` is a word of the text, comments and strings included: a question asked
+        of every ``Name`` in the module counts these too."""
+        return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", self.code))
+
 
 # What the rules read beyond their trigger words, in any case: a training step and its gradients,
 # optimizers, scaling, casts, checkpoints, and the statements that bind module names from inside
@@ -91,13 +96,13 @@ def unread_statements(tree: ast.Module, texts: Sequence[str], words: tuple[str, 
             times_bound[name] = times_bound.get(name, 0) + 1
     named = [frozenset(_IDENTIFIER.findall(text)) for text in texts]
     unread = [False] * len(statements)
-    definers: dict[str, list[int]] = {}  # name -> the unread definition of it
+    definer: dict[str, int] = {}  # name -> the unread definition of it (bound once)
     users: dict[str, list[int]] = {}  # name -> the unread definitions naming it
     for i, statement in enumerate(statements[1:-1], start=1):
         if (eligible[i] and type(statement) in _DEFINITIONS and times_bound[statement.name] == 1
                 and statement.name not in _BUILTINS and not read(texts[i])):
             unread[i] = True
-            definers.setdefault(statement.name, []).append(i)
+            definer[statement.name] = i
             for name in named[i]:
                 users.setdefault(name, []).append(i)
 
@@ -111,7 +116,7 @@ def unread_statements(tree: ast.Module, texts: Sequence[str], words: tuple[str, 
         binds = bindings[i] if type(statements[i]) not in _IMPORTS or read(texts[i]) else ()
         new_bound = set(binds) - bound
         bound |= new_bound
-        for j in [*(j for name in new_linked for j in definers.get(name, ())),
+        for j in [*(definer[name] for name in new_linked if name in definer),
                   *(j for name in new_bound for j in users.get(name, ()))]:
             if unread[j]:
                 unread[j] = False

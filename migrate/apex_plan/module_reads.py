@@ -4,8 +4,6 @@ the loss scale set through apex's internals (``init_scale``), ``"state_dict" in 
 apex's install path or version (both go with apex)."""
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -97,16 +95,14 @@ class ModuleReadPlanning:
     def _name_count(self, name: str) -> int:
         found = 0
 
-        word = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
-
         class _Count(cst.CSTVisitor):
             def visit_Name(self, node: cst.Name) -> None:
                 nonlocal found
                 found += node.value == name
 
-            def visit_Unparsed(self, node: Unparsed) -> None:  # a definition kept as text: its words, comments' too
+            def visit_Unparsed(self, node: Unparsed) -> None:  # a definition kept as text
                 nonlocal found
-                found += len(word.findall(node.code))
+                found += node.uses(name)
 
         walk(self.module, _Count())
         return found
