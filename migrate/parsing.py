@@ -4,10 +4,9 @@ libcst's parser takes time and memory that grow faster than a module's size: a 5
 32 s and 2.8 GB whole, 13 s and 0.7 GB as pieces of about 64 KB. A large module is cut between
 top-level statements (found with ``ast``: 2 s for those 5 MB), each piece is parsed alone, and the
 pieces' statements are joined into one ``Module``: the same tree as parsing it whole
-(``tests/migrate/test_parsing.py`` compares them node for node). Where that cannot be vouched for,
-the module is parsed whole: ``ast`` cannot read it, a piece does not parse, or the pieces disagree
-on the module's default indentation or line end (libcst takes the first of the file; a piece would
-take its own).
+(``tests/migrate/test_parsing.py`` compares them node for node), the pieces read with the whole
+module's default indentation and line end. Where that cannot be vouched for, the module is parsed
+whole: ``ast`` cannot read it, or a piece does not parse.
 
 Given the trigger words of the rules to run, the top-level definitions none of them reads are not
 parsed at all: each run of them is one ``Unparsed`` node holding its text (``migrate.unread``), which
@@ -42,13 +41,9 @@ def parse_module(text: str, piece_size: int | None = None, words: tuple[str, ...
     if len(parts) < 2:
         return cst.parse_module(text)
     try:
-        modules = [part if isinstance(part, Unparsed) else cst.parse_module(part) for part in parts]
+        modules, indent = _parse_pieces(parts)
     except cst.ParserSyntaxError:
         return cst.parse_module(text)  # its error, located in the whole text
-    parsed = [module for module in modules if isinstance(module, cst.Module)]
-    first = parsed[0]
-    if any(m.default_indent != first.default_indent or m.default_newline != first.default_newline for m in parsed):
-        return cst.parse_module(text)
     body: list[cst.BaseStatement] = []
     before: tuple[cst.EmptyLine, ...] = ()
     for module in modules:
@@ -62,8 +57,52 @@ def parse_module(text: str, piece_size: int | None = None, words: tuple[str, ...
             statements[0] = statements[0].with_changes(leading_lines=(*before, *statements[0].leading_lines))
         body += statements
         before = tuple(module.footer)
-    last = parsed[-1]
-    return first.with_changes(body=body, footer=last.footer, has_trailing_newline=last.has_trailing_newline)
+    parsed = [module for module in modules if isinstance(module, cst.Module)]
+    first, last = parsed[0], parsed[-1]
+    return first.with_changes(body=body, default_indent=indent or first.default_indent,
+                              footer=last.footer, has_trailing_newline=last.has_trailing_newline)
+
+
+def _parse_pieces(parts: list[str | Unparsed]) -> tuple[list[cst.Module | Unparsed], str | None]:
+    """Each piece's tree as a part of the whole module's. libcst takes a module's default line end
+    from its first line and its default indentation from its first indented block, and writes
+    only the line ends and indentations that differ from them: a piece alone would take its own.
+    So each piece after the first is parsed behind a statement that has the whole module's, which
+    is then dropped. Also gives the module's default indentation (None: it has no indented block)."""
+    modules: list[cst.Module | Unparsed] = []
+    newline = indent = None
+    for part in parts:
+        if isinstance(part, Unparsed):
+            modules.append(part)
+            continue
+        if newline is None:
+            module = cst.parse_module(part)
+            newline = module.default_newline
+        else:
+            lead = f"if 1:{newline}{indent}pass{newline}" if indent is not None else f"pass{newline}"
+            module = cst.parse_module(lead + part)
+            module = module.with_changes(body=module.body[1:])
+        if indent is None and any(map(_has_block, module.body)):
+            indent = module.default_indent
+        modules.append(module)
+    return modules, indent
+
+
+_CLAUSES = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _has_block(node: cst.CSTNode) -> bool:
+    """Whether a top-level statement has an indented block (its suite, an ``else:``, an
+    ``except:``): only those set a module's default indentation."""
+    if isinstance(node, cst.IndentedBlock):
+        return True
+    if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) or node is None:
+        return False
+    for name in _CLAUSES:
+        value = getattr(node, name, None)
+        if any(_has_block(clause) for clause in (value if isinstance(value, (list, tuple)) else (value,))):
+            return True
+    return False
 
 
 def _parts(text: str, piece_size: int, words: tuple[str, ...] | None) -> list[str | Unparsed]:

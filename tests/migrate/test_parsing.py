@@ -34,6 +34,14 @@ SHAPES = {
     "two spaces, a piece without a block": "import torch\n\nx = 1\n\ndef f():\n  return x\n\ny = 2\n",
     "a line of spaces between statements": "import json\n\n    \n\t\nx = 1\n  # indented comment\ny = 2\n\nz = 3\n",
     "mixed line ends": "a = 1\r\nb = 2\n\ndef f():\n    pass\r\n",
+    # the pieces disagree on the default indentation or line end: each would take its own
+    "two spaces first, then four": "def f():\n  return 1\n\n\ndef g():\n    if f():\n      return 2\n",
+    "four spaces first, then tabs": "def f():\n    return 1\n\n\nclass A:\n\tdef g(self):\n\t\tpass\n",
+    "no block first, then two spaces and four": "x = 1\ny = 2\n\ndef f():\n  return x\n\ndef g():\n    return y\n",
+    "the first block in an else clause": "if x: y = 1\nelse:\n   y = 2\n\ndef f():\n    return y\n",
+    "the first block in an except clause": "try: import torch\nexcept ImportError:\n  torch = None\n\ndef f():\n    pass\n",
+    "windows line ends first, then unix": "import torch\r\n\r\ndef f(x):\r\n    return x\r\n\ndef g():\n    return 1\n",
+    "unix line ends first, then windows": "import torch\n\n# c\r\ndef f(x):\r\n  return x\r\n",
 }
 
 
@@ -45,6 +53,17 @@ def test_a_module_parsed_in_pieces_is_the_tree_and_text_of_the_whole(name):
 
     assert pieced.code == text
     assert pieced.deep_equals(whole)
+
+
+def test_pieces_that_disagree_on_indentation_or_line_ends_are_not_parsed_again_whole(monkeypatch):
+    parsed = []
+    real = cst.parse_module
+    monkeypatch.setattr("migrate.parsing.cst.parse_module", lambda text: parsed.append(text) or real(text))
+    for name in ("two spaces first, then four", "four spaces first, then tabs", "windows line ends first, then unix"):
+        text = SHAPES[name]
+        parse_module(text, piece_size=1)
+
+        assert text not in parsed, name
 
 
 def test_the_shapes_are_really_cut_in_pieces():
