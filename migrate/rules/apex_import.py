@@ -90,6 +90,8 @@ class ApexImport(Rule):
         ),
         Invalid("import torch\nfrom apex import amp  # noqa: F401\n", "import torch\n", unsafe_fixes=True),
         Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
+        Invalid("from importlib import import_module as load\n\namp = load('apex.amp')\n"),
+        Invalid("apex = __import__('apex')\n"),
         Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
     ]
 
@@ -179,6 +181,8 @@ class ApexImport(Rule):
         )
 
     def visit_Call(self, node: cst.Call) -> None:
+        if not may_resolve_within(self, node.func, ("importlib", "builtins")):
+            return  # nearly every call: `torch.…`, `self.…`, the file's own functions
         function = qualified_names(self, node.func)
         if not function & {"importlib.import_module", "builtins.__import__"}:
             return
