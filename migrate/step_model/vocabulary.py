@@ -10,7 +10,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.names import may_resolve_within, qualified_names
-from migrate.tree_walk import descendants, walk
+from migrate.tree_walk import descendants, kept_per_tree, walk
 
 GRAD_SCALERS = frozenset(
     {
@@ -155,6 +155,7 @@ def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
 _INTERVAL_FLAG = re.compile(r"(should_(log|save|evaluate|eval)|log_now|do_log|is_log(ging)?_step)$")
 
 
+@kept_per_tree  # asked of every value a flag was given, at each `if` testing the flag
 def has_modulo(test: cst.BaseExpression) -> bool:
     """Whether ``test`` runs its arm every n steps: a ``%``, or a flag a trainer sets that way."""
     finder = _FindModulo()

@@ -637,3 +637,26 @@ def test_whether_an_inner_loop_only_evaluates_is_worked_out_once_per_loop(monkey
     few, many = asks(3), asks(60)
     assert few[1] == many[1] == 0  # a validation pass: its pulls are not the training step's
     assert many[0] == few[0]
+
+
+def test_whether_a_flag_is_set_every_n_steps_is_worked_out_once_per_value(monkeypatch):
+    """Each ``if`` testing a flag asks whether any value the flag was given counts steps
+    (``show = step % 10 == 0``): each value is read once, not at each ``if``."""
+    from migrate.step_model import vocabulary
+
+    read: list[cst.CSTNode] = []
+    real_walk = vocabulary.walk
+    monkeypatch.setattr(vocabulary, "walk", lambda root, visitor: read.append(root) or real_walk(root, visitor))
+
+    def reads(tests: int) -> tuple[int, int]:
+        read.clear()
+        text = ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\nfor step, x in enumerate(loader):\n"
+                "    show = step % 10 == 0\n    with torch.autocast('cuda'):\n        loss = model(x)\n"
+                "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
+                + "    if show:\n        print(loss.item())\n" * tests)
+        found = run_rules(text, "script.py", all_rules(), fix=False).diagnostics
+        return len([root for root in read if type(root) is cst.Comparison]), len(found)
+
+    few, many = reads(3), reads(60)
+    assert few[1] == many[1] == 0  # pulled every 10 steps only: not reported
+    assert many[0] == few[0] == 1
