@@ -87,7 +87,8 @@ class AmpThroughAnotherName(Rule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
-        if isinstance(value, cst.Call) and "apex.amp.init" in qualified_names(self, value.func):
+        if (isinstance(value, cst.Call) and may_resolve_within(self, value.func, ("apex",))
+                and "apex.amp.init" in qualified_names(self, value.func)):
             self._handles.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
 
     def visit_Name(self, node: cst.Name) -> None:
