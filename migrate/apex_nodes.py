@@ -176,11 +176,16 @@ def number_value(node: cst.BaseExpression | None) -> float | None:
 def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]:
     """Statements parsed with the file's own indentation and line endings."""
     text = source.replace("    ", module.default_indent).replace("\n", module.default_newline)
-    return list(cst.parse_module(text, config=module.config_for_parsing).body)
+    return list(cst.parse_module(text, config=_parsing_config(module)).body)
 
 
 def parse_expression(source: str, module: cst.Module) -> cst.BaseExpression:
-    return cst.parse_expression(source, config=module.config_for_parsing)
+    return cst.parse_expression(source, config=_parsing_config(module))
+
+
+@kept_per_tree  # libcst makes and checks a new one at each ask: a large apex file's plan parses thousands of statements
+def _parsing_config(module: cst.Module) -> cst.PartialParserConfig:
+    return module.config_for_parsing
 
 
 def with_trailing_comment(statement: cst.BaseStatement, replaced: cst.CSTNode) -> cst.BaseStatement:
