@@ -15,12 +15,15 @@ Nothing here imports libcst.
 """
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import re
 import tokenize
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, NamedTuple
 
+from migrate import quiet
 from migrate.types import UNUSED_NOQA_CODE
 
 __all__ = ["Directive", "Directives", "Unused", "remove_unused", "skips_file", "unused"]
@@ -77,25 +80,19 @@ class Directives:
         return False
 
     def _read(self, text: str) -> None:
+        lines = text.split("\n")  # rows as tokenize counts them (a form feed ends no line)
+        last_on_row: dict[int, int] = {}
         try:
-            tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+            for first, part in _parts_with_directives(text, lines):
+                for token in tokenize.generate_tokens(io.StringIO(part).readline):
+                    self._read_token(token, first, lines, last_on_row)
         except (tokenize.TokenError, SyntaxError):  # libcst parsed it; tokenize may still balk: read lines
-            for row, line in enumerate(text.split("\n"), start=1):
+            self.by_row.clear()
+            self._moved.clear()
+            for row, line in enumerate(lines, start=1):
                 if "#" in line:
                     self._add(row, line, line.index("#"))
             return
-        lines = text.split("\n")  # rows as tokenize counts them (a form feed ends no line)
-        last_on_row: dict[int, int] = {}
-        for token in tokens:
-            kind = token.type
-            (start_row, start_col), (end_row, _) = token.start, token.end
-            if kind == tokenize.COMMENT:
-                self._add(start_row, lines[start_row - 1], start_col)
-            elif end_row > start_row and kind not in (tokenize.NL, tokenize.NEWLINE):  # a multi-line string
-                for row in range(start_row, end_row):
-                    self._moved[row] = end_row
-            if kind not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.DEDENT):
-                last_on_row[end_row] = kind
         # A line ending in a backslash continues on the next: the directive goes on the last one.
         continued = {
             row for row, kind in last_on_row.items()
@@ -111,12 +108,52 @@ class Directives:
                 target = following
             self._moved[row] = target
 
+    def _read_token(self, token: tokenize.TokenInfo, first: int, lines: list[str], last_on_row: dict[int, int]) -> None:
+        """One token of the lines from row ``first`` + 1 on."""
+        kind = token.type
+        start_row, start_col, end_row = token.start[0] + first, token.start[1], token.end[0] + first
+        if kind == tokenize.COMMENT:
+            self._add(start_row, lines[start_row - 1], start_col)
+        elif end_row > start_row and kind not in (tokenize.NL, tokenize.NEWLINE):  # a multi-line string
+            for row in range(start_row, end_row):
+                self._moved[row] = end_row
+        if kind not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.DEDENT):
+            last_on_row[end_row] = kind
+
     def _add(self, row: int, line: str, column: int) -> None:
         match = _DIRECTIVE.search(line, column)
         if match is None:
             return
         codes = tuple(re.findall(_CODE, match.group("codes"))) if match.group("codes") else None
         self.by_row[row] = Directive(row, match.start(), column, match.end(), codes)
+
+
+# A text this large is tokenized only around its directives (tokenize reads about 3 MB a second;
+# the run's parse of a text this large has already made the ast tree this reads).
+_READ_WHOLE_UNDER = 256 * 1024
+
+
+def _parts_with_directives(text: str, lines: list[str]) -> list[tuple[int, str]]:
+    """The parts of ``text`` to tokenize, each with the number of lines before it: the whole text;
+    or, when it is large, the top-level statements (with the lines after them) that hold a
+    ``# noqa``. A multi-line string or a continuation never leaves its top-level statement, so
+    the rows a directive covers are all in its part."""
+    if len(text) < _READ_WHOLE_UNDER or "\r" in text.replace("\r\n", ""):  # ast counts a lone CR as a line end
+        return [(0, text)]
+    try:
+        statements = quiet.parse(text).body  # the tree the run's parse keeps
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return [(0, text)]
+    starts = [0]  # the first line (0-based) of each part
+    for previous, statement in zip(statements, statements[1:]):
+        first = min([statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", ()))]) - 1
+        if first >= previous.end_lineno and first > starts[-1]:
+            starts.append(first)
+    line_starts = [0, *itertools.accumulate(len(line) + 1 for line in lines)]
+    wanted = sorted({bisect.bisect_right(starts, bisect.bisect_right(line_starts, match.start()) - 1) - 1
+                     for match in _DIRECTIVE.finditer(text)})
+    ends = [*starts[1:], len(lines)]
+    return [(starts[k], text[line_starts[starts[k]]:line_starts[ends[k]]]) for k in wanted]
 
 
 class Unused(NamedTuple):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from migrate.api import migrate_source
+from migrate import noqa
 from migrate.noqa import Directives, skips_file
 
 SCALER = "import torch\nscaler = torch.cuda.amp.GradScaler(){comment}\n"
@@ -68,6 +69,51 @@ def test_a_string_continued_with_a_backslash_takes_the_directive_on_the_last_lin
 def test_a_directive_inside_a_string_is_no_directive():
     directives = Directives('text = "# noqa: AMP021"\nother = 1\n')
     assert not directives
+
+
+LARGE_SHAPES = (
+    'x = """\none\ntwo\n"""  # noqa: AMP001\ny = 1 + \\\n    2 + \\\n    3  # noqa\n',
+    'text = "# noqa: AMP021"\nother = 1\n',
+    '@decorator  # noqa: AMP010\ndef f(\n    a,  # noqa: AMP011\n):\n    return """\n    # noqa: AMP012\n    """  # noqa\n',
+    "# a comment line between statements  # noqa: AMP013\n\nclass A:\n    x = 1; y = 2  # noqa: AMP014\n",
+    "z = [\n    1,\n    2,\n]  # NOQA:AMP015\n",
+)
+
+
+def test_a_large_text_is_read_around_its_directives_as_it_is_read_whole(monkeypatch):
+    filler = "".join(f'def f{i}(a, b):\n    """Adds.\n\n    Twice."""\n    return a + b  # {i}\n\n\n' for i in range(1500))
+    text = "import torch\n" + filler.join(LARGE_SHAPES) + "done = True  # noqa: AMP016\n"
+    assert len(text) > 256 * 1024
+    read: list[str] = []
+    real = noqa.tokenize.generate_tokens
+    monkeypatch.setattr(noqa.tokenize, "generate_tokens", lambda readline: real(_recorded(readline, read)))
+
+    around = Directives(text)
+    around_read = sum(map(len, read))
+    monkeypatch.setattr(noqa, "_READ_WHOLE_UNDER", len(text) + 1)
+    whole = Directives(text)
+
+    assert len(whole.by_row) == 9
+    assert _covering(around, text) == _covering(whole, text)  # each line's directive, if any
+    assert around_read < len(text) // 50  # the statements around the directives only
+
+
+def _covering(directives: Directives, text: str) -> dict[int, tuple]:
+    """The directive that covers each row that has one."""
+    found = {}
+    for row in range(1, text.count("\n") + 2):
+        directive = directives.by_row.get(directives._moved.get(row, row))
+        if directive is not None:
+            found[row] = (directive.row, directive.start, directive.comment_start, directive.end, directive.codes)
+    return found
+
+
+def _recorded(readline, read: list[str]):
+    def reading() -> str:
+        line = readline()
+        read.append(line)
+        return line
+    return reading
 
 
 def test_skip_file_leaves_the_whole_file_alone():
