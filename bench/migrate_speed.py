@@ -18,6 +18,10 @@ Measured side by side, round after round (the medians are reported), each in a f
    exported as a script), up to ``--cells-kb``: every site shares one scope, where a question
    asked per site of the whole scope, or a link from each use of a name to each assignment of it
    (libcst's scope analysis), makes the time grow with the square of the size.
+5. With ``--joined DIR``: real code as one large module, the ``.py`` files of DIR (in path order,
+   those Python parses, their ``from __future__`` imports left out) joined up to ``--joined-mb``,
+   a quarter, a half and all of it. A folder of training scripts makes the hardest large module:
+   training code throughout, every part of it read, one top level calling everything.
 
 ampmigrate runs as installed: ``pip install`` (and so pre-commit) compiles bytecode once, so the runs
 share a bytecode cache of their own (``PYTHONPYCACHEPREFIX``), filled by a first run not counted.
@@ -30,12 +34,14 @@ Usage::
 
     python bench/migrate_speed.py --tree /work/trees/dle/PyTorch --tree /work/trees/fairseq \\
         --file fixtures/legacy/train_o1.py --rounds 5 --big-mb 5
+    python bench/migrate_speed.py --rounds 1 --big-mb 0 --cells-kb 0 --joined /work/devcorpus --joined-mb 4.66
 
 Figures measured with these commands are in the README's Performance section.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import subprocess
@@ -137,6 +143,29 @@ def big_file(path: Path, megabytes: float, repeated: str = _MODULE, last: str = 
     return path
 
 
+def joined_file(path: Path, source: Path, megabytes: float) -> Path:
+    """The ``.py`` files under ``source`` that Python parses, in path order, joined into one module
+    of about ``megabytes`` MB (all of them if they are fewer); their ``from __future__`` imports,
+    which only a module's first statements may make, are left out."""
+    parts, size = [], 0
+    for file in sorted(source.rglob("*.py")):
+        try:
+            text = file.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        lines = text.splitlines(keepends=True)
+        for statement in tree.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+                lines[statement.lineno - 1:statement.end_lineno] = ["\n"] * (statement.end_lineno - statement.lineno + 1)
+        parts.append("".join(lines).rstrip("\n") + "\n\n\n")
+        size += len(parts[-1])
+        if size >= megabytes * 1_000_000:
+            break
+    path.write_text("".join(parts), encoding="utf-8")
+    return path
+
+
 def _env(bytecode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPYCACHEPREFIX": bytecode}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -169,6 +198,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--big-mb", type=float, default=5.0, help="largest generated file, in MB (0: skip)")
     parser.add_argument("--cells-kb", type=float, default=400.0, help="largest script of repeated cells, in KB (0: skip)")
+    parser.add_argument("--joined", help="a folder of real code to join into one module")
+    parser.add_argument("--joined-mb", type=float, default=5.0, help="largest module joined from --joined, in MB")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ampmigrate-bench-") as directory:
@@ -218,6 +249,14 @@ def main() -> None:
                 elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
                 parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
                 print(f"repeated top-level cells, {path.stat().st_size / 1e3:.0f} KB: --check {elapsed:.1f} s, "
+                      f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
+
+        if options.joined:
+            for megabytes in (options.joined_mb / 4, options.joined_mb / 2, options.joined_mb):
+                path = joined_file(Path(directory) / f"joined_{megabytes:g}.py", Path(options.joined), megabytes)
+                elapsed, peak, _ = _timed(_ampmigrate("--check", str(path)), env)
+                parse, parse_peak, _ = _timed([sys.executable, "-c", _PARSE_FILE, str(path)], env)
+                print(f"{options.joined} joined, {path.stat().st_size / 1e6:.2f} MB: --check {elapsed:.1f} s, "
                       f"peak memory {peak:.0f} MB; libcst parse alone {parse:.1f} s, {parse_peak:.0f} MB")
 
 
