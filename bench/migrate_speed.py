@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,7 +152,9 @@ def joined_file(path: Path, source: Path, megabytes: float) -> Path:
     for file in sorted(source.rglob("*.py")):
         try:
             text = file.read_text(encoding="utf-8")
-            tree = ast.parse(text)
+            with warnings.catch_warnings():  # `"\d"` in someone's code: not this benchmark's to print
+                warnings.simplefilter("ignore")
+                tree = ast.parse(text)
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
         lines = text.splitlines(keepends=True)
