@@ -64,12 +64,16 @@ def _tight(dot: cst.Dot) -> bool:
 
 def is_pure(expression: cst.BaseExpression) -> bool:
     """Whether evaluating ``expression`` twice is the same as once: names, attributes, operators,
-    and availability checks such as ``torch.cuda.is_available()``."""
+    and availability checks such as ``torch.cuda.is_available()`` or ``is_apex_available()``."""
     return not any(
         isinstance(node, cst.BaseExpression) and not isinstance(node, _PURE)
-        and not (isinstance(node, cst.Call) and call_name(node) in _PURE_CALLS)
+        and not (isinstance(node, cst.Call) and _reads_settled_state(call_name(node)))
         for node in descendants(expression)
     )
+
+
+def _reads_settled_state(name: str) -> bool:
+    return name in _PURE_CALLS or (name.startswith("is_") and name.endswith("_available"))  # `is_apex_available()`
 
 
 def bound_texts(target: cst.BaseExpression) -> list[str]:
@@ -308,8 +312,20 @@ def import_error_fallback(node: cst.Try) -> str | None:
 
 def catches_import_error(handler: cst.ExceptHandler) -> bool:
     """``except ImportError:`` or ``except (ModuleNotFoundError, X):``; a bare ``except:`` is not one."""
+    return any(name in ("ImportError", "ModuleNotFoundError") for name in _caught(handler))
+
+
+def guards_an_import(handler: cst.ExceptHandler) -> bool:
+    """The handler of a ``try`` that checks an import: ``except ImportError:``, or one that catches
+    it among others (a bare ``except:``, ``except Exception:``), or ``except NameError:`` (a name
+    the ``try`` above it failed to import)."""
+    return handler.type is None or catches_import_error(handler) or any(
+        name in ("Exception", "BaseException", "NameError") for name in _caught(handler))
+
+
+def _caught(handler: cst.ExceptHandler) -> list[str]:
+    """The names of the exceptions ``handler`` names (none for a bare ``except:``)."""
     if handler.type is None:
-        return False
+        return []
     kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
-    names = [code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]
-    return any(name in ("ImportError", "ModuleNotFoundError") for name in names)
+    return [code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]

@@ -22,7 +22,8 @@ class ApexImport(Rule):
     that nothing in the file used in the first place (``from apex import optimizers`` left over
     from an experiment), and finishes the job on the guards around an import: a ``try:`` left
     holding only ``pass`` or constant flags (``APEX_AVAILABLE = True``) cannot raise, so its
-    ``except ImportError:`` branch is dead and the ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
+    ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
+    ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
     (``if amp is not None:``) that keep apex imported.
 
@@ -93,6 +94,16 @@ class ApexImport(Rule):
         Invalid("from importlib import import_module as load\n\namp = load('apex.amp')\n"),
         Invalid("apex = __import__('apex')\n"),
         Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
+        Invalid("import torch\n\ntry:\n    import apex\nexcept:\n    print('No apex!')\n\nx = torch.ones(1)\n",
+                "import torch\n\nx = torch.ones(1)\n"),
+        Invalid("import torch\nfrom transformers.file_utils import is_apex_available\n\nif is_apex_available():\n"
+                "    from apex import amp\n\nx = torch.ones(1)\n",
+                "import torch\nfrom transformers.file_utils import is_apex_available\n\nx = torch.ones(1)\n"),
+        Invalid("try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n\n\ndef setup(amp_enabled):\n"
+                "    if amp_enabled:\n        try:\n            pass\n        except NameError:\n"
+                "            raise RuntimeError('Unable to import apex/amp')\n    return amp_enabled\n",
+                "try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n\n\ndef setup(amp_enabled):\n"
+                "    return amp_enabled\n"),
     ]
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -145,7 +156,7 @@ class ApexImport(Rule):
     def visit_Try(self, node: cst.Try) -> None:
         if node.finalbody is not None or not node.handlers:
             return
-        if not all(map(nodes.catches_import_error, node.handlers)):
+        if not all(map(nodes.guards_an_import, node.handlers)):
             return
         statements = list(node.body.body)
         if not all(isinstance(line, cst.SimpleStatementLine) for line in statements):
@@ -168,7 +179,7 @@ class ApexImport(Rule):
             replacement = cst.FlattenSentinel(kept)
         else:
             replacement = cst.RemoveFromParent()
-        message = "this `try` guards an apex import that is gone: its `except ImportError` branch can no longer run"
+        message = "this `try` guards an apex import that is gone: its `except` branch can no longer run"
         fallback = nodes.import_error_fallback(node)
         if fallback is not None:
             message += f"; behaviour change: where apex was not installed, `{fallback}` turned mixed precision off, and those runs now use it"
