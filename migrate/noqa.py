@@ -128,22 +128,16 @@ class Directives:
         self.by_row[row] = Directive(row, match.start(), column, match.end(), codes)
 
 
-# A text this large is tokenized only around its directives (tokenize reads about 3 MB a second;
-# the run's parse of a text this large has already made the ast tree this reads).
-_READ_WHOLE_UNDER = 256 * 1024
-
-
 def _parts_with_directives(text: str, lines: list[str]) -> list[tuple[int, str]]:
     """The parts of ``text`` to tokenize, each with the number of lines before it: the whole text;
-    or, when it is large, the top-level statements (with the lines after them) that hold a
-    ``# noqa``. A multi-line string or a continuation never leaves its top-level statement, so
-    the rows a directive covers are all in its part."""
-    if len(text) < _READ_WHOLE_UNDER or "\r" in text.replace("\r\n", ""):  # ast counts a lone CR as a line end
+    or, when the run's ``ast`` tree of it is at hand (a large file's, kept from its cut into
+    pieces), the top-level statements (with the lines after them) that hold a ``# noqa``
+    (tokenize reads about 3 MB a second). A multi-line string or a continuation never leaves its
+    top-level statement, so the rows a directive covers are all in its part."""
+    tree = quiet.kept_tree(text)
+    if tree is None or "\r" in text.replace("\r\n", ""):  # ast counts a lone CR as a line end
         return [(0, text)]
-    try:
-        statements = quiet.parse(text).body  # the tree the run's parse keeps
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return [(0, text)]
+    statements = tree.body
     starts = [0]  # the first line (0-based) of each part
     for previous, statement in zip(statements, statements[1:]):
         first = min([statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", ()))]) - 1

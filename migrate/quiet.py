@@ -18,7 +18,7 @@ import gc
 import warnings
 from typing import Iterator
 
-__all__ = ["cycle_collector_paused", "parse", "trees_kept", "warnings_off"]
+__all__ = ["cycle_collector_paused", "kept_tree", "parse", "trees_kept", "warnings_off"]
 
 
 @contextlib.contextmanager
@@ -44,8 +44,9 @@ def cycle_collector_paused() -> Iterator[None]:
 def parse(source: str | bytes, mode: str = "exec") -> ast.AST:
     """``ast.parse(source, mode=mode)``, silently and with the cycle collector paused. Within
     ``trees_kept``, a module parsed again is not: its tree is not to be changed."""
-    if _kept is not None and mode == "exec" and _kept.get("source") == source:
-        return _kept["tree"]
+    tree = kept_tree(source) if mode == "exec" else None
+    if tree is not None:
+        return tree
     with warnings_off(), cycle_collector_paused():
         tree = ast.parse(source, mode=mode)
     if _kept is not None and mode == "exec":
@@ -54,6 +55,12 @@ def parse(source: str | bytes, mode: str = "exec") -> ast.AST:
 
 
 _kept: dict | None = None  # the last module ``parse`` read within ``trees_kept``: its source and tree
+
+
+def kept_tree(source: str | bytes) -> ast.Module | None:
+    """The tree ``parse`` keeps of ``source`` (within ``trees_kept``), if it has one: for work that
+    pays only where that tree is at hand already."""
+    return _kept["tree"] if _kept is not None and _kept.get("source") == source else None
 
 
 @contextlib.contextmanager

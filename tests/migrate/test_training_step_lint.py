@@ -627,10 +627,8 @@ def test_whether_an_inner_loop_only_evaluates_is_worked_out_once_per_loop(monkey
 
     def asks(pulls: int) -> tuple[int, int]:
         asked.clear()
-        text = ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\nfor x in loader:\n"
-                "    with torch.autocast('cuda'):\n        loss = model(x)\n"
-                "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
-                "    for v in val:\n        out = model(v)\n" + "        print(out.item())\n" * pulls)
+        text = _scaled_loop("for x in loader:\n", after="    for v in val:\n        out = model(v)\n"
+                                                       + "        print(out.item())\n" * pulls)
         found = run_rules(text, "script.py", all_rules(), fix=False).diagnostics
         return len([frame for frame in asked if type(frame).__name__ == "Loop"]), len(found)
 
@@ -650,13 +648,19 @@ def test_whether_a_flag_is_set_every_n_steps_is_worked_out_once_per_value(monkey
 
     def reads(tests: int) -> tuple[int, int]:
         read.clear()
-        text = ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\nfor step, x in enumerate(loader):\n"
-                "    show = step % 10 == 0\n    with torch.autocast('cuda'):\n        loss = model(x)\n"
-                "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
-                + "    if show:\n        print(loss.item())\n" * tests)
+        text = _scaled_loop("for step, x in enumerate(loader):\n    show = step % 10 == 0\n",
+                            after="    if show:\n        print(loss.item())\n" * tests)
         found = run_rules(text, "script.py", all_rules(), fix=False).diagnostics
         return len([root for root in read if type(root) is cst.Comparison]), len(found)
 
     few, many = reads(3), reads(60)
     assert few[1] == many[1] == 0  # pulled every 10 steps only: not reported
     assert many[0] == few[0] == 1
+
+
+def _scaled_loop(head: str, after: str) -> str:
+    """A script training with a GradScaler in a loop: ``head`` (the ``for`` line and what comes
+    before the step), the scaled step, then ``after``."""
+    return ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\n" + head
+            + "    with torch.autocast('cuda'):\n        loss = model(x)\n"
+            "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n" + after)
