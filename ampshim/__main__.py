@@ -1,5 +1,7 @@
 """``python -m ampshim [--device cpu] script.py args...``: run a legacy apex script, unchanged.
 
+``python -m ampshim compare ORIGINAL MIGRATED``: see :mod:`ampshim.compare`.
+
 Like ``python -m coverage run``: the script runs as ``__main__`` with its own ``sys.argv`` and its
 directory first on ``sys.path``, with the ``apex`` import name served by ampshim, in its
 multiprocessing children too.
@@ -13,6 +15,8 @@ from ampshim._launch import run_module, run_script
 
 _USAGE = ("usage: python -m ampshim [--device cpu] SCRIPT.py [ARGS...]  |  "
           "python -m ampshim [--device cpu] -m MODULE [ARGS...]\n"
+          "       python -m ampshim compare [--device cpu] ORIGINAL.py MIGRATED.py [-- ARGS...]"
+          "  (see compare --help)\n"
           "  --device cpu  run a script written for CUDA on the CPU (also: AMPSHIM_DEVICE=cpu)\n"
           "  --device cuda run it as written (the default)")
 
@@ -21,6 +25,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if argv else 2
+    if argv[0] == "compare":  # a script named `compare` runs as ./compare
+        from ampshim.compare.cli import main as compare
+
+        return compare(argv[1:])
     if argv[0] == "--device" or argv[0].startswith("--device="):
         device, argv = (argv[1:2], argv[2:]) if argv[0] == "--device" else ([argv[0][9:]], argv[1:])
         if device not in (["cpu"], ["cuda"]):

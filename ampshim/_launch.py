@@ -22,12 +22,14 @@ import zipfile
 __all__ = ["run_script", "run_module"]
 
 
-def run_script(path: str, args: list[str]) -> None:
+def run_script(path: str, args: list[str], *, serve_apex: bool = True) -> None:
     """Run the file ``path`` as ``__main__`` with ``sys.argv = [path, *args]``.
 
     A directory or zip archive with a ``__main__.py`` runs through :func:`runpy.run_path`.
+    ``serve_apex=False`` leaves spawned children without the ``apex`` import name.
     """
-    _carry_apex_into_spawned_children()
+    if serve_apex:
+        _carry_apex_into_spawned_children()
     absolute = os.path.abspath(path)
     sys.argv = [path, *args]
     if os.path.isdir(absolute) or zipfile.is_zipfile(absolute):
@@ -45,9 +47,10 @@ def run_script(path: str, args: list[str]) -> None:
     exec(code, main.__dict__)
 
 
-def run_module(name: str, args: list[str]) -> None:
+def run_module(name: str, args: list[str], *, serve_apex: bool = True) -> None:
     """Run module ``name`` as ``__main__``, as ``python -m name args...`` does."""
-    _carry_apex_into_spawned_children()
+    if serve_apex:
+        _carry_apex_into_spawned_children()
     sys.argv = [name, *args]
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 

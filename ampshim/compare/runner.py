@@ -1,0 +1,152 @@
+"""Running both sides: each script in its own process (or ``torchrun`` group), recorded.
+
+The original runs with the ``apex`` import name served by ampshim; the migrated script runs
+with apex refused (or served too, under ``allow_apex``). Both get the same arguments, seed,
+device mapping and working directory unless told otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ampshim
+from ampshim.compare.probe import SETTINGS_ENV_VAR
+from ampshim.compare.trajectory import Trajectory, read_ranks
+
+__all__ = ["Target", "SideRun", "run_sides"]
+
+_ERROR_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one side runs: a script's path or a module's name, and where."""
+
+    path: str | None = None
+    module: str | None = None
+    cwd: str | None = None  # the working directory; None: the current one
+
+    def __post_init__(self):
+        if (self.path is None) == (self.module is None):
+            raise ValueError("a Target is a script path or a module name, not both or neither")
+
+    @property
+    def argv(self) -> list[str]:
+        return ["-m", self.module] if self.module else [self.path]
+
+    @property
+    def label(self) -> str:
+        return f"-m {self.module}" if self.module else self.path
+
+
+@dataclass
+class SideRun:
+    """One side's run: its trajectories by rank, its exit, and what it printed."""
+
+    target: Target
+    command: list[str]
+    returncode: int | None  # None: stopped at the time limit
+    seconds: float
+    ranks: dict[int, Trajectory] = field(default_factory=dict)
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def error_tail(self) -> str:
+        return "\n".join(self.stderr.rstrip().splitlines()[-_ERROR_TAIL_LINES:])
+
+    @property
+    def started_training(self) -> bool:
+        return any(trajectory.trained for trajectory in self.ranks.values())
+
+    @property
+    def failed(self) -> bool:
+        """Did a process fail? Judged by the records: a rank that reached its end cleanly is fine
+        even where the launcher's exit code says otherwise (gloo's teardown may abort after it)."""
+        if self.returncode is None:
+            return True
+        if not self.ranks:
+            return self.returncode != 0
+        return any(trajectory.failed for trajectory in self.ranks.values())
+
+
+def run_sides(original: Target, migrated: Target, args: list[str], *, steps: int, seed: int,
+              device: str | None, allow_apex: bool, nproc_per_node: int, parallel: bool,
+              record_dir: str | None, timeout: float | None) -> tuple[SideRun, SideRun]:
+    """Run both sides (one after the other, or at once with ``parallel``); return their runs."""
+    root = Path(record_dir) if record_dir else Path(tempfile.mkdtemp(prefix="ampshim-compare-"))
+    sides = []
+    for name, target, apex in (("original", original, "serve"),
+                               ("migrated", migrated, "serve" if allow_apex else "block")):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("rank*.jsonl"):
+            old.unlink()
+        settings = {"record": str(folder), "steps": steps, "seed": seed, "apex": apex}
+        sides.append((target, folder, _command(target, args, nproc_per_node),
+                      _environment(settings, device, serve_apex=apex == "serve")))
+    if parallel:
+        started = [_start(*side) for side in sides]
+        runs = [_finish(*run, timeout) for run in started]
+    else:
+        runs = [_finish(*_start(*side), timeout) for side in sides]
+    if not record_dir:
+        shutil.rmtree(root, ignore_errors=True)
+    return runs[0], runs[1]
+
+
+def _command(target: Target, args: list[str], nproc_per_node: int) -> list[str]:
+    probe = ["-m", "ampshim.compare.probe", *target.argv, *args]
+    if nproc_per_node > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc_per_node}", *probe]
+    return [sys.executable, *probe]
+
+
+def _environment(settings: dict, device: str | None, *, serve_apex: bool) -> dict:
+    env = dict(os.environ)
+    env[SETTINGS_ENV_VAR] = json.dumps(settings)
+    # The probe imports ampshim: make sure the child finds this copy of it.
+    package_root = str(Path(ampshim.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env["PYTHONHASHSEED"] = str(settings["seed"])
+    if serve_apex:
+        env.pop("AMPSHIM_AUTOLOAD", None)
+    else:
+        env["AMPSHIM_AUTOLOAD"] = "0"  # its child processes get no apex from the start-up hook
+    if device is not None:
+        env["AMPSHIM_DEVICE"] = device
+    return env
+
+
+def _start(target: Target, folder: Path, command: list[str], env: dict):
+    stdout = open(folder / "stdout.txt", "w+", encoding="utf-8", errors="replace")
+    stderr = open(folder / "stderr.txt", "w+", encoding="utf-8", errors="replace")
+    process = subprocess.Popen(command, cwd=target.cwd, env=env, stdin=subprocess.DEVNULL,
+                               stdout=stdout, stderr=stderr)
+    return target, folder, command, process, stdout, stderr, time.perf_counter()
+
+
+def _finish(target, folder, command, process, stdout, stderr, started, timeout):
+    try:
+        returncode = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        returncode = None
+    seconds = time.perf_counter() - started
+    texts = []
+    for stream in (stdout, stderr):
+        stream.seek(0)
+        texts.append(stream.read())
+        stream.close()
+    if returncode is None:
+        texts[1] += f"\nampshim compare: stopped after {timeout:g} s (--timeout)\n"
+    return SideRun(target, command, returncode, seconds, read_ranks(folder), *texts)
