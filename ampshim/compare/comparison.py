@@ -11,6 +11,9 @@ __all__ = ["Comparison", "compare", "SAME", "DIFFERS", "COULD_NOT_RUN"]
 SAME, DIFFERS, COULD_NOT_RUN = "same", "differs", "could not run"
 _EXIT_CODES = {SAME: 0, DIFFERS: 1, COULD_NOT_RUN: 2}
 
+_NO_STEPS = ("neither script took an optimizer step, so there is nothing to compare: compare "
+             "follows training through optimizer.step() / scaler.step(optimizer)")
+
 # torch's words when autocast("cuda") meets a machine without CUDA: it then runs in float32.
 _CUDA_AUTOCAST_DISABLED = "CUDA is not available"
 
@@ -26,6 +29,7 @@ class Comparison:
     steps: int
     difference: Difference | None = None
     failed_side: str | None = None  # "original" or "migrated" when it could not run
+    problem: str | None = None  # why they could not be compared, when neither failed
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -71,6 +75,9 @@ def compare(original: Target, migrated: Target, args: list[str] = (), *, steps: 
         result.verdict, result.failed_side = COULD_NOT_RUN, "original"
     elif after.failed and not after.started_training:
         result.verdict, result.failed_side = COULD_NOT_RUN, "migrated"
+    elif not any(t.steps for run in (before, after) for t in run.ranks.values()):
+        result.verdict = COULD_NOT_RUN
+        result.problem = _NO_STEPS
     else:
         result.difference = _first_difference(before, after, tolerance)
         if result.difference is not None:

@@ -15,7 +15,9 @@ _ROWS_BEFORE = 4  # steps shown before the one where the runs part
 
 def as_text(result: Comparison) -> str:
     lines = [_header(result)]
-    if result.verdict == COULD_NOT_RUN:
+    if result.verdict == COULD_NOT_RUN and result.problem:
+        lines.append(f"COULD NOT COMPARE: {result.problem}.")
+    elif result.verdict == COULD_NOT_RUN:
         side = result.original if result.failed_side == "original" else result.migrated
         name = "original" if result.failed_side == "original" else "migrated script"
         code = "timed out" if side.returncode is None else f"exit code {side.returncode}"
@@ -60,6 +62,7 @@ def as_json(result: Comparison) -> str:
         "tolerance": dataclasses.asdict(result.tolerance),
         "difference": dataclasses.asdict(result.difference) if result.difference else None,
         "failed_side": result.failed_side,
+        "problem": result.problem,
         "notes": result.notes,
         "original": side(result.original),
         "migrated": side(result.migrated),

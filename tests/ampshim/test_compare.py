@@ -1,0 +1,198 @@
+"""``python -m ampshim compare``: an exact migration trains the same; each deliberate mistake
+differs at the step it first shows, for the cause it is; a run that cannot start says so.
+
+The mistakes are small edits of ``fixtures/compare/migrated.py`` (a hand migration of
+``original.py``), each the kind of wrong rewrite a codemod or a person can make.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from ampshim.compare import COULD_NOT_RUN, DIFFERS, SAME, Target, compare
+from ampshim.compare import report
+from ampshim.compare.cli import main as compare_main
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "fixtures" / "compare"
+ORIGINAL = FIXTURES / "original.py"
+MIGRATED = (FIXTURES / "migrated.py").read_text()
+
+UNSCALE = "        scaler.unscale_(optimizer)\n"
+AUTOCAST_LOSS = ("        with torch.autocast(\"cuda\", dtype=torch.float16):\n"
+                 "            loss = F.cross_entropy(model(inputs), targets)\n")
+STEP_AND_UPDATE = "        scaler.step(optimizer)\n        scaler.update()\n"
+STEP_BLOCK = UNSCALE + "        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)\n" + STEP_AND_UPDATE
+
+
+def indented(block):
+    return "".join("    " + line if line.strip() else line for line in block.splitlines(True))
+
+
+# name: (replace this in migrated.py, with this, arguments of both, cause, step where it shows)
+MISTAKES = {
+    "clipped while scaled": (UNSCALE, "", [], "clip-scaled", 1),
+    "loss outside autocast": (
+        AUTOCAST_LOSS,
+        "        with torch.autocast(\"cuda\", dtype=torch.float16):\n"
+        "            output = model(inputs)\n"
+        "        loss = F.cross_entropy(output, targets)\n", [], "loss-precision", 1),
+    "unscale_ twice": (UNSCALE, UNSCALE * 2, [], "crash", 1),
+    "update dropped": (STEP_AND_UPDATE, "        scaler.step(optimizer)\n", [], "crash", 2),
+    "static scale made dynamic": (",\n                                      growth_interval=2**31 - 1",
+                                  "", ["--loss-scale", "128"], "scale-schedule", 1),
+    "scale started elsewhere": ('scaler = torch.amp.GradScaler("cuda")',
+                                'scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)', [],
+                                "loss-scale", 1),
+    "step in a branch that never runs": (
+        STEP_BLOCK, "        if args.iterations > 1000:\n" + indented(STEP_BLOCK), [],
+        "never-steps", None),
+    "forward left in fp32": ('with torch.autocast("cuda", dtype=torch.float16):', "if True:", [],
+                             "forward-precision", 1),
+    "learning rate halved": ("lr=args.lr", "lr=args.lr * 0.5", [], "loss", 2),
+}
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run_compare(original, migrated, args=(), **options):
+    options.setdefault("device", "cpu")
+    options.setdefault("parallel", True)
+    options.setdefault("timeout", 240)
+    return compare(Target(str(original)), Target(str(migrated)), list(args), **options)
+
+
+def test_an_exact_migration_trains_the_same(tmp_path):
+    result = run_compare(ORIGINAL, FIXTURES / "migrated.py")
+    assert result.verdict == SAME, report.as_text(result)
+    assert result.exit_code == 0
+    steps = result.original.ranks[0].steps
+    assert len(steps) == 20 and all(step.taken for step in steps)
+    assert {b.half_dtype for step in steps for b in step.backwards} == {"bfloat16"}
+    assert all(len(step.clips) == 1 for step in steps)
+    text = report.as_text(result)
+    assert "SAME: 20 optimizer steps" in text and "bfloat16" in text
+
+
+def test_a_static_scale_migrated_as_static_trains_the_same():
+    result = run_compare(ORIGINAL, FIXTURES / "migrated.py", ["--loss-scale", "128"], steps=6)
+    assert result.verdict == SAME, report.as_text(result)
+    assert {b.scale for b in result.migrated.ranks[0].all_backwards()} == {128.0}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES), ids=lambda name: name.replace(" ", "-"))
+def test_a_wrong_rewrite_differs_at_its_step_for_its_cause(mistake, tmp_path):
+    old, new, args, cause, step = MISTAKES[mistake]
+    assert MIGRATED.count(old) == 1, f"the mistake {mistake!r} no longer applies to migrated.py"
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace(old, new))
+    result = run_compare(ORIGINAL, wrong, args, steps=6)
+    text = report.as_text(result)
+    assert result.verdict == DIFFERS and result.exit_code == 1, text
+    assert (result.difference.cause, result.difference.step) == (cause, step), text
+    assert f"DIFFERS {'at step %d' % step if step else 'over the whole run'}" in text
+
+
+def test_a_crash_in_the_migrated_script_is_shown_with_its_error(tmp_path):
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace(UNSCALE, UNSCALE * 2))
+    result = run_compare(ORIGINAL, wrong, steps=3)
+    text = report.as_text(result)
+    assert "unscale_() has already been called" in result.difference.message
+    assert "The migrated script's error:" in text and "Traceback" in text
+
+
+def test_an_original_that_crashes_could_not_run(tmp_path):
+    broken = write(tmp_path, "broken.py", ORIGINAL.read_text().replace(
+        "optimizer.step()", "raise ValueError('the data ran out')"))
+    result = run_compare(broken, FIXTURES / "migrated.py", steps=3)
+    assert result.verdict == COULD_NOT_RUN and result.exit_code == 2
+    assert result.failed_side == "original"
+    assert "ValueError: the data ran out" in report.as_text(result)
+
+
+def test_a_migration_that_still_imports_apex_is_incomplete(tmp_path):
+    result = run_compare(ORIGINAL, ORIGINAL, steps=3)
+    assert result.verdict == COULD_NOT_RUN and result.failed_side == "migrated"
+    text = report.as_text(result)
+    assert "the migration is incomplete" in text and "--allow-apex" in text
+    allowed = run_compare(ORIGINAL, ORIGINAL, steps=3, allow_apex=True)
+    assert allowed.verdict == SAME, report.as_text(allowed)
+
+
+def test_a_guarded_apex_import_left_in_the_migration_is_a_note(tmp_path):
+    guarded = write(tmp_path, "guarded.py", "try:\n    from apex import amp\nexcept ImportError:\n"
+                    "    amp = None\n" + MIGRATED)
+    result = run_compare(ORIGINAL, guarded, steps=3)
+    assert result.verdict == SAME, report.as_text(result)
+    assert any("tried to import apex" in note for note in result.notes)
+
+
+def test_scripts_that_never_step_could_not_be_compared(tmp_path):
+    idle = write(tmp_path, "idle.py", "import torch\nprint(torch.ones(2).sum())\n")
+    result = run_compare(idle, idle, steps=3, allow_apex=True)
+    assert result.verdict == COULD_NOT_RUN and result.failed_side is None
+    assert "neither script took an optimizer step" in report.as_text(result)
+    assert "COULD NOT COMPARE" in report.as_text(result)
+
+
+def test_a_run_shorter_than_the_steps_asked_for_is_compared_to_its_end():
+    result = run_compare(ORIGINAL, FIXTURES / "migrated.py", ["--iterations", "4"], steps=50)
+    assert result.verdict == SAME, report.as_text(result)
+    assert len(result.original.ranks[0].steps) == 4
+
+
+def test_the_command_line_json_and_exit_codes(tmp_path, capsys):
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace("lr=args.lr", "lr=args.lr * 0.5"))
+    code = compare_main(["--device", "cpu", "--steps", "3", "--parallel", "--output-format",
+                         "json", str(ORIGINAL), str(wrong), "--", "--iterations", "5"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1 and document["verdict"] == "differs" and document["exit_code"] == 1
+    assert document["difference"]["step"] == 2 and document["difference"]["cause"] == "loss"
+    steps = document["original"]["ranks"]["0"]["steps"]
+    assert [step["number"] for step in steps] == [1, 2, 3]
+    assert steps[0]["backwards"][0]["scale"] == 65536.0
+
+
+def test_the_command_line_refuses_what_it_cannot_run(tmp_path, capsys):
+    assert compare_main([str(ORIGINAL), str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        compare_main([str(ORIGINAL), str(ORIGINAL), "--epochs", "3"])
+    assert usage.value.code == 2
+    assert "go after --" in capsys.readouterr().err
+
+
+def test_module_targets_run_in_their_own_directories(tmp_path):
+    for name, source in (("before", ORIGINAL.read_text()), ("after", MIGRATED)):
+        package = tmp_path / name / "trainer"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "train.py").write_text(source)
+    result = compare(Target(module="trainer.train", cwd=str(tmp_path / "before")),
+                     Target(module="trainer.train", cwd=str(tmp_path / "after")), [],
+                     device="cpu", steps=4, parallel=True, timeout=240)
+    assert result.verdict == SAME, report.as_text(result)
+
+
+def test_plot_overlays_the_two_loss_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ampshim.compare.plot import plot
+
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace("lr=args.lr", "lr=args.lr * 0.5"))
+    result = run_compare(ORIGINAL, wrong, steps=5)
+    plot(result, str(tmp_path / "losses.png"))
+    assert (tmp_path / "losses.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
+    import sys
+
+    from ampshim.compare.plot import MissingMatplotlib, plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = run_compare(ORIGINAL, FIXTURES / "migrated.py", steps=2)
+    with pytest.raises(MissingMatplotlib, match="pip install matplotlib"):
+        plot(result, str(tmp_path / "losses.png"))
