@@ -17,8 +17,7 @@ import warnings
 
 import ampshim
 from ampshim._launch import run_module, run_script
-
-SETTINGS_ENV_VAR = "AMPSHIM_COMPARE"
+from ampshim.compare.runner import SETTINGS_ENV_VAR
 
 _INCOMPLETE = (
     "ampshim compare: the migrated script imports {name!r}, but apex is not available to it: "

@@ -7,7 +7,7 @@ keeps every step it took:
 - ``backward``: the loss handed to ``amp.scale_loss`` / ``GradScaler.scale`` /
   ``FP16_Optimizer.backward`` or a plain ``backward()`` (its value and dtype), the loss scale and
   how the scale grows, and the forward since the previous backward: how many matmul-class ops ran
-  with gradients on, and how many of them in half precision;
+  on inputs that need gradients, and how many of them in half precision;
 - ``clip``: ``clip_grad_norm_``'s ``max_norm`` and the total norm it saw;
 - ``step``: one optimizer step the script asked for, taken or skipped (overflow), and the global
   norm of the gradients the optimizer stepped with (unscaled, as it read them);
@@ -263,9 +263,15 @@ class _ForwardOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket in _MATMUL_OPS and self._recorder.counting_forward():
+        if func.overloadpacket in _MATMUL_OPS and self._recorder.counting_forward() \
+                and _trains(args):
             self._recorder.count_op(out.dtype if isinstance(out, torch.Tensor) else None)
         return out
+
+
+def _trains(args) -> bool:
+    """Does an input need gradients? (The model's ops do; data preparation's do not.)"""
+    return any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args)
 
 
 def install(recorder: Recorder, *, apex: bool) -> None:

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ampshim
-from ampshim.compare.probe import SETTINGS_ENV_VAR
 from ampshim.compare.trajectory import Trajectory, read_ranks
 
-__all__ = ["Target", "SideRun", "run_sides"]
+__all__ = ["Target", "SideRun", "run_sides", "SETTINGS_ENV_VAR"]
+
+# The settings of a side's processes (JSON), read by ampshim.compare.probe in each of them.
+SETTINGS_ENV_VAR = "AMPSHIM_COMPARE"
 
 _ERROR_TAIL_LINES = 25
 
@@ -60,7 +62,11 @@ class SideRun:
 
     @property
     def error_tail(self) -> str:
-        return "\n".join(self.stderr.rstrip().splitlines()[-_ERROR_TAIL_LINES:])
+        """The errors the ranks recorded, then the last lines the side printed on stderr."""
+        recorded = [f"rank {rank}: {t.end.error}" for rank, t in self.ranks.items()
+                    if t.end is not None and t.end.error]
+        tail = self.stderr.rstrip().splitlines()[-_ERROR_TAIL_LINES:]
+        return "\n".join(recorded + (["..."] if recorded and tail else []) + tail)
 
     @property
     def started_training(self) -> bool:

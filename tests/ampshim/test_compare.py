@@ -196,3 +196,18 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
     result = run_compare(ORIGINAL, FIXTURES / "migrated.py", steps=2)
     with pytest.raises(MissingMatplotlib, match="pip install matplotlib"):
         plot(result, str(tmp_path / "losses.png"))
+
+
+def test_a_dataloader_with_worker_processes():
+    result = run_compare(ORIGINAL, FIXTURES / "migrated.py", ["--workers", "2"], steps=5)
+    assert result.verdict == SAME, report.as_text(result)
+    assert len(result.migrated.ranks[0].steps) == 5
+
+
+def test_two_ranks_under_torchrun(tmp_path):
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace(UNSCALE, ""))
+    for migrated, verdict in ((FIXTURES / "migrated.py", SAME), (wrong, DIFFERS)):
+        result = run_compare(ORIGINAL, migrated, steps=4, nproc_per_node=2)
+        assert result.verdict == verdict, report.as_text(result)
+        assert set(result.original.ranks) == set(result.migrated.ranks) == {0, 1}
+    assert result.difference.cause == "clip-scaled" and result.difference.step == 1
