@@ -40,12 +40,13 @@ def plot(result: Comparison, path: str) -> None:
     difference = result.difference
     if difference is not None and difference.step is not None:
         axes.axvline(difference.step, color="red", alpha=0.4, linestyle=":")
-        axes.annotate(f"parts here: {difference.cause}", (difference.step, 1.0),
-                      xycoords=("data", "axes fraction"), xytext=(4, -14),
+        axes.annotate(f"step {difference.step}: {difference.cause}", (difference.step, 0.0),
+                      xycoords=("data", "axes fraction"), xytext=(4, 6),
                       textcoords="offset points", color="red", fontsize=9)
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("loss")
     axes.set_title(f"ampshim compare: {result.verdict}", loc="left")
+    axes.set_xlim(left=0)
     axes.legend(loc="upper right", fontsize=9)
     axes.grid(alpha=0.3)
     figure.tight_layout()

@@ -6,8 +6,9 @@ keeps every step it took:
 
 - ``backward``: the loss handed to ``amp.scale_loss`` / ``GradScaler.scale`` /
   ``FP16_Optimizer.backward`` or a plain ``backward()`` (its value and dtype), the loss scale and
-  how the scale grows, and the forward since the previous backward: how many matmul-class ops ran
-  on inputs that need gradients, and how many of them in half precision;
+  how the scale grows, and the forward that made the loss: how many matmul-class ops its autograd
+  graph holds, and how many of them ran in half precision (read from the graph when backward
+  starts, so ops outside the training step's graph, and the run's speed, are left alone);
 - ``clip``: ``clip_grad_norm_``'s ``max_norm`` and the total norm it saw;
 - ``step``: one optimizer step the script asked for, taken or skipped (overflow), and the global
   norm of the gradients the optimizer stepped with (unscaled, as it read them);
@@ -20,28 +21,27 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
+import re
 import weakref
 
 import torch
 import torch.optim.optimizer as torch_optimizer
-from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["Recorder", "StopTraining", "install"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
-# The ops that autocast runs in half precision and that carry a model's arithmetic. Composite ops
-# (linear, matmul, einsum, conv2d) reach the dispatcher as these.
-_MATMUL_OPS = frozenset(
-    getattr(torch.ops.aten, name) for name in (
-        "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "convolution",
-        "_convolution", "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_convolution",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        "_flash_attention_forward", "_efficient_attention_forward", "_int_mm")
-    if hasattr(torch.ops.aten, name))
+# The autograd nodes of the ops that autocast runs in half precision and that carry a model's
+# arithmetic (linear, matmul, einsum, conv2d and attention reach the graph as these).
+_MATMUL_NODES = frozenset((
+    "Mm", "Addmm", "Bmm", "Baddbmm", "Addbmm", "Mv", "Addmv", "Dot", "Vdot", "Linear",
+    "MkldnnLinear", "Convolution", "CudnnConvolution", "CudnnConvolutionTranspose",
+    "MkldnnConvolution", "ScaledDotProductFlashAttention", "ScaledDotProductFlashAttentionForCpu",
+    "ScaledDotProductEfficientAttention", "ScaledDotProductCudnnAttention"))
+# Where such a node keeps an input it multiplied: its dtype is the precision the op ran in.
+_SAVED_INPUTS = ("_saved_mat2", "_saved_mat1", "_saved_self", "_saved_input", "_saved_weight",
+                 "_saved_query", "_saved_key", "_saved_value", "_saved_vec", "_saved_tensor")
 
 
 class StopTraining(SystemExit):
@@ -61,10 +61,6 @@ class Recorder:
         self._optimizers: dict[int, tuple[int, object]] = {}
         self._scaled: dict[int, tuple[weakref.ref, dict]] = {}
         self._scale_blocks: list[dict] = []  # apex scale_loss / FP16_Optimizer.backward in progress
-        self._in_backward = 0
-        self._matmuls = 0
-        self._half_matmuls = 0
-        self._half_dtype = None
         self.stopped = False
         self.ended = False
 
@@ -75,28 +71,11 @@ class Recorder:
             return
         self._file.write(json.dumps({"e": event, **fields}, default=_jsonable) + "\n")
 
-    def count_op(self, dtype) -> None:
-        self._matmuls += 1
-        if dtype in _HALF_DTYPES:
-            self._half_matmuls += 1
-            self._half_dtype = dtype
-
-    def counting_forward(self) -> bool:
-        return not self._in_backward and torch.is_grad_enabled()
-
     def backward(self, tensor, run):
         """Record the backward of ``tensor`` (its loss, scale, forward), then ``run()`` it."""
         self._stop_again()
-        info = self._loss_behind(tensor)
-        half_dtype = str(self._half_dtype).removeprefix("torch.") if self._half_dtype else None
-        self.emit("backward", matmul=self._matmuls, half=self._half_matmuls,
-                  half_dtype=half_dtype, **info)
-        self._matmuls = self._half_matmuls = 0
-        self._in_backward += 1
-        try:
-            return run()
-        finally:
-            self._in_backward -= 1
+        self.emit("backward", **_graph_precision(tensor), **self._loss_behind(tensor))
+        return run()
 
     def scaled(self, loss, scaled, scale: float, growth, via: str) -> None:
         """``scaled`` is ``loss`` times ``scale``: its backward records ``loss``."""
@@ -225,6 +204,44 @@ def _gradient_norm(optimizer) -> float | None:
         return float(torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms])))
 
 
+def _graph_precision(tensor) -> dict:
+    """The matmul-class ops in the autograd graph behind ``tensor``, and how many ran in half."""
+    matmul = half = 0
+    half_dtype = None
+    start = getattr(tensor, "grad_fn", None)
+    stack, seen = [start], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(function for function, _ in node.next_functions)
+        if _node_op(type(node).__name__) not in _MATMUL_NODES:
+            continue
+        matmul += 1
+        dtype = _saved_input_dtype(node)
+        if dtype in _HALF_DTYPES:
+            half += 1
+            half_dtype = str(dtype).removeprefix("torch.")
+    return {"matmul": matmul, "half": half, "half_dtype": half_dtype}
+
+
+@functools.lru_cache(maxsize=None)
+def _node_op(node_name: str) -> str:
+    return re.sub(r"Backward\d*$", "", node_name)
+
+
+def _saved_input_dtype(node):
+    for name in _SAVED_INPUTS:
+        try:
+            saved = getattr(node, name, None)
+        except RuntimeError:  # freed by an earlier backward with retain_graph=False
+            return None
+        if isinstance(saved, torch.Tensor):
+            return saved.dtype
+    return None
+
+
 def _number(value):
     if isinstance(value, torch.Tensor):
         value = float(value.detach().float().sum()) if value.numel() else None
@@ -254,26 +271,6 @@ def native_growth(scaler) -> list | None:
 
 # --- installing the hooks ------------------------------------------------------------------------
 
-class _ForwardOps(TorchDispatchMode):
-    """Counts matmul-class ops of the forward and their precision."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self._recorder = recorder
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket in _MATMUL_OPS and self._recorder.counting_forward() \
-                and _trains(args):
-            self._recorder.count_op(out.dtype if isinstance(out, torch.Tensor) else None)
-        return out
-
-
-def _trains(args) -> bool:
-    """Does an input need gradients? (The model's ops do; data preparation's do not.)"""
-    return any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args)
-
-
 def install(recorder: Recorder, *, apex: bool) -> None:
     """Hook torch (and ampshim's apex, when it serves the script) so ``recorder`` sees the steps."""
     os.register_at_fork(after_in_child=_forget_in_child(recorder))
@@ -281,7 +278,6 @@ def install(recorder: Recorder, *, apex: bool) -> None:
     _hook_grad_scaler(recorder)
     _hook_optimizer_steps(recorder)
     _hook_clip(recorder)
-    _ForwardOps(recorder).__enter__()  # left only when the process ends
     if apex:
         _hook_apex(recorder)
 

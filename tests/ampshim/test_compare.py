@@ -211,3 +211,13 @@ def test_two_ranks_under_torchrun(tmp_path):
         assert result.verdict == verdict, report.as_text(result)
         assert set(result.original.ranks) == set(result.migrated.ranks) == {0, 1}
     assert result.difference.cause == "clip-scaled" and result.difference.step == 1
+
+
+def test_python_m_ampshim_compare_is_the_entry_point():
+    import subprocess
+    import sys
+
+    completed = subprocess.run([sys.executable, "-m", "ampshim", "compare", "--help"],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "exit status: 0 same, 1 differs, 2 could not run" in completed.stdout
