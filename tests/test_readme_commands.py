@@ -37,3 +37,12 @@ def test_ampmigrate_rewrites_the_bundled_example_into_a_native_script_that_runs(
     assert completed.returncode == 0, completed.stderr
     losses = json.loads(completed.stdout.splitlines()[-1])["losses"]
     assert losses[-1] < 0.9 * losses[0]
+
+    # ... and trains as the original did on ampshim, step for step.
+    compared = subprocess.run(
+        [sys.executable, "-m", "ampshim", "compare", "--device", "cpu",
+         str(ROOT / "fixtures" / "legacy" / "simple_o1.py"), str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "SAME: 20 optimizer steps" in compared.stdout

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from ampshim.compare.comparison import COULD_NOT_RUN, SAME, Comparison
 from ampshim.compare.trajectory import Step, Trajectory
@@ -67,7 +68,18 @@ def as_json(result: Comparison) -> str:
         "original": side(result.original),
         "migrated": side(result.migrated),
     }
-    return json.dumps(document, indent=2, allow_nan=True)
+    return json.dumps(_finite(document), indent=2, allow_nan=False)
+
+
+def _finite(value):
+    """Strict JSON for CI's parsers: a NaN or infinite loss becomes "NaN", "Infinity", "-Infinity"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _trajectory(trajectory: Trajectory) -> dict:

@@ -100,3 +100,13 @@ def test_parameters_that_end_apart():
 def test_the_tolerance_follows_the_precision_unless_given():
     assert tolerance_for("bfloat16").rtol > tolerance_for("float16").rtol > tolerance_for(None).rtol
     assert tolerance_for("bfloat16", 0.5).rtol == 0.5
+
+
+def test_json_output_is_strict_with_non_finite_losses():
+    import json
+
+    from ampshim.compare.report import _finite
+
+    document = json.dumps(_finite({"losses": [1.0, math.nan, math.inf, -math.inf]}),
+                          allow_nan=False)
+    assert json.loads(document)["losses"] == [1.0, "NaN", "Infinity", "-Infinity"]
