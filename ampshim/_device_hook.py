@@ -29,6 +29,9 @@ def maps_cuda_to_cpu(value: str) -> bool:
 
 def _enable_requested() -> None:
     if maps_cuda_to_cpu(os.environ.get(DEVICE_ENV_VAR, "")):
+        importing = sys.modules.get("ampshim.cuda_on_cpu")
+        if importing is not None and not hasattr(importing, "enable"):
+            return  # torch was imported by cuda_on_cpu's own import: it turns itself on at its end
         from ampshim import cuda_on_cpu
 
         cuda_on_cpu.enable()

@@ -322,3 +322,11 @@ def _patch_load():
         return load(f, map_location if meta else "cpu", *args, **kwargs)
 
     torch.load = torch.serialization.load = cpu_load
+
+
+# AMPSHIM_DEVICE=cpu asks for the mapping as soon as torch is imported; when this module's own
+# import brought torch in, the start-up hook left the switch to this line (see _device_hook).
+from ampshim._device_hook import DEVICE_ENV_VAR, maps_cuda_to_cpu  # noqa: E402
+
+if maps_cuda_to_cpu(os.environ.get(DEVICE_ENV_VAR, "")):
+    enable()

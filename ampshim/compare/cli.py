@@ -28,9 +28,12 @@ example:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ampshim compare", description=_DESCRIPTION, epilog=_EPILOG,
+        usage="%(prog)s [options] ORIGINAL MIGRATED [-- ARGS...]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("targets", nargs=2, metavar="ORIGINAL MIGRATED",
-                        help="a script's path, or -m MODULE")
+    parser.add_argument("original", metavar="ORIGINAL",
+                        help="the apex script's path, or -m MODULE")
+    parser.add_argument("migrated", metavar="MIGRATED",
+                        help="its migration's path, or -m MODULE")
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="cpu: run scripts written for CUDA on the CPU (float16 as bfloat16)")
     parser.add_argument("--steps", type=_positive_int, default=20,
@@ -94,7 +97,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (the scripts' own arguments "
                      "go after --)")
     targets = []
-    for text, cwd in zip(options.targets, (options.original_cwd, options.migrated_cwd)):
+    for text, cwd in ((options.original, options.original_cwd),
+                      (options.migrated, options.migrated_cwd)):
         if text.startswith(_MODULE):
             targets.append(Target(module=text[len(_MODULE):], cwd=cwd))
         else:

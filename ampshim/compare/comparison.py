@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ampshim.compare.runner import SideRun, Target, run_sides
 from ampshim.compare.verdict import Difference, Tolerance, first_difference, tolerance_for
 
-__all__ = ["Comparison", "compare", "SAME", "DIFFERS", "COULD_NOT_RUN"]
+__all__ = ["Comparison", "compare", "apex_imports", "SAME", "DIFFERS", "COULD_NOT_RUN"]
 
 SAME, DIFFERS, COULD_NOT_RUN = "same", "differs", "could not run"
 _EXIT_CODES = {SAME: 0, DIFFERS: 1, COULD_NOT_RUN: 2}
@@ -73,7 +73,7 @@ def compare(original: Target, migrated: Target, args: list[str] = (), *, steps: 
     result.notes = _notes(after, device)
     if before.failed:
         result.verdict, result.failed_side = COULD_NOT_RUN, "original"
-    elif after.failed and not after.started_training:
+    elif after.failed_before_training:
         result.verdict, result.failed_side = COULD_NOT_RUN, "migrated"
     elif not any(t.steps for run in (before, after) for t in run.ranks.values()):
         result.verdict = COULD_NOT_RUN
@@ -97,9 +97,14 @@ def _first_difference(before: SideRun, after: SideRun, tolerance: Tolerance):
     return min(found, key=lambda d: (d.step if d.step is not None else float("inf"), d.rank))
 
 
+def apex_imports(run: SideRun) -> list[str]:
+    """The apex modules the side tried to import while apex was refused to it."""
+    return sorted({name for trajectory in run.ranks.values() for name in trajectory.apex_imports})
+
+
 def _notes(migrated: SideRun, device: str | None) -> list[str]:
     notes = []
-    imports = sorted({name for t in migrated.ranks.values() for name in t.apex_imports})
+    imports = apex_imports(migrated)
     if imports and not migrated.failed:
         notes.append(f"the migrated script tried to import {', '.join(imports)} and went on "
                      "without it")

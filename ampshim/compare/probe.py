@@ -89,11 +89,28 @@ def main(argv: list[str]) -> int:
         recorder.end("error" if failed else "exit",
                      error=f"exited with {code!r}" if failed else None)
         raise
+    except KeyboardInterrupt:
+        recorder.end("error", error="KeyboardInterrupt")
+        raise
     except BaseException as error:
         recorder.end("error", error="".join(traceback.format_exception_only(error)).strip())
-        raise
+        sys.stderr.write(_script_traceback(error))
+        return 1
     recorder.end("exit")
     return 0
+
+
+def _script_traceback(error: BaseException) -> str:
+    """The traceback as ``python script.py`` prints it: without this probe's frames above it."""
+    import ampshim._launch
+
+    report = traceback.TracebackException.from_exception(error)
+    ours = {os.path.abspath(__file__), os.path.abspath(ampshim._launch.__file__)}
+    frames = list(report.stack)
+    while frames and os.path.abspath(frames[0].filename) in ours:
+        frames.pop(0)
+    report.stack = traceback.StackSummary.from_list(frames)
+    return "".join(report.format())
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import math
 
-from ampshim.compare.comparison import COULD_NOT_RUN, SAME, Comparison
+from ampshim.compare.comparison import COULD_NOT_RUN, SAME, Comparison, apex_imports
 from ampshim.compare.trajectory import Step, Trajectory
 from ampshim.compare.verdict import largest_loss_gap
 
@@ -22,8 +22,15 @@ def as_text(result: Comparison) -> str:
         side = result.original if result.failed_side == "original" else result.migrated
         name = "original" if result.failed_side == "original" else "migrated script"
         code = "timed out" if side.returncode is None else f"exit code {side.returncode}"
-        lines.append(f"COULD NOT RUN: the {name} failed ({code}) before it could be compared. "
-                     "Its error:")
+        imports = apex_imports(side) if side is result.migrated else []
+        if imports:
+            lines.append(f"COULD NOT RUN: the migrated script imports {', '.join(imports)}, "
+                         "which it cannot have: the migration is incomplete. Finish it "
+                         "(ampmigrate, then the manual steps it lists), or pass --allow-apex to "
+                         f"compare a partial migration. It failed ({code}) with:")
+        else:
+            lines.append(f"COULD NOT RUN: the {name} failed ({code}) before it could be "
+                         "compared. Its error:")
         lines.extend("  " + line for line in (side.error_tail or "(nothing on stderr)").splitlines())
     elif result.verdict == SAME:
         lines.append("SAME: " + _same_summary(result))
@@ -91,10 +98,14 @@ def _trajectory(trajectory: Trajectory) -> dict:
 
 
 def _header(result: Comparison) -> str:
+    def timing(run):
+        return "not run" if run.not_run and not run.seconds else f"{run.seconds:.1f} s"
+
     original, migrated = result.original, result.migrated
-    return (f"ampshim compare: {result.original.target.label} (apex, on ampshim, "
-            f"{original.seconds:.1f} s) against {migrated.target.label} (native torch.amp, "
-            f"{migrated.seconds:.1f} s); {result.steps} steps, rtol {result.tolerance.rtol:g}")
+    judged = "" if result.verdict == COULD_NOT_RUN else f", rtol {result.tolerance.rtol:g}"
+    return (f"ampshim compare: {original.target.label} (apex, on ampshim, {timing(original)}) "
+            f"against {migrated.target.label} (native torch.amp, {timing(migrated)}); "
+            f"{result.steps} steps{judged}")
 
 
 def _same_summary(result: Comparison) -> str:
@@ -103,7 +114,9 @@ def _same_summary(result: Comparison) -> str:
     steps = original.steps
     skipped = sum(not step.taken for step in steps)
     parts = [f"{len(steps)} optimizer steps"
-             + (f" ({len(result.original.ranks)} ranks)" if len(result.original.ranks) > 1 else ""),
+             + (f" ({len(result.original.ranks)} ranks)" if len(result.original.ranks) > 1 else "")
+             + (f", where the scripts ended (of the {result.steps} asked for)"
+                if len(steps) < result.steps else ""),
              "every step taken" if not skipped else f"{skipped} skipped on overflow in both"]
     gap, where = largest_loss_gap(original, migrated)
     parts.append(f"losses agree (largest relative difference {gap:.2g}"

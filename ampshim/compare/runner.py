@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,7 @@ class SideRun:
     ranks: dict[int, Trajectory] = field(default_factory=dict)
     stdout: str = ""
     stderr: str = ""
+    not_run: bool = False  # not run, or stopped, because the other side could not run
 
     @property
     def error_tail(self) -> str:
@@ -73,9 +75,15 @@ class SideRun:
         return any(trajectory.trained for trajectory in self.ranks.values())
 
     @property
+    def failed_before_training(self) -> bool:
+        return self.failed and not self.started_training
+
+    @property
     def failed(self) -> bool:
         """Did a process fail? Judged by the records: a rank that reached its end cleanly is fine
         even where the launcher's exit code says otherwise (gloo's teardown may abort after it)."""
+        if self.not_run:
+            return False
         if self.returncode is None:
             return True
         if not self.ranks:
@@ -86,7 +94,12 @@ class SideRun:
 def run_sides(original: Target, migrated: Target, args: list[str], *, steps: int, seed: int,
               device: str | None, allow_apex: bool, nproc_per_node: int, parallel: bool,
               record_dir: str | None, timeout: float | None) -> tuple[SideRun, SideRun]:
-    """Run both sides (one after the other, or at once with ``parallel``); return their runs."""
+    """Run both sides (one after the other, or at once with ``parallel``); return their runs.
+
+    A side that fails before its first backward pass decides the verdict alone: the other is
+    then not run (one after the other, the migration goes first: an incomplete one fails at its
+    imports) or stopped (at once).
+    """
     root = Path(record_dir) if record_dir else Path(tempfile.mkdtemp(prefix="ampshim-compare-"))
     sides = []
     for name, target, apex in (("original", original, "serve"),
@@ -99,10 +112,15 @@ def run_sides(original: Target, migrated: Target, args: list[str], *, steps: int
         sides.append((target, folder, _command(target, args, nproc_per_node),
                       _environment(settings, device, serve_apex=apex == "serve")))
     if parallel:
-        started = [_start(*side) for side in sides]
-        runs = [_finish(*run, timeout) for run in started]
+        runs = _finish_together([_start(*side) for side in sides], timeout)
     else:
-        runs = [_finish(*_start(*side), timeout) for side in sides]
+        migrated_run = _finish(*_start(*sides[1]), timeout)
+        if migrated_run.failed_before_training:
+            target, _, command, _ = sides[0]
+            original_run = SideRun(target, command, None, 0.0, not_run=True)
+        else:
+            original_run = _finish(*_start(*sides[0]), timeout)
+        runs = [original_run, migrated_run]
     if not record_dir:
         shutil.rmtree(root, ignore_errors=True)
     return runs[0], runs[1]
@@ -135,17 +153,46 @@ def _environment(settings: dict, device: str | None, *, serve_apex: bool) -> dic
 def _start(target: Target, folder: Path, command: list[str], env: dict):
     stdout = open(folder / "stdout.txt", "w+", encoding="utf-8", errors="replace")
     stderr = open(folder / "stderr.txt", "w+", encoding="utf-8", errors="replace")
+    # A session of its own: stopping it stops torchrun's ranks and DataLoader workers too.
     process = subprocess.Popen(command, cwd=target.cwd, env=env, stdin=subprocess.DEVNULL,
-                               stdout=stdout, stderr=stderr)
+                               stdout=stdout, stderr=stderr, start_new_session=True)
     return target, folder, command, process, stdout, stderr, time.perf_counter()
 
 
-def _finish(target, folder, command, process, stdout, stderr, started, timeout):
+def _finish_together(started: list, timeout: float | None) -> list[SideRun]:
+    """Wait for both; when one fails before training, stop the other (its run is not needed)."""
+    runs: list[SideRun | None] = [None, None]
+    while None in runs:
+        for index, run in enumerate(started):
+            if runs[index] is not None:
+                continue
+            process, began = run[3], run[6]
+            if process.poll() is None and (timeout is None or time.perf_counter() - began < timeout):
+                continue
+            runs[index] = _finish(*run, timeout)
+            other = 1 - index
+            if runs[index].failed_before_training and runs[other] is None:
+                _stop(started[other][3])
+                runs[other] = _finish(*started[other], timeout)
+                runs[other].not_run = True
+        time.sleep(0.02)
+    return runs
+
+
+def _stop(process: subprocess.Popen) -> None:
     try:
-        returncode = process.wait(timeout=timeout)
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+def _finish(target, folder, command, process, stdout, stderr, started, timeout):
+    remaining = None if timeout is None else max(0.0, timeout - (time.perf_counter() - started))
+    try:
+        returncode = process.wait(timeout=remaining)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        _stop(process)
         returncode = None
     seconds = time.perf_counter() - started
     texts = []

@@ -116,10 +116,27 @@ def test_an_original_that_crashes_could_not_run(tmp_path):
 def test_a_migration_that_still_imports_apex_is_incomplete(tmp_path):
     result = run_compare(ORIGINAL, ORIGINAL, steps=3)
     assert result.verdict == COULD_NOT_RUN and result.failed_side == "migrated"
+    assert result.original.not_run  # stopped: its run can change nothing
     text = report.as_text(result)
+    assert "COULD NOT RUN: the migrated script imports apex, which it cannot have" in text
     assert "the migration is incomplete" in text and "--allow-apex" in text
     allowed = run_compare(ORIGINAL, ORIGINAL, steps=3, allow_apex=True)
     assert allowed.verdict == SAME, report.as_text(allowed)
+
+
+def test_one_after_the_other_the_migration_runs_first_and_a_failed_one_alone(tmp_path):
+    """An apex import caught by the script, which then raises its own error: the headline still
+    says the migration is incomplete; the original is not run at all."""
+    reraised = write(tmp_path, "reraised.py", "try:\n    from apex import amp\nexcept ImportError:\n"
+                     "    raise ImportError('Please install apex to run this script.')\n")
+    result = run_compare(ORIGINAL, reraised, steps=3, parallel=False)
+    assert result.verdict == COULD_NOT_RUN and result.original.not_run
+    text = report.as_text(result)
+    assert "(apex, on ampshim, not run)" in text
+    assert "the migrated script imports apex, which it cannot have" in text
+    assert "Please install apex" in text
+    # the script's traceback as python prints it: the script's own frame first
+    assert f'Traceback (most recent call last):\n    File "{reraised}", line 4' in text
 
 
 def test_a_guarded_apex_import_left_in_the_migration_is_a_note(tmp_path):

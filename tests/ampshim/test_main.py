@@ -108,3 +108,15 @@ def test_a_missing_script_and_a_script_that_exits(tmp_path):
     assert missing.returncode == 2 and "can't open file 'nope.py'" in missing.stderr
     (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
     assert run_ampshim("fails.py", cwd=tmp_path).returncode == 3
+
+
+def test_device_cpu_beside_the_variable_that_asks_for_it_too(tmp_path):
+    """``AMPSHIM_DEVICE=cpu python -m ampshim --device cpu``: the variable's hook fires while
+    ``--device cpu`` imports the mapping module; it is turned on once, not half-imported."""
+    script = tmp_path / "cuda_script.py"
+    script.write_text("import torch\nprint(torch.ones(2).cuda().device, torch.cuda.is_available())\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "ampshim", "--device", "cpu", str(script)], capture_output=True,
+        text=True, timeout=120, env=dict(os.environ, AMPSHIM_DEVICE="cpu", PYTHONPATH=str(ROOT)))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["cpu", "True"]
