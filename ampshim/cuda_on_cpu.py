@@ -35,7 +35,7 @@ import torch.distributed
 import torch.nn.parallel
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["enable"]
+__all__ = ["enable", "is_enabled"]
 
 _mapped: collections.Counter = collections.Counter()
 _mode: TorchFunctionMode | None = None
@@ -54,6 +54,11 @@ def enable() -> None:
     _mode = _CudaToCpu()
     _mode.__enter__()  # never left: the mapping lasts as long as the process
     atexit.register(_report)
+
+
+def is_enabled() -> bool:
+    """Is CUDA mapped to the CPU in this process?"""
+    return _mode is not None
 
 
 def _record(what: str) -> None:

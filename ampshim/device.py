@@ -9,6 +9,7 @@ slow and poorly covered while bfloat16 is what CPU autocast supports. The enviro
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import torch
@@ -28,7 +29,8 @@ _warned_cpu = False
 def device_type_of(models) -> str:
     """The device type (``"cuda"``, ``"cpu"``, ...) of the first floating parameter or buffer.
 
-    A model without floating tensors follows the machine: CUDA when available, else the CPU.
+    A model without floating tensors follows the machine: CUDA when available, else the CPU (also
+    where CUDA is mapped to the CPU by ``python -m ampshim --device cpu``).
 
     Args:
         models (nn.Module or list of nn.Module): the models passed to ``amp.initialize``.
@@ -38,6 +40,9 @@ def device_type_of(models) -> str:
     for model in models:
         for tensor in _floating_tensors(model):
             return tensor.device.type
+    cpu_mapping = sys.modules.get("ampshim.cuda_on_cpu")
+    if cpu_mapping is not None and cpu_mapping.is_enabled():
+        return "cpu"  # torch.cuda.is_available() says True there, and CUDA's autocast does nothing
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -80,6 +80,8 @@ class Recorder:
     def scaled(self, loss, scaled, scale: float, growth, via: str) -> None:
         """``scaled`` is ``loss`` times ``scale``: its backward records ``loss``."""
         if isinstance(scaled, torch.Tensor):
+            if len(self._scaled) > 64:  # scaled and never backpropagated (an evaluation): forget
+                self._scaled = {key: entry for key, entry in self._scaled.items() if entry[0]()}
             self._scaled[id(scaled)] = (weakref.ref(scaled), _loss_fields(loss, scale, growth, via))
 
     def begin_scale_block(self, loss, scale: float, growth, via: str) -> None:

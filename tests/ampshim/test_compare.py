@@ -238,3 +238,21 @@ def test_python_m_ampshim_compare_is_the_entry_point():
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
     assert "exit status: 0 same, 1 differs, 2 could not run" in completed.stdout
+
+
+@pytest.mark.parametrize("script, via", [
+    ("fp16_optimizer.py", "FP16_Optimizer.backward"),
+    ("old_handle_api.py", "amp.scale_loss"),
+    ("train_o2_batchnorm.py", "amp.scale_loss"),
+])
+def test_each_apex_front_end_is_recorded(script, via):
+    """apex's FP16_Optimizer, the 2018 handle and O2's master weights: a script against itself
+    (apex served to both) is the same, and its steps, scale and half-precision forward are seen."""
+    legacy = ROOT / "fixtures" / "legacy" / script
+    result = run_compare(legacy, legacy, steps=4, allow_apex=True)
+    assert result.verdict == SAME, report.as_text(result)
+    steps = result.original.ranks[0].steps
+    assert len(steps) == 4 and all((step.grad_norm is not None) == step.taken for step in steps)
+    backwards = list(result.original.ranks[0].all_backwards())
+    assert {b.via for b in backwards} == {via}
+    assert all(b.matmul and b.half == b.matmul for b in backwards)
