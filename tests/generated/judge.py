@@ -1,0 +1,76 @@
+"""A generated script against its safe and its ``--unsafe-fixes`` rewrite, judged by compare."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ampshim.compare import DIFFERS, SAME, Target, compare
+from ampshim.compare.report import as_text
+from migrate.api import migrate_source
+
+from generated.apex_scripts import Features, script
+
+APEX_IMPORT = re.compile(r"^\s*(from|import)\s+apex\b", re.M)
+MARKER = "TODO(ampmigrate)"
+
+
+@dataclass
+class Outcome:
+    safe: str  # unchanged | same | <verdict: cause>
+    unsafe: str
+    safe_complete: bool  # the safe rewrite left no apex import
+    safe_wrong: bool
+    unsafe_crash: bool
+    unsafe_unmarked: bool
+    reports: dict
+
+    @property
+    def summary(self) -> str:
+        return f"safe {self.safe:28} unsafe {self.unsafe:28}"
+
+
+def runs_of(features: Features) -> list[list[str]]:
+    """The command lines a script is compared under: its default, and its flag turned over."""
+    flipped = {"on": ["--no-fp16"], "off": ["--fp16"]}.get(features.flag)
+    return [[]] + ([flipped] if flipped else [])
+
+
+def judge(features: Features, folder: Path) -> Outcome:
+    folder.mkdir(parents=True, exist_ok=True)
+    original = folder / "original.py"
+    original.write_text(script(features))
+    verdicts, reports, sources = {}, {}, {}
+    for mode in ("safe", "unsafe"):
+        result = migrate_source(original.read_text(), filename="train.py",
+                                unsafe_fixes=mode == "unsafe")
+        sources[mode] = result.new_source
+        if result.error is not None:
+            verdicts[mode], reports[mode] = "error", str(result.error)
+            continue
+        if result.new_source == original.read_text():
+            verdicts[mode] = "unchanged"
+            continue
+        rewritten = folder / f"{mode}.py"
+        rewritten.write_text(result.new_source)
+        verdicts[mode] = "same"
+        for args in runs_of(features):  # the default run, and the flag turned the other way
+            comparison = compare(Target(str(original)), Target(str(rewritten)), args,
+                                 device="cpu", steps=50, parallel=True, timeout=240,
+                                 allow_apex=bool(APEX_IMPORT.search(result.new_source)))
+            if comparison.verdict == SAME:
+                continue
+            reports[mode] = " ".join(args) + "\n" + as_text(comparison)
+            if comparison.verdict == DIFFERS:
+                verdicts[mode] = f"differs: {comparison.difference.cause}"
+            else:
+                verdicts[mode] = f"could not run ({comparison.failed_side})"
+            break
+    safe_wrong = verdicts["safe"] not in ("same", "unchanged")
+    unsafe_crash = verdicts["unsafe"].startswith(("differs: crash", "could not run", "error"))
+    unsafe_unmarked = (verdicts["unsafe"].startswith("differs") and not unsafe_crash
+                       and MARKER not in sources["unsafe"])
+    return Outcome(verdicts["safe"], verdicts["unsafe"],
+                   safe_complete=verdicts["safe"] == "same" and not APEX_IMPORT.search(sources["safe"]),
+                   safe_wrong=safe_wrong, unsafe_crash=unsafe_crash,
+                   unsafe_unmarked=unsafe_unmarked, reports=reports)
