@@ -6,6 +6,7 @@ same, 1 they differ, 2 one could not run (or the command line is wrong).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["main"]
@@ -127,6 +128,4 @@ def main(argv: list[str]) -> int:
 
 
 def _exists(target) -> bool:
-    import os
-
     return os.path.exists(os.path.join(target.cwd or ".", target.path))

@@ -275,7 +275,6 @@ def native_growth(scaler) -> list | None:
 
 def install(recorder: Recorder, *, apex: bool) -> None:
     """Hook torch (and ampshim's apex, when it serves the script) so ``recorder`` sees the steps."""
-    os.register_at_fork(after_in_child=_forget_in_child(recorder))
     _hook_backward(recorder)
     _hook_grad_scaler(recorder)
     _hook_optimizer_steps(recorder)
@@ -283,11 +282,6 @@ def install(recorder: Recorder, *, apex: bool) -> None:
     if apex:
         _hook_apex(recorder)
 
-
-def _forget_in_child(recorder):
-    def forget():
-        recorder._owner = -1
-    return forget
 
 
 def _attempt(recorder, optimizer, step):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Backward", "Clip", "Step", "End", "Trajectory", "read_trajectory", "read_ranks"]
@@ -58,7 +58,7 @@ class Trajectory:
     steps: tuple[Step, ...] = ()
     end: End | None = None  # None: the process died without a word (killed, a crash in C++)
     apex_imports: tuple[str, ...] = ()
-    backwards_after: tuple[Backward, ...] = field(default=())  # passes after the last step
+    backwards_after: tuple[Backward, ...] = ()  # passes after the last step
 
     @property
     def trained(self) -> bool:
