@@ -78,7 +78,14 @@ class GradientPlanning:
         if not all(follows for _, _, follows in readers) or any(loop_exit(r) for r, _, _ in readers):
             clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
             if all(clips):
-                self._plan_scale_aware(scale, [call for calls in clips for call in calls])
+                delayed = None
+                if self._may_delay_unscale(scale):
+                    # apex left the gradients scaled on a `delay_unscale=True` pass: a clip there
+                    # cut the scaled gradients at the bare threshold (all but erasing them); the
+                    # scale-aware clip cuts the true ones, as was surely meant, but not as it ran
+                    delayed = "on delay_unscale passes apex clipped the scaled gradients at the bare threshold; this clips the true ones"
+                    self.unsafe.append(f"a clip runs after `amp.scale_loss(..., delay_unscale=...)`: {delayed}")
+                self._plan_scale_aware(scale, [call for calls in clips for call in calls], delayed)
                 return
             self.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
@@ -119,8 +126,15 @@ class GradientPlanning:
                          for part in entry[1].nodes]
                 self._replace(scale.statement, cst.FlattenSentinel(parts))
 
-    def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call]) -> None:
-        """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``)."""
+    @staticmethod
+    def _may_delay_unscale(scale: ScaleLossSite) -> bool:
+        """Whether ``scale_loss`` may keep the gradients scaled on leaving (``delay_unscale`` not plainly off)."""
+        delay = nodes.argument(scale.call, 4, "delay_unscale")
+        return delay is not None and nodes.code(delay.value).strip() not in ("False", "0", "None")
+
+    def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call], marker: str | None = None) -> None:
+        """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);
+        ``marker``, where that is not how apex ran them, is left as a ``TODO(ampmigrate)`` on each."""
         factor = f"{self._scaler_of(scale.call)}.get_scale()"
         masters = {id(call): call for call in self.sites["master_params"]}
         for clip in clips:
@@ -136,6 +150,8 @@ class GradientPlanning:
             if id(statement) not in self.replacements:
                 node, new = statement, with_first_line_comment(statement.deep_replace(clip, new), SCALE_AWARE_MARK)
             self._replace(node, new)
+            if marker is not None:
+                self._leave_marker(node if node is statement else scale.statement, marker)
             self._kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
                        f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
 

@@ -11,6 +11,26 @@ from migrate.rule import Rule
 from migrate.types import FixSafety, Safety
 
 
+def level_made_known(plan, settings) -> bool:
+    """Whether the ``opt-level`` setting makes the plan's only doubt (a computed opt level) go."""
+    return (
+        settings.get("opt-level") in ("O0", "O1")
+        and COMPUTED_LEVEL in plan.unsafe_reasons
+        and set(plan.unsafe_reasons) <= {COMPUTED_LEVEL, MASTER_COPIES}
+    )
+
+
+def initialize_rewrite(plan, settings) -> tuple[bool, Safety, str]:
+    """Whether this run's plan rewrites the file's ``amp.initialize``, with what safety, and why
+    unsafe: what only mattered to a running apex (its cast registry) goes with it, never before."""
+    inits = plan.findings_for("AMP002")
+    if not inits or any(finding.replacement is None for finding in inits):
+        return False, Safety.UNSAFE, ""
+    if all(finding.safety is Safety.SAFE for finding in inits) or level_made_known(plan, settings):
+        return True, Safety.SAFE, ""
+    return True, Safety.UNSAFE, "; ".join(dict.fromkeys(f.why_unsafe for f in inits if f.why_unsafe))
+
+
 class PlannedApexRule(Rule):
     """Reports the findings of ``apex_plan`` that carry this rule's code.
 
@@ -39,11 +59,7 @@ class PlannedApexRule(Rule):
         plan = self._plan
         needed = {finding.code for finding in plan.findings if finding.replacement is not None}
         whole = needed <= plan.active_codes
-        known_level = (
-            self.context.settings.get("opt-level") in ("O0", "O1")
-            and COMPUTED_LEVEL in plan.unsafe_reasons
-            and set(plan.unsafe_reasons) <= {COMPUTED_LEVEL, MASTER_COPIES}
-        )
+        known_level = level_made_known(plan, self.context.settings)
         for finding in plan.findings_for(self.CODE):
             if whole and known_level:
                 # The project says its computed opt levels are O0 or O1: the rewrite keeps both.

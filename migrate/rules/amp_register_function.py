@@ -5,9 +5,11 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.names import may_resolve_within, qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import initialize_rewrite
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 from migrate.types import FixSafety, Safety
 
@@ -25,6 +27,10 @@ class AmpRegisterFunction(ApexRename):
     is already there. Unsafe for another ``torch`` function: without the registration it runs in
     its inputs' dtype. Reported for functions of other modules (a project's own kernels): wrap
     the calls in ``with torch.autocast("cuda", enabled=False):`` and cast the inputs by hand.
+    The registration goes only with the file's ``amp.initialize``, and is no safer than its
+    rewrite: while apex still initializes, it still casts through the registry (without it an
+    O1 einsum meets float16 and float32 inputs and raises). Where the file initializes nothing,
+    apex amp starts in another file, so removing it is unsafe until that file is migrated.
 
     Options:
     None.
@@ -34,13 +40,24 @@ class AmpRegisterFunction(ApexRename):
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's cast registry does not exist in native autocast"
     TARGETS = tuple(REGISTER)
+    METADATA_DEPENDENCIES = (*ApexRename.METADATA_DEPENDENCIES, ApexPlanProvider)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._initialize = initialize_rewrite(plan_of(self, node), self.context.settings)
     VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
     INVALID = [
         Invalid(
-            "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n\nrun()\n",
-            "import torch\n\nrun()\n",
+            "import torch\nfrom apex import amp\n\nif args.fp16:\n    amp.register_half_function(torch, 'einsum')\n"
+            "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\nloss = model(x).sum()\n"
+            "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\noptimizer.step()\n",
+            "import torch\nscaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
+            "    loss = model(x).sum()\nscaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()\n",
         ),
-        Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n", "import torch\n", unsafe_fixes=True),
+        Invalid("import torch\nfrom apex import amp\namp.register_half_function(torch, 'einsum')\n", "import torch\n", unsafe_fixes=True),
+        Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"
+                "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n",
+                "import torch\n", unsafe_fixes=True),
         Invalid("from apex import amp\namp.register_half_function(my_ops, 'fused_gelu')\n"),
         Invalid("from apex import amp\namp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n"),
     ]
@@ -68,6 +85,16 @@ class AmpRegisterFunction(ApexRename):
     def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine, safety: Safety, why: str) -> None:
         root = nodes.root_name(call.func)
         guard = nodes.guarding_if(statement, lambda n: self.get_metadata(ParentNodeProvider, n, None))
+        rewritten, initialize_safety, initialize_why = self._initialize
+        if not self._initializes_here():
+            safety, why = Safety.UNSAFE, ("apex amp is initialized in another file, where apex still casts through the "
+                                          "registry until that file is migrated")
+        elif not rewritten:
+            self.report(guard or statement, f"{self.MESSAGE}; not removed: apex still initializes in this file (its "
+                        "`amp.initialize` is not rewritten), and casts through the registry")
+            return
+        elif initialize_safety is Safety.UNSAFE and safety is Safety.SAFE:
+            safety, why = Safety.UNSAFE, f"it goes with `amp.initialize`, whose rewrite is unsafe: {initialize_why}"
         self.report(
             guard or statement,
             f"{self.MESSAGE}; {why}",
@@ -77,6 +104,9 @@ class AmpRegisterFunction(ApexRename):
             why_unsafe=why if safety is Safety.UNSAFE else "",
             remove_imports=tuple(self._apex_imports.get(root or "", ())),
         )
+
+    def _initializes_here(self) -> bool:
+        return bool(plan_of(self, self._module).findings_for("AMP002"))
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if not hasattr(self, "_statements"):

@@ -8,26 +8,34 @@ micro-batches, so ``python -m ampshim compare`` can hold its rewrites to it.
 from __future__ import annotations
 
 import textwrap
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from hypothesis import strategies as st
 
 ITERATIONS = 16
+CHECKPOINT_AT = 7  # a step after which every accumulation spelling has just stepped
 
 
 @dataclass(frozen=True)
 class Features:
-    loss: str  # inline | helper | arms (assigned in both arms of an if after the model call)
+    loss: str  # inline | helper | method (of the trainer) | arms (assigned in both arms of an if)
     loop: str  # range | while | enumerate
     accumulation: str  # none | delay_unscale | plain (scaled backward each micro-batch, no delay)
     boundary: str  # how the accumulation boundary is spelled: plus_one | minus_one
     clip: str  # none | master_params | parameters
     clip_at: str  # with accumulation: boundary (before the step) | micro_batch (after each backward)
-    flag: str  # none | on | off: initialize and the scaled backward under `if args.fp16:`
-    #            (a plain backward else), the flag on or off by default
+    flag: str  # none | on | off: initialize and the scaled backward under a flag (a plain
+    #            backward else), the flag on or off by default
     import_guard: bool  # `try: from apex import amp` beside a has_apex flag the guard also tests
     inner_fp32: bool  # the model's head runs under its own autocast(enabled=False)
     names: tuple[str, str, str]  # model, optimizer, loss
+    holder: str = "function"  # function (the loop in main) | method (of a Trainer holding the model)
+    amp_via: str = "module"  # module (the global `amp`) | attribute (`self.amp`, None when off) |
+    #                          parameter (handed to the training function)
+    optimizers: str = "one"  # one | two (a list: initialize, scale_loss and `for o in opts: o.step()`)
+    checkpoint: bool = False  # amp.state_dict() saved and loaded back through helpers mid-run
+    early_continue: bool = False  # an iteration skipped with `continue` before its forward
+    register_half: bool = False  # amp.register_half_function(torch, "einsum"), einsum in the model
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -38,10 +46,18 @@ NAMES = st.tuples(st.sampled_from(["model", "net", "network"]),
                   st.sampled_from(["loss", "train_loss", "objective"]))
 
 
+def _coherent(f: Features) -> Features:
+    """Features that only exist together: ``self.amp`` and a loss method need a trainer."""
+    if f.holder == "function":
+        f = replace(f, amp_via="parameter" if f.amp_via == "attribute" else f.amp_via,
+                    loss="helper" if f.loss == "method" else f.loss)
+    return f
+
+
 def features():
     return st.builds(
         Features,
-        loss=st.sampled_from(["inline", "helper", "arms"]),
+        loss=st.sampled_from(["inline", "helper", "method", "arms"]),
         loop=st.sampled_from(["range", "while", "enumerate"]),
         accumulation=st.sampled_from(["none", "delay_unscale", "plain"]),
         boundary=st.sampled_from(["plus_one", "minus_one"]),
@@ -51,39 +67,87 @@ def features():
         import_guard=st.booleans(),
         inner_fp32=st.booleans(),
         names=NAMES,
-    )
+        holder=st.sampled_from(["function", "method"]),
+        amp_via=st.sampled_from(["module", "attribute", "parameter"]),
+        optimizers=st.sampled_from(["one", "two"]),
+        checkpoint=st.booleans(),
+        early_continue=st.booleans(),
+        register_half=st.booleans(),
+    ).map(_coherent)
 
 
 _HELPER = '''
+
 def compute_loss(model, inputs, targets):
     return F.mse_loss(model(inputs), targets)
 '''
 
-_NET = '''
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
-        self.head = nn.Linear(32, 1)
+_CHECKPOINTS = '''
 
-    def forward(self, x):
-        hidden = self.body(x)
-        with torch.autocast("cuda", enabled=False):
-            return self.head(hidden.float())
+def save_checkpoint(model, optimizer, amp_state):
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "amp": amp_state}, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def restore(buffer, model, optimizer, amp=None):
+    checkpoint = torch.load(buffer)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if amp is not None:
+        amp.load_state_dict(checkpoint["amp"])
 '''
 
 
-def script(f: Features) -> str:
-    model, optimizer, loss = f.names
+def _net(f: Features) -> str:
+    hidden = ('torch.einsum("bi,oi->bo", x, self.body[0].weight) + self.body[0].bias'
+              if f.register_half else "self.body[0](x)")
+    head = ("        with torch.autocast(\"cuda\", enabled=False):\n"
+            "            return self.head(hidden.float())\n") if f.inner_fp32 else "        return self.head(hidden)\n"
+    return ("\n\nclass Net(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.body = nn.Sequential(nn.Linear(16, 32), nn.Tanh())\n"
+            "        self.head = nn.Linear(32, 1)\n\n"
+            "    def forward(self, x):\n"
+            f"        hidden = torch.tanh({hidden})\n" + head)
+
+
+def _indent(lines: list[str], depth: int = 1) -> list[str]:
+    return [("    " * depth + line) if line else line for line in lines]
+
+
+class _Spelling:
+    """How the training code names what it uses, for the holder and the amp route drawn."""
+
+    def __init__(self, f: Features):
+        model, optimizer, _ = f.names
+        method = f.holder == "method"
+        own = "self." if method else ""
+        self.model, self.optimizer = own + model, own + optimizer
+        self.optimizers = own + optimizer + "s"
+        self.stepped = self.optimizers if f.optimizers == "two" else self.optimizer
+        self.first_optimizer = f"{self.optimizers}[0]" if f.optimizers == "two" else self.optimizer
+        self.amp = "self.amp" if f.amp_via == "attribute" else "amp"
+        self.use_amp = (own + "use_amp") if f.flag != "none" else None
+        # the condition mixed precision runs under, as the training code tests it
+        self.mixed = (f"{self.amp} is not None" if f.amp_via == "attribute" else self.use_amp) if f.flag != "none" else None
+
+
+def _step_body(f: Features, s: _Spelling) -> list[str]:
+    """One iteration, after the batch ``x, y`` is taken."""
+    _, _, loss = f.names
     accumulate = f.accumulation != "none"
-    steps = 2 if accumulate else 1
-    body = []
+    body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
     if f.loss == "inline":
-        body.append(f"{loss} = F.mse_loss({model}(x), y)")
+        body.append(f"{loss} = F.mse_loss({s.model}(x), y)")
     elif f.loss == "helper":
-        body.append(f"{loss} = compute_loss({model}, x, y)")
+        body.append(f"{loss} = compute_loss({s.model}, x, y)")
+    elif f.loss == "method":
+        body.append(f"{loss} = self.compute_loss(x, y)")
     else:
-        body += [f"output = {model}(x)",
+        body += [f"output = {s.model}(x)",
                  "if step % 2 == 0:",
                  f"    {loss} = F.mse_loss(output, y)",
                  "else:",
@@ -93,71 +157,131 @@ def script(f: Features) -> str:
         body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
                                      else "step % ACCUMULATION == ACCUMULATION - 1"))
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
-    scaled = [f"with amp.scale_loss({loss}, {optimizer}{delay}) as scaled_loss:",
+    scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    scaled_loss.backward()"]
-    mixed = "use_amp" if f.flag != "none" else None
-    if mixed:
-        body += [f"if {mixed}:", *("    " + line for line in scaled), "else:",
-                 f"    {loss}.backward()"]
+    if s.mixed:
+        body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {loss}.backward()"]
     else:
         body += scaled
     clip = []
     if f.clip == "master_params":
-        clip.append(f"torch.nn.utils.clip_grad_norm_(amp.master_params({optimizer}), 0.5)")
+        clip.append(f"torch.nn.utils.clip_grad_norm_({s.amp}.master_params({s.first_optimizer}), 0.5)")
     elif f.clip == "parameters":
-        clip.append(f"torch.nn.utils.clip_grad_norm_({model}.parameters(), 0.5)")
-    update = [] if accumulate and f.clip_at == "micro_batch" else clip
-    body += clip if accumulate and f.clip_at == "micro_batch" else []
-    update += [f"{optimizer}.step()", f"{optimizer}.zero_grad()"]
-    if accumulate:
-        body += ["if boundary:", *("    " + line for line in update)]
+        clip.append(f"torch.nn.utils.clip_grad_norm_({s.model}.parameters(), 0.5)")
+    at_micro_batch = accumulate and f.clip_at == "micro_batch"
+    body += clip if at_micro_batch else []
+    update = [] if at_micro_batch else clip
+    if f.optimizers == "two":
+        each = f.names[1]
+        update += [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
     else:
-        body += update
+        update += [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"]
+    body += ["if boundary:", *_indent(update)] if accumulate else update
+    if f.checkpoint:
+        state = f"{s.amp}.state_dict()" + (f" if {s.mixed} else None" if s.mixed else "")
+        handed = s.amp + (f" if {s.mixed} else None" if s.mixed and f.amp_via != "attribute" else "")
+        body += [f"if step == {CHECKPOINT_AT}:",
+                 f"    buffer = save_checkpoint({s.model}, {s.first_optimizer}, {state})",
+                 f"    restore(buffer, {s.model}, {s.first_optimizer}, amp={handed})"]
     body.append(f"losses.append(float({loss}))")
+    return body
 
+
+def _loop(f: Features, s: _Spelling) -> list[str]:
+    body = _step_body(f, s)
     if f.loop == "range":
-        loop = [f"for step in range({ITERATIONS}):", "    x, y = batches[step % len(batches)]"]
-        loop += ["    " + line for line in body]
-    elif f.loop == "while":
-        loop = ["step = 0", f"while step < {ITERATIONS}:", "    x, y = batches[step % len(batches)]"]
-        loop += ["    " + line for line in body] + ["    step += 1"]
-    else:
-        loop = [f"for step, (x, y) in enumerate(batches * {ITERATIONS // 4}):"]
-        loop += ["    " + line for line in body]
+        return [f"for step in range({ITERATIONS}):", "    x, y = batches[step % len(batches)]", *_indent(body)]
+    if f.loop == "while":
+        return ["step = 0", f"while step < {ITERATIONS}:", "    x, y = batches[step % len(batches)]",
+                *_indent(body), "    step += 1"]
+    return [f"for step, (x, y) in enumerate(batches * {ITERATIONS // 4}):", *_indent(body)]
 
-    initialize = (f"{model}, {optimizer} = amp.initialize({model}, {optimizer}, "
-                  'opt_level="O1", verbosity=0)')
+
+def _made(f: Features, model: str, optimizer: str) -> list[str]:
+    """The model and its optimizer(s)."""
+    network = "Net()" if f.inner_fp32 or f.register_half else "nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))"
+    lines = [f"{model} = {network}.cuda()"]
+    if f.optimizers == "two":
+        return lines + [f"params = list({model}.parameters())",
+                        f"{optimizer}s = [torch.optim.SGD(params[:2], lr=0.1), torch.optim.SGD(params[2:], lr=0.05)]"]
+    return lines + [f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)"]
+
+
+def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[str]:
+    """``amp.initialize``, under the flag when there is one."""
+    held = optimizer + ("s" if f.optimizers == "two" else "")
+    initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
+    return [f"if {s.use_amp}:", "    " + initialize] if s.use_amp else [initialize]
+
+
+def _data() -> list[str]:
+    return ['data = torch.randn(64, 16, device="cuda")',
+            "target = data[:, :1].sin() * 3",
+            "batches = [(data[i:i + 16], target[i:i + 16]) for i in range(0, 64, 16)]"]
+
+
+def _main_and_training(f: Features) -> str:
+    model, optimizer, _ = f.names
+    s = _Spelling(f)
     flag = []
-    if mixed:
-        initialize = f"if {mixed}:\n    " + initialize
+    if f.flag != "none":
         flag = ['parser.add_argument("--no-fp16", dest="fp16", action="store_false")'
                 if f.flag == "on" else 'parser.add_argument("--fp16", action="store_true")']
-    guard = "has_apex and args.fp16" if f.import_guard else "args.fp16"
-    network = "Net()" if f.inner_fp32 else "nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))"
-    main = "\n".join([
-        "parser = argparse.ArgumentParser()",
-        *flag,
-        "args = parser.parse_args()",
-        *([f"{mixed} = {guard}"] if mixed else []),
-        "torch.manual_seed(0)",
-        f"{model} = {network}.cuda()",
-        f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)",
-        initialize,
-        'data = torch.randn(64, 16, device="cuda")',
-        "target = data[:, :1].sin() * 3",
-        "batches = [(data[i:i + 16], target[i:i + 16]) for i in range(0, 64, 16)]",
-        "losses = []",
-        *loop,
-        "print(losses[-1])",
-    ])
+    wanted = "has_apex and args.fp16" if f.import_guard else "args.fp16"
+    parse = ["parser = argparse.ArgumentParser()", *flag, "args = parser.parse_args()", "torch.manual_seed(0)"]
+    training = [*_loop(f, s), "print(losses[-1])"]
+    if f.holder == "method":
+        keep = [f"self.{model} = {model}", f"self.{optimizer}{'s' if f.optimizers == 'two' else ''} = "
+                f"{optimizer}{'s' if f.optimizers == 'two' else ''}"]
+        init_flag = [f"self.use_amp = use_amp"] if s.use_amp else []
+        set_up = _initialize(f, s, f"self.{model}", f"self.{optimizer}")
+        holds = []
+        if f.amp_via == "attribute":
+            holds = [f"self.amp = amp if {s.use_amp} else None" if s.use_amp else "self.amp = amp"]
+        takes = ", amp" if f.amp_via == "parameter" else ""
+        loss_method = [] if f.loss != "method" else [
+            "", "def compute_loss(self, inputs, targets):", f"    return F.mse_loss(self.{model}(inputs), targets)"]
+        made = _made(f, model, optimizer)
+        trainer = ["class Trainer:",
+                   *_indent([f"def __init__(self, {model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
+                             f"{', use_amp' if s.use_amp else ''}):",
+                             *_indent([*keep, *init_flag, *set_up, *holds]),
+                             *loss_method,
+                             "",
+                             f"def train(self, batches{takes}):",
+                             *_indent(["losses = []", *training])])]
+        main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *made, *_data(),
+                f"trainer = Trainer({model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
+                f"{', use_amp' if s.use_amp else ''})",
+                f"trainer.train(batches{takes})"]
+        return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
+    main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer),
+            *_initialize(f, s, model, optimizer), *_data()]
+    if f.amp_via == "parameter":
+        held = f"{optimizer}s" if f.optimizers == "two" else optimizer
+        params = f"{model}, {held}, batches{', use_amp' if s.use_amp else ''}, amp"
+        train = [f"def train({params}):", *_indent(["losses = []", *training])]
+        main.append(f"train({params})")
+        return "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
+    main += ["losses = []", *training]
+    return "def main():\n" + "\n".join(_indent(main))
+
+
+def script(f: Features) -> str:
+    f = _coherent(f)
     header = f'"""A generated apex script: {f.label()}."""\n'
-    imports = ("import argparse\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n")
+    imports = "import argparse\n" + ("import io\n" if f.checkpoint else "")
+    imports += "\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
     if f.import_guard:
         imports += ("\ntry:\n    from apex import amp\n    has_apex = True\nexcept ImportError:\n"
                     "    has_apex = False\n")
     else:
         imports += "from apex import amp\n"
-    constants = f"\nACCUMULATION = {steps}\n" if accumulate else ""
-    helper = (_HELPER if f.loss == "helper" else "") + (_NET if f.inner_fp32 else "")
-    return (header + imports + constants + helper + "\n\ndef main():\n"
-            + textwrap.indent(main, "    ") + '\n\n\nif __name__ == "__main__":\n    main()\n')
+    if f.register_half:
+        register = 'amp.register_half_function(torch, "einsum")\n'
+        imports += "\n" + (f"if has_apex:\n    {register}" if f.import_guard else register)
+    constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
+    helpers = ((_HELPER if f.loss == "helper" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
+               + (_CHECKPOINTS if f.checkpoint else ""))
+    return (header + imports + constants + helpers + "\n\n" + _main_and_training(f)
+            + '\n\n\nif __name__ == "__main__":\n    main()\n')

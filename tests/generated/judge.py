@@ -51,6 +51,11 @@ def judge(features: Features, folder: Path) -> Outcome:
         if result.new_source == original.read_text():
             verdicts[mode] = "unchanged"
             continue
+        if mode == "unsafe" and result.new_source == sources["safe"]:
+            verdicts[mode] = verdicts["safe"]  # the same rewrite: the same runs
+            if "safe" in reports:
+                reports[mode] = reports["safe"]
+            continue
         rewritten = folder / f"{mode}.py"
         rewritten.write_text(result.new_source)
         verdicts[mode] = "same"
