@@ -319,7 +319,8 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
         else:
             click.echo(text, nl=False, err=not view.to_stdout, color=view.color)
     if view.output_format == "text" and not view.quiet:
-        click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe), nl=False, err=True)
+        click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe, fixed_text=wrote or diff),
+                   nl=False, err=True)
 
 
 def _unified_diff(result, styled: bool) -> str:

@@ -9,6 +9,7 @@ Every format lists findings by file, line and column.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -52,8 +53,9 @@ def _place(d: Diagnostic) -> tuple:
     return d.filename, d.location.cell or 0, d.location.row, d.location.column, d.code
 
 
-def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -> str:
-    """One or two closing lines for the text format: what was found, fixed, and could be."""
+def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool, fixed_text: bool = False) -> str:
+    """One or two closing lines for the text format: what was found, fixed, and could be; where
+    the run made the fixed text (``fixed_text``: writing or ``--diff``), the files still on apex."""
     diagnostics = [d for r in results for d in r.diagnostics if d.code not in TOOL_FINDINGS]
     errors = sum(1 for r in results if r.error)
     changed = sum(1 for r in results if _touched(r))
@@ -76,7 +78,21 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -
         )
     if hidden:
         lines.append(f"{_count(hidden, 'more fix', 'more fixes')} available with --unsafe-fixes.")
+    still = still_needing_apex(results) if fixed_text else []
+    if still:
+        shown = ", ".join(still[:5]) + (f" and {len(still) - 5} more" if len(still) > 5 else "")
+        lines.append(f"{'Still needs' if wrote else 'Would still need'} apex: {shown}.")
     return "\n".join(lines) + "\n"
+
+
+_APEX_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+apex\b|import[ \t]+apex\b)", re.MULTILINE)
+
+
+def still_needing_apex(results: Sequence[FileResult]) -> list[str]:
+    """The files whose text after the fixes still imports apex (where the run made that text:
+    writing or ``--diff``); a migration is only done without them."""
+    return [r.filename for r in results
+            if r.error is None and r.new_source is not None and _APEX_IMPORT.search(r.new_source)]
 
 
 def statistics(results: Sequence[FileResult], rules: Sequence[type] = (), output_format: str = "text") -> str:

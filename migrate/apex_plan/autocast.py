@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import SUSPENDS, assigns, calls, contains, defines, read_names
+from migrate.apex_plan.syntax import SUSPENDS, assigned_names, assigns, calls, contains, defines, read_names
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
@@ -34,18 +34,33 @@ class AutocastPlanning:
                 return
         block = self.parent.get(id(scale.statement))
         window = self._window(block, scale.statement)
-        start = next((i for i, s in enumerate(window) if assigns(s, loss)), None)
+        start = self._slice_start(window, scale.loss)
         if start is not None:
-            self.unsafe.append("the model's forward call is not next to `amp.scale_loss`: only the loss computation goes under autocast")
+            self.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
             self._wrap(window[start:], scale, loss)
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
         if not window and before and id(before[-1]) in self._scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
-        self.unsafe.append("no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand")
+        reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
+        self.unsafe.append(reason)
+        self.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    @staticmethod
+    def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression) -> int | None:
+        """The first statement of ``window`` in the backward slice of ``loss``: what the loss is
+        computed from, through the names each statement binds (``out = {"l": f(self.model(x))}``
+        then ``loss = sum(out.values())``). apex cast everything after ``initialize``; the region
+        covers at least what flows into the loss. None where nothing there binds what it reads."""
+        wanted, start = read_names(loss), None
+        for index in range(len(window) - 1, -1, -1):
+            if assigned_names(window[index]) & wanted:
+                start = index
+                wanted |= read_names(window[index])
+        return start
 
     def _plan_region(self, statement: cst.CSTNode, loss: str, scale: ScaleLossSite) -> bool:
         """Autocast around the statements before ``statement`` from the model's forward call on
@@ -133,6 +148,16 @@ class AutocastPlanning:
                    "Turn the file's own autocast on where the GradScaler is")
         return True
 
+    @staticmethod
+    def _alias_enabled(alias: str) -> str:
+        """Whether what received the scaler has an enabled one: it may be None (``def run(...,
+        amp=None)``), and an attribute of another object may never have been set (``args.amp =
+        amp`` only under ``if args.fp16:``), where the region runs all the same."""
+        owner, _, attribute = alias.rpartition(".")
+        if owner and owner != "self":
+            return f'getattr({owner}, "{attribute}", None) is not None and {alias}.is_enabled()'
+        return f"{alias} is not None and {alias}.is_enabled()"
+
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
@@ -141,9 +166,8 @@ class AutocastPlanning:
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f"{self.scaler}.is_enabled()" if self.may_be_disabled and not self.scaler_in_block else None
-        if id(scale.call) in self.alias_of:  # what received the scaler may be None (`def run(..., amp=None)`)
-            alias = self.alias_of[id(scale.call)]
-            enabled = f"{alias} is not None and {alias}.is_enabled()"
+        if id(scale.call) in self.alias_of:
+            enabled = self._alias_enabled(self.alias_of[id(scale.call)])
         if enabled is not None and self._widen_own_autocast(statements, enabled):
             return
         inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")
@@ -159,9 +183,8 @@ class AutocastPlanning:
             # then there is no scaler, and apex was not on either.
             owner, attribute = self.scaler.split(".", 1)
             enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.scaler}.is_enabled()'
-        if id(scale.call) in self.alias_of:  # what received the scaler may be None (`def run(..., amp=None)`)
-            alias = self.alias_of[id(scale.call)]
-            enabled = f", enabled={alias} is not None and {alias}.is_enabled()"
+        if id(scale.call) in self.alias_of:
+            enabled = ", enabled=" + self._alias_enabled(self.alias_of[id(scale.call)])
 
         first = statements[0]
         self._replace(first, self._under_autocast(statements, enabled))

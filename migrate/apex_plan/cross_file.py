@@ -59,6 +59,12 @@ class CrossFilePlanning:
         makes the GradScaler, which this file imports for its checkpoints (``others``)."""
         partner = self.partner
         paired = partner is not None and partner.facts is not None
+        if self.escapes:
+            # `args.amp = amp` beside `amp.initialize`: code in another file calls the module it
+            # receives, and no GradScaler is made here to hand on in its place
+            node, _ = self.escapes[0]
+            raise Unplannable(node, "the amp module is handed on here to code in another file, and the GradScaler "
+                              "that would take its place is made there: migrate the two together by hand")
         if others:
             self._import_partner_scaler(others[0])
         self.level, self.o0 = inits[0].level, True  # no scaler made here
@@ -70,19 +76,22 @@ class CrossFilePlanning:
                 self.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
                 self._take_partner_reasons()
                 self._note_what_cannot_cross(inits, static)
-            elif partner is not None:
-                self.unsafe.append(f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}")
             else:
-                self.unsafe.append(
-                    "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
-                    "autocast when it is migrated (migrate both, or neither)"
-                )
+                reason = (f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}" if partner is not None else
+                          "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
+                          "autocast when it is migrated (migrate both, or neither)")
+                self.unsafe.append(reason)
+                if any(init.level != "O0" for init in inits):
+                    self.marked_reasons.append(reason)  # each removed call is marked with what to do
         for init in inits:
             model = nodes.argument(init.call, 0, "models").value
             if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
                 self._plan_half(init, model)
                 continue
-            marked = init.inference and init.level != "O0"  # a comment on what to do takes its place
+            # a comment on what to do takes its place: where the model only infers, and where no
+            # migrated file scales the loss, as apex's casts end with the call (a backward with
+            # no scale_loss still ran its forward in float16)
+            marked = (init.inference or not paired) and init.level != "O0"
             self._plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
             if marked:
                 models = " ".join(nodes.code(model).split())

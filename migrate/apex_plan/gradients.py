@@ -1,13 +1,15 @@
 """Gradients read between the scaled backward and the step, and ``amp.master_params``."""
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
-    MASTER_COPIES, MASTER_PARAMS, SCALE_AWARE_MARK, SCALE_LOSS, SCALED_READER_MARK, ScaleLossSite, Unplannable,
+    EACH, MASTER_COPIES, MASTER_PARAMS, SCALE_AWARE_MARK, SCALE_LOSS, SCALED_READER_MARK, ScaleLossSite, Unplannable,
 )
 from migrate.step_model.vocabulary import reads_gradients_in
 
@@ -26,6 +28,7 @@ class GradientPlanning:
         container: cst.CSTNode,
         steps: list[tuple[cst.SimpleStatementLine, int]],
         every_step: list[tuple[cst.SimpleStatementLine, int]] | None = None,
+        guards: frozenset[int] = frozenset(),
     ) -> None:
         """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step.
 
@@ -37,7 +40,8 @@ class GradientPlanning:
         """
         readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
         route: list[cst.BaseStatement] = []  # the statements on the way to the step, in the order they run
-        inner = self._paths_to_steps(container, steps, every_step or steps)
+        # under a test of the gradients read here (`if isfinite(norm):`), the scaler's update follows either way
+        inner = self._paths_to_steps(container, steps, every_step or steps, guards)
         step_always_follows = not any(conditional for path in inner for _, conditional in path)
         for between, conditions in passed:
             for statement in between:
@@ -84,7 +88,9 @@ class GradientPlanning:
                     # cut the scaled gradients at the bare threshold (all but erasing them); the
                     # scale-aware clip cuts the true ones, as was surely meant, but not as it ran
                     delayed = "on delay_unscale passes apex clipped the scaled gradients at the bare threshold; this clips the true ones"
-                    self.unsafe.append(f"a clip runs after `amp.scale_loss(..., delay_unscale=...)`: {delayed}")
+                    reason = f"a clip runs after `amp.scale_loss(..., delay_unscale=...)`: {delayed}"
+                    self.unsafe.append(reason)
+                    self.marked_reasons.append(reason)
                 self._plan_scale_aware(scale, [call for calls in clips for call in calls], delayed)
                 return
             self.unsafe.append(
@@ -93,9 +99,9 @@ class GradientPlanning:
             )
             return
         first, condition, _ = readers[0]
-        line = f"{self._scaler_of(scale.call)}.unscale_({optimizer})"
+        line = self._unscale_each(self._scaler_of(scale.call), optimizer, steps)
         if condition is not None:
-            line = f"if {condition}:\n    {line}"
+            line = f"if {condition}:\n" + textwrap.indent(line, "    ")
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
         places = self._first_readers(first) if len(readers) == 1 else [first]
         for place in places:
@@ -103,6 +109,20 @@ class GradientPlanning:
             if line not in lines:
                 lines.append(line)
         self.unscale_covered.update(id(reader) for reader, _, _ in readers)
+
+    @staticmethod
+    def _unscale_each(scaler: str, optimizer: str, steps: list[tuple[cst.SimpleStatementLine, int]]) -> str:
+        """``scaler.unscale_(optimizer)``; for a list stepped in a loop (``for o in opts: o.step()``)
+        or written out (``[opt_a, opt_b]``), one ``unscale_`` each: GradScaler takes one optimizer."""
+        looped = next((line for line, index in steps if index == EACH and isinstance(line, cst.For)), None)
+        if looped is not None:
+            each = looped.target.value
+            return f"for {each} in {optimizer}:\n    {scaler}.unscale_({each})"
+        if optimizer.startswith(("[", "(")):
+            elements = cst.parse_expression(optimizer)
+            if isinstance(elements, (cst.List, cst.Tuple)):
+                return "\n".join(f"{scaler}.unscale_({nodes.code(element.value)})" for element in elements.elements)
+        return f"{scaler}.unscale_({optimizer})"
 
     def _mark_scaled_readers(self, scales: list[ScaleLossSite]) -> None:
         """What reads gradients inside ``amp.scale_loss``, after its backward, read scaled ones:
@@ -172,9 +192,10 @@ class GradientPlanning:
         return found
 
     def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]],
-                        every_step: list[tuple[cst.SimpleStatementLine, int]]):
+                        every_step: list[tuple[cst.SimpleStatementLine, int]], guards: frozenset[int] = frozenset()):
         """For each step inside ``container``, innermost first: the statements before it in each
-        enclosing block, and whether entering that block is conditional (a branch or a loop)."""
+        enclosing block, and whether entering that block is conditional (a branch or a loop; not
+        an arm of one of ``guards``, after which the scaler's update follows either way)."""
         paths = []
         for line, _ in steps:
             path, node = [], line
@@ -185,6 +206,8 @@ class GradientPlanning:
                 conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
                 if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
                     conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
+                if isinstance(owner, (cst.If, cst.Else)) and id(self._chain_top(owner)) in guards:
+                    conditional = False
                 path.append((body[: body.index(node)], conditional))
                 if owner is None:
                     break
@@ -194,12 +217,16 @@ class GradientPlanning:
             paths.append(path)
         return paths
 
-    def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
-        """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
+    def _chain_top(self, arm: cst.If | cst.Else) -> cst.If:
+        """The first ``if`` of the if/elif/else chain holding ``arm``."""
         top = arm
         while isinstance(top, cst.Else) or getattr(self.parent.get(id(top)), "orelse", None) is top:
             top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
-        branch: cst.CSTNode | None = top
+        return top
+
+    def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
+        """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
+        branch: cst.CSTNode | None = self._chain_top(arm)
         while isinstance(branch, cst.If):
             if not any(self._inside(line, branch.body) for line, _ in steps):
                 return False

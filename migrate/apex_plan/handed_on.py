@@ -6,7 +6,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
+from migrate.apex_plan.vocabulary import CORE, HELPER_NAME, HELPER_SOURCE, INITIALIZE, STATE_DICT, InitializeSite
+from migrate.flow.receivers import parameter_taking, receivers
 from migrate.tree_walk import descendants, walk
 
 
@@ -25,8 +26,11 @@ class HandedOnPlanning:
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
             return target.attr.value if isinstance(target, cst.Attribute) else None
-        if isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
-            return parent.keyword.value
+        if isinstance(parent, cst.Arg) and parent.value is node:
+            if parent.keyword is not None:
+                return parent.keyword.value
+            taken = parameter_taking(self.module, self.parent, parent)  # `train(model, amp)`: by position
+            return taken[1] if taken is not None else None
         return None
 
     def _find_stand_ins(self) -> None:
@@ -117,7 +121,41 @@ class HandedOnPlanning:
         """The scaler a site uses: the plan's, or what received the handed-on module."""
         return self.alias_of.get(id(call), self.scaler)
 
+    def _receivers_take_a_scaler(self) -> bool:
+        """Whether every read of the handed-on module is seen (the same-file function or the
+        class's attribute that receives it, followed on) and does what a GradScaler in its place
+        does the same: the API the rewrite turns into the scaler's, a test for ``None`` or truth,
+        its state saved or loaded (old apex checkpoints converted on load)."""
+        reads = []
+        for node, _ in self.escapes:
+            found = receivers(self.module, self.parent, node)
+            if found is None:
+                return False
+            reads += found
+        if not all(read.method in (None, "scale_loss", "master_params", "state_dict", "load_state_dict") for read in reads):
+            return False
+        calls = [(read.method, self.parent[id(self.parent[id(read.node)])]) for read in reads if read.method is not None]
+        self._receiver_loads = [call for method, call in calls if method == "load_state_dict"]
+        self.receiver_calls = frozenset(id(call) for _, call in calls)  # the plan handles them: not AMP016's
+        return True
+
+    def _plan_receiver_loads(self) -> None:
+        """``amp.load_state_dict(state)`` on what received the module: an apex checkpoint's state
+        is converted for the GradScaler now in its place."""
+        for call in getattr(self, "_receiver_loads", ()):
+            state = nodes.argument(call, 0, "state_dict")
+            if state is None or len(call.args) != 1 or nodes.has_star(call):
+                continue
+            holder = nodes.code(call.func.value)
+            self._replace(call, nodes.parse_expression(
+                f"{holder}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {holder}))", self.module))
+            self._kind(call, STATE_DICT, "the handed-on module loads apex's loss-scaler state here",
+                       "Load it into the GradScaler, converting old apex checkpoints")
+            if HELPER_NAME not in self.names and HELPER_SOURCE not in self.after_imports:
+                self.after_imports.append(HELPER_SOURCE)
+
     def _plan_escapes(self) -> None:
+        self._plan_receiver_loads()
         for statement in self._stand_in_assignments:
             self._replace(statement, cst.RemoveFromParent())
             self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")

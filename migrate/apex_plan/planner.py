@@ -1,6 +1,8 @@
 """The planner: classifies the file's apex.amp references, then plans every rewrite or none."""
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -21,6 +23,7 @@ from migrate.apex_plan.vocabulary import (
     CORE,
     EACH,
     GUESSED_MODELS,
+    HELPER_NAME,
     HELPER_SOURCE,
     INITIALIZE,
     MANUAL_STEP_MARKER,
@@ -61,6 +64,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
         self.blockers: list[tuple[cst.CSTNode, str]] = []
         self.unsafe: list[str] = []
+        self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}  # `if isfinite(norm):` around a step, its scaler and test
+        self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
         self.notes: list[str] = []  # what a safe fix reads differently from the letter of the code
         self.level_guarded = False
         self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
@@ -126,6 +131,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             return ApexPlan(self._report_only(problem), half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         handled |= {id(node) for node, _ in self.refs if self._statement(node) in self.module_reads}
+        handled |= getattr(self, "receiver_calls", frozenset())
         half = HalfFacts(**(self.half_facts or {}), reasons=tuple(dict.fromkeys(self.unsafe))) if self._is_half() else None
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe + self.partner_unsafe)), handled=handled, half=half)
 
@@ -228,7 +234,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
         scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
-        if self.escapes:
+        if self.escapes and not self._receivers_take_a_scaler():
             self.unsafe.append(
                 "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
                 "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
@@ -283,7 +289,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             last_in_block = {id(self.parent[id(line)]): (id(line), index) for line, index, _ in found}
             for line, index, condition in found:
                 entry = steps.setdefault(id(line), (line, {}, condition))
-                last = last_in_block[id(self.parent[id(line)])] == (id(line), index)
+                last = last_in_block[id(self.parent[id(line)])] == (id(line), index) and not self._under_gradient_guard(line)
                 entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in steps.values():
             if EACH in updates:
@@ -293,6 +299,18 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 continue
             self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
             self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+        for guard, scaler, condition in self.gradient_guards.values():
+            update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
+            self._replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.module)[0]]))
+            self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+                       f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
+            # apex armed a skip of the next `step()` on an overflow; where this test skipped the
+            # call, the skip waited for the next iteration's step: natively only this one is skipped
+            reason = ("on an overflow apex also skipped the next iteration's step (its skip waited for a `step()` "
+                      "this test did not call); natively only this iteration's step is skipped")
+            self.unsafe.append(reason)
+            self.marked_reasons.append(reason)
+            self._leave_marker(guard, reason)
         self._plan_master_params()
         self._plan_state_dicts()
         self._plan_escapes()
@@ -370,9 +388,17 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
             added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))
         self._replace(anchor, cst.FlattenSentinel([anchor, *added]))
-        self._kind(anchor, STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS, "module-level definitions for the rewrite of apex.amp", "Add them after the imports")
+        # said as what the file gains, where it gains it (a user reads this line, not the planner's)
+        what = []
+        if any(source != HELPER_SOURCE for source in self.after_imports):
+            what.append(f"the GradScaler `{self.scaler}` is made at module level, after the imports")
+        if HELPER_SOURCE in self.after_imports:
+            what.append(f"`{HELPER_NAME}`, which reads old apex checkpoints into a GradScaler, is defined after the imports")
+        code = STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS
+        self._kind(anchor, code, "; ".join(what), "Add it after the imports" if len(what) == 1 else "Add them after the imports")
 
     def _emit(self, scales: list[ScaleLossSite]) -> None:
+        self._mark_unsafe(scales)
         self._mark_scaled_readers(scales)
         self._place_insertions()
         self._compose_nested()
@@ -427,14 +453,32 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                     raise Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.parent.get(id(ancestor))
 
+    def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
+        return any(self._inside(line, guard) for guard, _, _ in self.gradient_guards.values())
+
+    def _mark_unsafe(self, scales: list[ScaleLossSite]) -> None:
+        """An unsafe rewrite may train differently: it says why in the code, where apex amp was set
+        up (or scaled the loss), as a ``TODO(ampmigrate)`` that AMP017 reports until reviewed. A
+        reason with a marker of its own, at its line, is not repeated."""
+        reasons = [reason for reason in dict.fromkeys(self.unsafe + self.partner_unsafe) if reason not in self.marked_reasons]
+        if not reasons:
+            return
+        anchors = [self._statement(call) for call in self.sites["initialize"]] + [scale.statement for scale in scales]
+        anchor = next((statement for statement in anchors if id(statement) in self.replacements), None)
+        if anchor is not None:
+            self._leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))
+
     def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
-        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``; AMP017 reports it until done."""
+        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``, wrapped to the
+        file's line length; AMP017 reports it until done."""
         node, replacement = self.replacements[id(statement)]
         if isinstance(replacement, cst.RemovalSentinel):
             replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
         placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
-        comment = cst.EmptyLine(comment=cst.Comment(f"# {MANUAL_STEP_MARKER} {step}"))
-        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, comment])
+        indent = self._line_indent(statement)
+        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 2), break_on_hyphens=False)
+        comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
+        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
         self._replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
 
     def _place_insertions(self) -> None:

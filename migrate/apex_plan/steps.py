@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import ReplaceByIdentity, backward_calls, is_step
+from migrate.apex_plan.syntax import ReplaceByIdentity, assigned_names, backward_calls, is_step, loop_exit
 from migrate.apex_plan.vocabulary import EACH, HOLDS_GRADIENTS, PLAIN_STEP_MARK, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
 from migrate.rule import Replacement
 from migrate.tree_walk import descendants, walk
@@ -155,7 +155,10 @@ class StepPlanning:
                 if any(self._in_handler(line, scale.statement) for line, _ in found):
                     self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
                 condition = self._step_condition(conditions, scale.call, wanted)
-                self._plan_grad_readers(scale, wanted, passed, sibling, found)
+                guards = self._gradient_guards(sibling, between, found, scale)
+                for guard in guards:
+                    self.gradient_guards[id(guard)] = (guard, self._scaler_of(scale.call), condition)
+                self._plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
                 return [(line, index, condition) for line, index in found]
             owner = self.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
@@ -186,6 +189,40 @@ class StepPlanning:
         for line, index in anywhere:
             self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
         return [(line, index, self._step_condition([], scale.call, wanted)) for line, index in anywhere]
+
+    def _gradient_guards(self, sibling: cst.CSTNode, between: list[cst.BaseStatement],
+                         found: list[tuple[cst.SimpleStatementLine, int]], scale: ScaleLossSite) -> list[cst.If]:
+        """``norm = clip_grad_norm_(...); if math.isfinite(norm): opt.step()``: the ``if``s on the
+        way from ``sibling`` down to the steps that skip them on a test of what was read from the
+        gradients after this backward (control dependent on a gradient reader, not on a counter).
+        Where apex skipped the step on an overflow and lowered the scale as ``scale_loss`` exited,
+        natively ``unscale_`` before the read and ``update()`` after the ``if`` do it whichever
+        arm runs; the arms may not end the iteration or scale again, or the update would be
+        skipped or come too late."""
+        guards: list[cst.If] = []
+        for line, _ in found:
+            node = self.parent.get(id(line))
+            while node is not None:
+                if isinstance(node, cst.If):
+                    top = self._chain_top(node)
+                    if not any(top is guard for guard in guards):
+                        holder = self.parent.get(id(top))
+                        body = list(getattr(holder, "body", ()))
+                        at = next((i for i, statement in enumerate(body) if statement is top), len(body))
+                        before = between if top is sibling else body[:at]
+                        if self._tests_gradients_read(top, before, scale):
+                            guards.append(top)
+                if node is sibling:
+                    break
+                node = self.parent.get(id(node))
+        return guards
+
+    def _tests_gradients_read(self, branch: cst.If, before: list[cst.BaseStatement], scale: ScaleLossSite) -> bool:
+        if loop_exit(branch) is not None or self._scales_again(branch, scale):
+            return False
+        read_into = {target for reader in before if self._reads_grads(reader) for target in assigned_names(reader)}
+        tested = {node.value for node in descendants(branch.test) if type(node) is cst.Name}
+        return bool(read_into & tested)
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
@@ -313,14 +350,17 @@ class StepPlanning:
 
     def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
         """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
-        if condition is not None:
+        if condition is not None and HOLDS_GRADIENTS.format(optimizer=nodes.code(loop.iter)) in condition:
             raise Unplannable(loop, "the optimizers are stepped in a loop under a condition the scaler cannot test again")
-        inner = {id(line): self._step_replacement(line, {index: False}, None, scaler)
+        # under the scaled backward's own test (`if self.amp is not None:`): each optimizer steps
+        # through the scaler where it holds, plainly else, and the scaler updates once after them
+        inner = {id(line): self._step_replacement(line, {index: False}, condition, scaler)
                  for line, index in self._steps_each(loop, nodes.code(loop.iter))}
         new = loop.visit(ReplaceByIdentity(inner))
         if not update:
             return new
-        return cst.FlattenSentinel([new, nodes.parse_statements(f"{scaler}.update()\n", self.module)[0]])
+        text = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
+        return cst.FlattenSentinel([new, nodes.parse_statements(text, self.module)[0]])
 
     def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []

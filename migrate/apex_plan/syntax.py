@@ -173,6 +173,16 @@ def assigns(statement: cst.CSTNode, name: str) -> bool:
     )
 
 
+def assigned_names(statement: cst.CSTNode) -> set[str]:
+    """The names ``statement`` binds (as ``assigns`` counts them)."""
+    return {
+        name
+        for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef and type(node) is not cst.ClassDef)
+        if type(node) in (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)
+        for name in nodes.bound_texts(node.target)
+    }
+
+
 def read_names(expression: cst.CSTNode) -> set[str]:
     """The names and dotted attributes ``expression`` reads (``has_apex``, ``args.amp``, ``args``)."""
     found: set[str] = set()

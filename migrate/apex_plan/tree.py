@@ -73,6 +73,11 @@ class TreeQueries:
         where = self.provider.get_metadata(PositionProvider, node, None)
         return where.start.line if where is not None else None
 
+    def _line_indent(self, node: cst.CSTNode) -> int:
+        """The column ``node`` starts at (0 where it has no position)."""
+        where = self.provider.get_metadata(PositionProvider, node, None)
+        return where.start.column if where is not None else 0
+
     def _in_loop(self, node: cst.CSTNode) -> bool:
         node = self.parent.get(id(node))
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):

@@ -83,6 +83,8 @@ class Trainer:
 
 class Trainer:
     def __init__(self, model, optimizer):
+        # TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale` has no
+        #   native equivalent and is dropped
         self.scaler = torch.amp.GradScaler("cuda")
         self.model, self.optimizer = model, optimizer
 

@@ -56,8 +56,13 @@ class AmpRegisterFunction(ApexRename):
         ),
         Invalid("import torch\nfrom apex import amp\namp.register_half_function(torch, 'einsum')\n", "import torch\n", unsafe_fixes=True),
         Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"
-                "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n",
-                "import torch\n", unsafe_fixes=True),
+                "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\nloss = model(x).sum()\n"
+                "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\noptimizer.step()\n",
+                "import torch\n# TODO(ampmigrate): review, this rewrite is unsafe: the file changes apex's cast lists\n"
+                "#   (`amp.register_float_function`, line 3): native autocast does not read them, so the\n"
+                "#   ops they name run in autocast's own precision\nscaler = torch.amp.GradScaler(\"cuda\")\n"
+                "with torch.autocast(\"cuda\", dtype=torch.float16):\n    loss = model(x).sum()\n"
+                "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()\n", unsafe_fixes=True),
         Invalid("from apex import amp\namp.register_half_function(my_ops, 'fused_gelu')\n"),
         Invalid("from apex import amp\namp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n"),
     ]

@@ -115,6 +115,8 @@ for batch in loader:
 """,
             """import torch
 
+# TODO(ampmigrate): review, this rewrite is unsafe: one GradScaler serves every loss
+#   (apex keeps one scaler per loss), updated once per iteration
 scaler = torch.amp.GradScaler("cuda")
 for batch in loader:
     with torch.autocast("cuda", dtype=torch.float16):

@@ -84,6 +84,8 @@ checkpoint = {"step": step, "amp": amp.state_dict()}
 """,
             """import torch
 
+# TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale` has no native
+#   equivalent and is dropped
 scaler = torch.amp.GradScaler("cuda")
 step = 0
 while step < total_steps:

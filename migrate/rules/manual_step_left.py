@@ -43,6 +43,22 @@ class ManualStepLeft(Rule):
         return MANUAL_STEP_MARKER in text  # else no comment starts with it, and the walk can leave the tokens out
 
     def visit_Comment(self, node: cst.Comment) -> None:
-        text = node.value.lstrip("#").strip()
-        if text.startswith(MANUAL_STEP_MARKER):
-            self.report(node, f"{self.MESSAGE}: {text[len(MANUAL_STEP_MARKER):].strip()}")
+        # a long step is wrapped over the comment lines right below it, each indented (`#   ...`)
+        line = self.get_metadata(PositionProvider, node).start.line
+        text = node.value.lstrip("#")
+        pending = getattr(self, "_pending", None)
+        if pending is not None and line == pending[2] + 1 and text.startswith("  ") and text.strip():
+            self._pending = (pending[0], f"{pending[1]} {text.strip()}", line)
+            return
+        self._report_pending()
+        if text.strip().startswith(MANUAL_STEP_MARKER):
+            self._pending = (node, text.strip()[len(MANUAL_STEP_MARKER):].strip(), line)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self._report_pending()
+
+    def _report_pending(self) -> None:
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            self.report(pending[0], f"{self.MESSAGE}: {pending[1]}")
+            self._pending = None

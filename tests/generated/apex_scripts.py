@@ -18,7 +18,8 @@ CHECKPOINT_AT = 7  # a step after which every accumulation spelling has just ste
 
 @dataclass(frozen=True)
 class Features:
-    loss: str  # inline | helper | method (of the trainer) | arms (assigned in both arms of an if)
+    loss: str  # inline | helper | method (of the trainer) | arms (assigned in both arms of an if) |
+    #            dict (the forward inside a dict of losses, summed on the next line)
     loop: str  # range | while | enumerate
     accumulation: str  # none | delay_unscale | plain (scaled backward each micro-batch, no delay)
     boundary: str  # how the accumulation boundary is spelled: plus_one | minus_one
@@ -36,6 +37,8 @@ class Features:
     checkpoint: bool = False  # amp.state_dict() saved and loaded back through helpers mid-run
     early_continue: bool = False  # an iteration skipped with `continue` before its forward
     register_half: bool = False  # amp.register_half_function(torch, "einsum"), einsum in the model
+    finite_guard: bool = False  # the step only `if math.isfinite(norm)` of a clip's norm (a clip is made)
+    overflow: bool = False  # one batch of infinities mid-run: the scale is lowered and the step skipped
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -48,6 +51,12 @@ NAMES = st.tuples(st.sampled_from(["model", "net", "network"]),
 
 def _coherent(f: Features) -> Features:
     """Features that only exist together: ``self.amp`` and a loss method need a trainer."""
+    if f.finite_guard and f.clip == "none":
+        f = replace(f, clip="parameters")  # the guard tests the norm a clip returns
+    if f.finite_guard:
+        f = replace(f, clip_at="boundary")
+    if f.overflow and f.flag != "none":
+        f = replace(f, overflow=False)  # an fp32 run would train on infinities: nothing to compare
     if f.holder == "function":
         f = replace(f, amp_via="parameter" if f.amp_via == "attribute" else f.amp_via,
                     loss="helper" if f.loss == "method" else f.loss)
@@ -57,7 +66,7 @@ def _coherent(f: Features) -> Features:
 def features():
     return st.builds(
         Features,
-        loss=st.sampled_from(["inline", "helper", "method", "arms"]),
+        loss=st.sampled_from(["inline", "helper", "method", "arms", "dict"]),
         loop=st.sampled_from(["range", "while", "enumerate"]),
         accumulation=st.sampled_from(["none", "delay_unscale", "plain"]),
         boundary=st.sampled_from(["plus_one", "minus_one"]),
@@ -73,6 +82,8 @@ def features():
         checkpoint=st.booleans(),
         early_continue=st.booleans(),
         register_half=st.booleans(),
+        finite_guard=st.booleans(),
+        overflow=st.booleans(),
     ).map(_coherent)
 
 
@@ -140,12 +151,17 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     _, _, loss = f.names
     accumulate = f.accumulation != "none"
     body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
+    if f.overflow:
+        body += ["if step == 3:", '    x = x * float("inf")']
     if f.loss == "inline":
         body.append(f"{loss} = F.mse_loss({s.model}(x), y)")
     elif f.loss == "helper":
         body.append(f"{loss} = compute_loss({s.model}, x, y)")
     elif f.loss == "method":
         body.append(f"{loss} = self.compute_loss(x, y)")
+    elif f.loss == "dict":
+        body += [f'{loss}_dict = {{"mse": F.mse_loss({s.model}(x), y), "l1": 0.1 * F.l1_loss({s.model}(x), y)}}',
+                 f"{loss} = sum({loss}_dict.values())"]
     else:
         body += [f"output = {s.model}(x)",
                  "if step % 2 == 0:",
@@ -165,7 +181,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += scaled
     clip = []
     if f.clip == "master_params":
-        clip.append(f"torch.nn.utils.clip_grad_norm_({s.amp}.master_params({s.first_optimizer}), 0.5)")
+        # `self.amp` may be None: the module's own master_params serves either way
+        holder = "amp" if f.amp_via == "attribute" and s.mixed else s.amp
+        clip.append(f"torch.nn.utils.clip_grad_norm_({holder}.master_params({s.first_optimizer}), 0.5)")
     elif f.clip == "parameters":
         clip.append(f"torch.nn.utils.clip_grad_norm_({s.model}.parameters(), 0.5)")
     at_micro_batch = accumulate and f.clip_at == "micro_batch"
@@ -173,9 +191,16 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     update = [] if at_micro_batch else clip
     if f.optimizers == "two":
         each = f.names[1]
-        update += [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
+        stepping = [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
+        zeroing = [f"for {each} in {s.optimizers}:", f"    {each}.zero_grad()"]
     else:
-        update += [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"]
+        stepping = [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"]
+        zeroing = [f"{s.optimizer}.zero_grad()"]
+    if f.finite_guard:
+        update[-1:] = ["norm = " + update[-1]]
+        update += ["if math.isfinite(norm):", *_indent(stepping), "else:", *_indent(zeroing)]
+    else:
+        update += stepping
     body += ["if boundary:", *_indent(update)] if accumulate else update
     if f.checkpoint:
         state = f"{s.amp}.state_dict()" + (f" if {s.mixed} else None" if s.mixed else "")
@@ -270,7 +295,7 @@ def _main_and_training(f: Features) -> str:
 def script(f: Features) -> str:
     f = _coherent(f)
     header = f'"""A generated apex script: {f.label()}."""\n'
-    imports = "import argparse\n" + ("import io\n" if f.checkpoint else "")
+    imports = "import argparse\n" + ("import io\n" if f.checkpoint else "") + ("import math\n" if f.finite_guard else "")
     imports += "\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
     if f.import_guard:
         imports += ("\ntry:\n    from apex import amp\n    has_apex = True\nexcept ImportError:\n"

@@ -12,12 +12,18 @@ SAMPLE = [
     Features(loss="arms", loop="while", accumulation="delay_unscale", boundary="minus_one",
              clip="none", clip_at="micro_batch", flag="on", import_guard=True, inner_fp32=True,
              names=("net", "opt", "objective")),
-    Features(loss="helper", loop="enumerate", accumulation="plain", boundary="plus_one",
+    # a trainer keeping `self.amp` (None when off), two optimizers stepped in a loop after a
+    # clip of one's master params, a checkpoint through helpers taking `amp=`
+    Features(loss="method", loop="enumerate", accumulation="plain", boundary="plus_one",
              clip="master_params", clip_at="boundary", flag="off", import_guard=False,
-             inner_fp32=False, names=("network", "optim", "train_loss")),
+             inner_fp32=False, names=("network", "optim", "train_loss"), holder="method",
+             amp_via="attribute", optimizers="two", checkpoint=True),
+    # amp handed to the training function by position, a clip of two optimizers' parameters
+    # (one unscale_ each), a registered einsum, an iteration skipped
     Features(loss="inline", loop="range", accumulation="none", boundary="plus_one",
-             clip="parameters", clip_at="boundary", flag="none", import_guard=True,
-             inner_fp32=False, names=("model", "optimizer", "loss")),
+             clip="parameters", clip_at="boundary", flag="on", import_guard=True,
+             inner_fp32=False, names=("model", "optimizer", "loss"), amp_via="parameter",
+             optimizers="two", early_continue=True, register_half=True),
 ]
 
 

@@ -466,7 +466,7 @@ def test_gradients_read_where_the_step_may_not_follow_make_the_fix_unsafe():
     assert output == source
     assert any("does not always follow" in (d.fix.why_unsafe if d.fix else "") for d in diagnostics)
     output, _ = _migrate(source, unsafe_fixes=True)
-    assert "scaler.unscale_" not in output
+    assert "scaler.unscale_" not in _code_only(output)
 
 
 def test_gradients_read_between_two_scaled_backward_passes_make_the_fix_unsafe():
@@ -546,7 +546,8 @@ def test_a_forward_pass_the_rewrite_cannot_see_stays_reported_after_the_fix():
     output, diagnostics = _migrate(source)
     assert output == textwrap.dedent(source)  # autocast cannot be placed here: unsafe
     output, _ = _migrate(source, unsafe_fixes=True)
-    assert "# TODO(ampmigrate): compute `loss` (the forward pass) under torch.autocast" in output
+    assert "# TODO(ampmigrate): compute `loss` (the forward pass) under" in output
+    assert "#   torch.autocast" in output  # wrapped to the line length
     result = migrate_source(output, "train.py")
     assert [d.code for d in result.diagnostics] == ["AMP017"]
     assert result.new_source == output
@@ -607,7 +608,9 @@ def test_a_handed_on_amp_module_becomes_a_handed_on_scaler():
     assert "model.amp = scaler" in output
     assert "amp.scale(loss).backward()" in output
     assert 'torch.save({"amp": model.amp.state_dict()}, "last.pt")' in output  # a GradScaler answers it
-    assert migrate_source(output, "train.py").diagnostics == ()
+    assert "# TODO(ampmigrate): review, this rewrite is unsafe: `amp` is handed on" in output
+    # what is left is the review the marker asks for, until it is done and the marker deleted
+    assert [d.code for d in migrate_source(output, "train.py").diagnostics] == ["AMP017"]
 
 
 # Shapes that once crashed the rewrite or changed training in safe mode.
@@ -933,3 +936,8 @@ def test_to_python_float_is_told_its_native_spelling_not_fp16_optimizers(head):
     assert found[2].endswith("`t.item()` is what it returns for a tensor: use that in place of `to_python_float(t)`")
     if "*" in head:  # the rest of the package keeps its own advice
         assert "`network_to_half` with autocast" in found[3]
+
+
+def _code_only(text: str) -> str:
+    """``text`` without its comment lines (a marker may name a call the rewrite did not make)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))

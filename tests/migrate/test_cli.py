@@ -483,3 +483,17 @@ def test_json_places_notebook_findings_in_their_cell_without_edits(tree):
     assert item["fix"]["applicability"] == "safe" and item["fix"]["edits"] == []  # they would address the cells
     text = _run("--check", tree / "train.ipynb").stdout
     assert text.startswith(f"{tree / 'train.ipynb'}:cell 2:2:10: AMP021 ") and "\n  fix: Replace with" in text
+
+
+def test_the_summary_names_each_file_still_importing_apex_after_the_run(tmp_path):
+    """A migration is done only where apex is gone: the files the run leaves it in are named."""
+    done = tmp_path / "done.py"
+    done.write_text("from apex import amp\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+                    "loss = model(x).sum()\nwith amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\noptimizer.step()\n")
+    left = tmp_path / "left.py"
+    left.write_text("from apex import amp\nhandle = amp.init()\n")  # the legacy handle in use: reported only
+    previewed = _run("--diff", tmp_path)
+    assert f"Would still need apex: {left}." in previewed.output and str(done) not in previewed.output.split("need apex:")[1]
+    written = _run(tmp_path)
+    assert f"Still needs apex: {left}." in written.output
+    assert "from apex" not in done.read_text()

@@ -54,7 +54,9 @@ def test_other_gradient_reads_there_stay_unsafe_and_are_never_unscaled_twice():
     result = _migrate(read)
     assert result.new_source in (None, result.source)
     unsafe = _migrate(read, unsafe_fixes=True).new_source
-    assert "unscale_" not in unsafe
+    code = "\n".join(line for line in unsafe.splitlines() if not line.lstrip().startswith("#"))
+    assert "unscale_" not in code  # the review marker may name it; no call is made
+    assert "# TODO(ampmigrate): review, this rewrite is unsafe: gradients are read" in unsafe
 
 
 def test_a_clip_the_step_always_follows_is_unscaled_first():

@@ -1,0 +1,6 @@
+"""Data flow within one file, asked by the rewrites and the rules (no rewrite of its own).
+
+- ``receivers``: where a value handed on (``f(amp=amp)``, ``self.amp = amp``) is used: the
+  parameter of the same-file function that takes it, or the attribute, followed to every read;
+  each read classified, so that a rewrite knows whether what receives a replacement can take it.
+"""
