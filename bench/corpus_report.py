@@ -37,7 +37,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "fixtures" / "corpus"
 MANIFEST = CORPUS / "SITES.json"
-SAFE_GOAL, UNSAFE_GOAL = 0.40, 0.85
+SAFE_GOAL, UNSAFE_GOAL = 0.40, 0.83
+# (0.85 until `x.amp = amp` on an object other than `self` was no longer rewritten, even unsafe:
+# the object goes to other files, whose code kept handing on the module and crashed the rewrite)
 # The amp core: what the held-out set's 121 sites are (the catalogue's initialize 40 + scale_loss 46 +
 # master_params 23 + state_dict/load_state_dict 12). The goals apply to these; the other apex sites
 # (LAMB, FP16_Optimizer, internals...) often have no native equivalent and are to be reported.

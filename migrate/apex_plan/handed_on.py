@@ -25,7 +25,10 @@ class HandedOnPlanning:
             node, parent = parent, self.parent.get(id(parent))
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
-            return target.attr.value if isinstance(target, cst.Attribute) else None
+            # `self.amp = amp` stays with its object; `args.amp = amp` goes wherever `args` goes,
+            # other files included, which would keep handing the module to what expects a scaler
+            owned = isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
+            return target.attr.value if owned else None
         if isinstance(parent, cst.Arg) and parent.value is node:
             if parent.keyword is not None:
                 return parent.keyword.value

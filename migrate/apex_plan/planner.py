@@ -65,6 +65,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.blockers: list[tuple[cst.CSTNode, str]] = []
         self.unsafe: list[str] = []
         self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}  # `if isfinite(norm):` around a step, its scaler and test
+        self.inexact_gradient_guards: dict[int, cst.If] = {}  # such a test where `update()` cannot follow it on every path
         self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
         self.notes: list[str] = []  # what a safe fix reads differently from the letter of the code
         self.level_guarded = False
@@ -310,6 +311,19 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                       "this test did not call); natively only this iteration's step is skipped")
             self.unsafe.append(reason)
             self.marked_reasons.append(reason)
+            self._leave_marker(guard, reason)
+        for guard in self.inexact_gradient_guards.values():
+            if any(guard is exact for exact, _, _ in self.gradient_guards.values()):
+                continue
+            reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
+                      "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
+                      "as apex did; call `update()` on that path too")
+            self.unsafe.append(reason)
+            self.marked_reasons.append(reason)
+            if id(guard) not in self.replacements:
+                self._replace(guard, guard)
+                self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+                           "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
             self._leave_marker(guard, reason)
         self._plan_master_params()
         self._plan_state_dicts()

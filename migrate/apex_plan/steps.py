@@ -108,7 +108,7 @@ class StepPlanning:
             loss = f"({loss})"
         scaled = loss if self.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
         if scale.backward_args is not None:
-            args = ", ".join(nodes.code(arg) for arg in scale.backward_args)
+            args = ", ".join(nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in scale.backward_args)
             new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
             self._replace(scale.statement, self._keep_comments(new, scale.statement))
             return
@@ -210,19 +210,30 @@ class StepPlanning:
                         body = list(getattr(holder, "body", ()))
                         at = next((i for i, statement in enumerate(body) if statement is top), len(body))
                         before = between if top is sibling else body[:at]
-                        if self._tests_gradients_read(top, before, scale):
+                        kind = self._tests_gradients_read(top, before, scale)
+                        if kind == "exact":
                             guards.append(top)
+                        elif kind == "inexact":
+                            self.inexact_gradient_guards[id(top)] = top
                 if node is sibling:
                     break
                 node = self.parent.get(id(node))
         return guards
 
-    def _tests_gradients_read(self, branch: cst.If, before: list[cst.BaseStatement], scale: ScaleLossSite) -> bool:
-        if loop_exit(branch) is not None or self._scales_again(branch, scale):
-            return False
-        read_into = {target for reader in before if self._reads_grads(reader) for target in assigned_names(reader)}
+    def _tests_gradients_read(self, branch: cst.If, before: list[cst.BaseStatement], scale: ScaleLossSite) -> str | None:
+        """Whether ``branch`` tests what a gradient reader before it assigned: "exact" where that
+        reader always runs and no arm ends the iteration or scales again (``unscale_`` before it
+        and ``update()`` after the ``if`` keep apex's scale), "inexact" where it does not, None
+        where the test is on something else (a counter: accumulation)."""
         tested = {node.value for node in descendants(branch.test) if type(node) is cst.Name}
-        return bool(read_into & tested)
+        read_into = {target for reader in before if self._reads_grads(reader) for target in assigned_names(reader)}
+        if not read_into & tested:
+            return None
+        always = {target for reader in before if isinstance(reader, cst.SimpleStatementLine) and self._reads_grads(reader)
+                  for target in assigned_names(reader)}
+        if always & tested and loop_exit(branch) is None and not self._scales_again(branch, scale):
+            return "exact"
+        return "inexact"
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it

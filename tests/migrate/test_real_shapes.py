@@ -1130,3 +1130,24 @@ def test_an_inference_flag_changed_later_or_a_model_handed_back_is_not_a_tail():
     for source in (flag_changed, model_returned, in_elif):
         result = _migrate(source)
         assert not _safe(result) and result.new_source == result.source
+
+
+@pytest.mark.parametrize("args, kept", [
+    ("None, False, False", "None, False, False"),
+    ("None, False, False,", "None, False, False"),
+    ("retain_graph=True", "retain_graph=True"),
+    ("gradient , retain_graph = keep", "gradient, retain_graph = keep"),
+])
+def test_the_scaled_backward_keeps_its_arguments_however_spelled(args, kept):
+    """``scaled_loss.backward(gradient, retain_graph, create_graph)`` positionally: each argument
+    once, commas between (each argument's own comma was written twice, and the file not parsed)."""
+    result = _migrate(f"""\
+        from apex import amp
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        loss = model(x).sum()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward({args})
+        optimizer.step()
+    """)
+    assert f"scaler.scale(loss).backward({kept})\n" in result.new_source
+    compile(result.new_source, "train.py", "exec")
