@@ -50,15 +50,18 @@ class AutocastPlanning:
         self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
 
     @staticmethod
-    def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression) -> int | None:
+    def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
         """The first statement of ``window`` in the backward slice of ``loss``: what the loss is
         computed from, through the names each statement binds (``out = {"l": f(self.model(x))}``
         then ``loss = sum(out.values())``). apex cast everything after ``initialize``; the region
-        covers at least what flows into the loss. None where nothing there binds what it reads."""
+        covers at least what flows into the loss. None where nothing there binds what it reads.
+        ``forward_only``: the first such statement that runs a network (``teacher(x)``,
+        ``self.head(h)``), not one that only prepares inputs (``batch[0]``, ``model.parse_batch(b)``)."""
         wanted, start = read_names(loss), None
         for index in range(len(window) - 1, -1, -1):
             if assigned_names(window[index]) & wanted:
-                start = index
+                if not forward_only or _runs_a_network(window[index]):
+                    start = index
                 wanted |= read_names(window[index])
         return start
 
@@ -74,7 +77,10 @@ class AutocastPlanning:
             window = self._window(block, current)
             start = next((i for i, s in enumerate(window) if self._calls_model(s, models)), None)
             if start is not None:
-                self._wrap(window[start:], scale, loss)
+                # and what the loss is computed from before it (a teacher's forward, a model the
+                # file reaches under another name): apex cast all of it
+                sliced = self._slice_start(window, scale.loss, forward_only=True)
+                self._wrap(window[min(start, sliced if sliced is not None else start):], scale, loss)
                 return True
             body = list(block.body)
             before = body.index(window[0] if window else current) - 1
@@ -276,3 +282,21 @@ class AutocastPlanning:
         self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+
+
+_NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple", "set", "range", "zip", "enumerate",
+                           "isinstance", "print", "sum", "max", "min", "abs", "sorted", "getattr", "next", "iter", "str"})
+
+
+def _runs_a_network(statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` calls something by a plain name or an attribute of ``self`` (a network
+    held in a variable: ``teacher(x)``, ``self.head(h)``), not a builtin nor a method of another
+    object (``model.parse_batch(b)``, ``torch.randn(...)``)."""
+    for node in descendants(statement):
+        if type(node) is cst.Call:
+            func = node.func
+            if isinstance(func, cst.Name) and func.value not in _NOT_NETWORKS:
+                return True
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                return True
+    return False

@@ -89,6 +89,13 @@ class HandedOnPlanning:
             and all(statement in body and body.index(statement) < body.index(init.statement) for statement in self._stand_in_assignments)
         )
 
+    def _set_to_none_beside(self, name: cst.Name) -> bool:
+        """Whether the function (or module) handing on ``name`` also assigns it ``None``."""
+        scope = self._function(name) or self.module
+        return any(type(node) is cst.Assign and nodes.is_none(node.value)
+                   and any(nodes.code(target.target) == name.value for target in node.targets)
+                   for node in descendants(scope))
+
     def _sets_none(self, target: cst.CSTNode) -> bool:
         """Whether the assignment to ``target`` gives it ``None`` (``a.x, a.y = [None, None]`` too)."""
         statement = self._statement(target)
@@ -163,5 +170,10 @@ class HandedOnPlanning:
             self._replace(statement, cst.RemoveFromParent())
             self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
         for node, _ in self.escapes:
-            self._replace(node, nodes.parse_expression(self.scaler, self.module))
+            handed = self.scaler
+            if isinstance(node, cst.Name) and self._set_to_none_beside(node):
+                # `else: amp = None` then `train(..., amp)`: where apex was off the receiver got
+                # None, and tests for it (`if amp:`); a disabled scaler would pass that test
+                handed = f"{self.scaler} if {self.scaler}.is_enabled() else None"
+            self._replace(node, nodes.parse_expression(handed, self.module))
             self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import assigned_names, read_names
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -327,7 +328,13 @@ class InitializePlanning:
         if all(self._inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
         # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
-        if isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner) and not self._in_loop(owner):
+        # `if amp: level = "O1"; amp.initialize(..., opt_level=level)`: the block sets what the
+        # call reads, so the scaler cannot be made before the `if`
+        body = list(block.body)
+        set_before = set().union(*(assigned_names(s) for s in body[: body.index(init.statement)])) if init.statement in body else set()
+        reads_block = bool(set_before & read_names(init.call))
+        if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner)
+                and not self._in_loop(owner) and not reads_block):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner

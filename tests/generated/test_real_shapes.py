@@ -123,3 +123,60 @@ def test_a_step_skipped_on_a_non_finite_norm_still_updates_the_scale(tmp_path):
     guard = unsafe.index("if math.isfinite(norm):")
     assert unsafe.index("scaler.unscale_(optimizer)") < guard < unsafe.index("scaler.update()")
     assert "next iteration's" in unsafe[:guard]
+
+
+# a teacher's forward before the student's, the opt level set in the block that initializes
+DISTILL = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    from apex import amp
+
+
+    def distill(teacher, student, inputs, optimizer, steps, use_amp=False):
+        targets = torch.arange(8, device="cuda") % 4
+        for _ in range(steps):
+            optimizer.zero_grad()
+            outputs = teacher(inputs)
+            loss = nn.functional.cross_entropy(outputs, targets)
+            if use_amp:
+                loss = loss + 0.1 * student(inputs).pow(2).mean()
+            loss = loss + 1e-4 * torch.norm(inputs, 2)
+            if use_amp:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+        print(float(loss))
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--amp", action="store_true")
+        args = parser.parse_args()
+        torch.manual_seed(0)
+        teacher = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+        student = nn.Linear(16, 4).cuda()
+        inputs = torch.randn((8, 16), requires_grad=True, device="cuda")
+        optimizer = torch.optim.Adam([inputs], lr=0.05)
+        if args.amp:
+            opt_level = "O1"
+            [student, teacher], optimizer = amp.initialize([student, teacher], optimizer, opt_level=opt_level)
+        distill(teacher, student, inputs, optimizer, 6, use_amp=args.amp)
+''')
+
+
+def test_a_teachers_forward_and_an_opt_level_set_beside_initialize(tmp_path):
+    """The scaler is made where the block that sets its opt level ran (made before the ``if``, it
+    read the name before it was set); autocast covers the teacher's forward the loss is computed
+    from, not only the student's the codemod recognised."""
+    result = migrate_source(DISTILL, filename="distill.py", unsafe_fixes=True)
+    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
+    original.write_text(DISTILL)
+    migrated.write_text(result.new_source)
+    assert "from apex" not in result.new_source
+    for args in ([], ["--amp"]):
+        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=6, timeout=240)
+        assert comparison.verdict == SAME, (args, comparison.difference)

@@ -939,3 +939,34 @@ def test_to_python_float_is_told_its_native_spelling_not_fp16_optimizers(head):
 def _code_only(text: str) -> str:
     """``text`` without its comment lines (a marker may name a call the rewrite did not make)."""
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def test_amp_handed_on_where_it_may_be_none_stays_none_when_off():
+    """``else: amp = None`` then ``train(..., amp)``: the receiver tests ``if amp:``; a disabled
+    GradScaler would pass that test where apex was off, so None is handed on there."""
+    source = """\
+        import torch
+
+
+        def train(model, optimizer, loader, amp):
+            for x in loader:
+                loss = model(x).sum()
+                if amp:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+
+
+        def main(model, optimizer, loader, level):
+            if level == "O1":
+                from apex import amp
+                model, optimizer = amp.initialize(model, optimizer, opt_level=level)
+            else:
+                amp = None
+            train(model, optimizer, loader, amp)
+        """
+    output, _ = _migrate(source, unsafe_fixes=True)
+    assert "    train(model, optimizer, loader, scaler if scaler.is_enabled() else None)\n" in output
+    assert "from apex import" not in output
