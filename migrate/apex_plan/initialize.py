@@ -332,7 +332,9 @@ class InitializePlanning:
         # call reads, so the scaler cannot be made before the `if`
         body = list(block.body)
         set_before = set().union(*(assigned_names(s) for s in body[: body.index(init.statement)])) if init.statement in body else set()
-        reads_block = bool(set_before & read_names(init.call))
+        options = [arg.value for position, arg in enumerate(init.call.args)
+                   if (arg.keyword is None and position >= 2) or (arg.keyword is not None and arg.keyword.value not in ("models", "optimizers"))]
+        reads_block = any(set_before & read_names(option) for option in options)  # the scaler is made from the options
         if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner)
                 and not self._in_loop(owner) and not reads_block):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None

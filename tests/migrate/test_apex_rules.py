@@ -970,3 +970,28 @@ def test_amp_handed_on_where_it_may_be_none_stays_none_when_off():
     output, _ = _migrate(source, unsafe_fixes=True)
     assert "    train(model, optimizer, loader, scaler if scaler.is_enabled() else None)\n" in output
     assert "from apex import" not in output
+
+
+def test_a_flag_block_preparing_the_models_still_makes_the_scaler_before_it():
+    """The block sets the models ``initialize`` takes, not the options the scaler is made from:
+    the scaler still goes before the ``if``, enabled by its flag, and the rewrite is safe."""
+    source = """\
+        from apex import amp
+
+
+        def train(model, optimizer, loader, fp16):
+            if fp16:
+                model = model.cuda()
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                loss = model(x).sum()
+                if fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+        """
+    output, diagnostics = _migrate(source)
+    assert '    scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))\n    if fp16:\n' in output
+    assert all(d.applied for d in diagnostics if d.fix)
