@@ -300,31 +300,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 continue
             self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
             self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
-        for guard, scaler, condition in self.gradient_guards.values():
-            update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
-            self._replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.module)[0]]))
-            self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
-                       f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
-            # apex armed a skip of the next `step()` on an overflow; where this test skipped the
-            # call, the skip waited for the next iteration's step: natively only this one is skipped
-            reason = ("on an overflow apex also skipped the next iteration's step (its skip waited for a `step()` "
-                      "this test did not call); natively only this iteration's step is skipped")
-            self.unsafe.append(reason)
-            self.marked_reasons.append(reason)
-            self._leave_marker(guard, reason)
-        for guard in self.inexact_gradient_guards.values():
-            if any(guard is exact for exact, _, _ in self.gradient_guards.values()):
-                continue
-            reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
-                      "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
-                      "as apex did; call `update()` on that path too")
-            self.unsafe.append(reason)
-            self.marked_reasons.append(reason)
-            if id(guard) not in self.replacements:
-                self._replace(guard, guard)
-                self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
-                           "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
-            self._leave_marker(guard, reason)
+        self._plan_gradient_guards()
         self._plan_master_params()
         self._plan_state_dicts()
         self._plan_escapes()
@@ -466,9 +442,6 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
                     raise Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.parent.get(id(ancestor))
-
-    def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
-        return any(self._inside(line, guard) for guard, _, _ in self.gradient_guards.values())
 
     def _mark_unsafe(self, scales: list[ScaleLossSite]) -> None:
         """An unsafe rewrite may train differently: it says why in the code, where apex amp was set

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import ReplaceByIdentity, assigned_names, backward_calls, is_step, loop_exit
-from migrate.apex_plan.vocabulary import EACH, HOLDS_GRADIENTS, PLAIN_STEP_MARK, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
+from migrate.apex_plan.vocabulary import EACH, HOLDS_GRADIENTS, PLAIN_STEP_MARK, SCALE_LOSS, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
 from migrate.rule import Replacement
 from migrate.tree_walk import descendants, walk
 
@@ -234,6 +234,37 @@ class StepPlanning:
         if always & tested and loop_exit(branch) is None and not self._scales_again(branch, scale):
             return "exact"
         return "inexact"
+
+    def _plan_gradient_guards(self) -> None:
+        """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
+        for guard, scaler, condition in self.gradient_guards.values():
+            update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
+            self._replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.module)[0]]))
+            self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+                       f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
+            # apex armed a skip of the next `step()` on an overflow; where this test skipped the
+            # call, the skip waited for the next iteration's step: natively only this one is skipped
+            reason = ("on an overflow apex also skipped the next iteration's step (its skip waited for a `step()` "
+                      "this test did not call); natively only this iteration's step is skipped")
+            self.unsafe.append(reason)
+            self.marked_reasons.append(reason)
+            self._leave_marker(guard, reason)
+        for guard in self.inexact_gradient_guards.values():
+            if any(guard is exact for exact, _, _ in self.gradient_guards.values()):
+                continue
+            reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
+                      "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
+                      "as apex did; call `update()` on that path too")
+            self.unsafe.append(reason)
+            self.marked_reasons.append(reason)
+            if id(guard) not in self.replacements:
+                self._replace(guard, guard)
+                self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+                           "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
+            self._leave_marker(guard, reason)
+
+    def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
+        return any(self._inside(line, guard) for guard, _, _ in self.gradient_guards.values())
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
