@@ -90,7 +90,7 @@ def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool)
 def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
     partner = options.partners.get(str(path))
     if partner is not None:
-        from migrate.halves import PARTNER
+        from migrate.apex_plan.vocabulary import PARTNER
 
         options = replace(options, settings={**options.settings, PARTNER: partner})
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)

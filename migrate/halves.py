@@ -25,10 +25,9 @@ from migrate import quiet
 from migrate.files import find
 from migrate.types import ImportChange
 
-__all__ = ["INITIALIZE", "PARTNER", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
+__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
-PARTNER = "apex-partner"  # the setting that hands a half's plan its ``apex_plan.Partner`` (not a user setting)
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
 _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
@@ -68,7 +67,7 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
     if not found:
         return {}
     from migrate.apex_plan.provider import plan_text
-    from migrate.apex_plan.vocabulary import HalfFacts, Partner
+    from migrate.apex_plan.vocabulary import PARTNER, HalfFacts, Partner
 
     def facts(half: Half, partner: Partner) -> HalfFacts:
         plan = plan_text(texts[half.path], {**settings, PARTNER: partner})

@@ -12,10 +12,13 @@ Where each concept lives:
 
 - ``vocabulary``: the plan (``ApexPlan``), the sites (``InitializeSite``, ``ScaleLossSite``), why a
   file cannot be planned (``Unplannable``), constants, and code-text helpers.
-- ``syntax``: the one walk that collects parents, names and apex references; small questions
-  about a statement (does it bind the loss, call backward, hold a ``yield``).
-- ``tree``: where a statement sits (its block, function, class, loop, branch) and whether it runs
-  the model, directly or through a helper of the file.
+- ``syntax``: small questions about a statement (does it bind the loss, call backward, hold a
+  ``yield``).
+- ``tree``: ``FileTree``, the one walk that collects parents, names and apex references, then
+  where a statement sits (its block, function, class, loop, branch) and whether it runs the
+  model, directly or through a helper of the file. Built once, only read after.
+- ``draft``: ``Draft``, the rewrite being written: replacements, lines put before statements,
+  why it is unsafe, and the last steps that compose them.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 - ``planner``: the ``Planner``: classifies the references, orders the rewrite, emits findings.
   Its rewrite families are mixed in from:

@@ -28,15 +28,15 @@ class AutocastPlanning:
         callers = self._callers_handing(scale)
         # The callers' autocast may ask the scaler whether it is on: it must be visible there.
         visible = not self.may_be_disabled or self.scaler.startswith("self.") or self.scaler_scope in ("global", "module")
-        if callers and visible and id(scale.call) not in self.alias_of and not any(self._touched(s) for s, _ in callers):
+        if callers and visible and id(scale.call) not in self.alias_of and not any(self.draft.touched(s) for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
                 return
-        block = self.parent.get(id(scale.statement))
-        window = self._window(block, scale.statement)
+        block = self.tree.parent.get(id(scale.statement))
+        window = self.draft.window(block, scale.statement)
         start = self._slice_start(window, scale.loss)
         if start is not None:
-            self.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
+            self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
             self._wrap(window[start:], scale, loss)
             return
         body = list(block.body)
@@ -44,10 +44,10 @@ class AutocastPlanning:
         if not window and before and id(before[-1]) in self._scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
         reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
-        self.unsafe.append(reason)
-        self.marked_reasons.append(reason)  # the marker below says what to do
+        self.draft.unsafe.append(reason)
+        self.draft.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
-        self._leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+        self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
 
     @staticmethod
     def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
@@ -69,13 +69,13 @@ class AutocastPlanning:
         """Autocast around the statements before ``statement`` from the model's forward call on
         (in its block, or a block around it); whether that call was found."""
         current = statement
-        models = self._models_seen_from(statement)
+        models = self.tree.models_seen_from(statement, self.model_codes)
         while True:
-            block = self.parent.get(id(current))
+            block = self.tree.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 return False
-            window = self._window(block, current)
-            start = next((i for i, s in enumerate(window) if self._calls_model(s, models)), None)
+            window = self.draft.window(block, current)
+            start = next((i for i, s in enumerate(window) if self.tree.calls_model(s, models, self._site_ids)), None)
             if start is not None:
                 # and what the loss is computed from before it (a teacher's forward, a model the
                 # file reaches under another name): apex cast all of it
@@ -84,11 +84,11 @@ class AutocastPlanning:
                 return True
             body = list(block.body)
             before = body.index(window[0] if window else current) - 1
-            if before >= 0 and id(body[before]) in self.regions and not any(assigns(s, loss) for s in window):
+            if before >= 0 and id(body[before]) in self.draft.regions and not any(assigns(s, loss) for s in window):
                 return True  # the forward another backward pass went under autocast for (a GAN's D and G steps)
-            owner = self.parent.get(id(block))
-            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.parent.get(id(owner)), (cst.If, cst.Else))):
-                owner = self.parent.get(id(owner))
+            owner = self.tree.parent.get(id(block))
+            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
+                owner = self.tree.parent.get(id(owner))
             if not isinstance(owner, (cst.If, cst.Try, cst.With)):
                 return False
             current = owner
@@ -96,7 +96,7 @@ class AutocastPlanning:
     def _repeats_the_region(self, call: cst.Call) -> bool:
         """Whether the file's own ``autocast`` says what the region says: on, CUDA, float16. Inside
         it the rewrite computes as the original did, apex's casts aside as everywhere else."""
-        names = qualified_names(self.provider, call.func)
+        names = qualified_names(self.tree.provider, call.func)
         if names & {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}:
             device, keywords = None, {"enabled", "dtype"}
         elif names & {"torch.autocast", "torch.amp.autocast"}:
@@ -115,15 +115,15 @@ class AutocastPlanning:
     def _callers_handing(self, scale: ScaleLossSite) -> list[tuple[cst.CSTNode, str]]:
         """Where the loss ``scale`` scales is a parameter: each call of its function in the file,
         and the name handed in for it (``self.optimize(loss)``); empty unless all are names."""
-        function = self._function(scale.statement)
+        function = self.tree.function(scale.statement)
         if function is None or not isinstance(scale.loss, cst.Name):
             return []
         params = [param.name.value for param in function.params.params]
         if scale.loss.value not in params:
             return []
-        position = params.index(scale.loss.value) - (1 if self._class(function) is not None else 0)
-        found = [(self._statement(node), nodes.argument(node, position, scale.loss.value))
-                 for node in descendants(self.module) if type(node) is cst.Call and self._helper(node) is function]
+        position = params.index(scale.loss.value) - (1 if self.tree.owner_class(function) is not None else 0)
+        found = [(self.tree.statement(node), nodes.argument(node, position, scale.loss.value))
+                 for node in descendants(self.tree.module) if type(node) is cst.Call and self.tree.helper(node) is function]
         if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]
@@ -137,7 +137,7 @@ class AutocastPlanning:
         call = statements[0].items[0].item
         if not (isinstance(call, cst.Call) and nodes.call_name(call) == "autocast"):
             return False
-        names = qualified_names(self.provider, call.func)
+        names = qualified_names(self.tree.provider, call.func)
         cuda = "torch.cuda.amp.autocast" in names or "torch.cuda.amp.autocast_mode.autocast" in names or (
             names & {"torch.autocast", "torch.amp.autocast"} and nodes.literal_string(getattr(call.args[0], "value", None) if call.args else None) == "cuda")
         positional = [arg for arg in call.args if arg.keyword is None]
@@ -146,11 +146,11 @@ class AutocastPlanning:
         if not cuda or own is None or len(positional) > (0 if "torch.cuda.amp.autocast" in names else 1):
             return False
         if dtype is not None and nodes.code(dtype.value) not in ("torch.float16", "torch.half"):
-            self.unsafe.append(f"the file's own autocast at line {self._line(call)} computes in {nodes.code(dtype.value)}, where apex O1 used float16")
-        widened = own.with_changes(value=nodes.parse_expression(f"{grouped_text(nodes.code(own.value))} or {grouped_text(enabled)}", self.module))
-        self._replace(own, widened)
-        self.regions.update(id(statement) for statement in statements)
-        self._kind(own, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts",
+            self.draft.unsafe.append(f"the file's own autocast at line {self.tree.line(call)} computes in {nodes.code(dtype.value)}, where apex O1 used float16")
+        widened = own.with_changes(value=nodes.parse_expression(f"{grouped_text(nodes.code(own.value))} or {grouped_text(enabled)}", self.tree.module))
+        self.draft.replace(own, widened)
+        self.draft.regions.update(id(statement) for statement in statements)
+        self.draft.kind(own, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts",
                    "Turn the file's own autocast on where the GradScaler is")
         return True
 
@@ -167,8 +167,8 @@ class AutocastPlanning:
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
-        models = self._models_seen_from(scale.statement)
-        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self._calls_model(s, models)]
+        models = self.tree.models_seen_from(scale.statement, self.model_codes)
+        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self.tree.calls_model(s, models, self._site_ids)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f"{self.scaler}.is_enabled()" if self.may_be_disabled and not self.scaler_in_block else None
@@ -181,7 +181,7 @@ class AutocastPlanning:
         if inner:
             # apex cast by patching functions, whatever native autocast said: a region the file
             # turns native autocast off in (or to another dtype) now computes differently.
-            self.unsafe.append(f"the file's own `autocast` at line {self._line(inner[0])} is inside the region: "
+            self.draft.unsafe.append(f"the file's own `autocast` at line {self.tree.line(inner[0])} is inside the region: "
                                "there native autocast follows it, where apex's casts did not")
         enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
         if self.scaler_in_block:
@@ -193,23 +193,23 @@ class AutocastPlanning:
             enabled = ", enabled=" + self._alias_enabled(self.alias_of[id(scale.call)])
 
         first = statements[0]
-        self._replace(first, self._under_autocast(statements, enabled))
-        self._kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
+        self.draft.replace(first, self._under_autocast(statements, enabled))
+        self.draft.kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
         self._move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
-        self.regions.add(id(first))
+        self.draft.regions.add(id(first))
 
     def _under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
         """``with torch.autocast(...):`` holding ``statements``, with the lines that stood above the first."""
-        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.module)[0]
+        head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.tree.module)[0]
         body = [nodes.with_leading(statements[0], cst.SimpleStatementLine([])), *statements[1:]]
         return head.with_changes(body=head.body.with_changes(body=body), leading_lines=statements[0].leading_lines)
 
     def _move_into_region(self, statements: list[cst.BaseStatement], message: str) -> None:
         """``statements`` leave their place: the autocast block that holds them replaces another."""
         for statement in statements:
-            self._replace(statement, cst.RemoveFromParent())
-            self._kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
-        self.regions.update(id(statement) for statement in statements)
+            self.draft.replace(statement, cst.RemoveFromParent())
+            self.draft.kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
+        self.draft.regions.update(id(statement) for statement in statements)
 
     def _inference_tail(self, init: InitializeSite) -> Tail | None:
         """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
@@ -225,32 +225,32 @@ class AutocastPlanning:
         if any("." in code for code in init.model_codes):
             return None  # a model kept on an object may run elsewhere, later
         anchor, enabled = init.statement, ""
-        block = self.parent.get(id(anchor))
-        owner = self.parent.get(id(block))
+        block = self.tree.parent.get(id(anchor))
+        owner = self.tree.parent.get(id(block))
         if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
                 and nodes.is_pure(owner.test)
-                and isinstance(self.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
+                and isinstance(self.tree.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
             # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
             # autocast on the lines after the `if`, when its test held.
-            anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.parent.get(id(owner))
+            anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.tree.parent.get(id(owner))
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
-        if not any(self._calls_model(s, init.model_codes) for s in rest):
+        if not any(self.tree.calls_model(s, init.model_codes, self._site_ids) for s in rest):
             return None
         if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
             return None  # its caller may run the model it gets back, outside
-        if enabled and self._changes_its_test(anchor, rest):
+        if enabled and self.tree.changes_its_test(anchor, rest):
             return None  # the flag may differ by the time the lines after it run
         current = block
         while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
-            statement = self.parent.get(id(current))
+            statement = self.tree.parent.get(id(current))
             if isinstance(statement, cst.FunctionDef):
                 return anchor, rest, enabled
-            while isinstance(statement, cst.Else) or isinstance(self.parent.get(id(statement)), (cst.If, cst.Else)):
-                statement = self.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
+            while isinstance(statement, cst.Else) or isinstance(self.tree.parent.get(id(statement)), (cst.If, cst.Else)):
+                statement = self.tree.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
             if not isinstance(statement, (cst.If, cst.With)):
                 return None  # a loop runs the lines before it again; a `try` has its handlers after it
-            current = self.parent.get(id(statement))
+            current = self.tree.parent.get(id(statement))
             if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
                 return None
         return anchor, rest, enabled
@@ -269,7 +269,7 @@ class AutocastPlanning:
         the call goes (its models are the ones passed in, as under O1)."""
         anchor, rest, enabled = tail
         region = self._under_autocast(rest, enabled)
-        placed = [*nodes.parse_statements(init.restore + "\n", self.module), region] if init.restore else [region]
+        placed = [*nodes.parse_statements(init.restore + "\n", self.tree.module), region] if init.restore else [region]
         if anchor is not init.statement:  # the `if` keeps what else it holds
             kept = [statement for statement in anchor.body.body if statement is not init.statement]
             if kept or anchor.orelse is not None:
@@ -278,8 +278,8 @@ class AutocastPlanning:
         # lines it holds.
         placed = [nodes.with_leading(statement, anchor) if i == 0 else statement if statement is region
                   else nodes.with_leading(statement, cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
-        self._replace(anchor, cst.FlattenSentinel(placed))
-        self._kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
+        self.draft.replace(anchor, cst.FlattenSentinel(placed))
+        self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
 

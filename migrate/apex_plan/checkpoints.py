@@ -22,23 +22,23 @@ class CheckpointPlanning:
             if call.args:
                 raise Unplannable(call, "`amp.state_dict(destination)` has no native equivalent")
             node, native = self._state_dict_read(call)
-            self._replace(node, nodes.parse_expression(native, self.module))
-            self._kind(node, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{native}`")
+            self.draft.replace(node, nodes.parse_expression(native, self.tree.module))
+            self.draft.kind(node, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{native}`")
         for call in self.sites["load_state_dict"]:
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-            self._replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))", self.module))
-            self._kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
-        if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
-            self.after_imports.append(HELPER_SOURCE)
+            self.draft.replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))", self.tree.module))
+            self.draft.kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
+        if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
+            self.draft.after_imports.append(HELPER_SOURCE)
 
     def _state_dict_read(self, call: cst.Call) -> tuple[cst.CSTNode, str]:
         """What replaces ``amp.state_dict()`` and the keys read from it: GradScaler's state has
         other keys, so ``amp.state_dict()["loss_scaler0"]["loss_scale"]`` reads the scale itself."""
         keys, node = [], call
         while True:
-            outer = self.parent.get(id(node))
+            outer = self.tree.parent.get(id(node))
             if not (isinstance(outer, cst.Subscript) and outer.value is node):
                 break
             keys.append(subscript_key(outer))
@@ -56,19 +56,19 @@ class CheckpointPlanning:
         ``scaler=None`` parameter and saves or loads its state when one is given. Its callers, in
         other files, must pass theirs: a ``TODO(ampmigrate)`` says so until they do."""
         calls = self.sites["state_dict"] + self.sites["load_state_dict"]
-        self.scaler = next((name for name in SCALER_NAMES if name not in self.names), None)
+        self.scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None)
         if self.scaler is None:
             raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
-        self.unsafe.append(
+        self.draft.unsafe.append(
             f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "
             f"`{self.scaler}=None` and save or load its state only when given one; pass it from the callers"
         )
         functions: dict[int, tuple[cst.FunctionDef, cst.CSTNode]] = {}
         for call in calls:
-            function = self._function(call)
+            function = self.tree.function(call)
             if function is None or any(p.name.value == self.scaler for p in (*function.params.params, *function.params.kwonly_params)):
                 raise Unplannable(call, "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
-            statement = self._statement(call)
+            statement = self.tree.statement(call)
             functions.setdefault(id(function), (function, statement))
             small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
             if call in self.sites["load_state_dict"] and isinstance(small, cst.Expr) and small.value is call:
@@ -83,22 +83,22 @@ class CheckpointPlanning:
                 line = " = ".join([*(nodes.code(t.target) for t in small.targets), native])
             else:
                 raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
-            new = nodes.parse_statements(f"if {self.scaler} is not None:\n    {line}\n", self.module)[0]
-            self._replace(statement, nodes.with_leading(new, statement))
-            self._kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.scaler}=`")
+            new = nodes.parse_statements(f"if {self.scaler} is not None:\n    {line}\n", self.tree.module)[0]
+            self.draft.replace(statement, nodes.with_leading(new, statement))
+            self.draft.kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.scaler}=`")
         for function, statement in functions.values():
             self._take_scaler(function)
-            self._leave_marker(statement, f"pass the GradScaler as `{self.scaler}=` where `{function.name.value}` is called")
-        if self.sites["load_state_dict"] and HELPER_NAME not in self.names:
-            self.after_imports.append(HELPER_SOURCE)
+            self.draft.leave_marker(statement, f"pass the GradScaler as `{self.scaler}=` where `{function.name.value}` is called")
+        if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
+            self.draft.after_imports.append(HELPER_SOURCE)
 
     def _take_scaler(self, function: cst.FunctionDef) -> None:
         params = function.params
-        param = nodes.parse_statements(f"def f({self.scaler}=None): pass\n", self.module)[0].params.params[0]
+        param = nodes.parse_statements(f"def f({self.scaler}=None): pass\n", self.tree.module)[0].params.params[0]
         if isinstance(params.star_arg, cst.Param) or isinstance(params.star_arg, cst.ParamStar):
             new = params.with_changes(kwonly_params=[*params.kwonly_params, param])
         else:
             new = params.with_changes(params=[*params.params, param])
-        self._replace(params, new)
-        self._kind(params, STATE_DICT, "apex's loss-scaler state is saved or loaded in this function",
+        self.draft.replace(params, new)
+        self.draft.kind(params, STATE_DICT, "apex's loss-scaler state is saved or loaded in this function",
                    f"Take the GradScaler as `{self.scaler}=None`")

@@ -40,12 +40,12 @@ class CrossFilePlanning:
         partner = self.partner
         if partner is None or partner.facts is None:
             where = f"; `amp.initialize` is in {self._partner_at()}: {BOTH}" if partner else ""
-            self.unsafe.append(
+            self.draft.unsafe.append(
                 "nothing is initialized in this file: it gets its own GradScaler with apex's defaults "
                 "(the opt level and options given to `amp.initialize` elsewhere are not seen)" + where
             )
             return "O1", ()
-        self.notes.append(f"`amp.initialize` is in {self._partner_at()}, migrated with this file")
+        self.draft.notes.append(f"`amp.initialize` is in {self._partner_at()}, migrated with this file")
         self._take_partner_reasons()
         return partner.facts.level or "O1", partner.facts.scaler_args
 
@@ -73,16 +73,16 @@ class CrossFilePlanning:
         self._note_inference(inits)
         if all(init.level != "O0" for init in inits):
             if paired:
-                self.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
+                self.draft.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
                 self._take_partner_reasons()
                 self._note_what_cannot_cross(inits, static)
             else:
                 reason = (f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}" if partner is not None else
                           "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
                           "autocast when it is migrated (migrate both, or neither)")
-                self.unsafe.append(reason)
+                self.draft.unsafe.append(reason)
                 if any(init.level != "O0" for init in inits):
-                    self.marked_reasons.append(reason)  # each removed call is marked with what to do
+                    self.draft.marked_reasons.append(reason)  # each removed call is marked with what to do
         for init in inits:
             model = nodes.argument(init.call, 0, "models").value
             if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
@@ -99,7 +99,7 @@ class CrossFilePlanning:
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
                 else:
                     step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
-                self._leave_marker(init.statement, step)
+                self.draft.leave_marker(init.statement, step)
         if others:
             self._plan_state_dicts()
             self._plan_after_imports()
@@ -118,9 +118,9 @@ class CrossFilePlanning:
         if partner.scaler_import is None:
             raise Unplannable(first, f"the GradScaler lives in {partner.file}, which imports this file: importing it back would be circular")
         name = partner.facts.scaler
-        local = name if name not in self.names else self._free_scaler_name()
+        local = name if name not in self.tree.names else self._free_scaler_name()
         self.scaler = local
-        self.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
+        self.draft.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
 
     def _note_what_cannot_cross(self, inits: list[InitializeSite], static: bool) -> None:
         """Where the scale half's GradScaler, made once at module level, cannot be what apex
@@ -128,16 +128,16 @@ class CrossFilePlanning:
         other = self.partner.file
         init = inits[0]
         if len({normal(nodes.code(each.call)) for each in inits}) > 1:
-            self.unsafe.append(f"`amp.initialize` is called {len(inits)} times with different arguments: {other} makes one GradScaler, as the first asked")
+            self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times with different arguments: {other} makes one GradScaler, as the first asked")
         if init.level is None:
-            self.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 GradScaler and autocast")
+            self.draft.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 GradScaler and autocast")
         if init.enabled is not None:
-            self.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s GradScaler and autocast are always on")
+            self.draft.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s GradScaler and autocast are always on")
         if not static:
-            self.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
-        block = self.parent.get(id(init.statement))
-        if not (isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)):
-            self.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s GradScaler and autocast are on whether or not it ran")
+            self.draft.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
+        block = self.tree.parent.get(id(init.statement))
+        if not (isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)):
+            self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s GradScaler and autocast are on whether or not it ran")
 
 
 def _constant(expression: str) -> bool:

@@ -67,8 +67,8 @@ class GradientPlanning:
             readers.append((container, condition, False))
         leaving = next((found for found in map(loop_exit, route) if found is not None), None) if passed else None
         if leaving is not None:
-            self.unsafe.append(
-                f"the iteration may end at line {self._line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
+            self.draft.unsafe.append(
+                f"the iteration may end at line {self.tree.line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
                 f"`{optimizer}.step()`: apex lowered the loss scale after an overflow as `amp.scale_loss` exited; "
                 f"natively `{self._scaler_of(scale.call)}.update()` runs after the step, so there the scale is not lowered"
             )
@@ -89,11 +89,11 @@ class GradientPlanning:
                     # scale-aware clip cuts the true ones, as was surely meant, but not as it ran
                     delayed = "on delay_unscale passes apex clipped the scaled gradients at the bare threshold; this clips the true ones"
                     reason = f"a clip runs after `amp.scale_loss(..., delay_unscale=...)`: {delayed}"
-                    self.unsafe.append(reason)
-                    self.marked_reasons.append(reason)
+                    self.draft.unsafe.append(reason)
+                    self.draft.marked_reasons.append(reason)
                 self._plan_scale_aware(scale, [call for calls in clips for call in calls], delayed)
                 return
-            self.unsafe.append(
+            self.draft.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
                 f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
             )
@@ -105,10 +105,10 @@ class GradientPlanning:
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
         places = self._first_readers(first) if len(readers) == 1 else [first]
         for place in places:
-            lines = self.insert_before.setdefault(id(place), (place, []))[1]
+            lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
                 lines.append(line)
-        self.unscale_covered.update(id(reader) for reader, _, _ in readers)
+        self.draft.unscale_covered.update(id(reader) for reader, _, _ in readers)
 
     @staticmethod
     def _unscale_each(scaler: str, optimizer: str, steps: list[tuple[cst.SimpleStatementLine, int]]) -> str:
@@ -130,9 +130,9 @@ class GradientPlanning:
         say it, so that the lint does not unscale them before it on a later run."""
         if self.o0:
             return  # nothing is scaled
-        keep = frozenset(self.replacements)
+        keep = frozenset(self.draft.replacements)
         for scale in scales:
-            entry = self.replacements.get(id(scale.statement))
+            entry = self.draft.replacements.get(id(scale.statement))
             if entry is None or not isinstance(entry[1], cst.FlattenSentinel):
                 continue  # the block was only its backward
             readers, backward_seen = set(), False
@@ -144,7 +144,7 @@ class GradientPlanning:
             if readers:
                 parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) in readers else part
                          for part in entry[1].nodes]
-                self._replace(scale.statement, cst.FlattenSentinel(parts))
+                self.draft.replace(scale.statement, cst.FlattenSentinel(parts))
 
     @staticmethod
     def _may_delay_unscale(scale: ScaleLossSite) -> bool:
@@ -162,17 +162,17 @@ class GradientPlanning:
             generator = None
             if isinstance(params, cst.Call) and id(params) in masters:
                 generator = self._master_params_generator(params)
-                self.master_params_in_clips.add(id(params))
-            new = grad_readers.scale_aware(clip, factor, self.parent.get(id(clip)), generator, self.module)
+                self.draft.master_params_in_clips.add(id(params))
+            new = grad_readers.scale_aware(clip, factor, self.tree.parent.get(id(clip)), generator, self.tree.module)
             # Marked `# noqa: AMP101`: it reads scaled gradients, and rightly (AMP101 offers no fix
             # there, as no step may follow). One mark per statement.
-            node, statement = clip, self._statement(clip)
-            if id(statement) not in self.replacements:
+            node, statement = clip, self.tree.statement(clip)
+            if id(statement) not in self.draft.replacements:
                 node, new = statement, with_first_line_comment(statement.deep_replace(clip, new), SCALE_AWARE_MARK)
-            self._replace(node, new)
+            self.draft.replace(node, new)
             if marker is not None:
-                self._leave_marker(node if node is statement else scale.statement, marker)
-            self._kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
+                self.draft.leave_marker(node if node is statement else scale.statement, marker)
+            self.draft.kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
                        f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
 
     def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
@@ -200,9 +200,9 @@ class GradientPlanning:
         for line, _ in steps:
             path, node = [], line
             while node is not container:
-                block = self.parent[id(node)]
+                block = self.tree.parent[id(node)]
                 body = list(block.body)
-                owner = self.parent.get(id(block))
+                owner = self.tree.parent.get(id(block))
                 conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
                 if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
                     conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
@@ -212,31 +212,31 @@ class GradientPlanning:
                 if owner is None:
                     break
                 node = owner
-                while not isinstance(self.parent.get(id(node)), (cst.IndentedBlock, cst.Module)):
-                    node = self.parent[id(node)]
+                while not isinstance(self.tree.parent.get(id(node)), (cst.IndentedBlock, cst.Module)):
+                    node = self.tree.parent[id(node)]
             paths.append(path)
         return paths
 
     def _chain_top(self, arm: cst.If | cst.Else) -> cst.If:
         """The first ``if`` of the if/elif/else chain holding ``arm``."""
         top = arm
-        while isinstance(top, cst.Else) or getattr(self.parent.get(id(top)), "orelse", None) is top:
-            top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
+        while isinstance(top, cst.Else) or getattr(self.tree.parent.get(id(top)), "orelse", None) is top:
+            top = self.tree.parent[id(top)]  # up from an else or an elif to the chain's first if
         return top
 
     def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
         """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
         branch: cst.CSTNode | None = self._chain_top(arm)
         while isinstance(branch, cst.If):
-            if not any(self._inside(line, branch.body) for line, _ in steps):
+            if not any(self.tree.inside(line, branch.body) for line, _ in steps):
                 return False
             branch = branch.orelse
-        return isinstance(branch, cst.Else) and any(self._inside(line, branch.body) for line, _ in steps)
+        return isinstance(branch, cst.Else) and any(self.tree.inside(line, branch.body) for line, _ in steps)
 
     def _scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
         """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
         others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
-        return any(self._inside(call, statement) for call in others) or bool(backward_calls(statement))
+        return any(self.tree.inside(call, statement) for call in others) or bool(backward_calls(statement))
 
     _reads_grads = staticmethod(grad_readers.reads_grads)
 
@@ -250,51 +250,51 @@ class GradientPlanning:
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise Unplannable(call, "`amp.master_params` is not called with one optimizer")
             if self.level in ("O2", "O3") or (self.level is None and not self.level_guarded):
-                self.unsafe.append(MASTER_COPIES)
-            if id(call) in self.master_params_in_clips:
+                self.draft.unsafe.append(MASTER_COPIES)
+            if id(call) in self.draft.master_params_in_clips:
                 continue
             opt = nodes.code(optimizer.value)
             generator = self._master_params_generator(call)
-            statement = self._statement(call)
-            blocks = self._enclosing_blocks(statement)
+            statement = self.tree.statement(call)
+            blocks = self.tree.enclosing_blocks(statement)
             done = unscaled.setdefault(opt, [])
             already = any(block is unscaled_block for block in blocks for unscaled_block in done)
             # In the `scale_loss` block apex had not unscaled yet: what reads gradients there reads
             # scaled ones, as it will natively.
-            in_block = self._inside_any(call, self._scale_loss_statements)
+            in_block = self.tree.inside_any(call, self._scale_loss_statements)
             inspects_grads = self._feeds_grad_consumer(call, statement) and not in_block
-            covered = any(id(node) in self.unscale_covered for node in (statement, *self._ancestors(statement)))
+            covered = any(id(node) in self.draft.unscale_covered for node in (statement, *self.tree.ancestors(statement)))
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
-            self._kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
+            self.draft.kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
             if self.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
-                self._replace(call, generator)
+                self.draft.replace(call, generator)
                 if inspects_grads and not self.o0 and not already:
-                    self.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
+                    self.draft.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
                 continue
-            if any(self._inside(block, blocks[0]) for block in done):
+            if any(self.tree.inside(block, blocks[0]) for block in done):
                 raise Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
             done.append(blocks[0])
-            unscale = nodes.parse_statements(f"{self._scaler_of(call)}.unscale_({opt})\n", self.module)[0]
+            unscale = nodes.parse_statements(f"{self._scaler_of(call)}.unscale_({opt})\n", self.tree.module)[0]
             updated = statement.deep_replace(call, generator)
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
-            self._replace(statement, new)
-            self._kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+            self.draft.replace(statement, new)
+            self.draft.kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
 
     def _master_params_generator(self, call: cst.Call) -> cst.BaseExpression:
         """The optimizer's parameters, where ``amp.master_params(optimizer)`` stood."""
         opt = nodes.code(nodes.argument(call, 0, "optimizer").value)
-        generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.module)
-        arg = self.parent.get(id(call))
-        outer = self.parent.get(id(arg))
+        generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.tree.module)
+        arg = self.tree.parent.get(id(call))
+        outer = self.tree.parent.get(id(arg))
         if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
             generator = generator.with_changes(lpar=[], rpar=[])
         return generator
 
     def _feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
         """Whether the parameters go into something that reads gradients (clipping, norms)."""
-        node = self.parent.get(id(call))
+        node = self.tree.parent.get(id(call))
         while node is not None and node is not statement:
             if isinstance(node, cst.Call) and any(word in nodes.call_name(node).lower() for word in ("clip", "norm", "grad")):
                 return True
-            node = self.parent.get(id(node))
+            node = self.tree.parent.get(id(node))
         return False

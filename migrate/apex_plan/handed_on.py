@@ -20,9 +20,9 @@ class HandedOnPlanning:
     def _escape(self, node: cst.CSTNode) -> str | None:
         """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
         module is handed on under (the GradScaler takes its place, so ``None`` still means "off")."""
-        parent = self.parent.get(id(node))
+        parent = self.tree.parent.get(id(node))
         if isinstance(parent, cst.IfExp) and nodes.is_none(parent.orelse if parent.body is node else parent.body):
-            node, parent = parent, self.parent.get(id(parent))
+            node, parent = parent, self.tree.parent.get(id(parent))
         if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
             target = parent.targets[0].target
             # `self.amp = amp` stays with its object; `args.amp = amp` goes wherever `args` goes,
@@ -32,7 +32,7 @@ class HandedOnPlanning:
         if isinstance(parent, cst.Arg) and parent.value is node:
             if parent.keyword is not None:
                 return parent.keyword.value
-            taken = parameter_taking(self.module, self.parent, parent)  # `train(model, amp)`: by position
+            taken = parameter_taking(self.tree.module, self.tree.parent, parent)  # `train(model, amp)`: by position
             return taken[1] if taken is not None else None
         return None
 
@@ -49,27 +49,27 @@ class HandedOnPlanning:
 
         candidates = []
         for node, alias in self.escapes:
-            assign = self.parent.get(id(node))
+            assign = self.tree.parent.get(id(node))
             if isinstance(assign, cst.Assign) and nodes.code(assign.targets[0].target) == f"self.{alias}":
                 candidates.append((node, alias, assign))
         if not candidates:
             return
-        walk(self.module, _Uses())
+        walk(self.tree.module, _Uses())
         for node, alias, assign in candidates:
             calls, plain = [], True
             for use in uses.get(alias, []):
-                parent = self.parent.get(id(use))
-                call = self.parent.get(id(parent))
+                parent = self.tree.parent.get(id(use))
+                call = self.tree.parent.get(id(parent))
                 if isinstance(parent, cst.Attribute) and parent.attr.value in CORE and isinstance(call, cst.Call) and call.func is parent:
                     calls.append((parent.attr.value, call))
                 elif not self._assigned(use):
                     plain = False
             if not plain or not calls:
                 continue
-            others = [use for use in uses[alias] if self._assigned(use) and self._statement(use) is not self._statement(assign)]
+            others = [use for use in uses[alias] if self._assigned(use) and self.tree.statement(use) is not self.tree.statement(assign)]
             self._stand_ins_assigned_once = self._stand_ins_assigned_once and all(self._sets_none(use) for use in others)
             self.escapes.remove((node, alias))
-            statement = self._statement(assign)
+            statement = self.tree.statement(assign)
             self._stand_in_assignments.append(statement)
             for kind, call in calls:
                 self.sites[kind].append(call)
@@ -80,7 +80,7 @@ class HandedOnPlanning:
         is given the module nowhere but just before ``init``, in its block (elsewhere at most
         ``None``): wherever ``init`` has not run, the file failed on ``self.amp`` exactly as its
         rewrite fails on the scaler."""
-        block = self.parent.get(id(init.statement))
+        block = self.tree.parent.get(id(init.statement))
         body = list(getattr(block, "body", ()))
         used = [call for kind in CORE if kind != "initialize" for call in self.sites[kind]]
         return (
@@ -91,30 +91,30 @@ class HandedOnPlanning:
 
     def _set_to_none_beside(self, name: cst.Name) -> bool:
         """Whether the function (or module) handing on ``name`` also assigns it ``None``."""
-        scope = self._function(name) or self.module
+        scope = self.tree.function(name) or self.tree.module
         return any(type(node) is cst.Assign and nodes.is_none(node.value)
                    and any(nodes.code(target.target) == name.value for target in node.targets)
                    for node in descendants(scope))
 
     def _sets_none(self, target: cst.CSTNode) -> bool:
         """Whether the assignment to ``target`` gives it ``None`` (``a.x, a.y = [None, None]`` too)."""
-        statement = self._statement(target)
+        statement = self.tree.statement(target)
         values = [small.value for small in getattr(statement, "body", ()) if isinstance(small, cst.Assign)]
         return len(values) == 1 and all(nodes.is_none(value) for value in (
             [e.value for e in values[0].elements] if isinstance(values[0], (cst.List, cst.Tuple)) else values))
 
     def _assigned(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is a target of an assignment (also inside a tuple of targets)."""
-        parent = self.parent.get(id(node))
+        parent = self.tree.parent.get(id(node))
         while isinstance(parent, (cst.Element, cst.Tuple, cst.List)):
-            node, parent = parent, self.parent.get(id(parent))
+            node, parent = parent, self.tree.parent.get(id(parent))
         return isinstance(parent, cst.AssignTarget) and parent.target is node
 
     def _find_alias_sites(self, aliases: set[str]) -> None:
         """``amp.scale_loss`` / ``amp.master_params`` called on what received the handed-on module:
         a parameter or an attribute of that name (``def run(..., amp=None)``, ``self.amp``)."""
         known = {id(call) for kind in CORE for call in self.sites[kind]}
-        for node in descendants(self.module):
+        for node in descendants(self.tree.module):
             func = node.func if type(node) is cst.Call else None
             if not isinstance(func, cst.Attribute) or id(node) in known:
                 continue
@@ -138,13 +138,13 @@ class HandedOnPlanning:
         its state saved or loaded (old apex checkpoints converted on load)."""
         reads = []
         for node, _ in self.escapes:
-            found = receivers(self.module, self.parent, node)
+            found = receivers(self.tree.module, self.tree.parent, node)
             if found is None:
                 return False
             reads += found
         if not all(read.method in (None, "scale_loss", "master_params", "state_dict", "load_state_dict") for read in reads):
             return False
-        calls = [(read.method, self.parent[id(self.parent[id(read.node)])]) for read in reads if read.method is not None]
+        calls = [(read.method, self.tree.parent[id(self.tree.parent[id(read.node)])]) for read in reads if read.method is not None]
         self._receiver_loads = [call for method, call in calls if method == "load_state_dict"]
         self.receiver_calls = frozenset(id(call) for _, call in calls)  # the plan handles them: not AMP016's
         return True
@@ -157,23 +157,23 @@ class HandedOnPlanning:
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 continue
             holder = nodes.code(call.func.value)
-            self._replace(call, nodes.parse_expression(
-                f"{holder}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {holder}))", self.module))
-            self._kind(call, STATE_DICT, "the handed-on module loads apex's loss-scaler state here",
+            self.draft.replace(call, nodes.parse_expression(
+                f"{holder}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {holder}))", self.tree.module))
+            self.draft.kind(call, STATE_DICT, "the handed-on module loads apex's loss-scaler state here",
                        "Load it into the GradScaler, converting old apex checkpoints")
-            if HELPER_NAME not in self.names and HELPER_SOURCE not in self.after_imports:
-                self.after_imports.append(HELPER_SOURCE)
+            if HELPER_NAME not in self.tree.names and HELPER_SOURCE not in self.draft.after_imports:
+                self.draft.after_imports.append(HELPER_SOURCE)
 
     def _plan_escapes(self) -> None:
         self._plan_receiver_loads()
         for statement in self._stand_in_assignments:
-            self._replace(statement, cst.RemoveFromParent())
-            self._kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
+            self.draft.replace(statement, cst.RemoveFromParent())
+            self.draft.kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
         for node, _ in self.escapes:
             handed = self.scaler
             if isinstance(node, cst.Name) and self._set_to_none_beside(node):
                 # `else: amp = None` then `train(..., amp)`: where apex was off the receiver got
                 # None, and tests for it (`if amp:`); a disabled scaler would pass that test
                 handed = f"{self.scaler} if {self.scaler}.is_enabled() else None"
-            self._replace(node, nodes.parse_expression(handed, self.module))
-            self._kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
+            self.draft.replace(node, nodes.parse_expression(handed, self.tree.module))
+            self.draft.kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")

@@ -33,17 +33,17 @@ class InitializePlanning:
 
     def _plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
         if init.restore:
-            new = nodes.parse_statements(init.restore + "\n", self.module)[0]
-            self._replace(init.statement, nodes.with_leading(new, init.statement))
+            new = nodes.parse_statements(init.restore + "\n", self.tree.module)[0]
+            self.draft.replace(init.statement, nodes.with_leading(new, init.statement))
         else:
             # `if isinstance(ema, nn.Module): ema = amp.initialize(ema, ...)`: the `if` goes too.
             target = init.statement
-            while with_guard and (guard := nodes.guarding_if(target, lambda node: self.parent.get(id(node)))) is not None:
+            while with_guard and (guard := nodes.guarding_if(target, lambda node: self.tree.parent.get(id(node)))) is not None:
                 target = guard
-            self._replace(target, cst.RemoveFromParent())
-            self._kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+            self.draft.replace(target, cst.RemoveFromParent())
+            self.draft.kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
             return
-        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+        self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
     def _initialize_fix(self) -> str:
         if self.o0:
@@ -51,7 +51,7 @@ class InitializePlanning:
         return f'Create `{self.scaler} = torch.amp.GradScaler("cuda")`'
 
     def _initialize(self, call: cst.Call) -> InitializeSite:
-        statement = self._statement(call)
+        statement = self.tree.statement(call)
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
         if isinstance(small, cst.Assign) and (len(small.targets) != 1 or small.value is not call):
             small = None
@@ -63,7 +63,7 @@ class InitializePlanning:
             raise Unplannable(call, "`amp.initialize` takes `*args`, so its models and options cannot be seen")
         splat = any(arg.star == "**" for arg in call.args)
         if splat:
-            self.unsafe.append("options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
+            self.draft.unsafe.append("options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
         unknown = nodes.keyword_names(call) - INITIALIZE_KEYWORDS
         if unknown or len([a for a in call.args if a.keyword is None]) > 4:
             raise Unplannable(call, f"`amp.initialize` has arguments apex does not take: {sorted(unknown)!r}")
@@ -85,26 +85,26 @@ class InitializePlanning:
                 pass  # only O0 or O1 can reach this call: both keep their meaning
             elif level is None and self._default_level(level_arg.value) in {"O2", "O3"} - self.exact_levels:
                 # A run-time check would stop the run people make most; O2/O3 are not exact natively.
-                self.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
+                self.draft.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
             elif level is None and possible is None and nodes.is_pure(level_arg.value):
                 # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
                 # rewrite adds that check), so no run silently trains differently.
                 guard_level = True
                 if "O2" in self.exact_levels:
-                    self.notes.append(f"O2 as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
+                    self.draft.notes.append(f"O2 as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
             elif level is None:
-                self.unsafe.append(COMPUTED_LEVEL)
+                self.draft.unsafe.append(COMPUTED_LEVEL)
             elif level in ("01", "o1"):
                 # apex refuses it, so no run that worked changes: the rewrite reads the evident O1.
-                self.notes.append(f"opt_level {level!r} is not valid (apex refused it); it is read as 'O1'")
+                self.draft.notes.append(f"opt_level {level!r} is not valid (apex refused it); it is read as 'O1'")
                 level = "O1"
             elif level not in ("O0", "O1", "O2", "O3"):
                 raise Unplannable(call, f"opt_level {level!r} is not one of 'O0'-'O3' (apex rejects it)")
             elif level in self.exact_levels - {"O0", "O1"}:
-                self.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
+                self.draft.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
                 level = "O1"
             elif level in ("O2", "O3"):
-                self.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
+                self.draft.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
@@ -144,27 +144,27 @@ class InitializePlanning:
         if isinstance(expression, cst.IfExp):
             body, orelse = self._possible_levels(expression.body, depth + 1), self._possible_levels(expression.orelse, depth + 1)
             return body | orelse if body is not None and orelse is not None else None
-        if isinstance(expression, cst.Name) and expression.value in self.assigned:
+        if isinstance(expression, cst.Name) and expression.value in self.tree.assigned:
             found: set[str] = set()
-            for value in self.assigned[expression.value]:
+            for value in self.tree.assigned[expression.value]:
                 levels = self._possible_levels(value, depth + 1)
                 if levels is None:
                     return None
                 found |= levels
             return found
-        if isinstance(expression, cst.Attribute) and self.choices.get(expression.attr.value):
-            return set(self.choices[expression.attr.value])
+        if isinstance(expression, cst.Attribute) and self.tree.choices.get(expression.attr.value):
+            return set(self.tree.choices[expression.attr.value])
         return None
 
     def _default_level(self, expression: cst.BaseExpression) -> str | None:
         """The argparse default of ``args.opt_level``, when the file gives one."""
-        return self.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
+        return self.tree.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
 
     def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
         """``self.model = model`` (or ``self.model, self.opt = model, opt``) in the function that
         initializes ``model``: other methods of the class run the model as ``self.model``."""
-        function = self._function(statement)
-        if function is None or self._class(function) is None:
+        function = self.tree.function(statement)
+        if function is None or self.tree.owner_class(function) is None:
             return set()
         stored: set[str] = set()
         for line in function.body.body:
@@ -214,7 +214,7 @@ class InitializePlanning:
                 init, growth = run_time_scale(loss_scale.value)
                 options += [f"init_scale={init}", f"growth_interval={growth}"]
             else:
-                self.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
+                self.draft.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         if "max_loss_scale" not in harmless and not options and cap_number is not None and 0 < cap_number < 2**16:
             options.append(f"init_scale={nodes.code(cap.value)}")  # apex's dynamic scale starts at min(2**16, cap)
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
@@ -225,17 +225,17 @@ class InitializePlanning:
                 continue
             if name == "num_losses":
                 self.merged_losses = True
-                self.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
+                self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
             elif name == "max_loss_scale":
-                self.unsafe.append(f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
+                self.draft.unsafe.append(f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:
-                self.unsafe.append(f"`{name}` has no native equivalent and is dropped")
+                self.draft.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options
 
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
         if self.default_scaler and not reinitialize:
-            self.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
+            self.draft.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
         if not self.o0:
             if self.scaler_scope == "global" and not reinitialize:
                 lines.append(f"global {self.scaler}")
@@ -253,30 +253,30 @@ class InitializePlanning:
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
-            new = nodes.parse_statements("\n".join(lines) + "\n", self.module) if lines else []
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module) if lines else []
             if not new:
-                self._replace(init.statement, cst.RemoveFromParent())
-                self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
+                self.draft.replace(init.statement, cst.RemoveFromParent())
+                self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
                 return
             new[0] = nodes.with_inner_comments_above(nodes.with_leading(new[0], init.statement), init.statement)
             new[-1] = nodes.with_trailing_comment(new[-1], init.statement)
-            self._replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
-            self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
+            self.draft.replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
+            self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
             return
-        new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
+        new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module)
         fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
-        rest = [s for s in hoist.body.body if s is not init.statement and not isinstance(self.replacements.get(id(s), (None, None))[1], cst.RemovalSentinel)]
+        rest = [s for s in hoist.body.body if s is not init.statement and not isinstance(self.draft.replacements.get(id(s), (None, None))[1], cst.RemovalSentinel)]
         if not rest and hoist.orelse is None and init.restore is None:
             # The `if` held nothing else that stays: it goes, and its test is evaluated once, as before.
-            self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
-            self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+            self.draft.replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
+            self.draft.kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
             return
         # The `if` is rebuilt behind the scaler; fixes planned inside it go along (`_compose_nested`).
-        restored = nodes.parse_statements(init.restore + "\n", self.module)[0] if init.restore else None
+        restored = nodes.parse_statements(init.restore + "\n", self.tree.module)[0] if init.restore else None
         inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
         kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
-        self._replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
-        self._kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
+        self.draft.replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
+        self.draft.kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
 
     def _enabled_expression(self, init: InitializeSite, hoist: cst.If | None) -> str | None:
         parts = self._flags(init, hoist)
@@ -318,14 +318,14 @@ class InitializePlanning:
         Moved before the ``if`` as ``GradScaler(enabled=flag)``, the scaler exists on every path
         and does nothing where apex was not initialized.
         """
-        block = self.parent.get(id(init.statement))
-        owner = self.parent.get(id(block))
+        block = self.tree.parent.get(id(init.statement))
+        owner = self.tree.parent.get(id(block))
         if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
             return None
         if isinstance(owner, cst.ClassDef):
             raise Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
-        is_elif = isinstance(self.parent.get(id(owner)), cst.If) and self.parent[id(owner)].orelse is owner
-        if all(self._inside(site, block) for site in sites):
+        is_elif = isinstance(self.tree.parent.get(id(owner)), cst.If) and self.tree.parent[id(owner)].orelse is owner
+        if all(self.tree.inside(site, block) for site in sites):
             return None  # the scaler is only used where it exists
         # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
         # `if amp: level = "O1"; amp.initialize(..., opt_level=level)`: the block sets what the
@@ -335,8 +335,8 @@ class InitializePlanning:
         options = [arg.value for position, arg in enumerate(init.call.args)
                    if (arg.keyword is None and position >= 2) or (arg.keyword is not None and arg.keyword.value not in ("models", "optimizers"))]
         reads_block = any(set_before & read_names(option) for option in options)  # the scaler is made from the options
-        if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self._changes_its_test(owner)
-                and not self._in_loop(owner) and not reads_block):
+        if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self.tree.changes_its_test(owner)
+                and not self.tree.in_loop(owner) and not reads_block):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner
@@ -344,7 +344,7 @@ class InitializePlanning:
         # created where apex was initialized. apex needed that to have run before any scale_loss,
         # but the forward pass may run on paths where it did not, so autocast cannot ask the
         # scaler whether it is on.
-        if self.scaler_scope in ("global", "module") and self._import_anchor() is not None:
+        if self.scaler_scope in ("global", "module") and self.tree.import_anchor() is not None:
             self.default_scaler = True  # disabled at module level until the block has run
             return None
         if self.default_in_init:
@@ -356,7 +356,7 @@ class InitializePlanning:
             # A local created in the block may not exist where autocast asks it.
             raise Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
                                "or a try) that the code using the scaler is not in")
-        self.unsafe.append(
+        self.draft.unsafe.append(
             "the scaler is created where `amp.initialize` ran, inside a block; its users assume that ran first "
             "(as apex did); autocast is on only where it did"
         )
@@ -366,15 +366,15 @@ class InitializePlanning:
     def _plan_local_default(self, init: InitializeSite) -> None:
         """A disabled local scaler made at the top of the function, standing in until the block
         that holds ``initialize`` (``if epoch == start:`` in the epoch loop) has run."""
-        function = self._function(init.statement)
+        function = self.tree.function(init.statement)
         anchor = init.statement
-        while self.parent.get(id(self.parent.get(id(anchor)))) is not function:
-            anchor = self.parent[id(anchor)]
+        while self.tree.parent.get(id(self.tree.parent.get(id(anchor)))) is not function:
+            anchor = self.tree.parent[id(anchor)]
         line = f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
-        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
-        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
+        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
                    "Create it disabled before the block that makes it")
-        self.unsafe.append(
+        self.draft.unsafe.append(
             "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
             "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
         )
@@ -386,14 +386,14 @@ class InitializePlanning:
         if anchor is None and self._only_stand_ins_set_beside(init):
             return  # where `function` has not run, the file failed on `self.amp` as the rewrite fails on the scaler
         if anchor is None:
-            self.unsafe.append(
+            self.draft.unsafe.append(
                 f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
                 "(apex trained in fp32 there)"
             )
             return
         line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
-        self.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
-        self._kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
                    "Create it disabled in `__init__`")
         self.default_in_init = True
 
@@ -434,11 +434,11 @@ class InitializePlanning:
         """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
         state is empty, as O0 scaled nothing), created where ``initialize`` ran, on every path."""
         states = self.sites["state_dict"] + self.sites["load_state_dict"]
-        return bool(states) and isinstance(self.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
-            self.parent.get(id(self.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
+        return bool(states) and isinstance(self.tree.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
+            self.tree.parent.get(id(self.tree.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
 
     def _free_scaler_name(self) -> str:
-        return next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.names), "amp_grad_scaler_")
+        return next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.names), "amp_grad_scaler_")
 
     def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
         name = self._free_scaler_name()
@@ -446,15 +446,15 @@ class InitializePlanning:
             return name, "module"
         if init.level == "O0" and not self._o0_keeps_state(init):
             return None, "none"
-        function = self._function(init.statement)
-        if init.on_self and function is not None and self._first_param(function) == "self":
-            owner = self._class(function)
-            if owner is not None and all(self._class(self._function(site)) is owner and self._first_param(self._function(site)) == "self" for site in sites):
-                attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.attributes)
+        function = self.tree.function(init.statement)
+        if init.on_self and function is not None and self.tree.first_param(function) == "self":
+            owner = self.tree.owner_class(function)
+            if owner is not None and all(self.tree.owner_class(self.tree.function(site)) is owner and self.tree.first_param(self.tree.function(site)) == "self" for site in sites):
+                attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.attributes)
                 if not self._runs_at_construction(function, owner):
                     self._plan_default_in_init(owner, function, attribute, init)
                 return f"self.{attribute}", "self"
-        if all(self._function(site) is function for site in sites):
+        if all(self.tree.function(site) is function for site in sites):
             return name, "local"
         if function is None:
             return name, "module"

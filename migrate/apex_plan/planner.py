@@ -1,8 +1,6 @@
 """The planner: classifies the file's apex.amp references, then plans every rewrite or none."""
 from __future__ import annotations
 
-import textwrap
-
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -15,8 +13,8 @@ from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.steps import StepPlanning
-from migrate.apex_plan.syntax import Collect, ReplaceByIdentity
-from migrate.apex_plan.tree import TreeQueries
+from migrate.apex_plan.draft import Draft
+from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     CAST_API,
@@ -26,8 +24,8 @@ from migrate.apex_plan.vocabulary import (
     HELPER_NAME,
     HELPER_SOURCE,
     INITIALIZE,
-    MANUAL_STEP_MARKER,
     MASTER_PARAMS,
+    PARTNER,
     SCALE_LOSS,
     STATE_DICT,
     ApexPlan,
@@ -36,15 +34,13 @@ from migrate.apex_plan.vocabulary import (
     ScaleLossSite,
     Unplannable,
 )
-from migrate.halves import PARTNER
 from migrate.names import qualified_names
 from migrate.native_casts import registered_natively
-from migrate.rule import ImportChange, Replacement, Report
-from migrate.tree_walk import walk
+from migrate.rule import ImportChange, Report
 from migrate.types import Safety
 
 
-class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning,
+class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanning, CheckpointPlanning,
               HandedOnPlanning, ModuleReadPlanning, CrossFilePlanning, SeveralInitializePlanning):
     """The plan of one file: its apex.amp sites, then a consistent rewrite of all of them, or none.
 
@@ -55,24 +51,14 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
     """
 
     def __init__(self, provider: cst.MetadataDependent, module: cst.Module) -> None:
-        self.provider = provider
-        self.module = module
-        self.parent: dict[int, cst.CSTNode] = {}
-        self.refs: list[tuple[cst.CSTNode, str]] = []
-        self.names: set[str] = set()
-        self.attributes: set[str] = set()
+        self.tree = FileTree(provider, module)
+        self.draft = Draft(self.tree)
         self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
         self.blockers: list[tuple[cst.CSTNode, str]] = []
-        self.unsafe: list[str] = []
         self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}  # `if isfinite(norm):` around a step, its scaler and test
         self.inexact_gradient_guards: dict[int, cst.If] = {}  # such a test where `update()` cannot follow it on every path
-        self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
-        self.notes: list[str] = []  # what a safe fix reads differently from the letter of the code
         self.level_guarded = False
-        self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
         self.findings: list[Report] = []
-        self.order: dict[int, int] = {}  # statement lines in source order
-        self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.scaler_in_block = False  # created in a block its users are not all in
         self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
@@ -83,38 +69,20 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
         self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
         self.local_default = False  # a disabled local scaler made earlier in the function stands in until then
-        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
-        self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
-        self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
         self.partner = (provider.cache or {}).get(PARTNER)  # the other half of apex amp, in another file
         self.partner_unsafe: list[str] = []  # the other half's reasons: a pair is fixed together or not at all
         self.half_facts: dict | None = None  # what this half tells the other half's plan
-        self.imports_added: list[ImportChange] = []  # imports the rewrite needs besides torch
-        self._kinds: dict[int, tuple[str, str, str]] = {}
-        # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler), and the
-        # gradient-reading statements an unscale covers.
-        self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
-        self.unscale_covered: set[int] = set()
-        self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
-        self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
-        self.regions: set[int] = set()  # statements that became an autocast region
         self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
         self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used
-        self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
-        self._per_scope: dict[tuple, object] = {}  # answers about a function (or the module), by question
-        self.imports = nodes.apex_imports(module)
-        walk(module, Collect(self))
 
-    def per_scope(self, key: tuple, compute):
-        """``compute()``, worked out once per ``key``: every site of a function (or of the module,
-        where a notebook's top level may hold hundreds) asks the same questions of it."""
-        if key not in self._per_scope:
-            self._per_scope[key] = compute()
-        return self._per_scope[key]
+    @property
+    def _site_ids(self) -> frozenset[int]:
+        """The calls of apex's API the plan rewrites (direct, on a stand-in or on a receiver)."""
+        return frozenset(id(call) for found in self.sites.values() for call in found)
 
     def plan(self) -> ApexPlan:
         self._classify()
@@ -127,30 +95,30 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 raise Unplannable(node, reason)
             self._check_partner(core[0])
             self._rewrite()
-            self._check_disjoint()
+            self.draft.check_disjoint()
         except Unplannable as problem:
             return ApexPlan(self._report_only(problem), half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
-        handled |= {id(node) for node, _ in self.refs if self._statement(node) in self.module_reads}
+        handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.module_reads}
         handled |= getattr(self, "receiver_calls", frozenset())
-        half = HalfFacts(**(self.half_facts or {}), reasons=tuple(dict.fromkeys(self.unsafe))) if self._is_half() else None
-        return ApexPlan(self.findings, tuple(dict.fromkeys(self.unsafe + self.partner_unsafe)), handled=handled, half=half)
+        half = HalfFacts(**(self.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.partner_unsafe)), handled=handled, half=half)
 
     def _is_half(self) -> bool:
         return bool(self.sites["initialize"]) != bool(self.sites["scale_loss"])
 
     def _classify(self) -> None:
-        for node, name in self.refs:
+        for node, name in self.tree.refs:
             attr = name[len("apex.amp.") :] if name != "apex.amp" else ""
-            parent = self.parent.get(id(node))
+            parent = self.tree.parent.get(id(node))
             if attr in CORE and isinstance(parent, cst.Call) and parent.func is node:
                 self.sites[attr].append(parent)
             elif attr.split(".")[0] in CAST_API:
                 self._cast_edit(attr, node, parent)
-            elif attr == "__dict__" and self._in_test(node):
+            elif attr == "__dict__" and self.tree.in_test(node):
                 self._probe(node)  # `if "state_dict" in amp.__dict__:`: GradScaler has both methods
             elif attr == "":
-                if self._in_test(node):
+                if self.tree.in_test(node):
                     continue
                 alias = self._escape(node)
                 if alias is None:
@@ -169,18 +137,18 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         if attr.startswith("register_") and isinstance(parent, cst.Call) and parent.func is node:
             module = nodes.argument(parent, 0, "module")
             name = nodes.literal_string(getattr(nodes.argument(parent, 1, "name"), "value", None))
-            modules = qualified_names(self.provider, module.value) if module is not None else set()
+            modules = qualified_names(self.tree.provider, module.value) if module is not None else set()
             if registered_natively(f"apex.amp.{attr}", modules, name):
                 return
         elif not attr.startswith("lists"):
             return  # cast decorators and `disable_casts` have exact native forms
-        self.unsafe.append(
-            f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self._line(node)}): native autocast "
+        self.draft.unsafe.append(
+            f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self.tree.line(node)}): native autocast "
             "does not read them, so the ops they name run in autocast's own precision"
         )
 
     def _report_only(self, problem: Unplannable) -> list[Report]:
-        line = self._line(problem.node)
+        line = self.tree.line(problem.node)
         where = f" (line {line})" if line else ""
         reason = f"not rewritten: {problem.reason}{where}; migrate this file by hand or keep it running on ampshim"
         messages = {
@@ -228,7 +196,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         joined = [extra for extra in others_inits if extra not in repeats and (self._joins(init, extra) or self._inference_beside(init, extra))]
         self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
-            self.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
+            self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         self.level = level
         self.o0 = self.level == "O0"
         self.level_guarded = init is not None and init.guard_level
@@ -236,7 +204,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
         scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
         if self.escapes and not self._receivers_take_a_scaler():
-            self.unsafe.append(
+            self.draft.unsafe.append(
                 "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
                 "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
             )
@@ -245,13 +213,13 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         self._guard_test = nodes.code(hoist.test) if hoist is not None else None
         # A scaler assigned through `global` exists only once its function ran: a disabled one
         # stands in at module level until then, as apex did nothing before `initialize`.
-        if self.scaler_scope == "global" and not self.o0 and self._import_anchor() is not None:
+        if self.scaler_scope == "global" and not self.o0 and self.tree.import_anchor() is not None:
             self.default_scaler = True
         elif self.scaler_scope == "module" and not self.o0 and init is not None:
             # Created inside `if __name__ == "__main__":`: functions read it, maybe after an import.
-            created_in = self.parent.get(id(hoist if hoist is not None else init.statement))
+            created_in = self.tree.parent.get(id(hoist if hoist is not None else init.statement))
             if not isinstance(created_in, cst.Module):
-                if self._import_anchor() is None:
+                if self.tree.import_anchor() is None:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
                 self.default_scaler = True
         self.may_be_disabled = not self.scaler_in_block and (
@@ -276,8 +244,8 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
                 continue
             plain = self._plain_backward(beside=scale.statement)
             if plain is not None:
-                self.unsafe.append(
-                    f"the plain backward pass at line {self._line(plain)} adds gradients that apex kept as they were "
+                self.draft.unsafe.append(
+                    f"the plain backward pass at line {self.tree.line(plain)} adds gradients that apex kept as they were "
                     "and `scaler.step` would divide by the scale"
                 )
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
@@ -286,20 +254,20 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         if self.merged_losses:
             found_by_scale = [[hit for found in found_by_scale for hit in found]]
         for found in found_by_scale:
-            found.sort(key=lambda hit: (self.order[id(hit[0])], hit[1]))
-            last_in_block = {id(self.parent[id(line)]): (id(line), index) for line, index, _ in found}
+            found.sort(key=lambda hit: (self.tree.order[id(hit[0])], hit[1]))
+            last_in_block = {id(self.tree.parent[id(line)]): (id(line), index) for line, index, _ in found}
             for line, index, condition in found:
                 entry = steps.setdefault(id(line), (line, {}, condition))
-                last = last_in_block[id(self.parent[id(line)])] == (id(line), index) and not self._under_gradient_guard(line)
+                last = last_in_block[id(self.tree.parent[id(line)])] == (id(line), index) and not self._under_gradient_guard(line)
                 entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in steps.values():
             if EACH in updates:
-                self._replace(line, self._each_step_replacement(line, updates[EACH], condition, step_scaler[id(line)]))
-                self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
+                self.draft.replace(line, self._each_step_replacement(line, updates[EACH], condition, step_scaler[id(line)]))
+                self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
                            f"Use `{self.scaler}.step(optimizer)` for each optimizer, then `{self.scaler}.update()` once")
                 continue
-            self._replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
-            self._kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+            self.draft.replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
+            self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
         self._plan_gradient_guards()
         self._plan_master_params()
         self._plan_state_dicts()
@@ -315,7 +283,7 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
             self._plan_initialize(init, hoist)
         elif not self.o0:
             arguments = ", ".join(['"cuda"', *partner_args])
-            self.after_imports.append(f"{self.scaler} = torch.amp.GradScaler({arguments})\n")
+            self.draft.after_imports.append(f"{self.scaler} = torch.amp.GradScaler({arguments})\n")
             self.half_facts = {"scaler": self.scaler}
         if not self.o0:
             for scale in scales:
@@ -326,13 +294,13 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
         inputs it is given working (fp32 weights would refuse them)."""
-        self.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
+        self.draft.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
         target, values = init.restore.split(" = ", 1)
         code = nodes.code(model)
         restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
-        new = nodes.parse_statements(restore + "\n", self.module)[0]
-        self._replace(init.statement, nodes.with_leading(new, init.statement))
-        self._kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Call `.half()` on the model: O3 is pure float16")
+        new = nodes.parse_statements(restore + "\n", self.tree.module)[0]
+        self.draft.replace(init.statement, nodes.with_leading(new, init.statement))
+        self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Call `.half()` on the model: O3 is pure float16")
 
     def _master_params_alone(self) -> None:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
@@ -341,153 +309,73 @@ class Planner(TreeQueries, InitializePlanning, StepPlanning, GradientPlanning, A
         if states:
             self._plan_state_alone()
         for call in self.sites["master_params"]:
-            if self._feeds_grad_consumer(call, self._statement(call)):
+            if self._feeds_grad_consumer(call, self.tree.statement(call)):
                 raise Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
         self._plan_master_params()
         self._plan_after_imports()
         self._emit([])
 
-    def _import_anchor(self) -> cst.SimpleStatementLine | None:
-        """The last top-level import line: module-level definitions of the rewrite go after it."""
-        anchor = None
-        for statement in self.module.body:
-            if nodes.is_import_line(statement):
-                anchor = statement
-        return anchor
-
     def _until(self, init: InitializeSite) -> str:
-        function = self._function(init.statement)
+        function = self.tree.function(init.statement)
         return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
 
     def _plan_after_imports(self) -> None:
         """Definitions the rewrite needs at module level go after the last top-level import."""
-        if not self.after_imports:
+        if not self.draft.after_imports:
             return
-        anchor = self._import_anchor()
-        if anchor is None or self._touched(anchor):
+        anchor = self.tree.import_anchor()
+        if anchor is None or self.draft.touched(anchor):
             first = next(call for kind in CORE for call in self.sites[kind])
             raise Unplannable(first, "no top-level import to put the module-level definitions after")
-        following = self.module.body[self.module.body.index(anchor) + 1 :]
+        following = self.tree.module.body[self.tree.module.body.index(anchor) + 1 :]
         blank_after = sum(1 for line in following[0].leading_lines if line.comment is None) if following else 2
         added = []
-        for source in sorted(self.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
-            statements = nodes.parse_statements(source, self.module)
+        for source in sorted(self.draft.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
+            statements = nodes.parse_statements(source, self.tree.module)
             blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
             added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank), *statements[1:]]
         if isinstance(added[-1], cst.FunctionDef) and blank_after < 2:  # two blank lines after a def
             footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
             added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))
-        self._replace(anchor, cst.FlattenSentinel([anchor, *added]))
+        self.draft.replace(anchor, cst.FlattenSentinel([anchor, *added]))
         # said as what the file gains, where it gains it (a user reads this line, not the planner's)
         what = []
-        if any(source != HELPER_SOURCE for source in self.after_imports):
+        if any(source != HELPER_SOURCE for source in self.draft.after_imports):
             what.append(f"the GradScaler `{self.scaler}` is made at module level, after the imports")
-        if HELPER_SOURCE in self.after_imports:
+        if HELPER_SOURCE in self.draft.after_imports:
             what.append(f"`{HELPER_NAME}`, which reads old apex checkpoints into a GradScaler, is defined after the imports")
         code = STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS
-        self._kind(anchor, code, "; ".join(what), "Add it after the imports" if len(what) == 1 else "Add them after the imports")
+        self.draft.kind(anchor, code, "; ".join(what), "Add it after the imports" if len(what) == 1 else "Add them after the imports")
 
     def _emit(self, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)
         self._mark_scaled_readers(scales)
-        self._place_insertions()
-        self._compose_nested()
+        self.draft.place_insertions(getattr(self, "scaler", None))
+        self.draft.compose_nested()
         if not self.o0:
-            for name, scope in self.torch_shadowed:
-                if any(self._inside(node, scope) for node, _ in self.replacements.values()):
+            for name, scope in self.tree.torch_shadowed:
+                if any(self.tree.inside(node, scope) for node, _ in self.draft.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
-        safety = Safety.UNSAFE if self.unsafe or self.partner_unsafe else Safety.SAFE
-        why_unsafe = "; ".join(dict.fromkeys(self.unsafe + self.partner_unsafe))
-        notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.notes))
-        removes = tuple(dict.fromkeys(change for node, _ in self.refs for change in self.imports.get(nodes.root_name(node) or "", ())))
-        adds = (*(() if self.o0 else (ImportChange("torch"),)), *self.imports_added)
+        safety = Safety.UNSAFE if self.draft.unsafe or self.partner_unsafe else Safety.SAFE
+        why_unsafe = "; ".join(dict.fromkeys(self.draft.unsafe + self.partner_unsafe))
+        notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.draft.notes))
+        removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
+        adds = (*(() if self.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
         for scale in scales:
             fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
-            self._kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
-        for node, replacement in self.replacements.values():
-            code, message, fix = self._kinds[id(node)]
+            self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
+        for node, replacement in self.draft.replacements.values():
+            code, message, fix = self.draft.kinds[id(node)]
             self.findings.append(Report(code, node, message, replacement, safety, fix + notes, adds, removes, why_unsafe))
-
-    def _kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
-        self._kinds[id(node)] = (code, message, fix)
-
-    def _replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
-        self.replacements[id(node)] = (node, replacement)
-
-    def _compose_nested(self) -> None:
-        """A replacement that keeps original statements (the body of a ``scale_loss`` block)
-        carries the replacements planned inside them; innermost first."""
-        ancestors = {key: self._ancestors(node) for key, (node, _) in self.replacements.items()}
-        nested: dict[int, list[int]] = {}  # a replaced node -> the replaced nodes inside it
-        for key, found in ancestors.items():
-            for ancestor in found:
-                if id(ancestor) in self.replacements:
-                    nested.setdefault(id(ancestor), []).append(key)
-        for key in sorted(self.replacements, key=lambda key: -len(ancestors[key])):
-            node, replacement = self.replacements[key]  # composed already, if it was inside another
-            inner = {inside: self.replacements[inside][1] for inside in nested.get(key, ())}
-            if not inner or id(node) in self.composed or isinstance(replacement, cst.RemovalSentinel):
-                continue
-            swap = ReplaceByIdentity(inner)
-            parts = [part.visit(swap) for part in (replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement])]
-            dropped = set(inner) - swap.swapped
-            if all(isinstance(inner[key], cst.RemovalSentinel) for key in dropped):  # else `_check_disjoint` reports it
-                self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
-                self.composed.add(id(node))
-
-    def _check_disjoint(self) -> None:
-        for node, _ in self.replacements.values():
-            ancestor = self.parent.get(id(node))
-            while ancestor is not None:
-                if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
-                    raise Unplannable(node, "two rewrites would overlap here")
-                ancestor = self.parent.get(id(ancestor))
 
     def _mark_unsafe(self, scales: list[ScaleLossSite]) -> None:
         """An unsafe rewrite may train differently: it says why in the code, where apex amp was set
         up (or scaled the loss), as a ``TODO(ampmigrate)`` that AMP017 reports until reviewed. A
         reason with a marker of its own, at its line, is not repeated."""
-        reasons = [reason for reason in dict.fromkeys(self.unsafe + self.partner_unsafe) if reason not in self.marked_reasons]
+        reasons = [reason for reason in dict.fromkeys(self.draft.unsafe + self.partner_unsafe) if reason not in self.draft.marked_reasons]
         if not reasons:
             return
-        anchors = [self._statement(call) for call in self.sites["initialize"]] + [scale.statement for scale in scales]
-        anchor = next((statement for statement in anchors if id(statement) in self.replacements), None)
+        anchors = [self.tree.statement(call) for call in self.sites["initialize"]] + [scale.statement for scale in scales]
+        anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
         if anchor is not None:
-            self._leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))
-
-    def _leave_marker(self, statement: cst.CSTNode, step: str) -> None:
-        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``, wrapped to the
-        file's line length; AMP017 reports it until done."""
-        node, replacement = self.replacements[id(statement)]
-        if isinstance(replacement, cst.RemovalSentinel):
-            replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
-        placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
-        indent = self._line_indent(statement)
-        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 2), break_on_hyphens=False)
-        comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
-        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
-        self._replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
-
-    def _place_insertions(self) -> None:
-        """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their
-        statements, keeping any fix inside them."""
-        for statement, lines in self.insert_before.values():
-            own = self.replacements.get(id(statement))
-            if own is not None:
-                replaced = own[1]
-                body = [] if isinstance(replaced, cst.RemovalSentinel) else list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
-            else:
-                inner = {id(node): new for node, new in self.replacements.values() if self._inside(node, statement)}
-                body = [statement.visit(ReplaceByIdentity(inner))] if inner else [statement]
-                if inner:
-                    self.composed.add(id(statement))
-            new = nodes.parse_statements("\n".join(lines) + "\n", self.module)
-            placed = [nodes.with_leading(new[0], statement), *new[1:], *(part.with_changes(leading_lines=()) if i == 0 else part for i, part in enumerate(body))]
-            self._replace(statement, cst.FlattenSentinel(placed))
-            if id(statement) not in self._kinds:
-                self._kind(
-                    statement,
-                    SCALE_LOSS,
-                    "gradients read after `amp.scale_loss` were unscaled by apex",
-                    f"Call `{self.scaler}.unscale_(optimizer)` before reading them",
-                )
+            self.draft.leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))

@@ -27,13 +27,13 @@ class SeveralInitializePlanning:
         its function, outside any block that could make the scaler's flag differ: apex started
         a fresh loss scaler there, as a fresh GradScaler does."""
         same = normal(nodes.code(first.call)) == normal(nodes.code(again.call)) and first.restore == again.restore
-        block = self.parent.get(id(first.statement))
-        at_top = isinstance(block, cst.Module) or isinstance(self.parent.get(id(block)), cst.FunctionDef)
-        return same and at_top and self._function(first.statement) is self._function(again.statement)
+        block = self.tree.parent.get(id(first.statement))
+        at_top = isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)
+        return same and at_top and self.tree.function(first.statement) is self.tree.function(again.statement)
 
     def _note_inference(self, inits: list[InitializeSite]) -> None:
         if any(init.inference and init.level != "O0" for init in inits):
-            self.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
+            self.draft.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
 
     @staticmethod
     def _options(site: InitializeSite) -> list[str] | None:
@@ -54,22 +54,22 @@ class SeveralInitializePlanning:
         if not other.inference or main.inference or main.level != "O1" or other.level != "O1" or other.enabled is not None:
             return False
         mine = self._options(main)
-        function = self._function(main.statement)
-        if mine is None or mine != self._options(other) or function is None or self._function(other.statement) is not function:
+        function = self.tree.function(main.statement)
+        if mine is None or mine != self._options(other) or function is None or self.tree.function(other.statement) is not function:
             return False
         main_tests, other_tests = self._tests_around(main.statement, function, loops=False), self._tests_around(other.statement, function, loops=True)
         if main_tests is None or other_tests is None or not main_tests <= other_tests:
             return False
-        if self.order[id(other.statement)] > self.order[id(main.statement)]:
+        if self.tree.order[id(other.statement)] > self.tree.order[id(main.statement)]:
             return True
-        between = [s for s in self._statements_of(function) if self.order[id(other.statement)] < self.order[id(s)] < self.order[id(main.statement)]]
-        return not any(self._calls_model(s, other.model_codes) for s in between)
+        between = [s for s in self._statements_of(function) if self.tree.order[id(other.statement)] < self.tree.order[id(s)] < self.tree.order[id(main.statement)]]
+        return not any(self.tree.calls_model(s, other.model_codes, self._site_ids) for s in between)
 
     def _tests_around(self, statement: cst.CSTNode, function: cst.FunctionDef, loops: bool) -> set[str] | None:
         """The tests of the ``if`` arms (pure, no ``else``/``elif`` arm) that hold ``statement`` in
         ``function``; loops and ``with`` blocks between are allowed with ``loops``; None otherwise."""
         tests = set()
-        node = self.parent.get(id(statement))
+        node = self.tree.parent.get(id(statement))
         while node is not None and node is not function:
             if isinstance(node, cst.If):
                 if not nodes.is_pure(node.test):
@@ -79,7 +79,7 @@ class SeveralInitializePlanning:
                 pass
             elif not isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
                 return None  # an else arm, a try, a while: not a plain test
-            node = self.parent.get(id(node))
+            node = self.tree.parent.get(id(node))
         return tests if node is function else None
 
     @staticmethod
@@ -101,10 +101,10 @@ class SeveralInitializePlanning:
         mine = self._options(first)
         if mine is None or mine != self._options(other) or (first.inference and not other.inference):
             return False
-        block = self.parent.get(id(first.statement))
+        block = self.tree.parent.get(id(first.statement))
         statement: cst.CSTNode = other.statement
-        while self.parent.get(id(statement)) is not block:
-            owner = self.parent.get(id(self.parent.get(id(statement))))
+        while self.tree.parent.get(id(statement)) is not block:
+            owner = self.tree.parent.get(id(self.tree.parent.get(id(statement))))
             if not (isinstance(owner, cst.If) and nodes.is_pure(owner.test)):
                 return False
             statement = owner

@@ -17,8 +17,8 @@ class StepPlanning:
     """
 
     def _scale_loss(self, call: cst.Call) -> ScaleLossSite:
-        item = self.parent.get(id(call))
-        statement = self.parent.get(id(item))
+        item = self.tree.parent.get(id(call))
+        statement = self.tree.parent.get(id(item))
         if not (isinstance(item, cst.WithItem) and isinstance(statement, cst.With) and item.item is call):
             raise Unplannable(call, "`amp.scale_loss` is not used as a `with` statement (it is entered by hand or returned)")
         if len(statement.items) != 1 or statement.asynchronous is not None:
@@ -40,7 +40,7 @@ class StepPlanning:
         ):
             arg = nodes.argument(call, None, name)
             if arg is not None and nodes.code(arg.value) not in ("False", "0"):
-                self.unsafe.append(why)
+                self.draft.unsafe.append(why)
                 self.merged_losses = self.merged_losses or name == "loss_id"
         value = optimizers.value
         listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
@@ -77,15 +77,15 @@ class StepPlanning:
         stamp = (id(calls), len(calls), id(calls[-1]) if calls else None)
         known = self.__dict__.get("_scale_loss_known")
         if known is None or known[0] != stamp:
-            known = self.__dict__["_scale_loss_known"] = (stamp, frozenset(id(self._statement(call)) for call in calls))
+            known = self.__dict__["_scale_loss_known"] = (stamp, frozenset(id(self.tree.statement(call)) for call in calls))
         return known[1]
 
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
-        scope = self._function(statement) or self.module
+        scope = self.tree.function(statement) or self.tree.module
         withs = self._scale_loss_statements
-        return self.per_scope(("read elsewhere", id(scope), name, withs), lambda: any(
-            not self._inside_any(node, withs) for node in self._names_in(scope).get(name, ())))
+        return self.tree.per_scope(("read elsewhere", id(scope), name, withs), lambda: any(
+            not self.tree.inside_any(node, withs) for node in self._names_in(scope).get(name, ())))
 
     def _names_in(self, scope: cst.CSTNode) -> dict[str, list[cst.Name]]:
         """The names in ``scope``, by identifier."""
@@ -96,11 +96,11 @@ class StepPlanning:
                     found.setdefault(node.value, []).append(node)
             return found
 
-        return self.per_scope(("names", id(scope)), names)
+        return self.tree.per_scope(("names", id(scope)), names)
 
     def _backwards_in(self, scope: cst.CSTNode) -> list[cst.Call]:
         """``backward_calls(scope, nested=True)``, worked out once per scope."""
-        return self.per_scope(("backwards", id(scope)), lambda: backward_calls(scope, nested=True))
+        return self.tree.per_scope(("backwards", id(scope)), lambda: backward_calls(scope, nested=True))
 
     def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
@@ -109,11 +109,11 @@ class StepPlanning:
         scaled = loss if self.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
         if scale.backward_args is not None:
             args = ", ".join(nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in scale.backward_args)
-            new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.module)[0]
-            self._replace(scale.statement, self._keep_comments(new, scale.statement))
+            new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.tree.module)[0]
+            self.draft.replace(scale.statement, self._keep_comments(new, scale.statement))
             return
-        first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.module)[0]
-        self._replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
+        first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.tree.module)[0]
+        self.draft.replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
 
     @staticmethod
     def _keep_comments(new: cst.SimpleStatementLine, statement: cst.With) -> cst.SimpleStatementLine:
@@ -138,7 +138,7 @@ class StepPlanning:
         conditions: list[str | None] = []  # the tests of the branches climbed out of
         passed: list[tuple[list[cst.BaseStatement], list[str | None]]] = []  # run between the backward and the step
         while True:
-            block = self.parent.get(id(current))
+            block = self.tree.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 break
             body = list(block.body)
@@ -152,23 +152,23 @@ class StepPlanning:
             passed.append((between, list(conditions)))
             if found:
                 self._no_closure(found)
-                if any(self._in_handler(line, scale.statement) for line, _ in found):
-                    self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
+                if any(self.tree.in_handler(line, scale.statement) for line, _ in found):
+                    self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
                 condition = self._step_condition(conditions, scale.call, wanted)
                 guards = self._gradient_guards(sibling, between, found, scale)
                 for guard in guards:
                     self.gradient_guards[id(guard)] = (guard, self._scaler_of(scale.call), condition)
                 self._plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
                 return [(line, index, condition) for line, index in found]
-            owner = self.parent.get(id(block))
+            owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
                 conditions.append(self._branch_condition(owner))
             elif not isinstance(owner, TRANSPARENT):
                 break
             while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
-                isinstance(self.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
+                isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
             ):
-                owner = self.parent.get(id(owner))
+                owner = self.tree.parent.get(id(owner))
             current = owner
         anywhere = self._steps_in_file(wanted)
         self._no_closure(anywhere)
@@ -178,16 +178,16 @@ class StepPlanning:
         # backward pass of the file skips the scaler while it is enabled.
         plain = self._plain_backward()
         if plain is not None:
-            self.unsafe.append(
-                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self._line(plain)} "
+            self.draft.unsafe.append(
+                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plain)} "
                 "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
             )
-        if any(self._in_handler(line, scale.statement) for line, _ in anywhere):
-            self.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
-        if any(self._exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
-            self.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
+        if any(self.tree.in_handler(line, scale.statement) for line, _ in anywhere):
+            self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
+        if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
+            self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
-            self._plan_grad_readers(scale, wanted, [], self._function(line) or self.module, [(line, index)], anywhere)
+            self._plan_grad_readers(scale, wanted, [], self.tree.function(line) or self.tree.module, [(line, index)], anywhere)
         return [(line, index, self._step_condition([], scale.call, wanted)) for line, index in anywhere]
 
     def _gradient_guards(self, sibling: cst.CSTNode, between: list[cst.BaseStatement],
@@ -201,12 +201,12 @@ class StepPlanning:
         skipped or come too late."""
         guards: list[cst.If] = []
         for line, _ in found:
-            node = self.parent.get(id(line))
+            node = self.tree.parent.get(id(line))
             while node is not None:
                 if isinstance(node, cst.If):
                     top = self._chain_top(node)
                     if not any(top is guard for guard in guards):
-                        holder = self.parent.get(id(top))
+                        holder = self.tree.parent.get(id(top))
                         body = list(getattr(holder, "body", ()))
                         at = next((i for i, statement in enumerate(body) if statement is top), len(body))
                         before = between if top is sibling else body[:at]
@@ -217,7 +217,7 @@ class StepPlanning:
                             self.inexact_gradient_guards[id(top)] = top
                 if node is sibling:
                     break
-                node = self.parent.get(id(node))
+                node = self.tree.parent.get(id(node))
         return guards
 
     def _tests_gradients_read(self, branch: cst.If, before: list[cst.BaseStatement], scale: ScaleLossSite) -> str | None:
@@ -239,69 +239,69 @@ class StepPlanning:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.gradient_guards.values():
             update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
-            self._replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.module)[0]]))
-            self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+            self.draft.replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.tree.module)[0]]))
+            self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
                        f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
             # apex armed a skip of the next `step()` on an overflow; where this test skipped the
             # call, the skip waited for the next iteration's step: natively only this one is skipped
             reason = ("on an overflow apex also skipped the next iteration's step (its skip waited for a `step()` "
                       "this test did not call); natively only this iteration's step is skipped")
-            self.unsafe.append(reason)
-            self.marked_reasons.append(reason)
-            self._leave_marker(guard, reason)
+            self.draft.unsafe.append(reason)
+            self.draft.marked_reasons.append(reason)
+            self.draft.leave_marker(guard, reason)
         for guard in self.inexact_gradient_guards.values():
             if any(guard is exact for exact, _, _ in self.gradient_guards.values()):
                 continue
             reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
                       "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
                       "as apex did; call `update()` on that path too")
-            self.unsafe.append(reason)
-            self.marked_reasons.append(reason)
-            if id(guard) not in self.replacements:
-                self._replace(guard, guard)
-                self._kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
+            self.draft.unsafe.append(reason)
+            self.draft.marked_reasons.append(reason)
+            if id(guard) not in self.draft.replacements:
+                self.draft.replace(guard, guard)
+                self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
                            "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
-            self._leave_marker(guard, reason)
+            self.draft.leave_marker(guard, reason)
 
     def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
-        return any(self._inside(line, guard) for guard, _, _ in self.gradient_guards.values())
+        return any(self.tree.inside(line, guard) for guard, _, _ in self.gradient_guards.values())
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
         (``if delayed: scale_loss(delay_unscale=True) else: scale_loss(); opt.step()``)."""
         for call in self.sites["scale_loss"]:
-            statement = self._statement(call)
-            block = self.parent.get(id(statement))
+            statement = self.tree.statement(call)
+            block = self.tree.parent.get(id(statement))
             optimizers = nodes.argument(call, 1, "optimizers")
-            if optimizers is None or normal(nodes.code(optimizers.value)) != normal(wanted) or not self._inside(line, block):
+            if optimizers is None or normal(nodes.code(optimizers.value)) != normal(wanted) or not self.tree.inside(line, block):
                 continue
             body = list(block.body)
-            if any(self._inside(line, later) for later in body[body.index(statement) + 1:]):
+            if any(self.tree.inside(line, later) for later in body[body.index(statement) + 1:]):
                 return True
         return False
 
     def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
-        scope = self.module if beside is None else self._function(beside) or self.module
+        scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
         withs = self._scale_loss_statements
-        candidates = self.per_scope(
+        candidates = self.tree.per_scope(
             ("plain backwards", id(scope), withs, getattr(self, "_guard_test", None)),
             lambda: [call for call in self._backwards_in(scope)
-                     if not self._inside_any(call, withs) and not self._scaler_disabled_at(call)])
-        return next((call for call in candidates if beside is None or not self._exclusive(call, beside)), None)
+                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)])
+        return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
         if self._guard_test is None:
             return False
-        child, parent = node, self.parent.get(id(node))
+        child, parent = node, self.tree.parent.get(id(node))
         while parent is not None:
             if isinstance(parent, cst.If):
                 test = nodes.code(parent.test)
                 if (test == self._guard_test and child is parent.orelse) or (test == f"not {self._guard_test}" and child is parent.body):
                     return True
-            child, parent = parent, self.parent.get(id(parent))
+            child, parent = parent, self.tree.parent.get(id(parent))
         return False
 
     def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
@@ -328,8 +328,8 @@ class StepPlanning:
             # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the
             # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
             # where `scaler.step` would find nothing scaled and fail.
-            self.unsafe.append(
-                f"the scaled backward runs under a test that calls something (line {self._line(call)}): "
+            self.draft.unsafe.append(
+                f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
                 f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
             )
             conditions = [c for c in conditions if c is not None]
@@ -345,7 +345,7 @@ class StepPlanning:
         earlier = []
         link = branch
         while True:
-            above = self.parent.get(id(link))
+            above = self.tree.parent.get(id(link))
             if not (isinstance(above, cst.If) and above.orelse is link):
                 break
             earlier.insert(0, above.test)
@@ -387,7 +387,7 @@ class StepPlanning:
                 found.extend((node, i) for i, small in enumerate(node.body) if is_step(small, wanted))
                 return False
 
-        walk(self.module, _Steps())
+        walk(self.tree.module, _Steps())
         return found
 
     def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
@@ -402,7 +402,7 @@ class StepPlanning:
         if not update:
             return new
         text = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
-        return cst.FlattenSentinel([new, nodes.parse_statements(text, self.module)[0]])
+        return cst.FlattenSentinel([new, nodes.parse_statements(text, self.tree.module)[0]])
 
     def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []
@@ -413,16 +413,16 @@ class StepPlanning:
             call = small.value
             args = "".join(f", {nodes.code(arg)}" for arg in call.args)
             optimizer = nodes.code(call.func.value)
-            new = [cst.Expr(nodes.parse_expression(f"{scaler}.step({optimizer}{args})", self.module))]
+            new = [cst.Expr(nodes.parse_expression(f"{scaler}.step({optimizer}{args})", self.tree.module))]
             if updates[i]:
-                new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.module)))
+                new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.tree.module)))
             if condition is not None and len(line.body) == 1:
                 body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
                 plain = nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
                 if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition:  # not a test on the backward's own flag
                     plain += f"  {PLAIN_STEP_MARK}"
                 text = f"if {condition}:\n{body}else:\n    {plain}\n"
-                return nodes.with_leading(nodes.parse_statements(text, self.module)[0], line)
+                return nodes.with_leading(nodes.parse_statements(text, self.tree.module)[0], line)
             smalls += new
         if len(line.body) == 1:
             first = line.with_changes(body=[smalls[0]])

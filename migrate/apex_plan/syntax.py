@@ -1,19 +1,11 @@
-"""Syntax the plan reads: one walk collecting parents, names and apex references, and small
-queries on statements."""
+"""Small questions the plan asks of a statement or an expression, on its syntax alone."""
 from __future__ import annotations
-
-import functools
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.names import qualified_names
 from migrate.rule import Replacement
-from migrate.tree_walk import descendants, is_node_type
-
-if TYPE_CHECKING:
-    from migrate.apex_plan.planner import Planner
+from migrate.tree_walk import descendants
 
 
 class ReplaceByIdentity(cst.CSTTransformer):
@@ -32,108 +24,6 @@ class ReplaceByIdentity(cst.CSTTransformer):
             self.swapped.add(id(original_node))
             return self.replacements[id(original_node)]
         return updated_node
-
-
-_IMPORT, _STATEMENT = "import", "statement"
-
-
-@functools.lru_cache(maxsize=None)
-def _kind(node_type: type) -> str | None:
-    """An import, a statement or neither: asked of every node, so worked out once per node type
-    (``isinstance`` on libcst's abstract base classes is slow)."""
-    if node_type is cst.Import or node_type is cst.ImportFrom:
-        return _IMPORT
-    if node_type is cst.SimpleStatementLine or is_node_type(node_type, cst.BaseCompoundStatement):
-        return _STATEMENT
-    return None
-
-
-class Collect(cst.CSTVisitor):
-    """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
-
-    def __init__(self, planner: Planner) -> None:
-        super().__init__()
-        self.planner = planner
-        self.stack: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        planner = self.planner
-        if self.stack:
-            planner.parent[id(node)] = self.stack[-1]
-        self.stack.append(node)
-        node_type = type(node)  # compared by identity: isinstance on libcst's classes is slow
-        kind = _kind(node_type)
-        if kind is _IMPORT:
-            return False
-        if kind is _STATEMENT:
-            planner.order[id(node)] = len(planner.order)
-        if node_type is cst.Try:
-            self._import_fallback(node)
-        if node_type is cst.Name:
-            planner.names.add(node.value)
-            if node.value == "torch" and isinstance(self.stack[-2], (cst.Param, cst.AssignTarget)):
-                # A parameter or local named `torch`: the rewrite's `torch.autocast` would read it.
-                scope = next((n for n in reversed(self.stack) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
-                if scope is not None:
-                    planner.torch_shadowed.append((node, scope))
-        elif node_type is cst.Attribute:
-            planner.attributes.add(node.attr.value)
-        elif node_type is cst.Assign:
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    planner.assigned.setdefault(target.target.value, []).append(node.value)
-        elif node_type is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
-            self._argument(node)
-        # only a name an apex import binds resolves to apex.amp: the others need no scope lookup
-        if (node_type is cst.Name or node_type is cst.Attribute) and nodes.root_name(node) in planner.imports \
-                and not self._binding(node):
-            found = sorted(q for q in qualified_names(planner.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
-            if found:
-                planner.refs.append((node, found[0]))
-                return False
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
-
-    def _argument(self, call: cst.Call) -> None:
-        """``parser.add_argument("--opt-level", choices=[...])``: the values ``args.opt_level`` can take."""
-        flags = [nodes.literal_string(arg.value) for arg in call.args if arg.keyword is None]
-        dest = nodes.literal_string(getattr(nodes.argument(call, None, "dest"), "value", None))
-        long = next((flag for flag in flags if flag and flag.startswith("--")), None)
-        name = dest or (long[2:].replace("-", "_") if long else None)
-        if name is None:
-            return
-        choices = nodes.argument(call, None, "choices")
-        values = None
-        if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)):
-            values = [nodes.literal_string(element.value) for element in choices.value.elements]
-        self.planner.choices[name] = values if values and None not in values else None
-        self.planner.defaults[name] = nodes.literal_string(getattr(nodes.argument(call, None, "default"), "value", None))
-
-    def _import_fallback(self, node: cst.Try) -> None:
-        """``try: from apex import amp`` / ``except ImportError: use_amp = False``: without the apex
-        import, that branch never runs again; the fixes say so."""
-        imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
-        if not any(imports_apex(small) for small in imports):
-            return
-        fallback = nodes.import_error_fallback(node)
-        if fallback is not None:
-            self.planner.notes.append(
-                f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
-                "native torch.amp needs no install, so those runs now use it"
-            )
-
-    def _binding(self, node: cst.CSTNode) -> bool:
-        """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""
-        parent = self.stack[-2] if len(self.stack) > 1 else None
-        if isinstance(parent, cst.AssignTarget) and parent.target is node:
-            return True
-        if isinstance(parent, (cst.AnnAssign, cst.AugAssign)) and parent.target is node:
-            return True
-        if isinstance(parent, cst.Attribute) and parent.attr is node:
-            return True
-        return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))
 
 
 def backward_calls(statement: cst.CSTNode, nested: bool = False) -> list[cst.Call]:

@@ -1,50 +1,86 @@
-"""Where statements sit: blocks, functions, classes, loops and branches."""
+"""The file as the plan sees it: one walk collects each node's parent, the statements' order,
+the names, argparse options and references to apex.amp; then queries on where a statement sits
+(its block, function, class, loop, branch) and whether it runs the model.
+
+A ``FileTree`` is built once per file and only read after that: every planning step asks it.
+"""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import SUSPENDS, contains, defines, read_names
-from migrate.tree_walk import descendants
+from migrate.apex_plan.syntax import imports_apex, read_names
+from migrate.names import qualified_names
+from migrate.tree_walk import descendants, is_node_type, walk
 
 
-class TreeQueries:
-    """Where statements sit: blocks, functions, classes, loops and branches.
+class FileTree:
+    """One file's syntax tree, walked once: parents, order, names and apex.amp references."""
 
-    A part of ``Planner``: its methods read and fill the planner's state.
-    """
+    def __init__(self, provider: cst.MetadataDependent, module: cst.Module) -> None:
+        self.provider = provider
+        self.module = module
+        self.imports = nodes.apex_imports(module)
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.order: dict[int, int] = {}  # statement ids in source order
+        self.names: set[str] = set()  # every identifier: free names are picked outside it
+        self.attributes: set[str] = set()
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
+        self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
+        self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
+        self.refs: list[tuple[cst.CSTNode, str]] = []  # each reference to apex.amp, and its qualified name
+        self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
+        self.fallback_notes: list[str] = []  # `except ImportError: use_amp = False`: what the rewrite changes there
+        self._answers: dict[tuple, object] = {}
+        walk(module, _Collect(self))
 
-    def _statement(self, node: cst.CSTNode) -> cst.CSTNode:
+    def per_scope(self, key: tuple, compute: Callable[[], object]):
+        """``compute()``, worked out once per ``key``: every site of a function (or of the module,
+        where a notebook's top level may hold hundreds) asks the same questions of it."""
+        if key not in self._answers:
+            self._answers[key] = compute()
+        return self._answers[key]
+
+    def import_anchor(self) -> cst.SimpleStatementLine | None:
+        """The last top-level import line: module-level definitions of the rewrite go after it."""
+        anchor = None
+        for statement in self.module.body:
+            if nodes.is_import_line(statement):
+                anchor = statement
+        return anchor
+
+    def statement(self, node: cst.CSTNode) -> cst.CSTNode:
         while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             node = self.parent[id(node)]
         return node
 
-    def _function(self, node: cst.CSTNode | None) -> cst.FunctionDef | None:
+    def function(self, node: cst.CSTNode | None) -> cst.FunctionDef | None:
         while node is not None and not isinstance(node, cst.FunctionDef):
             node = self.parent.get(id(node))
         return node
 
-    def _class(self, function: cst.FunctionDef | None) -> cst.ClassDef | None:
+    def owner_class(self, function: cst.FunctionDef | None) -> cst.ClassDef | None:
         block = self.parent.get(id(function)) if function is not None else None
         owner = self.parent.get(id(block))
         return owner if isinstance(owner, cst.ClassDef) else None
 
     @staticmethod
-    def _first_param(function: cst.FunctionDef | None) -> str | None:
+    def first_param(function: cst.FunctionDef | None) -> str | None:
         params = function.params.params if function is not None else ()
         return params[0].name.value if params else None
 
-    def _inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+    def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
         while node is not None:
             if node is container:
                 return True
             node = self.parent.get(id(node))
         return False
 
-    def _inside_any(self, node: cst.CSTNode, containers: frozenset[int]) -> bool:
+    def inside_any(self, node: cst.CSTNode, containers: frozenset[int]) -> bool:
         """Whether ``node`` is one of, or inside one of, the nodes whose ids are ``containers``."""
         while node is not None:
             if id(node) in containers:
@@ -52,7 +88,7 @@ class TreeQueries:
             node = self.parent.get(id(node))
         return False
 
-    def _ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+    def ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         found = []
         node = self.parent.get(id(node))
         while node is not None:
@@ -60,7 +96,7 @@ class TreeQueries:
             node = self.parent.get(id(node))
         return found
 
-    def _enclosing_blocks(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
+    def enclosing_blocks(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
         """The blocks holding ``statement``, innermost first, up to its function's body."""
         blocks, node = [], self.parent.get(id(statement))
         while node is not None and not isinstance(node, cst.FunctionDef):
@@ -69,16 +105,16 @@ class TreeQueries:
             node = self.parent.get(id(node))
         return blocks
 
-    def _line(self, node: cst.CSTNode) -> int | None:
+    def line(self, node: cst.CSTNode) -> int | None:
         where = self.provider.get_metadata(PositionProvider, node, None)
         return where.start.line if where is not None else None
 
-    def _line_indent(self, node: cst.CSTNode) -> int:
+    def line_indent(self, node: cst.CSTNode) -> int:
         """The column ``node`` starts at (0 where it has no position)."""
         where = self.provider.get_metadata(PositionProvider, node, None)
         return where.start.column if where is not None else 0
 
-    def _in_loop(self, node: cst.CSTNode) -> bool:
+    def in_loop(self, node: cst.CSTNode) -> bool:
         node = self.parent.get(id(node))
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             if isinstance(node, (cst.For, cst.While)):
@@ -87,7 +123,7 @@ class TreeQueries:
         return False
 
     @staticmethod
-    def _changes_its_test(branch: cst.If, after: Sequence[cst.CSTNode] = ()) -> bool:
+    def changes_its_test(branch: cst.If, after: Sequence[cst.CSTNode] = ()) -> bool:
         """``if not self.initialized: ...; self.initialized = True``: a run-once guard; ``after``:
         statements that must not change the test either."""
         assigned: set[str] = set()
@@ -97,7 +133,7 @@ class TreeQueries:
                     assigned.update(nodes.bound_texts(node.target))
         return bool(read_names(branch.test) & assigned)
 
-    def _in_test(self, node: cst.CSTNode) -> bool:
+    def in_test(self, node: cst.CSTNode) -> bool:
         """``if amp:``, ``amp is not None``, ``not amp``: an availability check, not a use."""
         parent = self.parent.get(id(node))
         if isinstance(parent, (cst.If, cst.While, cst.Assert)) and parent.test is node:
@@ -106,45 +142,33 @@ class TreeQueries:
             return True
         return isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation, cst.BooleanOperation))
 
-    def _touched(self, statement: cst.CSTNode) -> bool:
-        targets = self.replacements
-        return any(id(node) in targets for node in descendants(statement))
-
-    def _window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
-        body = list(block.body)
-        end = body.index(current)
-        start = end
-        while start > 0 and not self._touched(body[start - 1]) and not defines(body[start - 1]) and not contains(body[start - 1], SUSPENDS):
-            start -= 1
-        return body[start:end]
-
-    def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
+    def helper(self, call: cst.Call) -> cst.FunctionDef | None:
         """The file's own function (``f(x)``) or method of the caller's class (``self.f(x)``) called."""
         func = call.func
         if isinstance(func, cst.Name):
             return next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
-        caller = self._function(call)
-        owner = self._class(caller)
-        if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self._first_param(caller)):
+        caller = self.function(call)
+        owner = self.owner_class(caller)
+        if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None
         return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
 
-    def _models_seen_from(self, statement: cst.CSTNode) -> set[str]:
+    def models_seen_from(self, statement: cst.CSTNode, model_codes: set[str]) -> set[str]:
         """The model codes, and the names the function around ``statement`` gives them in its
         own top-level lines (``model = self.model``)."""
-        models = set(self.model_codes)
-        function = self._function(statement)
+        models = set(model_codes)
+        function = self.function(statement)
         for line in function.body.body if function is not None else ():
             for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
                 if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
-                        and nodes.code(small.value) in self.model_codes):
+                        and nodes.code(small.value) in model_codes):
                     models.add(small.targets[0].target.value)
         return models
 
-    def _calls_model(self, statement: cst.CSTNode, models: set[str], depth: int = 0) -> bool:
+    def calls_model(self, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int], depth: int = 0) -> bool:
         """Whether ``statement`` runs the model: a call of it, of a helper of the file (a
         function, or a method of the same class) that calls it (``loss = self.run_batch(b)``), or
-        of anything it is handed to."""
+        of anything it is handed to (but apex's own API: ``amp_calls``)."""
         calls = [
             node for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef or node is statement)
             if type(node) is cst.Call
@@ -153,26 +177,128 @@ class TreeQueries:
             func = call.func
             if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward" and nodes.code(func.value) in models):
                 return True
-            if any(nodes.code(arg.value) in models for arg in call.args) and not any(call in found for found in self.sites.values()):
+            if any(nodes.code(arg.value) in models for arg in call.args) and id(call) not in amp_calls:
                 return True  # handed to what runs it: `loss, out = self.compute_loss(batch, self.model)`
-            helper = self._helper(call) if depth < 2 else None
-            if helper is not None and self._calls_model(helper, models, depth + 1):
+            helper = self.helper(call) if depth < 2 else None
+            if helper is not None and self.calls_model(helper, models, amp_calls, depth + 1):
                 return True
         return False
 
-    def _exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    def exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
         """Whether the two sit in different branches of one ``if``, so never run in the same pass."""
         child, node = first, self.parent.get(id(first))
         while node is not None:
-            if isinstance(node, cst.If) and self._inside(second, node) and not self._inside(second, child):
+            if isinstance(node, cst.If) and self.inside(second, node) and not self.inside(second, child):
                 return child is node.body or child is node.orelse
             child, node = node, self.parent.get(id(node))
         return False
 
-    def _in_handler(self, line: cst.CSTNode, scaled: cst.CSTNode) -> bool:
+    def in_handler(self, line: cst.CSTNode, scaled: cst.CSTNode) -> bool:
         node = self.parent.get(id(line))
         while node is not None and not isinstance(node, cst.FunctionDef):
-            if isinstance(node, (cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler)) and not self._inside(scaled, node):
+            if isinstance(node, (cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler)) and not self.inside(scaled, node):
                 return True
             node = self.parent.get(id(node))
         return False
+
+
+_IMPORT, _STATEMENT = "import", "statement"
+
+
+@functools.lru_cache(maxsize=None)
+def _kind(node_type: type) -> str | None:
+    """An import, a statement or neither: asked of every node, so worked out once per node type
+    (``isinstance`` on libcst's abstract base classes is slow)."""
+    if node_type is cst.Import or node_type is cst.ImportFrom:
+        return _IMPORT
+    if node_type is cst.SimpleStatementLine or is_node_type(node_type, cst.BaseCompoundStatement):
+        return _STATEMENT
+    return None
+
+
+class _Collect(cst.CSTVisitor):
+    """One walk: parents, every identifier (to pick free names), and every reference to apex.amp."""
+
+    def __init__(self, tree: FileTree) -> None:
+        super().__init__()
+        self.tree = tree
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        tree = self.tree
+        if self.stack:
+            tree.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        node_type = type(node)  # compared by identity: isinstance on libcst's classes is slow
+        kind = _kind(node_type)
+        if kind is _IMPORT:
+            return False
+        if kind is _STATEMENT:
+            tree.order[id(node)] = len(tree.order)
+        if node_type is cst.Try:
+            self._import_fallback(node)
+        if node_type is cst.Name:
+            tree.names.add(node.value)
+            if node.value == "torch" and isinstance(self.stack[-2], (cst.Param, cst.AssignTarget)):
+                # A parameter or local named `torch`: the rewrite's `torch.autocast` would read it.
+                scope = next((n for n in reversed(self.stack) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
+                if scope is not None:
+                    tree.torch_shadowed.append((node, scope))
+        elif node_type is cst.Attribute:
+            tree.attributes.add(node.attr.value)
+        elif node_type is cst.Assign:
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    tree.assigned.setdefault(target.target.value, []).append(node.value)
+        elif node_type is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
+            self._argument(node)
+        # only a name an apex import binds resolves to apex.amp: the others need no scope lookup
+        if (node_type is cst.Name or node_type is cst.Attribute) and nodes.root_name(node) in tree.imports \
+                and not self._binding(node):
+            found = sorted(q for q in qualified_names(tree.provider, node) if q == "apex.amp" or q.startswith("apex.amp."))
+            if found:
+                tree.refs.append((node, found[0]))
+                return False
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+    def _argument(self, call: cst.Call) -> None:
+        """``parser.add_argument("--opt-level", choices=[...])``: the values ``args.opt_level`` can take."""
+        flags = [nodes.literal_string(arg.value) for arg in call.args if arg.keyword is None]
+        dest = nodes.literal_string(getattr(nodes.argument(call, None, "dest"), "value", None))
+        long = next((flag for flag in flags if flag and flag.startswith("--")), None)
+        name = dest or (long[2:].replace("-", "_") if long else None)
+        if name is None:
+            return
+        choices = nodes.argument(call, None, "choices")
+        values = None
+        if choices is not None and isinstance(choices.value, (cst.List, cst.Tuple, cst.Set)):
+            values = [nodes.literal_string(element.value) for element in choices.value.elements]
+        self.tree.choices[name] = values if values and None not in values else None
+        self.tree.defaults[name] = nodes.literal_string(getattr(nodes.argument(call, None, "default"), "value", None))
+
+    def _import_fallback(self, node: cst.Try) -> None:
+        """``try: from apex import amp`` / ``except ImportError: use_amp = False``: without the apex
+        import, that branch never runs again; the fixes say so."""
+        imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+        if not any(imports_apex(small) for small in imports):
+            return
+        fallback = nodes.import_error_fallback(node)
+        if fallback is not None:
+            self.tree.fallback_notes.append(
+                f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
+                "native torch.amp needs no install, so those runs now use it"
+            )
+
+    def _binding(self, node: cst.CSTNode) -> bool:
+        """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        if isinstance(parent, cst.AssignTarget) and parent.target is node:
+            return True
+        if isinstance(parent, (cst.AnnAssign, cst.AugAssign)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return True
+        return isinstance(parent, (cst.Param, cst.NameItem, cst.AsName, cst.Del, cst.FunctionDef, cst.ClassDef))

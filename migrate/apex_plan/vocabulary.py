@@ -101,6 +101,7 @@ O2_O3_OPTIONS = ("cast_model_type", "keep_batchnorm_fp32", "master_weights")
 SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check"})
 
 
+PARTNER = "apex-partner"  # the setting that hands a half's plan its ``Partner`` (not a user setting)
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
 

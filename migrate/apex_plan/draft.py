@@ -1,0 +1,125 @@
+"""The rewrite being written: what replaces which node, the lines put before statements, and
+why it may train differently. Planning steps add to it; none reads another's flags from it.
+
+The last steps (``place_insertions``, ``compose_nested``, ``check_disjoint``) turn it into
+replacements that can be applied at once: the lines planned before a statement go in, and a
+replacement that keeps original statements carries the replacements planned inside them.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import SUSPENDS, ReplaceByIdentity, contains, defines
+from migrate.apex_plan.tree import FileTree
+from migrate.apex_plan.vocabulary import MANUAL_STEP_MARKER, SCALE_LOSS, Unplannable
+from migrate.rule import Replacement
+from migrate.tree_walk import descendants
+from migrate.types import ImportChange
+
+
+class Draft:
+    """The replacements of one file's rewrite, with the finding (code, message, fix) of each."""
+
+    def __init__(self, tree: FileTree) -> None:
+        self.tree = tree
+        self.replacements: dict[int, tuple[cst.CSTNode, Replacement]] = {}
+        self.kinds: dict[int, tuple[str, str, str]] = {}  # node id -> (rule code, message, fix)
+        # Lines to put before a statement (`scaler.unscale_(opt)`, a default scaler).
+        self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
+        self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
+        self.regions: set[int] = set()  # statements that became an autocast region
+        self.unscale_covered: set[int] = set()  # gradient-reading statements an unscale covers
+        self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
+        self.unsafe: list[str] = []  # why the rewrite may train differently
+        self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
+        self.notes: list[str] = list(tree.fallback_notes)  # what a safe fix reads differently from the letter of the code
+        self.after_imports: list[str] = []  # module-level definitions the rewrite adds
+        self.imports_added: list[ImportChange] = []  # imports the rewrite needs besides torch
+
+    def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
+        self.replacements[id(node)] = (node, replacement)
+
+    def kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
+        self.kinds[id(node)] = (code, message, fix)
+
+    def touched(self, statement: cst.CSTNode) -> bool:
+        return any(id(node) in self.replacements for node in descendants(statement))
+
+    def window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
+        """The statements just before ``current`` in ``block`` that no other fix touches and that
+        define nothing nor suspend: where an autocast region may start."""
+        body = list(block.body)
+        end = body.index(current)
+        start = end
+        while start > 0 and not self.touched(body[start - 1]) and not defines(body[start - 1]) and not contains(body[start - 1], SUSPENDS):
+            start -= 1
+        return body[start:end]
+
+    def leave_marker(self, statement: cst.CSTNode, step: str) -> None:
+        """A ``# TODO(ampmigrate): ...`` comment on the replacement of ``statement``, wrapped to the
+        file's line length; AMP017 reports it until done."""
+        node, replacement = self.replacements[id(statement)]
+        if isinstance(replacement, cst.RemovalSentinel):
+            replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
+        placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
+        indent = self.tree.line_indent(statement)
+        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 2), break_on_hyphens=False)
+        comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
+        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
+        self.replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
+
+    def place_insertions(self, scaler: str | None) -> None:
+        """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their
+        statements, keeping any fix inside them."""
+        for statement, lines in self.insert_before.values():
+            own = self.replacements.get(id(statement))
+            if own is not None:
+                replaced = own[1]
+                body = [] if isinstance(replaced, cst.RemovalSentinel) else list(replaced.nodes) if isinstance(replaced, cst.FlattenSentinel) else [replaced]
+            else:
+                inner = {id(node): new for node, new in self.replacements.values() if self.tree.inside(node, statement)}
+                body = [statement.visit(ReplaceByIdentity(inner))] if inner else [statement]
+                if inner:
+                    self.composed.add(id(statement))
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module)
+            placed = [nodes.with_leading(new[0], statement), *new[1:], *(part.with_changes(leading_lines=()) if i == 0 else part for i, part in enumerate(body))]
+            self.replace(statement, cst.FlattenSentinel(placed))
+            if id(statement) not in self.kinds:
+                self.kind(
+                    statement,
+                    SCALE_LOSS,
+                    "gradients read after `amp.scale_loss` were unscaled by apex",
+                    f"Call `{scaler}.unscale_(optimizer)` before reading them",
+                )
+
+    def compose_nested(self) -> None:
+        """A replacement that keeps original statements (the body of a ``scale_loss`` block)
+        carries the replacements planned inside them; innermost first."""
+        ancestors = {key: self.tree.ancestors(node) for key, (node, _) in self.replacements.items()}
+        nested: dict[int, list[int]] = {}  # a replaced node -> the replaced nodes inside it
+        for key, found in ancestors.items():
+            for ancestor in found:
+                if id(ancestor) in self.replacements:
+                    nested.setdefault(id(ancestor), []).append(key)
+        for key in sorted(self.replacements, key=lambda key: -len(ancestors[key])):
+            node, replacement = self.replacements[key]  # composed already, if it was inside another
+            inner = {inside: self.replacements[inside][1] for inside in nested.get(key, ())}
+            if not inner or id(node) in self.composed or isinstance(replacement, cst.RemovalSentinel):
+                continue
+            swap = ReplaceByIdentity(inner)
+            parts = [part.visit(swap) for part in (replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement])]
+            dropped = set(inner) - swap.swapped
+            if all(isinstance(inner[key], cst.RemovalSentinel) for key in dropped):  # else `check_disjoint` reports it
+                self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
+                self.composed.add(id(node))
+
+    def check_disjoint(self) -> None:
+        for node, _ in self.replacements.values():
+            ancestor = self.tree.parent.get(id(node))
+            while ancestor is not None:
+                if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
+                    raise Unplannable(node, "two rewrites would overlap here")
+                ancestor = self.tree.parent.get(id(ancestor))
