@@ -27,7 +27,7 @@ class AutocastPlanning:
             return
         callers = self._callers_handing(scale)
         # The callers' autocast may ask the scaler whether it is on: it must be visible there.
-        visible = not self.may_be_disabled or self.scaler.startswith("self.") or self.scaler_scope in ("global", "module")
+        visible = not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module")
         if callers and visible and id(scale.call) not in self.alias_of and not any(self.draft.touched(s) for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
@@ -69,7 +69,7 @@ class AutocastPlanning:
         """Autocast around the statements before ``statement`` from the model's forward call on
         (in its block, or a block around it); whether that call was found."""
         current = statement
-        models = self.tree.models_seen_from(statement, self.model_codes)
+        models = self.tree.models_seen_from(statement, self.setup.model_codes)
         while True:
             block = self.tree.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
@@ -167,11 +167,11 @@ class AutocastPlanning:
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
-        models = self.tree.models_seen_from(scale.statement, self.model_codes)
+        models = self.tree.models_seen_from(scale.statement, self.setup.model_codes)
         relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self.tree.calls_model(s, models, self._site_ids)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
-        enabled = f"{self.scaler}.is_enabled()" if self.may_be_disabled and not self.scaler_in_block else None
+        enabled = f"{self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled and not self.setup.in_block else None
         if id(scale.call) in self.alias_of:
             enabled = self._alias_enabled(self.alias_of[id(scale.call)])
         if enabled is not None and self._widen_own_autocast(statements, enabled):
@@ -183,12 +183,12 @@ class AutocastPlanning:
             # turns native autocast off in (or to another dtype) now computes differently.
             self.draft.unsafe.append(f"the file's own `autocast` at line {self.tree.line(inner[0])} is inside the region: "
                                "there native autocast follows it, where apex's casts did not")
-        enabled = f", enabled={self.scaler}.is_enabled()" if self.may_be_disabled else ""
-        if self.scaler_in_block:
+        enabled = f", enabled={self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled else ""
+        if self.setup.in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):
             # then there is no scaler, and apex was not on either.
-            owner, attribute = self.scaler.split(".", 1)
-            enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.scaler}.is_enabled()'
+            owner, attribute = self.setup.scaler.split(".", 1)
+            enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.setup.scaler}.is_enabled()'
         if id(scale.call) in self.alias_of:
             enabled = ", enabled=" + self._alias_enabled(self.alias_of[id(scale.call)])
 

@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import subscript_key
-from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, SCALER_NAMES, STATE_DICT, Unplannable
+from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, STATE_DICT, Unplannable
 
 
 class CheckpointPlanning:
@@ -16,7 +16,7 @@ class CheckpointPlanning:
 
     def _plan_state_dicts(self) -> None:
         calls = self.sites["state_dict"] + self.sites["load_state_dict"]
-        if calls and self.o0 and self.scaler is None:
+        if calls and self.setup.o0 and self.setup.scaler is None:
             raise Unplannable(calls[0], "O0 has no loss scaler whose state could be saved")
         for call in self.sites["state_dict"]:
             if call.args:
@@ -28,8 +28,8 @@ class CheckpointPlanning:
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-            self.draft.replace(call, nodes.parse_expression(f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))", self.tree.module))
-            self.draft.kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.scaler}.load_state_dict(...)`, converting old apex checkpoints")
+            self.draft.replace(call, nodes.parse_expression(f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))", self.tree.module))
+            self.draft.kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.setup.scaler}.load_state_dict(...)`, converting old apex checkpoints")
         if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
 
@@ -44,8 +44,8 @@ class CheckpointPlanning:
             keys.append(subscript_key(outer))
             node = outer
         if not keys:
-            return call, f"{self.scaler}.state_dict()"
-        native = {"loss_scale": f"{self.scaler}.get_scale()", "unskipped": f'{self.scaler}.state_dict()["_growth_tracker"]'}
+            return call, f"{self.setup.scaler}.state_dict()"
+        native = {"loss_scale": f"{self.setup.scaler}.get_scale()", "unskipped": f'{self.setup.scaler}.state_dict()["_growth_tracker"]'}
         if len(keys) == 2 and (keys[0] or "").startswith("loss_scaler") and keys[1] in native:
             return node, native[keys[1]]
         raise Unplannable(call, "apex's loss-scaler state is read by key here; GradScaler's state has other keys")
@@ -56,17 +56,16 @@ class CheckpointPlanning:
         ``scaler=None`` parameter and saves or loads its state when one is given. Its callers, in
         other files, must pass theirs: a ``TODO(ampmigrate)`` says so until they do."""
         calls = self.sites["state_dict"] + self.sites["load_state_dict"]
-        self.scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None)
-        if self.scaler is None:
+        if self.setup.scaler is None:
             raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
         self.draft.unsafe.append(
             f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "
-            f"`{self.scaler}=None` and save or load its state only when given one; pass it from the callers"
+            f"`{self.setup.scaler}=None` and save or load its state only when given one; pass it from the callers"
         )
         functions: dict[int, tuple[cst.FunctionDef, cst.CSTNode]] = {}
         for call in calls:
             function = self.tree.function(call)
-            if function is None or any(p.name.value == self.scaler for p in (*function.params.params, *function.params.kwonly_params)):
+            if function is None or any(p.name.value == self.setup.scaler for p in (*function.params.params, *function.params.kwonly_params)):
                 raise Unplannable(call, "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
             statement = self.tree.statement(call)
             functions.setdefault(id(function), (function, statement))
@@ -75,7 +74,7 @@ class CheckpointPlanning:
                 state = nodes.argument(call, 0, "state_dict")
                 if state is None or len(call.args) != 1:
                     raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-                line = f"{self.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.scaler}))"
+                line = f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))"
             elif call in self.sites["state_dict"] and isinstance(small, cst.Assign) and not call.args:
                 node, native = self._state_dict_read(call)
                 if small.value is not node:
@@ -83,22 +82,22 @@ class CheckpointPlanning:
                 line = " = ".join([*(nodes.code(t.target) for t in small.targets), native])
             else:
                 raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
-            new = nodes.parse_statements(f"if {self.scaler} is not None:\n    {line}\n", self.tree.module)[0]
+            new = nodes.parse_statements(f"if {self.setup.scaler} is not None:\n    {line}\n", self.tree.module)[0]
             self.draft.replace(statement, nodes.with_leading(new, statement))
-            self.draft.kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.scaler}=`")
+            self.draft.kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.setup.scaler}=`")
         for function, statement in functions.values():
             self._take_scaler(function)
-            self.draft.leave_marker(statement, f"pass the GradScaler as `{self.scaler}=` where `{function.name.value}` is called")
+            self.draft.leave_marker(statement, f"pass the GradScaler as `{self.setup.scaler}=` where `{function.name.value}` is called")
         if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
 
     def _take_scaler(self, function: cst.FunctionDef) -> None:
         params = function.params
-        param = nodes.parse_statements(f"def f({self.scaler}=None): pass\n", self.tree.module)[0].params.params[0]
+        param = nodes.parse_statements(f"def f({self.setup.scaler}=None): pass\n", self.tree.module)[0].params.params[0]
         if isinstance(params.star_arg, cst.Param) or isinstance(params.star_arg, cst.ParamStar):
             new = params.with_changes(kwonly_params=[*params.kwonly_params, param])
         else:
             new = params.with_changes(params=[*params.params, param])
         self.draft.replace(params, new)
         self.draft.kind(params, STATE_DICT, "apex's loss-scaler state is saved or loaded in this function",
-                   f"Take the GradScaler as `{self.scaler}=None`")
+                   f"Take the GradScaler as `{self.setup.scaler}=None`")

@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import quiet
-from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, Unplannable, normal
+from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, Setup, Unplannable, normal
 from migrate.types import ImportChange
 
 
@@ -65,9 +65,8 @@ class CrossFilePlanning:
             node, _ = self.escapes[0]
             raise Unplannable(node, "the amp module is handed on here to code in another file, and the GradScaler "
                               "that would take its place is made there: migrate the two together by hand")
-        if others:
-            self._import_partner_scaler(others[0])
-        self.level, self.o0 = inits[0].level, True  # no scaler made here
+        scaler = self._import_partner_scaler(others[0]) if others else None
+        self.setup = Setup(level=inits[0].level, o0=True, scaler=scaler)  # no scaler made here
         static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
         self.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
         self._note_inference(inits)
@@ -106,8 +105,9 @@ class CrossFilePlanning:
         self._plan_module_reads(inits)
         self._emit([])
 
-    def _import_partner_scaler(self, first: cst.CSTNode) -> None:
-        """The checkpoints of an initialize half read the scale half's GradScaler, imported from its module."""
+    def _import_partner_scaler(self, first: cst.CSTNode) -> str:
+        """The checkpoints of an initialize half read the scale half's GradScaler, imported from its
+        module: the name it has here."""
         partner = self.partner
         if partner is not None and partner.facts is None:
             raise Unplannable(first, f"`amp.scale_loss` is in {self._partner_at()}, which makes the scaler this needs: {BOTH}")
@@ -119,8 +119,8 @@ class CrossFilePlanning:
             raise Unplannable(first, f"the GradScaler lives in {partner.file}, which imports this file: importing it back would be circular")
         name = partner.facts.scaler
         local = name if name not in self.tree.names else self._free_scaler_name()
-        self.scaler = local
         self.draft.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
+        return local
 
     def _note_what_cannot_cross(self, inits: list[InitializeSite], static: bool) -> None:
         """Where the scale half's GradScaler, made once at module level, cannot be what apex

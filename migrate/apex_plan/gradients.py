@@ -95,7 +95,7 @@ class GradientPlanning:
                 return
             self.draft.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
-                f"call `{self.scaler}.unscale_({optimizer})` by hand where they are final"
+                f"call `{self.setup.scaler}.unscale_({optimizer})` by hand where they are final"
             )
             return
         first, condition, _ = readers[0]
@@ -128,7 +128,7 @@ class GradientPlanning:
         """What reads gradients inside ``amp.scale_loss``, after its backward, read scaled ones:
         apex unscaled them only on leaving the block. Kept so, and marked ``# noqa: AMP101`` to
         say it, so that the lint does not unscale them before it on a later run."""
-        if self.o0:
+        if self.setup.o0:
             return  # nothing is scaled
         keep = frozenset(self.draft.replacements)
         for scale in scales:
@@ -186,7 +186,7 @@ class GradientPlanning:
             first = next((s for s in branch.body.body if self._reads_grads(s)), None)
             if first is not None:
                 found += self._first_readers(first)
-            if nodes.code(statement.test) == self._guard_test:
+            if nodes.code(statement.test) == self.setup.guard_test:
                 break  # past `if fp16:` the scaler is disabled: nothing to unscale
             branch = branch.orelse if isinstance(branch, cst.If) else None
         return found
@@ -249,7 +249,7 @@ class GradientPlanning:
             optimizer = nodes.argument(call, 0, "optimizer")
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise Unplannable(call, "`amp.master_params` is not called with one optimizer")
-            if self.level in ("O2", "O3") or (self.level is None and not self.level_guarded):
+            if self.setup.level in ("O2", "O3") or (self.setup.level is None and not self.setup.level_guarded):
                 self.draft.unsafe.append(MASTER_COPIES)
             if id(call) in self.draft.master_params_in_clips:
                 continue
@@ -266,9 +266,9 @@ class GradientPlanning:
             covered = any(id(node) in self.draft.unscale_covered for node in (statement, *self.tree.ancestors(statement)))
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
             self.draft.kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
-            if self.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
+            if self.setup.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
                 self.draft.replace(call, generator)
-                if inspects_grads and not self.o0 and not already:
+                if inspects_grads and not self.setup.o0 and not already:
                     self.draft.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
                 continue
             if any(self.tree.inside(block, blocks[0]) for block in done):
@@ -278,7 +278,7 @@ class GradientPlanning:
             updated = statement.deep_replace(call, generator)
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self.draft.replace(statement, new)
-            self.draft.kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.scaler}.unscale_({opt})` first and use the optimizer's parameters")
+            self.draft.kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.setup.scaler}.unscale_({opt})` first and use the optimizer's parameters")
 
     def _master_params_generator(self, call: cst.Call) -> cst.BaseExpression:
         """The optimizer's parameters, where ``amp.master_params(optimizer)`` stood."""

@@ -129,7 +129,7 @@ class HandedOnPlanning:
 
     def _scaler_of(self, call: cst.Call) -> str:
         """The scaler a site uses: the plan's, or what received the handed-on module."""
-        return self.alias_of.get(id(call), self.scaler)
+        return self.alias_of.get(id(call), self.setup.scaler)
 
     def _receivers_take_a_scaler(self) -> bool:
         """Whether every read of the handed-on module is seen (the same-file function or the
@@ -170,10 +170,10 @@ class HandedOnPlanning:
             self.draft.replace(statement, cst.RemoveFromParent())
             self.draft.kind(statement, INITIALIZE, "the apex.amp module is kept on `self` here", "Remove it: its calls are rewritten where they are")
         for node, _ in self.escapes:
-            handed = self.scaler
+            handed = self.setup.scaler
             if isinstance(node, cst.Name) and self._set_to_none_beside(node):
                 # `else: amp = None` then `train(..., amp)`: where apex was off the receiver got
                 # None, and tests for it (`if amp:`); a disabled scaler would pass that test
-                handed = f"{self.scaler} if {self.scaler}.is_enabled() else None"
+                handed = f"{self.setup.scaler} if {self.setup.scaler}.is_enabled() else None"
             self.draft.replace(node, nodes.parse_expression(handed, self.tree.module))
-            self.draft.kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.scaler}`, the GradScaler, instead")
+            self.draft.kind(node, INITIALIZE, "the apex.amp module is handed on here", f"Hand on `{self.setup.scaler}`, the GradScaler, instead")

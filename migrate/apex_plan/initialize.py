@@ -46,9 +46,9 @@ class InitializePlanning:
         self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
     def _initialize_fix(self) -> str:
-        if self.o0:
+        if self.setup.o0:
             return "Remove it: O0 is plain fp32"
-        return f'Create `{self.scaler} = torch.amp.GradScaler("cuda")`'
+        return f'Create `{self.setup.scaler} = torch.amp.GradScaler("cuda")`'
 
     def _initialize(self, call: cst.Call) -> InitializeSite:
         statement = self.tree.statement(call)
@@ -109,7 +109,7 @@ class InitializePlanning:
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
-        scaler_args = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        scaler_args, merges_losses = self._scaler_options(call, level in ("O0", "O1") or guard_level)
         restore = None
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
@@ -128,7 +128,7 @@ class InitializePlanning:
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
-                           model_codes, on_self, inference=not has_optimizers)
+                           model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -186,8 +186,9 @@ class InitializePlanning:
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
 
-    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> list[str]:
-        """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
+    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> tuple[list[str], bool]:
+        """GradScaler's arguments for apex's options, and whether apex kept one scaler per loss
+        (``num_losses``); an option with no native form makes it unsafe.
 
         Dropping one is safe where it changes nothing: ``max_loss_scale`` of 2**24 or more (apex's
         default cap; GradScaler has none) or beside a static scale (which never grows), and, for
@@ -196,7 +197,7 @@ class InitializePlanning:
         only at run time (``args.loss_scale``, a config value) picks the scaler's start and growth
         at run time: dynamic as GradScaler's defaults, a static value as a scale that never grows.
         """
-        options = []
+        options, merges_losses = [], False
         harmless = set(O2_O3_OPTIONS if o0_or_o1 else ())
         cap = nodes.argument(call, None, "max_loss_scale")
         cap_number = nodes.number_value(cap.value) if cap is not None else None
@@ -224,32 +225,32 @@ class InitializePlanning:
             if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue
             if name == "num_losses":
-                self.merged_losses = True
+                merges_losses = True
                 self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
             elif name == "max_loss_scale":
                 self.draft.unsafe.append(f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:
                 self.draft.unsafe.append(f"`{name}` has no native equivalent and is dropped")
-        return options
+        return options, merges_losses
 
     def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
-        if self.default_scaler and not reinitialize:
-            self.draft.after_imports.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
-        if not self.o0:
-            if self.scaler_scope == "global" and not reinitialize:
-                lines.append(f"global {self.scaler}")
+        if (self.setup.stand_in == "module") and not reinitialize:
+            self.draft.after_imports.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
+        if not self.setup.o0:
+            if self.setup.scope == "global" and not reinitialize:
+                lines.append(f"global {self.setup.scaler}")
             lines += [] if reinitialize else self._run_time_checks(init, hoist)
             enabled = self._enabled_expression(init, hoist)
             options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
-            line = f"{self.scaler} = torch.amp.GradScaler({', '.join(options)})"
+            line = f"{self.setup.scaler} = torch.amp.GradScaler({', '.join(options)})"
             if len(line) > 100:  # one option a line, as a formatter would put them
-                line = f"{self.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
+                line = f"{self.setup.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
             lines.append(line)
-        elif self.scaler is not None:
-            if self.scaler_scope == "global" and not reinitialize:
-                lines.append(f"global {self.scaler}")
-            lines.append(f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # O0 scales nothing; its state is saved and loaded')
+        elif self.setup.scaler is not None:
+            if self.setup.scope == "global" and not reinitialize:
+                lines.append(f"global {self.setup.scaler}")
+            lines.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # O0 scales nothing; its state is saved and loaded')
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
@@ -312,21 +313,24 @@ class InitializePlanning:
             parts.append(as_bool(init.enabled))
         return parts
 
-    def _hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode]) -> cst.If | None:
+    def _hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode], scaler: str, scope: str,
+                     stand_in: str | None) -> tuple[cst.If | None, str | None, bool]:
         """The ``if flag:`` whose body holds initialize, when the scaler must exist outside it.
 
         Moved before the ``if`` as ``GradScaler(enabled=flag)``, the scaler exists on every path
-        and does nothing where apex was not initialized.
+        and does nothing where apex was not initialized. Where no such ``if`` can move: the
+        disabled scaler that stands in until the block has run (``stand_in``), or whether the
+        scaler is made in the block, its users asking whether it exists (the last of the three).
         """
         block = self.tree.parent.get(id(init.statement))
         owner = self.tree.parent.get(id(block))
         if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
-            return None
+            return None, stand_in, False
         if isinstance(owner, cst.ClassDef):
             raise Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
         is_elif = isinstance(self.tree.parent.get(id(owner)), cst.If) and self.tree.parent[id(owner)].orelse is owner
         if all(self.tree.inside(site, block) for site in sites):
-            return None  # the scaler is only used where it exists
+            return None, stand_in, False  # the scaler is only used where it exists
         # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
         # `if amp: level = "O1"; amp.initialize(..., opt_level=level)`: the block sets what the
         # call reads, so the scaler cannot be made before the `if`
@@ -339,20 +343,18 @@ class InitializePlanning:
                 and not self.tree.in_loop(owner) and not reads_block):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
-                return owner
+                return owner, stand_in, False
         # A run-once guard (`if not self.initialized:`), an elif, a loop or a try: the scaler is
         # created where apex was initialized. apex needed that to have run before any scale_loss,
         # but the forward pass may run on paths where it did not, so autocast cannot ask the
         # scaler whether it is on.
-        if self.scaler_scope in ("global", "module") and self.tree.import_anchor() is not None:
-            self.default_scaler = True  # disabled at module level until the block has run
-            return None
-        if self.default_in_init:
-            return None  # `__init__` makes a disabled scaler that stands in until this block runs
-        if self.scaler_scope == "local":
-            self._plan_local_default(init)
-            return None
-        if not self.scaler.startswith("self."):
+        if scope in ("global", "module") and self.tree.import_anchor() is not None:
+            return None, "module", False  # disabled at module level until the block has run
+        if stand_in == "init":
+            return None, stand_in, False  # `__init__` makes a disabled scaler that stands in until this block runs
+        if scope == "local":
+            return None, "local", False  # a disabled one is made at the top of the function
+        if not scaler.startswith("self."):
             # A local created in the block may not exist where autocast asks it.
             raise Unplannable(init.call, "`amp.initialize` runs inside a block (a run-once guard, an elif, a loop "
                                "or a try) that the code using the scaler is not in")
@@ -360,8 +362,7 @@ class InitializePlanning:
             "the scaler is created where `amp.initialize` ran, inside a block; its users assume that ran first "
             "(as apex did); autocast is on only where it did"
         )
-        self.scaler_in_block = True
-        return None
+        return None, stand_in, True
 
     def _plan_local_default(self, init: InitializeSite) -> None:
         """A disabled local scaler made at the top of the function, standing in until the block
@@ -370,7 +371,7 @@ class InitializePlanning:
         anchor = init.statement
         while self.tree.parent.get(id(self.tree.parent.get(id(anchor)))) is not function:
             anchor = self.tree.parent[id(anchor)]
-        line = f'{self.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
+        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
         self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
         self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
                    "Create it disabled before the block that makes it")
@@ -378,24 +379,27 @@ class InitializePlanning:
             "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
             "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
         )
-        self.local_default = True
 
-    def _plan_default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, attribute: str, init: InitializeSite) -> None:
-        """A disabled ``self.<attribute>`` made in ``__init__``, standing in until ``function`` runs."""
-        anchor = self._init_anchor(owner)
-        if anchor is None and self._only_stand_ins_set_beside(init):
-            return  # where `function` has not run, the file failed on `self.amp` as the rewrite fails on the scaler
-        if anchor is None:
+    def _default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, init: InitializeSite) -> bool:
+        """Whether a disabled ``self.<scaler>`` can be made in ``__init__``, standing in until
+        ``function`` (which makes the scaler) runs; where not, why that is unsafe, if it is."""
+        if self._init_anchor(owner) is not None:
+            return True
+        if not self._only_stand_ins_set_beside(init):  # else the file failed on `self.amp` there, as the rewrite does
             self.draft.unsafe.append(
                 f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
                 "(apex trained in fp32 there)"
             )
-            return
-        line = f'self.{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
+        return False
+
+    def _plan_default_in_init(self, init: InitializeSite) -> None:
+        """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""
+        function = self.tree.function(init.statement)
+        anchor = self._init_anchor(self.tree.owner_class(function))
+        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
         self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
         self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
                    "Create it disabled in `__init__`")
-        self.default_in_init = True
 
     @staticmethod
     def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
@@ -440,22 +444,23 @@ class InitializePlanning:
     def _free_scaler_name(self) -> str:
         return next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.names), "amp_grad_scaler_")
 
-    def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str]:
+    def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str, str | None]:
+        """The GradScaler's name, where it lives, and "init" where a disabled one is made in
+        ``__init__`` until the method that makes it has run."""
         name = self._free_scaler_name()
         if init is None:
-            return name, "module"
+            return name, "module", None
         if init.level == "O0" and not self._o0_keeps_state(init):
-            return None, "none"
+            return None, "none", None
         function = self.tree.function(init.statement)
         if init.on_self and function is not None and self.tree.first_param(function) == "self":
             owner = self.tree.owner_class(function)
             if owner is not None and all(self.tree.owner_class(self.tree.function(site)) is owner and self.tree.first_param(self.tree.function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.attributes)
-                if not self._runs_at_construction(function, owner):
-                    self._plan_default_in_init(owner, function, attribute, init)
-                return f"self.{attribute}", "self"
+                stand_in = "init" if not self._runs_at_construction(function, owner) and self._default_in_init(owner, function, init) else None
+                return f"self.{attribute}", "self", stand_in
         if all(self.tree.function(site) is function for site in sites):
-            return name, "local"
+            return name, "local", None
         if function is None:
-            return name, "module"
-        return name, "global"
+            return name, "module", None
+        return name, "global", None

@@ -28,10 +28,12 @@ from migrate.apex_plan.vocabulary import (
     PARTNER,
     SCALE_LOSS,
     STATE_DICT,
+    SCALER_NAMES,
     ApexPlan,
     HalfFacts,
     InitializeSite,
     ScaleLossSite,
+    Setup,
     Unplannable,
 )
 from migrate.names import qualified_names
@@ -57,18 +59,13 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         self.blockers: list[tuple[cst.CSTNode, str]] = []
         self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}  # `if isfinite(norm):` around a step, its scaler and test
         self.inexact_gradient_guards: dict[int, cst.If] = {}  # such a test where `update()` cannot follow it on every path
-        self.level_guarded = False
         self.findings: list[Report] = []
-        self.scaler_in_block = False  # created in a block its users are not all in
-        self.merged_losses = False  # `loss_id`: apex's per-loss scalers become one GradScaler
+        self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
         self._stand_in_calls: set[int] = set()
         self._stand_in_assignments: list[cst.CSTNode] = []  # `self.amp = amp` where `self.amp` only stands in for the module
         self._stand_ins_assigned_once = True  # no stand-in is assigned anywhere else
         self.alias_of: dict[int, str] = {}  # a site called on what received it -> that expression
-        self.default_scaler = False  # a disabled module-level scaler stands in until initialize's code runs
-        self.default_in_init = False  # a disabled `self.scaler` made in `__init__` stands in until then
-        self.local_default = False  # a disabled local scaler made earlier in the function stands in until then
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
         self.partner = (provider.cache or {}).get(PARTNER)  # the other half of apex amp, in another file
@@ -178,7 +175,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         self._plan_scale_pokes(inits)
         if not scales:
             if not inits and tails:
-                self.level, self.o0 = "O1", False
+                self.setup = Setup(level="O1", o0=False)
                 self._plan_module_reads(tails)
                 self._emit([])
                 return
@@ -197,10 +194,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         self._note_inference([extra for extra in inits if extra not in joined])
         if len(inits) > 1 + len(repeats) + len(joined):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
-        self.level = level
-        self.o0 = self.level == "O0"
-        self.level_guarded = init is not None and init.guard_level
-        self.model_codes = set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS
+        o0 = level == "O0"
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
         scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
         if self.escapes and not self._receivers_take_a_scaler():
@@ -208,27 +202,40 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
                 "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
                 "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
             )
-        self.scaler, self.scaler_scope = self._scaler_name(init, scaler_sites)
-        hoist = self._hoist_guard(init, scaler_sites) if init is not None and not self.o0 else None  # O0: no scaler
-        self._guard_test = nodes.code(hoist.test) if hoist is not None else None
+        scaler, scope, stand_in = self._scaler_name(init, scaler_sites)
+        hoist, in_block = None, False
+        if init is not None and not o0:  # O0: no scaler
+            hoist, stand_in, in_block = self._hoist_guard(init, scaler_sites, scaler, scope, stand_in)
         # A scaler assigned through `global` exists only once its function ran: a disabled one
         # stands in at module level until then, as apex did nothing before `initialize`.
-        if self.scaler_scope == "global" and not self.o0 and self.tree.import_anchor() is not None:
-            self.default_scaler = True
-        elif self.scaler_scope == "module" and not self.o0 and init is not None:
+        if scope == "global" and not o0 and self.tree.import_anchor() is not None:
+            stand_in = "module"
+        elif scope == "module" and not o0 and init is not None:
             # Created inside `if __name__ == "__main__":`: functions read it, maybe after an import.
             created_in = self.tree.parent.get(id(hoist if hoist is not None else init.statement))
             if not isinstance(created_in, cst.Module):
                 if self.tree.import_anchor() is None:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
-                self.default_scaler = True
-        self.may_be_disabled = not self.scaler_in_block and (
-            hoist is not None
-            or self.default_scaler
-            or self.default_in_init
-            or self.local_default
-            or (init is not None and (init.enabled is not None or init.level_expression is not None))
+                stand_in = "module"
+        self.setup = Setup(
+            level=level,
+            o0=o0,
+            scaler=scaler,
+            scope=scope,
+            stand_in=stand_in,
+            in_block=in_block,
+            may_be_disabled=not in_block and (
+                hoist is not None or stand_in is not None
+                or (init is not None and (init.enabled is not None or init.level_expression is not None))),
+            merged_losses=any(site.merges_losses for site in (*inits, *scales)),
+            level_guarded=init is not None and init.guard_level,
+            guard_test=nodes.code(hoist.test) if hoist is not None else None,
+            model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
         )
+        if stand_in == "init":
+            self._plan_default_in_init(init)
+        elif stand_in == "local":
+            self._plan_local_default(init)
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps (in each
@@ -240,7 +247,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         found_by_scale = []
         for scale in scales:
             self._plan_scale_loss(scale)
-            if self.o0:
+            if self.setup.o0:
                 continue
             plain = self._plain_backward(beside=scale.statement)
             if plain is not None:
@@ -251,7 +258,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
             found = [hit for optimizer in scale.optimizers for hit in self._plan_steps(scale, optimizer)]
             found_by_scale.append(found)
             step_scaler.update((id(line), self._scaler_of(scale.call)) for line, _, _ in found)
-        if self.merged_losses:
+        if self.setup.merged_losses:
             found_by_scale = [[hit for found in found_by_scale for hit in found]]
         for found in found_by_scale:
             found.sort(key=lambda hit: (self.tree.order[id(hit[0])], hit[1]))
@@ -264,10 +271,10 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
             if EACH in updates:
                 self.draft.replace(line, self._each_step_replacement(line, updates[EACH], condition, step_scaler[id(line)]))
                 self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
-                           f"Use `{self.scaler}.step(optimizer)` for each optimizer, then `{self.scaler}.update()` once")
+                           f"Use `{self.setup.scaler}.step(optimizer)` for each optimizer, then `{self.setup.scaler}.update()` once")
                 continue
             self.draft.replace(line, self._step_replacement(line, updates, condition, step_scaler[id(line)]))
-            self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.scaler}.step(optimizer)` and `{self.scaler}.update()`")
+            self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.setup.scaler}.step(optimizer)` and `{self.setup.scaler}.update()`")
         self._plan_gradient_guards()
         self._plan_master_params()
         self._plan_state_dicts()
@@ -275,17 +282,17 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         self._plan_probes()
         self._plan_module_reads(inits)
         for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
-            if extra in repeats and not self.o0:
+            if extra in repeats and not self.setup.o0:
                 self._plan_initialize(extra, None, reinitialize=True)
             else:
                 self._plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:
             self._plan_initialize(init, hoist)
-        elif not self.o0:
+        elif not self.setup.o0:
             arguments = ", ".join(['"cuda"', *partner_args])
-            self.draft.after_imports.append(f"{self.scaler} = torch.amp.GradScaler({arguments})\n")
-            self.half_facts = {"scaler": self.scaler}
-        if not self.o0:
+            self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
+            self.half_facts = {"scaler": self.setup.scaler}
+        if not self.setup.o0:
             for scale in scales:
                 self._plan_autocast(scale)
         self._plan_after_imports()
@@ -305,7 +312,8 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
     def _master_params_alone(self) -> None:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
         states = self.sites["state_dict"] + self.sites["load_state_dict"]
-        self.level, self.o0, self.scaler = None, True, None
+        scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None) if states else None
+        self.setup = Setup(level=None, o0=True, scaler=scaler)
         if states:
             self._plan_state_alone()
         for call in self.sites["master_params"]:
@@ -341,7 +349,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         # said as what the file gains, where it gains it (a user reads this line, not the planner's)
         what = []
         if any(source != HELPER_SOURCE for source in self.draft.after_imports):
-            what.append(f"the GradScaler `{self.scaler}` is made at module level, after the imports")
+            what.append(f"the GradScaler `{self.setup.scaler}` is made at module level, after the imports")
         if HELPER_SOURCE in self.draft.after_imports:
             what.append(f"`{HELPER_NAME}`, which reads old apex checkpoints into a GradScaler, is defined after the imports")
         code = STATE_DICT if self.sites["load_state_dict"] else SCALE_LOSS
@@ -350,9 +358,9 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
     def _emit(self, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)
         self._mark_scaled_readers(scales)
-        self.draft.place_insertions(getattr(self, "scaler", None))
+        self.draft.place_insertions(self.setup.scaler)
         self.draft.compose_nested()
-        if not self.o0:
+        if not self.setup.o0:
             for name, scope in self.tree.torch_shadowed:
                 if any(self.tree.inside(node, scope) for node, _ in self.draft.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
@@ -360,9 +368,9 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         why_unsafe = "; ".join(dict.fromkeys(self.draft.unsafe + self.partner_unsafe))
         notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.draft.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
-        adds = (*(() if self.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
+        adds = (*(() if self.setup.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
         for scale in scales:
-            fix = f"Use `{self.scaler}.scale(loss).backward()`" if not self.o0 else "Use `loss.backward()` (O0: no scaling)"
+            fix = f"Use `{self.setup.scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"
             self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.draft.replacements.values():
             code, message, fix = self.draft.kinds[id(node)]

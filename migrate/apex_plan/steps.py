@@ -34,6 +34,7 @@ class StepPlanning:
         optimizers = nodes.argument(call, 1, "optimizers")
         if loss is None or optimizers is None:
             raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
+        merges_losses = False
         for name, why in (
             ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration"),
             ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
@@ -41,7 +42,7 @@ class StepPlanning:
             arg = nodes.argument(call, None, name)
             if arg is not None and nodes.code(arg.value) not in ("False", "0"):
                 self.draft.unsafe.append(why)
-                self.merged_losses = self.merged_losses or name == "loss_id"
+                merges_losses = merges_losses or name == "loss_id"
         value = optimizers.value
         listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
         scaled = item.asname.name.value
@@ -67,7 +68,7 @@ class StepPlanning:
                 and not self._read_elsewhere(scaled, statement)
             ):
                 backward_args = list(call_node.args)
-        return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements)
+        return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements, merges_losses)
 
     @property
     def _scale_loss_statements(self) -> frozenset[int]:
@@ -106,7 +107,7 @@ class StepPlanning:
         loss = nodes.code(scale.loss)
         if isinstance(scale.loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
             loss = f"({loss})"
-        scaled = loss if self.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
+        scaled = loss if self.setup.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
         if scale.backward_args is not None:
             args = ", ".join(nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in scale.backward_args)
             new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.tree.module)[0]
@@ -286,20 +287,20 @@ class StepPlanning:
         scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
         withs = self._scale_loss_statements
         candidates = self.tree.per_scope(
-            ("plain backwards", id(scope), withs, getattr(self, "_guard_test", None)),
+            ("plain backwards", id(scope), withs, self.setup.guard_test),
             lambda: [call for call in self._backwards_in(scope)
                      if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)])
         return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
-        if self._guard_test is None:
+        if self.setup.guard_test is None:
             return False
         child, parent = node, self.tree.parent.get(id(node))
         while parent is not None:
             if isinstance(parent, cst.If):
                 test = nodes.code(parent.test)
-                if (test == self._guard_test and child is parent.orelse) or (test == f"not {self._guard_test}" and child is parent.body):
+                if (test == self.setup.guard_test and child is parent.orelse) or (test == f"not {self.setup.guard_test}" and child is parent.body):
                     return True
             child, parent = parent, self.tree.parent.get(id(parent))
         return False
@@ -317,12 +318,12 @@ class StepPlanning:
         None when no test is needed: no branch, or the branch's test is the flag the scaler
         was created with (a disabled scaler steps the optimizer plainly).
         """
-        if self.scaler_in_block:
+        if self.setup.in_block:
             # The block that creates the scaler may not have run: there apex was off, and the
             # optimizer steps plainly.
-            owner, attribute = self.scaler.split(".", 1)
+            owner, attribute = self.setup.scaler.split(".", 1)
             conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
-        if not conditions or (self._guard_test is not None and conditions == [self._guard_test]):
+        if not conditions or (self.setup.guard_test is not None and conditions == [self.setup.guard_test]):
             return None
         if None in conditions:
             # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the

@@ -183,6 +183,7 @@ class InitializeSite(NamedTuple):
     model_codes: set[str]
     on_self: bool
     inference: bool = False  # no optimizers: the models only ran forward under apex's casts
+    merges_losses: bool = False  # `num_losses=2`: apex's per-loss scalers become one GradScaler
 
 
 class ScaleLossSite(NamedTuple):
@@ -193,6 +194,26 @@ class ScaleLossSite(NamedTuple):
     scaled_name: str
     backward_args: list[cst.Arg] | None  # set when the body is only ``scaled.backward(...)``
     body: list[cst.BaseStatement]
+    merges_losses: bool = False  # `loss_id=1`: apex's per-loss scalers become one GradScaler
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the plan decides before it writes anything: the opt level the rewrite keeps, the
+    GradScaler's name, where it is made and whether it may be off. The planning steps that
+    write the rewrite all read it; none changes it."""
+
+    level: str | None = None  # "O0".."O3", None when computed at run time
+    o0: bool = True  # no scaling: no scaler is made (but one standing in for saved state)
+    scaler: str | None = None  # the GradScaler's name (`scaler`, `self.scaler`)
+    scope: str = "none"  # where it lives: "self", "local", "global", "module" or "none"
+    stand_in: str | None = None  # a disabled scaler made first, until initialize's code runs: "module", "init", "local"
+    in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
+    may_be_disabled: bool = False  # autocast asks the scaler whether it is on
+    merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated once per iteration
+    level_guarded: bool = False  # a computed opt level is checked at run time
+    guard_test: str | None = None  # the flag the scaler is enabled by (`if args.fp16:` that held initialize)
+    model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
