@@ -20,8 +20,10 @@ Where each concept lives:
 - ``draft``: ``Draft``, the rewrite being written: replacements, lines put before statements,
   why it is unsafe, and the last steps that compose them.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
-- ``planner``: the ``Planner``: classifies the references, orders the rewrite, emits findings.
-  Its rewrite families are mixed in from:
+- ``planner``: the ``Planner``: classifies the references, decides the ``Setup`` (the opt level,
+  the GradScaler's name and where it is made; frozen, in ``vocabulary``), then runs the planning
+  steps that write the ``Draft`` in order, and emits findings. Its rewrite families, still mixed
+  in, read the tree, the sites and the ``Setup`` and write only to the ``Draft``:
   ``initialize`` (the GradScaler, its options and where it is made),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
   others are: a repeat, models joined to it, an inference-only copy),

@@ -18,7 +18,8 @@ Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
 class AutocastPlanning:
     """The autocast region: from the model's forward call to the loss apex's casts produced.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _plan_autocast(self, scale: ScaleLossSite) -> None:

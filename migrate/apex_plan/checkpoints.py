@@ -11,7 +11,8 @@ from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, STATE_DICT,
 class CheckpointPlanning:
     """``amp.state_dict`` and ``amp.load_state_dict``: GradScaler's state, apex checkpoints converted.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _plan_state_dicts(self) -> None:

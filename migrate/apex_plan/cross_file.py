@@ -24,7 +24,8 @@ class CrossFilePlanning:
     The pair is as safe as its less safe half (each takes the other's reasons), so a run fixes
     both halves or neither; a half that cannot be rewritten keeps the other as it is too.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _check_partner(self, first: cst.CSTNode) -> None:
@@ -51,7 +52,7 @@ class CrossFilePlanning:
 
     def _take_partner_reasons(self) -> None:
         """The pair is as safe as its less safe half: the other half's reasons, by its file."""
-        self.partner_unsafe += [f"{self.partner.file}: {reason}" for reason in self.partner.facts.reasons]
+        self.draft.partner_unsafe += [f"{self.partner.file}: {reason}" for reason in self.partner.facts.reasons]
 
     def _hand_off(self, inits: list[InitializeSite], others: list[cst.Call]) -> None:
         """``amp.initialize`` with the scaled backward in another file: the call goes. Under O1 the
@@ -68,7 +69,7 @@ class CrossFilePlanning:
         scaler = self._import_partner_scaler(others[0]) if others else None
         self.setup = Setup(level=inits[0].level, o0=True, scaler=scaler)  # no scaler made here
         static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
-        self.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
+        self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
         self._note_inference(inits)
         if all(init.level != "O0" for init in inits):
             if paired:

@@ -38,6 +38,12 @@ class Draft:
         self.notes: list[str] = list(tree.fallback_notes)  # what a safe fix reads differently from the letter of the code
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.imports_added: list[ImportChange] = []  # imports the rewrite needs besides torch
+        self.partner_unsafe: list[str] = []  # the other half's reasons: a pair is fixed together or not at all
+        self.half_facts: dict | None = None  # what this half tells the other half's plan
+        # `if isfinite(norm):` tests around a step: exact ones (their scaler and the step's test),
+        # and those `update()` cannot follow on every path
+        self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}
+        self.inexact_gradient_guards: dict[int, cst.If] = {}
 
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[id(node)] = (node, replacement)

@@ -17,7 +17,8 @@ from migrate.step_model.vocabulary import reads_gradients_in
 class GradientPlanning:
     """Gradients read between the scaled backward and the step, and ``amp.master_params``.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _plan_grad_readers(

@@ -14,7 +14,8 @@ from migrate.tree_walk import descendants, walk
 class HandedOnPlanning:
     """The amp module handed on to a parameter or an attribute, and what receives it.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _escape(self, node: cst.CSTNode) -> str | None:
@@ -131,28 +132,25 @@ class HandedOnPlanning:
         """The scaler a site uses: the plan's, or what received the handed-on module."""
         return self.alias_of.get(id(call), self.setup.scaler)
 
-    def _receivers_take_a_scaler(self) -> bool:
-        """Whether every read of the handed-on module is seen (the same-file function or the
+    def _receiver_calls(self) -> tuple[tuple[str, cst.Call], ...] | None:
+        """The receivers' calls of apex's API (by method), where every read of the handed-on module is seen (the same-file function or the
         class's attribute that receives it, followed on) and does what a GradScaler in its place
         does the same: the API the rewrite turns into the scaler's, a test for ``None`` or truth,
-        its state saved or loaded (old apex checkpoints converted on load)."""
+        its state saved or loaded (old apex checkpoints converted on load); else None."""
         reads = []
         for node, _ in self.escapes:
             found = receivers(self.tree.module, self.tree.parent, node)
             if found is None:
-                return False
+                return None
             reads += found
         if not all(read.method in (None, "scale_loss", "master_params", "state_dict", "load_state_dict") for read in reads):
-            return False
-        calls = [(read.method, self.tree.parent[id(self.tree.parent[id(read.node)])]) for read in reads if read.method is not None]
-        self._receiver_loads = [call for method, call in calls if method == "load_state_dict"]
-        self.receiver_calls = frozenset(id(call) for _, call in calls)  # the plan handles them: not AMP016's
-        return True
+            return None
+        return tuple((read.method, self.tree.parent[id(self.tree.parent[id(read.node)])]) for read in reads if read.method is not None)
 
     def _plan_receiver_loads(self) -> None:
         """``amp.load_state_dict(state)`` on what received the module: an apex checkpoint's state
         is converted for the GradScaler now in its place."""
-        for call in getattr(self, "_receiver_loads", ()):
+        for call in (call for method, call in self.setup.receiver_calls if method == "load_state_dict"):
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 continue

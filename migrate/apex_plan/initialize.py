@@ -28,7 +28,8 @@ from migrate.tree_walk import walk
 class InitializePlanning:
     """``amp.initialize``: its options, the GradScaler made in its place, and where.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:

@@ -19,7 +19,8 @@ class ModuleReadPlanning:
     """apex's module touched directly: its internals' loss scale, ``amp.__dict__`` probes,
     ``amp_handle = amp.init(...)`` never used, and ``logger.info(f"... {amp.__path__}")``.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _scale_poke(self, attr: str, node: cst.CSTNode) -> bool:

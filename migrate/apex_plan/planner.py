@@ -57,8 +57,6 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         self.draft = Draft(self.tree)
         self.sites: dict[str, list[cst.Call]] = {kind: [] for kind in CORE}
         self.blockers: list[tuple[cst.CSTNode, str]] = []
-        self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}  # `if isfinite(norm):` around a step, its scaler and test
-        self.inexact_gradient_guards: dict[int, cst.If] = {}  # such a test where `update()` cannot follow it on every path
         self.findings: list[Report] = []
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.escapes: list[tuple[cst.CSTNode, str]] = []  # the amp module handed on, and under what name
@@ -69,8 +67,6 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = {"O0", "O1"} | ({"O2"} if (provider.cache or {}).get(ACCEPT_O2) else set())
         self.partner = (provider.cache or {}).get(PARTNER)  # the other half of apex amp, in another file
-        self.partner_unsafe: list[str] = []  # the other half's reasons: a pair is fixed together or not at all
-        self.half_facts: dict | None = None  # what this half tells the other half's plan
         self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
@@ -97,9 +93,9 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
             return ApexPlan(self._report_only(problem), half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.alias_of) | self._stand_in_calls | {id(node) for _, node in self.probes} | {id(node) for *_, node in self.scale_pokes}
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.module_reads}
-        handled |= getattr(self, "receiver_calls", frozenset())
-        half = HalfFacts(**(self.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
-        return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.partner_unsafe)), handled=handled, half=half)
+        handled |= {id(call) for _, call in self.setup.receiver_calls}
+        half = HalfFacts(**(self.draft.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe)), handled=handled, half=half)
 
     def _is_half(self) -> bool:
         return bool(self.sites["initialize"]) != bool(self.sites["scale_loss"])
@@ -197,7 +193,8 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         o0 = level == "O0"
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.alias_of]
         scaler_sites += [call for call in others if id(call) not in self.alias_of] + [node for node, _ in self.escapes]
-        if self.escapes and not self._receivers_take_a_scaler():
+        receiver_calls = self._receiver_calls() if self.escapes else ()
+        if self.escapes and receiver_calls is None:
             self.draft.unsafe.append(
                 "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
                 "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
@@ -231,6 +228,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
             level_guarded=init is not None and init.guard_level,
             guard_test=nodes.code(hoist.test) if hoist is not None else None,
             model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
+            receiver_calls=receiver_calls or (),
         )
         if stand_in == "init":
             self._plan_default_in_init(init)
@@ -291,7 +289,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         elif not self.setup.o0:
             arguments = ", ".join(['"cuda"', *partner_args])
             self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
-            self.half_facts = {"scaler": self.setup.scaler}
+            self.draft.half_facts = {"scaler": self.setup.scaler}
         if not self.setup.o0:
             for scale in scales:
                 self._plan_autocast(scale)
@@ -364,8 +362,8 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
             for name, scope in self.tree.torch_shadowed:
                 if any(self.tree.inside(node, scope) for node, _ in self.draft.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
-        safety = Safety.UNSAFE if self.draft.unsafe or self.partner_unsafe else Safety.SAFE
-        why_unsafe = "; ".join(dict.fromkeys(self.draft.unsafe + self.partner_unsafe))
+        safety = Safety.UNSAFE if self.draft.unsafe or self.draft.partner_unsafe else Safety.SAFE
+        why_unsafe = "; ".join(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe))
         notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.draft.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
         adds = (*(() if self.setup.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
@@ -380,7 +378,7 @@ class Planner(InitializePlanning, StepPlanning, GradientPlanning, AutocastPlanni
         """An unsafe rewrite may train differently: it says why in the code, where apex amp was set
         up (or scaled the loss), as a ``TODO(ampmigrate)`` that AMP017 reports until reviewed. A
         reason with a marker of its own, at its line, is not repeated."""
-        reasons = [reason for reason in dict.fromkeys(self.draft.unsafe + self.partner_unsafe) if reason not in self.draft.marked_reasons]
+        reasons = [reason for reason in dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe) if reason not in self.draft.marked_reasons]
         if not reasons:
             return
         anchors = [self.tree.statement(call) for call in self.sites["initialize"]] + [scale.statement for scale in scales]

@@ -19,7 +19,8 @@ from migrate.tree_walk import walk
 class SeveralInitializePlanning:
     """Several ``amp.initialize`` calls in one file: repeats, joined models, inference-only copies.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _repeats(self, first: InitializeSite, again: InitializeSite) -> bool:

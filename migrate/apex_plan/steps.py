@@ -13,7 +13,8 @@ from migrate.tree_walk import descendants, walk
 class StepPlanning:
     """``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``.
 
-    A part of ``Planner``: its methods read and fill the planner's state.
+    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
+    ``Setup``, and write to the ``Draft``.
     """
 
     def _scale_loss(self, call: cst.Call) -> ScaleLossSite:
@@ -158,7 +159,7 @@ class StepPlanning:
                 condition = self._step_condition(conditions, scale.call, wanted)
                 guards = self._gradient_guards(sibling, between, found, scale)
                 for guard in guards:
-                    self.gradient_guards[id(guard)] = (guard, self._scaler_of(scale.call), condition)
+                    self.draft.gradient_guards[id(guard)] = (guard, self._scaler_of(scale.call), condition)
                 self._plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
                 return [(line, index, condition) for line, index in found]
             owner = self.tree.parent.get(id(block))
@@ -215,7 +216,7 @@ class StepPlanning:
                         if kind == "exact":
                             guards.append(top)
                         elif kind == "inexact":
-                            self.inexact_gradient_guards[id(top)] = top
+                            self.draft.inexact_gradient_guards[id(top)] = top
                 if node is sibling:
                     break
                 node = self.tree.parent.get(id(node))
@@ -238,7 +239,7 @@ class StepPlanning:
 
     def _plan_gradient_guards(self) -> None:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
-        for guard, scaler, condition in self.gradient_guards.values():
+        for guard, scaler, condition in self.draft.gradient_guards.values():
             update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
             self.draft.replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.tree.module)[0]]))
             self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
@@ -250,8 +251,8 @@ class StepPlanning:
             self.draft.unsafe.append(reason)
             self.draft.marked_reasons.append(reason)
             self.draft.leave_marker(guard, reason)
-        for guard in self.inexact_gradient_guards.values():
-            if any(guard is exact for exact, _, _ in self.gradient_guards.values()):
+        for guard in self.draft.inexact_gradient_guards.values():
+            if any(guard is exact for exact, _, _ in self.draft.gradient_guards.values()):
                 continue
             reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
                       "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
@@ -265,7 +266,7 @@ class StepPlanning:
             self.draft.leave_marker(guard, reason)
 
     def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
-        return any(self.tree.inside(line, guard) for guard, _, _ in self.gradient_guards.values())
+        return any(self.tree.inside(line, guard) for guard, _, _ in self.draft.gradient_guards.values())
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it

@@ -214,6 +214,8 @@ class Setup:
     level_guarded: bool = False  # a computed opt level is checked at run time
     guard_test: str | None = None  # the flag the scaler is enabled by (`if args.fp16:` that held initialize)
     model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
+    # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
+    receiver_calls: tuple[tuple[str, cst.Call], ...] = ()
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
