@@ -8,33 +8,40 @@ applies all of them or none), or every site is reported with the reason, and not
 half-rewritten. The rules read the plan through ``ApexPlanProvider`` (a libcst metadata
 provider), which runs once per file however many rules ask for it.
 
-Where each concept lives:
+Where each concept lives (each module imports only those before it in this list's order of
+dependence: no import cycle):
 
-- ``vocabulary``: the plan (``ApexPlan``), the sites (``InitializeSite``, ``ScaleLossSite``), why a
-  file cannot be planned (``Unplannable``), constants, and code-text helpers.
+- ``vocabulary``: the plan (``ApexPlan``), the sites (``InitializeSite``, ``ScaleLossSite``), what
+  the plan decides before writing (``Setup``, frozen), why a file cannot be planned
+  (``Unplannable``), constants, and code-text helpers.
 - ``syntax``: small questions about a statement (does it bind the loss, call backward, hold a
   ``yield``).
 - ``tree``: ``FileTree``, the one walk that collects parents, names and apex references, then
   where a statement sits (its block, function, class, loop, branch) and whether it runs the
   model, directly or through a helper of the file. Built once, only read after.
 - ``draft``: ``Draft``, the rewrite being written: replacements, lines put before statements,
-  why it is unsafe, and the last steps that compose them.
-- ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
-- ``planner``: the ``Planner``: classifies the references, decides the ``Setup`` (the opt level,
-  the GradScaler's name and where it is made; frozen, in ``vocabulary``), then runs the planning
-  steps that write the ``Draft`` in order, and emits findings. Its rewrite families, still mixed
-  in, read the tree, the sites and the ``Setup`` and write only to the ``Draft``:
+  why it is unsafe, and the last steps that compose them. The only thing planning changes.
+- ``context``: ``Sites`` (the classified references), ``Context`` (tree, sites, setup, draft) and
+  ``Step``, the base of each family of planning steps below.
+- ``classify``: the references sorted into ``Sites`` once: the API's calls (also on what
+  received the module), the module handed on, statements that only touch apex's module.
+- Families of planning steps, each an object given a ``Context``, reading the tree, the sites
+  and the ``Setup`` and writing the ``Draft``:
   ``initialize`` (the GradScaler, its options and where it is made),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
   others are: a repeat, models joined to it, an inference-only copy),
-  ``steps`` (``scale_loss`` and the optimizer steps after it),
+  ``conditions`` (the test a scaled backward ran under, said again at its step),
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
-  ``master_params``), ``autocast`` (the region around the forward pass),
-  ``checkpoints`` (``state_dict``/``load_state_dict``), ``cross_file`` (a file holding one half
-  of apex amp, planned with the facts of the other half, ``migrate.halves``), ``handed_on`` (the amp module passed
-  to a function or kept on an object, and what receives it), and ``module_reads`` (apex's
+  ``master_params``), ``steps`` (``scale_loss`` and the optimizer steps after it),
+  ``autocast`` (the region around the forward pass),
+  ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
+  to a function or kept on an object, and what receives it), ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
-  ``amp.init()`` handle, a log line naming apex).
+  ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
+  of apex amp, planned with the facts of the other half, ``migrate.halves``).
+- ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
+  the families' steps in order and emits the findings.
+- ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 """
 from migrate.apex_plan.provider import ApexPlanProvider, plan_of
 from migrate.apex_plan.vocabulary import (

@@ -4,32 +4,46 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import SUSPENDS, assigned_names, assigns, calls, contains, defines, read_names
-from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, ScaleLossSite, as_bool, grouped_text
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.syntax import (
+    SUSPENDS,
+    assigned_names,
+    assigns,
+    calls,
+    contains,
+    defines,
+    read_names,
+)
+from migrate.apex_plan.vocabulary import (
+    AUTOCAST,
+    INITIALIZE,
+    InitializeSite,
+    ScaleLossSite,
+    as_bool,
+    grouped_text,
+)
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
-
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
 # it, and the region's `enabled` argument.
 Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
 
 
-class AutocastPlanning:
+class AutocastPlanning(Step):
     """The autocast region: from the model's forward call to the loss apex's casts produced.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _plan_autocast(self, scale: ScaleLossSite) -> None:
+    def plan_autocast(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
         if self._plan_region(scale.statement, loss, scale):
             return
         callers = self._callers_handing(scale)
         # The callers' autocast may ask the scaler whether it is on: it must be visible there.
         visible = not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module")
-        if callers and visible and id(scale.call) not in self.alias_of and not any(self.draft.touched(s) for s, _ in callers):
+        if callers and visible and id(scale.call) not in self.sites.alias_of and not any(self.draft.touched(s) for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
                 return
@@ -42,7 +56,7 @@ class AutocastPlanning:
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
-        if not window and before and id(before[-1]) in self._scale_loss_statements:
+        if not window and before and id(before[-1]) in self.sites.scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
         reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
         self.draft.unsafe.append(reason)
@@ -76,7 +90,7 @@ class AutocastPlanning:
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
                 return False
             window = self.draft.window(block, current)
-            start = next((i for i, s in enumerate(window) if self.tree.calls_model(s, models, self._site_ids)), None)
+            start = next((i for i, s in enumerate(window) if self.tree.calls_model(s, models, self.sites.ids)), None)
             if start is not None:
                 # and what the loss is computed from before it (a teacher's forward, a model the
                 # file reaches under another name): apex cast all of it
@@ -169,12 +183,12 @@ class AutocastPlanning:
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
         models = self.tree.models_seen_from(scale.statement, self.setup.model_codes)
-        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self.tree.calls_model(s, models, self._site_ids)]
+        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self.tree.calls_model(s, models, self.sites.ids)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f"{self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled and not self.setup.in_block else None
-        if id(scale.call) in self.alias_of:
-            enabled = self._alias_enabled(self.alias_of[id(scale.call)])
+        if id(scale.call) in self.sites.alias_of:
+            enabled = self._alias_enabled(self.sites.alias_of[id(scale.call)])
         if enabled is not None and self._widen_own_autocast(statements, enabled):
             return
         inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")
@@ -190,8 +204,8 @@ class AutocastPlanning:
             # then there is no scaler, and apex was not on either.
             owner, attribute = self.setup.scaler.split(".", 1)
             enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.setup.scaler}.is_enabled()'
-        if id(scale.call) in self.alias_of:
-            enabled = ", enabled=" + self._alias_enabled(self.alias_of[id(scale.call)])
+        if id(scale.call) in self.sites.alias_of:
+            enabled = ", enabled=" + self._alias_enabled(self.sites.alias_of[id(scale.call)])
 
         first = statements[0]
         self.draft.replace(first, self._under_autocast(statements, enabled))
@@ -212,7 +226,7 @@ class AutocastPlanning:
             self.draft.kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
         self.draft.regions.update(id(statement) for statement in statements)
 
-    def _inference_tail(self, init: InitializeSite) -> Tail | None:
+    def inference_tail(self, init: InitializeSite) -> Tail | None:
         """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
         of its function, run after it: apex cast every op from there on, as autocast around those
         lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
@@ -236,7 +250,7 @@ class AutocastPlanning:
             anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.tree.parent.get(id(owner))
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
-        if not any(self.tree.calls_model(s, init.model_codes, self._site_ids) for s in rest):
+        if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):
             return None
         if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
             return None  # its caller may run the model it gets back, outside
@@ -265,7 +279,7 @@ class AutocastPlanning:
             if type(node) is cst.Return
         )
 
-    def _plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
+    def plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
         """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
         the call goes (its models are the ones passed in, as under O1)."""
         anchor, rest, enabled = tail

@@ -4,34 +4,39 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import subscript_key
-from migrate.apex_plan.vocabulary import HELPER_NAME, HELPER_SOURCE, STATE_DICT, Unplannable
+from migrate.apex_plan.vocabulary import (
+    HELPER_NAME,
+    HELPER_SOURCE,
+    STATE_DICT,
+    Unplannable,
+)
 
 
-class CheckpointPlanning:
+class CheckpointPlanning(Step):
     """``amp.state_dict`` and ``amp.load_state_dict``: GradScaler's state, apex checkpoints converted.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _plan_state_dicts(self) -> None:
-        calls = self.sites["state_dict"] + self.sites["load_state_dict"]
+    def plan_state_dicts(self) -> None:
+        calls = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         if calls and self.setup.o0 and self.setup.scaler is None:
             raise Unplannable(calls[0], "O0 has no loss scaler whose state could be saved")
-        for call in self.sites["state_dict"]:
+        for call in self.sites.calls["state_dict"]:
             if call.args:
                 raise Unplannable(call, "`amp.state_dict(destination)` has no native equivalent")
             node, native = self._state_dict_read(call)
             self.draft.replace(node, nodes.parse_expression(native, self.tree.module))
             self.draft.kind(node, STATE_DICT, "`amp.state_dict` is apex's loss-scaler state", f"Use `{native}`")
-        for call in self.sites["load_state_dict"]:
+        for call in self.sites.calls["load_state_dict"]:
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
             self.draft.replace(call, nodes.parse_expression(f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))", self.tree.module))
             self.draft.kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.setup.scaler}.load_state_dict(...)`, converting old apex checkpoints")
-        if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
+        if self.sites.calls["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
 
     def _state_dict_read(self, call: cst.Call) -> tuple[cst.CSTNode, str]:
@@ -51,12 +56,12 @@ class CheckpointPlanning:
             return node, native[keys[1]]
         raise Unplannable(call, "apex's loss-scaler state is read by key here; GradScaler's state has other keys")
 
-    def _plan_state_alone(self) -> None:
+    def plan_state_alone(self) -> None:
         """``amp.state_dict()``/``amp.load_state_dict()`` in a file with neither ``initialize`` nor
         ``scale_loss`` (a checkpoint utility): each function doing it takes the GradScaler as a new
         ``scaler=None`` parameter and saves or loads its state when one is given. Its callers, in
         other files, must pass theirs: a ``TODO(ampmigrate)`` says so until they do."""
-        calls = self.sites["state_dict"] + self.sites["load_state_dict"]
+        calls = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         if self.setup.scaler is None:
             raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
         self.draft.unsafe.append(
@@ -71,12 +76,12 @@ class CheckpointPlanning:
             statement = self.tree.statement(call)
             functions.setdefault(id(function), (function, statement))
             small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-            if call in self.sites["load_state_dict"] and isinstance(small, cst.Expr) and small.value is call:
+            if call in self.sites.calls["load_state_dict"] and isinstance(small, cst.Expr) and small.value is call:
                 state = nodes.argument(call, 0, "state_dict")
                 if state is None or len(call.args) != 1:
                     raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
                 line = f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))"
-            elif call in self.sites["state_dict"] and isinstance(small, cst.Assign) and not call.args:
+            elif call in self.sites.calls["state_dict"] and isinstance(small, cst.Assign) and not call.args:
                 node, native = self._state_dict_read(call)
                 if small.value is not node:
                     raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
@@ -89,7 +94,7 @@ class CheckpointPlanning:
         for function, statement in functions.values():
             self._take_scaler(function)
             self.draft.leave_marker(statement, f"pass the GradScaler as `{self.setup.scaler}=` where `{function.name.value}` is called")
-        if self.sites["load_state_dict"] and HELPER_NAME not in self.tree.names:
+        if self.sites.calls["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
 
     def _take_scaler(self, function: cst.FunctionDef) -> None:

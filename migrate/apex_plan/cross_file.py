@@ -7,14 +7,23 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import quiet
-from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, Setup, Unplannable, normal
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.several_initialize import SeveralInitializePlanning
+from migrate.apex_plan.vocabulary import (
+    AUTOCAST,
+    INITIALIZE,
+    InitializeSite,
+    Setup,
+    Unplannable,
+    normal,
+)
 from migrate.types import ImportChange
-
 
 BOTH = "give ampmigrate both files to migrate them together"
 
 
-class CrossFilePlanning:
+class CrossFilePlanning(Step):
     """A file with ``amp.initialize`` and no ``amp.scale_loss`` (the initialize half), or the reverse.
 
     Alone, each half's rewrite is unsafe: the scale half makes a GradScaler with apex's defaults,
@@ -24,11 +33,10 @@ class CrossFilePlanning:
     The pair is as safe as its less safe half (each takes the other's reasons), so a run fixes
     both halves or neither; a half that cannot be rewritten keeps the other as it is too.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _check_partner(self, first: cst.CSTNode) -> None:
+    def check_partner(self, first: cst.CSTNode) -> None:
         facts = self.partner.facts if self.partner is not None else None
         if facts is not None and facts.manual:
             raise Unplannable(first, f"its other half, {self._partner_at()}, cannot be rewritten ({facts.manual})")
@@ -36,7 +44,7 @@ class CrossFilePlanning:
     def _partner_at(self) -> str:
         return f"{self.partner.file} (line {self.partner.line})"
 
-    def _scale_half(self) -> tuple[str, tuple[str, ...]]:
+    def scale_half(self) -> tuple[str, tuple[str, ...]]:
         """The opt level and GradScaler arguments of a file that scales the loss but initializes nothing."""
         partner = self.partner
         if partner is None or partner.facts is None:
@@ -54,23 +62,27 @@ class CrossFilePlanning:
         """The pair is as safe as its less safe half: the other half's reasons, by its file."""
         self.draft.partner_unsafe += [f"{self.partner.file}: {reason}" for reason in self.partner.facts.reasons]
 
-    def _hand_off(self, inits: list[InitializeSite], others: list[cst.Call]) -> None:
-        """``amp.initialize`` with the scaled backward in another file: the call goes. Under O1 the
-        returned models and optimizers are the ones passed in; the file that scales the loss
-        makes the GradScaler, which this file imports for its checkpoints (``others``)."""
-        partner = self.partner
-        paired = partner is not None and partner.facts is not None
-        if self.escapes:
+    def hand_off_setup(self, inits: list[InitializeSite], others: list[cst.Call]) -> Setup:
+        """``amp.initialize`` with the scaled backward in another file: no scaler is made here; the
+        file that scales the loss makes the GradScaler, which this file imports for its
+        checkpoints (``others``)."""
+        if self.sites.escapes:
             # `args.amp = amp` beside `amp.initialize`: code in another file calls the module it
             # receives, and no GradScaler is made here to hand on in its place
-            node, _ = self.escapes[0]
+            node, _ = self.sites.escapes[0]
             raise Unplannable(node, "the amp module is handed on here to code in another file, and the GradScaler "
                               "that would take its place is made there: migrate the two together by hand")
         scaler = self._import_partner_scaler(others[0]) if others else None
-        self.setup = Setup(level=inits[0].level, o0=True, scaler=scaler)  # no scaler made here
+        return Setup(level=inits[0].level, o0=True, scaler=scaler)  # no scaler made here
+
+    def plan_hand_off(self, inits: list[InitializeSite]) -> None:
+        """The initialize half's calls go (see ``hand_off_setup``). Under O1 the returned models and
+        optimizers are the ones passed in."""
+        partner = self.partner
+        paired = partner is not None and partner.facts is not None
         static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
         self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
-        self._note_inference(inits)
+        SeveralInitializePlanning(self.context).note_inference(inits)
         if all(init.level != "O0" for init in inits):
             if paired:
                 self.draft.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
@@ -92,7 +104,7 @@ class CrossFilePlanning:
             # migrated file scales the loss, as apex's casts end with the call (a backward with
             # no scale_loss still ran its forward in float16)
             marked = (init.inference or not paired) and init.level != "O0"
-            self._plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
+            InitializePlanning(self.context).plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
             if marked:
                 models = " ".join(nodes.code(model).split())
                 if init.level in ("O2", "O3"):
@@ -100,11 +112,17 @@ class CrossFilePlanning:
                 else:
                     step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
                 self.draft.leave_marker(init.statement, step)
-        if others:
-            self._plan_state_dicts()
-            self._plan_after_imports()
-        self._plan_module_reads(inits)
-        self._emit([])
+
+    def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
+        """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
+        inputs it is given working (fp32 weights would refuse them)."""
+        self.draft.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
+        target, values = init.restore.split(" = ", 1)
+        code = nodes.code(model)
+        restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
+        new = nodes.parse_statements(restore + "\n", self.tree.module)[0]
+        self.draft.replace(init.statement, nodes.with_leading(new, init.statement))
+        self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Call `.half()` on the model: O3 is pure float16")
 
     def _import_partner_scaler(self, first: cst.CSTNode) -> str:
         """The checkpoints of an initialize half read the scale half's GradScaler, imported from its
@@ -119,7 +137,7 @@ class CrossFilePlanning:
         if partner.scaler_import is None:
             raise Unplannable(first, f"the GradScaler lives in {partner.file}, which imports this file: importing it back would be circular")
         name = partner.facts.scaler
-        local = name if name not in self.tree.names else self._free_scaler_name()
+        local = name if name not in self.tree.names else InitializePlanning(self.context).free_scaler_name()
         self.draft.imports_added.append(ImportChange(partner.scaler_import.module, name, None if local == name else local, partner.scaler_import.relative))
         return local
 

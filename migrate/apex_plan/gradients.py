@@ -7,21 +7,33 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
+from migrate.apex_plan.conditions import StepConditions
+from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
-    EACH, MASTER_COPIES, MASTER_PARAMS, SCALE_AWARE_MARK, SCALE_LOSS, SCALED_READER_MARK, ScaleLossSite, Unplannable,
+    EACH,
+    MASTER_COPIES,
+    MASTER_PARAMS,
+    SCALE_AWARE_MARK,
+    SCALE_LOSS,
+    SCALED_READER_MARK,
+    ScaleLossSite,
+    Unplannable,
 )
 from migrate.step_model.vocabulary import reads_gradients_in
 
 
-class GradientPlanning:
+class GradientPlanning(Step):
     """Gradients read between the scaled backward and the step, and ``amp.master_params``.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _plan_grad_readers(
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.conditions = StepConditions(context)
+
+    def plan_grad_readers(
         self,
         scale: ScaleLossSite,
         optimizer: str,
@@ -47,12 +59,12 @@ class GradientPlanning:
         for between, conditions in passed:
             for statement in between:
                 route.append(statement)
-                if self._scales_again(statement, scale):
+                if self.scales_again(statement, scale):
                     readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
                     continue
-                if self._reads_grads(statement):
-                    readers.append((statement, self._step_condition(conditions, scale.call, optimizer), step_always_follows))
-        condition = self._step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
+                if grad_readers.reads_grads(statement):
+                    readers.append((statement, self.conditions.step_condition(conditions, scale.call, optimizer), step_always_follows))
+        condition = self.conditions.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         if len(inner) == 1:
             path = inner[0]
             for depth in range(len(path) - 1, -1, -1):
@@ -60,18 +72,18 @@ class GradientPlanning:
                 follows = not any(conditional for _, conditional in path[:depth])
                 for sibling in siblings:
                     route.append(sibling)
-                    if not passed and self._scales_again(sibling, None):
+                    if not passed and self.scales_again(sibling, None):
                         readers = []  # read before the backward pass: not between it and the step
-                    elif self._reads_grads(sibling):
+                    elif grad_readers.reads_grads(sibling):
                         readers.append((sibling, condition, follows))
-        elif any(self._reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
+        elif any(grad_readers.reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
             readers.append((container, condition, False))
         leaving = next((found for found in map(loop_exit, route) if found is not None), None) if passed else None
         if leaving is not None:
             self.draft.unsafe.append(
                 f"the iteration may end at line {self.tree.line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
                 f"`{optimizer}.step()`: apex lowered the loss scale after an overflow as `amp.scale_loss` exited; "
-                f"natively `{self._scaler_of(scale.call)}.update()` runs after the step, so there the scale is not lowered"
+                f"natively `{self.scaler_of(scale.call)}.update()` runs after the step, so there the scale is not lowered"
             )
         if not readers:
             return
@@ -100,7 +112,7 @@ class GradientPlanning:
             )
             return
         first, condition, _ = readers[0]
-        line = self._unscale_each(self._scaler_of(scale.call), optimizer, steps)
+        line = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
         if condition is not None:
             line = f"if {condition}:\n" + textwrap.indent(line, "    ")
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
@@ -125,7 +137,7 @@ class GradientPlanning:
                 return "\n".join(f"{scaler}.unscale_({nodes.code(element.value)})" for element in elements.elements)
         return f"{scaler}.unscale_({optimizer})"
 
-    def _mark_scaled_readers(self, scales: list[ScaleLossSite]) -> None:
+    def mark_scaled_readers(self, scales: list[ScaleLossSite]) -> None:
         """What reads gradients inside ``amp.scale_loss``, after its backward, read scaled ones:
         apex unscaled them only on leaving the block. Kept so, and marked ``# noqa: AMP101`` to
         say it, so that the lint does not unscale them before it on a later run."""
@@ -156,8 +168,8 @@ class GradientPlanning:
     def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call], marker: str | None = None) -> None:
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);
         ``marker``, where that is not how apex ran them, is left as a ``TODO(ampmigrate)`` on each."""
-        factor = f"{self._scaler_of(scale.call)}.get_scale()"
-        masters = {id(call): call for call in self.sites["master_params"]}
+        factor = f"{self.scaler_of(scale.call)}.get_scale()"
+        masters = {id(call): call for call in self.sites.calls["master_params"]}
         for clip in clips:
             params = clip.args[0].value if clip.args and clip.args[0].keyword is None else None
             generator = None
@@ -182,9 +194,9 @@ class GradientPlanning:
             return [statement]
         found, branch = [], statement
         while branch is not None:
-            if isinstance(branch, cst.If) and self._reads_grads(branch.test) or not isinstance(branch.body, cst.IndentedBlock):
+            if isinstance(branch, cst.If) and grad_readers.reads_grads(branch.test) or not isinstance(branch.body, cst.IndentedBlock):
                 return [statement]
-            first = next((s for s in branch.body.body if self._reads_grads(s)), None)
+            first = next((s for s in branch.body.body if grad_readers.reads_grads(s)), None)
             if first is not None:
                 found += self._first_readers(first)
             if nodes.code(statement.test) == self.setup.guard_test:
@@ -207,7 +219,7 @@ class GradientPlanning:
                 conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
                 if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
                     conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
-                if isinstance(owner, (cst.If, cst.Else)) and id(self._chain_top(owner)) in guards:
+                if isinstance(owner, (cst.If, cst.Else)) and id(self.tree.chain_top(owner)) in guards:
                     conditional = False
                 path.append((body[: body.index(node)], conditional))
                 if owner is None:
@@ -218,35 +230,26 @@ class GradientPlanning:
             paths.append(path)
         return paths
 
-    def _chain_top(self, arm: cst.If | cst.Else) -> cst.If:
-        """The first ``if`` of the if/elif/else chain holding ``arm``."""
-        top = arm
-        while isinstance(top, cst.Else) or getattr(self.tree.parent.get(id(top)), "orelse", None) is top:
-            top = self.tree.parent[id(top)]  # up from an else or an elif to the chain's first if
-        return top
-
     def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
         """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
-        branch: cst.CSTNode | None = self._chain_top(arm)
+        branch: cst.CSTNode | None = self.tree.chain_top(arm)
         while isinstance(branch, cst.If):
             if not any(self.tree.inside(line, branch.body) for line, _ in steps):
                 return False
             branch = branch.orelse
         return isinstance(branch, cst.Else) and any(self.tree.inside(line, branch.body) for line, _ in steps)
 
-    def _scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
+    def scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
         """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
-        others = [call for call in self.sites["scale_loss"] if scale is None or call is not scale.call]
+        others = [call for call in self.sites.calls["scale_loss"] if scale is None or call is not scale.call]
         return any(self.tree.inside(call, statement) for call in others) or bool(backward_calls(statement))
 
-    _reads_grads = staticmethod(grad_readers.reads_grads)
-
-    def _plan_master_params(self) -> None:
+    def plan_master_params(self) -> None:
         # Blocks where `scaler.unscale_(opt)` is inserted, per optimizer: once per block, so that
         # each branch reading gradients (`if clip: clip_grad_norm_ ... else: grad_norm(...)`) reads
         # unscaled ones, and never twice on one path (GradScaler refuses a second unscale_).
         unscaled: dict[str, list[cst.CSTNode]] = {}
-        for call in self.sites["master_params"]:
+        for call in self.sites.calls["master_params"]:
             optimizer = nodes.argument(call, 0, "optimizer")
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise Unplannable(call, "`amp.master_params` is not called with one optimizer")
@@ -262,8 +265,8 @@ class GradientPlanning:
             already = any(block is unscaled_block for block in blocks for unscaled_block in done)
             # In the `scale_loss` block apex had not unscaled yet: what reads gradients there reads
             # scaled ones, as it will natively.
-            in_block = self.tree.inside_any(call, self._scale_loss_statements)
-            inspects_grads = self._feeds_grad_consumer(call, statement) and not in_block
+            in_block = self.tree.inside_any(call, self.sites.scale_loss_statements)
+            inspects_grads = self.feeds_grad_consumer(call, statement) and not in_block
             covered = any(id(node) in self.draft.unscale_covered for node in (statement, *self.tree.ancestors(statement)))
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
             self.draft.kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
@@ -275,7 +278,7 @@ class GradientPlanning:
             if any(self.tree.inside(block, blocks[0]) for block in done):
                 raise Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
             done.append(blocks[0])
-            unscale = nodes.parse_statements(f"{self._scaler_of(call)}.unscale_({opt})\n", self.tree.module)[0]
+            unscale = nodes.parse_statements(f"{self.scaler_of(call)}.unscale_({opt})\n", self.tree.module)[0]
             updated = statement.deep_replace(call, generator)
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self.draft.replace(statement, new)
@@ -291,7 +294,7 @@ class GradientPlanning:
             generator = generator.with_changes(lpar=[], rpar=[])
         return generator
 
-    def _feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
+    def feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
         """Whether the parameters go into something that reads gradients (clipping, norms)."""
         node = self.tree.parent.get(id(call))
         while node is not None and node is not statement:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import assigned_names, read_names
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
+    CORE,
     INITIALIZE,
     INITIALIZE_KEYWORDS,
     NEVER,
@@ -25,14 +27,13 @@ from migrate.apex_plan.vocabulary import (
 from migrate.tree_walk import walk
 
 
-class InitializePlanning:
+class InitializePlanning(Step):
     """``amp.initialize``: its options, the GradScaler made in its place, and where.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
+    def plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
         if init.restore:
             new = nodes.parse_statements(init.restore + "\n", self.tree.module)[0]
             self.draft.replace(init.statement, nodes.with_leading(new, init.statement))
@@ -51,7 +52,7 @@ class InitializePlanning:
             return "Remove it: O0 is plain fp32"
         return f'Create `{self.setup.scaler} = torch.amp.GradScaler("cuda")`'
 
-    def _initialize(self, call: cst.Call) -> InitializeSite:
+    def read_initialize(self, call: cst.Call) -> InitializeSite:
         statement = self.tree.statement(call)
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
         if isinstance(small, cst.Assign) and (len(small.targets) != 1 or small.value is not call):
@@ -130,6 +131,24 @@ class InitializePlanning:
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
                            model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses)
+
+    def _until(self, init: InitializeSite) -> str:
+        function = self.tree.function(init.statement)
+        return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
+
+    def _only_stand_ins_set_beside(self, init: InitializeSite) -> bool:
+        """Whether the scaler is only ever used through ``self.amp``, a stand-in for the module that
+        is given the module nowhere but just before ``init``, in its block (elsewhere at most
+        ``None``): wherever ``init`` has not run, the file failed on ``self.amp`` exactly as its
+        rewrite fails on the scaler."""
+        block = self.tree.parent.get(id(init.statement))
+        body = list(getattr(block, "body", ()))
+        used = [call for kind in CORE if kind != "initialize" for call in self.sites.calls[kind]]
+        return (
+            bool(self.sites.stand_in_assignments) and not self.sites.escapes and self.sites.stand_ins_assigned_once
+            and all(id(call) in self.sites.stand_in_calls for call in used)
+            and all(statement in body and body.index(statement) < body.index(init.statement) for statement in self.sites.stand_in_assignments)
+        )
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -234,7 +253,7 @@ class InitializePlanning:
                 self.draft.unsafe.append(f"`{name}` has no native equivalent and is dropped")
         return options, merges_losses
 
-    def _plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
+    def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
         if (self.setup.stand_in == "module") and not reinitialize:
             self.draft.after_imports.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
@@ -314,7 +333,7 @@ class InitializePlanning:
             parts.append(as_bool(init.enabled))
         return parts
 
-    def _hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode], scaler: str, scope: str,
+    def hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode], scaler: str, scope: str,
                      stand_in: str | None) -> tuple[cst.If | None, str | None, bool]:
         """The ``if flag:`` whose body holds initialize, when the scaler must exist outside it.
 
@@ -365,7 +384,7 @@ class InitializePlanning:
         )
         return None, stand_in, True
 
-    def _plan_local_default(self, init: InitializeSite) -> None:
+    def plan_local_default(self, init: InitializeSite) -> None:
         """A disabled local scaler made at the top of the function, standing in until the block
         that holds ``initialize`` (``if epoch == start:`` in the epoch loop) has run."""
         function = self.tree.function(init.statement)
@@ -393,7 +412,7 @@ class InitializePlanning:
             )
         return False
 
-    def _plan_default_in_init(self, init: InitializeSite) -> None:
+    def plan_default_in_init(self, init: InitializeSite) -> None:
         """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""
         function = self.tree.function(init.statement)
         anchor = self._init_anchor(self.tree.owner_class(function))
@@ -438,17 +457,17 @@ class InitializePlanning:
     def _o0_keeps_state(self, init: InitializeSite) -> bool:
         """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
         state is empty, as O0 scaled nothing), created where ``initialize`` ran, on every path."""
-        states = self.sites["state_dict"] + self.sites["load_state_dict"]
+        states = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         return bool(states) and isinstance(self.tree.parent.get(id(init.statement)), (cst.IndentedBlock, cst.Module)) and not isinstance(
             self.tree.parent.get(id(self.tree.parent.get(id(init.statement)))), (cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try))
 
-    def _free_scaler_name(self) -> str:
+    def free_scaler_name(self) -> str:
         return next((name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.names), "amp_grad_scaler_")
 
-    def _scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str, str | None]:
+    def scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str, str | None]:
         """The GradScaler's name, where it lives, and "init" where a disabled one is made in
         ``__init__`` until the method that makes it has run."""
-        name = self._free_scaler_name()
+        name = self.free_scaler_name()
         if init is None:
             return name, "module", None
         if init.level == "O0" and not self._o0_keeps_state(init):

@@ -11,19 +11,19 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import backward_calls
 from migrate.apex_plan.vocabulary import InitializeSite, normal
 from migrate.tree_walk import walk
 
 
-class SeveralInitializePlanning:
+class SeveralInitializePlanning(Step):
     """Several ``amp.initialize`` calls in one file: repeats, joined models, inference-only copies.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _repeats(self, first: InitializeSite, again: InitializeSite) -> bool:
+    def repeats(self, first: InitializeSite, again: InitializeSite) -> bool:
         """``again`` initializes as ``first`` did (re-initialising before loading a checkpoint), in
         its function, outside any block that could make the scaler's flag differ: apex started
         a fresh loss scaler there, as a fresh GradScaler does."""
@@ -32,7 +32,7 @@ class SeveralInitializePlanning:
         at_top = isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)
         return same and at_top and self.tree.function(first.statement) is self.tree.function(again.statement)
 
-    def _note_inference(self, inits: list[InitializeSite]) -> None:
+    def note_inference(self, inits: list[InitializeSite]) -> None:
         if any(init.inference and init.level != "O0" for init in inits):
             self.draft.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
 
@@ -46,7 +46,7 @@ class SeveralInitializePlanning:
             return None
         return sorted(normal(nodes.code(arg)) for arg in extra if arg.keyword is not None)
 
-    def _inference_beside(self, main: InitializeSite, other: InitializeSite) -> bool:
+    def inference_beside(self, main: InitializeSite, other: InitializeSite) -> bool:
         """``other`` readies a model for inference only (a teacher, an EMA copy) at O1 with the
         options of ``main``, the training ``initialize``, in its function, under every test
         ``main`` runs under: O1's casts are global once ``main`` has run, so ``other`` adds none,
@@ -64,7 +64,7 @@ class SeveralInitializePlanning:
         if self.tree.order[id(other.statement)] > self.tree.order[id(main.statement)]:
             return True
         between = [s for s in self._statements_of(function) if self.tree.order[id(other.statement)] < self.tree.order[id(s)] < self.tree.order[id(main.statement)]]
-        return not any(self.tree.calls_model(s, other.model_codes, self._site_ids) for s in between)
+        return not any(self.tree.calls_model(s, other.model_codes, self.sites.ids) for s in between)
 
     def _tests_around(self, statement: cst.CSTNode, function: cst.FunctionDef, loops: bool) -> set[str] | None:
         """The tests of the ``if`` arms (pure, no ``else``/``elif`` arm) that hold ``statement`` in
@@ -94,7 +94,7 @@ class SeveralInitializePlanning:
         walk(function, _Lines())
         return found
 
-    def _joins(self, first: InitializeSite, other: InitializeSite) -> bool:
+    def joins(self, first: InitializeSite, other: InitializeSite) -> bool:
         """``other`` initializes other models with ``first``'s options right after it, in its block
         or under a plain test there (a GAN's generator and discriminator; an EMA or teacher copy
         run forward only): apex kept one loss scaler for all, as one GradScaler does, and cast

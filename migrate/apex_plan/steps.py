@@ -4,20 +4,44 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import ReplaceByIdentity, assigned_names, backward_calls, is_step, loop_exit
-from migrate.apex_plan.vocabulary import EACH, HOLDS_GRADIENTS, PLAIN_STEP_MARK, SCALE_LOSS, SCALE_LOSS_KEYWORDS, TRANSPARENT, ScaleLossSite, Unplannable, grouped_text, negated, normal
+from migrate import grad_readers
+from migrate.apex_plan.conditions import StepConditions
+from migrate.apex_plan.context import Context, Step
+from migrate.apex_plan.gradients import GradientPlanning
+from migrate.apex_plan.syntax import (
+    ReplaceByIdentity,
+    assigned_names,
+    backward_calls,
+    is_step,
+    loop_exit,
+)
+from migrate.apex_plan.vocabulary import (
+    EACH,
+    HOLDS_GRADIENTS,
+    PLAIN_STEP_MARK,
+    SCALE_LOSS,
+    SCALE_LOSS_KEYWORDS,
+    TRANSPARENT,
+    ScaleLossSite,
+    Unplannable,
+    normal,
+)
 from migrate.rule import Replacement
 from migrate.tree_walk import descendants, walk
 
 
-class StepPlanning:
+class StepPlanning(Step):
     """``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``.
 
-    A part of ``Planner``: its methods read the ``FileTree``, the classified sites and the frozen
-    ``Setup``, and write to the ``Draft``.
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def _scale_loss(self, call: cst.Call) -> ScaleLossSite:
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.gradients = GradientPlanning(context)
+        self.conditions = StepConditions(context)
+
+    def read_scale_loss(self, call: cst.Call) -> ScaleLossSite:
         item = self.tree.parent.get(id(call))
         statement = self.tree.parent.get(id(item))
         if not (isinstance(item, cst.WithItem) and isinstance(statement, cst.With) and item.item is call):
@@ -71,21 +95,10 @@ class StepPlanning:
                 backward_args = list(call_node.args)
         return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements, merges_losses)
 
-    @property
-    def _scale_loss_statements(self) -> frozenset[int]:
-        """The ids of the statements holding ``amp.scale_loss``, found once for the sites as they
-        stand (a file may have hundreds; planning may still add some, at the end of the list)."""
-        calls = self.sites["scale_loss"]
-        stamp = (id(calls), len(calls), id(calls[-1]) if calls else None)
-        known = self.__dict__.get("_scale_loss_known")
-        if known is None or known[0] != stamp:
-            known = self.__dict__["_scale_loss_known"] = (stamp, frozenset(id(self.tree.statement(call)) for call in calls))
-        return known[1]
-
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""
         scope = self.tree.function(statement) or self.tree.module
-        withs = self._scale_loss_statements
+        withs = self.sites.scale_loss_statements
         return self.tree.per_scope(("read elsewhere", id(scope), name, withs), lambda: any(
             not self.tree.inside_any(node, withs) for node in self._names_in(scope).get(name, ())))
 
@@ -104,11 +117,11 @@ class StepPlanning:
         """``backward_calls(scope, nested=True)``, worked out once per scope."""
         return self.tree.per_scope(("backwards", id(scope)), lambda: backward_calls(scope, nested=True))
 
-    def _plan_scale_loss(self, scale: ScaleLossSite) -> None:
+    def plan_scale_loss(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
         if isinstance(scale.loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
             loss = f"({loss})"
-        scaled = loss if self.setup.o0 else f"{self._scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
+        scaled = loss if self.setup.o0 else f"{self.scaler_of(scale.call)}.scale({nodes.code(scale.loss)})"
         if scale.backward_args is not None:
             args = ", ".join(nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for arg in scale.backward_args)
             new = nodes.parse_statements(f"{scaled}.backward({args})\n", self.tree.module)[0]
@@ -133,7 +146,7 @@ class StepPlanning:
             trailing = body.trailing_whitespace
         return new.with_changes(leading_lines=leading, trailing_whitespace=trailing)
 
-    def _plan_steps(self, scale: ScaleLossSite, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
+    def plan_steps(self, scale: ScaleLossSite, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
         """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
         wanted = nodes.code(optimizer)
         current: cst.CSTNode = scale.statement
@@ -156,15 +169,15 @@ class StepPlanning:
                 self._no_closure(found)
                 if any(self.tree.in_handler(line, scale.statement) for line, _ in found):
                     self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
-                condition = self._step_condition(conditions, scale.call, wanted)
+                condition = self.conditions.step_condition(conditions, scale.call, wanted)
                 guards = self._gradient_guards(sibling, between, found, scale)
                 for guard in guards:
-                    self.draft.gradient_guards[id(guard)] = (guard, self._scaler_of(scale.call), condition)
-                self._plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
+                    self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), condition)
+                self.gradients.plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
                 return [(line, index, condition) for line, index in found]
             owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
-                conditions.append(self._branch_condition(owner))
+                conditions.append(self.conditions.branch_condition(owner))
             elif not isinstance(owner, TRANSPARENT):
                 break
             while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
@@ -178,7 +191,7 @@ class StepPlanning:
             raise Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
         # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
         # backward pass of the file skips the scaler while it is enabled.
-        plain = self._plain_backward()
+        plain = self.plain_backward()
         if plain is not None:
             self.draft.unsafe.append(
                 f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plain)} "
@@ -189,8 +202,8 @@ class StepPlanning:
         if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
             self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
-            self._plan_grad_readers(scale, wanted, [], self.tree.function(line) or self.tree.module, [(line, index)], anywhere)
-        return [(line, index, self._step_condition([], scale.call, wanted)) for line, index in anywhere]
+            self.gradients.plan_grad_readers(scale, wanted, [], self.tree.function(line) or self.tree.module, [(line, index)], anywhere)
+        return [(line, index, self.conditions.step_condition([], scale.call, wanted)) for line, index in anywhere]
 
     def _gradient_guards(self, sibling: cst.CSTNode, between: list[cst.BaseStatement],
                          found: list[tuple[cst.SimpleStatementLine, int]], scale: ScaleLossSite) -> list[cst.If]:
@@ -206,7 +219,7 @@ class StepPlanning:
             node = self.tree.parent.get(id(line))
             while node is not None:
                 if isinstance(node, cst.If):
-                    top = self._chain_top(node)
+                    top = self.tree.chain_top(node)
                     if not any(top is guard for guard in guards):
                         holder = self.tree.parent.get(id(top))
                         body = list(getattr(holder, "body", ()))
@@ -228,16 +241,16 @@ class StepPlanning:
         and ``update()`` after the ``if`` keep apex's scale), "inexact" where it does not, None
         where the test is on something else (a counter: accumulation)."""
         tested = {node.value for node in descendants(branch.test) if type(node) is cst.Name}
-        read_into = {target for reader in before if self._reads_grads(reader) for target in assigned_names(reader)}
+        read_into = {target for reader in before if grad_readers.reads_grads(reader) for target in assigned_names(reader)}
         if not read_into & tested:
             return None
-        always = {target for reader in before if isinstance(reader, cst.SimpleStatementLine) and self._reads_grads(reader)
+        always = {target for reader in before if isinstance(reader, cst.SimpleStatementLine) and grad_readers.reads_grads(reader)
                   for target in assigned_names(reader)}
-        if always & tested and loop_exit(branch) is None and not self._scales_again(branch, scale):
+        if always & tested and loop_exit(branch) is None and not self.gradients.scales_again(branch, scale):
             return "exact"
         return "inexact"
 
-    def _plan_gradient_guards(self) -> None:
+    def plan_gradient_guards(self) -> None:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.draft.gradient_guards.values():
             update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
@@ -265,13 +278,13 @@ class StepPlanning:
                            "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
             self.draft.leave_marker(guard, reason)
 
-    def _under_gradient_guard(self, line: cst.CSTNode) -> bool:
+    def under_gradient_guard(self, line: cst.CSTNode) -> bool:
         return any(self.tree.inside(line, guard) for guard, _, _ in self.draft.gradient_guards.values())
 
     def _scaled_before(self, line: cst.CSTNode, wanted: str) -> bool:
         """Whether a ``scale_loss`` of ``wanted`` runs before ``line`` in a block holding it
         (``if delayed: scale_loss(delay_unscale=True) else: scale_loss(); opt.step()``)."""
-        for call in self.sites["scale_loss"]:
+        for call in self.sites.calls["scale_loss"]:
             statement = self.tree.statement(call)
             block = self.tree.parent.get(id(statement))
             optimizers = nodes.argument(call, 1, "optimizers")
@@ -282,11 +295,11 @@ class StepPlanning:
                 return True
         return False
 
-    def _plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
+    def plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
         scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
-        withs = self._scale_loss_statements
+        withs = self.sites.scale_loss_statements
         candidates = self.tree.per_scope(
             ("plain backwards", id(scope), withs, self.setup.guard_test),
             lambda: [call for call in self._backwards_in(scope)
@@ -312,51 +325,6 @@ class StepPlanning:
                 continue  # its inner steps were checked by name
             if line.body[index].value.args:
                 raise Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
-
-    def _step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str) -> str | None:
-        """The test under which the scaled backward ran, when the step sits outside that ``if``.
-
-        None when no test is needed: no branch, or the branch's test is the flag the scaler
-        was created with (a disabled scaler steps the optimizer plainly).
-        """
-        if self.setup.in_block:
-            # The block that creates the scaler may not have run: there apex was off, and the
-            # optimizer steps plainly.
-            owner, attribute = self.setup.scaler.split(".", 1)
-            conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
-        if not conditions or (self.setup.guard_test is not None and conditions == [self.setup.guard_test]):
-            return None
-        if None in conditions:
-            # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the
-            # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
-            # where `scaler.step` would find nothing scaled and fail.
-            self.draft.unsafe.append(
-                f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
-                f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
-            )
-            conditions = [c for c in conditions if c is not None]
-            conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
-        return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
-
-    def _branch_condition(self, branch: cst.If | cst.Else) -> str | None:
-        """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.
-
-        None when a test of the chain has side effects (calls), so it cannot be evaluated again.
-        """
-        own = branch.test if isinstance(branch, cst.If) else None
-        earlier = []
-        link = branch
-        while True:
-            above = self.tree.parent.get(id(link))
-            if not (isinstance(above, cst.If) and above.orelse is link):
-                break
-            earlier.insert(0, above.test)
-            link = above
-        tests = [*earlier, *([own] if own is not None else [])]
-        if not all(nodes.is_pure(test) for test in tests):
-            return None
-        parts = [negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
-        return " and ".join(grouped_text(p) if len(parts) > 1 else p for p in parts)
 
     def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -392,13 +360,13 @@ class StepPlanning:
         walk(self.tree.module, _Steps())
         return found
 
-    def _each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
+    def each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
         """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
         if condition is not None and HOLDS_GRADIENTS.format(optimizer=nodes.code(loop.iter)) in condition:
             raise Unplannable(loop, "the optimizers are stepped in a loop under a condition the scaler cannot test again")
         # under the scaled backward's own test (`if self.amp is not None:`): each optimizer steps
         # through the scaler where it holds, plainly else, and the scaler updates once after them
-        inner = {id(line): self._step_replacement(line, {index: False}, condition, scaler)
+        inner = {id(line): self.step_replacement(line, {index: False}, condition, scaler)
                  for line, index in self._steps_each(loop, nodes.code(loop.iter))}
         new = loop.visit(ReplaceByIdentity(inner))
         if not update:
@@ -406,7 +374,7 @@ class StepPlanning:
         text = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
         return cst.FlattenSentinel([new, nodes.parse_statements(text, self.tree.module)[0]])
 
-    def _step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
+    def step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []
         for i, small in enumerate(line.body):
             if i not in updates:

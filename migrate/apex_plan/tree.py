@@ -184,6 +184,13 @@ class FileTree:
                 return True
         return False
 
+    def chain_top(self, arm: cst.If | cst.Else) -> cst.If:
+        """The first ``if`` of the if/elif/else chain holding ``arm``."""
+        top = arm
+        while isinstance(top, cst.Else) or getattr(self.parent.get(id(top)), "orelse", None) is top:
+            top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
+        return top
+
     def exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
         """Whether the two sit in different branches of one ``if``, so never run in the same pass."""
         child, node = first, self.parent.get(id(first))

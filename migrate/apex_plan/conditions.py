@@ -1,0 +1,57 @@
+"""The test under which a scaled backward ran, said again where its optimizer steps."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, grouped_text, negated
+
+
+class StepConditions(Step):
+    """The test under which a scaled backward ran, said again where its optimizer steps."""
+
+    def step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str) -> str | None:
+        """The test under which the scaled backward ran, when the step sits outside that ``if``.
+
+        None when no test is needed: no branch, or the branch's test is the flag the scaler
+        was created with (a disabled scaler steps the optimizer plainly).
+        """
+        if self.setup.in_block:
+            # The block that creates the scaler may not have run: there apex was off, and the
+            # optimizer steps plainly.
+            owner, attribute = self.setup.scaler.split(".", 1)
+            conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
+        if not conditions or (self.setup.guard_test is not None and conditions == [self.setup.guard_test]):
+            return None
+        if None in conditions:
+            # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the
+            # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
+            # where `scaler.step` would find nothing scaled and fail.
+            self.draft.unsafe.append(
+                f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
+                f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
+            )
+            conditions = [c for c in conditions if c is not None]
+            conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
+        return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
+
+    def branch_condition(self, branch: cst.If | cst.Else) -> str | None:
+        """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.
+
+        None when a test of the chain has side effects (calls), so it cannot be evaluated again.
+        """
+        own = branch.test if isinstance(branch, cst.If) else None
+        earlier = []
+        link = branch
+        while True:
+            above = self.tree.parent.get(id(link))
+            if not (isinstance(above, cst.If) and above.orelse is link):
+                break
+            earlier.insert(0, above.test)
+            link = above
+        tests = [*earlier, *([own] if own is not None else [])]
+        if not all(nodes.is_pure(test) for test in tests):
+            return None
+        parts = [negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
+        return " and ".join(grouped_text(p) if len(parts) > 1 else p for p in parts)
