@@ -8,7 +8,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
-from migrate.apex_plan.context import Context, Step
+from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
@@ -29,10 +29,6 @@ class GradientPlanning(Step):
     It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def __init__(self, context: Context) -> None:
-        super().__init__(context)
-        self.conditions = StepConditions(context)
-
     def plan_grad_readers(
         self,
         scale: ScaleLossSite,
@@ -51,6 +47,7 @@ class GradientPlanning(Step):
         that may end without a step (accumulation with the step under ``if boundary:``), or
         between two scaled backward passes, makes the fix unsafe.
         """
+        conditions_of = StepConditions(self.context)
         readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
         route: list[cst.BaseStatement] = []  # the statements on the way to the step, in the order they run
         # under a test of the gradients read here (`if isfinite(norm):`), the scaler's update follows either way
@@ -63,8 +60,8 @@ class GradientPlanning(Step):
                     readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
                     continue
                 if grad_readers.reads_grads(statement):
-                    readers.append((statement, self.conditions.step_condition(conditions, scale.call, optimizer), step_always_follows))
-        condition = self.conditions.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
+                    readers.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer), step_always_follows))
+        condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         if len(inner) == 1:
             path = inner[0]
             for depth in range(len(path) - 1, -1, -1):
