@@ -93,6 +93,13 @@ def run_rules(
 
     try:
         fixed, visited = _fix_to_fixed_point(source, visited, rules, context)
+        # The fixed text may call for rules the original did not (the apex rewrite makes a
+        # GradScaler, and the checkpoint rules now apply): they lint it in this run, so what it
+        # reports as remaining is what the next run reports.
+        late = [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]
+        if late and fixed != source:
+            rules = [rule for rule in selected if rule in rules or rule in late]
+            fixed, visited = _fix_to_fixed_point(fixed, _visit(_parse(fixed, rules), fixed, rules, context), rules, context)
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
     remaining = tuple(

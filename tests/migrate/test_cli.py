@@ -497,3 +497,34 @@ def test_the_summary_names_each_file_still_importing_apex_after_the_run(tmp_path
     written = _run(tmp_path)
     assert f"Still needs apex: {left}." in written.output
     assert "from apex" not in done.read_text()
+
+
+APEX_WITH_CHECKPOINT = '''import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, path):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+'''
+
+
+def _findings(output: str) -> list[str]:
+    return sorted(line.split(" ", 2)[0] + " " + line.split(" ", 2)[1] for line in output.splitlines() if ": AMP" in line)
+
+
+def test_the_fixing_run_reports_what_the_next_check_reports(tmp_path):
+    """The rewrite makes a GradScaler, which brings rules the apex file did not call for (AMP107:
+    the checkpoint leaves the scaler out): the fixing run lints its own output with them."""
+    path = tmp_path / "train.py"
+    path.write_text(APEX_WITH_CHECKPOINT)
+    fixing = _run(path)
+    assert "1 remaining" in fixing.output, fixing.output
+    check = _run("--check", path)
+    assert _findings(fixing.output) == _findings(check.output) and any(": AMP107 " in line for line in check.output.splitlines())
