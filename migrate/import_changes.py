@@ -54,10 +54,63 @@ def _schedule(
         module = AddImportsVisitor(context).transform_module(module)
     if removes:
         before = _empty_ifs(module)
-        module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
+        # A name nothing reads any more goes without libcst's scope analysis (most of a fixing
+        # run's time): only where a name of that spelling is still read does it decide.
+        unread = _unread_names(module, {_bound_name(imp) for imp in removes})
+        if all(_bound_name(imp) in unread for imp in removes):
+            module = module.visit(_comments_kept(_RemoveImports)(removes))
+        else:
+            module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
+
+
+def _unread_names(module: cst.Module, names: set[str]) -> set[str]:
+    """Those of ``names`` no statement reads: no name of that spelling outside the imports, but
+    an attribute's (``x.amp``). A parameter or keyword of that spelling counts as a read: the
+    scope analysis decides those."""
+    read: set[str] = set()
+    attributes: set[int] = set()  # the `.attr` of an attribute is not a read of the name
+    for node in descendants(module, lambda node: type(node) not in (cst.Import, cst.ImportFrom)):
+        if type(node) is cst.Attribute:
+            attributes.add(id(node.attr))
+        elif type(node) is cst.Name and node.value in names and id(node) not in attributes:
+            read.add(node.value)
+        elif type(node) is Unparsed:
+            read.update(name for name in names if node.uses(name))
+    return names - read
+
+
+class _RemoveImports(cst.CSTTransformer):
+    """Removes the given imports, whose names nothing reads (``_unread_names``)."""
+
+    def __init__(self, removes: list[ImportChange]) -> None:
+        super().__init__()
+        self.removes = removes
+
+    def _kept(self, node: cst.Import | cst.ImportFrom) -> list[cst.ImportAlias]:
+        return [alias for alias in node.names if not any(_makes(node, imp, only=alias) for imp in self.removes)]
+
+    def leave_Import(self, original_node: cst.Import, updated_node: cst.Import):
+        return self._leave(updated_node)
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom):
+        if isinstance(updated_node.names, cst.ImportStar):
+            return updated_node
+        return self._leave(updated_node)
+
+    def _leave(self, node):
+        kept = self._kept(node)
+        if len(kept) == len(node.names):
+            return node
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return node.with_changes(names=kept)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node
 
 
 def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer]:
@@ -138,8 +191,8 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
     return False
 
 
-def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange) -> bool:
-    """Whether the import ``small`` binds ``imp``."""
+def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange, only: cst.ImportAlias | None = None) -> bool:
+    """Whether the import ``small`` (its name ``only``, if given) binds ``imp``."""
     if isinstance(small, cst.ImportFrom):
         if imp.obj is None or len(small.relative) != imp.relative or small.module is None or isinstance(small.names, cst.ImportStar):
             return False
@@ -147,7 +200,7 @@ def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange) -> bool:
             return False
     elif imp.obj is not None:
         return False
-    names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in small.names}
+    names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in ([only] if only else small.names)}
     return (imp.obj or imp.module, imp.asname) in names
 
 
