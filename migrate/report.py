@@ -36,7 +36,8 @@ def format_results(
     """
     diagnostics = sorted((d for result in results for d in result.diagnostics), key=_place)
     if output_format == "text":
-        return "".join(_text(d, color) for d in diagnostics)
+        said: dict[tuple[str, str], int] = {}  # why a file's fixes are unsafe, said once: at this line
+        return "".join(_text(d, color, said) for d in diagnostics)
     if output_format in ("json", "sarif"):
         import json  # here: the text output, a pre-commit hook's, never needs it
     if output_format == "json":
@@ -141,7 +142,9 @@ def _needs_unsafe_fixes(d: Diagnostic, unsafe_fixes: bool) -> bool:
     return d.fix is not None and d.fix.applicability is Safety.UNSAFE and not unsafe_fixes and not d.applied
 
 
-def _text(d: Diagnostic, color: bool) -> str:
+def _text(d: Diagnostic, color: bool, said: dict[tuple[str, str], int] | None = None) -> str:
+    """One finding as text; ``said``: the reasons already given for the file's unsafe fixes (a
+    file's rewrite shares one reason across its sites: it is said once, then pointed to)."""
     def style(text: str, **how) -> str:
         return click.style(text, **how) if color else text
 
@@ -155,7 +158,11 @@ def _text(d: Diagnostic, color: bool) -> str:
         else:
             needs = "" if d.applied else " (with --unsafe-fixes)"
             lines.append(f"  {style('unsafe fix' + needs + ':', fg='yellow')} {d.fix.message}\n")
-            lines.append(f"  {style('why unsafe:', fg='yellow')} {d.fix.why_unsafe or 'it may change behaviour'}\n")
+            why = d.fix.why_unsafe or "it may change behaviour"
+            first = said.get((d.filename, why)) if said is not None else None
+            if first is None and said is not None:
+                said[(d.filename, why)] = d.location.row
+            lines.append(f"  {style('why unsafe:', fg='yellow')} {why if first is None else f'as at line {first}'}\n")
     return "".join(lines)
 
 

@@ -105,8 +105,11 @@ class InitializePlanning(Step):
             elif level in self.exact_levels - {"O0", "O1"}:
                 self.draft.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
                 level = "O1"
-            elif level in ("O2", "O3"):
-                self.draft.unsafe.append(f"{level} keeps fp16 weights (O2: with fp32 master copies); native autocast keeps fp32 weights, like O1")
+            elif level == "O2":  # the project may accept it: the reason says how
+                self.draft.unsafe.append("O2 keeps fp16 weights with fp32 master copies, where native autocast keeps fp32 weights, "
+                                         f"like O1 (`{ACCEPT_O2} = true` in [tool.ampmigrate.settings] accepts that)")
+            elif level == "O3":
+                self.draft.unsafe.append("O3 keeps fp16 weights, where native autocast keeps fp32 weights, like O1")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":

@@ -114,8 +114,9 @@ class Trainer:
 
 class Trainer:
     def __init__(self, model, optimizer, args):
-        # TODO(ampmigrate): review, this rewrite is unsafe: O2 keeps fp16 weights (O2:
-        #   with fp32 master copies); native autocast keeps fp32 weights, like O1
+        # TODO(ampmigrate): review, this rewrite is unsafe: O2 keeps fp16 weights with
+        #   fp32 master copies, where native autocast keeps fp32 weights, like O1
+        #   (`o2-as-autocast = true` in [tool.ampmigrate.settings] accepts that)
         self.scaler = torch.amp.GradScaler("cuda", init_scale=128.0, growth_interval=2**31 - 1)
         self.model, self.optimizer = model, optimizer
 

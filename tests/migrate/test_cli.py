@@ -528,3 +528,15 @@ def test_the_fixing_run_reports_what_the_next_check_reports(tmp_path):
     assert "1 remaining" in fixing.output, fixing.output
     check = _run("--check", path)
     assert _findings(fixing.output) == _findings(check.output) and any(": AMP107 " in line for line in check.output.splitlines())
+
+
+def test_an_o2_reason_names_the_setting_that_accepts_it_once_per_file(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(APEX_WITH_CHECKPOINT.replace('opt_level="O1"', 'opt_level="O2"'))
+    output = _run("--check", path).output
+    reasons = [line.strip() for line in output.splitlines() if line.strip().startswith("why unsafe:")]
+    assert len(reasons) == 4  # the file's four unsafe fixes share one reason
+    assert "`o2-as-autocast = true` in [tool.ampmigrate.settings] accepts that" in reasons[0]
+    assert reasons[1:] == ["why unsafe: as at line 6"] * 3
+    (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate.settings]\no2-as-autocast = true\n")
+    assert "why unsafe" not in _run("--check", path).output  # the setting it names does accept it
