@@ -27,6 +27,7 @@ dependence: no import cycle):
   received the module), the module handed on, statements that only touch apex's module.
 - Families of planning steps, each an object given a ``Context``, reading the tree, the sites
   and the ``Setup`` and writing the ``Draft``:
+  ``stand_ins`` (the disabled GradScaler that stands in until the code making it has run),
   ``initialize`` (the GradScaler, its options and where it is made),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
   others are: a repeat, models joined to it, an inference-only copy),

@@ -5,11 +5,11 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, read_names
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
-    CORE,
     INITIALIZE,
     INITIALIZE_KEYWORDS,
     NEVER,
@@ -20,11 +20,11 @@ from migrate.apex_plan.vocabulary import (
     Unplannable,
     as_bool,
     conjunction,
+    fitted_conjunction,
     normal,
     operand,
     run_time_scale,
 )
-from migrate.tree_walk import walk
 
 
 class InitializePlanning(Step):
@@ -135,24 +135,6 @@ class InitializePlanning(Step):
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
                            model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses)
 
-    def _until(self, init: InitializeSite) -> str:
-        function = self.tree.function(init.statement)
-        return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
-
-    def _only_stand_ins_set_beside(self, init: InitializeSite) -> bool:
-        """Whether the scaler is only ever used through ``self.amp``, a stand-in for the module that
-        is given the module nowhere but just before ``init``, in its block (elsewhere at most
-        ``None``): wherever ``init`` has not run, the file failed on ``self.amp`` exactly as its
-        rewrite fails on the scaler."""
-        block = self.tree.parent.get(id(init.statement))
-        body = list(getattr(block, "body", ()))
-        used = [call for kind in CORE if kind != "initialize" for call in self.sites.calls[kind]]
-        return (
-            bool(self.sites.stand_in_assignments) and not self.sites.escapes and self.sites.stand_ins_assigned_once
-            and all(id(call) in self.sites.stand_in_calls for call in used)
-            and all(statement in body and body.index(statement) < body.index(init.statement) for statement in self.sites.stand_in_assignments)
-        )
-
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
 
@@ -259,7 +241,7 @@ class InitializePlanning(Step):
     def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
         if (self.setup.stand_in == "module") and not reinitialize:
-            self.draft.after_imports.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {self._until(init)}\n')
+            self.draft.after_imports.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {StandInPlanning(self.context).until(init)}\n')
         if not self.setup.o0:
             if self.setup.scope == "global" and not reinitialize:
                 lines.append(f"global {self.setup.scaler}")
@@ -267,7 +249,11 @@ class InitializePlanning(Step):
             enabled = self._enabled_expression(init, hoist)
             options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
             line = f"{self.setup.scaler} = torch.amp.GradScaler({', '.join(options)})"
-            if len(line) > 100:  # one option a line, as a formatter would put them
+            room = self.tree.line_limit - self.tree.line_indent(hoist or init.statement)
+            if len(line) > room:  # one option a line, as a formatter would put them
+                if enabled:
+                    parts = self._enabled_parts(init, hoist)
+                    options[-1] = "enabled=" + fitted_conjunction(parts, room - len("    enabled=,"), depth=4)
                 line = f"{self.setup.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
             lines.append(line)
         elif self.setup.scaler is not None:
@@ -303,10 +289,13 @@ class InitializePlanning(Step):
         self.draft.kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
 
     def _enabled_expression(self, init: InitializeSite, hoist: cst.If | None) -> str | None:
+        return conjunction(self._enabled_parts(init, hoist))
+
+    def _enabled_parts(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         parts = self._flags(init, hoist)
         if init.level_expression is not None:
             parts.append(f'{operand(init.level_expression)} != "O0"')
-        return conjunction(parts)
+        return parts
 
     def _run_time_checks(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level.
@@ -317,14 +306,23 @@ class InitializePlanning(Step):
         exact = sorted(self.exact_levels)
         names = " and ".join([", ".join(exact[:-1]), exact[-1]])
         missing = "/".join(sorted({"O2", "O3"} - self.exact_levels))
-        before, after = "opt_level ", f": migrated from apex for {names}; native torch.amp has no {missing}"
+        after, last = f": migrated from apex for {names}; ", f'"native torch.amp has no {missing}"'
         if any(char in level for char in '"\\\n'):  # `cfg["opt_level"]` cannot sit in an f-string before 3.12
-            message = f'"{before}%r{after}" % ({level},)'
+            first, applied = f'"opt_level %r{after}"', f" % ({level},)"
         else:
-            message = f'f"{before}{{{level}!r}}{after}"'
+            first, applied = f'f"opt_level {{{level}!r}}{after}"', ""
         levels = ", ".join(f'"{name}"' for name in exact)
-        condition = conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"])
-        return [f"if {condition}:", f"    raise RuntimeError({message})"]
+        room = self.tree.line_limit - self.tree.line_indent(hoist or init.statement)
+        condition = fitted_conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"], room - len("if :"))
+        line = f"    raise RuntimeError({first[:-1]}{last[1:]}{applied})"
+        if len(line) <= room:
+            return [f"if {condition}:", line]
+        # the message over two lines, or three where the opt level's expression is long
+        pieces = [first, last]
+        if len(first) + 8 > room:
+            pieces = [first[: first.index(": ") + 2] + '"', f'"{after[2:]}"', last]
+        return [f"if {condition}:", "    raise RuntimeError(", *(f"        {piece}" for piece in pieces[:-1]),
+                f"        {pieces[-1]}{applied}", "    )"]
 
     @staticmethod
     def _flags(init: InitializeSite, hoist: cst.If | None) -> list[str]:
@@ -387,76 +385,6 @@ class InitializePlanning(Step):
         )
         return None, stand_in, True
 
-    def plan_local_default(self, init: InitializeSite) -> None:
-        """A disabled local scaler made at the top of the function, standing in until the block
-        that holds ``initialize`` (``if epoch == start:`` in the epoch loop) has run."""
-        function = self.tree.function(init.statement)
-        anchor = init.statement
-        while self.tree.parent.get(id(self.tree.parent.get(id(anchor)))) is not function:
-            anchor = self.tree.parent[id(anchor)]
-        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
-        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
-        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
-                   "Create it disabled before the block that makes it")
-        self.draft.unsafe.append(
-            "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
-            "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
-        )
-
-    def _default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, init: InitializeSite) -> bool:
-        """Whether a disabled ``self.<scaler>`` can be made in ``__init__``, standing in until
-        ``function`` (which makes the scaler) runs; where not, why that is unsafe, if it is."""
-        if self._init_anchor(owner) is not None:
-            return True
-        if not self._only_stand_ins_set_beside(init):  # else the file failed on `self.amp` there, as the rewrite does
-            self.draft.unsafe.append(
-                f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
-                "(apex trained in fp32 there)"
-            )
-        return False
-
-    def plan_default_in_init(self, init: InitializeSite) -> None:
-        """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""
-        function = self.tree.function(init.statement)
-        anchor = self._init_anchor(self.tree.owner_class(function))
-        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
-        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
-        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
-                   "Create it disabled in `__init__`")
-
-    @staticmethod
-    def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
-        """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
-        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
-        if init is None or not isinstance(init.body, cst.IndentedBlock):
-            return None
-        for index, statement in enumerate(init.body.body):
-            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-            docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
-            parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
-            if not (docstring or parent_init):
-                return statement
-        return None
-
-    @staticmethod
-    def _runs_at_construction(function: cst.FunctionDef, owner: cst.ClassDef) -> bool:
-        """``__init__`` itself, or a method ``__init__`` calls (``self._setup_amp()``)."""
-        if function.name.value == "__init__":
-            return True
-        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
-        called = False
-
-        class _Find(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                nonlocal called
-                func = node.func
-                called = called or (isinstance(func, cst.Attribute) and func.attr.value == function.name.value
-                                    and isinstance(func.value, cst.Name) and func.value.value == "self")
-
-        if init is not None:
-            walk(init, _Find())
-        return called
-
     def _o0_keeps_state(self, init: InitializeSite) -> bool:
         """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
         state is empty, as O0 scaled nothing), created where ``initialize`` ran, on every path."""
@@ -480,7 +408,8 @@ class InitializePlanning(Step):
             owner = self.tree.owner_class(function)
             if owner is not None and all(self.tree.owner_class(self.tree.function(site)) is owner and self.tree.first_param(self.tree.function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.attributes)
-                stand_in = "init" if not self._runs_at_construction(function, owner) and self._default_in_init(owner, function, init) else None
+                stand_ins = StandInPlanning(self.context)
+                stand_in = "init" if not stand_ins.runs_at_construction(function, owner) and stand_ins.default_in_init(owner, function, init) else None
                 return f"self.{attribute}", "self", stand_in
         if all(self.tree.function(site) is function for site in sites):
             return name, "local", None

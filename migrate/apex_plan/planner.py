@@ -15,6 +15,7 @@ from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
+from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
@@ -180,9 +181,9 @@ class Planner:
         initialize, steps, gradients = InitializePlanning(writing), StepPlanning(writing), GradientPlanning(writing)
         module_reads = ModuleReadPlanning(writing)
         if stand_in == "init":
-            initialize.plan_default_in_init(init)
+            StandInPlanning(writing).plan_default_in_init(init)
         elif stand_in == "local":
-            initialize.plan_local_default(init)
+            StandInPlanning(writing).plan_local_default(init)
 
         # Each optimizer step after a scaled backward goes through the scaler; the scale is
         # updated once per scaled backward, after the last of its optimizers' steps (in each

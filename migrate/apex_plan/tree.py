@@ -38,6 +38,11 @@ class FileTree:
         self._answers: dict[tuple, object] = {}
         walk(module, _Collect(self))
 
+    @functools.cached_property
+    def line_limit(self) -> int:
+        """How long a line the rewrite may write: the file's longest, or 88 if that is shorter."""
+        return max(88, max((len(line) for line in self.module.code.splitlines()), default=0))
+
     def per_scope(self, key: tuple, compute: Callable[[], object]):
         """``compute()``, worked out once per ``key``: every site of a function (or of the module,
         where a notebook's top level may hold hundreds) asks the same questions of it."""

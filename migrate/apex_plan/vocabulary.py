@@ -54,6 +54,18 @@ def conjunction(parts: list[str]) -> str | None:
     return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
 
 
+def fitted_conjunction(parts: list[str], room: int, depth: int = 0) -> str | None:
+    """``conjunction(parts)``, or where it is longer than ``room``, one part a line inside
+    parentheses, as a formatter puts them (the lines at ``depth`` + 4 columns, the closing one at ``depth``)."""
+    text = conjunction(parts)
+    parts = list(dict.fromkeys(parts))
+    if text is None or len(text) <= room or len(parts) < 2:
+        return text
+    grouped = [f"({p})" if " " in p else p for p in parts]
+    inner, outer = " " * (depth + 4), " " * depth
+    return "(\n" + "".join(f"{inner}{'and ' if i else ''}{p}\n" for i, p in enumerate(grouped)) + f"{outer})"
+
+
 COMPUTED_LEVEL = (
     "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast are off for O0), "
     "O2 and O3 become O1"

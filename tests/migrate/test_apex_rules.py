@@ -616,7 +616,14 @@ def test_amp_stored_on_an_object_other_code_receives_is_left_alone():
 def test_an_opt_level_read_from_a_dict_gets_a_check_that_compiles_before_python_3_12():
     source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level=cfg["opt_level"], loss_scale=cfg["loss_scale"]')
     output, diagnostics = _migrate(source)
-    assert '"opt_level %r: migrated from apex for O0 and O1; native torch.amp has no O2/O3" % (cfg["opt_level"],)' in output
+    # over two lines where one would be too long: the `%` applies to the whole, joined, string
+    assert ('"opt_level %r: migrated from apex for O0 and O1; "\n        "native torch.amp has no O2/O3" % (cfg["opt_level"],)'
+            in output)
+    assert "f\"" not in output  # no f-string: `cfg["opt_level"]` cannot sit in one before Python 3.12
+    namespace = {"cfg": {"opt_level": "O2"}}
+    check = output[output.index("if cfg"):output.index("    )\n") + 6]
+    with pytest.raises(RuntimeError, match="opt_level 'O2': migrated from apex for O0 and O1; native torch.amp has no O2/O3"):
+        exec(compile(check, "check", "exec"), namespace)
     assert all(d.applied for d in diagnostics if d.fix)
 
 

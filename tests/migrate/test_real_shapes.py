@@ -1151,3 +1151,45 @@ def test_the_scaled_backward_keeps_its_arguments_however_spelled(args, kept):
     """)
     assert f"scaler.scale(loss).backward({kept})\n" in result.new_source
     compile(result.new_source, "train.py", "exec")
+
+
+LONG_FLAGS = '''import torch
+from apex import amp
+
+
+def main(arguments, model, optimizer, loader):
+    if arguments.{flag}:
+        model, optimizer = amp.initialize(model, optimizer, opt_level=arguments.{level})
+    for x in loader:
+        loss = model(x)
+        if arguments.{flag}:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("flag, level", [("fp16", "opt_level"), ("use_mixed_precision", "mixed_precision_opt_level"),
+                                         ("apex", "apex_optimization_level_for_training")])
+@pytest.mark.parametrize("longest", [0, 120])
+def test_the_lines_a_rewrite_writes_fit_the_files_own_length_or_88(flag, level, longest):
+    source = LONG_FLAGS.format(flag=flag, level=level) + ("# " + "x" * (longest - 2) + "\n" if longest else "")
+    result = migrate_source(source, "train.py")
+    assert result.error is None and result.new_source != source
+    limit = max(88, *(len(line) for line in source.splitlines()))  # the file's own length, or 88
+    written = [line for line in result.new_source.splitlines() if line not in source.splitlines()]
+    assert written and all(len(line) <= limit for line in written), [line for line in written if len(line) > limit]
+    if longest and flag == "fp16":  # a file of long lines keeps the scaler on one line where it fits
+        assert any("GradScaler(\"cuda\", enabled=" in line for line in written)
+
+
+def test_a_long_flag_in_a_file_of_short_lines_is_wrapped_as_a_formatter_would():
+    source = LONG_FLAGS.format(flag="use_mixed_precision_for_the_training_runs_of_this_model", level="lvl")
+    source = source.replace("opt_level=arguments.lvl", "opt_level=lvl")
+    result = migrate_source(source, "train.py")
+    assert max(len(line) for line in source.splitlines()) <= 88
+    assert result.error is None and max(len(line) for line in result.new_source.splitlines()) <= 88
+    assert "    if (\n        bool(arguments.use_mixed_precision_for_the_training_runs_of_this_model)\n        and (lvl not in" in result.new_source
+    compile(result.new_source, "train.py", "exec")

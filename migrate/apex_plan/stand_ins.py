@@ -1,0 +1,106 @@
+"""The disabled GradScaler that stands in until the code that makes it has run: made in
+``__init__`` for a ``self.scaler`` a later method makes, at the top of the function for one a
+block makes (``if epoch == start:``), or at module level (its line is written by ``initialize``)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
+from migrate.tree_walk import walk
+
+
+class StandInPlanning(Step):
+    """The disabled GradScaler that stands in until the code that makes it has run.
+
+    It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
+    """
+
+    def until(self, init: InitializeSite) -> str:
+        function = self.tree.function(init.statement)
+        return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
+
+    def _only_stand_ins_set_beside(self, init: InitializeSite) -> bool:
+        """Whether the scaler is only ever used through ``self.amp``, a stand-in for the module that
+        is given the module nowhere but just before ``init``, in its block (elsewhere at most
+        ``None``): wherever ``init`` has not run, the file failed on ``self.amp`` exactly as its
+        rewrite fails on the scaler."""
+        block = self.tree.parent.get(id(init.statement))
+        body = list(getattr(block, "body", ()))
+        used = [call for kind in CORE if kind != "initialize" for call in self.sites.calls[kind]]
+        return (
+            bool(self.sites.stand_in_assignments) and not self.sites.escapes and self.sites.stand_ins_assigned_once
+            and all(id(call) in self.sites.stand_in_calls for call in used)
+            and all(statement in body and body.index(statement) < body.index(init.statement) for statement in self.sites.stand_in_assignments)
+        )
+
+    def plan_local_default(self, init: InitializeSite) -> None:
+        """A disabled local scaler made at the top of the function, standing in until the block
+        that holds ``initialize`` (``if epoch == start:`` in the epoch loop) has run."""
+        function = self.tree.function(init.statement)
+        anchor = init.statement
+        while self.tree.parent.get(id(self.tree.parent.get(id(anchor)))) is not function:
+            anchor = self.tree.parent[id(anchor)]
+        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs'
+        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
+                   "Create it disabled before the block that makes it")
+        self.draft.unsafe.append(
+            "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
+            "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
+        )
+
+    def default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, init: InitializeSite) -> bool:
+        """Whether a disabled ``self.<scaler>`` can be made in ``__init__``, standing in until
+        ``function`` (which makes the scaler) runs; where not, why that is unsafe, if it is."""
+        if self._init_anchor(owner) is not None:
+            return True
+        if not self._only_stand_ins_set_beside(init):  # else the file failed on `self.amp` there, as the rewrite does
+            self.draft.unsafe.append(
+                f"the scaler is created in `{function.name.value}()`: methods that use it fail where that has not run "
+                "(apex trained in fp32 there)"
+            )
+        return False
+
+    def plan_default_in_init(self, init: InitializeSite) -> None:
+        """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""
+        function = self.tree.function(init.statement)
+        anchor = self._init_anchor(self.tree.owner_class(function))
+        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # until `{function.name.value}()` runs'
+        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+                   "Create it disabled in `__init__`")
+
+    @staticmethod
+    def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
+        """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        for index, statement in enumerate(init.body.body):
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+            docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+            parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
+            if not (docstring or parent_init):
+                return statement
+        return None
+
+    @staticmethod
+    def runs_at_construction(function: cst.FunctionDef, owner: cst.ClassDef) -> bool:
+        """``__init__`` itself, or a method ``__init__`` calls (``self._setup_amp()``)."""
+        if function.name.value == "__init__":
+            return True
+        init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        called = False
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                nonlocal called
+                func = node.func
+                called = called or (isinstance(func, cst.Attribute) and func.attr.value == function.name.value
+                                    and isinstance(func.value, cst.Name) and func.value.value == "self")
+
+        if init is not None:
+            walk(init, _Find())
+        return called
