@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import FixSafety, Safety
+from migrate.types import FixSafety, ImportChange, Safety
 
 _CASTS = {
     "apex.amp.half_function": "torch.float16",
@@ -29,10 +29,12 @@ class AmpCastDecorator(ApexRename):
 
     Fix safety:
     Safe on ``forward(ctx, ...)``: ``custom_fwd`` casts the floating-point inputs when autocast is
-    on and runs the body with autocast off, as apex did. Elsewhere (plain functions, the call form
-    ``f = amp.float_function(f)``, ``promote_function``) it is reported: ``custom_fwd`` expects a
-    ``ctx`` first argument, so cast the inputs by hand inside
-    ``with torch.autocast("cuda", enabled=False):`` instead.
+    on and runs the body with autocast off, as apex did. Safe on a plain function or method: apex
+    cast its floating-point CUDA inputs where O1 was on and left its own ops to O1's casts, so the
+    rewrite casts them at its entry where autocast is on (``if torch.is_autocast_enabled("cuda"):``)
+    and leaves its ops to autocast. Reported (not rewritten): ``promote_function``, the call form
+    ``f = amp.float_function(f)``, a function taking ``*args``/``**kwargs`` or with other
+    decorators; cast the inputs by hand there.
 
     Options:
     None.
@@ -62,6 +64,24 @@ class Fused(torch.autograd.Function):
         return fused_op(x, weight)
 """,
         ),
+        Invalid(
+            """from apex import amp
+
+@amp.float_function
+def scores(q, k):
+    return q @ k.transpose(-1, -2)
+""",
+            """import torch
+
+def scores(q, k):
+    if torch.is_autocast_enabled("cuda"):  # as apex's @amp.float_function did
+        q, k = (
+            t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            for t in (q, k)
+        )
+    return q @ k.transpose(-1, -2)
+""",
+        ),
         Invalid("from apex import amp\nnms = amp.float_function(_C.nms)\n"),
     ]
 
@@ -73,11 +93,53 @@ class Fused(torch.autograd.Function):
             if target is None:
                 continue
             self._funcs.add(id(decorator.decorator))
+            if target != _PROMOTE and not is_forward and self._cast_at_entry(node, decorator, target):
+                continue
             if target == _PROMOTE or not is_forward:
                 self.report(decorator, f"{self.MESSAGE}; not rewritten: cast the inputs by hand inside `with torch.autocast(\"cuda\", enabled=False):`")
                 continue
             native = f'torch.amp.custom_fwd(device_type="cuda", cast_inputs={_CASTS[target]})'
             self._fix(decorator.decorator, nodes.parse_expression(native, self._module), Safety.SAFE, "Use `torch.amp.custom_fwd`")
+
+    def _cast_at_entry(self, function: cst.FunctionDef, decorator: cst.Decorator, target: str) -> bool:
+        """A plain function (or method): apex cast its floating-point CUDA inputs where an O1 handle
+        was active, and left its own ops to O1's casts. Natively: the same cast at its entry, where
+        autocast is on; its ops stay autocast's. Whether it was rewritten (not with ``*args``/``**kwargs``)."""
+        params = function.params
+        if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or len(function.decorators) > 1:
+            return False
+        names = [param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)]
+        if names and names[0] in ("self", "cls"):
+            names = names[1:]
+        body = function.body
+        if not names or not isinstance(body, cst.IndentedBlock):
+            return False
+        cast = {"torch.float16": "half", "torch.float32": "float", "torch.bfloat16": "bfloat16"}[_CASTS[target]]
+        test = "isinstance({0}, torch.Tensor) and {0}.is_cuda and {0}.is_floating_point()"
+        if len(names) == 1:  # as a formatter puts it: on one line where it fits (in a method too)
+            name = names[0]
+            value = f"{name}.{cast}() if {test.format(name)} else {name}"
+            line = f"{name} = {value}" if len(f"{name} = {value}") + 12 <= 88 else f"{name} = (\n        {value}\n    )"
+        else:
+            line = (f"{', '.join(names)} = (\n        t.{cast}() if {test.format('t')} else t\n"
+                    f"        for t in ({', '.join(names)})\n    )")
+        apex = nodes.code(decorator.decorator).split(".")[-1]
+        lines = nodes.parse_statements(f'if torch.is_autocast_enabled("cuda"):  # as apex\'s @amp.{apex} did\n    {line}\n', self._module)
+        statements = list(body.body)
+        first = statements[0] if statements else None
+        docstring = (isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 and isinstance(first.body[0], cst.Expr)
+                     and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+        at = 1 if docstring else 0
+        statements[at:at] = lines
+        new = function.with_changes(decorators=[d for d in function.decorators if d is not decorator],
+                                    body=body.with_changes(body=statements))
+        if function.decorators[0] is decorator:  # the comments above the decorator stay above the function
+            new = new.with_changes(leading_lines=(*function.leading_lines, *decorator.leading_lines))
+        root = nodes.root_name(decorator.decorator)
+        self.report(function, replacement=new, safety=Safety.SAFE,
+                    fix_message="Cast the inputs at the function's entry where autocast is on, as apex did",
+                    add_imports=(ImportChange("torch"),), remove_imports=tuple(self._apex_imports.get(root or "", ())))
+        return True
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         return NoFix('native autocast has no registry: cast the inputs by hand inside `with torch.autocast("cuda", enabled=False):`')

@@ -1002,3 +1002,44 @@ def test_a_flag_block_preparing_the_models_still_makes_the_scaler_before_it():
     output, diagnostics = _migrate(source)
     assert '    scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))\n    if fp16:\n' in output
     assert all(d.applied for d in diagnostics if d.fix)
+
+
+@pytest.mark.parametrize("decorator, cast", [("float_function", "float32"), ("half_function", "float16"),
+                                             ("bfloat16_function", "bfloat16")])
+@pytest.mark.parametrize("params", ["x", "q, k", "self, x, scale=2.0, *, bias=None"])
+def test_a_cast_decorator_on_a_plain_function_casts_its_floating_cuda_inputs_at_entry_where_autocast_is_on(decorator, cast, params):
+    """apex cast the floating-point CUDA arguments where O1 was on (its ops left to O1's casts):
+    the rewrite does so where autocast is on. Run with a stand-in for torch (no CUDA here)."""
+    names = [p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("*", "self")]
+    source = (f"from apex import amp\n\n\n@amp.{decorator}\ndef f({params}):\n"
+              f"    return {', '.join(names)}\n")
+    output, diagnostics = _migrate(source)
+    assert "apex import" not in output and f"# as apex's @amp.{decorator} did" in output and all(d.applied for d in diagnostics)
+
+    class Tensor:
+        def __init__(self, dtype, cuda=True, floating=True):
+            self.dtype, self.is_cuda, self.floating = dtype, cuda, floating
+
+        def is_floating_point(self):
+            return self.floating
+
+        def float(self):
+            return Tensor("float32", self.is_cuda)
+
+        def half(self):
+            return Tensor("float16", self.is_cuda)
+
+        def bfloat16(self):
+            return Tensor("bfloat16", self.is_cuda)
+
+    for enabled in (True, False):
+        torch = type("torch", (), {"Tensor": Tensor, "is_autocast_enabled": staticmethod(lambda device, on=enabled: on)})
+        namespace = {}
+        exec(compile(output.replace("import torch\n", ""), "rewritten", "exec"), {"torch": torch}, namespace)
+        inputs = {name: Tensor("float64") for name in names}
+        inputs[names[-1]] = Tensor("int64", floating=False)  # not floating: apex left it alone
+        args = ([None] if params.startswith("self") else []) + [inputs[n] for n in names if n != "bias"]
+        got = namespace["f"](*args, **({"bias": inputs["bias"]} if "bias" in inputs else {}))
+        got = got if isinstance(got, tuple) else (got,)
+        expected = [cast if enabled and n != names[-1] else inputs[n].dtype for n in names]
+        assert [t.dtype for t in got] == expected
