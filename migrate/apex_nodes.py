@@ -217,6 +217,12 @@ def _comments(nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Comment]:
             yield from _comments(children(node))
 
 
+def is_docstring(statement: cst.CSTNode) -> bool:
+    """A line holding only a string: a module's, class's or function's docstring where it comes first."""
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
 def is_import_line(statement: cst.CSTNode) -> bool:
     """A line of imports only (``import a, b``; ``from x import y; import z``)."""
     return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)

@@ -96,8 +96,8 @@ def run_rules(
         # The fixed text may call for rules the original did not (the apex rewrite makes a
         # GradScaler, and the checkpoint rules now apply): they lint it in this run, so what it
         # reports as remaining is what the next run reports.
-        late = [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]
-        if late and fixed != source:
+        # Its visit is also what judges the noqa directives the fixes wrote.
+        while late := [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]:
             rules = [rule for rule in selected if rule in rules or rule in late]
             fixed, visited = _fix_to_fixed_point(fixed, _visit(_parse(fixed, rules), fixed, rules, context), rules, context)
     except _RoundFailed as failure:
@@ -108,7 +108,7 @@ def run_rules(
     )
     if edits:
         remaining = _with_edits(remaining, visited, filename)
-    fixed = noqa.remove_unused(fixed, _unused_noqa(_judging(fixed, visited, selected, rules, context), ran))
+    fixed = noqa.remove_unused(fixed, _unused_noqa(visited, ran))
     if fixed == source:
         return EngineResult(source, diagnostics, remaining=remaining)
     problem = _compile_error(fixed, filename)
@@ -123,23 +123,6 @@ def run_rules(
 def _parse(text: str, rules: Sequence[type[Rule]]) -> cst.Module:
     """``text``'s tree, without the top-level definitions none of ``rules`` reads (``migrate.unread``)."""
     return parse_module(text, words=trigger_words(rules))
-
-
-def _judging(fixed: str, visited: "_Visited", selected, rules, context: RuleContext) -> "_Visited":
-    """The visit of the fixed text that says which of its ``# noqa`` directives suppress something.
-
-    The rounds ran the rules the original text called for; a directive the fixes wrote may be
-    for a rule the fixed text calls for (the apex rewrite marks a clip ``# noqa: AMP101``, and
-    brings the word ``scaler``): then all the rules it calls for visit it once more, to judge.
-    Only the directives are read from that visit: the findings and fixes stay the rounds'.
-    """
-    late = [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]
-    if not (late and visited.directives and UNUSED_NOQA_CODE in {rule.CODE for rule in selected}):
-        return visited
-    try:
-        return _visit(_parse(fixed, [*rules, *late]), fixed, [*rules, *late], context)
-    except (_RoundFailed, cst.ParserSyntaxError):
-        return _Visited(visited.module, [], visited.positions, noqa.Directives(""))  # judge nothing
 
 
 def _unused_noqa(visited: "_Visited", ran: frozenset[str]) -> list[noqa.Unused]:

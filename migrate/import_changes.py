@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import libcst as cst
 
-from migrate.apex_nodes import is_import_line, is_pure
+from migrate.apex_nodes import is_docstring, is_import_line, is_pure
 from migrate.rule import Report
 from migrate.tree_walk import descendants, walk
 from migrate.types import ImportChange
@@ -171,7 +171,7 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
     ``os.environ[...] = ...``, then ``import torch``: adding one above would run it first).
     One import per line, as libcst reads them."""
     body = module.body
-    if body and isinstance(body[0], cst.SimpleStatementLine) and _is_docstring(body[0]):
+    if body and is_docstring(body[0]):
         body = body[1:]
     name = _bound_name(imp)
     opening = True
@@ -202,10 +202,6 @@ def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange, only: cst.Impo
         return False
     names = {(_code(alias.name), alias.asname and _code(alias.asname.name)) for alias in ([only] if only else small.names)}
     return (imp.obj or imp.module, imp.asname) in names
-
-
-def _is_docstring(statement: cst.SimpleStatementLine) -> bool:
-    return len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString)
 
 
 def _named_outside_imports(module: cst.Module, name: str) -> bool:

@@ -80,7 +80,7 @@ class StandInPlanning(Step):
             return None
         for index, statement in enumerate(init.body.body):
             small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-            docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+            docstring = index == 0 and nodes.is_docstring(statement)
             parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
             if not (docstring or parent_init):
                 return statement

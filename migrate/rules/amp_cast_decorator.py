@@ -126,10 +126,7 @@ def scores(q, k):
         apex = nodes.code(decorator.decorator).split(".")[-1]
         lines = nodes.parse_statements(f'if torch.is_autocast_enabled("cuda"):  # as apex\'s @amp.{apex} did\n    {line}\n', self._module)
         statements = list(body.body)
-        first = statements[0] if statements else None
-        docstring = (isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 and isinstance(first.body[0], cst.Expr)
-                     and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
-        at = 1 if docstring else 0
+        at = 1 if statements and nodes.is_docstring(statements[0]) else 0
         statements[at:at] = lines
         new = function.with_changes(decorators=[d for d in function.decorators if d is not decorator],
                                     body=body.with_changes(body=statements))
