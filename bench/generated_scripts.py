@@ -29,6 +29,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--new-interpreters", action="store_true",
+                        help="start each side as a new interpreter, not a fork of this one")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="generated-"))
     outcomes = []
@@ -37,7 +39,7 @@ def main() -> None:
               suppress_health_check=list(HealthCheck))
     @given(features())
     def run(drawn):
-        outcome = judge(drawn, folder / f"s{len(outcomes)}")
+        outcome = judge(drawn, folder / f"s{len(outcomes)}", fork=not options.new_interpreters)
         outcomes.append((drawn, outcome))
         print(f"{len(outcomes):5} {outcome.summary}  [{drawn.label()}]", flush=True)
 

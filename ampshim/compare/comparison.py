@@ -40,7 +40,8 @@ class Comparison:
 def compare(original: Target, migrated: Target, args: list[str] = (), *, steps: int = 20,
             seed: int = 0, device: str | None = None, rtol: float | None = None,
             allow_apex: bool = False, nproc_per_node: int = 1, parallel: bool = False,
-            record_dir: str | None = None, timeout: float | None = None) -> Comparison:
+            record_dir: str | None = None, timeout: float | None = None,
+            fork: bool = False) -> Comparison:
     """Run ``original`` on ampshim and ``migrated`` on native torch.amp, and compare them.
 
     Example::
@@ -62,11 +63,13 @@ def compare(original: Target, migrated: Target, args: list[str] = (), *, steps: 
         parallel (bool, optional, default=False): run the two sides at the same time.
         record_dir (str, optional, default=None): keep the records and outputs there.
         timeout (float, optional, default=None): seconds each side may run.
+        fork (bool, optional, default=False): run each side in a fork of this process, which
+            imports torch once for all of them: for many small scripts. One rank, script paths.
     """
     before, after = run_sides(original, migrated, list(args), steps=steps, seed=seed,
                               device=device, allow_apex=allow_apex,
                               nproc_per_node=nproc_per_node, parallel=parallel,
-                              record_dir=record_dir, timeout=timeout)
+                              record_dir=record_dir, timeout=timeout, fork=fork)
     half_dtype = next((t.half_dtype for t in before.ranks.values() if t.half_dtype), None)
     tolerance = tolerance_for(half_dtype, rtol)
     result = Comparison(SAME, before, after, tolerance, steps)

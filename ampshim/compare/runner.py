@@ -3,6 +3,10 @@
 The original runs with the ``apex`` import name served by ampshim; the migrated script runs
 with apex refused (or served too, under ``allow_apex``). Both get the same arguments, seed,
 device mapping and working directory unless told otherwise.
+
+With ``fork``, a side is a fork of this process rather than a new interpreter: torch is then
+imported once, here, instead of once per side (seconds each), which is what comparing
+thousands of small generated scripts needs. Fork before running anything on torch here.
 """
 from __future__ import annotations
 
@@ -93,13 +97,20 @@ class SideRun:
 
 def run_sides(original: Target, migrated: Target, args: list[str], *, steps: int, seed: int,
               device: str | None, allow_apex: bool, nproc_per_node: int, parallel: bool,
-              record_dir: str | None, timeout: float | None) -> tuple[SideRun, SideRun]:
+              record_dir: str | None, timeout: float | None,
+              fork: bool = False) -> tuple[SideRun, SideRun]:
     """Run both sides (one after the other, or at once with ``parallel``); return their runs.
 
     A side that fails before its first backward pass decides the verdict alone: the other is
     then not run (one after the other, the migration goes first: an incomplete one fails at its
     imports) or stopped (at once).
     """
+    if fork and (nproc_per_node > 1 or original.module or migrated.module):
+        raise ValueError("fork runs one rank of a script path; use a new interpreter for "
+                         "torchrun or -m targets")
+    if fork:
+        import torch  # noqa: F401  once, here: every forked side then has it
+
     root = Path(record_dir) if record_dir else Path(tempfile.mkdtemp(prefix="ampshim-compare-"))
     sides = []
     for name, target, apex in (("original", original, "serve"),
@@ -110,13 +121,13 @@ def run_sides(original: Target, migrated: Target, args: list[str], *, steps: int
             old.unlink()
         settings = {"record": str(folder), "steps": steps, "seed": seed, "apex": apex}
         sides.append((target, folder, _command(target, args, nproc_per_node),
-                      _environment(settings, device, serve_apex=apex == "serve")))
+                      _environment(settings, device, serve_apex=apex == "serve"), fork))
     if parallel:
         runs = _finish_together([_start(*side) for side in sides], timeout)
     else:
         migrated_run = _finish(*_start(*sides[1]), timeout)
         if migrated_run.failed_before_training:
-            target, _, command, _ = sides[0]
+            target, _, command, _, _ = sides[0]
             original_run = SideRun(target, command, None, 0.0, not_run=True)
         else:
             original_run = _finish(*_start(*sides[0]), timeout)
@@ -150,13 +161,81 @@ def _environment(settings: dict, device: str | None, *, serve_apex: bool) -> dic
     return env
 
 
-def _start(target: Target, folder: Path, command: list[str], env: dict):
+def _start(target: Target, folder: Path, command: list[str], env: dict, fork: bool):
     stdout = open(folder / "stdout.txt", "w+", encoding="utf-8", errors="replace")
     stderr = open(folder / "stderr.txt", "w+", encoding="utf-8", errors="replace")
-    # A session of its own: stopping it stops torchrun's ranks and DataLoader workers too.
-    process = subprocess.Popen(command, cwd=target.cwd, env=env, stdin=subprocess.DEVNULL,
-                               stdout=stdout, stderr=stderr, start_new_session=True)
+    if fork:
+        process = _ForkedSide(target, command, env, stdout, stderr)
+    else:
+        # A session of its own: stopping it stops torchrun's ranks and DataLoader workers too.
+        process = subprocess.Popen(command, cwd=target.cwd, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=stdout, stderr=stderr, start_new_session=True)
     return target, folder, command, process, stdout, stderr, time.perf_counter()
+
+
+class _ForkedSide:
+    """A side run in a fork of this process: what ``subprocess.Popen`` offers the runner."""
+
+    def __init__(self, target: Target, command: list[str], env: dict, stdout, stderr) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child writes this process's pending output again
+        self.pid = os.fork()
+        if self.pid == 0:
+            os._exit(_run_forked_side(target, command, env, stdout, stderr))
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.perf_counter() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _run_forked_side(target: Target, command: list[str], env: dict, stdout, stderr) -> int:
+    """In the child: become what ``command`` would have started, run the probe, return its code."""
+    code = 1
+    try:
+        os.setsid()  # as start_new_session: stopping the side stops its DataLoader workers too
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for source, descriptor in ((devnull, 0), (stdout.fileno(), 1), (stderr.fileno(), 2)):
+            os.dup2(source, descriptor)
+        if target.cwd:
+            os.chdir(target.cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        # What the start-up hook does in a new interpreter, under this side's environment.
+        from ampshim import _alias, _device_hook
+        from ampshim.compare import probe
+
+        for name in [name for name in sys.modules if name == "apex" or name.startswith("apex.")]:
+            del sys.modules[name]  # as in a new interpreter, which has imported no apex yet
+        _alias.install()
+        _device_hook.install()
+        code = probe.main(command[command.index("ampshim.compare.probe") + 1:])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if not isinstance(exit_.code, (int, type(None))):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001  reported as the interpreter would, then exit 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001  a closed stream: nothing left to write
+                pass
+    return code
 
 
 def _finish_together(started: list, timeout: float | None) -> list[SideRun]:

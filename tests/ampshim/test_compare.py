@@ -256,3 +256,50 @@ def test_each_apex_front_end_is_recorded(script, via):
     backwards = list(result.original.ranks[0].all_backwards())
     assert {b.via for b in backwards} == {via}
     assert all(b.matmul and b.half == b.matmul for b in backwards)
+
+
+# Run in a fresh interpreter: as the generator's bench does, it imports apex and torch and only
+# then forks its sides (this test process has run torch already).
+_FORKED_SIDES = '''
+import json, sys
+from ampshim.compare import Target, compare
+import apex.amp  # served here: a blocked side must still not get it
+original, migrated, wrong = sys.argv[1:4]
+runs = {}
+for fork in (False, True):
+    result = compare(Target(original), Target(migrated), [], device="cpu", steps=5,
+                     parallel=True, timeout=240, fork=fork)
+    runs[fork] = [result.verdict] + [
+        [[b.loss for b in step.backwards] + [step.grad_norm] for step in side.ranks[0].steps]
+        for side in (result.original, result.migrated)]
+incomplete = compare(Target(original), Target(original), [], device="cpu", steps=3, fork=True)
+crash = compare(Target(original), Target(wrong), [], device="cpu", steps=3, fork=True)
+try:
+    compare(Target(original), Target(migrated), [], device="cpu", nproc_per_node=2, fork=True)
+    refused = None
+except ValueError as error:
+    refused = str(error)
+print(json.dumps({"new": runs[False], "fork": runs[True], "refused": refused,
+                  "incomplete": [incomplete.verdict, incomplete.failed_side],
+                  "crash": [crash.verdict, crash.difference and crash.difference.message,
+                            crash.migrated.stderr]}))
+'''
+
+
+def test_sides_forked_from_one_process_record_what_new_interpreters_do(tmp_path):
+    import subprocess
+    import sys
+
+    wrong = write(tmp_path, "wrong.py", MIGRATED.replace(UNSCALE, UNSCALE * 2))
+    completed = subprocess.run(
+        [sys.executable, "-c", _FORKED_SIDES, str(ORIGINAL), str(FIXTURES / "migrated.py"),
+         str(wrong)], capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr
+    found = json.loads(completed.stdout.splitlines()[-1])
+    assert found["new"][0] == SAME and len(found["new"][1]) == 5
+    assert found["fork"] == found["new"]  # the same verdict and the same losses, step by step
+    assert found["refused"] and "one rank" in found["refused"]
+    assert found["incomplete"] == [COULD_NOT_RUN, "migrated"]
+    verdict, message, stderr = found["crash"]
+    assert verdict == DIFFERS and "unscale_() has already been called" in message
+    assert "Traceback" in stderr

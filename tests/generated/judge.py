@@ -36,7 +36,8 @@ def runs_of(features: Features) -> list[list[str]]:
     return [[]] + ([flipped] if flipped else [])
 
 
-def judge(features: Features, folder: Path) -> Outcome:
+def judge(features: Features, folder: Path, *, fork: bool = False) -> Outcome:
+    """Both rewrites of the script drawn, each compared with it; ``fork``: see ``compare``."""
     folder.mkdir(parents=True, exist_ok=True)
     original = folder / "original.py"
     original.write_text(script(features))
@@ -62,7 +63,8 @@ def judge(features: Features, folder: Path) -> Outcome:
         for args in runs_of(features):  # the default run, and the flag turned the other way
             comparison = compare(Target(str(original)), Target(str(rewritten)), args,
                                  device="cpu", steps=50, parallel=True, timeout=240,
-                                 allow_apex=bool(APEX_IMPORT.search(result.new_source)))
+                                 allow_apex=bool(APEX_IMPORT.search(result.new_source)),
+                                 fork=fork)
             if comparison.verdict == SAME:
                 continue
             reports[mode] = " ".join(args) + "\n" + as_text(comparison)
