@@ -2,13 +2,96 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
-from migrate.rule import Invalid, Valid
+from migrate.rule import FixSafety, Invalid, Valid
+from migrate.rules._scaler_in_checkpoint import one_per_line, scaler_in_reach, with_scaler_entry
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, StepModel, Steps
 from migrate.step_model.vocabulary import optimizer_like
 from migrate.tree_walk import descendants
+
+
+# The INVALID examples that are fixed, and the saves the fix grows: a line past 88 characters
+# (or past the file's longest) is broken one entry per line.
+_EPOCH_SAVE = "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}, 'last.pt')\n"
+_EPOCH_SAVE_FIXED = (
+    "        torch.save({\n"
+    "            'model': model.state_dict(),\n"
+    "            'optimizer': optimizer.state_dict(),\n"
+    "            'epoch': epoch,\n"
+    "            'scaler': scaler.state_dict(),\n"
+    "        }, 'last.pt')\n")
+_LOCAL = (
+    "def train(model, optimizer, loader, epochs):\n"
+    "    scaler = torch.amp.GradScaler('cuda')\n"
+    "    for epoch in range(epochs):\n"
+    "        for x in loader:\n"
+    "            scaler.scale(model(x)).backward()\n"
+    "            scaler.step(optimizer)\n"
+    "            scaler.update()\n" + _EPOCH_SAVE)
+
+_BEST_SAVE = "    save_checkpoint({'state_dict': model.module.state_dict(), 'optimizer': optimizer.state_dict()}, is_best=True)\n"
+_BEST_SAVE_FIXED = (
+    "    save_checkpoint({\n"
+    "        'state_dict': model.module.state_dict(),\n"
+    "        'optimizer': optimizer.state_dict(),\n"
+    "        'scaler': scaler.state_dict(),\n"
+    "    }, is_best=True)\n")
+_WHILE = (
+    "def main(model, optimizer, loader):\n"
+    "    scaler = torch.amp.GradScaler('cuda')\n"
+    "    step = 0\n"
+    "    while step < 100:\n"
+    "        scaler.scale(model(next(loader))).backward()\n"
+    "        scaler.step(optimizer)\n"
+    "        scaler.update()\n"
+    "        step += 1\n" + _BEST_SAVE)
+
+_LAST_SAVE = "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+_LAST_SAVE_FIXED = (
+    "        torch.save({\n"
+    "            'model': model.state_dict(),\n"
+    "            'optimizer': optimizer.state_dict(),\n"
+    "            'scaler': scaler.state_dict(),\n"
+    "        }, 'last.pt')\n")
+_HANDED_ON = (  # the loop that scales is in another file: the scaler is handed to it
+    "from engine import train_loop\n"
+    "\n"
+    "def main(model, optimizer, loader, epochs):\n"
+    "    scaler = torch.amp.GradScaler('cuda')\n"
+    "    for epoch in range(epochs):\n"
+    "        train_loop(model, optimizer, scaler, loader)\n" + _LAST_SAVE)
+
+_SELF_SAVE = '        torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict()}, path)\n'
+_SELF_SAVE_FIXED = (
+    "        torch.save({\n"
+    '            "net": self.net.state_dict(),\n'
+    '            "opt": self.opt.state_dict(),\n'
+    '            "scaler": self.scaler.state_dict(),\n'
+    "        }, path)\n")
+_IN_INIT = (  # made in __init__: every method sees it
+    "class Trainer:\n"
+    "    def __init__(self, net, opt):\n"
+    "        self.net, self.opt = net, opt\n"
+    "        self.scaler = torch.amp.GradScaler('cuda')\n"
+    "\n"
+    "    def step(self, batch):\n"
+    "        self.scaler.scale(self.net(batch)).backward()\n"
+    "        self.scaler.step(self.opt)\n"
+    "        self.scaler.update()\n"
+    "\n"
+    "    def save(self, path):\n" + _SELF_SAVE)
+
+_TOP_LEVEL = (  # a script's top level, in a file with a long line: the grown line stays whole
+    "# the longest line of this file: 95 characters, so a line that the fix grows to 93 stays whole\n"
+    "scaler = torch.amp.GradScaler('cuda')\n"
+    "for batch in batches:\n"
+    "    scaler.scale(m(batch)).backward()\n"
+    "    scaler.step(o)\n"
+    "    scaler.update()\n"
+    "torch.save({'m': m.state_dict(), 'o': o.state_dict()}, 'f.pt')\n")
 
 
 class CheckpointWithoutScaler(TrainingStepRule):
@@ -26,13 +109,19 @@ class CheckpointWithoutScaler(TrainingStepRule):
     tracker starts from zero. Training does not continue as it would have.
 
     Fix safety:
-    No fix: add ``"scaler": scaler.state_dict()`` to the checkpoint and
-    ``scaler.load_state_dict(checkpoint["scaler"])`` where it is loaded.
+    Safe: where the dictionary is written in the save call and one GradScaler is certain to exist
+    there (made before it in the same function, at the top of the module, or in ``__init__`` for
+    ``self.scaler``), ``"scaler": scaler.state_dict()`` is added to it. Training is unchanged;
+    the checkpoint gains one entry. Loading it is left to you, since a resumed run then continues
+    at the saved scale where it used to start again: add
+    ``scaler.load_state_dict(checkpoint["scaler"])`` where the optimizer's state is loaded
+    (guarded by ``if "scaler" in checkpoint`` for checkpoints written before).
     """
 
     CODE = "AMP107"
     MESSAGE = "the checkpoint saves the model and the optimizer but not the GradScaler's state"
     TRIGGERS = ("GradScaler",)  # only where the file creates one
+    FIX_SAFETY = FixSafety.ALWAYS
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -66,16 +155,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
         ),
     ]
     INVALID = [
-        Invalid(
-            "def train(model, optimizer, loader, epochs):\n"
-            "    scaler = torch.amp.GradScaler('cuda')\n"
-            "    for epoch in range(epochs):\n"
-            "        for x in loader:\n"
-            "            scaler.scale(model(x)).backward()\n"
-            "            scaler.step(optimizer)\n"
-            "            scaler.update()\n"
-            "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}, 'last.pt')\n"
-        ),
+        Invalid(_LOCAL, _LOCAL.replace(_EPOCH_SAVE, _EPOCH_SAVE_FIXED)),
         Invalid(
             "class Trainer:\n"
             "    def __init__(self, model, optimizer):\n"
@@ -92,25 +172,19 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "        state['optimizer'] = self.optimizer.state_dict()\n"
             "        torch.save(state, path)\n"
         ),
-        Invalid(
-            "def main(model, optimizer, loader):\n"
-            "    scaler = torch.amp.GradScaler('cuda')\n"
-            "    step = 0\n"
-            "    while step < 100:\n"
-            "        scaler.scale(model(next(loader))).backward()\n"
+        Invalid(_WHILE, _WHILE.replace(_BEST_SAVE, _BEST_SAVE_FIXED)),
+        Invalid(_HANDED_ON, _HANDED_ON.replace(_LAST_SAVE, _LAST_SAVE_FIXED)),
+        Invalid(_IN_INIT, _IN_INIT.replace(_SELF_SAVE, _SELF_SAVE_FIXED)),
+        Invalid(_TOP_LEVEL, _TOP_LEVEL.replace("'o': o.state_dict()}", "'o': o.state_dict(), 'scaler': scaler.state_dict()}")),
+        Invalid(  # made only when a flag is on: it may not exist where the checkpoint is written
+            "def train(model, optimizer, loader, args):\n"
+            "    if args.amp:\n"
+            "        scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n"
-            "        step += 1\n"
-            "    save_checkpoint({'state_dict': model.module.state_dict(), 'optimizer': optimizer.state_dict()}, is_best=True)\n"
-        ),
-        Invalid(  # the loop that scales is in another file: the scaler is handed to it
-            "from engine import train_loop\n"
-            "\n"
-            "def main(model, optimizer, loader, epochs):\n"
-            "    scaler = torch.amp.GradScaler('cuda')\n"
-            "    for epoch in range(epochs):\n"
-            "        train_loop(model, optimizer, scaler, loader)\n"
-            "        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
         ),
     ]
 
@@ -134,7 +208,30 @@ class CheckpointWithoutScaler(TrainingStepRule):
             saved = any(o in scalers or "scaler" in o.lower() for o in owners) or any(
                 "scaler" in nodes.code(v).lower() for v in entries)
             if optimizers and models and not saved:
-                yield event.node, None, {}
+                yield event.node, None, self._saving_scaler(model, steps, event)
+
+    def _saving_scaler(self, model: StepModel, steps: Steps, event) -> dict:
+        """The fix: the save call with the scaler's state added to its dictionary."""
+        call = event.node
+        saved = call.args[0].value if call.args else None
+        if not isinstance(saved, cst.Dict):
+            return {}
+        used = sorted({b.scaler for b in steps.of(Kind.BACKWARD) if b.scaler})
+        scaler = scaler_in_reach(model.module, call, used or sorted(model.facts.scalers))
+        if scaler is None:
+            return {}
+        grown = with_scaler_entry(saved, scaler, model.module)
+        if grown is None:
+            return {}
+        fixed = call.with_changes(args=[call.args[0].with_changes(value=grown), *call.args[1:]])
+        text = model.module.code_for_node(fixed)
+        room = max(88, max((len(line) for line in model.module.code.splitlines()), default=0))
+        if "\n" not in text and self.get_metadata(PositionProvider, call).start.column + len(text) > room:
+            grown = one_per_line(grown, model.module)  # as a person would break it
+            fixed = call.with_changes(args=[call.args[0].with_changes(value=grown), *call.args[1:]])
+        return {"replacement": fixed,
+                "fix_message": f"Save `{scaler}.state_dict()` in the checkpoint; load it where the "
+                               "optimizer's state is loaded"}
 
 
 def _used(model: StepModel) -> bool:

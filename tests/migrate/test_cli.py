@@ -519,11 +519,26 @@ def _findings(output: str) -> list[str]:
     return sorted(line.split(" ", 2)[0] + " " + line.split(" ", 2)[1] for line in output.splitlines() if ": AMP" in line)
 
 
-def test_the_fixing_run_reports_what_the_next_check_reports(tmp_path):
+def test_the_fixing_run_saves_the_new_scaler_beside_the_optimizer(tmp_path):
     """The rewrite makes a GradScaler, which brings rules the apex file did not call for (AMP107:
-    the checkpoint leaves the scaler out): the fixing run lints its own output with them."""
+    the checkpoint leaves the scaler out): the fixing run applies their fixes too."""
     path = tmp_path / "train.py"
     path.write_text(APEX_WITH_CHECKPOINT)
+    fixing = _run(path)
+    assert "0 remaining" in fixing.output, fixing.output
+    assert '        "optimizer": optimizer.state_dict(),\n        "scaler": scaler.state_dict(),\n    }, path)' \
+        in path.read_text()  # one entry per line: on one line it would pass 88 characters
+    assert _findings(_run("--check", path).output) == []
+
+
+def test_the_fixing_run_reports_what_the_next_check_reports(tmp_path):
+    """Where the new scaler cannot be saved for you (the checkpoint's dict is built before the
+    save), the fixing run says so, as the next check does."""
+    path = tmp_path / "train.py"
+    path.write_text(APEX_WITH_CHECKPOINT.replace(
+        '    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)',
+        '    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
+        '    torch.save(state, path)'))
     fixing = _run(path)
     assert "1 remaining" in fixing.output, fixing.output
     check = _run("--check", path)
