@@ -77,16 +77,18 @@ def explain(code: str) -> str:
 
 
 def list_rules(rules: Sequence[type] | None = None) -> str:
-    """One line per code: its name, whether a plain run checks it, and how safe its fixes are."""
+    """One line per code: its name, whether a plain run checks it, how safe its fixes are, and
+    what they do."""
     if rules is None:
         from migrate.rules import all_rules
 
         rules = all_rules()
-    rows = [("code", "name", "default", "fix")]
+    rows = [("code", "name", "default", "fix", "what the fix does")]
     for rule in rules:
-        rows.append((rule.CODE, rule.name(), "on" if rule.DEFAULT else "off", rule.FIX_SAFETY.value))
+        rows.append((rule.CODE, rule.name(), "on" if rule.DEFAULT else "off", rule.FIX_SAFETY.value,
+                     rule.FIX or "(reports only)"))
     for code, (name, _, _) in TOOL_FINDINGS.items():
-        rows.append((code, name, "always", FixSafety.NO_FIX.value))
+        rows.append((code, name, "always", FixSafety.NO_FIX.value, "(reports only)"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n" for row in rows)
 

@@ -96,6 +96,8 @@ class Rule(cst.BatchableCSTVisitor):
     DEFAULT: ClassVar[bool] = True
     # How safe the fixes it offers are, as --list-rules shows it; checked against INVALID by the tests.
     FIX_SAFETY: ClassVar[FixSafety] = FixSafety.NO_FIX
+    # What its fix does, in a few words, for --list-rules: "amp.scale_loss -> scaler.scale(loss)...".
+    FIX: ClassVar[str] = ""
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
     def __init__(self, context: RuleContext | None = None) -> None:

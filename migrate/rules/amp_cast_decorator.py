@@ -41,6 +41,7 @@ class AmpCastDecorator(ApexRename):
     """
 
     CODE = "AMP006"
+    FIX = '@amp.half_function etc. -> custom_fwd, or casts at entry'
     FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "apex's cast decorators need apex's casting machinery"
     TARGETS = (*_CASTS, _PROMOTE)

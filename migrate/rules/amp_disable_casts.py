@@ -24,6 +24,7 @@ class AmpDisableCasts(ApexRename):
     """
 
     CODE = "AMP008"
+    FIX = 'amp.disable_casts() -> torch.autocast("cuda", enabled=False)'
     FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`amp.disable_casts` is apex mixed precision"
     TARGETS = ("apex.amp.disable_casts",)

@@ -66,6 +66,7 @@ class AmpInitialize(PlannedApexRule):
     """
 
     CODE = "AMP002"
+    FIX = 'amp.initialize -> a GradScaler, and autocast around the forward'
     MESSAGE = "`amp.initialize` is apex mixed precision"
     VALID = [
         Valid('import torch\nscaler = torch.amp.GradScaler("cuda")\n'),

@@ -26,6 +26,7 @@ class AmpMasterParams(PlannedApexRule):
     """
 
     CODE = "AMP004"
+    FIX = 'amp.master_params(opt) -> the parameters the optimizer holds'
     MESSAGE = "`amp.master_params` is apex mixed precision"
     VALID = [
         Valid("def master_params(opt):\n    return []\n\nclip_grad_norm_(master_params(opt), 1.0)\n"),

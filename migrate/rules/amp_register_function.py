@@ -37,6 +37,7 @@ class AmpRegisterFunction(ApexRename):
     """
 
     CODE = "AMP007"
+    FIX = 'drops register_*_function where autocast already casts it'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's cast registry does not exist in native autocast"
     TARGETS = tuple(REGISTER)

@@ -43,6 +43,7 @@ class AmpScaleLoss(PlannedApexRule):
     """
 
     CODE = "AMP003"
+    FIX = 'amp.scale_loss -> scaler.scale(loss).backward(), scaler.step, update'
     MESSAGE = "`amp.scale_loss` is apex mixed precision"
     VALID = [
         Valid("def scale_loss(loss, optimizer):\n    return loss\n\nscale_loss(loss, optimizer).backward()\n"),

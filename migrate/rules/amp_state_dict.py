@@ -28,6 +28,7 @@ class AmpStateDict(PlannedApexRule):
     """
 
     CODE = "AMP005"
+    FIX = "amp.state_dict / load_state_dict -> the GradScaler's"
     MESSAGE = "`amp.state_dict` is apex's loss-scaler state"
     VALID = [
         Valid("import torch\ncheckpoint = {'model': model.state_dict(), 'scaler': scaler.state_dict()}\n"),

@@ -38,6 +38,7 @@ class ApexDistributedDataParallel(ApexRename):
     """
 
     CODE = "AMP010"
+    FIX = "apex DistributedDataParallel -> torch's"
     FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`apex.parallel.DistributedDataParallel` was removed from apex"
     TARGETS = ("apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel")

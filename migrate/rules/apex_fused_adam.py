@@ -33,6 +33,7 @@ class ApexFusedAdam(ApexRename):
     """
 
     CODE = "AMP012"
+    FIX = 'FusedAdam -> torch.optim.AdamW/Adam(fused=True)'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "`apex.optimizers.FusedAdam` needs an apex build; torch has a fused Adam"
     TARGETS = ("apex.optimizers.FusedAdam", "apex.optimizers.fused_adam.FusedAdam")

@@ -41,6 +41,7 @@ class ApexFusedNorm(ApexRename):
     """
 
     CODE = "AMP014"
+    FIX = 'FusedLayerNorm / FusedRMSNorm -> torch.nn.LayerNorm / RMSNorm'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's fused normalization needs an apex build; torch has the same modules"
     TARGETS = (*_LAYER, *_RMS, *_MIXED)

@@ -31,6 +31,7 @@ class ApexFusedSGD(ApexRename):
     """
 
     CODE = "AMP013"
+    FIX = 'FusedSGD -> torch.optim.SGD'
     FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "`apex.optimizers.FusedSGD` needs an apex build; use `torch.optim.SGD`"
     TARGETS = ("apex.optimizers.FusedSGD", "apex.optimizers.fused_sgd.FusedSGD")

@@ -48,6 +48,7 @@ class ApexImport(Rule):
     """
 
     CODE = "AMP001"
+    FIX = 'removes unused apex imports and the dead `try:` guards around them'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex import"
     TRIGGERS = ("apex", "amp")

@@ -32,6 +32,7 @@ class ApexSyncBatchNorm(ApexRename):
     """
 
     CODE = "AMP011"
+    FIX = 'apex SyncBatchNorm / convert_syncbn_model -> torch.nn.SyncBatchNorm'
     FIX_SAFETY = FixSafety.ALWAYS
     MESSAGE = "apex's SyncBatchNorm was removed from apex"
     TARGETS = (_CONVERT, _CLASS, "apex.parallel.create_syncbn_process_group")

@@ -119,6 +119,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
     """
 
     CODE = "AMP107"
+    FIX = "adds scaler.state_dict() to the checkpoint's dict"
     MESSAGE = "the checkpoint saves the model and the optimizer but not the GradScaler's state"
     TRIGGERS = ("GradScaler",)  # only where the file creates one
     FIX_SAFETY = FixSafety.ALWAYS

@@ -34,6 +34,7 @@ class DeprecatedAutocastState(DeprecatedSpelling):
     """
 
     CODE = "AMP025"
+    FIX = 'per-device autocast state functions -> those taking the device'
     MESSAGE = "per-device autocast state functions are deprecated; pass the device instead"
     TRIGGERS = ("autocast",)
     RENAMES = {deprecated: native for deprecated, (native, _) in _NATIVE.items()}

@@ -27,6 +27,7 @@ class DeprecatedCpuAutocast(DeprecatedSpelling):
     """
 
     CODE = "AMP023"
+    FIX = 'torch.cpu.amp.autocast -> torch.amp.autocast("cpu")'
     MESSAGE = "`torch.cpu.amp.autocast` is deprecated; use `torch.amp.autocast(\"cpu\", ...)`"
     TRIGGERS = ("autocast",)
     RENAMES = {"torch.cpu.amp.autocast": "torch.amp.autocast"}

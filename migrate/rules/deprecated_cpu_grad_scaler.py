@@ -21,6 +21,7 @@ class DeprecatedCpuGradScaler(DeprecatedSpelling):
     """
 
     CODE = "AMP024"
+    FIX = 'torch.cpu.amp.GradScaler -> torch.amp.GradScaler("cpu")'
     MESSAGE = "`torch.cpu.amp.GradScaler` is deprecated; use `torch.amp.GradScaler(\"cpu\", ...)`"
     TRIGGERS = ("GradScaler",)
     RENAMES = {"torch.cpu.amp.GradScaler": "torch.amp.GradScaler"}

@@ -28,6 +28,7 @@ class DeprecatedCudaAutocast(DeprecatedSpelling):
     """
 
     CODE = "AMP020"
+    FIX = 'torch.cuda.amp.autocast -> torch.amp.autocast("cuda")'
     MESSAGE = "`torch.cuda.amp.autocast` is deprecated; use `torch.amp.autocast(\"cuda\", ...)`"
     TRIGGERS = ("autocast",)
     RENAMES = {"torch.cuda.amp.autocast": "torch.amp.autocast"}

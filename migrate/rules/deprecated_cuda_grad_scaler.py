@@ -22,6 +22,7 @@ class DeprecatedCudaGradScaler(DeprecatedSpelling):
     """
 
     CODE = "AMP021"
+    FIX = 'torch.cuda.amp.GradScaler -> torch.amp.GradScaler("cuda")'
     MESSAGE = "`torch.cuda.amp.GradScaler` is deprecated; use `torch.amp.GradScaler(\"cuda\", ...)`"
     TRIGGERS = ("GradScaler",)
     RENAMES = {"torch.cuda.amp.GradScaler": "torch.amp.GradScaler"}

@@ -23,6 +23,7 @@ class DeprecatedCustomFwd(DeprecatedSpelling):
     """
 
     CODE = "AMP022"
+    FIX = 'torch.cuda.amp.custom_fwd/bwd -> torch.amp.custom_fwd/bwd("cuda")'
     MESSAGE = "`torch.cuda.amp.custom_fwd` is deprecated; use `torch.amp.custom_fwd(device_type=\"cuda\")`"
     TRIGGERS = ("custom_fwd", "custom_bwd")
     RENAMES = {

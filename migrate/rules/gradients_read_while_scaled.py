@@ -38,6 +38,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
     """
 
     CODE = "AMP101"
+    FIX = 'inserts scaler.unscale_(optimizer) before the gradients are read'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
     TRIGGERS = ("scaler", "GradScaler")

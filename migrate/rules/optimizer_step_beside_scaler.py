@@ -26,6 +26,7 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     """
 
     CODE = "AMP102"
+    FIX = 'optimizer.step() -> scaler.step(optimizer)'
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
     TRIGGERS = ("scaler", "GradScaler")

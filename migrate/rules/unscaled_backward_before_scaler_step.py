@@ -26,6 +26,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     """
 
     CODE = "AMP109"
+    FIX = 'loss.backward() -> scaler.scale(loss).backward()'
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "a backward pass on an unscaled loss is followed by `scaler.step()`; use `scaler.scale(loss).backward()`"
     TRIGGERS = ("scaler",)

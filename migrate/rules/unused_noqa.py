@@ -25,6 +25,7 @@ class UnusedNoqa(Rule):
     """
 
     CODE = UNUSED_NOQA_CODE
+    FIX = "removes the unused codes from the noqa comment"
     MESSAGE = "Unused `noqa` directive"
     TRIGGERS = ("noqa",)
     FIX_SAFETY = FixSafety.ALWAYS

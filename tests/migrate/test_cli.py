@@ -324,15 +324,27 @@ def test_explain_and_list_rules_are_eager():
     listed = _run("--list-rules")
     assert listed.exit_code == 0
     rows = [line.split() for line in listed.output.splitlines()]
-    assert ["AMP021", "DeprecatedCudaGradScaler", "on", "always", "safe"] in rows  # on: this module's fixture
-    assert ["AMP900", "FileError", "always", "no", "fix"] in rows
+    assert ["AMP021", "DeprecatedCudaGradScaler", "on", "always", "safe", "torch.cuda.amp.GradScaler", "->",
+            'torch.amp.GradScaler("cuda")'] in rows  # on: this module's fixture
+    assert ["AMP900", "FileError", "always", "no", "fix", "(reports", "only)"] in rows
 
 
 def test_list_rules_shows_what_a_plain_run_checks(monkeypatch):
     monkeypatch.undo()  # the rules' own defaults
     rows = {line.split()[0]: line.split()[2:] for line in _run("--list-rules").output.splitlines()[1:]}
-    assert rows["AMP002"] == ["on", "sometimes", "safe"] and rows["AMP020"] == ["off", "always", "safe"]
-    assert rows["AMP017"] == ["on", "no", "fix"]
+    assert rows["AMP002"][:3] == ["on", "sometimes", "safe"] and rows["AMP020"][:3] == ["off", "always", "safe"]
+    assert rows["AMP017"] == ["on", "no", "fix", "(reports", "only)"]
+
+
+def test_list_rules_says_what_each_fix_does():
+    """A fixable rule says what its fix does; one that only reports says that."""
+    from migrate.rules import all_rules
+
+    listed = _run("--list-rules").output
+    for rule in all_rules():
+        assert bool(rule.FIX) == rule.fixable(), rule.CODE
+        row = next(line for line in listed.splitlines() if line.startswith(rule.CODE + " "))
+        assert row.endswith(rule.FIX or "(reports only)"), row
 
 
 @pytest.mark.parametrize("code", ["AMP900", "amp901"])
