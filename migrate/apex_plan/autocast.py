@@ -161,7 +161,7 @@ class AutocastPlanning(Step):
         if not cuda or own is None or len(positional) > (0 if "torch.cuda.amp.autocast" in names else 1):
             return False
         if dtype is not None and nodes.code(dtype.value) not in ("torch.float16", "torch.half"):
-            self.draft.unsafe.append(f"the file's own autocast at line {self.tree.line(call)} computes in {nodes.code(dtype.value)}, where apex O1 used float16")
+            self.draft.unsafe_at(call, f"the file's own autocast at line {self.tree.line(call)} computes in {nodes.code(dtype.value)}, where apex O1 used float16")
         widened = own.with_changes(value=nodes.parse_expression(f"{grouped_text(nodes.code(own.value))} or {grouped_text(enabled)}", self.tree.module))
         self.draft.replace(own, widened)
         self.draft.regions.update(id(statement) for statement in statements)
@@ -196,7 +196,7 @@ class AutocastPlanning(Step):
         if inner:
             # apex cast by patching functions, whatever native autocast said: a region the file
             # turns native autocast off in (or to another dtype) now computes differently.
-            self.draft.unsafe.append(f"the file's own `autocast` at line {self.tree.line(inner[0])} is inside the region: "
+            self.draft.unsafe_at(inner[0], f"the file's own `autocast` at line {self.tree.line(inner[0])} is inside the region: "
                                "there native autocast follows it, where apex's casts did not")
         enabled = f", enabled={self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled else ""
         if self.setup.in_block:

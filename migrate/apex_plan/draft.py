@@ -34,6 +34,7 @@ class Draft:
         self.unscale_covered: set[int] = set()  # gradient-reading statements an unscale covers
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.unsafe: list[str] = []  # why the rewrite may train differently
+        self.unsafe_sites: dict[str, list[cst.CSTNode]] = {}  # a reason -> the nodes it is about (none: all)
         self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
         self.notes: list[str] = list(tree.fallback_notes)  # what a safe fix reads differently from the letter of the code
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
@@ -50,6 +51,33 @@ class Draft:
 
     def kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
         self.kinds[id(node)] = (code, message, fix)
+
+    def unsafe_at(self, node: cst.CSTNode, reason: str) -> None:
+        """Record ``reason`` as being about ``node`` only: the fix there says it; the others say
+        they go with it."""
+        self.unsafe.append(reason)
+        self.unsafe_sites.setdefault(reason, []).append(node)
+
+    def reasons_for(self, fixed: cst.CSTNode, reasons: list[str]) -> str:
+        """Why the fix of ``fixed`` is unsafe: the reasons about it or about the whole rewrite,
+        then the lines whose own reasons it shares a fate with (the file's fixes go together)."""
+        fixed_nodes = [node for node, _ in self.replacements.values()]
+
+        def about(anchor: cst.CSTNode, node: cst.CSTNode) -> bool:
+            return self.tree.inside(anchor, node) or self.tree.inside(node, anchor)
+
+        own, elsewhere = [], set()
+        for reason in reasons:
+            anchors = [a for a in self.unsafe_sites.get(reason, []) if any(about(a, node) for node in fixed_nodes)]
+            if not anchors or any(about(anchor, fixed) for anchor in anchors):
+                own.append(reason)
+            else:
+                elsewhere.update(line for line in map(self.tree.line, anchors) if line is not None)
+        if elsewhere:
+            lines = ", ".join(map(str, sorted(elsewhere)))
+            own.append(f"it is applied together with the unsafe fix{'es' if len(elsewhere) > 1 else ''} "
+                       f"at line{'s' if len(elsewhere) > 1 else ''} {lines}")
+        return "; ".join(own)
 
     def touched(self, statement: cst.CSTNode) -> bool:
         return any(id(node) in self.replacements for node in descendants(statement))

@@ -251,7 +251,7 @@ class GradientPlanning(Step):
             if optimizer is None or nodes.has_star(call) or len(call.args) != 1:
                 raise Unplannable(call, "`amp.master_params` is not called with one optimizer")
             if self.setup.level in ("O2", "O3") or (self.setup.level is None and not self.setup.level_guarded):
-                self.draft.unsafe.append(MASTER_COPIES)
+                self.draft.unsafe_at(call, MASTER_COPIES)
             if id(call) in self.draft.master_params_in_clips:
                 continue
             opt = nodes.code(optimizer.value)
@@ -270,7 +270,7 @@ class GradientPlanning(Step):
             if self.setup.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
                 self.draft.replace(call, generator)
                 if inspects_grads and not self.setup.o0 and not already:
-                    self.draft.unsafe.append("gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
+                    self.draft.unsafe_at(call, "gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
                 continue
             if any(self.tree.inside(block, blocks[0]) for block in done):
                 raise Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")

@@ -65,7 +65,7 @@ class InitializePlanning(Step):
             raise Unplannable(call, "`amp.initialize` takes `*args`, so its models and options cannot be seen")
         splat = any(arg.star == "**" for arg in call.args)
         if splat:
-            self.draft.unsafe.append("options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
+            self.draft.unsafe_at(call, "options passed through `**kwargs` are not seen: the rewrite is O1 with GradScaler's defaults")
         unknown = nodes.keyword_names(call) - INITIALIZE_KEYWORDS
         if unknown or len([a for a in call.args if a.keyword is None]) > 4:
             raise Unplannable(call, f"`amp.initialize` has arguments apex does not take: {sorted(unknown)!r}")
@@ -220,7 +220,7 @@ class InitializePlanning(Step):
                 init, growth = run_time_scale(loss_scale.value)
                 options += [f"init_scale={init}", f"growth_interval={growth}"]
             else:
-                self.draft.unsafe.append(f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
+                self.draft.unsafe_at(call, f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
         if "max_loss_scale" not in harmless and not options and cap_number is not None and 0 < cap_number < 2**16:
             options.append(f"init_scale={nodes.code(cap.value)}")  # apex's dynamic scale starts at min(2**16, cap)
         for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
@@ -233,9 +233,9 @@ class InitializePlanning(Step):
                 merges_losses = True
                 self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
             elif name == "max_loss_scale":
-                self.draft.unsafe.append(f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
+                self.draft.unsafe_at(call, f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:
-                self.draft.unsafe.append(f"`{name}` has no native equivalent and is dropped")
+                self.draft.unsafe_at(call, f"`{name}` has no native equivalent and is dropped")
         return options, merges_losses
 
     def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:

@@ -315,7 +315,7 @@ class Planner:
                 if any(self.tree.inside(node, scope) for node, _ in self.draft.replacements.values()):
                     raise Unplannable(name, "`torch` names something else in this function, where the rewrite needs the torch module")
         safety = Safety.UNSAFE if self.draft.unsafe or self.draft.partner_unsafe else Safety.SAFE
-        why_unsafe = "; ".join(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe))
+        reasons = list(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe))
         notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.draft.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
         adds = (*(() if self.setup.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
@@ -324,6 +324,7 @@ class Planner:
             self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.draft.replacements.values():
             code, message, fix = self.draft.kinds[id(node)]
+            why_unsafe = self.draft.reasons_for(node, reasons) if reasons else ""
             self.findings.append(Report(code, node, message, replacement, safety, fix + notes, adds, removes, why_unsafe))
 
     def _mark_unsafe(self, scales: list[ScaleLossSite]) -> None:

@@ -567,3 +567,39 @@ def test_an_o2_reason_names_the_setting_that_accepts_it_once_per_file(tmp_path):
     assert reasons[1:] == ["why unsafe: as at line 6"] * 3
     (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate.settings]\no2-as-autocast = true\n")
     assert "why unsafe" not in _run("--check", path).output  # the setting it names does accept it
+
+
+APEX_WITH_OPTIONS = '''import torch
+from apex import amp
+
+
+def train(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", min_loss_scale=1.0)
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+        optimizer.step()
+'''
+
+
+def test_each_unsafe_fix_gives_the_reasons_about_it_and_names_the_lines_it_goes_with(tmp_path):
+    """A dropped option is the initialize's reason, the master copies the clip's; O2 is the whole
+    rewrite's. Each fix lists its own and names the lines whose reasons it shares a fate with."""
+    path = tmp_path / "train.py"
+    path.write_text(APEX_WITH_OPTIONS)
+    lines = _run("--check", path).output.splitlines()
+    why = {}
+    for index, line in enumerate(lines):
+        if line.strip().startswith("why unsafe:"):
+            where = next(lines[i] for i in range(index, -1, -1) if ": AMP" in lines[i])
+            why.setdefault(int(where.split(":")[1]), []).append(line.strip()[len("why unsafe: "):])
+    said = {row: " ".join(reasons) for row, reasons in why.items()}
+    assert "`min_loss_scale` has no native equivalent" in said[6] and "master_params" not in said[6]
+    assert "together with the unsafe fix at line 12" in said[6]
+    assert "fp32 copies" in said[12] and "min_loss_scale" not in said[12]
+    assert "together with the unsafe fix at line 6" in said[12]
+    assert all("o2-as-autocast" in text or text.startswith("as at line") for text in said.values())
+    assert not any("min_loss_scale" in text for row, text in said.items() if row != 6)
