@@ -58,6 +58,10 @@ _AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+# An apex-availability flag (AMP018 folds one that is always True): has_apex, APEX_AVAILABLE...
+APEX_FLAG_NAME = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)$", re.I)
+_APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)\s*=\s*True\b", re.I | re.M)
+_APEX_FLAG_SET_BYTES = re.compile(_APEX_FLAG_SET.pattern.encode(), re.I | re.M)
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
 _STEP_CALLS = frozenset({"backward", "step"})
 # What a float16 cast spells (``.half()``, ``.to(torch.float16)``, ``dtype="half"``): AMP108 reads these.
@@ -133,7 +137,8 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
     names, an import error or a step's call as a word of its own, or ``amp`` and one of its calls.
     Searched for as literals, a fraction of the time of a regex or of parsing."""
     return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS))
-            or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in _AMP_CALLS)))
+            or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in _AMP_CALLS))
+            or (_APEX_FLAG_SET_BYTES if isinstance(content, bytes) else _APEX_FLAG_SET).search(content) is not None)
 
 
 def _holds_word(content: bytes | str, word: str) -> bool:
@@ -182,6 +187,11 @@ def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
                 return True
         elif kind is ast.Try:
             if _guards_nothing(node):
+                return True
+        elif kind is ast.Assign:  # a module-level `has_apex = True`
+            if (node.col_offset == 0 and len(node.targets) == 1 and type(node.targets[0]) is ast.Name
+                    and APEX_FLAG_NAME.match(node.targets[0].id) and type(node.value) is ast.Constant
+                    and node.value.value is True):
                 return True
     return False
 

@@ -67,8 +67,9 @@ class ApexImport(Rule):
     ]
     INVALID = [
         Invalid(
-            "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    raise ImportError('Please install apex')\n",
-            "import torch\n\nAPEX_AVAILABLE = True\n",
+            "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    raise ImportError('Please install apex')\n"
+            "log(apex=APEX_AVAILABLE)\n",
+            "import torch\n\nAPEX_AVAILABLE = True\nlog(apex=APEX_AVAILABLE)\n",
         ),
         Invalid("import torch\n\ntry:\n    pass\nexcept ImportError:\n    amp = None\n", "import torch\n"),
         Invalid(

@@ -80,7 +80,7 @@ def _saved_by(source: str, path) -> dict:
     return torch.load(path, weights_only=True)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(place=st.sampled_from(SAFE_PLACES + UNSAFE_PLACES),
        dict_form=st.sampled_from(("inline", "multiline", "named")),
        saver=st.sampled_from(("torch.save", "save_checkpoint")),

@@ -109,11 +109,12 @@ def test_an_import_fallback_made_dead_is_announced():
     """
     result = _migrate(source)
     assert "except ImportError" not in result.new_source
+    assert "APEX_AVAILABLE" not in result.new_source  # folded: `if args.fp16:` (AMP018)
     fixes = [d.fix.message for d in _core(result)]
     assert fixes and all("behaviour change" in fix and "`APEX_AVAILABLE = False`" in fix for fix in fixes)
     # A guard whose import an earlier run removed says the same when it goes.
     left = _migrate("import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n")
-    assert left.new_source == "import torch\n\nAPEX_AVAILABLE = True\n"
+    assert left.new_source == "import torch\n"  # the flag, now always True and never read, goes too (AMP018)
     assert "behaviour change" in left.diagnostics[0].message
 
 

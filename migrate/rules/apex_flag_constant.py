@@ -1,0 +1,215 @@
+"""AMP018: an apex-availability flag that is always True, folded into the code that tests it."""
+from __future__ import annotations
+
+from pathlib import PurePath
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from migrate import apex_nodes as nodes
+from migrate.prefilter import APEX_FLAG_NAME
+from migrate.rule import Invalid, Rule, Valid
+from migrate.tree_walk import descendants
+from migrate.types import FixSafety
+
+
+
+class ApexFlagConstant(Rule):
+    """What it does:
+    Finds a module-level apex-availability flag (``has_apex``, ``APEX_AVAILABLE``, ``HAS_AMP``,
+    ...) that the file now only ever sets to ``True``: what is left once the ``try: import apex
+    / except ImportError: HAS_APEX = False`` guard goes (AMP001). Its tests are folded: ``if
+    has_apex:`` keeps its body, ``if not has_apex:`` its ``else``, an ``elif has_apex:`` becomes
+    ``else:``, and ``has_apex and x`` becomes ``x``. Once nothing reads it, the flag goes too.
+
+    Why is this bad?
+    A flag that cannot be False is a branch that cannot run: dead code that still reads as if
+    apex were optional, and that the next reader has to prove dead again.
+
+    Fix safety:
+    Safe: the flag is True wherever it is read, so each test had one outcome. Not offered where
+    the flag may be set from elsewhere: a package's ``__init__.py``, a name in ``__all__``, a
+    function that declares it ``global``, or any binding that is not the constant ``True`` (a
+    ``False`` written just before, as a default, is dropped with it). A parameter or local of
+    the same name is another variable, and left alone.
+    """
+
+    CODE = "AMP018"
+    FIX = "folds an always-true has_apex-style flag into the code that tests it"
+    FIX_SAFETY = FixSafety.ALWAYS
+    MESSAGE = "this apex-availability flag is always True here"
+    TRIGGERS = ("apex", "amp")
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    VALID = [
+        Valid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n\nif HAS_APEX:\n    print(1)\n"),
+        Valid("HAS_APEX = True\n\ndef disable():\n    global HAS_APEX\n    HAS_APEX = False\n\nif HAS_APEX:\n    print(1)\n"),
+        Valid("use_fp16 = True\nif use_fp16:\n    print(1)\n"),
+        Valid("has_apex = True\n__all__ = ['has_apex']\nif has_apex:\n    print(1)\n"),
+    ]
+    INVALID = [
+        Invalid(
+            "has_apex = False\n"
+            "has_apex = True\n"
+            "\n"
+            "def train(args, loss, scaler, optimizer):\n"
+            "    if has_apex and args.fp16:\n"
+            "        scaler.scale(loss).backward()\n"
+            "    else:\n"
+            "        loss.backward()\n"
+            "    if not has_apex:\n"
+            "        print('apex is not installed')\n",
+            "\n"
+            "def train(args, loss, scaler, optimizer):\n"
+            "    if args.fp16:\n"
+            "        scaler.scale(loss).backward()\n"
+            "    else:\n"
+            "        loss.backward()\n",
+        ),
+        Invalid(
+            "APEX_AVAILABLE = True\n"
+            "\n"
+            "def setup(args):\n"
+            "    if args.native:\n"
+            "        mode = 'native'\n"
+            "    elif APEX_AVAILABLE:\n"
+            "        mode = 'apex'\n"
+            "    else:\n"
+            "        mode = 'fp32'\n"
+            "    if APEX_AVAILABLE:\n"
+            "        print('mixed precision:', mode)\n"
+            "    return mode\n",
+            "\n"
+            "def setup(args):\n"
+            "    if args.native:\n"
+            "        mode = 'native'\n"
+            "    else:\n"
+            "        mode = 'apex'\n"
+            "    print('mixed precision:', mode)\n"
+            "    return mode\n",
+        ),
+        Invalid(  # read as a value too: the tests fold, the flag stays
+            "has_amp = True\n"
+            "if has_amp:\n"
+            "    print('AMP on')\n"
+            "log(amp=has_amp)\n",
+            "has_amp = True\n"
+            "print('AMP on')\n"
+            "log(amp=has_amp)\n",
+        ),
+    ]
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        if PurePath(self.context.filename).name == "__init__.py":
+            return False
+        scope = self.get_metadata(ScopeProvider, node)
+        for name, lines in _constant_flags(node).items():
+            targets = {id(line.body[0].targets[0].target) for line in lines}
+            bindings = scope.assignments[name]
+            if any(id(binding.node) not in targets for binding in bindings):
+                continue  # bound elsewhere too: a `global` in a function, a loop, an import
+            reads = [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == name
+                     and id(n) not in targets and self._is_the_flag(n, scope)]
+            self._fold(name, reads, lines)
+        return False
+
+    def _is_the_flag(self, read: cst.Name, module_scope) -> bool:
+        """Whether ``read`` names the module's flag, not a parameter or local of the same name."""
+        scope = self.get_metadata(ScopeProvider, read, None)
+        return scope is not None and all(binding.scope is module_scope for binding in scope[read.value])
+
+    def _fold(self, name: str, reads: list[cst.CSTNode], lines: list[cst.SimpleStatementLine]) -> None:
+        folded: list[cst.CSTNode] = []
+        for read in reads:
+            found = self._foldable(read) if isinstance(read, cst.Name) else None
+            if found is None:
+                continue
+            node, replacement = found
+            if any(_within(node, other, self) or _within(other, node, self) for other in folded):
+                continue  # nested in another fold: the next round takes it
+            folded.append(node)
+            self.report(node, f"`{name}` is always True here, so this test has one outcome",
+                        replacement=replacement, fix_message=f"Fold `{name}`, which is always True")
+        if not reads:
+            for line in lines:
+                self.report(line, f"`{name}` is set and never read", replacement=cst.RemoveFromParent(),
+                            fix_message=f"Remove `{name}`")
+
+    def _foldable(self, read: cst.Name) -> tuple[cst.CSTNode, object] | None:
+        """The node that reading the constant lets go, and what replaces it."""
+        parent = self.get_metadata(ParentNodeProvider, read)
+        negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
+        test = parent if negated else read
+        holder = self.get_metadata(ParentNodeProvider, test)
+        if isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And) and not negated:
+            other = holder.right if holder.left is test else holder.left
+            return holder, other.with_changes(lpar=holder.lpar, rpar=holder.rpar) if holder.lpar else other
+        if isinstance(holder, cst.If) and holder.test is test:
+            return holder, self._if_folded(holder, keep_body=not negated)
+        if negated:  # `not flag and x` is False: the `if` it tests takes its other arm
+            while isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And):
+                test, holder = holder, self.get_metadata(ParentNodeProvider, holder)
+            if isinstance(holder, cst.If) and holder.test is test:
+                return holder, self._if_folded(holder, keep_body=False)
+        return None
+
+    def _if_folded(self, statement: cst.If, keep_body: bool):
+        if keep_body:
+            kept = list(statement.body.body)
+        elif isinstance(statement.orelse, cst.If):
+            return statement.orelse  # `if not flag: ... elif x:` -> `if x:`
+        elif isinstance(statement.orelse, cst.Else):
+            kept = list(statement.orelse.body.body)
+        else:
+            kept = []
+        parent = self.get_metadata(ParentNodeProvider, statement)
+        if isinstance(parent, cst.If):  # an `elif` arm: it becomes the `else`, or goes
+            if not kept:
+                return statement.orelse if statement.orelse is not None else cst.RemovalSentinel.REMOVE
+            return cst.Else(body=cst.IndentedBlock(body=kept))
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[0] = kept[0].with_changes(leading_lines=[*statement.leading_lines, *kept[0].leading_lines])
+        return cst.FlattenSentinel(kept)
+
+
+def _within(inner: cst.CSTNode, outer: cst.CSTNode, rule: Rule) -> bool:
+    node = inner
+    while node is not None:
+        if node is outer:
+            return True
+        node = rule.get_metadata(ParentNodeProvider, node, None)
+    return False
+
+
+def _constant_flags(module: cst.Module) -> dict[str, list[cst.SimpleStatementLine]]:
+    """Module-level flags named for apex, set on top-level lines to ``True`` last (a ``False``
+    default just before is allowed) and not exported, with those lines."""
+    exported = {nodes.literal_string(e.value) for n in descendants(module) if isinstance(n, cst.Assign)
+                and any(nodes.code(t.target) == "__all__" for t in n.targets) and isinstance(n.value, (cst.List, cst.Tuple))
+                for e in n.value.elements}
+    lines: dict[str, list[cst.SimpleStatementLine]] = {}
+    for statement in module.body:
+        name = _assigned_name(statement)
+        if name and APEX_FLAG_NAME.match(name) and name not in exported:
+            lines.setdefault(name, []).append(statement)
+    flags = {}
+    for name, found in lines.items():
+        values = [_assigns_constant(line, name) for line in found]
+        if values[-1] == "True" and values.count("True") == 1 and set(values) <= {"True", "False"}:
+            flags[name] = found
+    return flags
+
+
+def _assigned_name(statement: cst.CSTNode) -> str | None:
+    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1
+            and isinstance(statement.body[0].targets[0].target, cst.Name)):
+        return statement.body[0].targets[0].target.value
+    return None
+
+
+def _assigns_constant(statement: cst.CSTNode, name: str) -> str | None:
+    if _assigned_name(statement) != name:
+        return None
+    value = statement.body[0].value
+    return value.value if isinstance(value, cst.Name) and value.value in ("True", "False") else "other"

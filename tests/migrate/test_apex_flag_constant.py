@@ -1,0 +1,77 @@
+"""AMP018 on generated variants, run before and after: an always-true apex flag folded into the
+tests that read it computes what the original computed, for every input; a parameter or local
+of the same name is left alone; the flag goes once nothing reads it."""
+from __future__ import annotations
+
+import textwrap
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from migrate.engine import run_rules
+from migrate.rules import all_rules
+
+RULES = all_rules()
+
+FLAGS = ("has_apex", "APEX_AVAILABLE", "HAS_AMP", "apex_available")
+
+
+def _test(shape: str, flag: str) -> str:
+    return {"flag": flag, "not": f"not {flag}", "and_left": f"{flag} and x", "and_right": f"x and {flag}",
+            "and_three": f"x and {flag} and y", "not_and": f"not {flag} and x"}[shape]
+
+
+@st.composite
+def _scripts(draw):
+    flag = draw(st.sampled_from(FLAGS))
+    blocks = []
+    for index in range(draw(st.integers(1, 3))):
+        test = _test(draw(st.sampled_from(("flag", "not", "and_left", "and_right", "and_three", "not_and"))), flag)
+        arms = draw(st.sampled_from(("if", "if_else", "elif", "elif_else", "nested")))
+        body = f"out.append({index})"
+        if arms == "if":
+            blocks.append(f"if {test}:\n    {body}\n")
+        elif arms == "if_else":
+            blocks.append(f"if {test}:\n    {body}\nelse:\n    out.append(-{index})\n")
+        elif arms == "elif":
+            blocks.append(f"if y and not x:\n    out.append(99)\nelif {test}:\n    {body}\n")
+        elif arms == "elif_else":
+            blocks.append(f"if y and not x:\n    out.append(99)\nelif {test}:\n    {body}\nelse:\n    out.append(-{index})\n")
+        else:
+            blocks.append(f"if {test}:\n    if {flag}:\n        {body}\n    out.append(50)\n")
+    read_as_value = draw(st.booleans())
+    shadowed = draw(st.booleans())
+    default_false = draw(st.booleans())
+    source = (f"{flag} = False\n" if default_false else "") + f"{flag} = True\n\n\n"
+    source += "def run(x, y):\n    out = []\n" + textwrap.indent("".join(blocks), "    ")
+    if read_as_value:
+        source += f"    out.append({flag})\n"
+    source += "    return out\n"
+    if shadowed:  # a parameter of the same name: another variable, never folded
+        source += f"\n\ndef other({flag}):\n    if {flag}:\n        return 1\n    return 0\n"
+    return source, flag, read_as_value, shadowed
+
+
+def _outputs(source: str) -> list:
+    namespace: dict = {}
+    exec(compile(source, "generated.py", "exec"), namespace)
+    found = [namespace["run"](x, y) for x in (False, True) for y in (False, True)]
+    if "other" in namespace:
+        found += [namespace["other"](False), namespace["other"](True)]
+    return found
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(_scripts())
+def test_folding_an_always_true_flag_computes_what_the_original_did(drawn):
+    source, flag, read_as_value, shadowed = drawn
+    result = run_rules(source, "generated.py", RULES)
+    assert result.error is None, result.error
+    fixed = result.source
+    assert _outputs(fixed) == _outputs(source), f"{source}\n---\n{fixed}"
+    assert run_rules(fixed, "generated.py", RULES).source == fixed, "a second run changed it again"
+    run_body = fixed.split("def run", 1)[1].split("def other", 1)[0]
+    assert (flag in run_body) == read_as_value, fixed  # every test folded; a value read stays
+    assert (f"{flag} = True" in fixed) == read_as_value, fixed  # goes once nothing reads it
+    if shadowed:
+        assert f"def other({flag}):\n    if {flag}:" in fixed
