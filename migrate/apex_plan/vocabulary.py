@@ -75,12 +75,16 @@ COMPUTED_LEVEL = (
 HELPER_SOURCE = '''
 
 def _scaler_state_from_apex(state, scaler):
-    """``scaler``'s state from ``state``, which may also be the loss-scaler state of an apex checkpoint."""
+    """``state`` for ``scaler``, read from apex's loss-scaler state where it is one."""
     if "loss_scaler0" not in state:
         return state
     apex_state = state["loss_scaler0"]
-    # apex saved the scale and its unskipped count; growth and backoff stay the scaler's own.
-    return {**scaler.state_dict(), "scale": float(apex_state["loss_scale"]), "_growth_tracker": int(apex_state["unskipped"])}
+    # apex kept the scale and its unskipped count; growth and backoff are the scaler's.
+    return {
+        **scaler.state_dict(),
+        "scale": float(apex_state["loss_scale"]),
+        "_growth_tracker": int(apex_state["unskipped"]),
+    }
 '''
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -1196,3 +1197,11 @@ def test_a_long_flag_in_a_file_of_short_lines_is_wrapped_as_a_formatter_would():
     assert result.error is None and max(len(line) for line in result.new_source.splitlines()) <= 88
     assert "    if (\n        bool(arguments.use_mixed_precision_for_the_training_runs_of_this_model)\n        and (lvl not in" in result.new_source
     compile(result.new_source, "train.py", "exec")
+
+
+def test_the_helper_that_reads_old_apex_checkpoints_fits_88_columns():
+    source = (Path(__file__).resolve().parents[2] / "fixtures" / "migrate" / "state_dict_checkpoint.in.py").read_text()
+    result = migrate_source(source, "train.py")
+    assert result.error is None and "def _scaler_state_from_apex(" in result.new_source
+    helper = result.new_source.split("def _scaler_state_from_apex(")[1].split("\n\n\n")[0]
+    assert max(len(line) for line in helper.splitlines()) <= 88, helper
