@@ -75,7 +75,7 @@ COMPUTED_LEVEL = (
 HELPER_SOURCE = '''
 
 def _scaler_state_from_apex(state, scaler):
-    """``state`` for ``scaler``, read from apex's loss-scaler state where it is one."""
+    """``state`` for ``scaler``, converted where it is apex's loss-scaler state."""
     if "loss_scaler0" not in state:
         return state
     apex_state = state["loss_scaler0"]
