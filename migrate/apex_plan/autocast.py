@@ -19,6 +19,7 @@ from migrate.apex_plan.vocabulary import (
     INITIALIZE,
     InitializeSite,
     ScaleLossSite,
+    alias_present,
     as_bool,
     grouped_text,
 )
@@ -171,13 +172,8 @@ class AutocastPlanning(Step):
 
     @staticmethod
     def _alias_enabled(alias: str) -> str:
-        """Whether what received the scaler has an enabled one: it may be None (``def run(...,
-        amp=None)``), and an attribute of another object may never have been set (``args.amp =
-        amp`` only under ``if args.fp16:``), where the region runs all the same."""
-        owner, _, attribute = alias.rpartition(".")
-        if owner and owner != "self":
-            return f'getattr({owner}, "{attribute}", None) is not None and {alias}.is_enabled()'
-        return f"{alias} is not None and {alias}.is_enabled()"
+        """Whether what received the scaler has an enabled one (the region runs all the same)."""
+        return f"{alias_present(alias)} and {alias}.is_enabled()"
 
     def _wrap(self, statements: list[cst.BaseStatement], scale: ScaleLossSite, loss: str) -> None:
         # Stop at the last statement that computes the loss or calls the model: what follows

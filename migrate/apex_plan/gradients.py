@@ -19,6 +19,7 @@ from migrate.apex_plan.vocabulary import (
     SCALED_READER_MARK,
     ScaleLossSite,
     Unplannable,
+    alias_present,
 )
 from migrate.step_model.vocabulary import reads_gradients_in
 
@@ -166,6 +167,9 @@ class GradientPlanning(Step):
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);
         ``marker``, where that is not how apex ran them, is left as a ``TODO(ampmigrate)`` on each."""
         factor = f"{self.scaler_of(scale.call)}.get_scale()"
+        if id(scale.call) in self.sites.alias_of:  # the receiver may be None where amp was off: scale 1
+            alias = self.sites.alias_of[id(scale.call)]
+            factor = f"({alias}.get_scale() if {alias_present(alias)} else 1.0)"
         masters = {id(call): call for call in self.sites.calls["master_params"]}
         for clip in clips:
             params = clip.args[0].value if clip.args and clip.args[0].keyword is None else None

@@ -66,6 +66,16 @@ def fitted_conjunction(parts: list[str], room: int, depth: int = 0) -> str | Non
     return "(\n" + "".join(f"{inner}{'and ' if i else ''}{p}\n" for i, p in enumerate(grouped)) + f"{outer})"
 
 
+def alias_present(alias: str) -> str:
+    """The test that what received the scaler holds one: it may be None (``def run(...,
+    amp=None)``, ``self.amp = amp if fp16 else None``), and an attribute of another object may
+    never have been set (``args.amp = amp`` only under ``if args.fp16:``)."""
+    owner, _, attribute = alias.rpartition(".")
+    if owner and owner != "self":
+        return f'getattr({owner}, "{attribute}", None) is not None'
+    return f"{alias} is not None"
+
+
 COMPUTED_LEVEL = (
     "the opt_level is computed at run time: O0 and O1 keep their meaning (scaler and autocast are off for O0), "
     "O2 and O3 become O1"

@@ -52,3 +52,16 @@ def test_a_clip_after_a_delayed_pass(clip, tmp_path):
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "unchanged" and outcome.unsafe.startswith("differs: clip")
     assert_rewrites_hold(outcome)
+
+
+def test_a_clip_of_scaled_gradients_through_an_attribute_that_is_none_when_off(tmp_path):
+    """Found by the bench (1,000 scripts, seed 0, #762): `self.amp` is None when fp16 is off, and a
+    clip on every micro-batch (the step may not follow, so it clips the scaled gradients at the
+    threshold times the scale) must then clip at the bare threshold, not call `None.get_scale()`."""
+    drawn = Features(loss="arms", loop="enumerate", accumulation="plain", boundary="minus_one",
+                     clip="master_params", clip_at="micro_batch", flag="on", import_guard=True,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
+                     amp_via="attribute", early_continue=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary  # both runs: fp16 on, and --no-fp16
+    assert_rewrites_hold(outcome)
