@@ -217,6 +217,11 @@ def _comments(nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Comment]:
             yield from _comments(children(node))
 
 
+def line_limit(module: cst.Module) -> int:
+    """How long a line a fix may write in ``module``: its longest, or 88 if that is shorter."""
+    return max(88, max((len(line) for line in module.code.splitlines()), default=0))
+
+
 def is_docstring(statement: cst.CSTNode) -> bool:
     """A line holding only a string: a module's, class's or function's docstring where it comes first."""
     return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr)

@@ -41,7 +41,7 @@ class FileTree:
     @functools.cached_property
     def line_limit(self) -> int:
         """How long a line the rewrite may write: the file's longest, or 88 if that is shorter."""
-        return max(88, max((len(line) for line in self.module.code.splitlines()), default=0))
+        return nodes.line_limit(self.module)
 
     def per_scope(self, key: tuple, compute: Callable[[], object]):
         """``compute()``, worked out once per ``key``: every site of a function (or of the module,

@@ -7,6 +7,8 @@ top-level statement of the module, of the function before the save, or of ``__in
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -15,10 +17,15 @@ from migrate.tree_walk import descendants
 _KEYS = ("scaler", "grad_scaler", "amp_scaler")
 
 
-def scaler_in_reach(module: cst.Module, call: cst.Call, candidates: list[str]) -> str | None:
-    """The one name among ``candidates`` that holds a GradScaler wherever ``call`` runs."""
-    chain = _ancestors(module, call)
-    if chain is None:
+def scaler_in_reach(call: cst.Call, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None],
+                    candidates: list[str]) -> str | None:
+    """The one name among ``candidates`` that holds a GradScaler wherever ``call`` runs;
+    ``parent_of`` gives a node's parent (the rule's ``ParentNodeProvider``)."""
+    chain = [call]
+    while (parent := parent_of(chain[-1])) is not None:
+        chain.append(parent)
+    chain.reverse()  # from the module down to the call
+    if not isinstance(chain[0], cst.Module):
         return None
     found = [name for name in dict.fromkeys(candidates) if _holds_scaler(chain, name)]
     return found[0] if len(found) == 1 else None
@@ -55,20 +62,6 @@ def one_per_line(saved: cst.Dict, module: cst.Module) -> cst.Dict:
                 for i, e in enumerate(saved.elements)]
     return saved.with_changes(lbrace=cst.LeftCurlyBrace(whitespace_after=line), elements=elements,
                               rbrace=cst.RightCurlyBrace())
-
-
-def _ancestors(module: cst.Module, target: cst.CSTNode) -> list[cst.CSTNode] | None:
-    """The nodes from ``module`` down to ``target``, both included."""
-    path: list[cst.CSTNode] = []
-
-    def search(node: cst.CSTNode) -> bool:
-        path.append(node)
-        if node is target or any(search(child) for child in node.children):
-            return True
-        path.pop()
-        return False
-
-    return path if search(module) else None
 
 
 def _holds_scaler(chain: list[cst.CSTNode], name: str) -> bool:

@@ -1,8 +1,10 @@
 """AMP107: a checkpoint with the model's and the optimizer's state but not the scaler's."""
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
-from libcst.metadata import PositionProvider
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import FixSafety, Invalid, Valid
@@ -122,6 +124,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
     FIX = "adds scaler.state_dict() to the checkpoint's dict"
     MESSAGE = "the checkpoint saves the model and the optimizer but not the GradScaler's state"
     TRIGGERS = ("GradScaler",)  # only where the file creates one
+    METADATA_DEPENDENCIES = (*TrainingStepRule.METADATA_DEPENDENCIES, ParentNodeProvider)  # the fix's scope walk
     FIX_SAFETY = FixSafety.ALWAYS
 
     VALID = [
@@ -218,7 +221,8 @@ class CheckpointWithoutScaler(TrainingStepRule):
         if not isinstance(saved, cst.Dict):
             return {}
         used = sorted({b.scaler for b in steps.of(Kind.BACKWARD) if b.scaler})
-        scaler = scaler_in_reach(model.module, call, used or sorted(model.facts.scalers))
+        parent_of = functools.partial(self.get_metadata, ParentNodeProvider, default=None)
+        scaler = scaler_in_reach(call, parent_of, used or sorted(model.facts.scalers))
         if scaler is None:
             return {}
         grown = with_scaler_entry(saved, scaler, model.module)
@@ -226,8 +230,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
             return {}
         fixed = call.with_changes(args=[call.args[0].with_changes(value=grown), *call.args[1:]])
         text = model.module.code_for_node(fixed)
-        room = max(88, max((len(line) for line in model.module.code.splitlines()), default=0))
-        if "\n" not in text and self.get_metadata(PositionProvider, call).start.column + len(text) > room:
+        if "\n" not in text and self.get_metadata(PositionProvider, call).start.column + len(text) > nodes.line_limit(model.module):
             grown = one_per_line(grown, model.module)  # as a person would break it
             fixed = call.with_changes(args=[call.args[0].with_changes(value=grown), *call.args[1:]])
         return {"replacement": fixed,
