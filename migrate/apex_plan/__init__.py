@@ -36,7 +36,8 @@ dependence: no import cycle):
   ``master_params``), ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``autocast`` (the region around the forward pass),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
-  to a function or kept on an object, and what receives it), ``module_reads`` (apex's
+  to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
+  handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global), ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
   ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
   of apex amp, planned with the facts of the other half, ``migrate.halves``).

@@ -43,7 +43,10 @@ class AutocastPlanning(Step):
             return
         callers = self._callers_handing(scale)
         # The callers' autocast may ask the scaler whether it is on: it must be visible there.
-        visible = not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module")
+        visible = not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module") or (
+            self.setup.scope == "parameter"
+            and all(self.tree.function(s) in self.setup.scaler_receivers or self.tree.inside(s, self.setup.scaler_maker)
+                    for s, _ in callers))
         if callers and visible and id(scale.call) not in self.sites.alias_of and not any(self.draft.touched(s) for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):

@@ -14,6 +14,7 @@ from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
+from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
@@ -151,9 +152,16 @@ class Planner:
         hoist, in_block = None, False
         if init is not None and not o0:  # O0: no scaler
             hoist, stand_in, in_block = initialize.hoist_guard(init, scaler_sites, scaler, scope, stand_in)
-        # A scaler assigned through `global` exists only once its function ran: a disabled one
-        # stands in at module level until then, as apex did nothing before `initialize`.
-        if scope == "global" and not o0 and self.tree.import_anchor() is not None:
+        # The function making the scaler hands it to the functions using it, where it can;
+        # else a scaler assigned through `global` exists only once its function ran: a disabled
+        # one stands in at module level until then, as apex did nothing before `initialize`.
+        receivers = None
+        if scope == "global" and not o0 and stand_in is None:
+            made_at = hoist if hoist is not None else init.statement
+            receivers = ScalerParameterPlanning(reading).receivers(self.tree.function(init.statement), made_at, scaler_sites)
+        if receivers is not None:
+            scope = "parameter"
+        elif scope == "global" and not o0 and self.tree.import_anchor() is not None:
             stand_in = "module"
         elif scope == "module" and not o0 and init is not None:
             # Created inside `if __name__ == "__main__":`: functions read it, maybe after an import.
@@ -177,6 +185,8 @@ class Planner:
             guard_test=nodes.code(hoist.test) if hoist is not None else None,
             model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
             receiver_calls=receiver_calls or (),
+            scaler_receivers=receivers or (),
+            scaler_maker=self.tree.function(init.statement) if receivers else None,
         ))
         initialize, steps, gradients = InitializePlanning(writing), StepPlanning(writing), GradientPlanning(writing)
         module_reads = ModuleReadPlanning(writing)
@@ -240,6 +250,8 @@ class Planner:
             arguments = ", ".join(['"cuda"', *partner_args])
             self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
             self.draft.half_facts = {"scaler": self.setup.scaler}
+        if self.setup.scaler_receivers:
+            ScalerParameterPlanning(writing).plan_parameters()
         if not self.setup.o0:
             autocast = AutocastPlanning(writing)
             for scale in scales:

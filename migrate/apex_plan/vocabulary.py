@@ -232,7 +232,7 @@ class Setup:
     level: str | None = None  # "O0".."O3", None when computed at run time
     o0: bool = True  # no scaling: no scaler is made (but one standing in for saved state)
     scaler: str | None = None  # the GradScaler's name (`scaler`, `self.scaler`)
-    scope: str = "none"  # where it lives: "self", "local", "global", "module" or "none"
+    scope: str = "none"  # where it lives: "self", "local", "global", "module", "parameter" or "none"
     stand_in: str | None = None  # a disabled scaler made first, until initialize's code runs: "module", "init", "local"
     in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
@@ -242,6 +242,9 @@ class Setup:
     model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
     # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
     receiver_calls: tuple[tuple[str, cst.Call], ...] = ()
+    # scope "parameter": the functions the one making the scaler hands it to (`train(..., scaler=scaler)`)
+    scaler_receivers: tuple[cst.FunctionDef, ...] = ()
+    scaler_maker: cst.FunctionDef | None = None  # and the function that makes it
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:

@@ -3,7 +3,8 @@
 Safe only where the scaler is certain to exist when the checkpoint is written: every binding of
 its name that the save can see makes a GradScaler, and one of them runs first on every path (a
 top-level statement of the module, of the function before the save, or of ``__init__`` for
-``self.scaler``). A parameter, a scaler made in a branch, or one local to another function: no fix.
+``self.scaler``), or it is a parameter annotated as a GradScaler, with no default. Any other
+parameter, a scaler made in a branch, or one local to another function: no fix.
 """
 from __future__ import annotations
 
@@ -71,8 +72,12 @@ def _holds_scaler(chain: list[cst.CSTNode], name: str) -> bool:
     if not name.isidentifier():
         return False
     for function in reversed(functions):
-        if isinstance(function, cst.Lambda) or _parameter(function, name):
+        if isinstance(function, cst.Lambda):
             return False
+        taken = _parameter(function, name)
+        if taken is not None:  # `scaler: torch.amp.GradScaler`, with no default: every caller passes one
+            return (taken.default is None and taken.annotation is not None
+                    and nodes.code(taken.annotation.annotation).endswith("GradScaler"))
         bound = _bindings(function.body, name)
         if _declares_global(function, name):
             break
@@ -156,11 +161,11 @@ def _made_first(body, bound: list[cst.CSTNode], chain: list[cst.CSTNode], *, lat
     return min(made) < holding
 
 
-def _parameter(function: cst.FunctionDef, name: str) -> bool:
+def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
     params = function.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
     every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    return any(p.name.value == name for p in every)
+    return next((p for p in every if p.name.value == name), None)
 
 
 def _declares_global(function: cst.FunctionDef, name: str) -> bool:

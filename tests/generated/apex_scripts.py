@@ -39,6 +39,9 @@ class Features:
     register_half: bool = False  # amp.register_half_function(torch, "einsum"), einsum in the model
     finite_guard: bool = False  # the step only `if math.isfinite(norm)` of a clip's norm (a clip is made)
     overflow: bool = False  # one batch of infinities mid-run: the scale is lowered and the step skipped
+    loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
+    #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
+    #                        default, passed by keyword) | closure (a `def train` inside main)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -60,6 +63,8 @@ def _coherent(f: Features) -> Features:
     if f.holder == "function":
         f = replace(f, amp_via="parameter" if f.amp_via == "attribute" else f.amp_via,
                     loss="helper" if f.loss == "method" else f.loss)
+    if f.holder != "function" or f.amp_via != "module":
+        f = replace(f, loop_in="main")
     return f
 
 
@@ -84,6 +89,7 @@ def features():
         register_half=st.booleans(),
         finite_guard=st.booleans(),
         overflow=st.booleans(),
+        loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
     ).map(_coherent)
 
 
@@ -288,6 +294,16 @@ def _main_and_training(f: Features) -> str:
         train = [f"def train({params}):", *_indent(["losses = []", *training])]
         main.append(f"train({params})")
         return "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
+    if f.loop_in != "main":  # the loop in a function of its own, reading the global `amp`
+        held = f"{optimizer}s" if f.optimizers == "two" else optimizer
+        params = f"{model}, {held}, batches{', use_amp' if s.use_amp else ''}"
+        signature, call = params, params
+        if f.loop_in == "defaults":
+            signature, call = params + ", log_every=0", params + ", log_every=4"
+        train = [f"def train({signature}):", *_indent(["losses = []", *training])]
+        if f.loop_in == "closure":
+            return "def main():\n" + "\n".join(_indent([*main, *train, f"train({call})"]))
+        return "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent([*main, f"train({call})"]))
     main += ["losses = []", *training]
     return "def main():\n" + "\n".join(_indent(main))
 

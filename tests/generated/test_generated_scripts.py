@@ -5,7 +5,9 @@ carries a ``TODO(ampmigrate)`` marker. CI runs this fixed sample of the generato
 per feature."""
 import pytest
 
-from generated.apex_scripts import Features
+from migrate.api import migrate_source
+
+from generated.apex_scripts import Features, script
 from generated.judge import judge
 
 SAMPLE = [
@@ -64,4 +66,21 @@ def test_a_clip_of_scaled_gradients_through_an_attribute_that_is_none_when_off(t
                      amp_via="attribute", early_continue=True)
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary  # both runs: fp16 on, and --no-fp16
+    assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("loop_in", ["function", "defaults", "closure"])
+def test_the_scaler_goes_to_the_training_function_as_a_parameter(loop_in, tmp_path):
+    """The loop in a function of its own reading the global `amp`: main makes the GradScaler and
+    hands it over (`train(..., scaler=scaler)`; a function inside main sees it already), no
+    `global scaler`, and it trains the same, the flag on and off."""
+    drawn = Features(loss="helper", loop="range", accumulation="none", boundary="plus_one",
+                     clip="master_params", clip_at="boundary", flag="off", import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), checkpoint=True,
+                     loop_in=loop_in)
+    rewritten = migrate_source(script(drawn), filename="train.py").new_source
+    assert "global scaler" not in rewritten and "enabled=False" not in rewritten, rewritten
+    assert ("scaler=scaler" in rewritten) == (loop_in != "closure"), rewritten
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)

@@ -16,7 +16,7 @@ from migrate.rules import all_rules
 RULES = all_rules()
 
 # Where the scaler is made, as seen from the function that writes the checkpoint.
-SAFE_PLACES = ("local", "module", "global_statement", "init")
+SAFE_PLACES = ("local", "module", "global_statement", "init", "annotated_parameter")
 UNSAFE_PLACES = ("branch", "parameter", "other_function", "reset_elsewhere")
 
 
@@ -53,10 +53,12 @@ def _script(place: str, dict_form: str, saver: str, quote: str, extra: int) -> s
         "global_statement": "global scaler\n" + make + "\n" + loop,
         "branch": "if len(batches) > 0:\n    " + make + "\n" + loop,
         "parameter": loop,
+        "annotated_parameter": loop,
         "other_function": make + "\n" + loop + "keep(model, optimizer, path)\n",
         "reset_elsewhere": loop,
     }[place]
-    parameters = "model, optimizer, batches, path" + (", scaler" if place == "parameter" else "")
+    parameters = "model, optimizer, batches, path" + {
+        "parameter": ", scaler", "annotated_parameter": ", scaler: torch.amp.GradScaler"}.get(place, "")
     text = head + (make + "\n\n\n" if place in ("module", "global_statement", "reset_elsewhere") else "")
     if place == "reset_elsewhere":  # never called here, but the name may be None at the save
         text += "def reset():\n    global scaler\n    scaler = None\n\n\n"
@@ -64,7 +66,7 @@ def _script(place: str, dict_form: str, saver: str, quote: str, extra: int) -> s
         text += "def keep(model, optimizer, path):\n" + textwrap.indent(save, "    ") + "\n\n"
         return text + f"def run({parameters}):\n" + textwrap.indent(body, "    ")
     text += f"def run({parameters}):\n" + textwrap.indent(body + save, "    ")
-    if place == "parameter":
+    if place in ("parameter", "annotated_parameter"):
         text += "\n\n_run = run\n\n\ndef run(model, optimizer, batches, path):\n" \
                 "    _run(model, optimizer, batches, path, torch.amp.GradScaler(\"cpu\"))\n"
     return text

@@ -1,0 +1,168 @@
+"""The GradScaler handed to the functions that use it, as a person would write it: where
+``main()`` ran ``amp.initialize`` and ``train()`` scaled the loss, ``main`` makes the scaler and
+calls ``train(..., scaler=scaler)``, and ``train`` takes ``*, scaler: torch.amp.GradScaler``,
+instead of a module global assigned through ``global scaler`` and a disabled one standing in at
+module level until ``main`` has run.
+
+Only where the file shows every way the scaler travels: each function using it is a plain
+module-level function, undecorated, defined once, and named nowhere but in calls made by the
+function that makes the scaler, after the statement that makes it (a top-level statement of that
+function, so the scaler exists at every such call); or a function defined inside that one, which
+sees the scaler already, defined or called there after it is made. Anything else keeps the global.
+"""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.vocabulary import SCALE_LOSS
+from migrate.tree_walk import descendants
+
+_NO_SPACE = cst.SimpleWhitespace("")
+_SPACE = cst.SimpleWhitespace(" ")
+
+
+class ScalerParameterPlanning(Step):
+    """Whether the scaler can be handed on as a parameter (``receivers``), and the edits that
+    do it (``plan_parameters``): a keyword-only parameter on each receiver, a keyword argument
+    at each of its calls."""
+
+    def receivers(self, maker: cst.FunctionDef | None, made_at: cst.CSTNode,
+                  sites: list[cst.CSTNode]) -> tuple[cst.FunctionDef, ...] | None:
+        """The functions to hand the scaler made by ``made_at`` (a statement of ``maker``) to;
+        None where one of them could be reached another way. A function nested in ``maker``
+        sees its scaler already: it only has to be called after ``made_at``."""
+        if maker is None or self.tree.parent.get(id(made_at)) is not maker.body:
+            return None
+        users = list({id(f): f for f in (self.tree.function(site) for site in sites) if f is not maker}.values())
+        if not users or None in users:
+            return None
+        receiving = [user for user in users if not self._nested_in(user, maker)]
+        if not all(self._plain_function(user) for user in receiving):
+            return None
+        after = self.tree.order[id(made_at)]
+        for user in users:
+            if user not in receiving and self.tree.order[id(user)] > after:
+                continue  # defined after the scaler is made: however it is called, it sees it
+            calls = self._references(user.name.value, self.tree.parent.get(id(user)))
+            if not calls or any(call is None or not self.tree.inside(call, maker)
+                                or self.tree.order[id(self.tree.statement(call))] <= after for call in calls):
+                return None
+        return tuple(receiving)
+
+    def _nested_in(self, function: cst.FunctionDef, maker: cst.FunctionDef) -> bool:
+        """Defined inside ``maker``, through functions only (a class there has its own scope)."""
+        node = self.tree.parent.get(id(function))
+        while node is not None and node is not maker:
+            if isinstance(node, (cst.ClassDef, cst.Lambda)):
+                return False
+            node = self.tree.parent.get(id(node))
+        return node is maker
+
+    def plan_parameters(self) -> None:
+        scaler = self.setup.scaler
+        for user in self.setup.scaler_receivers:
+            parameter = cst.Param(cst.Name(scaler), annotation=cst.Annotation(cst.parse_expression("torch.amp.GradScaler"),
+                                                                           whitespace_before_indicator=_NO_SPACE))
+            positional = [*user.params.posonly_params, *user.params.params]
+            separator = self._separator(positional, len(f", *, {scaler}: torch.amp.GradScaler):"))
+            self.draft.replace(user.params, _with_parameter(user.params, parameter, separator))
+            self.draft.kind(user.params, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler that replaces `amp.initialize`",
+                            f"Take it as the parameter `{scaler}`")
+            for call in self._references(user.name.value, self.tree.module):
+                argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
+                                   equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
+                separator = self._separator(list(call.args), len(f", {scaler}={scaler})"))
+                self.draft.replace(call, call.with_changes(args=_appended(list(call.args), argument, separator)))
+                self.draft.kind(call, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler made here",
+                                f"Pass it on: `{scaler}={scaler}`")
+
+    def _separator(self, items: list, added: int) -> cst.Comma:
+        """The comma after the last of ``items`` (arguments or parameters) where something is
+        added after it: a line break, aligned with the first item on its line, where ``added``
+        more characters would pass the file's line length."""
+        plain = cst.Comma(whitespace_after=_SPACE)
+        if not items:
+            return plain
+        end = self.tree.provider.get_metadata(PositionProvider, items[-1]).end
+        if end.column + added <= self.tree.line_limit:
+            return plain
+        first = next(item for item in items if self.tree.line(item) == end.line)
+        column = self.tree.line_indent(first) - self.tree.line_indent(self.tree.statement(first))
+        return cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * column)))
+
+    def _plain_function(self, function: cst.FunctionDef) -> bool:
+        if self.tree.parent.get(id(function)) is not self.tree.module or function.decorators or function.params.posonly_params:
+            return False
+        name = function.name.value
+        definitions = [s for s in self.tree.module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == name]
+        return len(definitions) == 1 and name not in self.tree.assigned and name not in self.tree.imports
+
+    def _references(self, name: str, scope: cst.CSTNode) -> list[cst.Call | None]:
+        """Every use of ``name`` in the file but its definitions: the call it is the callee of,
+        or None where it is read any other way (handed on, stored, rebound, declared global) or
+        defined twice in ``scope``, the block its function is defined in."""
+        def answer() -> list[cst.Call | None]:
+            found: list[cst.Call | None] = []
+            definitions = 0
+            for node in descendants(self.tree.module):
+                if type(node) is cst.Name and node.value == name:
+                    holder = self.tree.parent.get(id(node))
+                    if isinstance(holder, cst.FunctionDef) and holder.name is node:
+                        definitions += self.tree.parent.get(id(holder)) is scope
+                        continue
+                    if isinstance(holder, cst.Attribute) and holder.attr is node:
+                        continue  # `obj.train(...)`: another object's attribute
+                    if isinstance(holder, cst.Arg) and holder.keyword is node:
+                        continue  # `f(train=...)`: a keyword
+                    found.append(holder if isinstance(holder, cst.Call) and holder.func is node else None)
+            return found if definitions == 1 else [None]
+        return self.tree.per_scope(("references", name, id(scope)), answer)
+
+
+def _with_parameter(params: cst.Parameters, new: cst.Param, separator: cst.Comma) -> cst.Parameters:
+    """``params`` taking ``new`` too: last, or keyword-only after parameters with defaults
+    (``def train(model, amp=False, *, scaler)``), before ``**kwargs``; ``separator`` follows
+    the last parameter before it, unless that one has a trailing comma (one parameter a line),
+    whose layout the new one follows."""
+    star = params.star_arg if isinstance(params.star_arg, (cst.Param, cst.ParamStar)) else None
+    keyword_only = (star is not None or bool(params.kwonly_params) or params.star_kwarg is not None
+                    or any(param.default is not None for param in params.params))
+    if params.star_kwarg is not None:  # before `**kwargs`: the commas there stay as they are
+        return params.with_changes(kwonly_params=[*params.kwonly_params, new]) if star is not None \
+            else params.with_changes(star_arg=cst.ParamStar(), kwonly_params=[*params.kwonly_params, new])
+    fields = [("params", params.params), ("star_arg", [star] if star is not None else []), ("kwonly_params", params.kwonly_params)]
+    elements = [element for _, found in fields for element in found]
+    if not elements:
+        return params.with_changes(params=[new])
+    last_field = next(name for name, found in reversed(fields) if found)
+    last = elements[-1]
+    if isinstance(last.comma, cst.Comma):
+        between = next((e.comma for e in reversed(elements[:-1]) if isinstance(e.comma, cst.Comma)), separator)
+        before, new = between, new.with_changes(comma=last.comma)
+    else:
+        before = separator
+    if last_field == "star_arg":
+        params = params.with_changes(star_arg=last.with_changes(comma=before))
+    else:
+        found = list(getattr(params, last_field))
+        params = params.with_changes(**{last_field: [*found[:-1], found[-1].with_changes(comma=before)]})
+    if not keyword_only:
+        return params.with_changes(params=[*params.params, new])
+    if star is None:
+        star_comma = before if isinstance(last.comma, cst.Comma) else cst.Comma(whitespace_after=_SPACE)
+        return params.with_changes(star_arg=cst.ParamStar(comma=star_comma), kwonly_params=[new])
+    return params.with_changes(kwonly_params=[*params.kwonly_params, new])
+
+
+def _appended(items: list, new, separator: cst.Comma) -> list:
+    """``items`` (arguments or parameters) with ``new`` last, after ``separator``; a trailing
+    comma (one item a line) stays last."""
+    if not items:
+        return [new]
+    last = items[-1]
+    if isinstance(last.comma, cst.Comma):
+        between = items[-2].comma if len(items) > 1 and isinstance(items[-2].comma, cst.Comma) else last.comma
+        return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
+    return [*items[:-1], last.with_changes(comma=separator), new]
