@@ -222,6 +222,18 @@ def line_limit(module: cst.Module) -> int:
     return max(88, max((len(line) for line in module.code.splitlines()), default=0))
 
 
+def one_argument_a_line(call: cst.Call, indent: str) -> cst.Call:
+    """``call`` with each argument on a line of its own, ``indent`` deeper than the statement,
+    with a trailing comma and the closing parenthesis under the statement, as a formatter lays
+    out a call too long for one line."""
+    line = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
+    closing = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(""))
+    args = [arg.with_changes(comma=cst.Comma(whitespace_after=closing if index == len(call.args) - 1 else line),
+                             whitespace_after_arg=cst.SimpleWhitespace(""))
+            for index, arg in enumerate(call.args)]
+    return call.with_changes(whitespace_before_args=line, args=args)
+
+
 def is_docstring(statement: cst.CSTNode) -> bool:
     """A line holding only a string: a module's, class's or function's docstring where it comes first."""
     return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr)

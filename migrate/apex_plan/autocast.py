@@ -215,6 +215,15 @@ class AutocastPlanning(Step):
     def _under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
         """``with torch.autocast(...):`` holding ``statements``, with the lines that stood above the first."""
         head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.tree.module)[0]
+        if self.tree.line_indent(statements[0]) + len(nodes.code(head).splitlines()[0]) > self.tree.line_limit:
+            # `with torch.autocast(` / its arguments on one line, or one a line / `):`, as a formatter writes it
+            call = head.items[0].item
+            indent = self.tree.module.default_indent
+            arguments = ", ".join(nodes.code(arg).rstrip(", ") for arg in call.args)
+            room = self.tree.line_limit - self.tree.line_indent(statements[0]) - len(indent)
+            layout = f"\n{indent}{arguments}\n" if len(arguments) <= room else "".join(
+                f"\n{indent}{nodes.code(arg).rstrip(', ')}," for arg in call.args) + "\n"
+            head = nodes.parse_statements(f"with torch.autocast({layout}):\n    pass\n", self.tree.module)[0]
         body = [nodes.with_leading(statements[0], cst.SimpleStatementLine([])), *statements[1:]]
         return head.with_changes(body=head.body.with_changes(body=body), leading_lines=statements[0].leading_lines)
 

@@ -100,7 +100,8 @@ class Draft:
             replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
         placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
         indent = self.tree.line_indent(statement)
-        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 2), break_on_hyphens=False)
+        # within 88 columns with the indent and `#   ` (a continuation's prefix, the longer one)
+        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 4), break_on_hyphens=False)
         comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
         placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
         self.replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])

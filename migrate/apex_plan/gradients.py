@@ -22,6 +22,7 @@ from migrate.apex_plan.vocabulary import (
     alias_present,
 )
 from migrate.step_model.vocabulary import reads_gradients_in
+from migrate.tree_walk import descendants
 
 
 class GradientPlanning(Step):
@@ -177,7 +178,7 @@ class GradientPlanning(Step):
             if isinstance(params, cst.Call) and id(params) in masters:
                 generator = self._master_params_generator(params)
                 self.draft.master_params_in_clips.add(id(params))
-            new = grad_readers.scale_aware(clip, factor, self.tree.parent.get(id(clip)), generator, self.tree.module)
+            new = self._laid_out(clip, grad_readers.scale_aware(clip, factor, self.tree.parent.get(id(clip)), generator, self.tree.module))
             # Marked `# noqa: AMP101`: it reads scaled gradients, and rightly (AMP101 offers no fix
             # there, as no step may follow). One mark per statement.
             node, statement = clip, self.tree.statement(clip)
@@ -272,7 +273,10 @@ class GradientPlanning(Step):
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
             self.draft.kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
             if self.setup.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
-                self.draft.replace(call, generator)
+                # in the block, its statement gets AMP101's mark on its first line: the call stays as laid out
+                node, new = (call, generator) if in_block else self._fitted(call, generator)
+                self.draft.replace(node, new)
+                self.draft.kind(node, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
                 if inspects_grads and not self.setup.o0 and not already:
                     self.draft.unsafe_at(call, "gradients are read in a compound statement: call `scaler.unscale_(optimizer)` before it")
                 continue
@@ -280,7 +284,7 @@ class GradientPlanning(Step):
                 raise Unplannable(call, "gradients are read in a nested block before this: unscale once, by hand")
             done.append(blocks[0])
             unscale = nodes.parse_statements(f"{self.scaler_of(call)}.unscale_({opt})\n", self.tree.module)[0]
-            updated = statement.deep_replace(call, generator)
+            updated = statement.deep_replace(*self._fitted(call, generator))
             new = cst.FlattenSentinel([nodes.with_leading(unscale, statement), updated.with_changes(leading_lines=())])
             self.draft.replace(statement, new)
             self.draft.kind(statement, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", f"Call `{self.setup.scaler}.unscale_({opt})` first and use the optimizer's parameters")
@@ -294,6 +298,38 @@ class GradientPlanning(Step):
         if isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) == 1 and arg.keyword is None:
             generator = generator.with_changes(lpar=[], rpar=[])
         return generator
+
+    def _fitted(self, call: cst.Call, generator: cst.BaseExpression) -> tuple[cst.CSTNode, cst.CSTNode]:
+        """What to replace, and with what, to put ``generator`` where ``call`` stood: the call
+        alone, or the call holding it (``clip_grad_norm_(...)``) laid out one argument a line,
+        where its line would grow past the file's line length."""
+        arg = self.tree.parent.get(id(call))
+        outer = self.tree.parent.get(id(arg))
+        if not (isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) > 1):
+            return call, generator
+        line = self.tree.line(call)
+        text = self.tree.module.code.splitlines()[line - 1] if line is not None else ""
+        grown = len(text) + len(nodes.code(generator)) - len(nodes.code(call))
+        if grown <= self.tree.line_limit or any(isinstance(node, cst.Comment) for node in descendants(outer)):
+            return call, generator  # it fits; or a comment is kept where it was written
+        return outer, nodes.one_argument_a_line(outer.deep_replace(call, generator), self.tree.module.default_indent)
+
+    def _laid_out(self, clip: cst.Call, new: cst.BaseExpression) -> cst.BaseExpression:
+        """``new`` (in place of ``clip``) with the clip's arguments one a line, where a line of its
+        statement would pass the file's line length (and no comment sits inside the clip)."""
+        statement = self.tree.statement(clip)
+        if any(isinstance(node, cst.Comment) for node in descendants(clip)):
+            return new
+        indent = self.tree.line_indent(statement)
+        lines = [line for line in nodes.code(statement.deep_replace(clip, new)).splitlines() if not line.lstrip().startswith("#")]
+        mark = len("  # noqa: AMP101")  # the first line ends with it
+        if max(indent + len(line) + (mark if index == 0 else 0) for index, line in enumerate(lines)) <= self.tree.line_limit:
+            return new
+        called = nodes.code(clip.func)
+        inner = next((node for node in descendants(new) if isinstance(node, cst.Call) and nodes.code(node.func) == called), None)
+        if inner is None or len(inner.args) < 2:
+            return new
+        return new.deep_replace(inner, nodes.one_argument_a_line(inner, self.tree.module.default_indent))
 
     def feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
         """Whether the parameters go into something that reads gradients (clipping, norms)."""

@@ -1,6 +1,8 @@
 """Small questions the plan asks of a statement or an expression, on its syntax alone."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -114,8 +116,15 @@ def loop_exit(statement: cst.CSTNode) -> cst.CSTNode | None:
 
 def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:
     """``statement`` with ``text`` (a ``# ...`` comment) at the end of its first line, after any
-    comment already there: where a ``# noqa`` for a finding on the statement goes. Nodes whose
-    id is in ``keep`` stay the same objects (a rewrite planned for them finds them)."""
+    comment already there: where a ``# noqa`` for a finding on the statement goes; the reason
+    after a ``# noqa: CODE`` goes on a comment line of its own above, so the line stays as long
+    as it was. Nodes whose id is in ``keep`` stay the same objects (a rewrite planned for them
+    finds them)."""
+    noqa = re.fullmatch(r"(# noqa: [A-Z]+[0-9]+) (.+)", text)
+    if noqa is not None:
+        text = noqa.group(1)
+        above = cst.EmptyLine(comment=cst.Comment(f"# {noqa.group(2)}"))
+        statement = statement.with_changes(leading_lines=[*statement.leading_lines, above])
 
     def joined(trailing: cst.TrailingWhitespace) -> cst.TrailingWhitespace:
         comment = f"{trailing.comment.value}  {text}" if trailing.comment else text

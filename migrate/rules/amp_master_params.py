@@ -51,7 +51,10 @@ for x in loader:
         loss = model(x)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)
+    torch.nn.utils.clip_grad_norm_(
+        (p for group in optimizer.param_groups for p in group["params"]),
+        1.0,
+    )
     scaler.step(optimizer)
     scaler.update()
 """,
@@ -94,7 +97,10 @@ class Trainer:
             loss = self.model(x)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_value_((p for group in self.optimizer.param_groups for p in group["params"]), 0.5)
+        torch.nn.utils.clip_grad_value_(
+            (p for group in self.optimizer.param_groups for p in group["params"]),
+            0.5,
+        )
         self.scaler.step(self.optimizer)
         self.scaler.update()
 """,

@@ -1,6 +1,8 @@
 """Gradients read where the step may not follow: clips become scale-aware, other reads stay unsafe."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from migrate.api import migrate_source
@@ -19,6 +21,11 @@ for step, batch in enumerate(loader):
         optimizer.step()
         optimizer.zero_grad()
 """
+
+
+def _flat(code: str) -> str:
+    """``code`` without comments, white space or trailing commas: its tokens, however laid out."""
+    return "".join(re.sub(r"#[^\n]*", "", code).split()).replace(",)", ")")
 
 
 def _migrate(read: str, unsafe_fixes: bool = False):
@@ -40,11 +47,14 @@ def _migrate(read: str, unsafe_fixes: bool = False):
 ])
 def test_a_clip_at_every_micro_batch_becomes_scale_aware_and_safe(read, expected):
     result = _migrate(read)
-    assert expected in result.new_source
+    # laid out within 88 columns (one argument a line, with a trailing comma, where it would not fit)
+    assert _flat(expected) in _flat(result.new_source)
+    assert max(map(len, result.new_source.splitlines())) <= 88
     assert "unscale_" not in result.new_source  # a second unscale_ before the step would raise
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
     # right on scaled gradients, and marked so: AMP101 reports nothing there, the mark is used
-    assert "  # noqa: AMP101 clips the scaled gradients at the threshold times the scale\n" in result.new_source
+    assert "  # noqa: AMP101\n" in result.new_source
+    assert "    # clips the scaled gradients at the threshold times the scale\n" in result.new_source
     again = migrate_source(result.new_source, "train.py", select=["AMP101", "AMP800"])
     assert again.diagnostics == () and again.new_source == result.new_source
 
@@ -103,7 +113,8 @@ for x in loader:
     optimizer.step()
 """, "train.py")
     assert ("    scaled_loss = scaler.scale(loss)\n    scaled_loss.backward()\n"
+            "    # reads scaled gradients, as apex did inside amp.scale_loss\n"
             '    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)'
-            "  # noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss\n"
+            "  # noqa: AMP101\n"
             "    scaler.step(optimizer)\n") in result.new_source
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
