@@ -180,7 +180,11 @@ def number_value(node: cst.BaseExpression | None) -> float | None:
 def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]:
     """Statements parsed with the file's own indentation and line endings."""
     text = source.replace("    ", module.default_indent).replace("\n", module.default_newline)
-    return list(cst.parse_module(text, config=_parsing_config(module)).body)
+    parsed = cst.parse_module(text, config=_parsing_config(module))
+    body = list(parsed.body)
+    if parsed.header and body:  # comment lines before the first statement are its own, not a file header
+        body[0] = body[0].with_changes(leading_lines=[*parsed.header, *body[0].leading_lines])
+    return body
 
 
 def parse_expression(source: str, module: cst.Module) -> cst.BaseExpression:

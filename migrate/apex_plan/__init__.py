@@ -33,7 +33,8 @@ dependence: no import cycle):
   others are: a repeat, models joined to it, an inference-only copy),
   ``conditions`` (the test a scaled backward ran under, said again at its step),
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
-  ``master_params``), ``steps`` (``scale_loss`` and the optimizer steps after it),
+  ``master_params``; ``optimizer_params``: the model's ``parameters()`` where the
+  optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``autocast`` (the region around the forward pass),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler

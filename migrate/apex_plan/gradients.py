@@ -9,6 +9,7 @@ from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.optimizer_params import model_parameters
 from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
@@ -291,7 +292,12 @@ class GradientPlanning(Step):
 
     def _master_params_generator(self, call: cst.Call) -> cst.BaseExpression:
         """The optimizer's parameters, where ``amp.master_params(optimizer)`` stood."""
-        opt = nodes.code(nodes.argument(call, 0, "optimizer").value)
+        optimizer = nodes.argument(call, 0, "optimizer").value
+        initialize_calls = frozenset(map(id, self.sites.calls["initialize"]))
+        model = model_parameters(self.tree, optimizer, call, initialize_calls) if self.setup.level in ("O0", "O1") else None
+        if model is not None:  # `optimizer = SGD(model.parameters())` in this function: what a person writes
+            return nodes.parse_expression(model, self.tree.module)
+        opt = nodes.code(optimizer)
         generator = nodes.parse_expression(f'(p for group in {opt}.param_groups for p in group["params"])', self.tree.module)
         arg = self.tree.parent.get(id(call))
         outer = self.tree.parent.get(id(arg))

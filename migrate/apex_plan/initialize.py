@@ -241,7 +241,10 @@ class InitializePlanning(Step):
     def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []
         if (self.setup.stand_in == "module") and not reinitialize:
-            self.draft.after_imports.append(f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)  # {StandInPlanning(self.context).until(init)}\n')
+            line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)'
+            until = f"# {StandInPlanning(self.context).until(init)}"
+            fits = len(line) + 2 + len(until) <= self.tree.line_limit
+            self.draft.after_imports.append(f"{line}  {until}\n" if fits else f"{until}\n{line}\n")
         if not self.setup.o0:
             if self.setup.scope == "global" and not reinitialize:
                 lines.append(f"global {self.setup.scaler}")

@@ -303,7 +303,7 @@ class Planner:
         for source in sorted(self.draft.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
             statements = nodes.parse_statements(source, self.tree.module)
             blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
-            added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank), *statements[1:]]
+            added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank + [line for line in statements[0].leading_lines if line.comment]), *statements[1:]]
         if isinstance(added[-1], cst.FunctionDef) and blank_after < 2:  # two blank lines after a def
             footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
             added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))

@@ -19,6 +19,7 @@ from migrate.apex_plan.vocabulary import (
     EACH,
     HOLDS_GRADIENTS,
     PLAIN_STEP_MARK,
+    PLAIN_STEP_REASON,
     SCALE_LOSS,
     SCALE_LOSS_KEYWORDS,
     TRANSPARENT,
@@ -390,7 +391,7 @@ class StepPlanning(Step):
                 body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
                 plain = nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
                 if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition:  # not a test on the backward's own flag
-                    plain += f"  {PLAIN_STEP_MARK}"
+                    plain = f"{PLAIN_STEP_REASON}\n    {plain}  {PLAIN_STEP_MARK}"
                 text = f"if {condition}:\n{body}else:\n    {plain}\n"
                 return nodes.with_leading(nodes.parse_statements(text, self.tree.module)[0], line)
             smalls += new

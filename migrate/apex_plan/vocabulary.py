@@ -301,6 +301,7 @@ SCALED_READER_MARK = "# noqa: AMP101 reads scaled gradients, as apex did inside 
 HOLDS_GRADIENTS = 'any(p.grad is not None for group in {optimizer}.param_groups for p in group["params"])'
 # Put on the plain step of `if <that test>: scaler.step(opt) else: opt.step()`: on that path
 # nothing was scaled, so AMP102 (a step that skips the scaler) must not send it through.
-PLAIN_STEP_MARK = "# noqa: AMP102 nothing was scaled on this path: a plain step, as apex did"
+PLAIN_STEP_MARK = "# noqa: AMP102"  # on the step, its reason on the line above:
+PLAIN_STEP_REASON = "# nothing was scaled on this path: a plain step, as apex did"
 # Put on a clip made scale-aware (threshold times the scale): it works on scaled gradients, rightly.
 SCALE_AWARE_MARK = "# noqa: AMP101 clips the scaled gradients at the threshold times the scale"

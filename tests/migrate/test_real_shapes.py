@@ -946,7 +946,8 @@ def test_a_step_after_a_nan_skip_goes_through_the_scaler_where_the_optimizer_hol
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
     assert ('    if args.amp and any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):\n'
             "        scaler.step(optimizer)\n        scaler.update()\n    else:\n"
-            "        optimizer.step()  # noqa: AMP102 nothing was scaled on this path: a plain step, as apex did\n") in result.new_source
+            "        # nothing was scaled on this path: a plain step, as apex did\n"
+            "        optimizer.step()  # noqa: AMP102\n") in result.new_source
     # the plain step is right on that path: the rewrite passes its own lint, but for the review
     # its unsafe fix asks for in the code
     assert [d.code for d in migrate_source(result.new_source, "train.py", select=["ALL"]).diagnostics] == ["AMP017"]

@@ -1,0 +1,132 @@
+"""Which model's ``parameters()`` an optimizer holds, exactly, where its function shows it.
+
+``amp.master_params(optimizer)`` becomes the optimizer's parameters. Written out, that is
+``(p for group in optimizer.param_groups for p in group["params"])``; a person writes
+``model.parameters()`` where the optimizer was made from exactly those:
+``optimizer = torch.optim.SGD(model.parameters(), lr=0.1)``, the last top-level statement of the
+function reading ``amp.master_params(optimizer)`` to bind it before that, with nothing rebinding ``optimizer`` after
+that but ``amp.initialize`` (which hands the same objects back) and nothing rebinding ``model``
+but ``amp.initialize`` or a ``DistributedDataParallel``/``DataParallel`` wrapper (whose
+``parameters()`` are the wrapped model's, in the same order), and no parameter group added or
+replaced anywhere in the file. Then both yield the same tensors in the same order.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.tree import FileTree
+from migrate.names import qualified_names
+from migrate.tree_walk import descendants
+
+_WRAPPERS = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel",
+                       "torch.nn.parallel.DataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"})
+
+
+def model_parameters(tree: FileTree, optimizer: cst.BaseExpression, site: cst.CSTNode,
+                     initialize_calls: frozenset[int]) -> str | None:
+    """``model.parameters()`` where that is exactly what ``optimizer`` holds at ``site``; None
+    where the function does not show it. ``initialize_calls``: the ids of ``amp.initialize`` calls."""
+    function = tree.function(site)
+    if not isinstance(optimizer, cst.Name) or function is None or _param_groups_changed(tree):
+        return None
+    at = tree.order[id(tree.statement(site))]
+    made = [s for s in function.body.body if tree.order[id(s)] < at and any(
+        not _same_object(tree, binding, optimizer.value, frozenset(), initialize_calls) for binding in _bindings(s, optimizer.value))]
+    construction = made[-1] if made else None  # the last top-level binding before the site but `amp.initialize`
+    model = _optimizer_of(tree, construction) if construction is not None else None
+    if model is None:
+        return None
+    after = tree.order[id(construction)]
+    for name, allowed in ((optimizer.value, ()), (model, _WRAPPERS)):
+        for binding in _bindings(function, name):
+            statement = tree.statement(binding)
+            if statement is construction or not after < tree.order[id(statement)] < at:
+                continue
+            if not _same_object(tree, binding, name, allowed, initialize_calls):
+                return None
+    return f"{model}.parameters()"
+
+
+def _optimizer_of(tree: FileTree, statement: cst.CSTNode) -> str | None:
+    """``model`` where ``statement`` is ``opt = torch.optim.X(model.parameters(), ...)``."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
+        return None
+    call = statement.body[0].value
+    if not isinstance(call, cst.Call) or not any(q.startswith("torch.optim.") for q in _qualified(tree, call.func)):
+        return None
+    params = nodes.argument(call, 0, "params")
+    value = params.value if params is not None else None
+    if not (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "parameters" and isinstance(value.func.value, cst.Name)):
+        return None
+    return value.func.value.value
+
+
+def _same_object(tree: FileTree, binding: cst.CSTNode, name: str, wrappers: frozenset[str],
+                 initialize_calls: frozenset[int]) -> bool:
+    """Whether ``binding`` (an assignment binding ``name``) leaves the same parameters: it is
+    ``amp.initialize``'s result, or ``name = Wrapper(name, ...)``."""
+    if not isinstance(binding, cst.Assign):
+        return False
+    value = binding.value
+    if isinstance(value, cst.Call) and id(value) in initialize_calls:
+        return True
+    if not (wrappers and isinstance(value, cst.Call) and _qualified(tree, value.func) & wrappers):
+        return False
+    first = nodes.argument(value, 0, "module")
+    return (first is not None and isinstance(first.value, cst.Name) and first.value.value == name
+            and all(nodes.code(target.target) == name for target in binding.targets))
+
+
+def _bindings(root: cst.CSTNode, name: str) -> list[cst.CSTNode]:
+    """The statements' small parts that bind ``name`` in ``root`` (an assignment, a loop or
+    ``with`` target, a walrus, a ``global``); nested functions and classes bind their own."""
+    def enter(node: cst.CSTNode) -> bool:
+        return node is root or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+    found: list[cst.CSTNode] = []
+    for node in descendants(root, enter):
+        if isinstance(node, cst.Assign) and any(name in nodes.bound_texts(t.target) for t in node.targets):
+            found.append(node)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and nodes.code(node.target) == name:
+            found.append(node)
+        elif isinstance(node, (cst.For, cst.CompFor)) and name in nodes.bound_texts(node.target):
+            found.append(node)
+        elif isinstance(node, cst.AsName) and name in nodes.bound_texts(node.name):
+            found.append(node)
+        elif isinstance(node, cst.NamedExpr) and nodes.code(node.target) == name:
+            found.append(node)
+        elif isinstance(node, (cst.Global, cst.Nonlocal)) and any(n.name.value == name for n in node.names):
+            found.append(node)
+    return found
+
+
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "add_param_group"})
+
+
+def _param_groups_changed(tree: FileTree) -> bool:
+    """``add_param_group``, or ``param_groups`` (or what it holds) assigned, deleted or grown,
+    anywhere in the file."""
+    for node in descendants(tree.module):
+        if not isinstance(node, cst.Attribute) or node.attr.value not in ("param_groups", "add_param_group"):
+            continue
+        if node.attr.value == "add_param_group":
+            return True
+        top, holder = node, tree.parent.get(id(node))
+        while isinstance(holder, (cst.Subscript, cst.Attribute, cst.SubscriptElement, cst.Index)) or (
+                isinstance(holder, cst.Call) and holder.func is top):
+            if isinstance(holder, cst.Attribute) and holder.attr.value in _MUTATORS:
+                return True
+            top, holder = holder, tree.parent.get(id(holder))
+            if isinstance(top, (cst.SubscriptElement, cst.Index)):
+                break  # `x[param_groups...]`: used as an index, not changed
+        if isinstance(holder, (cst.AssignTarget, cst.Del)) or (
+                isinstance(holder, (cst.AugAssign, cst.AnnAssign)) and holder.target is top):
+            return True
+    return False
+
+
+def _qualified(tree: FileTree, node: cst.CSTNode) -> frozenset[str]:
+    return qualified_names(tree.provider, node)

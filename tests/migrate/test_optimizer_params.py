@@ -1,0 +1,75 @@
+"""``amp.master_params(optimizer)`` becomes ``model.parameters()`` exactly where the optimizer was
+made from them and nothing since changed what either holds; elsewhere the optimizer's own groups.
+Generated variants, run after the rewrite: what the clip is handed is, tensor for tensor and in
+order, what the optimizer steps."""
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from migrate.api import migrate_source
+
+CONSTRUCTIONS = {  # how the optimizer is made from the model's parameters, and the import it needs
+    "dotted": ("torch.optim.SGD(model.parameters(), lr=0.1)", ""),
+    "keyword": ("SGD(params=model.parameters(), lr=0.1)", "from torch.optim import SGD\n"),
+    "module": ("optim.Adam(model.parameters())", "from torch import optim\n"),
+    "submodule": ("torch.optim.SGD(model[0].parameters(), lr=0.1)", ""),  # a part: never the model's
+}
+AFTERWARDS = {  # what runs between the optimizer's construction and the clip; exact: same parameters
+    "nothing": ("", True),
+    "wrapped": ("model = torch.nn.DataParallel(model)\n", True),
+    "other_model": ("model = torch.nn.Sequential(torch.nn.Linear(3, 1))\n", False),
+    "new_optimizer": ("optimizer = torch.optim.SGD(model.parameters(), lr=0.2)\n", True),  # made again
+    "added_group": ("optimizer.add_param_group({\"params\": [extra]})\n", False),
+    "replaced_params": ("optimizer.param_groups[0][\"params\"] = [extra]\n", False),
+    "logged_lr": ("print(optimizer.param_groups[0][\"lr\"])\n", True),
+}
+
+
+def _script(construction: str, afterwards: str, clip_in_loop: bool) -> str:
+    made, imports = CONSTRUCTIONS[construction]
+    clip = "record_clip(amp.master_params(optimizer), 1.0)\n"
+    loop = textwrap.dedent("""\
+        for x, y in batches:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        """) + textwrap.indent(clip, "    " if clip_in_loop else "") + "    optimizer.step()\n" * clip_in_loop
+    if not clip_in_loop:
+        loop += "optimizer.step()\n"
+    body = ("model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))\n"
+            "extra = torch.nn.Parameter(torch.zeros(2))\n"
+            f"optimizer = {made}\n"
+            'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+            + AFTERWARDS[afterwards][0]
+            + "batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(2)]\n"
+            + loop
+            + "return optimizer\n")
+    return ("import torch\n" + imports + "from apex import amp\n\n\n"
+            "def train(record_clip):\n" + textwrap.indent(body, "    "))
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(construction=st.sampled_from(sorted(CONSTRUCTIONS)), afterwards=st.sampled_from(sorted(AFTERWARDS)),
+       clip_in_loop=st.booleans())
+def test_the_models_parameters_stand_for_the_optimizers_exactly_where_it_holds_them(construction, afterwards, clip_in_loop):
+    source = _script(construction, afterwards, clip_in_loop)
+    result = migrate_source(source, "train.py")
+    assert result.error is None, result.error
+    fixed = result.new_source
+    assert "apex" not in fixed, fixed
+    exact = AFTERWARDS[afterwards][1] and (construction != "submodule" or afterwards == "new_optimizer")
+    assert ("record_clip(model.parameters(), 1.0)" in fixed) == exact, fixed
+    assert ("param_groups for p in group" in fixed) == (not exact), fixed
+    handed: list[list[int]] = []
+    namespace: dict = {}
+    exec(compile(fixed, "fixed.py", "exec"), namespace)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a CUDA GradScaler on the CPU disables itself, saying so
+        optimizer = namespace["train"](lambda params, _: handed.append([id(p) for p in params]))
+    stepped = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert handed and all(ids == stepped for ids in handed)
