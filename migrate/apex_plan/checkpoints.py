@@ -34,7 +34,7 @@ class CheckpointPlanning(Step):
             state = nodes.argument(call, 0, "state_dict")
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-            self.draft.replace(call, nodes.parse_expression(f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))", self.tree.module))
+            self.draft.replace(call, self.fitted(call, nodes.parse_expression(f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))", self.tree.module)))
             self.draft.kind(call, STATE_DICT, "`amp.load_state_dict` is apex's loss-scaler state", f"Use `{self.setup.scaler}.load_state_dict(...)`, converting old apex checkpoints")
         if self.sites.calls["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
@@ -81,6 +81,8 @@ class CheckpointPlanning(Step):
                 if state is None or len(call.args) != 1:
                     raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
                 line = f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))"
+                if self.tree.line_indent(statement) + 4 + len(line) > self.tree.line_limit:
+                    line = f"{self.setup.scaler}.load_state_dict(\n        {line[len(self.setup.scaler) + 17:-1]},\n    )"
             elif call in self.sites.calls["state_dict"] and isinstance(small, cst.Assign) and not call.args:
                 node, native = self._state_dict_read(call)
                 if small.value is not node:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
+from migrate import apex_nodes as nodes
 from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import CORE, Partner, Setup
@@ -55,3 +56,14 @@ class Step:
     def scaler_of(self, call: cst.Call) -> str:
         """The scaler a site uses: the plan's, or what received the handed-on module."""
         return self.sites.alias_of.get(id(call), self.setup.scaler)
+
+    def fitted(self, replaced: cst.CSTNode, new: cst.Call) -> cst.Call:
+        """``new``, to stand where ``replaced`` stood, laid out one argument a line where its
+        line would otherwise pass the file's line length."""
+        line = self.tree.line(replaced)
+        if line is None or "\n" in nodes.code(replaced):
+            return new
+        text = self.tree.module.code.splitlines()[line - 1]
+        if len(text) - len(nodes.code(replaced)) + len(nodes.code(new)) <= self.tree.line_limit:
+            return new
+        return nodes.one_argument_a_line(new, self.tree.module.default_indent)

@@ -57,8 +57,8 @@ class HandedOnPlanning(Step):
             if state is None or len(call.args) != 1 or nodes.has_star(call):
                 continue
             holder = nodes.code(call.func.value)
-            self.draft.replace(call, nodes.parse_expression(
-                f"{holder}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {holder}))", self.tree.module))
+            self.draft.replace(call, self.fitted(call, nodes.parse_expression(
+                f"{holder}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {holder}))", self.tree.module)))
             self.draft.kind(call, STATE_DICT, "the handed-on module loads apex's loss-scaler state here",
                        "Load it into the GradScaler, converting old apex checkpoints")
             if HELPER_NAME not in self.tree.names and HELPER_SOURCE not in self.draft.after_imports:
