@@ -97,7 +97,8 @@ class CrossFilePlanning(Step):
                     self.draft.marked_reasons.append(reason)  # each removed call is marked with what to do
         for init in inits:
             model = nodes.argument(init.call, 0, "models").value
-            if init.inference and init.level == "O3" and init.restore and isinstance(model, (cst.Name, cst.Attribute)):
+            assigned = isinstance(init.statement, cst.SimpleStatementLine) and isinstance(init.statement.body[0], cst.Assign)
+            if init.inference and init.level == "O3" and (init.restore or assigned) and isinstance(model, (cst.Name, cst.Attribute)):
                 self._plan_half(init, model)
                 continue
             # a comment on what to do takes its place: where the model only infers, and where no
@@ -117,8 +118,8 @@ class CrossFilePlanning(Step):
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
         inputs it is given working (fp32 weights would refuse them)."""
         self.draft.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
-        target, values = init.restore.split(" = ", 1)
         code = nodes.code(model)
+        target, values = init.restore.split(" = ", 1) if init.restore else (code, code)  # `model, _ = ...(model, [])`
         restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
         new = nodes.parse_statements(restore + "\n", self.tree.module)[0]
         self.draft.replace(init.statement, nodes.with_leading(new, init.statement))

@@ -25,6 +25,7 @@ from migrate.apex_plan.vocabulary import (
     operand,
     run_time_scale,
 )
+from migrate.tree_walk import descendants
 
 
 class InitializePlanning(Step):
@@ -119,6 +120,9 @@ class InitializePlanning(Step):
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
             target = nodes.code(small.targets[0].target)
+            if self._throwaway_optimizers(small.targets[0].target, optimizers):
+                # `model, _ = amp.initialize(model, [], ...)`: what a person writes is `model`
+                target, values = nodes.code(small.targets[0].target.elements[0].value), nodes.code(models.value)
             if normal(target) != normal(values):
                 restore = f"{target} = {values}"
         elif isinstance(small, cst.Return):
@@ -387,6 +391,17 @@ class InitializePlanning(Step):
             "(as apex did); autocast is on only where it did"
         )
         return None, stand_in, True
+
+    def _throwaway_optimizers(self, target: cst.BaseExpression, optimizers: cst.Arg | None) -> bool:
+        """``model, _ = amp.initialize(model, [])``: no optimizer given, its empty result bound to
+        ``_``, which nothing in the file reads."""
+        if not (isinstance(target, cst.Tuple) and len(target.elements) == 2 and optimizers is not None
+                and isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements):
+            return False
+        second = target.elements[1].value
+        if not (isinstance(second, cst.Name) and second.value == "_"):
+            return False
+        return sum(1 for node in descendants(self.tree.module) if type(node) is cst.Name and node.value == "_") == 1
 
     def _o0_keeps_state(self, init: InitializeSite) -> bool:
         """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its
