@@ -80,9 +80,10 @@ class CheckpointPlanning(Step):
                 state = nodes.argument(call, 0, "state_dict")
                 if state is None or len(call.args) != 1:
                     raise Unplannable(call, "`amp.load_state_dict` is not called with one state dict")
-                line = f"{self.setup.scaler}.load_state_dict({HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler}))"
+                converted = f"{HELPER_NAME}({nodes.code(state.value)}, {self.setup.scaler})"
+                line = f"{self.setup.scaler}.load_state_dict({converted})"
                 if self.tree.line_indent(statement) + 4 + len(line) > self.tree.line_limit:
-                    line = f"{self.setup.scaler}.load_state_dict(\n        {line[len(self.setup.scaler) + 17:-1]},\n    )"
+                    line = f"{self.setup.scaler}.load_state_dict(\n        {converted},\n    )"
             elif call in self.sites.calls["state_dict"] and isinstance(small, cst.Assign) and not call.args:
                 node, native = self._state_dict_read(call)
                 if small.value is not node:

@@ -63,7 +63,6 @@ class Step:
         line = self.tree.line(replaced)
         if line is None or "\n" in nodes.code(replaced):
             return new
-        text = self.tree.module.code.splitlines()[line - 1]
-        if len(text) - len(nodes.code(replaced)) + len(nodes.code(new)) <= self.tree.line_limit:
+        if len(self.tree.source_lines[line - 1]) - len(nodes.code(replaced)) + len(nodes.code(new)) <= self.tree.line_limit:
             return new
         return nodes.one_argument_a_line(new, self.tree.module.default_indent)

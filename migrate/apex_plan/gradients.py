@@ -313,8 +313,8 @@ class GradientPlanning(Step):
         outer = self.tree.parent.get(id(arg))
         if not (isinstance(arg, cst.Arg) and isinstance(outer, cst.Call) and len(outer.args) > 1):
             return call, generator
-        line = self.tree.line(call)
-        text = self.tree.module.code.splitlines()[line - 1] if line is not None else ""
+        line = self.tree.line(call)  # the line that grows: the call's, wherever the outer call starts
+        text = self.tree.source_lines[line - 1] if line is not None else ""
         grown = len(text) + len(nodes.code(generator)) - len(nodes.code(call))
         if grown <= self.tree.line_limit or any(isinstance(node, cst.Comment) for node in descendants(outer)):
             return call, generator  # it fits; or a comment is kept where it was written

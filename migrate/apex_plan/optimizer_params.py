@@ -54,7 +54,7 @@ def _optimizer_of(tree: FileTree, statement: cst.CSTNode) -> str | None:
             and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
         return None
     call = statement.body[0].value
-    if not isinstance(call, cst.Call) or not any(q.startswith("torch.optim.") for q in _qualified(tree, call.func)):
+    if not isinstance(call, cst.Call) or not any(q.startswith("torch.optim.") for q in qualified_names(tree.provider, call.func)):
         return None
     params = nodes.argument(call, 0, "params")
     value = params.value if params is not None else None
@@ -73,7 +73,7 @@ def _same_object(tree: FileTree, binding: cst.CSTNode, name: str, wrappers: froz
     value = binding.value
     if isinstance(value, cst.Call) and id(value) in initialize_calls:
         return True
-    if not (wrappers and isinstance(value, cst.Call) and _qualified(tree, value.func) & wrappers):
+    if not (wrappers and isinstance(value, cst.Call) and qualified_names(tree.provider, value.func) & wrappers):
         return False
     first = nodes.argument(value, 0, "module")
     return (first is not None and isinstance(first.value, cst.Name) and first.value.value == name
@@ -108,7 +108,11 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
 
 def _param_groups_changed(tree: FileTree) -> bool:
     """``add_param_group``, or ``param_groups`` (or what it holds) assigned, deleted or grown,
-    anywhere in the file."""
+    anywhere in the file; asked once per file."""
+    return tree.per_scope(("param groups changed",), lambda: _changes_param_groups(tree))
+
+
+def _changes_param_groups(tree: FileTree) -> bool:
     for node in descendants(tree.module):
         if not isinstance(node, cst.Attribute) or node.attr.value not in ("param_groups", "add_param_group"):
             continue
@@ -126,7 +130,3 @@ def _param_groups_changed(tree: FileTree) -> bool:
                 isinstance(holder, (cst.AugAssign, cst.AnnAssign)) and holder.target is top):
             return True
     return False
-
-
-def _qualified(tree: FileTree, node: cst.CSTNode) -> frozenset[str]:
-    return qualified_names(tree.provider, node)

@@ -95,9 +95,8 @@ class ScalerParameterPlanning(Step):
     def _plain_function(self, function: cst.FunctionDef) -> bool:
         if self.tree.parent.get(id(function)) is not self.tree.module or function.decorators or function.params.posonly_params:
             return False
-        name = function.name.value
-        definitions = [s for s in self.tree.module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == name]
-        return len(definitions) == 1 and name not in self.tree.assigned and name not in self.tree.imports
+        name = function.name.value  # defined once: `_references` says so
+        return name not in self.tree.assigned and name not in self.tree.imports
 
     def _references(self, name: str, scope: cst.CSTNode) -> list[cst.Call | None]:
         """Every use of ``name`` in the file but its definitions: the call it is the callee of,

@@ -43,6 +43,11 @@ class FileTree:
         """How long a line the rewrite may write: the file's longest, or 88 if that is shorter."""
         return nodes.line_limit(self.module)
 
+    @functools.cached_property
+    def source_lines(self) -> list[str]:
+        """The file's lines as written (``module.code`` renders the whole tree at each ask)."""
+        return self.module.code.splitlines()
+
     def per_scope(self, key: tuple, compute: Callable[[], object]):
         """``compute()``, worked out once per ``key``: every site of a function (or of the module,
         where a notebook's top level may hold hundreds) asks the same questions of it."""
