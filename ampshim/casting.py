@@ -4,12 +4,16 @@ apex's O1 patched torch functions for the whole process. ampshim keeps that scop
 autocast instead: initialization turns autocast on for the calling thread and leaves it on, so
 losses and metrics computed outside the model follow autocast's policies, as they followed apex's.
 
-Native autocast already carries a policy for every function in apex's default cast lists; the
-shipped entries are left to it (no Python on the default path; the differences are documented).
-Python wrappers are installed only where the user asked for something native autocast does not
-do: an edited ``amp.lists`` entry, a ``register_*_function`` call. Two apex behaviours are kept
-as fidelity patches: ``F.binary_cross_entropy`` (banned for half inputs, usable for float32
-ones) and the error for in-place float32-list functions on half tensors.
+On CUDA, native autocast already carries a policy for every function in apex's default cast
+lists; the shipped entries are left to it (no Python on the default path; the differences are
+documented). On the CPU the native lists differ widely from apex's (softmax, sum, pow,
+layer_norm and the RNN cells stay in bfloat16, ``nn.LSTM`` fails on float32 inputs), so a
+script written for CUDA would run in other precisions than under apex: there apex's lists are
+enforced with wrappers wherever the native policy differs (:func:`follows_apex_lists`).
+Beyond that, wrappers are installed only where the user asked for something native autocast
+does not do: an edited ``amp.lists`` entry, a ``register_*_function`` call. Two apex behaviours
+are kept as fidelity patches: ``F.binary_cross_entropy`` (banned for half inputs, usable for
+float32 ones) and the error for in-place float32-list functions on half tensors.
 
 apex's decorators for the user's own functions and ``disable_casts`` are in
 :mod:`ampshim.cast_decorators`. The handle (:mod:`ampshim.handle`) owns one activation: it calls :func:`_enable_autocast` and
@@ -18,6 +22,7 @@ apex's decorators for the user's own functions and ``disable_casts`` are in
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import torch
@@ -26,6 +31,8 @@ from ampshim.lists import functional_overrides, tensor_overrides, torch_override
 from ampshim.lists._native import native_policy
 
 __all__ = [
+    "follows_apex_lists",
+    "CASTS_ENV_VAR",
     "register_half_function",
     "register_float_function",
     "register_promote_function",
@@ -43,6 +50,15 @@ _LIST_MODULES = (functional_overrides, torch_overrides, tensor_overrides)
 
 # register_*_function calls waiting for the next initialization: (owner, name, policy).
 _USER_REGISTRY: list[tuple[object, str, str]] = []
+
+CASTS_ENV_VAR = "AMPSHIM_CASTS"
+_CASTS_CHOICES = ("apex", "native")
+
+# apex ran every recurrent layer and cell in half precision (its RNN patches, not its lists).
+# nn.RNN, nn.LSTM, nn.GRU and the cells all call these functions of torch._VF.
+_APEX_HALF_RNN_FUNCTIONS = (
+    "rnn_tanh", "rnn_relu", "lstm", "gru", "rnn_tanh_cell", "rnn_relu_cell", "lstm_cell", "gru_cell",
+)
 
 _MISSING = object()
 
@@ -264,8 +280,35 @@ def _current_lists(lists_module) -> dict:
     return {name: getattr(lists_module, name) for name in names if hasattr(lists_module, name)}
 
 
-def _planned_policies(device_type, registrations) -> dict:
-    """(owner, name) -> policy for every function that needs a wrapper."""
+def follows_apex_lists(device_type: str) -> bool:
+    """Whether O1 on ``device_type`` enforces apex's default lists where native autocast differs.
+
+    ``AMPSHIM_CASTS=apex`` or ``native`` chooses on every device. Unset: native on CUDA, whose
+    lists are apex's near enough (the differences are documented) and where wrappers would put
+    Python on every call; apex's elsewhere, where the native lists differ widely. ``python -m
+    ampshim compare`` runs the original with ``native``, so both sides share the device's
+    autocast policy and only the rewrite is judged.
+    """
+    chosen = os.environ.get(CASTS_ENV_VAR, "").strip().lower()
+    if not chosen:
+        return device_type != "cuda"
+    if chosen not in _CASTS_CHOICES:
+        raise ValueError(
+            f"{CASTS_ENV_VAR}={chosen!r}: use 'apex' (apex's cast lists, enforced where native "
+            "autocast differs) or 'native' (native autocast's own policy), or unset it.")
+    return chosen == "apex"
+
+
+def _is_inplace(name: str) -> bool:
+    # A cast wrapper would write into a copy; native autocast leaves in-place ops alone.
+    return name.endswith("_") and not name.endswith("__") or name.startswith("__i")
+
+
+def _planned_policies(device_type, registrations, apex_lists=False) -> dict:
+    """(owner, name) -> policy for every function that needs a wrapper.
+
+    ``apex_lists``: the default entries are planned too (see :func:`follows_apex_lists`).
+    """
     planned = {}
     known_owners = set()
     for lists_module in _LIST_MODULES:
@@ -275,8 +318,12 @@ def _planned_policies(device_type, registrations) -> dict:
         default = _list_policies(lists_module._DEFAULTS)
         for name in current.keys() | default.keys():
             policy = current.get(name)
-            if policy != default.get(name) or policy == "banned":
+            edited = policy != default.get(name)
+            if edited or policy == "banned" or (apex_lists and not _is_inplace(name)):
                 planned[(owner, name)] = policy
+    if apex_lists:
+        for name in _APEX_HALF_RNN_FUNCTIONS:
+            planned[(torch._VF, name)] = "half"
     for owner, name, policy in registrations:  # a registration wins over a list entry
         planned[(owner, name)] = policy
     return {
@@ -295,13 +342,16 @@ def _banned_messages() -> dict:
     return dict(getattr(functional_overrides, "BANNED_FUNCS", ()))
 
 
-def _install_casts(device_type, dtype, allow_banned=False, registrations=(), verbose=False):
-    """Install the wrappers O1 needs on top of native autocast; return the patches to undo."""
+def _install_casts(device_type, dtype, allow_banned=False, registrations=(), apex_lists=False,
+                   verbose=False):
+    """Install the wrappers O1 needs on top of native autocast; return the patches to undo.
+
+    ``apex_lists``: enforce apex's default lists too (see :func:`follows_apex_lists`).
+    """
     patches: list = []
     messages = _banned_messages()
-    for (owner, name), policy in sorted(
-        _planned_policies(device_type, registrations).items(), key=lambda item: item[0][1]
-    ):
+    planned = _planned_policies(device_type, registrations, apex_lists)
+    for (owner, name), policy in sorted(planned.items(), key=lambda item: item[0][1]):
         if policy == "banned":
             message = messages.get(name, f"{name} is banned under amp O1 for half inputs.")
             make = functools.partial(
@@ -333,7 +383,7 @@ def _install_casts(device_type, dtype, allow_banned=False, registrations=(), ver
 
 
 def _owner_name(owner) -> str:
-    return {torch: "torch", torch.nn.functional: "F", torch.Tensor: "Tensor"}.get(
+    return {torch: "torch", torch.nn.functional: "F", torch.Tensor: "Tensor", torch._VF: "_VF"}.get(
         owner, getattr(owner, "__name__", repr(owner)))
 
 

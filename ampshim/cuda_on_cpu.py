@@ -68,6 +68,12 @@ def _record(what: str) -> None:
 def _report() -> None:
     if _mapped:
         done = ", ".join(f"{what} ({count}x)" for what, count in _mapped.items())
+        # The script's output first: in a log that joins both streams, this line comes after
+        # its last line instead of landing inside it.
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):  # stdout closed or gone: the line below still matters
+            pass
         # One write, so the lines of processes sharing the terminal (torchrun's ranks) never mix.
         sys.stderr.write(f"ampshim --device cpu: ran on the CPU in place of CUDA: {done}\n")
         sys.stderr.flush()

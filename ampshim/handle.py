@@ -92,6 +92,7 @@ class AmpHandle:
         self._verbose = verbose
         self._allow_banned = allow_banned
         self._registrations = tuple(registrations)
+        self._apex_lists = casting.follows_apex_lists(device_type)  # a bad setting fails here
         self._default_scaler = LossScaler(loss_scale)
         self._is_active = False
         self._saved_autocast = None
@@ -103,7 +104,7 @@ class AmpHandle:
         self._saved_autocast = casting._enable_autocast(self.device_type, self.dtype)
         self._patches = casting._install_casts(
             self.device_type, self.dtype, allow_banned=self._allow_banned,
-            registrations=self._registrations, verbose=self._verbose)
+            registrations=self._registrations, apex_lists=self._apex_lists, verbose=self._verbose)
         self._is_active = True
 
     def is_active(self):

@@ -12,6 +12,7 @@ device (float16 on CUDA, bfloat16 on the CPU).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 import ampshim  # noqa: F401  (serves the apex import name)
 from apex import amp
+from ampshim.casting import CASTS_ENV_VAR
 
 SIZES = {  # batch, width
     "small": {"mlp": (128, 512), "transformer": (8, 128), "conv": (16, 16)},
@@ -123,11 +125,20 @@ def native_master_weights(factory, x, y, loss_fn, device, dtype):
     return step, lambda: None
 
 
-def ampshim_level(opt_level):
+def ampshim_level(opt_level, casts=None):
+    """``casts``: AMPSHIM_CASTS for this mode (None: the device's default)."""
     def setup(factory, x, y, loss_fn, device, dtype):
         model = factory()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
+        saved = os.environ.pop(CASTS_ENV_VAR, None)
+        if casts is not None:
+            os.environ[CASTS_ENV_VAR] = casts
+        try:  # read once, when initialize makes the O1 handle
+            model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
+        finally:
+            os.environ.pop(CASTS_ENV_VAR, None)
+            if saved is not None:
+                os.environ[CASTS_ENV_VAR] = saved
 
         def step():
             optimizer.zero_grad()
@@ -151,6 +162,8 @@ def modes():
         "native bf16": lambda *a: native_amp(*a[:-1], torch.bfloat16),
         "native master weights": native_master_weights,
         "ampshim O1": ampshim_level("O1"),
+        "ampshim O1 apex casts": ampshim_level("O1", casts="apex"),
+        "ampshim O1 native casts": ampshim_level("O1", casts="native"),
         "ampshim O2": ampshim_level("O2"),
         "ampshim O3": ampshim_level("O3"),
     }

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ampshim
+from ampshim.casting import CASTS_ENV_VAR
 from ampshim.compare.trajectory import Trajectory, read_ranks
 
 __all__ = ["Target", "SideRun", "run_sides", "SETTINGS_ENV_VAR"]
@@ -154,6 +155,8 @@ def _environment(settings: dict, device: str | None, *, serve_apex: bool) -> dic
     env["PYTHONHASHSEED"] = str(settings["seed"])
     if serve_apex:
         env.pop("AMPSHIM_AUTOLOAD", None)
+        # Both sides under the device's own autocast policy: the rewrite is judged, not the lists.
+        env.setdefault(CASTS_ENV_VAR, "native")
     else:
         env["AMPSHIM_AUTOLOAD"] = "0"  # its child processes get no apex from the start-up hook
     if device is not None:

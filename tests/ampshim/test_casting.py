@@ -51,7 +51,10 @@ def test_tacotron_softmax_edit_is_honoured_at_init():
     assert F.softmax(x(), dim=-1).dtype == torch.float32
 
 
-def test_unchanged_lists_install_no_wrapper_on_ordinary_functions():
+def test_unchanged_lists_install_no_wrapper_on_ordinary_functions(monkeypatch):
+    # Under the native policy (CUDA's default; off CUDA apex's lists are enforced instead:
+    # test_apex_lists_on_cpu.py).
+    monkeypatch.setenv(casting.CASTS_ENV_VAR, "native")
     originals = {name: getattr(F, name) for name in ("softmax", "linear", "gelu", "layer_norm")}
     originals_torch = {name: getattr(torch, name) for name in ("mm", "exp", "add", "cat")}
     tensor_methods = {name: torch.Tensor.__dict__.get(name) for name in ("__matmul__", "__add__")}

@@ -98,6 +98,47 @@ def test_cuda_idioms_run_on_the_cpu_and_one_line_says_what_was_mapped(tmp_path):
         assert mapped in summary
 
 
+def test_the_summary_follows_the_scripts_last_line_in_a_joined_log(tmp_path):
+    # stdout to a pipe is block-buffered: a line the script prints at exit (its own atexit
+    # handler runs before ours) must not land after ours, or inside it.
+    (tmp_path / "prints.py").write_text(
+        'import atexit, torch\nprint("first")\nx = torch.ones(1, device="cuda")\n'
+        'atexit.register(print, "last", x.dtype)\n')
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    environment.pop("AMPSHIM_DEVICE", None)
+    environment.pop("PYTHONUNBUFFERED", None)
+    completed = subprocess.run([sys.executable, "-m", "ampshim", "--device", "cpu", "prints.py"],
+                               cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    lines = completed.stdout.splitlines()
+    assert lines[-3:-1] == ["first", "last torch.float32"]
+    assert lines[-1].startswith(SUMMARY)
+
+
+HANDLE_SCRIPT = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from apex import amp
+
+    handle = amp.init(enabled=True)  # the 2018 API, before any model exists
+    weight = torch.randn(4, 4, device="cuda")
+    x = torch.randn(2, 4, device="cuda")
+    lstm = torch.nn.LSTM(4, 4).cuda()
+    print(F.linear(x, weight).dtype, F.softmax(x.half(), 1).dtype, lstm(x[None])[0].dtype,
+          torch.is_autocast_enabled("cpu"))
+''')
+
+
+def test_the_2018_handle_casts_on_the_cpu_it_was_mapped_to(tmp_path):
+    # Its device comes from the mapping: CUDA's autocast would have cast nothing on the CPU.
+    (tmp_path / "handle.py").write_text(HANDLE_SCRIPT)
+    completed = run("-m", "ampshim", "--device", "cpu", "handle.py", cwd=tmp_path,
+                    env={"AMPSHIM_DTYPE": "float16"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["torch.float16", "torch.float32", "torch.float16", "True"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the probe runs as written on a GPU")
 def test_with_device_cuda_the_probe_runs_as_written_and_needs_a_gpu(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
