@@ -33,8 +33,9 @@ if _torch_is_missing():
     # `except ImportError` in the script still catches it; only the uncaught report is short.
     sys.excepthook = _print_one_line(sys.excepthook)
     raise TorchMissingError(
-        "apex (provided by ampshim) needs PyTorch, which is not installed: "
-        "pip install 'ampshim[torch]' (or install the torch build you train with)", name="torch")
+        "apex (provided by ampshim) needs PyTorch, which is not installed: install the torch "
+        "build you train with (pip install torch; the CPU build: pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu)", name="torch")
 
 import ampshim.fp16_utils.checkpoint  # noqa: E402,F401 - registers old scalers with torch.load
 from ampshim.deprecation import DeprecatedFeatureWarning, deprecated_warning  # noqa: E402

@@ -18,6 +18,7 @@ from urllib.parse import quote
 import click
 
 from migrate.explain import TOOL_FINDINGS
+from migrate.rule_pages import page_path
 from migrate.types import Diagnostic, FileResult, Safety
 
 __all__ = ["FORMATS", "format_results", "show_fixes", "statistics", "summary"]
@@ -186,7 +187,7 @@ def _json_item(d: Diagnostic) -> dict:
         "location": _json_position(d.location),
         "end_location": _json_position(d.end_location),
         "fix": fix,
-        "url": None,  # the rules are documented by `ampmigrate --explain CODE`, not on a web page
+        "url": page_path(d.code),  # its page in ampmigrate's repository, from the root: no website is published
         "noqa_row": d.location.row,
     }
 

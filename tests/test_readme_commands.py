@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,8 @@ from ampshim.compare import COULD_NOT_RUN, SAME, Target, compare
 from ampshim.compare.report import as_text
 from migrate.api import migrate_paths, migrate_source
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
+
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY = ROOT / "fixtures" / "legacy"
 SCRIPTS = sorted(path.name for path in LEGACY.glob("*.py"))

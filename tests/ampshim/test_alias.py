@@ -106,7 +106,8 @@ def test_missing_torch_is_one_line_saying_what_to_install(block_torch):
     assert completed.returncode == 1
     assert completed.stderr.splitlines() == [
         "TorchMissingError: apex (provided by ampshim) needs PyTorch, which is not installed: "
-        "pip install 'ampshim[torch]' (or install the torch build you train with)"]
+        "install the torch build you train with (pip install torch; the CPU build: pip install "
+        "torch --index-url https://download.pytorch.org/whl/cpu)"]
 
 
 def test_missing_torch_is_still_an_import_error_scripts_can_catch():

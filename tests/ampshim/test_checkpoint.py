@@ -36,6 +36,7 @@ def half_model():
 # --- what ampshim saves ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_amp_checkpoint_of_an_o2_run_loads_with_plain_torch_load(tmp_path):
     model = exact_linear()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
@@ -206,6 +207,7 @@ def test_apex_fp16_optimizer_checkpoints_load_under_weights_only_and_train_on(
     assert trained_on[kind] == f"{scales!r} {finite}"
 
 
+@pytest.mark.slow
 def test_without_importing_apex_weights_only_refuses_the_old_classes(old_checkpoints):
     output = run_python(f"""
         import pickle, torch

@@ -13,6 +13,8 @@ from ampshim.compare import COULD_NOT_RUN, DIFFERS, SAME, Target, compare
 from ampshim.compare import report
 from ampshim.compare.cli import main as compare_main
 
+pytestmark = pytest.mark.slow  # end-to-end runs of two scripts: `-m slow`, and in CI
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures" / "compare"
 ORIGINAL = FIXTURES / "original.py"

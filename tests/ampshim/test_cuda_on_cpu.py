@@ -11,6 +11,8 @@ import pytest
 import torch
 from _torchrun import free_port, torchrun
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
+
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY = ROOT / "fixtures" / "legacy"
 AUTOLOAD_INSTALLED = (Path(sysconfig.get_paths()["purelib"]) / "ampshim-autoload.pth").exists()

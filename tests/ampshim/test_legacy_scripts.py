@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
+
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY = ROOT / "fixtures" / "legacy"
 AUTOLOAD_INSTALLED = (Path(sysconfig.get_paths()["purelib"]) / "ampshim-autoload.pth").exists()

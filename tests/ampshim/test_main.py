@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from _torchrun import run_past_gloo_teardown_aborts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +71,7 @@ _ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
             AMPSHIM_AUTOLOAD="0")  # no start-up hook: only `python -m ampshim` serves apex
 
 
+@pytest.mark.slow
 def test_spawned_children_import_apex_without_the_startup_hook(tmp_path):
     (tmp_path / "train.py").write_text(CHILDREN_SCRIPT)
     init = tmp_path / "init"

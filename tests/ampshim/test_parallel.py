@@ -140,6 +140,7 @@ def _two_rank_worker(rank, init_file):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_gloo(tmp_path):
     spawn_past_gloo_teardown_aborts(_two_rank_worker, tmp_path)
 
@@ -275,6 +276,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_syncbn_ddp_under_torchrun_on_cpu_matches_one_process_on_the_full_batch(tmp_path):
     script = tmp_path / "syncbn_ddp.py"
     script.write_text(SYNCBN_SCRIPT)

@@ -10,6 +10,8 @@ from migrate.api import migrate_source
 from generated.apex_scripts import Features, script
 from generated.judge import judge
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
+
 SAMPLE = [
     Features(loss="arms", loop="while", accumulation="delay_unscale", boundary="minus_one",
              clip="none", clip_at="micro_batch", flag="on", import_guard=True, inner_fp32=True,

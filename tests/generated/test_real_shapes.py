@@ -2,8 +2,12 @@
 script of our own and held to its rewrite by running both (``python -m ampshim compare``)."""
 import textwrap
 
+import pytest
+
 from ampshim.compare import SAME, Target, compare
 from migrate.api import migrate_source
+
+pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
 
 MARKER = "TODO(ampmigrate)"
 

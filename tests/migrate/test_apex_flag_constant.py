@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +62,7 @@ def _outputs(source: str) -> list:
     return found
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, database=None)
 @given(_scripts())
 def test_folding_an_always_true_flag_computes_what_the_original_did(drawn):

@@ -252,6 +252,7 @@ def test_python_dash_m_migrate(tree):
     assert usage.stdout.startswith(b"Usage: ampmigrate ")
 
 
+@pytest.mark.slow
 def test_the_command_leaves_with_its_status_and_all_its_output(tmp_path):
     """``ampmigrate`` ends its process without the interpreter's clean-up: what it prints (more
     than a pipe holds) and writes still arrives whole, and its exit status is kept."""

@@ -37,6 +37,7 @@ def _measure(name: str, unsafe_fixes: bool):
     return report.measure_file(name, source, MANIFEST[name], unsafe_fixes)
 
 
+@pytest.mark.slow
 def test_manifest_lists_every_corpus_file_and_every_apex_use():
     on_disk = sorted(path.name for path in report.CORPUS.glob("*.py"))
     assert FILES == on_disk

@@ -109,6 +109,7 @@ def test_a_small_module_is_parsed_whole(monkeypatch):
     assert parse_module(SHAPES["tabs"]).code == SHAPES["tabs"]
 
 
+@pytest.mark.slow
 def test_every_fixture_is_checked_and_fixed_the_same_when_parsed_in_pieces(monkeypatch):
     from migrate.engine import run_rules
     from migrate.rules import select_rules

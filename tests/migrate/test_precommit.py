@@ -17,7 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PRE_COMMIT = shutil.which("pre-commit")
 
-pytestmark = pytest.mark.skipif(PRE_COMMIT is None, reason="pre-commit is not installed")
+pytestmark = [pytest.mark.skipif(PRE_COMMIT is None, reason="pre-commit is not installed"),
+              pytest.mark.slow]
+INTEGRATIONS = REPO / "docs" / "integrations.md"
 
 APEX = """from apex import amp
 
@@ -64,23 +66,28 @@ def _this_repository_as_committed(target: Path) -> Path:
     return target
 
 
-def _readme_snippet(repository: Path) -> str:
-    """The README's `.pre-commit-config.yaml`, as written, with the repository's URL and commit filled in."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### pre-commit"):]
-    [snippet] = re.findall(r"```yaml\n(.*?)```", section[: section.index("\n## ")], re.S)
-    assert "<url of this repository>" in snippet and "<a commit of this repository>" in snippet
+def _yaml_snippet(text: str, heading: str) -> str:
+    """The first YAML block after ``heading``."""
+    return re.search(r"```yaml\n(.*?)```", text[text.index(heading):], re.S).group(1)
+
+
+def _remote_snippet(repository: Path) -> str:
+    """The documented remote `.pre-commit-config.yaml`, with the repository's URL and commit filled in."""
+    snippet = _yaml_snippet(INTEGRATIONS.read_text(), "### The hook from this repository")
     commit = _git("rev-parse", "HEAD", cwd=repository)
-    return snippet.replace("<url of this repository>", str(repository)).replace("<a commit of this repository>", commit)
+    snippet, urls = re.subn(r"<url of this repository>[^\n]*", str(repository), snippet)
+    snippet, revs = re.subn(r"<a tag or full commit hash of it>", commit, snippet)
+    assert urls == revs == 1, snippet
+    return snippet
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """A user's project whose configuration is the README's snippet, with both hooks."""
+    """A user's project whose configuration is the documented remote snippet, with both hooks."""
     repository = _this_repository_as_committed(tmp_path_factory.mktemp("ampshim"))
     project = tmp_path_factory.mktemp("project")
     _git("init", "-q", cwd=project)
-    config = _readme_snippet(repository)
+    config = _remote_snippet(repository)
     config += "      - id: ampmigrate\n"  # the other hook, beside the snippet's
     (project / ".pre-commit-config.yaml").write_text(config)
     (project / "bad.py").write_text(APEX)
@@ -149,3 +156,30 @@ def test_hook_environment_has_libcst_and_click_and_never_torch(project):
     installed = {path.name.split("-")[0].lower() for path in site.iterdir() if path.name.endswith(".dist-info")}
     assert {"libcst", "click", "ampshim"} <= installed
     assert not any(name.startswith(("torch", "nvidia")) for name in installed), sorted(installed)
+
+
+def test_the_local_hook_runs_the_installed_ampmigrate(tmp_path):
+    # The README's snippet (docs/integrations.md has the same): `language: system`, nothing to
+    # download, the ampmigrate installed beside this interpreter.
+    readme_snippet = _yaml_snippet((REPO / "README.md").read_text(), "**3. Keep it migrated")
+    assert readme_snippet == _yaml_snippet(INTEGRATIONS.read_text(), "### The hook from the project's own environment")
+    project = tmp_path / "project"
+    project.mkdir()
+    _git("init", "-q", cwd=project)
+    (project / ".pre-commit-config.yaml").write_text(readme_snippet)
+    (project / "bad.py").write_text(APEX)
+    (project / "good.py").write_text(NATIVE)
+    _git("add", ".pre-commit-config.yaml", cwd=project)
+    ampmigrate = shutil.which("ampmigrate")
+    assert ampmigrate is not None, "ampmigrate is not installed"
+    env_path = os.pathsep.join([str(Path(ampmigrate).parent), os.environ.get("PATH", "")])
+    runs = (project, tmp_path / "home")
+    def run(*args):
+        env = {**os.environ, "PRE_COMMIT_HOME": str(runs[1]), "NO_COLOR": "1", "PATH": env_path}
+        return subprocess.run([PRE_COMMIT, *args], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=600)
+    bad = run("run", "ampmigrate", "--files", "bad.py")
+    assert bad.returncode == 1 and "AMP002" in bad.stdout, bad.stdout + bad.stderr
+    good = run("run", "ampmigrate", "--files", "good.py")
+    assert good.returncode == 0 and "Passed" in good.stdout, good.stdout + good.stderr
+    assert (project / "bad.py").read_text() == APEX  # --check changes nothing

@@ -128,10 +128,11 @@ def test_json_uses_ruffs_field_names_and_never_says_applied():
             "edits": [{"content": "torch.amp.GradScaler", "location": {"row": 3, "column": 10},
                        "end_location": {"row": 3, "column": 32}}],
         },
-        "url": None,
+        "url": "docs/rules/AMP021.md",
         "noqa_row": 3,
     }
     assert [item["code"] for item in items] == ["AMP900", "AMP010", "AMP021", "AMP021"]  # by file, line, column
+    assert items[0]["url"] == "docs/rules/AMP900.md"  # the page in this repository: no website is published
     assert items[1]["fix"] is None and items[3]["fix"]["applicability"] == "unsafe"
     assert all("applied" not in item for item in items)
 

@@ -9,6 +9,7 @@ import re
 import textwrap
 import warnings
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -98,6 +99,7 @@ def _run(source: str) -> float:
         return namespace["main"]()
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_scripts())
 def test_the_scaler_is_handed_to_the_function_using_it_where_the_file_shows_every_call(drawn):

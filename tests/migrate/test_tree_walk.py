@@ -109,6 +109,7 @@ class _Record(cst.CSTVisitor):
             self.seen.append(("leave", id(original_node)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [None, cst.Call, cst.FunctionDef])
 def test_walk_meets_the_nodes_libcst_visits_in_its_order(skip):
     for source in _sources():
@@ -276,6 +277,7 @@ def test_walk_batched_meets_comments_for_a_visitor_that_asks():
     assert visitor.seen == ["# first", "# second"]
 
 
+@pytest.mark.slow
 def test_walk_calls_visit_and_leave_methods_as_libcst_does():
     class Calls(cst.CSTVisitor):
         def __init__(self) -> None:
@@ -300,6 +302,7 @@ def test_walk_calls_visit_and_leave_methods_as_libcst_does():
         assert ours.seen == theirs.seen
 
 
+@pytest.mark.slow
 def test_leaving_is_called_where_libcsts_on_leave_is():
     class Leaves(cst.CSTVisitor):
         """Skips the children of calls; records each node it leaves, in ``on_leave`` or through ``leaving``."""

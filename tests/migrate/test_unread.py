@@ -204,6 +204,7 @@ def _examples() -> list[tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_example_and_fixture_is_checked_and_fixed_the_same_with_definitions_unparsed(monkeypatch):
     rules = tuple(select_rules(["ALL"]))
     examples = _examples()
