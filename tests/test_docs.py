@@ -1,4 +1,5 @@
 """The README as a front door, the changelog and the version in agreement, links that resolve."""
+import inspect
 import os
 import re
 import shutil
@@ -89,3 +90,43 @@ def test_the_migration_guide_runs_as_written(tmp_path):
     compared = run(*command[1:])
     verdict = re.search(r"^(SAME: \d+ optimizer steps; every step taken;)", guide, re.M).group(1)
     assert compared.returncode == 0 and verdict in compared.stdout, compared.stdout + compared.stderr
+
+
+def _shape(line: str) -> str:
+    """A summary line with its counts and file names generalised."""
+    line = re.sub(r"\d+", "N", line)
+    line = re.sub(r"\bfiles\b", "file", line)
+    line = re.sub(r"\bfixes\b", "fix", line)
+    line = re.sub(r"\bfindings\b", "finding", line)
+    return re.sub(r"apex: .+\.$", "apex: F.", line)
+
+
+def test_the_summary_lines_the_reference_quotes_are_the_ones_printed(tmp_path):
+    # One voice: each form the reference quotes is printed by a real run, and nothing else is.
+    reference = (ROOT / "docs" / "codemod.md").read_text()
+    block = reference[reference.index("The closing summary"):]
+    quoted = re.search(r"```text\n(.*?)```", block, re.S).group(1).splitlines()
+    (tmp_path / "native.py").write_text("import torch\n\nx = torch.ones(1)\n")
+    (tmp_path / "o1.py").write_text(
+        "from apex import amp\n\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+        "for x in data:\n    loss = model(x)\n    with amp.scale_loss(loss, optimizer) as scaled:\n"
+        "        scaled.backward()\n    optimizer.step()\n")
+    (tmp_path / "per_loss.py").write_text(
+        "from apex import amp\n\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1', num_losses=2)\n"
+        "for x in data:\n    a, b = model(x)\n    with amp.scale_loss(a, optimizer, loss_id=0) as s:\n"
+        "        s.backward()\n    with amp.scale_loss(b, optimizer, loss_id=1) as s:\n        s.backward()\n"
+        "    optimizer.step()\n")
+    (tmp_path / "sparse.py").write_text("from apex.contrib.sparsity import ASP\n\nASP.prune_trained_model(model, optimizer)\n")
+
+    def summary(*args):
+        completed = subprocess.run([sys.executable, "-m", "migrate", "--color", "never", *args],
+                                   cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        return completed.stderr.splitlines()
+
+    printed = [*summary("--check", "native.py"), *summary("--check", "o1.py", "per_loss.py"),
+               *summary("o1.py"), *summary("--diff", "sparse.py"), *summary("sparse.py")]
+    printed_shapes = {_shape(line) for line in printed}
+    assert {_shape(line) for line in quoted} <= printed_shapes, printed
+    for line in quoted:
+        assert "\x1b[" not in line
