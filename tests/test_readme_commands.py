@@ -2,6 +2,8 @@
 bundled legacy example in place, and the result trains under plain PyTorch with no apex at all."""
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,3 +52,33 @@ def test_ampmigrate_rewrites_the_bundled_example_into_a_native_script_that_runs(
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "SAME: 20 optimizer steps" in compared.stdout
+
+
+def _quick_start_commands() -> list[str]:
+    """The command lines of the README's quick-start blocks, in order, comments dropped."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quick start"):]
+    section = section[: section.index("\n## ", 1)]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        commands += [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    return commands
+
+
+def test_every_quick_start_command_runs_on_an_apex_script(tmp_path):
+    # The README's commands as written, `train.py` an apex script that takes --opt-level and
+    # `path/` its folder; in order, so the migration commands meet the script as the user has it.
+    commands = _quick_start_commands()
+    assert len(commands) == 6, commands
+    shutil.copy(ROOT / "fixtures" / "legacy" / "train_o1.py", tmp_path / "train.py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    for command in commands:
+        argv = shlex.split(command.replace("path/", "."))
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        completed = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                   timeout=300)
+        expected = (0, 1) if argv[0] == "ampmigrate" else (0,)  # 1: ampmigrate changed something
+        assert completed.returncode in expected, (command, completed.stdout[-2000:], completed.stderr[-2000:])
+    assert not re.search(r"^\s*(from|import) apex\b", (tmp_path / "train.py").read_text(), re.M)
