@@ -301,7 +301,7 @@ def follows_apex_lists(device_type: str) -> bool:
 
 def _is_inplace(name: str) -> bool:
     # A cast wrapper would write into a copy; native autocast leaves in-place ops alone.
-    return name.endswith("_") and not name.endswith("__") or name.startswith("__i")
+    return (name.endswith("_") and not name.endswith("__")) or name.startswith("__i")
 
 
 def _planned_policies(device_type, registrations, apex_lists=False) -> dict:

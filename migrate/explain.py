@@ -12,7 +12,8 @@ from typing import NamedTuple, Sequence
 
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, FixSafety
 
-__all__ = ["TOOL_FINDINGS", "Documentation", "Section", "all_codes", "documentation", "explain", "list_rules"]
+__all__ = ["TOOL_FINDINGS", "PAGES", "Documentation", "Section", "all_codes", "documentation", "explain", "list_rules",
+           "page_path"]
 
 # code -> (name, one line, documentation): the findings about a file rather than its code.
 TOOL_FINDINGS = {
@@ -51,6 +52,14 @@ Report it with the message and, if you can, the smallest file that shows it. Mea
 """,
     ),
 }
+
+PAGES = "docs/rules"  # the rules' pages (``migrate.rule_pages``), relative to the repository root
+
+
+def page_path(code: str) -> str:
+    """The page of ``code``, relative to the repository root: ``docs/rules/AMP100.md``."""
+    return f"{PAGES}/{code.strip().upper()}.md"
+
 
 # A section heading of a docstring: "What it does:", "Why is this bad?", alone on its line.
 _HEADING = re.compile(r"[A-Z][A-Za-z ]{2,40}[:?]")

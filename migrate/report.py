@@ -17,8 +17,7 @@ from urllib.parse import quote
 
 import click
 
-from migrate.explain import TOOL_FINDINGS
-from migrate.rule_pages import page_path
+from migrate.explain import TOOL_FINDINGS, page_path
 from migrate.types import Diagnostic, FileResult, Safety
 
 __all__ = ["FORMATS", "format_results", "show_fixes", "statistics", "summary"]

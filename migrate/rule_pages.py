@@ -16,11 +16,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from migrate.explain import Documentation, all_codes, default_in_words, documentation
+from migrate.explain import PAGES, Documentation, all_codes, default_in_words, documentation, page_path
 
 __all__ = ["PAGES", "check_pages", "expected_pages", "main", "page_path", "render_index", "render_page", "write_pages"]
 
-PAGES = "docs/rules"  # the pages' folder, relative to the repository root
 INDEX = "index.md"
 _FOOTER = "<!-- Generated from the rules by python -m migrate.rule_pages: edit the rule, not this page. -->"
 _CODE_SPAN = re.compile(r"(``.+?``|`[^`]+`)", re.DOTALL)  # reST's ``code`` or Markdown's `code`
@@ -28,11 +27,6 @@ _INLINE_MARKUP = re.compile(r"[\\*\[\]]|(?<!\w)_|_(?!\w)")  # an "_" inside a wo
 # what would open a heading, a quote or a list at the start of a line of a paragraph
 _BLOCK_START = re.compile(r"^([ \t]*)(#|>|[-+](?= )|\d+(?=[.)] ))", re.MULTILINE)
 _DEFAULT_IN_INDEX = {"on": "on", "off": "opt-in", "always": "always"}
-
-
-def page_path(code: str) -> str:
-    """The page of ``code``, relative to the repository root: ``docs/rules/AMP100.md``."""
-    return f"{PAGES}/{code.strip().upper()}.md"
 
 
 def render_page(code: str) -> str:
