@@ -22,11 +22,11 @@ apex's decorators for the user's own functions and ``disable_casts`` are in
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 
+from ampshim.casts_setting import CASTS_ENV_VAR, follows_apex_lists
 from ampshim.lists import functional_overrides, tensor_overrides, torch_overrides
 from ampshim.lists._native import native_policy
 
@@ -50,9 +50,6 @@ _LIST_MODULES = (functional_overrides, torch_overrides, tensor_overrides)
 
 # register_*_function calls waiting for the next initialization: (owner, name, policy).
 _USER_REGISTRY: list[tuple[object, str, str]] = []
-
-CASTS_ENV_VAR = "AMPSHIM_CASTS"
-_CASTS_CHOICES = ("apex", "native")
 
 # apex ran every recurrent layer and cell in half precision (its RNN patches, not its lists).
 # nn.RNN, nn.LSTM, nn.GRU and the cells all call these functions of torch._VF.
@@ -278,25 +275,6 @@ def _list_policies(lists: dict) -> dict:
 def _current_lists(lists_module) -> dict:
     names = [name for name, _policy in _LIST_POLICIES] + ["BANNED_FUNCS"]
     return {name: getattr(lists_module, name) for name in names if hasattr(lists_module, name)}
-
-
-def follows_apex_lists(device_type: str) -> bool:
-    """Whether O1 on ``device_type`` enforces apex's default lists where native autocast differs.
-
-    ``AMPSHIM_CASTS=apex`` or ``native`` chooses on every device. Unset: native on CUDA, whose
-    lists are apex's near enough (the differences are documented) and where wrappers would put
-    Python on every call; apex's elsewhere, where the native lists differ widely. ``python -m
-    ampshim compare`` runs the original with ``native``, so both sides share the device's
-    autocast policy and only the rewrite is judged.
-    """
-    chosen = os.environ.get(CASTS_ENV_VAR, "").strip().lower()
-    if not chosen:
-        return device_type != "cuda"
-    if chosen not in _CASTS_CHOICES:
-        raise ValueError(
-            f"{CASTS_ENV_VAR}={chosen!r}: use 'apex' (apex's cast lists, enforced where native "
-            "autocast differs) or 'native' (native autocast's own policy), or unset it.")
-    return chosen == "apex"
 
 
 def _is_inplace(name: str) -> bool:

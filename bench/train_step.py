@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import ampshim  # noqa: F401  (serves the apex import name)
 from apex import amp
-from ampshim.casting import CASTS_ENV_VAR
+from ampshim.casts_setting import CASTS_ENV_VAR
 
 SIZES = {  # batch, width
     "small": {"mlp": (128, 512), "transformer": (8, 128), "conv": (16, 16)},

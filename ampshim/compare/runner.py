@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ampshim
-from ampshim.casting import CASTS_ENV_VAR
+from ampshim.casts_setting import CASTS_ENV_VAR
 from ampshim.compare.trajectory import Trajectory, read_ranks
 
 __all__ = ["Target", "SideRun", "run_sides", "SETTINGS_ENV_VAR"]

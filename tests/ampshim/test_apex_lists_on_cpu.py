@@ -261,3 +261,13 @@ def test_compare_runs_the_original_under_the_native_policy(monkeypatch):
     assert casting.CASTS_ENV_VAR not in runner._environment(settings, None, serve_apex=False)
     monkeypatch.setenv(casting.CASTS_ENV_VAR, "apex")  # a user's explicit choice is kept
     assert runner._environment(settings, None, serve_apex=True)[casting.CASTS_ENV_VAR] == "apex"
+
+
+def test_comparing_reads_the_setting_without_importing_torch():
+    # compare's own process never loads torch (seconds): the setting it passes on lives apart.
+    import subprocess
+    import sys
+
+    probe = "import sys, ampshim.compare.runner; print('torch' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert completed.stdout.strip() == "False", completed.stderr
