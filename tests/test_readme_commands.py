@@ -82,3 +82,32 @@ def test_every_quick_start_command_runs_on_an_apex_script(tmp_path):
         expected = (0, 1) if argv[0] == "ampmigrate" else (0,)  # 1: ampmigrate changed something
         assert completed.returncode in expected, (command, completed.stdout[-2000:], completed.stderr[-2000:])
     assert not re.search(r"^\s*(from|import) apex\b", (tmp_path / "train.py").read_text(), re.M)
+
+
+def _bash_block_after(heading: str) -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme[readme.index(heading):], re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_install_commands_install_into_a_fresh_environment(tmp_path):
+    # The README's install lines and the contributor's install line, as written, run in a copy of
+    # the repository with a new virtual environment (torch's CPU build put there first, as the
+    # README advises). Its test command is the one CI runs on the whole suite.
+    commands = _bash_block_after("## Install") + _bash_block_after("Contributors install")[:1]
+    assert len(commands) == 4 and commands[-1] == 'pip install ".[torch,test]"', commands
+    copy = tmp_path / "ampshim"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+        ".git", ".ci-venv", ".venv", "dist", "build", "site", "__pycache__", "*.egg-info"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+    torch_version = __import__("torch").__version__.split("+")[0]
+    for command in [f"pip install --quiet torch=={torch_version}", *commands]:
+        completed = subprocess.run(["bash", "-c", command], cwd=copy, env=env, capture_output=True,
+                                   text=True, timeout=900)
+        assert completed.returncode == 0, (command, completed.stdout[-2000:], completed.stderr[-2000:])
+    checked = subprocess.run(["bash", "-c", "cd / && ampmigrate --version && python -c 'from apex import amp; import pytest, xdist'"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0 and "ampmigrate, version" in checked.stdout, checked.stderr[-2000:]
