@@ -319,6 +319,7 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
         else:
             click.echo(text, nl=False, err=not view.to_stdout, color=view.color)
     if view.output_format == "text" and not view.quiet:
+        sys.stdout.flush()  # every finding out before the summary: in a log of both streams it is the last line
         click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe, fixed_text=wrote or diff),
                    nl=False, err=True)
 

@@ -22,7 +22,7 @@ from migrate.prefilter import trigger_words
 from migrate.rule import Replacement, Report, Rule, RuleContext, RuleCrashed, visitor_names
 from migrate.tree_walk import children_kept, walk_batched
 from migrate.types import (
-    ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, Position, Safety,
+    ERROR_CODE, INTERNAL_ERROR_CODE, UNUSED_NOQA_CODE, Diagnostic, Fix, Position, Related, Safety,
 )
 
 __all__ = ["EngineResult", "run_rules"]
@@ -82,7 +82,7 @@ def run_rules(
         return _failed(source, filename, INTERNAL_ERROR_CODE, str(failure))
 
     diagnostics = tuple(
-        _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes) for report in visited.reports
+        _diagnostic(report, visited.positions, filename, unsafe_fixes) for report in visited.reports
     )
     if edits:
         diagnostics = _with_edits(diagnostics, visited, filename)
@@ -103,7 +103,7 @@ def run_rules(
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
     remaining = tuple(
-        _diagnostic(report, visited.positions.get(report.node), filename, unsafe_fixes)._replace(applied=False)
+        _diagnostic(report, visited.positions, filename, unsafe_fixes)._replace(applied=False)
         for report in visited.reports
     )
     if edits:
@@ -287,13 +287,13 @@ def _allowed(safety: Safety, unsafe_fixes: bool) -> bool:
     return safety is Safety.SAFE or unsafe_fixes
 
 
-def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_fixes: bool) -> Diagnostic:
-    """``where`` is None for a node that is not in the parsed tree (a rule's mistake): file start."""
+def _diagnostic(report: Report, positions: Mapping[cst.CSTNode, CodeRange], filename: str, unsafe_fixes: bool) -> Diagnostic:
+    """A node that is not in the parsed tree (a rule's mistake) is placed at the file's start."""
     fix = None
     if report.replacement is not None:
         fix = Fix(applicability=report.safety, message=report.fix_message, why_unsafe=report.why_unsafe)
-    start = Position(where.start.line, where.start.column + 1) if where else Position(1, 1)
-    end = Position(where.end.line, where.end.column + 1) if where else Position(1, 1)
+    start, end = _span(positions.get(report.node))
+    related = tuple(Related(message, *_span(positions.get(node))) for node, message in report.related)
     return Diagnostic(
         code=report.code,
         message=report.message,
@@ -302,7 +302,14 @@ def _diagnostic(report: Report, where: CodeRange | None, filename: str, unsafe_f
         end_location=end,
         fix=fix,
         applied=fix is not None and _allowed(report.safety, unsafe_fixes),
+        related=related,
     )
+
+
+def _span(where: CodeRange | None) -> tuple[Position, Position]:
+    if where is None:
+        return Position(1, 1), Position(1, 1)
+    return Position(where.start.line, where.start.column + 1), Position(where.end.line, where.end.column + 1)
 
 
 def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename: str) -> tuple[Diagnostic, ...]:

@@ -153,6 +153,8 @@ def _migrate_notebook(filename: str, text: str, encoding: str, rules: tuple | No
         # a fix's edits address the cells joined as one text, not the notebook's JSON: they are left out
         return tuple(
             d._replace(location=book.locate(python, d.location), end_location=book.locate(python, d.end_location),
+                       related=tuple(r._replace(location=book.locate(python, r.location),
+                                                end_location=book.locate(python, r.end_location)) for r in d.related),
                        fix=d.fix and d.fix._replace(edits=()))
             for d in diagnostics
         )

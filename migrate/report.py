@@ -152,6 +152,8 @@ def _text(d: Diagnostic, color: bool, said: dict[tuple[str, str], int] | None = 
     cell = f"cell {d.location.cell}:" if d.location.cell is not None else ""  # a notebook's, as Ruff writes it
     where = f"{style(d.filename, bold=True)}:{cell}{d.location.row}:{d.location.column}:"
     lines = [f"{where} {style(d.code, fg='red', bold=True)} {d.message}{mark}\n"]
+    lines += [f"  {style('also:', fg='blue')} {d.filename}:{related.location.row}:{related.location.column}: {related.message}\n"
+              for related in d.related]
     if d.fix is not None:
         if d.fix.applicability is Safety.SAFE:
             lines.append(f"  {style('fix:', fg='green')} {d.fix.message}\n")
@@ -178,7 +180,7 @@ def _json_item(d: Diagnostic) -> dict:
                 for edit in d.fix.edits
             ],
         }
-    return {
+    item = {
         "cell": d.location.cell,  # a notebook's cell, from 1; None in a Python file
         "code": d.code,
         "message": d.message,
@@ -189,6 +191,12 @@ def _json_item(d: Diagnostic) -> dict:
         "url": page_path(d.code),  # its page in ampmigrate's repository, from the root: no website is published
         "noqa_row": d.location.row,
     }
+    if d.related:  # beyond Ruff's fields: the other places of the same cause
+        item["related"] = [
+            {"message": r.message, "location": _json_position(r.location), "end_location": _json_position(r.end_location)}
+            for r in d.related
+        ]
+    return item
 
 
 def _json_position(position) -> dict:
@@ -223,6 +231,8 @@ def _github_line(d: Diagnostic, root: Path) -> str:
     }
     rendered = ",".join(f"{key}={_github_escape(str(value), property=True)}" for key, value in properties.items())
     message = d.message + (f" (fix: {d.fix.message})" if d.fix is not None else "")
+    if d.related:
+        message += " (also " + "; ".join(f"line {r.location.row}: {r.message}" for r in d.related) + ")"
     return f"::error {rendered}::{_github_escape(message)}"
 
 
@@ -281,6 +291,12 @@ def _sarif(diagnostics: Sequence[Diagnostic], rules: Sequence[type], root: Path)
         }
         if d.code in index:
             result["ruleIndex"] = index[d.code]
+        if d.related:
+            result["relatedLocations"] = [
+                {"id": number, "message": {"text": r.message},
+                 "physicalLocation": {"artifactLocation": artifact, "region": _region(r.location, r.end_location)}}
+                for number, r in enumerate(d.related, 1)
+            ]
         if d.fix is not None:
             result["properties"] = {"fixApplicability": d.fix.applicability.value, "fixMessage": d.fix.message}
             if d.fix.why_unsafe:

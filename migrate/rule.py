@@ -42,6 +42,7 @@ class Report(NamedTuple):
     add_imports: tuple[ImportChange, ...] = ()
     remove_imports: tuple[ImportChange, ...] = ()
     why_unsafe: str = ""  # for an unsafe fix: how it may change behaviour
+    related: tuple[tuple[cst.CSTNode, str], ...] = ()  # other places of the same cause, each with a word on it
 
 
 class Valid(NamedTuple):
@@ -171,6 +172,7 @@ class Rule(cst.BatchableCSTVisitor):
         add_imports: tuple[ImportChange, ...] = (),
         remove_imports: tuple[ImportChange, ...] = (),
         why_unsafe: str = "",
+        related: tuple[tuple[cst.CSTNode, str], ...] = (),
     ) -> None:
         """Report ``node``; an unsafe ``replacement`` must say ``why_unsafe`` (shown to the user)."""
         self.reports.append(
@@ -184,6 +186,7 @@ class Rule(cst.BatchableCSTVisitor):
                 add_imports=tuple(add_imports),
                 remove_imports=tuple(remove_imports),
                 why_unsafe=why_unsafe,
+                related=tuple(related),
             )
         )
 

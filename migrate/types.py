@@ -72,8 +72,18 @@ class Fix(NamedTuple):
     edits: tuple[Edit, ...] = ()
 
 
+class Related(NamedTuple):
+    """Another place a finding is about (SARIF's ``relatedLocations``): a read the same wait
+    covers, the helper line a call reaches."""
+
+    message: str
+    location: Position
+    end_location: Position
+
+
 class Diagnostic(NamedTuple):
-    """One finding at one site. ``fix`` is None when the rule can only report."""
+    """One finding at one site. ``fix`` is None when the rule can only report; ``related``: the
+    other places of the same cause."""
 
     code: str
     message: str
@@ -82,6 +92,7 @@ class Diagnostic(NamedTuple):
     end_location: Position
     fix: Fix | None = None
     applied: bool = False  # the fix was written (or would be, under --diff/--check)
+    related: tuple[Related, ...] = ()
 
 
 class FileResult(NamedTuple):

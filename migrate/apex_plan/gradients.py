@@ -155,7 +155,9 @@ class GradientPlanning(Step):
                     readers.add(id(statement))
                 backward_seen = backward_seen or bool(backward_calls(statement))
             if readers:
-                parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) in readers else part
+                # AMP101 makes one finding of the reads after one backward: the first carries the mark
+                first = next(id(part) for part in entry[1].nodes if id(part) in readers)
+                parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) == first else part
                          for part in entry[1].nodes]
                 self.draft.replace(scale.statement, cst.FlattenSentinel(parts))
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.step_model import Kind
+from migrate.step_model import Event, Kind, StepModel, Steps
 from migrate.step_model.vocabulary import literal_bool
 
 
 class GradScalerWithBfloat16(TrainingStepRule):
     """What it does:
-    Reports a ``GradScaler`` that is always enabled in a file whose every autocast region runs
-    in ``torch.bfloat16`` (a CPU autocast, or ``dtype=torch.bfloat16``). A scaler enabled only
-    for float16 (``GradScaler(enabled=dtype == torch.float16)``) is not reported, nor is one
-    where any autocast's dtype is float16 or computed.
+    Reports a ``GradScaler`` that is always enabled where every autocast region of the steps it
+    scales runs in ``torch.bfloat16`` (a CPU autocast, or ``dtype=torch.bfloat16``): the regions
+    of the function that makes it and of the functions whose backward pass it scales; where
+    none of those is known (made in ``__init__``, used elsewhere), the file's regions. A scaler
+    enabled only for float16 (``GradScaler(enabled=dtype == torch.float16)``) is not reported,
+    nor is one where any of those regions' dtype is float16 or computed.
 
     Why is this bad?
     bfloat16 has float32's exponent range: its gradients do not underflow, so loss scaling
@@ -33,6 +35,22 @@ class GradScalerWithBfloat16(TrainingStepRule):
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
         Valid(
+            "def pretrain(model, loader):\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            model(x).backward()\n"
+            "\n"
+            "\n"
+            "def finetune(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', dtype=torch.float16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
+        Valid(
             "def train(model, loader, dtype):\n"
             "    scaler = torch.amp.GradScaler('cuda', enabled=dtype == torch.float16)\n"
             "    for x in loader:\n"
@@ -42,6 +60,21 @@ class GradScalerWithBfloat16(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(
+            "def evaluate_fp16(model, loader):\n"
+            "    with torch.autocast('cuda', dtype=torch.float16):\n"
+            "        return [model(x) for x in loader]\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Invalid(
             "def train(model, optimizer, loader):\n"
             "    scaler = torch.amp.GradScaler('cuda')\n"
@@ -74,10 +107,22 @@ class GradScalerWithBfloat16(TrainingStepRule):
     ]
 
     def findings(self, model):
-        autocasts = [e for e in model.all_events(Kind.AUTOCAST) if e.detail.get("enabled") is not False]
-        if not autocasts or any(e.detail.get("dtype") != "bfloat16" for e in autocasts):
-            return
-        for event in model.all_events(Kind.SCALER_NEW):
+        for steps, event in model.each(Kind.SCALER_NEW):
             enabled = nodes.argument(event.node, None, "enabled")
-            if enabled is None or literal_bool(enabled.value) is True:
+            if enabled is not None and literal_bool(enabled.value) is not True:
+                continue
+            autocasts = _regions_of_its_steps(model, steps, event) or model.all_events(Kind.AUTOCAST)
+            autocasts = [e for e in autocasts if e.detail.get("enabled") is not False]
+            if autocasts and all(e.detail.get("dtype") == "bfloat16" for e in autocasts):
                 yield event.node, None, {}
+
+
+def _regions_of_its_steps(model: StepModel, steps: Steps, created: Event) -> list[Event]:
+    """The autocast regions of the steps that use the scaler made at ``created``: in the function
+    that makes it, and in every function whose backward pass it scales. Empty where none is
+    known (a scaler made in ``__init__`` and used in another file): the file's regions decide."""
+    names = created.bound()
+    users = [other for other in model.roots if other is steps or any(
+        backward.scaler in names for backward in other.backwards())]
+    return [event for user in users for event in user.of(Kind.AUTOCAST)]
+

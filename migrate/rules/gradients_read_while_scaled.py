@@ -154,22 +154,32 @@ class GradientsReadWhileScaled(TrainingStepRule):
     ]
 
     def findings(self, model):
+        # One missing `unscale_` is one finding: at the first read, the step's later reads related.
         reported: set[int] = set()
+        missing: dict[tuple, list] = {}  # (iteration, scaler) -> [(steps, read)]
         for steps, event in model.each(Kind.GRAD_READ):
             statement = event.statements[-1] if event.statements else event.node
             if id(statement) in reported:
                 continue
-            scaler = self._scaled_before(steps, event)
-            if scaler is None:
+            scaled = self._scaled_before(steps, event)
+            if scaled is None:
                 continue
             reported.add(id(statement))
+            scaler, backward = scaled
+            missing.setdefault((id(backward.node), scaler), []).append((steps, event))
+        for (_, scaler), reads in missing.items():
+            steps, event = reads[0]
             anchor, fix = self._fix(steps, event, scaler)
-            yield (anchor if fix else event.node), None, fix
+            related = tuple((other.node, f"also read before `{scaler}.unscale_`: `{' '.join(nodes.code(other.node).split())}`")
+                            for _, other in reads[1:])
+            message = self.MESSAGE if len(reads) == 1 else f"{self.MESSAGE} ({len(reads)} reads in this step)"
+            yield (anchor if fix else event.node), message, {**fix, "related": related}
 
     @staticmethod
-    def _scaled_before(steps: Steps, event: Event) -> str | None:
-        """The scaler whose scaled gradients ``event`` reads, unless an ``unscale_`` or a step that
-        always runs before it (no ``if`` of its own) unscaled them."""
+    def _scaled_before(steps: Steps, event: Event) -> tuple[str, Event] | None:
+        """The scaler whose scaled gradients ``event`` reads and the backward pass that scaled
+        them, unless an ``unscale_`` or a step that always runs before it (no ``if`` of its own)
+        unscaled them."""
         end = steps.index(event)
         for backward in reversed(steps.before(event, (Kind.BACKWARD,))):
             if backward.how is not Backward.SCALED:
@@ -177,7 +187,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             start = steps.index(backward)
             between = [e for e in steps.events[start:end] if e.scaler == backward.scaler
                        and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP) and steps.runs_whenever(e, event, backward)]
-            return None if between else backward.scaler
+            return None if between else (backward.scaler, backward)
         return None
 
     def _fix(self, steps: Steps, event: Event, scaler: str) -> tuple[cst.CSTNode | None, dict]:

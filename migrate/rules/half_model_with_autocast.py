@@ -8,13 +8,17 @@ from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind, Steps
 from migrate.step_model.vocabulary import model_like
+from migrate.tree_walk import descendants
 
 
 class HalfModelWithAutocast(TrainingStepRule):
     """What it does:
     Reports ``model.half()`` or ``model.to(torch.float16)`` (on what the file trains or evaluates:
     an object whose ``parameters()``, ``train()`` or ``eval()`` it uses, or one named like a model)
-    in a file that also runs autocast or a GradScaler, where both can run in one pass.
+    in a file that also runs autocast or a GradScaler, where both can run in one pass. A model
+    the file freezes (``base_model.requires_grad_(False)``, or ``requires_grad = False`` on each
+    of its parameters) is not reported: a float16 frozen base beside a trained float32 adapter
+    updates no float16 weight.
 
     Why is this bad?
     Native mixed precision keeps the weights in float32 and lets autocast pick float16 per op.
@@ -34,6 +38,28 @@ class HalfModelWithAutocast(TrainingStepRule):
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
         Valid(
+            "def train(base_model, adapter, optimizer, loader):\n"
+            "    base_model.half()\n"
+            "    base_model.requires_grad_(False)\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = adapter(base_model(x))\n"
+            "        scaler.scale(loss).backward()\n"
+        ),
+        Valid(
+            "class LoraTrainer:\n"
+            "    def __init__(self, model, lora):\n"
+            "        self.model = model.cuda().half()\n"
+            "        for param in self.model.parameters():\n"
+            "            param.requires_grad = False\n"
+            "        self.lora = lora\n"
+            "        self.scaler = torch.amp.GradScaler('cuda')\n"
+            "\n"
+            "    def step(self, x):\n"
+            "        self.scaler.scale(self.lora(self.model(x))).backward()\n"
+        ),
+        Valid(
             "def train(model, x, fp16):\n"
             "    if fp16:\n"
             "        model.half()\n"
@@ -44,6 +70,16 @@ class HalfModelWithAutocast(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(
+            "def train(base_model, adapter, optimizer, loader):\n"
+            "    base_model.half()\n"
+            "    adapter.requires_grad_(False)\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = adapter(base_model(x))\n"
+            "        scaler.scale(loss).backward()\n"
+        ),
         Invalid(
             "def train(model, optimizer, loader):\n"
             "    model = model.cuda().half()\n"
@@ -73,9 +109,14 @@ class HalfModelWithAutocast(TrainingStepRule):
     ]
 
     def findings(self, model):
+        frozen = None
         for steps, event in model.each(Kind.HALF):
             if not _model_like(event.node, model.facts.models):
                 continue
+            if frozen is None:
+                frozen = _frozen(model.module)
+            if ({_cast_receiver(event.node)} | event.bound()) & frozen:
+                continue  # a frozen base model in float16 beside a trained adapter: nothing of it is updated
             if _evaluates(steps):
                 continue
             managers = [e for e in steps.of(Kind.AUTOCAST, Kind.SCALER_NEW) if e.detail.get("enabled") is not False]
@@ -93,9 +134,38 @@ def _evaluates(steps: Steps) -> bool:
 def _model_like(cast: cst.Call, models: set[str]) -> bool:
     """Whether ``cast`` casts the model itself (``model.half()``, ``model.cuda().half()``), not a
     copy of it (``deepcopy(model).half()``, for a checkpoint) or a tensor."""
-    receiver = cast.func.value
-    while isinstance(receiver, cst.Call) and nodes.call_name(receiver) in ("cuda", "to") and isinstance(receiver.func, cst.Attribute):
-        receiver = receiver.func.value
-    if not isinstance(receiver, (cst.Name, cst.Attribute)):
-        return False
-    return model_like(nodes.code(receiver), models)
+    receiver = _cast_receiver(cast)
+    return receiver is not None and model_like(receiver, models)
+
+
+def _cast_receiver(cast: cst.Call) -> str | None:
+    """``model`` for ``model.half()`` and ``model.cuda().half()``; None for a call's result."""
+    receiver = _through_moves(cast.func.value)
+    return nodes.code(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+
+
+def _through_moves(node: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            nodes.call_name(node) in ("cuda", "to", "half", "eval", "requires_grad_", "float"):
+        node = node.func.value
+    return node
+
+
+def _frozen(module: cst.Module) -> set[str]:
+    """The models the file freezes: ``vae.requires_grad_(False)``, ``model.eval().requires_grad_(False)``,
+    or ``for p in model.parameters(): p.requires_grad = False``."""
+    found: set[str] = set()
+    for node in descendants(module):
+        if type(node) is cst.Call and nodes.call_name(node) == "requires_grad_" and node.args \
+                and nodes.code(node.args[0].value) == "False" and isinstance(node.func, cst.Attribute):
+            found.add(nodes.code(_through_moves(node.func.value)))
+        elif type(node) is cst.For and isinstance(node.iter, cst.Call) and nodes.call_name(node.iter) == "parameters" \
+                and isinstance(node.iter.func, cst.Attribute) and _clears_requires_grad(node):
+            found.add(nodes.code(node.iter.func.value))
+    return found
+
+
+def _clears_requires_grad(loop: cst.For) -> bool:
+    target = nodes.code(loop.target)
+    body = nodes.code(loop.body)
+    return f"{target}.requires_grad = False" in body or f"{target}.requires_grad_(False)" in body

@@ -1,25 +1,48 @@
 """AMP100: a training-step tensor pulled to the host every iteration."""
 from __future__ import annotations
 
+from libcst.metadata import PositionProvider
+
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.step_model import Kind
+from migrate.step_model import Arm, Event, Kind, Loop, Steps, Via
+from migrate.step_model import vocabulary as words
+from migrate.step_model.values import StepValues
+from migrate.step_model.vocabulary import PULL_METHODS
 
-_ALWAYS = ("item",)  # only a tensor (or a numpy scalar) has it: no need to know where the value came from
-_OF_TENSORS = ("cpu", "tolist", "numpy")
 
 
 class HostSyncEveryStep(TrainingStepRule):
     """What it does:
-    Reports a value of the training step (the loss, the model's outputs and what is computed from
-    them) read on the host in every iteration: ``loss.item()``, ``float(loss)``, ``.cpu()``,
-    ``.tolist()``, ``.numpy()``, ``print(loss)`` or ``f"{loss}"``. A read under a logging guard
-    (``if step % log_every == 0:``, ``if rank == 0 and step % n == 0:``), after the loop, or of a
-    value already pulled (``best = torch.argmax(out.cpu(), 1)``, then ``best[i].item()``: the
-    ``.cpu()`` is where the GPU waits; what a function of the file returns as ``loss.cpu()``) is
-    not reported; an ``if`` with a ``%`` that also steps the optimizer is a gradient-accumulation
-    boundary, not a guard.
+    Reports a step tensor read on the host in every iteration of the training loop:
+    ``loss.item()``, ``float(loss)``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``print(loss)``,
+    ``f"{loss}"``, or an ``if`` on its value (``if torch.isnan(loss):``, ``if grad_norm > max_norm:``).
+    One finding per iteration: at its first read, the others listed as related places; a read in a
+    helper the loop calls is reported at the call, the helper's line related.
+
+    A *step tensor* is computed, on the device, from the model's output, the loss, the parameters
+    or their gradients; the reads are followed through assignments, unpacking, loops over
+    containers, the file's helpers (their parameters and returns) and the functions the values
+    go through. Indices, shapes, lengths, batch values, tensors made from host values
+    (``torch.tensor([len(x)])``, ``(schedule == t).nonzero()`` on sampled inputs) and values
+    already pulled (``best = torch.argmax(out.cpu(), 1)``, then ``best[i].item()``: the
+    ``.cpu()`` is where the GPU waits) are not.
+
+    The training loop is the innermost loop that runs a backward pass or an optimizer step,
+    written natively (``scaler.scale(loss).backward()``) or through a framework: timm's
+    ``loss_scaler(loss, optimizer, ...)``, Accelerate's ``accelerator.backward(loss)``,
+    Lightning's ``self.manual_backward(loss)`` (a ``training_step`` is one step), Fabric's
+    ``fabric.backward(loss)``, DeepSpeed's ``engine.backward(loss)`` and ``engine.step()``. An
+    out-of-memory retry loop around one batch is part of the iteration around it; a validation
+    loop inside the training loop, and a ``test_...`` function that feeds a scaler inf or NaN on
+    purpose, are not training steps.
+
+    Not reported: a read under a logging guard (``if step % log_every == 0:``,
+    ``if rank == 0 and step % n == 0:``, every n seconds), inside an ``if`` on the data (the test
+    is what waits), after the loop. An ``if`` with a ``%`` that also steps the optimizer is a
+    gradient-accumulation boundary, and one whose arms take turns at whole steps (a GAN's
+    ``if (step // accum) % 2 == 0:``) is training, not a guard.
 
     Why is this bad?
     CUDA runs asynchronously: the host queues kernels and goes on. Reading a value on the host
@@ -28,13 +51,17 @@ class HostSyncEveryStep(TrainingStepRule):
     wait can cost a large part of it.
 
     Fix safety:
-    No fix: accumulate on the device (``running += loss.detach()``) and read the value every
-    ``n`` steps, which changes what is logged.
+    No fix: accumulate on the device (``running_loss += loss.detach()``) and read the value
+    every ``n`` steps, which changes what is logged. For an ``if`` on the loss, test it every n
+    steps, or leave non-finite steps to ``GradScaler``, whose ``step`` skips them.
     """
 
     CODE = "AMP100"
     MESSAGE = "a training-step tensor is pulled to the host every iteration (the GPU waits each step)"
-    TRIGGERS = ("GradScaler", "autocast", "scaler", "amp", "apex")  # a mixed-precision step: fp32 loops are not this linter's
+    # A mixed-precision step (fp32 loops are not this linter's), or a framework's step, whose
+    # precision is set where the trainer is made: Lightning, Fabric, Accelerate, DeepSpeed.
+    TRIGGERS = ("GradScaler", "autocast", "scaler", "amp", "apex", "manual_backward", "fabric", "accelerator",
+                "deepspeed", "model_engine")
     NEEDS_A_STEP = True
 
     VALID = [
@@ -113,19 +140,66 @@ class HostSyncEveryStep(TrainingStepRule):
     ]
 
     def findings(self, model):
-        reported: set[int] = set()  # one finding per statement: `print(f"{a.item()} {b.item()}")` is one wait
+        # One finding per iteration: the first read on the host, the others related to it. A read
+        # in a helper is reported at the call the loop makes, the helper's line related to it.
+        reads: dict[int, tuple] = {}  # statement -> (steps, event, loop); a loop's walk beats a helper's own
         for steps, event in model.each(Kind.HOST_PULL):
             running, loop = steps.each_step(event)
-            if not running or steps.guarded(event, loop):
-                continue
-            form = event.detail.get("form")
-            tensor = event.subject in steps.tensors()
-            statement = id(event.statements[-1]) if event.statements else id(event.node)
-            if statement in reported:
-                continue
-            if event.detail.get("host"):
+            if not running or steps.guarded(event, loop) or event.detail.get("host"):
                 continue  # `.item()` of what is already a numpy value
-            if form in _ALWAYS or (form in _OF_TENSORS and tensor) or (tensor and event.detail.get("bare")):
-                reported.add(statement)
-                yield event.node, f"`{nodes.code(event.node)}` pulls a training-step tensor to the host every iteration " \
-                                  "(the GPU waits each step); accumulate on the device and read it under a logging guard", {}
+            statement = id(event.statements[-1]) if event.statements else id(event.node)
+            earlier = reads.get(statement)
+            if earlier is not None and (earlier[2] is not None or loop is None):
+                continue
+            if _waits(model, steps, event, loop):
+                reads[statement] = (steps, event, loop)
+        iterations: dict[int, list] = {}
+        for steps, event, loop in reads.values():
+            iterations.setdefault(id(loop.node) if loop else id(steps.root), []).append((steps, event, loop))
+        for group in iterations.values():
+            yield self._finding(group)
+
+    def _finding(self, group: list) -> tuple:
+        steps, event, loop = group[0]
+        call = next((frame.node for frame in event.frames_inside(loop) if isinstance(frame, Via)), None)
+        related = [(other.node, f"also read on the host in the same iteration: `{_shown(other)}`") for _, other, _ in group[1:]]
+        where = f"every iteration of the loop at line {self._line(loop.node)}" if loop else "every training step"
+        root = words.root_text(event.detail["pulled"]) or "loss"
+        if event.detail.get("form") == "if":
+            advice = (f"test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them")
+            what = f"`{_shown(event)}` waits for `{root}` on the host in {where} (the GPU idles each step)"
+        else:
+            running = "running_" + root.rsplit(".", 1)[-1].strip("_")
+            advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps"
+            what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
+        if call is not None:
+            related.insert(0, (event.node, f"the read, in the helper the loop calls: `{_shown(event)}`"))
+            what = f"`{nodes.code(call)}` reads a training-step tensor on the host (line {self._line(event.node)}) in {where}"
+        more = f"; {len(group) - 1} more read{'s' if len(group) > 2 else ''} in the same iteration" if len(group) > 1 else ""
+        return (call or event.node), f"{what}{more}; {advice}", {"related": tuple(related)}
+
+    def _line(self, node) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+
+def _waits(model, steps: Steps, event: Event, loop: Loop | None) -> bool:
+    """Whether ``event`` makes the host wait for a step tensor (``StepValues``), and is not inside
+    an ``if`` on the data (``if grad_norm > max_norm:``: the test is what waits, and is reported)."""
+    # A tensor's own method says the value is a tensor: what any call computed from the step
+    # counts. `print(x)` and `f"{x}"` take anything: only what is surely a step tensor does.
+    form, tick = event.detail.get("form"), event.detail["tick"]
+    if _decided_by_the_data(event, loop, steps.values(model.facts.models, through_calls=False)):
+        return False
+    values = steps.values(model.facts.models, through_calls=form in PULL_METHODS)
+    return values.decides(event.detail["pulled"], tick) if form == "if" else values.holds_at(event.detail["pulled"], tick)
+
+
+def _decided_by_the_data(event: Event, loop: Loop | None, values: StepValues) -> bool:
+    """Whether an ``if`` within the step around ``event`` tests a step tensor's value."""
+    return any(isinstance(frame, Arm) and values.decides(frame.node.test, event.detail["tick"])
+               for frame in event.frames_inside(loop))
+
+
+def _shown(event: Event) -> str:
+    text = " ".join(nodes.code(event.node).split())
+    return f"if {text}" if event.detail.get("form") == "if" else text

@@ -16,6 +16,7 @@ from migrate import tree_walk
 from migrate.apex_plan.syntax import contains
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
+from migrate.step_model.values import return_target
 
 _MAX_DEPTH = 3
 _ASSIGNMENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign)  # compared by exact type
@@ -29,6 +30,8 @@ class Assignment(NamedTuple):
     node: cst.CSTNode | None = None
     frames: tuple = ()
     statements: tuple = ()
+    written: bool = True  # an assignment statement, not a loop target, a helper's parameter or its return
+    tick: int = 0  # when, among every binding and event of the walk: a read sees the bindings before it
 
 
 @dataclass
@@ -38,6 +41,7 @@ class FileFacts:
     scalers: set[str] = field(default_factory=set)  # source text of every GradScaler: "scaler", "self.scaler"
     optimizers: set[str] = field(default_factory=set)  # what scaler.step / unscale_ are given
     models: set[str] = field(default_factory=set)  # whose .parameters() / .train() are used
+    engines: set[str] = field(default_factory=set)  # what runs the backward pass itself: `model_engine.backward(loss)`
     functions: dict[str, cst.FunctionDef] = field(default_factory=dict)  # module level, by name
     methods: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # class id -> name -> method
     owner: dict[int, cst.ClassDef] = field(default_factory=dict)  # method id -> its class
@@ -58,6 +62,8 @@ class Walk:
         self.managed_names: set[str] = set()  # `with amp.scale_loss(...) as scaled_loss`
         self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
         self._entered: list[cst.CSTNode] = [root]
+        self._calls: list[cst.Call] = []  # the calls through which the walk entered the helpers it is in
+        self._ticks = 0
         self._round_trips: set[int] = set()  # calls that are part of a larger one: `.half().float()`, `.cpu().numpy()`
 
     def run(self) -> "Walk":
@@ -71,7 +77,7 @@ class Walk:
     def _bind_losses(self) -> None:
         """A ``LOSS`` event where each loss a backward pass uses is assigned, in its place."""
         losses = {event.subject for event in self.events if event.kind is Kind.BACKWARD and event.subject}
-        found = [a for a in self.assignments if losses & set(a.targets)]
+        found = [a for a in self.assignments if a.written and losses & set(a.targets)]
         for assignment in reversed(found):  # from the end, so earlier positions hold
             subject = next(t for t in assignment.targets if t in losses)
             self.events.insert(assignment.order, Event(Kind.LOSS, assignment.node, assignment.frames,
@@ -92,8 +98,12 @@ class Walk:
         elif isinstance(node, (cst.For, cst.While)):
             head = node.iter if isinstance(node, cst.For) else node.test
             self._expression(head, frames, statements)
-            loop = Loop(node)
-            self._block(_body(node.body), frames + (loop,), statements)
+            if isinstance(node, cst.For):
+                self.bind(tuple(nodes.bound_texts(node.target)), node.iter, node, frames, statements)
+            # A retry loop (`while True: try: ...; break / except OutOfMemoryError: ...`) runs its
+            # body once when nothing fails: it is part of the iteration around it, not one of its own.
+            inner = frames if _retries(node) else frames + (Loop(node),)
+            self._block(_body(node.body), inner, statements)
             if node.orelse is not None:
                 self._block(_body(node.orelse.body), frames, statements)
         elif isinstance(node, cst.If):
@@ -114,6 +124,7 @@ class Walk:
 
     def _if(self, node: cst.If, frames: tuple, statements: tuple) -> None:
         self._expression(node.test, frames, statements)
+        self._pull(node.test, frames, statements, node.test, form="if")  # `if torch.isnan(loss):` waits for the loss
         test, polarity = words.normalised_test(node.test)
         flags = _plain_names(node.test)
         modulo = words.has_modulo(node.test) or any(
@@ -149,7 +160,8 @@ class Walk:
             targets = _targets(small)
             self._expression(value, frames, statements)
             on_host = _pulled(value) or self._returns_host(value)
-            self.assignments.append(Assignment(targets, value, len(self.events), on_host, small, frames, statements))
+            self.assignments.append(Assignment(targets, value, len(self.events), on_host, small, frames, statements,
+                                               tick=self._tick()))
             for target in targets:
                 self._values_of.setdefault(target, []).append(value)
             if type(small) is not cst.AugAssign:
@@ -162,8 +174,20 @@ class Walk:
                     self.scaled_names[target] = scaler
         elif isinstance(small, (cst.Expr, cst.Return)) and value is not None:
             self._expression(value, frames, statements)
+            if type(small) is cst.Return and self._calls:
+                self.bind((return_target(self._calls[-1]),), value, small, frames, statements)
         elif isinstance(small, cst.Assert):
             self._expression(small.test, frames, statements)
+
+    def _tick(self) -> int:
+        self._ticks += 1
+        return self._ticks
+
+    def bind(self, targets: tuple[str, ...], value: cst.BaseExpression, node: cst.CSTNode, frames: tuple,
+             statements: tuple) -> None:
+        """Record that ``targets`` take ``value`` here (a loop target, a helper's parameter or return)."""
+        self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), node, frames, statements,
+                                           written=False, tick=self._tick()))
 
     # expressions
 
@@ -175,10 +199,24 @@ class Walk:
         func = call.func
         receiver = _receiver(call)
         first = call.args[0].value if call.args else None
+        if self._runs_whole_step(call):
+            # timm's NativeScaler: `loss_scaler(loss, optimizer, clip_grad=..., parameters=...)` scales
+            # the loss, runs backward, unscales before its clip, steps and updates
+            loss = call.args[0].value
+            self._add(Kind.BACKWARD, call, frames, statements, subject=_text(loss), how=Backward.MANAGED,
+                      detail={"loss": loss, "framework": "NativeScaler"})
+            optimizer = nodes.argument(call, 1, "optimizer")
+            self._add(Kind.STEP, call, frames, statements, subject=_text(optimizer.value) if optimizer else None,
+                      detail={"framework": "NativeScaler"})
         if isinstance(func, cst.Attribute):
             if name == "backward":
                 if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead
                     self._backward(call, frames, statements)
+            elif name == "manual_backward" and first is not None and self._helper(call) is None:  # Lightning
+                self._add(Kind.BACKWARD, call, frames, statements, subject=_text(first), how=Backward.MANAGED,
+                          detail={"loss": first})
+            elif name == "step" and receiver in self.facts.engines:  # DeepSpeed: `model_engine.step()`
+                self._add(Kind.STEP, call, frames, statements, subject=receiver)
             elif name == "unscale_" and receiver in self.facts.scalers:
                 self._add(Kind.UNSCALE, call, frames, statements, subject=_text(first), scaler=receiver)
             elif name == "step" and receiver in self.facts.scalers:
@@ -194,7 +232,7 @@ class Walk:
                 while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
                     self._round_trips.add(id(inner))
                     inner = inner.func.value
-                self._pull(call, frames, statements, words.root_text(func.value), form=name)
+                self._pull(call, frames, statements, _pulled_value(func.value), form=name)
             elif (name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))) \
                     and id(call) not in self._round_trips:
                 self._add(Kind.HALF, call, frames, statements, subject=receiver)
@@ -206,11 +244,11 @@ class Walk:
                 self._add(Kind.FORWARD, call, frames, statements, subject=receiver)
         elif isinstance(func, cst.Name):
             if name == "float" and first is not None:
-                self._pull(call, frames, statements, words.root_text(first), form="float()", bare=not _has_call(first))
+                self._pull(call, frames, statements, first, form="float()")
             elif name == "print":
                 for arg in call.args:
                     if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
-                        self._pull(arg.value, frames, statements, words.root_text(arg.value), form="print()", bare=True)
+                        self._pull(arg.value, frames, statements, arg.value, form="print()")
         if _code(func) and words.model_like(_code(func), self.facts.models):
             self._add(Kind.FORWARD, call, frames, statements, subject=_code(func))
         if words.reads_gradients(call):
@@ -228,22 +266,41 @@ class Walk:
         helper = self._helper(call)
         if helper is not None and helper not in self._entered and len(self._entered) <= _MAX_DEPTH:
             self._entered.append(helper)
+            self._calls.append(call)
+            for parameter, argument in _parameters_given(helper, call):
+                self.bind((parameter,), argument, call, frames, statements)
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
             self._block(body, frames + (Via(call),), ())
+            self._calls.pop()
             self._entered.pop()
+
+    def _runs_whole_step(self, call: cst.Call) -> bool:
+        """Whether ``call`` calls a loss scaler object with the loss (timm's ``NativeScaler``)."""
+        func = call.func
+        if type(func) is not cst.Name and type(func) is not cst.Attribute:
+            return False
+        positional = [arg for arg in call.args if arg.keyword is None]
+        text = nodes.code(func)
+        return len(positional) >= 1 and (text in self.facts.scalers or words.scaler_like(text)) \
+            and (len(positional) >= 2 or nodes.argument(call, None, "optimizer") is not None)
 
     def _backward(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         target = call.func.value
         scaler = None
+        first = call.args[0].value if call.args else None
         if isinstance(target, cst.Call) and nodes.call_name(target) == "scale" and _receiver(target) in self.facts.scalers:
-            how, scaler, loss = Backward.SCALED, _receiver(target), _text(target.args[0].value if target.args else None)
+            taken = target.args[0].value if target.args else None
+            how, scaler, loss = Backward.SCALED, _receiver(target), _text(taken)
         elif _code(target) in self.scaled_names:
+            taken = target
             how, scaler, loss = Backward.SCALED, self.scaled_names[_code(target)], _code(target)
         elif isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)) and not _manager(target, call, self):
+            taken = target
             how, loss = Backward.PLAIN, words.root_text(target)
         else:
-            how, loss = Backward.MANAGED, _text(call.args[0].value if call.args else None)
-        self._add(Kind.BACKWARD, call, frames, statements, subject=loss, scaler=scaler, how=how)
+            taken = first
+            how, loss = Backward.MANAGED, _text(first)
+        self._add(Kind.BACKWARD, call, frames, statements, subject=loss, scaler=scaler, how=how, detail={"loss": taken})
 
     def _returns_host(self, value: cst.BaseExpression) -> bool:
         """Whether ``value`` calls a function of the file whose every return is on the host
@@ -267,10 +324,11 @@ class Walk:
                     return facts.methods[id(owner)].get(func.attr.value)
         return None
 
-    def _pull(self, node: cst.CSTNode, frames: tuple, statements: tuple, subject: str | None, **detail) -> None:
-        """A read on the host of what ``subject`` holds; ``host``: it holds a value already there."""
+    def _pull(self, node: cst.CSTNode, frames: tuple, statements: tuple, pulled: cst.BaseExpression, **detail) -> None:
+        """A read on the host of ``pulled``; ``host``: what it reads through holds a value already there."""
+        subject = words.root_text(pulled)
         self._add(Kind.HOST_PULL, node, frames, statements, subject=subject,
-                  detail={**detail, "host": subject in self.host_names})
+                  detail={**detail, "pulled": pulled, "host": subject in self.host_names, "tick": self._tick()})
 
     def _add(self, kind: Kind, node: cst.CSTNode, frames: tuple, statements: tuple, **fields) -> None:
         self.events.append(Event(kind, node, frames, statements, **fields))
@@ -299,19 +357,66 @@ class _Events(words.GradientUses):
             self.walk._add(Kind.GRAD_READ, node, self.frames, self.statements, subject=nodes.code(node.value))
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
-        self.walk._pull(node, self.frames, self.statements, words.root_text(node.expression),
-                        form="f-string", bare=not _has_call(node.expression))
+        self.walk._pull(node, self.frames, self.statements, node.expression, form="f-string")
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.walk.bind(tuple(nodes.bound_texts(node.target)), node.iter, node, self.frames, self.statements)
 
 
 def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
-    """``accelerator.backward(loss)``, ``self.backward(loss)``, apex's ``scaled_loss.backward()``:
-    a backward that is not ``tensor.backward()``."""
+    """``accelerator.backward(loss)``, ``self.backward(loss)``, ``model_engine.backward(loss)``,
+    apex's ``scaled_loss.backward()``: a backward that is not ``tensor.backward()``."""
     text = nodes.code(target)
-    if text in walk.managed_names:
+    if text in walk.managed_names or text in walk.facts.engines:
         return True
-    positional = [arg for arg in call.args if arg.keyword is None]
-    return bool(positional) and (text == "self" or any(word in text.lower() for word in
-                                                          ("accelerator", "engine", "fabric", "trainer", "strategy", "scaler")))
+    return any(arg.keyword is None for arg in call.args) and words.runs_backward_itself(target)
+
+
+def _retries(loop: cst.For | cst.While) -> bool:
+    """Whether ``loop`` is a retry loop: every pass that raises nothing leaves it at the end of its
+    body (``while True: try: step(); break / except RuntimeError: ...``)."""
+    body = _body(loop.body)
+    last = body[-1] if body else None
+    if isinstance(last, cst.Try):
+        finishing = _body(last.orelse.body) if last.orelse is not None else _body(last.body)
+        return _ends_with_exit(finishing)
+    return _ends_with_exit(body) and not any(isinstance(statement, cst.If) and _ends_with_exit(_body(statement.body))
+                                             for statement in body[:-1])
+
+
+def _ends_with_exit(body: list) -> bool:
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))
+
+
+def _pulled_value(receiver: cst.BaseExpression) -> cst.BaseExpression:
+    """What a chain of calls pulls to the host: the receiver of its first pull
+    (``loss`` in ``loss.cpu().detach().numpy()``, ``loss.detach()`` in ``loss.detach().item()``)."""
+    pulled, node = receiver, receiver
+    while True:
+        if type(node) is cst.Call and type(node.func) is cst.Attribute:
+            if nodes.call_name(node) in words.PULL_METHODS and not node.args:
+                pulled = node.func.value
+            node = node.func.value
+        elif type(node) is cst.Attribute and node.attr.value == "data":
+            node = node.value
+        else:
+            return pulled
+
+
+def _parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
+    """``(parameter, argument)`` for each parameter of ``helper`` that ``call`` gives a value
+    (``self`` left out of a method called as ``self.f(...)``)."""
+    params = list(helper.params.posonly_params) + list(helper.params.params)
+    if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+        params = params[1:]
+    given: list[tuple[str, cst.BaseExpression]] = []
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    for param, arg in zip(params, positional):
+        given.append((param.name.value, arg.value))
+    by_name = {param.name.value for param in list(params) + list(helper.params.kwonly_params)}
+    given += [(arg.keyword.value, arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value in by_name]
+    return given
 
 
 def _plain_names(test: cst.BaseExpression) -> list[str]:
@@ -382,10 +487,6 @@ def _text(node: cst.CSTNode | None) -> str | None:
 
 def _code(node: cst.CSTNode) -> str:
     return nodes.code(node) if type(node) is cst.Name or type(node) is cst.Attribute else ""
-
-
-def _has_call(node: cst.CSTNode) -> bool:
-    return contains(node, (cst.Call,))
 
 
 def _in_with_item(call: cst.Call, statements: tuple) -> bool:

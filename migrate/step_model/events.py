@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import libcst as cst
 
+from migrate import apex_nodes as nodes
+
 
 class Kind(str, enum.Enum):
     FORWARD = "model call"
@@ -115,8 +117,18 @@ class Event:
     def inlined(self) -> bool:
         return any(isinstance(frame, Via) for frame in self.frames)
 
+    def bound(self) -> set[str]:
+        """What the statement holding the event binds (``self.model`` for ``self.model = model.half()``)."""
+        statement = self.statements[-1] if self.statements else None
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return set()
+        return {text for small in statement.body if isinstance(small, (cst.Assign, cst.AnnAssign))
+                for target in (small.targets if isinstance(small, cst.Assign) else [small])
+                for text in nodes.bound_texts(target.target)}
+
     def frames_inside(self, loop: Loop | None) -> tuple:
         """The frames within ``loop`` (all of them when None)."""
         if loop is None:
             return self.frames
         return self.frames[self.frames.index(loop) + 1:]
+

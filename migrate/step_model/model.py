@@ -17,6 +17,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import contains
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop
+from migrate.step_model.values import StepValues
 from migrate.tree_walk import walk
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
@@ -39,7 +40,6 @@ class Steps:
     root: cst.CSTNode
     events: list[Event]
     assignments: list[Assignment]
-    _tensors: set[str] | None = field(default=None, repr=False)
     # Answers kept: the rules ask of every event, and a module's top level may hold thousands.
     _memo: dict = field(default_factory=dict, repr=False)
 
@@ -57,15 +57,17 @@ class Steps:
         return self._once("index", lambda: {id(other): i for i, other in enumerate(self.events)})[id(event)]
 
     def assigned(self, target: str) -> list[Assignment]:
-        """The assignments to ``target`` (``state``, ``self.best``), in order."""
-        return self._once("assigned", lambda: _grouped(self.assignments, lambda a: a.targets)).get(target, [])
+        """The assignment statements to ``target`` (``state``, ``self.best``), in order: not the
+        bindings of loop targets, parameters and returns, which only the step's values follow."""
+        written = lambda: _grouped([a for a in self.assignments if a.written], lambda a: a.targets)  # noqa: E731
+        return self._once("assigned", written).get(target, [])
 
     def items_assigned(self, container: str) -> list[tuple[Assignment, str]]:
         """``(assignment, target)`` for each target ``container[...]`` assigned (``state["scaler"]``), in order."""
         def by_container() -> dict:
             found: dict = {}
             for assignment in self.assignments:
-                for target in assignment.targets:
+                for target in assignment.targets if assignment.written else ():
                     at = target.find("[")
                     while at > 0:  # each prefix a subscript follows: `a[0].b["k"]` is an item of `a` and of `a[0].b`
                         found.setdefault(target[:at], []).append((assignment, target))
@@ -138,12 +140,31 @@ class Steps:
         for frame in event.frames_inside(loop):
             if not (isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves)):
                 continue
+            if self._alternates(frame):
+                continue  # `if (step // accum) % 2 == 0:` training one model, `else:` the other
             inside = [step for step in stepping if frame in step.frames]
             # All the steps in the arm: an accumulation boundary, which is every optimizer step.
             # Some outside it too: an extra step now and then (a regulariser every 16 iterations).
             if not inside or len(inside) < len(stepping):
                 return True
         return False
+
+    def _alternates(self, arm: Arm) -> bool:
+        """Whether ``arm`` takes turns at training with the rest of its ``if``: it runs a whole step
+        (a backward pass and an optimizer step), and so does another arm of it, or its test
+        is every other pass (``% 2``). A logging guard holds no step of its own."""
+        def whole_step(node: cst.If, body: bool | None) -> bool:
+            frames = [frame for frame in self._arms_of(node) if body is None or frame.body == body]
+            return any(frame in e.frames for frame in frames for e in self.backwards()) and \
+                any(frame in e.frames for frame in frames for e in self.of(*_STEPS))
+
+        if not whole_step(arm.node, arm.body):
+            return False
+        return whole_step(arm.node, not arm.body) or "% 2" in nodes.code(arm.node.test).replace("%2", "% 2")
+
+    def _arms_of(self, node: cst.If) -> list[Arm]:
+        return self._once(("arms", id(node)), lambda: list(dict.fromkeys(
+            frame for event in self.events for frame in event.frames if isinstance(frame, Arm) and frame.node is node)))
 
     @staticmethod
     def exclusive(first: Event, second: Event) -> bool:
@@ -224,33 +245,11 @@ class Steps:
 
     # values
 
-    def tensors(self) -> set[str]:
-        """The step's tensors: the losses and their summands, what the model returns, and what is
-        computed from them (``acc = (logits.argmax(1) == y).float().mean()``); not what was read
-        on the host already (``loss_value = loss.item()``)."""
-        if self._tensors is not None:
-            return self._tensors
-        found = {backward.subject for backward in self.backwards() if backward.subject}
-        models = {event.subject for event in self.of(Kind.FORWARD)}
-        found |= {t for a in self.assignments if isinstance(a.value, cst.Call) and nodes.code(a.value.func) in models
-                  for t in a.targets}
-        computed = [(a, _tensor_operands(a.value)) for a in self.assignments if not a.on_host]
-        for _ in range(4):
-            size = len(found)
-            for assignment, operands in computed:
-                if set(assignment.targets) & found and isinstance(assignment.value, cst.BinaryOperation):
-                    # `loss = ce_loss + 0.1 * aux_loss`: the losses it sums are tensors of the step too
-                    # (not a weight it is scaled by, which may be a float)
-                    found |= {name for name in operands if "loss" in name.lower() and self._computed(name)}
-                if operands & found:
-                    found |= set(assignment.targets)
-            if len(found) == size:
-                break
-        self._tensors = found
-        return found
-
-    def _computed(self, name: str) -> bool:
-        return any(not a.on_host and isinstance(a.value, (cst.Call, cst.BinaryOperation)) for a in self.assigned(name))
+    def values(self, models: set[str], *, through_calls: bool = True) -> StepValues:
+        """Which values are the step's tensors (``StepValues``), given the file's models."""
+        seeds = [backward.detail["loss"] for backward in self.backwards() if backward.detail.get("loss") is not None]
+        return self._once(("values", through_calls),
+                          lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
 
 
 class StepModel(NamedTuple):
@@ -268,40 +267,3 @@ class StepModel(NamedTuple):
 
     def scaled(self) -> bool:
         return any(e.how is Backward.SCALED for e in self.all_events(Kind.BACKWARD))
-
-
-def _tensor_operands(expression: cst.CSTNode) -> set[str]:
-    """The names ``expression`` computes a tensor from: operands of arithmetic, receivers of
-    methods (``loss.detach()``), arguments of torch functions; not what a function of the project
-    is given (``valid, error = check_loss(loss)`` returns what it likes)."""
-    finder = _Operands()
-    walk(expression, finder)
-    return finder.found
-
-
-class _Operands(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.found.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        self.found.add(nodes.code(node))  # `out.logits` is a value; `args` in `args.lr` is not one
-        return False
-
-    def visit_Subscript(self, node: cst.Subscript) -> bool:
-        walk(node.value, self)  # `outputs[i]`: the index is no tensor
-        return False
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if isinstance(node.func, cst.Attribute):
-            walk(node.func.value, self)  # the receiver of `loss.detach()`
-        if nodes.code(node.func).startswith(("torch.", "F.", "nn.functional.")):
-            for arg in node.args:
-                walk(arg, self)
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False

@@ -1,6 +1,8 @@
 """The model as libcst metadata: ``StepModelProvider`` attaches the file's ``StepModel`` to the module."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.metadata import BatchableMetadataProvider, QualifiedNameProvider
 
@@ -32,10 +34,20 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
     found.collect(module)
     roots = []
     for root in found.may_hold_a_step(module):
+        if _tests_non_finite_gradients(root):
+            continue  # a unit test that feeds a scaler inf/NaN on purpose is no training step
         walk = Walk(visitor, facts, root).run()
         if walk.events:
             roots.append(Steps(root, walk.events, walk.assignments))
     return StepModel(module, facts, roots)
+
+
+_NON_FINITE = re.compile(r"""float\(\s*["'][+-]?(inf|infinity|nan)["']\s*\)|\b(math|torch|np|numpy)\.(inf|nan)\b""", re.IGNORECASE)
+
+
+def _tests_non_finite_gradients(root: cst.CSTNode) -> bool:
+    """A ``test_...`` function that puts inf or NaN into the step on purpose (a scaler's unit test)."""
+    return type(root) is cst.FunctionDef and root.name.value.startswith("test") and bool(_NON_FINITE.search(nodes.code(root)))
 
 
 # The calls whose receiver (and first argument) name a scaler, an optimizer or a model.
@@ -110,7 +122,7 @@ class _Facts(cst.CSTVisitor):
         value = node.value
         if isinstance(value, cst.IfExp):  # `scaler = GradScaler() if amp else None`
             value = value.body
-        if isinstance(value, cst.Call) and words.is_grad_scaler(self.visitor, value):
+        if isinstance(value, cst.Call) and (words.is_grad_scaler(self.visitor, value) or words.makes_a_scaler(value)):
             self.facts.scalers.update(nodes.code(t.target) for t in node.targets)
         elif isinstance(value, (cst.Name, cst.Attribute)):
             self.aliases.append((tuple(nodes.code(t.target) for t in node.targets), nodes.code(value)))
@@ -129,6 +141,9 @@ class _Facts(cst.CSTVisitor):
             inner = func.value.func
             if isinstance(inner, cst.Attribute):
                 self.facts.scalers.add(nodes.code(inner.value))
+            return
+        if name == "backward" and any(arg.keyword is None for arg in node.args) and words.runs_backward_itself(func.value):
+            self.facts.engines.add(nodes.code(func.value))
             return
         if name not in _READ_RECEIVER:
             return  # nearly every call: its receiver's text is not worked out
@@ -157,6 +172,8 @@ class _Facts(cst.CSTVisitor):
 
 
 def _is_step_call(visitor: cst.MetadataDependent, call: cst.Call, name: str) -> bool:
+    if name == "manual_backward" or (words.scaler_like(name) and len(call.args) >= 2):
+        return True
     if type(call.func) is cst.Attribute and (name in _STEP_CALLS or (
             name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))):
         return True

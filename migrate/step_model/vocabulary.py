@@ -107,6 +107,26 @@ def literal_bool(node: cst.BaseExpression) -> bool | None:
     return None
 
 
+# A factory of loss scalers: `get_grad_scaler()`, `build_scaler(cfg)`, timm's `NativeScaler()`
+# (not scikit-learn's StandardScaler and kin, which scale features).
+_SCALER_FACTORY = re.compile(r"((grad|loss|amp|native)_?\w*scaler|^(get|build|make|create)_scaler)", re.IGNORECASE)
+_FEATURE_SCALER = re.compile(r"(standard|minmax|robust|maxabs)", re.IGNORECASE)
+# What runs a backward pass itself: `accelerator.backward(loss)`, `model_engine.backward(loss)`.
+_RUNS_BACKWARD = ("accelerator", "engine", "fabric", "trainer", "strategy", "scaler")
+
+
+def makes_a_scaler(call: cst.Call) -> bool:
+    name = nodes.call_name(call)
+    return bool(_SCALER_FACTORY.search(name)) and not _FEATURE_SCALER.search(name)
+
+
+def runs_backward_itself(receiver: cst.BaseExpression) -> bool:
+    """Whether ``receiver.backward(loss)`` is a framework's backward (Accelerate, DeepSpeed, Fabric),
+    not ``tensor.backward(gradient)``."""
+    text = nodes.code(receiver)
+    return text == "self" or any(word in text.lower() for word in _RUNS_BACKWARD)
+
+
 def scaler_like(text: str) -> bool:
     return bool(re.search(r"(^|_)scaler$", text.rsplit(".", 1)[-1], re.IGNORECASE))
 

@@ -604,3 +604,25 @@ def test_each_unsafe_fix_gives_the_reasons_about_it_and_names_the_lines_it_goes_
     assert "together with the unsafe fix at line 6" in said[12]
     assert all("o2-as-autocast" in text or text.startswith("as at line") for text in said.values())
     assert not any("min_loss_scale" in text for row, text in said.items() if row != 6)
+
+
+def test_with_both_streams_in_one_log_the_summary_is_a_line_of_its_own_after_every_finding(tmp_path):
+    # A CI log joins stdout and stderr: the summary (stderr) must not land inside or glued to a finding.
+    source = "import torch\n" + "".join(
+        f"def train_{i}(model, opt, loader):\n"
+        f"    for x in loader:\n"
+        f"        scaler = torch.amp.GradScaler('cuda')\n"
+        f"        with torch.autocast('cuda'):\n"
+        f"            loss = model(x)\n"
+        f"        scaler.scale(loss).backward()\n"
+        f"        scaler.step(opt)\n"
+        f"        scaler.update()\n"
+        f"        print(loss.item())\n" for i in range(150))
+    (tmp_path / "train.py").write_text(source)
+    log = tmp_path / "log.txt"
+    with open(log, "wb") as both:
+        subprocess.run([sys.executable, "-m", "migrate", "--check", "train.py"], cwd=tmp_path, stdout=both, stderr=both)
+    lines = log.read_text().splitlines()
+    assert len(lines) > 300  # over a pipe buffer's worth of findings
+    assert lines[-1].startswith("Found 300 findings")
+    assert all(line.startswith(("train.py:", "  ")) for line in lines[:-1])

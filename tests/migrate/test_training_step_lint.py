@@ -16,6 +16,27 @@ from migrate.step_model import Kind, StepModelProvider, Via
 
 _FAMILY = [rule for rule in all_rules() if rule.CODE.startswith("AMP1")]
 
+# An out-of-memory retry loop around one batch, in a helper the epoch loop calls.
+_RETRY_IN_A_HELPER = """\
+        def run_batch(model, optimizer, batch, scaler):
+            while True:
+                try:
+                    with torch.autocast("cuda"):
+                        loss = model(batch)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    return loss.detach()
+                except torch.cuda.OutOfMemoryError:
+                    optimizer.zero_grad()
+                    torch.cuda.empty_cache()
+
+        def train(model, optimizer, loader, scaler):
+            for batch in loader:
+                loss = run_batch(model, optimizer, batch, scaler)
+                scaler.update()
+                print(loss.cpu().item())
+        """
+
 
 def _lines(source: str, code: str) -> list[int]:
     result = run_rules(textwrap.dedent(source), "train.py", _FAMILY)
@@ -24,6 +45,146 @@ def _lines(source: str, code: str) -> list[int]:
 
 
 SHAPES = [
+    # Issue 34: shapes of real native-AMP code the linter had not been tuned on.
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler, schedule):
+            for x in loader:
+                t = torch.randint(0, 1000, (x.shape[0],), device=x.device)
+                index = (schedule == t[0]).nonzero().item()
+                noise = torch.randn_like(x)
+                with torch.autocast("cuda"):
+                    loss = model(x + noise * index)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                lengths = torch.tensor([len(x)])
+                print(lengths.item(), torch.tensor([len(x)]).item())
+        """,
+        [],
+        id="an index lookup on sampled inputs and CPU-made tensors are no step tensors",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                print(model.weight.norm().item())
+        """,
+        [8],
+        id="a parameter's norm is computed from the step's parameters",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train_one_epoch(model, criterion, loader, optimizer, loss_scaler, max_norm, accum_iter):
+            for data_iter_step, (samples, targets) in enumerate(loader):
+                with torch.cuda.amp.autocast():
+                    outputs = model(samples)
+                    loss = criterion(outputs, targets)
+                loss_value = loss.item()
+                loss /= accum_iter
+                loss_scaler(loss, optimizer, clip_grad=max_norm, parameters=model.parameters(),
+                            update_grad=(data_iter_step + 1) % accum_iter == 0)
+                if (data_iter_step + 1) % accum_iter == 0:
+                    optimizer.zero_grad()
+        """,
+        [6],
+        id="timm's NativeScaler call is a training step",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Module(LightningModule):
+            def training_step(self, batch, batch_idx):
+                opt = self.optimizers()
+                x, y = batch
+                logits = self(x)
+                loss = F.cross_entropy(logits, y)
+                self.manual_backward(loss)
+                self.clip_gradients(opt, gradient_clip_val=1.0)
+                opt.step()
+                opt.zero_grad()
+                acc = (logits.argmax(-1) == y).float().mean()
+                self.log_dict({"loss": loss, "acc": acc.item()})
+        """,
+        [12],
+        id="Lightning's manual optimisation is a training step",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(models, optimizers, loader, scaler, accum):
+            for step, x in enumerate(loader):
+                if (step // accum) % 2 == 0:
+                    with torch.autocast("cuda"):
+                        loss = models[0](x)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizers[0])
+                    print(loss.item())
+                else:
+                    with torch.autocast("cuda"):
+                        loss = models[1](x)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizers[1])
+                scaler.update()
+        """,
+        [8],
+        id="an arm that takes turns at a whole step is no logging guard",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler):
+            for i, x in enumerate(loader):
+                with torch.autocast("cuda"):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                if i % 16 == 0:
+                    reg = model.regularizer()
+                    reg.backward()
+                    optimizer.step()
+                    print(reg.item())
+        """,
+        [],
+        id="a lazy regulariser every 16 steps is still a guard",
+    ),
+    pytest.param(
+        "AMP103",
+        _RETRY_IN_A_HELPER,
+        [],
+        id="an out-of-memory retry loop is no training loop",
+    ),
+    pytest.param(
+        "AMP100",
+        _RETRY_IN_A_HELPER,
+        [17],
+        id="an every-batch read after a retry loop is every step",
+    ),
+    pytest.param(
+        "AMP101",
+        """\
+        def test_scaler_skips_non_finite_steps(model, optimizer):
+            scaler = torch.amp.GradScaler("cuda")
+            loss = model(torch.ones(2))
+            scaler.scale(loss).backward()
+            for p in model.parameters():
+                p.grad.fill_(float("inf"))
+            assert not torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            scaler.step(optimizer)
+            scaler.update()
+        """,
+        [],
+        id="a unit test that feeds a scaler inf on purpose is no training step",
+    ),
     pytest.param(
         "AMP100",
         """\
@@ -72,7 +233,7 @@ SHAPES = [
                     if best[i].item() == 0 or on_host[i, 0].item() > 0.5:
                         names.append("none")
         """,
-        [9, 10],
+        [9],  # one wait per iteration: the second pull is related to the first
         id="what a torch function or a method computes from a value on the host is on the host",
     ),
     pytest.param(
@@ -97,7 +258,7 @@ SHAPES = [
             def update_average(self, loss, average):
                 return average * 0.9 + float(loss) * 0.1
         """,
-        [15],
+        [4],  # at the loop's call; the helper's `if not torch.isfinite(loss)` and return are related
         id="what a method of the file returns pulled is on the host where it is called",
     ),
     pytest.param(
@@ -371,7 +532,7 @@ def test_model_walks_the_functions_that_reach_a_step_and_no_other():
         def run_epoch(model, loader):
             for batch in loader:
                 run_batch(model, batch)
-                print(batch.item())
+                print(model(batch).item())
 
         def collate(items):
             return torch.stack([item.to("cuda") for item in items]).item()
@@ -664,3 +825,52 @@ def _scaled_loop(head: str, after: str) -> str:
     return ("import torch\n\nscaler = torch.amp.GradScaler('cuda')\n" + head
             + "    with torch.autocast('cuda'):\n        loss = model(x)\n"
             "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n" + after)
+
+
+_ONE_ITERATION = """\
+class Trainer:
+    def fit(self, loader):
+        for step, batch in enumerate(loader):
+            with torch.autocast("cuda"):
+                loss = self.model(batch)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.log_step(loss)
+            print(f"step {step}: {loss.item():.3f}")
+
+    def log_step(self, loss):
+        self.history.append(float(loss))
+"""
+
+
+def test_one_iteration_is_one_finding_with_its_other_reads_related():
+    result = run_rules(_ONE_ITERATION, "train.py", _FAMILY)
+    found = [d for d in result.diagnostics if d.code == "AMP100"]
+    assert len(found) == 1
+    finding = found[0]
+    # at the call the loop makes, naming the helper's line and the loop's
+    assert finding.location.row == 9 and "`self.log_step(loss)`" in finding.message
+    assert "(line 13)" in finding.message and "loop at line 3" in finding.message
+    assert "running_loss += loss.detach()" in finding.message
+    assert [r.location.row for r in finding.related] == [13, 10]
+
+
+def test_related_locations_reach_every_output_format():
+    import json
+
+    from migrate import report
+    from migrate.rules import all_rules
+    from migrate.types import FileResult
+
+    result = run_rules(_ONE_ITERATION, "train.py", _FAMILY)
+    results = [FileResult("train.py", tuple(d for d in result.diagnostics if d.code == "AMP100"))]
+    text = report.format_results(results, "text")
+    assert "  also: train.py:13:" in text and "  also: train.py:10:" in text
+    item = json.loads(report.format_results(results, "json"))[0]
+    assert [r["location"]["row"] for r in item["related"]] == [13, 10]
+    sarif = json.loads(report.format_results(results, "sarif", all_rules()))
+    related = sarif["runs"][0]["results"][0]["relatedLocations"]
+    assert [r["physicalLocation"]["region"]["startLine"] for r in related] == [13, 10]
+    assert all(r["message"]["text"] for r in related)
+    assert "(also line 13:" in report.format_results(results, "github")

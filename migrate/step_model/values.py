@@ -1,0 +1,304 @@
+"""Which values are the training step's tensors: a def-use pass over the bindings of one walk.
+
+A value is a *step tensor* when it is computed from what the step computes on the device: the
+model's output, the loss, the parameters or their gradients. Indices, shapes, lengths, tensors
+made from host values (``torch.tensor([len(x)])``, ``(schedule == t).nonzero()`` on sampled
+inputs), host scalars and values already pulled (``loss.item()``) are not.
+
+The bindings are those the walk records in execution order: assignments, ``for`` and
+comprehension targets, a helper's parameters bound to the arguments of the call that entered
+it, and what the helper returns, bound to that call (``return@<call>``). The answer is a fixed
+point over them, seeded with what backward passes take (the loss) and what the model returns.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.step_model import vocabulary as words
+
+# Builtins whose result is a host value whatever they are given.
+_HOST_BUILTINS = frozenset({"len", "int", "float", "str", "bool", "round", "isinstance", "range", "repr", "format",
+                            "hash", "id", "type", "print", "hasattr", "getattr", "callable", "divmod", "abs"})
+# Methods of a tensor whose result is on the host (a pull, or metadata).
+_HOST_METHODS = frozenset(words.PULL_METHODS | {"keys", "size", "dim", "numel", "nelement", "ndimension", "get_device",
+                                                "data_ptr", "element_size", "is_contiguous", "stride", "__len__",
+                                                "is_floating_point", "format", "join", "split", "startswith"})
+# Attributes of a tensor that are host values.
+_HOST_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn",
+                              "training", "param_groups"})
+# Modules whose functions take and give host values.
+_HOST_MODULES = frozenset({"np", "numpy", "math", "time", "random", "os", "sys", "json", "logging", "datetime",
+                           "itertools", "statistics", "wandb", "logger", "log"})
+# Predicates on a tensor's values, as torch functions or methods: `torch.isnan(x)`, `x.any()`.
+_PREDICATES = frozenset({"isnan", "isinf", "isfinite", "any", "all", "equal", "allclose", "is_nonzero"})
+_ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
+_PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
+_PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
+
+
+def return_target(call: cst.Call) -> str:
+    """The name a helper's ``return`` value is bound to, for the call that entered it."""
+    return f"return@{id(call)}"
+
+
+class StepValues:
+    """The names (``loss``, ``self.outputs``, ``return@...``) that hold step tensors in one walk.
+
+    ``assignments``: ``(targets, value, on_host)`` in execution order; ``seeds``: the expressions
+    backward passes take; ``models``: what the file calls ``parameters()`` or ``train()`` on.
+    ``through_calls``: what a function not of the file computes from a step tensor is one too
+    (``accuracy(out, y)``): true of what has a tensor's method (``.item()``), not known of what
+    is only printed (``valid, message = check(loss)``).
+    """
+
+    def __init__(self, assignments: list, seeds: list[cst.BaseExpression], models: set[str], *,
+                 through_calls: bool) -> None:
+        self._models = models
+        self._through_calls = through_calls
+        self._by_target: dict[str, list] = {}
+        for assignment in assignments:
+            for target in assignment.targets:
+                self._by_target.setdefault(target, []).append(assignment)
+        self.names: set[str] = set()
+        for seed in seeds:
+            # what the loss is read through, not a weight from the configuration (`args.r1 * r1_loss`)
+            self.names |= {name for name in self._read_names(seed) if name in self._by_target or "loss" in name.lower()}
+            self.names |= self._loss_operands(seed)
+        seeded = set(self.names)
+        computed = [(a.order, pair) for a in assignments if not a.on_host for pair in _pairs(a)]
+        while True:
+            size = len(self.names)
+            for _, (targets, value) in computed:
+                targets = set(targets) | {_container(target) for target in targets}
+                if not targets <= self.names and self.holds(value):
+                    self.names |= targets
+            if len(self.names) == size:
+                break
+        # What each binding of a name gave it, in order: a read sees the last one before it.
+        self._given: dict[str, list[tuple[int, bool]]] = {}
+        for assignment in assignments:
+            pairs = _pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
+            for targets, value in pairs:
+                step = value is not None and (bool(seeded & set(targets)) or self.holds(value))
+                for target in targets:
+                    self._given.setdefault(target, []).append((assignment.tick, step))
+
+    def decides(self, test: cst.BaseExpression, tick: int) -> bool:
+        """Whether the ``if`` test ``test`` needs a step tensor's value on the host: it compares
+        one (``grad_norm > max_norm``) or asks a predicate of it (``torch.isnan(loss)``,
+        ``found_inf.any()``); not ``loss is None`` or a flag."""
+        kind = type(test)
+        if kind is cst.BooleanOperation:
+            return self.decides(test.left, tick) or self.decides(test.right, tick)
+        if kind is cst.UnaryOperation:
+            return self.decides(test.expression, tick)
+        if kind is cst.Comparison:
+            # a loss or a norm compared (`if loss > 1e4`, `if grad_norm > max_norm`): a counter or a
+            # key that a pass over the step's values binds is no tensor for all the model knows
+            valued = [t for t in test.comparisons if not isinstance(t.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))]
+            sides = [test.left, *(t.comparator for t in valued)] if valued else []
+            return any(_names_a_measure(side) and self.holds_at(side, tick) for side in sides)
+        if kind is cst.Call and nodes.call_name(test) in _PREDICATES and type(test.func) is cst.Attribute:
+            receiver = test.func.value
+            if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] == "torch":
+                return any(self.holds_at(arg.value, tick) for arg in test.args)
+            return self.holds_at(receiver, tick)
+        return False
+
+    def holds_at(self, expression: cst.CSTNode, tick: int) -> bool:
+        """Whether ``expression``, read at ``tick`` of the walk, is a step tensor:
+        a name holds what its last binding before then gave it (``for i, x in enumerate(xs)``
+        makes ``i`` an index, whatever ``i`` held in an earlier loop); one bound only later (in
+        the loop's next pass), what any binding gives it."""
+        saved = self.names
+        self.names = {name for name in saved if self._reaching(name, tick, True)} | {
+            name for name in self._given if name not in saved and self._reaching(name, tick, False)}
+        try:
+            return self.holds(expression)
+        finally:
+            self.names = saved
+
+    def _reaching(self, name: str, tick: int, otherwise: bool) -> bool:
+        before = [step for at, step in self._given.get(name, ()) if at < tick]
+        return before[-1] if before else otherwise
+
+    def holds(self, expression: cst.CSTNode) -> bool:
+        """Whether ``expression`` evaluates to a step tensor (or a container of them)."""
+        kind = type(expression)
+        if expression is None:
+            return False
+        if kind is cst.Name:
+            return expression.value in self.names
+        if kind is cst.Attribute:
+            return self._attribute(expression)
+        if kind is cst.Call:
+            return self._call(expression)
+        if kind is cst.Subscript:
+            return self.holds(expression.value)
+        if kind in (cst.BinaryOperation, cst.BooleanOperation):
+            return self.holds(expression.left) or self.holds(expression.right)
+        if kind is cst.UnaryOperation:
+            return not isinstance(expression.operator, cst.Not) and self.holds(expression.expression)
+        if kind is cst.Comparison:
+            return self.holds(expression.left) or any(self.holds(c.comparator) for c in expression.comparisons)
+        if kind is cst.IfExp:
+            return self.holds(expression.body) or self.holds(expression.orelse)
+        if kind in (cst.Tuple, cst.List, cst.Set):
+            return any(self.holds(element.value) for element in expression.elements)
+        if kind is cst.Dict:
+            return any(self.holds(element.value) for element in expression.elements if hasattr(element, "value"))
+        if kind in (cst.ListComp, cst.SetComp, cst.GeneratorExp):
+            return self.holds(expression.elt)
+        if kind is cst.DictComp:
+            return self.holds(expression.value)
+        if kind in (cst.Await, cst.StarredElement):
+            return self.holds(expression.value if kind is cst.StarredElement else expression.expression)
+        return False  # constants, strings, lambdas
+
+    def _attribute(self, node: cst.Attribute) -> bool:
+        text = nodes.code(node)
+        if text in self.names:
+            return True
+        attr = node.attr.value
+        if attr in _HOST_ATTRIBUTES:
+            return False
+        if attr in _PARAMETER_ATTRIBUTES and (attr == "grad" or self._is_model(node.value)):
+            return True  # `p.grad`, `model.fc.weight`
+        if isinstance(node.value, cst.Name) and node.value.value == "self":
+            return False
+        return self.holds(node.value)  # `outputs.logits`
+
+    def _call(self, call: cst.Call) -> bool:
+        func = call.func
+        returned = return_target(call)
+        if returned in self._by_target:  # a helper of the file the walk entered: what it returns
+            return returned in self.names
+        name = nodes.call_name(call)
+        if type(func) is cst.Name and func.value[:1].isupper():
+            return False  # a class made: `Model(cfg)` is a module, not what it computes
+        if self._is_model(func) or (type(func) is cst.Name and func.value == "self"):
+            return True  # `model(x)`, `self.net(x)`, a LightningModule's `self(x)`
+        arguments = [arg.value for arg in call.args]
+        if type(func) is cst.Name:
+            if name in _HOST_BUILTINS:
+                return False
+            if not self._through_calls and name not in ("sum", "max", "min"):
+                return False
+            return any(self.holds(arg) or self._is_model(arg) for arg in arguments)  # `criterion(out, y)`, `sum(losses)`
+        if type(func) is cst.Attribute:
+            if name in _HOST_METHODS:
+                return False
+            receiver = func.value
+            if name in _PARAMETERS:
+                return self._is_model(receiver)
+            if name == "forward" and self._is_model(receiver):
+                return True
+            if words.root_text(receiver) in _HOST_MODULES or nodes.code(receiver).split(".")[0] in _HOST_MODULES:
+                return False
+            if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] in ("torch", "F", "nn"):
+                return any(self.holds(arg) for arg in arguments)  # `torch.stack(losses)`
+            if self.holds(receiver):
+                return True  # `loss.detach()`, `loss_dict.values()`
+            return self._through_calls and any(self.holds(arg) or self._is_model(arg) for arg in arguments)
+        return False
+
+    def _is_model(self, node: cst.CSTNode) -> bool:
+        if type(node) is not cst.Name and type(node) is not cst.Attribute:
+            return False
+        text = nodes.code(node)
+        if text == "self":
+            return False  # `self(x)` is asked for in `_call`: `self` handed on is no model
+        return text in self._models or words.model_like(text, self._models)
+
+    def _read_names(self, expression: cst.CSTNode) -> set[str]:
+        """The names and attributes ``expression`` reads a value through (``loss`` in ``loss / accum``)."""
+        found: set[str] = set()
+        stack = [expression]
+        while stack:
+            node = stack.pop()
+            if type(node) is cst.Name:
+                found.add(node.value)
+            elif type(node) is cst.Attribute:
+                found.add(nodes.code(node))
+            elif type(node) is cst.Call:
+                if type(node.func) is cst.Attribute:
+                    stack.append(node.func.value)
+                stack.extend(arg.value for arg in node.args)
+            elif type(node) is cst.Subscript:
+                stack.append(node.value)
+            elif type(node) in (cst.BinaryOperation, cst.BooleanOperation):
+                stack += [node.left, node.right]
+            elif type(node) is cst.UnaryOperation:
+                stack.append(node.expression)
+        return found
+
+    def _loss_operands(self, loss: cst.CSTNode) -> set[str]:
+        """What the loss is computed from by a call of its own (``pred`` in ``loss = criterion(pred,
+        y)`` where ``pred = self.backbone(images)``): a model output, though its model's name says
+        nothing; not what a batch is moved or indexed into (``y = batch["y"].cuda()``)."""
+        found: set[str] = set()
+        for name in self._read_names(loss):
+            for assignment in self._by_target.get(name, ()):
+                if assignment.on_host or not assignment.written:
+                    continue
+                loops = _loops(assignment)
+                for operand in self._read_names(assignment.value) - {name}:
+                    # computed in the same pass as the loss: not `args = parser.parse_args()`
+                    if "loss" in operand.lower() or any(
+                            a.written and _loops(a) == loops and _computes(a.value) for a in self._by_target.get(operand, ())):
+                        found.add(operand)
+        return found
+
+
+def _pairs(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
+    """``(targets, value)`` for each part of ``assignment`` bound on its own: the elements of
+    ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()``; the item, not the
+    index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``. None: a host value."""
+    node = assignment.node
+    if type(node) is cst.Assign and len(node.targets) == 1:
+        target, value = node.targets[0].target, node.value
+        if _plain_sequence(target) and _plain_sequence(value) and len(target.elements) == len(value.elements):
+            return [(tuple(nodes.bound_texts(t.value)), v.value) for t, v in zip(target.elements, value.elements)]
+    elif type(node) in (cst.For, cst.CompFor) and _plain_sequence(node.target) and type(node.iter) is cst.Call:
+        elements, iterated = node.target.elements, node.iter
+        name = nodes.call_name(iterated)
+        given = [arg.value for arg in iterated.args]
+        if name == "items" and type(iterated.func) is cst.Attribute and len(elements) == 2:
+            return [(tuple(nodes.bound_texts(elements[0].value)), None),
+                    (tuple(nodes.bound_texts(elements[1].value)), iterated.func.value)]
+        if name == "enumerate" and given and len(elements) == 2:
+            return [(tuple(nodes.bound_texts(elements[0].value)), None), (tuple(nodes.bound_texts(elements[1].value)), given[0])]
+        if name == "zip" and len(given) == len(elements):
+            return [(tuple(nodes.bound_texts(t.value)), v) for t, v in zip(elements, given)]
+    return [(assignment.targets, assignment.value)]
+
+
+def _plain_sequence(node: cst.CSTNode) -> bool:
+    return type(node) in (cst.Tuple, cst.List) and not any(type(e) is cst.StarredElement for e in node.elements)
+
+
+def _names_a_measure(expression: cst.CSTNode) -> bool:
+    text = (words.root_text(expression) or "").lower()
+    return "loss" in text or "norm" in text
+
+
+def _loops(assignment) -> tuple:
+    return tuple(frame for frame in assignment.frames if type(frame).__name__ == "Loop")
+
+
+def _container(target: str) -> str:
+    """``losses`` for ``losses["ce"]``: an item's container holds a step tensor once an item does."""
+    return target.split("[", 1)[0]
+
+
+def _computes(value: cst.CSTNode) -> bool:
+    """Whether ``value`` is a call that computes something: not a move (``x.cuda()``), a pull, a builtin."""
+    if type(value) is not cst.Call:
+        return False
+    name = nodes.call_name(value)
+    if name in _HOST_BUILTINS or name in _HOST_METHODS or words.moves_only(value) or name in _ITERATION:
+        return False
+    if type(value.func) is cst.Attribute and nodes.code(value.func.value).split(".")[0] in _HOST_MODULES:
+        return False
+    return True
