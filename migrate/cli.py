@@ -70,6 +70,8 @@ def _show_rules(ctx: click.Context, _param: click.Parameter, wanted: bool) -> No
 @click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--diff", is_flag=True, help="Print a unified diff of the fixes; write nothing.")
+@click.option("--add-noqa", is_flag=True,
+              help="Add a `# noqa` directive for every current finding (fixing nothing), so that only new code is held to the rules.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if anything would change or is reported.")
 @click.option("--unsafe-fixes", is_flag=True, default=None, help="Also apply fixes that may change behaviour.")
 @click.option("--select", multiple=True, metavar="CODES", help="Run only rules with these code prefixes (comma-separated).")
@@ -101,6 +103,7 @@ def main(
     ctx: click.Context,
     paths: tuple[str, ...],
     diff: bool,
+    add_noqa: bool,
     check: bool,
     unsafe_fixes: bool | None,
     select: tuple[str, ...],
@@ -133,6 +136,9 @@ def main(
         paths = (".",)
     if "-" in paths and len(paths) > 1:
         raise click.UsageError("'-' (standard input) cannot be combined with other paths")
+    if add_noqa and (diff or "-" in paths):
+        raise click.UsageError("--add-noqa writes directives into files: not with --diff or '-'")
+    check = check or add_noqa  # the findings as they are: nothing is fixed
     try:
         config = load_config(find_pyproject(paths))
     except (ConfigError, OSError) as error:
@@ -187,6 +193,9 @@ def main(
             click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
             ctx.exit(_INTERRUPTED)
 
+    if add_noqa:
+        _add_directives(results, quiet)
+        ctx.exit(_exit_code(results) & ~_FOUND)
     view = _View(
         output_format, color={"auto": None, "always": True, "never": False}[color], quiet=quiet,
         statistics=statistics, show_fixes=show_fixes, output_file=output_file,
@@ -208,6 +217,17 @@ def main(
         ctx.exit(_INTERRUPTED)
     code = _exit_code(results)
     ctx.exit(code & ~_FOUND if exit_zero else code)
+
+
+def _add_directives(results, quiet: bool) -> None:
+    from migrate.add_noqa import add_noqa
+
+    added = add_noqa(results)
+    for problem in added.skipped:
+        click.echo(f"ampmigrate: {problem}", err=True)
+    if not quiet:
+        click.echo(f"Added {added.codes} noqa directive{'s' if added.codes != 1 else ''} to "
+                   f"{added.files} file{'s' if added.files != 1 else ''}.", err=True)
 
 
 def _progress_wanted(stream=None, environ=None) -> bool:

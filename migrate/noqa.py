@@ -26,7 +26,7 @@ from typing import Collection, Iterable, NamedTuple
 from migrate import quiet
 from migrate.types import UNUSED_NOQA_CODE
 
-__all__ = ["Directive", "Directives", "Unused", "remove_unused", "skips_file", "unused"]
+__all__ = ["Directive", "Directives", "Unused", "add_directives", "remove_unused", "skips_file", "unused"]
 
 _SKIP_FILE = re.compile(r"^[ \t]*#[ \t]*ampmigrate:[ \t]*skip-file[ \t]*$", re.MULTILINE | re.IGNORECASE)
 _CODE = r"[A-Z]+[0-9]+"
@@ -57,19 +57,24 @@ class Directive:
 class Directives:
     """The ``# noqa`` directives of a text, found from its tokens, and the line each finding maps to."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, lines_moved: bool = False) -> None:
+        """``lines_moved``: where each row's directive goes is wanted even with no directive yet."""
         self.text = text
         self.by_row: dict[int, Directive] = {}
         self._moved: dict[int, int] = {}  # a row inside a multi-line string or continuation -> its directive row
-        if _QUICK.search(text):
+        if lines_moved or _QUICK.search(text):
             self._read(text)
+
+    def row_of(self, row: int) -> int:
+        """The row a directive for a finding starting on ``row`` goes on."""
+        return self._moved.get(row, row)
 
     def __bool__(self) -> bool:
         return bool(self.by_row)
 
     def suppresses(self, row: int, code: str) -> bool:
         """Whether a finding ``code`` starting on ``row`` is suppressed (and marks the directive used)."""
-        directive = self.by_row.get(self._moved.get(row, row))
+        directive = self.by_row.get(self.row_of(row))
         if directive is None:
             return False
         if directive.codes is None:
@@ -210,3 +215,55 @@ def remove_unused(text: str, found: Iterable[Unused]) -> str:
                 body = code_part
         lines[directive.row - 1] = body + ending
     return "\n".join(lines)
+
+
+def add_directives(text: str, findings: Iterable[tuple[int, str]]) -> tuple[str, int]:
+    """``text`` with ``# noqa: CODE`` for each finding ``(row, code)`` (Ruff's ``--add-noqa``), on
+    the line its directive goes on (after a multi-line string, on a continuation's last line): its
+    codes added to a directive there already, or the directive put at the line's end, before any
+    comment the line has. A bare ``# noqa`` there already covers every code. Returns the new
+    text and the number of codes added."""
+    directives = Directives(text, lines_moved=True)
+    wanted: dict[int, list[str]] = {}
+    for row, code in findings:
+        codes = wanted.setdefault(directives.row_of(row), [])
+        if code not in codes:
+            codes.append(code)
+    comments = _comment_columns(text)
+    lines = text.split("\n")
+    added = 0
+    for row, codes in sorted(wanted.items()):
+        line = lines[row - 1]
+        body = line.rstrip("\r")
+        ending = line[len(body):]
+        existing = directives.by_row.get(row)
+        if existing is not None:
+            new = [] if existing.codes is None else [code for code in codes if code not in existing.codes]
+            if new:
+                merged = ", ".join([*existing.codes, *new])
+                body = f"{body[:existing.start]}# noqa: {merged}{body[existing.end:]}"
+        else:
+            new = codes
+            column = comments.get(row)
+            directive = f"# noqa: {', '.join(codes)}"
+            if column is None:
+                body = f"{body.rstrip()}  {directive}"
+            elif body[:column].strip():  # code, then a comment: the directive between them
+                body = f"{body[:column].rstrip()}  {directive} {body[column:]}"
+            else:
+                body = f"{body[:column]}{directive} {body[column:]}"
+        added += len(new)
+        lines[row - 1] = body + ending
+    return "\n".join(lines), added
+
+
+def _comment_columns(text: str) -> dict[int, int]:
+    """The column of each line's comment, from the tokens (a ``#`` in a string is none)."""
+    found: dict[int, int] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                found[token.start[0]] = token.start[1]
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return found

@@ -14,8 +14,9 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 - an amp call through a name (``amp.scale_loss``, ``self.amp.initialize``);
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
   (what is left of an apex import guard);
-- a ``backward`` or ``step`` call (AMP100 reads the training step of a file that says ``amp``,
-  and a training loop has one of them).
+- a ``backward`` or ``step`` call, or a loss scaler called with the loss (timm's
+  ``loss_scaler(loss, optimizer, ...)``): AMP100 reads the training step of a file that says
+  ``amp``, and a training loop has one of them.
 
 Two more words are common in code that trains nothing: ``autocast`` (inference under autocast) and
 ``scaler`` (a feature scaler). The rules reading them in a plain run (AMP100–AMP104, AMP108, AMP109:
@@ -66,6 +67,9 @@ _APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)\s
 _APEX_FLAG_SET_BYTES = re.compile(_APEX_FLAG_SET.pattern.encode(), re.I | re.M)
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
 _STEP_CALLS = frozenset({"backward", "step"})
+# ...or timm's loss scaler, which runs both: ``loss_scaler(loss, optimizer, clip_grad=...)``.
+_SCALER_CALL = re.compile(r"scaler\s*\(", re.I)
+_SCALER_CALL_BYTES = re.compile(_SCALER_CALL.pattern.encode(), re.I)
 # What a float16 cast spells (``.half()``, ``.to(torch.float16)``, ``dtype="half"``): AMP108 reads these.
 _HALF_NAMES = frozenset({"half", "float16"})
 # apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
@@ -139,6 +143,7 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
     names, an import error or a step's call as a word of its own, or ``amp`` and one of its calls.
     Searched for as literals, a fraction of the time of a regex or of parsing."""
     return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS))
+            or (_SCALER_CALL_BYTES if isinstance(content, bytes) else _SCALER_CALL).search(content) is not None
             or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in _AMP_CALLS))
             or (_APEX_FLAG_SET_BYTES if isinstance(content, bytes) else _APEX_FLAG_SET).search(content) is not None)
 
@@ -173,6 +178,11 @@ def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
             if node.attr in _APEX_NAMES or node.attr in _STEP_CALLS or (node.attr in _AMP_CALLS and _is_amp(node.value)):
                 return True
             if casts and node.attr in _HALF_NAMES:
+                return True
+        elif kind is ast.Call:
+            func = node.func
+            called = func.id if type(func) is ast.Name else func.attr if type(func) is ast.Attribute else ""
+            if called.lower().endswith("scaler") and len(node.args) >= 2:  # timm's `loss_scaler(loss, optimizer, ...)`
                 return True
         elif kind is ast.Constant:
             if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")

@@ -1,15 +1,16 @@
 """AMP100: a training-step tensor pulled to the host every iteration."""
 from __future__ import annotations
 
+import libcst as cst
 from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Arm, Event, Kind, Loop, Steps, Via
-from migrate.step_model import vocabulary as words
 from migrate.step_model.values import StepValues
 from migrate.step_model.vocabulary import PULL_METHODS
+from migrate.tree_walk import descendants
 
 
 
@@ -35,8 +36,9 @@ class HostSyncEveryStep(TrainingStepRule):
     Lightning's ``self.manual_backward(loss)`` (a ``training_step`` is one step), Fabric's
     ``fabric.backward(loss)``, DeepSpeed's ``engine.backward(loss)`` and ``engine.step()``. An
     out-of-memory retry loop around one batch is part of the iteration around it; a validation
-    loop inside the training loop, and a ``test_...`` function that feeds a scaler inf or NaN on
-    purpose, are not training steps.
+    loop inside the training loop, a loop that clears the gradients of its backward passes
+    without stepping (a scan for out-of-memory batches) and a ``test_...`` function (a unit test,
+    whose reads are what it checks) are not training steps.
 
     Not reported: a read under a logging guard (``if step % log_every == 0:``,
     ``if rank == 0 and step % n == 0:``, every n seconds), inside an ``if`` on the data (the test
@@ -89,6 +91,30 @@ class HostSyncEveryStep(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(
+            "import torch\n"
+            "\n"
+            "def train_one_epoch(model, criterion, loader, optimizer, loss_scaler, amp=True):\n"
+            "    for samples, targets in loader:\n"
+            "        with torch.autocast('cuda', enabled=amp):\n"
+            "            loss = criterion(model(samples), targets)\n"
+            "        loss_value = loss.item()\n"
+            "        loss_scaler(loss, optimizer, clip_grad=None, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n"
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.unscale_(optimizer)\n"
+            "        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        if torch.isnan(loss) or grad_norm > 100:\n"
+            "            print('skipping a bad step')\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Invalid(
             "def train(model, optimizer, loader, scaler):\n"
             "    total = 0.0\n"
@@ -157,19 +183,20 @@ class HostSyncEveryStep(TrainingStepRule):
         for steps, event, loop in reads.values():
             iterations.setdefault(id(loop.node) if loop else id(steps.root), []).append((steps, event, loop))
         for group in iterations.values():
-            yield self._finding(group)
+            yield self._finding(sorted(group, key=lambda read: self._line(_anchor(read[1], read[2]))), model.facts.models)
 
-    def _finding(self, group: list) -> tuple:
+    def _finding(self, group: list, models: set[str]) -> tuple:
         steps, event, loop = group[0]
-        call = next((frame.node for frame in event.frames_inside(loop) if isinstance(frame, Via)), None)
+        call = _anchor(event, loop)
+        call = None if call is event.node else call
         related = [(other.node, f"also read on the host in the same iteration: `{_shown(other)}`") for _, other, _ in group[1:]]
         where = f"every iteration of the loop at line {self._line(loop.node)}" if loop else "every training step"
-        root = words.root_text(event.detail["pulled"]) or "loss"
+        root = _value_name(steps.values(models, through_calls=True), event.detail["pulled"])
         if event.detail.get("form") == "if":
             advice = (f"test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them")
             what = f"`{_shown(event)}` waits for `{root}` on the host in {where} (the GPU idles each step)"
         else:
-            running = "running_" + root.rsplit(".", 1)[-1].strip("_")
+            running = "running_" + root.rsplit(".", 1)[-1].strip("_") if root != "the value" else "running_total"
             advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps"
             what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
         if call is not None:
@@ -203,3 +230,18 @@ def _decided_by_the_data(event: Event, loop: Loop | None, values: StepValues) ->
 def _shown(event: Event) -> str:
     text = " ".join(nodes.code(event.node).split())
     return f"if {text}" if event.detail.get("form") == "if" else text
+
+
+def _anchor(event: Event, loop: Loop | None):
+    """Where a read is reported: the call the loop makes into the helper holding it, or itself."""
+    return next((frame.node for frame in event.frames_inside(loop) if isinstance(frame, Via)), event.node)
+
+
+def _value_name(values: StepValues, pulled) -> str:
+    """The step tensor a read reads, as the code names it (``train_loss`` in
+    ``not torch.isfinite(train_loss)``, ``loss`` in ``accelerator.gather(loss).mean()``)."""
+    found = [node for node in descendants(pulled) if type(node) in (cst.Name, cst.Attribute)
+             and nodes.code(node) not in ("self", "torch") and values.holds(node)]
+    named = [nodes.code(node) for node in found if not (type(node) is cst.Name and any(
+        type(other) is cst.Attribute and nodes.code(other).startswith(node.value + ".") for other in found))]
+    return named[0] if named else "the value"

@@ -7,7 +7,10 @@ Map of the package:
 - ``vocabulary``: the words. Which calls create a GradScaler or an autocast region, which
   names are optimizers, which reads see gradients, what a flag test is.
 - ``build``: the walk of one function in execution order, entering the file's own helpers
-  (``self.optimizer_step()``), so a step split across methods reads as one.
+  (``self.optimizer_step()``), so a step split across methods reads as one; it records each
+  binding (assignments, loop and comprehension targets, a helper's parameters and returns).
+- ``shapes``: shapes of code the walk recognises (a retry loop, what a chain of calls pulls).
+- ``values``: which values are the step's tensors, a def-use pass over the walk's bindings.
 - ``model``: ``StepModel`` and the queries: the training loop around an event, whether two
   events share an iteration or never run together, logging guards, the step's tensors.
 - ``provider``: ``StepModelProvider``, the libcst metadata provider the rules declare.

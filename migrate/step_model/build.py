@@ -14,6 +14,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate import tree_walk
 from migrate.apex_plan.syntax import contains
+from migrate.step_model import shapes
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
 from migrate.step_model.values import return_target
@@ -102,7 +103,7 @@ class Walk:
                 self.bind(tuple(nodes.bound_texts(node.target)), node.iter, node, frames, statements)
             # A retry loop (`while True: try: ...; break / except OutOfMemoryError: ...`) runs its
             # body once when nothing fails: it is part of the iteration around it, not one of its own.
-            inner = frames if _retries(node) else frames + (Loop(node),)
+            inner = frames if shapes.retries(node) else frames + (Loop(node),)
             self._block(_body(node.body), inner, statements)
             if node.orelse is not None:
                 self._block(_body(node.orelse.body), frames, statements)
@@ -175,7 +176,11 @@ class Walk:
         elif isinstance(small, (cst.Expr, cst.Return)) and value is not None:
             self._expression(value, frames, statements)
             if type(small) is cst.Return and self._calls:
-                self.bind((return_target(self._calls[-1]),), value, small, frames, statements)
+                returned = return_target(self._calls[-1])
+                self.bind((returned,), value, small, frames, statements)
+                if type(value) is cst.Tuple:  # `return loss, logs`: each element for `loss, logs = helper()`
+                    for k, element in enumerate(value.elements):
+                        self.bind((f"{returned}#{k}",), element.value, small, frames, statements)
         elif isinstance(small, cst.Assert):
             self._expression(small.test, frames, statements)
 
@@ -232,7 +237,7 @@ class Walk:
                 while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
                     self._round_trips.add(id(inner))
                     inner = inner.func.value
-                self._pull(call, frames, statements, _pulled_value(func.value), form=name)
+                self._pull(call, frames, statements, shapes.pulled_value(func.value), form=name)
             elif (name == "half" or (name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))) \
                     and id(call) not in self._round_trips:
                 self._add(Kind.HALF, call, frames, statements, subject=receiver)
@@ -267,7 +272,7 @@ class Walk:
         if helper is not None and helper not in self._entered and len(self._entered) <= _MAX_DEPTH:
             self._entered.append(helper)
             self._calls.append(call)
-            for parameter, argument in _parameters_given(helper, call):
+            for parameter, argument in shapes.parameters_given(helper, call):
                 self.bind((parameter,), argument, call, frames, statements)
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
             self._block(body, frames + (Via(call),), ())
@@ -359,8 +364,24 @@ class _Events(words.GradientUses):
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         self.walk._pull(node, self.frames, self.statements, node.expression, form="f-string")
 
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self.walk.bind(tuple(nodes.bound_texts(node.target)), node.iter, node, self.frames, self.statements)
+    def _comprehension(self, node) -> None:
+        """Its targets bound before its element is walked: a read there sees them."""
+        compfor = node.for_in
+        while compfor is not None:
+            self.walk.bind(tuple(nodes.bound_texts(compfor.target)), compfor.iter, compfor, self.frames, self.statements)
+            compfor = compfor.inner_for_in
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._comprehension(node)
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._comprehension(node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._comprehension(node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._comprehension(node)
 
 
 def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
@@ -372,51 +393,12 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
     return any(arg.keyword is None for arg in call.args) and words.runs_backward_itself(target)
 
 
-def _retries(loop: cst.For | cst.While) -> bool:
-    """Whether ``loop`` is a retry loop: every pass that raises nothing leaves it at the end of its
-    body (``while True: try: step(); break / except RuntimeError: ...``)."""
-    body = _body(loop.body)
-    last = body[-1] if body else None
-    if isinstance(last, cst.Try):
-        finishing = _body(last.orelse.body) if last.orelse is not None else _body(last.body)
-        return _ends_with_exit(finishing)
-    return _ends_with_exit(body) and not any(isinstance(statement, cst.If) and _ends_with_exit(_body(statement.body))
-                                             for statement in body[:-1])
 
 
-def _ends_with_exit(body: list) -> bool:
-    last = body[-1] if body else None
-    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))
 
 
-def _pulled_value(receiver: cst.BaseExpression) -> cst.BaseExpression:
-    """What a chain of calls pulls to the host: the receiver of its first pull
-    (``loss`` in ``loss.cpu().detach().numpy()``, ``loss.detach()`` in ``loss.detach().item()``)."""
-    pulled, node = receiver, receiver
-    while True:
-        if type(node) is cst.Call and type(node.func) is cst.Attribute:
-            if nodes.call_name(node) in words.PULL_METHODS and not node.args:
-                pulled = node.func.value
-            node = node.func.value
-        elif type(node) is cst.Attribute and node.attr.value == "data":
-            node = node.value
-        else:
-            return pulled
 
 
-def _parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
-    """``(parameter, argument)`` for each parameter of ``helper`` that ``call`` gives a value
-    (``self`` left out of a method called as ``self.f(...)``)."""
-    params = list(helper.params.posonly_params) + list(helper.params.params)
-    if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
-        params = params[1:]
-    given: list[tuple[str, cst.BaseExpression]] = []
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    for param, arg in zip(params, positional):
-        given.append((param.name.value, arg.value))
-    by_name = {param.name.value for param in list(params) + list(helper.params.kwonly_params)}
-    given += [(arg.keyword.value, arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value in by_name]
-    return given
 
 
 def _plain_names(test: cst.BaseExpression) -> list[str]:
@@ -468,8 +450,7 @@ def _pulled(value: cst.BaseExpression) -> bool:
     return False
 
 
-def _body(block: cst.BaseSuite) -> list:
-    return list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
+_body = shapes.body
 
 
 def _targets(small: cst.CSTNode) -> tuple[str, ...]:

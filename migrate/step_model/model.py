@@ -89,11 +89,18 @@ class Steps:
         """The innermost loop around ``event`` that is a training loop: the innermost loop around a
         backward pass or an optimizer step (an epoch loop around it is not one: what runs there
         runs once per epoch)."""
-        training = self._once("training", lambda: {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS) if event.loops()})
+        training = self._once("training", lambda: {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS)
+                                                   if event.loops() and not self._discards_gradients(event.loops()[-1])})
         for loop in reversed(event.loops()):
             if loop in training:
                 return loop
         return None
+
+    def _discards_gradients(self, loop: Loop) -> bool:
+        """Whether ``loop`` runs backward passes only to clear their gradients, stepping no
+        optimizer (a scan of the largest batches for out-of-memory errors): no training."""
+        inside = self._within(loop)
+        return any(e.kind is Kind.ZERO_GRAD for e in inside) and not any(e.kind in _STEPS for e in inside)
 
     def backward_loop(self, event: Event) -> Loop | None:
         """The innermost loop around ``event`` that also holds a backward pass (a loop over the

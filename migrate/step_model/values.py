@@ -12,6 +12,8 @@ point over them, seeded with what backward passes take (the loss) and what the m
 """
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -32,6 +34,12 @@ _HOST_MODULES = frozenset({"np", "numpy", "math", "time", "random", "os", "sys",
                            "itertools", "statistics", "wandb", "logger", "log"})
 # Predicates on a tensor's values, as torch functions or methods: `torch.isnan(x)`, `x.any()`.
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "any", "all", "equal", "allclose", "is_nonzero"})
+_RUNS_THE_MODEL = re.compile(r"(loss|criterion|forward|step|predict|infer|evaluate)", re.IGNORECASE)
+# A function named for what it does: `build_model`, `load_models`, `get_model_config`.
+_VERB = re.compile(r"(load|build|get|create|make|init|setup|prepare|save|count|print|log|wrap|unwrap|set|convert|"
+                   r"freeze|copy|update|sync|average|export)_")
+# Names of what a step is given, not what it computes.
+_INPUT_LIKE = re.compile(r"(batch|input|data|target|label|mask|len|idx|index|size|token|ids$|^x$|^y$)", re.IGNORECASE)
 _ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
 _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
 _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
@@ -62,11 +70,12 @@ class StepValues:
                 self._by_target.setdefault(target, []).append(assignment)
         self.names: set[str] = set()
         for seed in seeds:
-            # what the loss is read through, not a weight from the configuration (`args.r1 * r1_loss`)
-            self.names |= {name for name in self._read_names(seed) if name in self._by_target or "loss" in name.lower()}
+            self.names |= _loss_names(seed)
             self.names |= self._loss_operands(seed)
         seeded = set(self.names)
-        computed = [(a.order, pair) for a in assignments if not a.on_host for pair in _pairs(a)]
+        # a comprehension's targets are its own: they hold what its element reads (`holds`), no more
+        computed = [(a.order, pair) for a in assignments if not a.on_host and type(a.node) is not cst.CompFor
+                    for pair in self._pairs(a)]
         while True:
             size = len(self.names)
             for _, (targets, value) in computed:
@@ -78,9 +87,10 @@ class StepValues:
         # What each binding of a name gave it, in order: a read sees the last one before it.
         self._given: dict[str, list[tuple[int, bool]]] = {}
         for assignment in assignments:
-            pairs = _pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
+            pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
             for targets, value in pairs:
-                step = value is not None and (bool(seeded & set(targets)) or self.holds(value))
+                # a loss bound by a statement is one; a loop over logged floats that calls its item `loss` is not
+                step = value is not None and ((assignment.written and bool(seeded & set(targets))) or self.holds(value))
                 for target in targets:
                     self._given.setdefault(target, []).append((assignment.tick, step))
 
@@ -128,6 +138,8 @@ class StepValues:
         kind = type(expression)
         if expression is None:
             return False
+        if type(expression) is str:  # an element a helper returns: `return@<call>#1`
+            return expression in self.names
         if kind is cst.Name:
             return expression.value in self.names
         if kind is cst.Attribute:
@@ -148,13 +160,27 @@ class StepValues:
             return any(self.holds(element.value) for element in expression.elements)
         if kind is cst.Dict:
             return any(self.holds(element.value) for element in expression.elements if hasattr(element, "value"))
-        if kind in (cst.ListComp, cst.SetComp, cst.GeneratorExp):
-            return self.holds(expression.elt)
-        if kind is cst.DictComp:
-            return self.holds(expression.value)
+        if kind in (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp):
+            return self._comprehension(expression)
         if kind in (cst.Await, cst.StarredElement):
             return self.holds(expression.value if kind is cst.StarredElement else expression.expression)
         return False  # constants, strings, lambdas
+
+    def _comprehension(self, node) -> bool:
+        """What a comprehension makes: its element, its targets holding what they iterate."""
+        saved = self.names
+        compfor, names = node.for_in, set(saved)
+        while compfor is not None:
+            for targets, value in _pairs(_Bound(compfor)):
+                names.difference_update(targets)
+                if self.holds(value):
+                    names.update(targets)
+            compfor = compfor.inner_for_in
+        self.names = names
+        try:
+            return self.holds(node.value if type(node) is cst.DictComp else node.elt)
+        finally:
+            self.names = saved
 
     def _attribute(self, node: cst.Attribute) -> bool:
         text = nodes.code(node)
@@ -175,9 +201,9 @@ class StepValues:
         if returned in self._by_target:  # a helper of the file the walk entered: what it returns
             return returned in self.names
         name = nodes.call_name(call)
-        if type(func) is cst.Name and func.value[:1].isupper():
-            return False  # a class made: `Model(cfg)` is a module, not what it computes
-        if self._is_model(func) or (type(func) is cst.Name and func.value == "self"):
+        if nodes.call_name(call)[:1].isupper():
+            return False  # an object made: `Model(cfg)`, `torch.optim.AdamW(model.parameters())` hold no step tensor
+        if self._calls_a_model(func):
             return True  # `model(x)`, `self.net(x)`, a LightningModule's `self(x)`
         arguments = [arg.value for arg in call.args]
         if type(func) is cst.Name:
@@ -185,7 +211,7 @@ class StepValues:
                 return False
             if not self._through_calls and name not in ("sum", "max", "min"):
                 return False
-            return any(self.holds(arg) or self._is_model(arg) for arg in arguments)  # `criterion(out, y)`, `sum(losses)`
+            return any(self.holds(arg) or self._runs_the_model(name, arg) for arg in arguments)  # `criterion(out, y)`, `sum(losses)`
         if type(func) is cst.Attribute:
             if name in _HOST_METHODS:
                 return False
@@ -200,8 +226,24 @@ class StepValues:
                 return any(self.holds(arg) for arg in arguments)  # `torch.stack(losses)`
             if self.holds(receiver):
                 return True  # `loss.detach()`, `loss_dict.values()`
-            return self._through_calls and any(self.holds(arg) or self._is_model(arg) for arg in arguments)
+            return self._through_calls and any(self.holds(arg) or self._runs_the_model(name, arg) for arg in arguments)
         return False
+
+    def _runs_the_model(self, name: str, argument: cst.CSTNode) -> bool:
+        """Whether a call named ``name`` given ``argument`` runs the model: `compute_loss(model,
+        batch)`; not `accelerator.prepare(model, optimizer, loader)`, which wraps it."""
+        return bool(_RUNS_THE_MODEL.search(name)) and self._is_model(argument)
+
+    def _calls_a_model(self, func: cst.BaseExpression) -> bool:
+        """Whether calling ``func`` runs a model: ``model``, ``self.net``, ``ema_model``, ``self``
+        in a LightningModule; not a function named for what it does to one (``build_model``,
+        ``load_asr_models``)."""
+        if type(func) is cst.Name and func.value == "self":
+            return True
+        if not self._is_model(func):
+            return False
+        last = nodes.code(func).rsplit(".", 1)[-1].lower()
+        return nodes.code(func) in self._models or not _VERB.match(last)
 
     def _is_model(self, node: cst.CSTNode) -> bool:
         if type(node) is not cst.Name and type(node) is not cst.Attribute:
@@ -243,12 +285,36 @@ class StepValues:
                 if assignment.on_host or not assignment.written:
                     continue
                 loops = _loops(assignment)
+                if type(assignment.value) is cst.Call and any(self._is_model(arg.value) for arg in assignment.value.args):
+                    continue  # `compute_loss(model, batch)` runs the model: what it is given is input
                 for operand in self._read_names(assignment.value) - {name}:
+                    if _INPUT_LIKE.search(operand.rsplit(".", 1)[-1]):
+                        continue
                     # computed in the same pass as the loss: not `args = parser.parse_args()`
                     if "loss" in operand.lower() or any(
                             a.written and _loops(a) == loops and _computes(a.value) for a in self._by_target.get(operand, ())):
                         found.add(operand)
         return found
+
+
+    def _pairs(self, assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | str | None]]:
+        """``_pairs``, and the elements of ``a, b = helper()`` where the helper returns a tuple."""
+        node = assignment.node
+        if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call \
+                and _plain_sequence(node.targets[0].target):
+            elements = node.targets[0].target.elements
+            returned = [f"{return_target(node.value)}#{k}" for k in range(len(elements))]
+            if all(name in self._by_target for name in returned):
+                return [(tuple(nodes.bound_texts(t.value)), name) for t, name in zip(elements, returned)]
+        return _pairs(assignment)
+
+
+class _Bound:
+    """A comprehension's ``for`` as ``_pairs`` reads a binding."""
+
+    def __init__(self, compfor: cst.CompFor) -> None:
+        self.node, self.value = compfor, compfor.iter
+        self.targets = tuple(nodes.bound_texts(compfor.target))
 
 
 def _pairs(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
@@ -276,6 +342,28 @@ def _pairs(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]
 
 def _plain_sequence(node: cst.CSTNode) -> bool:
     return type(node) in (cst.Tuple, cst.List) and not any(type(e) is cst.StarredElement for e in node.elements)
+
+
+def _loss_names(expression: cst.CSTNode) -> set[str]:
+    """The names a backward pass takes its loss through: ``loss`` in ``loss``, ``loss / accum``,
+    ``outputs.loss.mean()``, ``(ce + 0.1 * aux_loss)``, ``sum(losses)``; not a divisor or a weight
+    from the configuration (``accum``, ``args.r1``) unless it is named a loss."""
+    kind = type(expression)
+    if kind in (cst.Name, cst.Attribute):
+        return {nodes.code(expression)}
+    if kind is cst.Subscript or (kind is cst.Call and type(expression.func) is cst.Attribute):
+        root = words.root_text(expression)
+        return {root} if root else set()
+    if kind is cst.Call:
+        return {name for arg in expression.args for name in _loss_names(arg.value)}
+    if kind is cst.UnaryOperation:
+        return _loss_names(expression.expression)
+    if kind is cst.BinaryOperation:
+        named = lambda side: {name for name in _loss_names(side) if "loss" in name.lower()}  # noqa: E731
+        if isinstance(expression.operator, (cst.Add, cst.Subtract)):
+            return _loss_names(expression.left) | _loss_names(expression.right)
+        return _loss_names(expression.left) | named(expression.right)  # `loss / accum`, `loss * weight`
+    return set()
 
 
 def _names_a_measure(expression: cst.CSTNode) -> bool:

@@ -88,7 +88,7 @@ def project(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
     _git("init", "-q", cwd=project)
     config = _remote_snippet(repository)
-    config += "      - id: ampmigrate\n"  # the other hook, beside the snippet's
+    config += "      - id: ampmigrate-check\n      - id: ampmigrate\n"  # the hooks running every rule, beside the snippet's
     (project / ".pre-commit-config.yaml").write_text(config)
     (project / "bad.py").write_text(APEX)
     (project / "good.py").write_text(NATIVE)
@@ -127,7 +127,7 @@ def test_both_hooks_pass_with_no_files_and_touch_nothing(project):
     # nothing staged but the configuration: the hooks have no file, and must not go looking
     result = _pre_commit(project, "run")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("(no files to check)Skipped") == 2
+    assert result.stdout.count("(no files to check)Skipped") == 4
     assert (project[0] / "bad.py").read_text() == APEX
 
 
@@ -143,7 +143,7 @@ def test_hooks_told_to_always_run_with_no_files_check_nothing(project):
         _git("add", ".pre-commit-config.yaml", cwd=folder)
         result = _pre_commit(project, "run")
         assert result.returncode == 0, result.stdout + result.stderr
-        assert result.stdout.count("Passed") == 2
+        assert result.stdout.count("Passed") == 2  # the two told to: the others skip
         assert (folder / "bad.py").read_text() == APEX
     finally:
         config.write_text(original)
@@ -183,3 +183,25 @@ def test_the_local_hook_runs_the_installed_ampmigrate(tmp_path):
     good = run("run", "ampmigrate", "--files", "good.py")
     assert good.returncode == 0 and "Passed" in good.stdout, good.stdout + good.stderr
     assert (project / "bad.py").read_text() == APEX  # --check changes nothing
+
+
+MIGRATED_WITH_ADVICE = NATIVE.replace('    if step % 100 == 0:\n        print(f"step {step}: loss {loss.item():.4f}")\n',
+                                      '    print(f"step {step}: loss {loss.item():.4f}")\n')
+CLIPS_SCALED = NATIVE.replace("    scaler.step(optimizer)\n",
+                              "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    scaler.step(optimizer)\n")
+
+
+def test_the_split_hooks_keep_a_migrated_repository_green_and_still_catch_mistakes(project):
+    folder = project[0]
+    (folder / "advice.py").write_text(MIGRATED_WITH_ADVICE)  # an every-step loss.item(): AMP100 only
+    (folder / "mistake.py").write_text(CLIPS_SCALED)  # a clip of scaled gradients: AMP101
+    migrate = _pre_commit(project, "run", "ampmigrate-migrate", "--files", "advice.py", "mistake.py")
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr  # nothing of apex: nothing to do
+    lint = _pre_commit(project, "run", "ampmigrate-lint", "--files", "advice.py")
+    assert lint.returncode == 0, lint.stdout + lint.stderr  # AMP100 is opt-in
+    caught = _pre_commit(project, "run", "ampmigrate-lint", "--files", "mistake.py")
+    assert caught.returncode == 1 and "AMP101" in caught.stdout, caught.stdout
+    assert (folder / "mistake.py").read_text() == CLIPS_SCALED  # the lint hook writes nothing
+    rewrite = _pre_commit(project, "run", "ampmigrate-migrate", "--files", "bad.py")
+    assert rewrite.returncode == 1 and "1 file changed" in rewrite.stdout
+    (folder / "bad.py").write_text(APEX)

@@ -1,0 +1,59 @@
+"""Shapes of code the walk recognises: a retry loop, what a chain of calls pulls to the host,
+which parameter of a helper each argument of a call gives a value."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.step_model import vocabulary as words
+
+
+def retries(loop: cst.For | cst.While) -> bool:
+    """Whether ``loop`` is a retry loop: every pass that raises nothing leaves it at the end of its
+    body (``while True: try: step(); break / except RuntimeError: ...``)."""
+    statements = body(loop.body)
+    last = statements[-1] if statements else None
+    if isinstance(last, cst.Try):
+        finishing = body(last.orelse.body) if last.orelse is not None else body(last.body)
+        return ends_with_exit(finishing)
+    return ends_with_exit(statements) and not any(isinstance(statement, cst.If) and ends_with_exit(body(statement.body))
+                                                  for statement in statements[:-1])
+
+
+def ends_with_exit(body: list) -> bool:
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))
+
+
+def pulled_value(receiver: cst.BaseExpression) -> cst.BaseExpression:
+    """What a chain of calls pulls to the host: the receiver of its first pull
+    (``loss`` in ``loss.cpu().detach().numpy()``, ``loss.detach()`` in ``loss.detach().item()``)."""
+    pulled, node = receiver, receiver
+    while True:
+        if type(node) is cst.Call and type(node.func) is cst.Attribute:
+            if nodes.call_name(node) in words.PULL_METHODS and not node.args:
+                pulled = node.func.value
+            node = node.func.value
+        elif type(node) is cst.Attribute and node.attr.value == "data":
+            node = node.value
+        else:
+            return pulled
+
+
+def parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
+    """``(parameter, argument)`` for each parameter of ``helper`` that ``call`` gives a value
+    (``self`` left out of a method called as ``self.f(...)``)."""
+    params = list(helper.params.posonly_params) + list(helper.params.params)
+    if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+        params = params[1:]
+    given: list[tuple[str, cst.BaseExpression]] = []
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    for param, arg in zip(params, positional):
+        given.append((param.name.value, arg.value))
+    by_name = {param.name.value for param in list(params) + list(helper.params.kwonly_params)}
+    given += [(arg.keyword.value, arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value in by_name]
+    return given
+
+
+def body(block: cst.BaseSuite) -> list:
+    return list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
