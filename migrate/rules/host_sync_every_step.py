@@ -201,7 +201,7 @@ class HostSyncEveryStep(TrainingStepRule):
             what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
         if call is not None:
             related.insert(0, (event.node, f"the read, in the helper the loop calls: `{_shown(event)}`"))
-            what = f"`{nodes.code(call)}` reads a training-step tensor on the host (line {self._line(event.node)}) in {where}"
+            what = f"`{_call_shown(call)}` reads a training-step tensor on the host (line {self._line(event.node)}) in {where}"
         more = f"; {len(group) - 1} more read{'s' if len(group) > 2 else ''} in the same iteration" if len(group) > 1 else ""
         return (call or event.node), f"{what}{more}; {advice}", {"related": tuple(related)}
 
@@ -245,3 +245,9 @@ def _value_name(values: StepValues, pulled) -> str:
     named = [nodes.code(node) for node in found if not (type(node) is cst.Name and any(
         type(other) is cst.Attribute and nodes.code(other).startswith(node.value + ".") for other in found))]
     return named[0] if named else "the value"
+
+
+def _call_shown(call: cst.Call) -> str:
+    """A call as one short line: ``compute_loss(...)`` where its arguments would not fit."""
+    text = " ".join(nodes.code(call).split())
+    return text if len(text) <= 60 else f"{nodes.code(call.func)}(...)"
