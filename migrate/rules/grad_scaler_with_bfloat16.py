@@ -1,6 +1,8 @@
 """AMP106: a GradScaler used where autocast runs in bfloat16 only."""
 from __future__ import annotations
 
+import libcst as cst
+
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
@@ -15,7 +17,8 @@ class GradScalerWithBfloat16(TrainingStepRule):
     of the function that makes it and of the functions whose backward pass it scales; where
     none of those is known (made in ``__init__``, used elsewhere), the file's regions. A scaler
     enabled only for float16 (``GradScaler(enabled=dtype == torch.float16)``) is not reported,
-    nor is one where any of those regions' dtype is float16 or computed.
+    nor is one where any of those regions' dtype is float16 or computed; one enabled by the flag
+    that enables the bfloat16 regions (``enabled=hps.bf16_run`` on both) is.
 
     Why is this bad?
     bfloat16 has float32's exponent range: its gradients do not underflow, so loss scaling
@@ -34,6 +37,16 @@ class GradScalerWithBfloat16(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, optimizer, loader, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda', enabled=args.fp16)\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', enabled=args.bf16, dtype=torch.bfloat16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Valid(
             "def pretrain(model, loader):\n"
             "    for x in loader:\n"
@@ -60,6 +73,16 @@ class GradScalerWithBfloat16(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, hps):\n"
+            "    scaler = torch.amp.GradScaler('cuda', enabled=hps.bf16_run)\n"
+            "    for x in loader:\n"
+            "        with torch.autocast('cuda', enabled=hps.bf16_run, dtype=torch.bfloat16):\n"
+            "            loss = model(x)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Invalid(
             "def evaluate_fp16(model, loader):\n"
             "    with torch.autocast('cuda', dtype=torch.float16):\n"
@@ -109,12 +132,19 @@ class GradScalerWithBfloat16(TrainingStepRule):
     def findings(self, model):
         for steps, event in model.each(Kind.SCALER_NEW):
             enabled = nodes.argument(event.node, None, "enabled")
-            if enabled is not None and literal_bool(enabled.value) is not True:
-                continue
             autocasts = _regions_of_its_steps(model, steps, event) or model.all_events(Kind.AUTOCAST)
             autocasts = [e for e in autocasts if e.detail.get("enabled") is not False]
-            if autocasts and all(e.detail.get("dtype") == "bfloat16" for e in autocasts):
+            if not autocasts or any(e.detail.get("dtype") != "bfloat16" for e in autocasts):
+                continue
+            # always on, or on exactly when the bfloat16 regions are (`enabled=args.bf16` on both)
+            if enabled is None or literal_bool(enabled.value) is True or all(
+                    _enabled_text(e) == nodes.code(enabled.value) for e in autocasts):
                 yield event.node, None, {}
+
+
+def _enabled_text(autocast: Event) -> str | None:
+    given = nodes.argument(autocast.node, None, "enabled") if isinstance(autocast.node, cst.Call) else None
+    return nodes.code(given.value) if given is not None else None
 
 
 def _regions_of_its_steps(model: StepModel, steps: Steps, created: Event) -> list[Event]:

@@ -14,7 +14,10 @@ class GradientsReadWhileScaled(TrainingStepRule):
     """What it does:
     Reports a gradient clip, a gradient norm or a read of ``p.grad`` after
     ``scaler.scale(loss).backward()`` with no ``scaler.unscale_(optimizer)`` before it in the
-    same step.
+    same step: one finding per missing ``unscale_``, at the first read, the others related. A
+    reading call handed the scale or the scaler (``clip_gradients(model, max_norm,
+    scale=scaler.get_scale())``) knows the gradients are scaled and is not reported; a ``test_...``
+    function is no training step.
 
     Why is this bad?
     Until ``unscale_`` (or ``scaler.step``) runs, every gradient is multiplied by the scale,
@@ -47,6 +50,14 @@ class GradientsReadWhileScaled(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(
+            "def train(model, optimizer, loader, scaler, max_norm):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        clip_gradients(model, max_norm, scale=scaler.get_scale())\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Valid(
             "def train(model, opt, loader, scaler):\n"
             "    for x in loader:\n"
@@ -162,7 +173,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             if id(statement) in reported:
                 continue
             scaled = self._scaled_before(steps, event)
-            if scaled is None:
+            if scaled is None or _given_the_scale(event, scaled[0]):
                 continue
             reported.add(id(statement))
             scaler, backward = scaled
@@ -223,3 +234,18 @@ class GradientsReadWhileScaled(TrainingStepRule):
         end = steps.index(step)
         return any(e.kind is Kind.BACKWARD and (steps.index(e) > steps.index(event) or path[0] in e.statements)
                    for e in steps.events[:end])
+
+
+def _given_the_scale(read: Event, scaler: str) -> bool:
+    """Whether the reading call is handed the scale or the scaler (``clip_gradients(model,
+    max_norm, scale=scaler.get_scale())``): it reads the scaled gradients knowing their scale,
+    and an ``unscale_`` before it would undo its own correction."""
+    if not isinstance(read.node, cst.Call):
+        return False
+    for arg in read.node.args:
+        value = arg.value
+        if isinstance(value, cst.Call) and nodes.call_name(value) == "get_scale":
+            return True
+        if nodes.code(value) == scaler or (arg.keyword is not None and arg.keyword.value in ("scaler", "grad_scaler")):
+            return True
+    return False

@@ -8,6 +8,7 @@ from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Arm, Event, Kind, Loop, Steps, Via
+from migrate.step_model import vocabulary as words
 from migrate.step_model.values import StepValues
 from migrate.step_model.vocabulary import PULL_METHODS
 from migrate.tree_walk import descendants
@@ -196,8 +197,9 @@ class HostSyncEveryStep(TrainingStepRule):
             advice = (f"test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them")
             what = f"`{_shown(event)}` waits for `{root}` on the host in {where} (the GPU idles each step)"
         else:
-            running = "running_" + root.rsplit(".", 1)[-1].strip("_") if root != "the value" else "running_total"
-            advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps"
+            running = "running_" + root.rsplit(".", 1)[-1].strip("_")
+            advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps" \
+                if root != "the value" else "accumulate on the device and read it every n steps"
             what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
         if call is not None:
             related.insert(0, (event.node, f"the read, in the helper the loop calls: `{_shown(event)}`"))
@@ -240,11 +242,12 @@ def _anchor(event: Event, loop: Loop | None):
 def _value_name(values: StepValues, pulled) -> str:
     """The step tensor a read reads, as the code names it (``train_loss`` in
     ``not torch.isfinite(train_loss)``, ``loss`` in ``accelerator.gather(loss).mean()``)."""
-    found = [node for node in descendants(pulled) if type(node) in (cst.Name, cst.Attribute)
+    called = {id(node.func) for node in descendants(pulled) if type(node) is cst.Call}  # `loss.detach` is no value
+    found = [node for node in descendants(pulled) if type(node) in (cst.Name, cst.Attribute) and id(node) not in called
              and nodes.code(node) not in ("self", "torch") and values.holds(node)]
     named = [nodes.code(node) for node in found if not (type(node) is cst.Name and any(
         type(other) is cst.Attribute and nodes.code(other).startswith(node.value + ".") for other in found))]
-    return named[0] if named else "the value"
+    return named[0] if named else (words.root_text(pulled) or "the value")
 
 
 def _call_shown(call: cst.Call) -> str:

@@ -102,7 +102,8 @@ class OptimizerStepBesideScaler(TrainingStepRule):
 
     def findings(self, model):
         for steps, event in model.each(Kind.STEP):
-            scalers = {b.scaler for b in steps.before(event, (Kind.BACKWARD,)) if b.how is Backward.SCALED}
+            scalers = {b.scaler for b in steps.before(event, (Kind.BACKWARD,))
+                       if b.how is Backward.SCALED and not steps.scaled_apart(event, b)}
             if not scalers:
                 continue
             fix = {}

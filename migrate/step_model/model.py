@@ -121,7 +121,8 @@ class Steps:
             # `for phase in ("train", "val")`: the validation arm runs no backward pass
             trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
             return trains and not self._in_evaluation(event, loop), loop
-        if not event.loops() and any(not backward.loops() for backward in self.backwards()):
+        # a backward pass at a script's top level outside any loop runs once (a debugging pass)
+        if not event.loops() and not isinstance(self.root, cst.Module) and any(not b.loops() for b in self.backwards()):
             return True, None
         return False, None
 
@@ -174,6 +175,13 @@ class Steps:
             frame for event in self.events for frame in event.frames if isinstance(frame, Arm) and frame.node is node)))
 
     @staticmethod
+    def scaled_apart(step: Event, backward: Event) -> bool:
+        """Whether ``step`` never runs where ``backward``'s loss was scaled: it sits in the other arm
+        of a test that decided the scaling (``if scaler is None: optimizer.step()``)."""
+        return any(a.test == b.test and a.polarity != b.polarity and not a.modulo
+                   for a in step.arms() for b in backward.detail.get("scaled_under", ()))
+
+    @staticmethod
     def exclusive(first: Event, second: Event) -> bool:
         """Whether the two never run in one pass: they sit in different arms of one ``if``, or in
         opposite arms of two ``if`` statements on the same flag (``if scaler:`` ... ``if scaler is None:``)."""
@@ -188,8 +196,10 @@ class Steps:
     @staticmethod
     def runs_whenever(event: Event, *given: Event) -> bool:
         """Whether ``event`` runs in every pass that runs all of ``given``: each ``if`` arm around it
-        is around one of them, or tests the same flag the same way (``if args.fp16:`` twice)."""
-        known = [arm for other in given for arm in other.arms()]
+        is around one of them, or tests the same flag the same way (``if args.fp16:`` twice). A
+        backward pass whose loss was scaled under an ``if`` (``if scaler is not None: loss =
+        scaler.scale(loss)``) counts, as a scaled one, as running under that arm too."""
+        known = [arm for other in given for arm in (*other.arms(), *other.detail.get("scaled_under", ()))]
         return all(arm in known or any(a.test == arm.test and a.polarity == arm.polarity and not a.modulo for a in known)
                    for arm in event.arms())
 

@@ -43,7 +43,7 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
 def _is_a_test(root: cst.CSTNode) -> bool:
     """A ``test_...`` function (a unit test: its backward passes and reads are what it checks;
     one that puts inf or NaN into a scaler's step does so on purpose), not a training step."""
-    return type(root) is cst.FunctionDef and root.name.value.startswith("test_")
+    return type(root) is cst.FunctionDef and root.name.value.startswith(("test_", "_test"))
 
 
 # The calls whose receiver (and first argument) name a scaler, an optimizer or a model.

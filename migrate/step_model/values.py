@@ -40,6 +40,7 @@ _VERB = re.compile(r"(load|build|get|create|make|init|setup|prepare|save|count|p
                    r"freeze|copy|update|sync|average|export)_")
 # Names of what a step is given, not what it computes.
 _INPUT_LIKE = re.compile(r"(batch|input|data|target|label|mask|len|idx|index|size|token|ids$|^x$|^y$)", re.IGNORECASE)
+_LOSS_WEIGHT = re.compile(r"(ratio|weight|scale|coef|lambda|factor|alpha|beta|\[)", re.IGNORECASE)
 _ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
 _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
 _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
@@ -72,6 +73,7 @@ class StepValues:
         for seed in seeds:
             self.names |= _loss_names(seed)
             self.names |= self._loss_operands(seed)
+        self.names |= self._given_for(self.names)
         seeded = set(self.names)
         # a comprehension's targets are its own: they hold what its element reads (`holds`), no more
         computed = [(a.order, pair) for a in assignments if not a.on_host and type(a.node) is not cst.CompFor
@@ -275,6 +277,20 @@ class StepValues:
                 stack.append(node.expression)
         return found
 
+    def _given_for(self, losses: set[str]) -> set[str]:
+        """What the calls that entered the helpers gave their loss parameters: `lm_loss` for
+        `backward_step(model, lm_loss)` whose `def backward_step(model, loss)` runs `loss.backward()`."""
+        found: set[str] = set()
+        pending = list(losses)
+        while pending:
+            name = pending.pop()
+            for binding in self._by_target.get(name, ()):
+                if not binding.written and type(binding.node) is cst.Call:  # a parameter, given at the call
+                    for given in _loss_names(binding.value) - losses - found:
+                        found.add(given)
+                        pending.append(given)
+        return found
+
     def _loss_operands(self, loss: cst.CSTNode) -> set[str]:
         """What the loss is computed from by a call of its own (``pred`` in ``loss = criterion(pred,
         y)`` where ``pred = self.backbone(images)``): a model output, though its model's name says
@@ -291,7 +307,7 @@ class StepValues:
                     if _INPUT_LIKE.search(operand.rsplit(".", 1)[-1]):
                         continue
                     # computed in the same pass as the loss: not `args = parser.parse_args()`
-                    if "loss" in operand.lower() or any(
+                    if _named_a_loss(operand) or any(
                             a.written and _loops(a) == loops and _computes(a.value) for a in self._by_target.get(operand, ())):
                         found.add(operand)
         return found
@@ -359,16 +375,21 @@ def _loss_names(expression: cst.CSTNode) -> set[str]:
     if kind is cst.UnaryOperation:
         return _loss_names(expression.expression)
     if kind is cst.BinaryOperation:
-        named = lambda side: {name for name in _loss_names(side) if "loss" in name.lower()}  # noqa: E731
+        named = lambda side: {name for name in _loss_names(side) if _named_a_loss(name)}  # noqa: E731
         if isinstance(expression.operator, (cst.Add, cst.Subtract)):
             return _loss_names(expression.left) | _loss_names(expression.right)
         return _loss_names(expression.left) | named(expression.right)  # `loss / accum`, `loss * weight`
     return set()
 
 
+def _named_a_loss(name: str) -> bool:
+    """``aux_loss``, ``self.loss``; not a loss's weight from the configuration (``loss_ratio[0]``)."""
+    return "loss" in name.lower() and not _LOSS_WEIGHT.search(name)
+
+
 def _names_a_measure(expression: cst.CSTNode) -> bool:
-    text = (words.root_text(expression) or "").lower()
-    return "loss" in text or "norm" in text
+    text = words.root_text(expression) or ""
+    return _named_a_loss(text) or "norm" in text.lower()
 
 
 def _loops(assignment) -> tuple:

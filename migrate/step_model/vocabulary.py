@@ -124,7 +124,9 @@ def runs_backward_itself(receiver: cst.BaseExpression) -> bool:
     """Whether ``receiver.backward(loss)`` is a framework's backward (Accelerate, DeepSpeed, Fabric),
     not ``tensor.backward(gradient)``."""
     text = nodes.code(receiver)
-    return text == "self" or any(word in text.lower() for word in _RUNS_BACKWARD)
+    last = text.rsplit(".", 1)[-1].lower()
+    # `model.backward(loss)`: a DeepSpeed engine is often kept under the model's name
+    return text == "self" or any(word in text.lower() for word in _RUNS_BACKWARD) or last in ("model", "net", "module")
 
 
 def scaler_like(text: str) -> bool:

@@ -45,6 +45,98 @@ def _lines(source: str, code: str) -> list[int]:
 
 
 SHAPES = [
+    *(pytest.param(
+        code,
+        """\
+        class Solver:
+            def run_step(self, batch):
+                with torch.autocast("cuda", enabled=self.scaler is not None):
+                    loss = self.model(batch)
+                if self.scaler is not None:
+                    loss = self.scaler.scale(loss)
+                loss.backward()
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                if self.max_norm:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+                if self.scaler is None:
+                    self.optimizer.step()
+                else:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+        """,
+        [],
+        id=f"{code}: a loss scaled under `if scaler is not None:`, unscaled and stepped under the same test",
+    ) for code in ("AMP101", "AMP102")),
+    pytest.param(
+        "AMP100",
+        """\
+        import torch
+
+        model = build()
+        scaler = torch.amp.GradScaler("cuda")
+        if write_tensors:
+            loss = model(x)
+            scaler.scale(loss).backward()
+            print(loss.item())
+        for x in loader:
+            loss = model(x)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            if step % 100 == 0:
+                print(loss.item())
+
+        def _test_scaler():
+            loss = model(torch.ones(2))
+            scaler.scale(loss).backward()
+            print(loss.item())
+
+        if __name__ == "__main__":
+            _test_scaler()
+        """,
+        [],
+        id="a script's one-off backward outside any loop, and a _test helper, are no training steps",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, loader, optimizer, scaler, loss_ratio):
+            for x in loader:
+                with torch.autocast("cuda"):
+                    out_a, out_b = model(x)
+                loss = loss_ratio[0] * out_a.mean() + loss_ratio[1] * out_b.mean()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                if loss_ratio[1] > 0:
+                    optimizer.zero_grad()
+        """,
+        [],
+        id="a loss's weight from the configuration is no step tensor",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        import deepspeed
+
+        def train_step(data_iterator, model, args, hooks):
+            forward_step = hooks["forward_step"]
+            lm_loss, metrics = forward_step(data_iterator, model, args)
+            reduced_loss = lm_loss.detach().clone()
+            torch.distributed.all_reduce(reduced_loss.data)
+            if reduced_loss.isnan().any() or reduced_loss.isinf().any():
+                print("skipping")
+            backward_step(model, lm_loss)
+            model.step()
+            return {k: v.item() for k, v in metrics.items()}
+
+        def backward_step(model, loss):
+            model.backward(loss)
+        """,
+        [8],  # the test waits for the loss; the metrics' `.item()` is related
+        id="a DeepSpeed engine under the model's name, its loss through a helper's parameter",
+    ),
     # Issue 34: shapes of real native-AMP code the linter had not been tuned on.
     pytest.param(
         "AMP100",
