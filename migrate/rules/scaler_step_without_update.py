@@ -1,6 +1,8 @@
 """AMP103: ``scaler.step(...)`` with no ``scaler.update()`` in the same iteration."""
 from __future__ import annotations
 
+from libcst.metadata import PositionProvider
+
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind
@@ -80,4 +82,6 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
                 # A scaler made in another file is updated there too, as far as this file shows.
                 updated = bool(model.all_events(Kind.UPDATE)) or not model.all_events(Kind.SCALER_NEW)
             if not updated:
-                yield event.node, f"`{event.scaler}.step(...)` with no `{event.scaler}.update()` in the same iteration", {}
+                where = f" of the loop at line {self.get_metadata(PositionProvider, loop.node).start.line}" if loop else ""
+                yield event.node, (f"`{event.scaler}.step(...)` with no `{event.scaler}.update()` in the same iteration{where}: "
+                                   "the scale never moves; call it after the step"), {}

@@ -966,3 +966,22 @@ def test_related_locations_reach_every_output_format():
     assert [r["physicalLocation"]["region"]["startLine"] for r in related] == [13, 10]
     assert all(r["message"]["text"] for r in related)
     assert "(also line 13:" in report.format_results(results, "github")
+
+
+def test_one_missing_unscale_is_one_finding_with_its_reads_related():
+    source = textwrap.dedent("""\
+        def train(model, optimizer, loader, scaler, writer):
+            for step, x in enumerate(loader):
+                scaler.scale(model(x)).backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                grads = [p.grad.norm() for p in model.parameters()]
+                writer.add_histogram("grad", model.fc.weight.grad, step)
+                total = sum(p.grad.abs().sum() for p in model.parameters())
+                scaler.step(optimizer)
+                scaler.update()
+        """)
+    result = run_rules(source, "train.py", _FAMILY)
+    found = [d for d in result.diagnostics if d.code == "AMP101"]
+    assert len(found) == 1 and found[0].location.row == 4
+    assert "(4 reads in this step)" in found[0].message
+    assert [r.location.row for r in found[0].related] == [5, 6, 7]
