@@ -16,6 +16,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.tree import FileTree
+from migrate.flow.bindings import bindings
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -32,14 +33,14 @@ def model_parameters(tree: FileTree, optimizer: cst.BaseExpression, site: cst.CS
         return None
     at = tree.order[id(tree.statement(site))]
     made = [s for s in function.body.body if tree.order[id(s)] < at and any(
-        not _same_object(tree, binding, optimizer.value, frozenset(), initialize_calls) for binding in _bindings(s, optimizer.value))]
+        not _same_object(tree, binding, optimizer.value, frozenset(), initialize_calls) for binding in bindings(s, optimizer.value, declarations=True))]
     construction = made[-1] if made else None  # the last top-level binding before the site but `amp.initialize`
     model = _optimizer_of(tree, construction) if construction is not None else None
     if model is None:
         return None
     after = tree.order[id(construction)]
     for name, allowed in ((optimizer.value, ()), (model, _WRAPPERS)):
-        for binding in _bindings(function, name):
+        for binding in bindings(function, name, declarations=True):
             statement = tree.statement(binding)
             if statement is construction or not after < tree.order[id(statement)] < at:
                 continue
@@ -78,29 +79,6 @@ def _same_object(tree: FileTree, binding: cst.CSTNode, name: str, wrappers: froz
     first = nodes.argument(value, 0, "module")
     return (first is not None and isinstance(first.value, cst.Name) and first.value.value == name
             and all(nodes.code(target.target) == name for target in binding.targets))
-
-
-def _bindings(root: cst.CSTNode, name: str) -> list[cst.CSTNode]:
-    """The statements' small parts that bind ``name`` in ``root`` (an assignment, a loop or
-    ``with`` target, a walrus, a ``global``); nested functions and classes bind their own."""
-    def enter(node: cst.CSTNode) -> bool:
-        return node is root or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
-
-    found: list[cst.CSTNode] = []
-    for node in descendants(root, enter):
-        if isinstance(node, cst.Assign) and any(name in nodes.bound_texts(t.target) for t in node.targets):
-            found.append(node)
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and nodes.code(node.target) == name:
-            found.append(node)
-        elif isinstance(node, (cst.For, cst.CompFor)) and name in nodes.bound_texts(node.target):
-            found.append(node)
-        elif isinstance(node, cst.AsName) and name in nodes.bound_texts(node.name):
-            found.append(node)
-        elif isinstance(node, cst.NamedExpr) and nodes.code(node.target) == name:
-            found.append(node)
-        elif isinstance(node, (cst.Global, cst.Nonlocal)) and any(n.name.value == name for n in node.names):
-            found.append(node)
-    return found
 
 
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "add_param_group"})

@@ -1,5 +1,7 @@
 """Data flow within one file, asked by the rewrites and the rules (no rewrite of its own).
 
+- ``bindings``: where a name is bound in a function, class or module, and the value each
+  binding gives it where the code spells it out.
 - ``receivers``: where a value handed on (``f(amp=amp)``, ``self.amp = amp``) is used: the
   parameter of the same-file function that takes it, or the attribute, followed to every read;
   each read classified, so that a rewrite knows whether what receives a replacement can take it.

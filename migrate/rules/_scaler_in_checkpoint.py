@@ -13,6 +13,7 @@ from typing import Callable
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import bindings, bound_value
 from migrate.tree_walk import descendants
 
 _KEYS = ("scaler", "grad_scaler", "amp_scaler")
@@ -107,31 +108,9 @@ def _attribute_holds_scaler(chain: list[cst.CSTNode], method: cst.FunctionDef, n
 
 
 def _bindings(root: cst.CSTNode, name: str, *, methods: bool = False) -> list[cst.CSTNode]:
-    """The values bound to ``name`` in ``root``, nested functions and classes left out (but its
-    ``methods`` entered, for a class); a binding whose value cannot be seen (a loop target,
-    ``with ... as``, unpacking) is the node itself."""
-    found: list[cst.CSTNode] = []
-    nested = (cst.ClassDef, cst.Lambda) if methods else (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-
-    def enter(node: cst.CSTNode) -> bool:
-        return node is root or not isinstance(node, nested)
-
-    for node in descendants(root, enter):
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                if nodes.code(target.target) == name:
-                    found.append(node.value)
-                elif name in nodes.bound_texts(target.target):
-                    found.append(node)
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and nodes.code(node.target) == name:
-            found.append(node.value if isinstance(node, cst.AnnAssign) and node.value else node)
-        elif isinstance(node, (cst.For, cst.CompFor)) and name in nodes.bound_texts(node.target):
-            found.append(node)
-        elif isinstance(node, cst.AsName) and nodes.code(node.name) == name:
-            found.append(node)
-        elif isinstance(node, cst.NamedExpr) and nodes.code(node.target) == name:
-            found.append(node)
-    return found
+    """The values bound to ``name`` in ``root`` (``flow.bindings``), each binding whose value
+    cannot be seen (a loop target, ``with ... as``, unpacking) as itself."""
+    return [bound_value(binding, name) for binding in bindings(root, name, methods=methods)]
 
 
 def _all_scalers(values: list[cst.CSTNode]) -> bool:
