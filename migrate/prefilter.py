@@ -14,9 +14,9 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 - an amp call through a name (``amp.scale_loss``, ``self.amp.initialize``);
 - a ``try`` of nothing but ``pass`` and assignments that catches ``ImportError``
   (what is left of an apex import guard);
-- a ``backward`` or ``step`` call, or a loss scaler called with the loss (timm's
-  ``loss_scaler(loss, optimizer, ...)``): AMP100 reads the training step of a file that says
-  ``amp``, and a training loop has one of them.
+- a ``backward`` or ``step`` call, a loss scaler called with the loss (timm's
+  ``loss_scaler(loss, optimizer, ...)``) or a LightningModule's ``training_step``: AMP100 reads
+  the training step of a file that says ``amp``, and a training loop has one of them.
 
 Two more words are common in code that trains nothing: ``autocast`` (inference under autocast) and
 ``scaler`` (a feature scaler). The rules reading them in a plain run (AMP100–AMP104, AMP108, AMP109:
@@ -47,10 +47,10 @@ __all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_wor
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
 PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "accelerator", "amp", "ampmigrate", "apex", "autocast", "deepspeed",
-                                    "fabric", "manual_backward", "model_engine", "noqa", "scaler")
+                                    "fabric", "manual_backward", "model_engine", "noqa", "scaler", "training_step")
 # The words only NEEDS_A_STEP rules read in a plain run (``step_words``); test_prefilter keeps it so.
 PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"accelerator", "autocast", "deepspeed", "fabric", "manual_backward",
-                                                  "model_engine", "scaler"})
+                                                  "model_engine", "scaler", "training_step"})
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
 # ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:
@@ -142,7 +142,7 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
     """Whether the text spells out what one of ``_has_amp_shape``'s shapes needs: one of the apex
     names, an import error or a step's call as a word of its own, or ``amp`` and one of its calls.
     Searched for as literals, a fraction of the time of a regex or of parsing."""
-    return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS))
+    return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS, "training_step"))
             or (_SCALER_CALL_BYTES if isinstance(content, bytes) else _SCALER_CALL).search(content) is not None
             or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in _AMP_CALLS))
             or (_APEX_FLAG_SET_BYTES if isinstance(content, bytes) else _APEX_FLAG_SET).search(content) is not None)
@@ -189,7 +189,7 @@ def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
                                             or (casts and node.value in _HALF_NAMES)):
                 return True
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
-            if node.name in _APEX_NAMES:
+            if node.name in _APEX_NAMES or node.name == "training_step":  # a LightningModule's step
                 return True
         elif kind is ast.arg:
             if node.arg in _APEX_NAMES:

@@ -64,7 +64,7 @@ class HostSyncEveryStep(TrainingStepRule):
     # A mixed-precision step (fp32 loops are not this linter's), or a framework's step, whose
     # precision is set where the trainer is made: Lightning, Fabric, Accelerate, DeepSpeed.
     TRIGGERS = ("GradScaler", "autocast", "scaler", "amp", "apex", "manual_backward", "fabric", "accelerator",
-                "deepspeed", "model_engine")
+                "deepspeed", "model_engine", "training_step")
     NEEDS_A_STEP = True
 
     VALID = [

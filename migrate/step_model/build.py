@@ -19,7 +19,7 @@ from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
 from migrate.step_model.values import return_target
 
-_MAX_DEPTH = 3
+_MAX_DEPTH = 4
 _ASSIGNMENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign)  # compared by exact type
 
 
@@ -252,6 +252,8 @@ class Walk:
         elif isinstance(func, cst.Name):
             if name == "float" and first is not None:
                 self._pull(call, frames, statements, first, form="float()")
+            elif name == "int" and first is not None and not _keyed_item(first):  # `int(stats["batch size"])`: a count
+                self._pull(call, frames, statements, first, form="int()")
             elif name == "print":
                 for arg in call.args:
                     if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
@@ -407,6 +409,12 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
 
 
 
+
+
+def _keyed_item(node: cst.BaseExpression) -> bool:
+    """``stats["Batch Size"]``: an item of a record by name, which may hold anything."""
+    return isinstance(node, cst.Subscript) and any(
+        isinstance(element.slice, cst.Index) and isinstance(element.slice.value, cst.SimpleString) for element in node.slice)
 
 
 def _plain_names(test: cst.BaseExpression) -> list[str]:

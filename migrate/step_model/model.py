@@ -18,7 +18,7 @@ from migrate.apex_plan.syntax import contains
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop
 from migrate.step_model.values import StepValues
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
 _LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
@@ -87,10 +87,19 @@ class Steps:
 
     def training_loop(self, event: Event) -> Loop | None:
         """The innermost loop around ``event`` that is a training loop: the innermost loop around a
-        backward pass or an optimizer step (an epoch loop around it is not one: what runs there
-        runs once per epoch)."""
-        training = self._once("training", lambda: {event.loops()[-1] for event in self.of(Kind.BACKWARD, *_STEPS)
-                                                   if event.loops() and not self._discards_gradients(event.loops()[-1])})
+        backward pass, or around an optimizer step and a backward pass (``for opt in optimizers:
+        opt.step()`` is part of the step, not its loop), or else around the step (an epoch loop
+        around it is not one: what runs there runs once per epoch)."""
+        def loops() -> set:
+            found = {e.loops()[-1] for e in self.backwards() if e.loops() and not self._discards_gradients(e.loops()[-1])}
+            for step in self.of(*_STEPS):
+                around = [loop for loop in step.loops() if self._within(loop) and any(
+                    e.kind is Kind.BACKWARD for e in self._within(loop))]
+                if around or step.loops():
+                    found.add(around[-1] if around else step.loops()[-1])
+            return found
+
+        training = self._once("training", loops)
         for loop in reversed(event.loops()):
             if loop in training:
                 return loop
@@ -122,7 +131,8 @@ class Steps:
             trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
             return trains and not self._in_evaluation(event, loop), loop
         # a backward pass at a script's top level outside any loop runs once (a debugging pass)
-        if not event.loops() and not isinstance(self.root, cst.Module) and any(not b.loops() for b in self.backwards()):
+        if not event.loops() and not isinstance(self.root, cst.Module) and (
+                any(not b.loops() for b in self.backwards()) or _is_lightning_step(self.root)):
             return True, None
         return False, None
 
@@ -265,8 +275,17 @@ class Steps:
     def values(self, models: set[str], *, through_calls: bool = True) -> StepValues:
         """Which values are the step's tensors (``StepValues``), given the file's models."""
         seeds = [backward.detail["loss"] for backward in self.backwards() if backward.detail.get("loss") is not None]
+        if _is_lightning_step(self.root):  # what it returns is the loss Lightning runs backward on
+            seeds += [node.value for node in descendants(self.root.body, nodes.not_a_definition)
+                      if type(node) is cst.Return and node.value is not None]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
+
+
+def _is_lightning_step(root: cst.CSTNode) -> bool:
+    """A LightningModule's ``training_step`` (automatic optimisation): Lightning runs the backward
+    pass and the step after it returns, once per batch."""
+    return type(root) is cst.FunctionDef and root.name.value == "training_step"
 
 
 class StepModel(NamedTuple):

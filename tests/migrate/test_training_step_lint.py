@@ -45,6 +45,53 @@ def _lines(source: str, code: str) -> list[int]:
 
 
 SHAPES = [
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizers, loader, accum, scaler):
+            for step in range(1000):
+                for micro in range(accum):
+                    with torch.autocast("cuda"):
+                        loss = model(next(loader)) / accum
+                    scaler.scale(loss).backward()
+                for opt in optimizers:
+                    scaler.step(opt)
+                scaler.update()
+                print(f"step {step} loss {loss.item() * accum:.3f}")
+        """,
+        [10],
+        id="a loop over the optimizers is part of the step, not its loop",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        import lightning as L
+
+        class Model(L.LightningModule):
+            def training_step(self, batch, batch_idx):
+                logits = self.backbone(batch["input_ids"])
+                loss = torch.nn.functional.cross_entropy(logits, batch["labels"])
+                self.log("train/loss", loss.item())
+                return loss
+        """,
+        [7],
+        id="Lightning's automatic training_step is one step, its returned value the loss",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                tokens = int(loss.detach().exp())
+        """,
+        [8],
+        id="int() of a step tensor waits for it",
+    ),
     *(pytest.param(
         code,
         """\
