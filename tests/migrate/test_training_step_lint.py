@@ -16,6 +16,17 @@ from migrate.step_model import Kind, StepModelProvider, Via
 
 _FAMILY = [rule for rule in all_rules() if rule.CODE.startswith("AMP1")]
 
+# One native training step a loop runs; a shape adds its own lines after it.
+_NATIVE_STEP = """\
+def train(model, optimizer, loader, scaler):
+    for x in loader:
+        with torch.autocast("cuda"):
+            loss = model(x)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+"""
+
 # An out-of-memory retry loop around one batch, in a helper the epoch loop calls.
 _RETRY_IN_A_HELPER = """\
         def run_batch(model, optimizer, batch, scaler):
@@ -79,16 +90,7 @@ SHAPES = [
     ),
     pytest.param(
         "AMP100",
-        """\
-        def train(model, optimizer, loader, scaler):
-            for x in loader:
-                with torch.autocast("cuda"):
-                    loss = model(x)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                tokens = int(loss.detach().exp())
-        """,
+        _NATIVE_STEP + "        tokens = int(loss.detach().exp())\n",
         [8],
         id="int() of a step tensor waits for it",
     ),
@@ -206,16 +208,7 @@ SHAPES = [
     ),
     pytest.param(
         "AMP100",
-        """\
-        def train(model, optimizer, loader, scaler):
-            for x in loader:
-                with torch.autocast("cuda"):
-                    loss = model(x)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                print(model.weight.norm().item())
-        """,
+        _NATIVE_STEP + "        print(model.weight.norm().item())\n",
         [8],
         id="a parameter's norm is computed from the step's parameters",
     ),
