@@ -200,6 +200,8 @@ class CheckpointWithoutScaler(TrainingStepRule):
         anew = {id(event.node) for steps, event in made if made_each_iteration(steps, event)}  # in any walk
         if all(id(event.node) in anew for _, event in made):
             return
+        if all(event.detail.get("enabled") is False for _, event in made):
+            return  # `GradScaler(enabled=False)`: it scales nothing and keeps no state worth saving
         if not _used(model):
             return
         for steps, event in model.each(Kind.SAVE):

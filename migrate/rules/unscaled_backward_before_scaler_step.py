@@ -1,6 +1,8 @@
 """AMP109: a plain ``loss.backward()`` followed by ``scaler.step(optimizer)``."""
 from __future__ import annotations
 
+import libcst as cst
+
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
@@ -13,7 +15,9 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     Reports ``loss.backward()`` when the step that follows it is ``scaler.step(optimizer)`` and no
     backward pass on a path to that step scales its loss (``if amp: scaler.scale(loss).backward()
     else: loss.backward()`` before an unconditional ``scaler.step`` is left alone: a disabled
-    scaler's ``step`` is a plain step).
+    scaler's ``step`` is a plain step). A loss that is the function's own parameter
+    (``def _backward(self, loss)``) may come scaled from its callers and is left alone; one handed
+    in scaled by a caller in the file (``self._backward(self.scaler.scale(loss))``) is scaled.
 
     Why is this bad?
     ``scaler.step`` divides the gradients by the scale before stepping. Gradients that were never
@@ -35,6 +39,27 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(
+            "class BaseTrainer:\n"
+            "    def _backward(self, loss):\n"
+            "        self.optimizer.zero_grad()\n"
+            "        loss.backward()\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+        ),
+        Valid(
+            "class Trainer:\n"
+            "    def train(self, loader):\n"
+            "        for x in loader:\n"
+            "            with torch.autocast('cuda'):\n"
+            "                loss = self.model(x)\n"
+            "            self._backward(self.scaler.scale(loss))\n"
+            "\n"
+            "    def _backward(self, loss):\n"
+            "        loss.backward()\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+        ),
         Valid(
             "def train(model, optimizer, loader, use_amp):\n"
             "    scaler = torch.amp.GradScaler('cuda', enabled=use_amp)\n"
@@ -91,6 +116,8 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             backwards = steps.before(event, (Kind.BACKWARD,))
             if not backwards or any(b.how is not Backward.PLAIN for b in backwards):
                 continue
+            if any(not b.inlined() and b.subject in _parameters(steps.root) for b in backwards):
+                continue  # `def _backward(self, loss)`: its callers (elsewhere) may hand it a scaled loss
             for backward in backwards:
                 fix = {}
                 loss = nodes.code(backward.node.func.value)
@@ -101,3 +128,10 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                            "fix_message": f"Use `{event.scaler}.scale({loss}).backward()`",
                            "why_unsafe": "every update changes: the gradients were never scaled, and scaler.step divides them by the scale"}
                 yield backward.node, None, fix
+
+
+def _parameters(root) -> set[str]:
+    if not isinstance(root, cst.FunctionDef):
+        return set()
+    params = root.params
+    return {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}

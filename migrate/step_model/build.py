@@ -278,6 +278,8 @@ class Walk:
             self._calls.append(call)
             for parameter, argument in shapes.parameters_given(helper, call):
                 self.bind((parameter,), argument, call, frames, statements)
+                if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver(argument) in self.facts.scalers:
+                    self.scaled_names[parameter] = _receiver(argument)  # `self._backward(scaler.scale(loss))`
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
             self._block(body, frames + (Via(call),), ())
             self._calls.pop()

@@ -92,7 +92,9 @@ class StepValues:
             pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
             for targets, value in pairs:
                 # a loss bound by a statement is one; a loop over logged floats that calls its item `loss` is not
-                step = value is not None and ((assignment.written and bool(seeded & set(targets))) or self.holds(value))
+                # (what a helper of the file returns is known: its `loss` is not the caller's)
+                named = assignment.written and bool(seeded & set(targets)) and not self._returned_by_a_helper(value)
+                step = value is not None and (named or self.holds(value))
                 for target in targets:
                     self._given.setdefault(target, []).append((assignment.tick, step))
 
@@ -117,6 +119,9 @@ class StepValues:
                 return any(self.holds_at(arg.value, tick) for arg in test.args)
             return self.holds_at(receiver, tick)
         return False
+
+    def _returned_by_a_helper(self, value) -> bool:
+        return type(value) is cst.Call and return_target(value) in self._by_target
 
     def holds_at(self, expression: cst.CSTNode, tick: int) -> bool:
         """Whether ``expression``, read at ``tick`` of the walk, is a step tensor:

@@ -169,12 +169,16 @@ def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
                 test, polarity = test.left, polarity != negative
                 continue
         break
-    text = nodes.code(test)
+    if getattr(test, "lpar", None):
+        test = test.with_changes(lpar=[], rpar=[])  # `(a and b)` over two lines is `a and b`
+    text = re.sub(r"\(\s+|\s+\)", lambda m: m.group().strip(), " ".join(nodes.code(test).split()))
     return re.sub(r"^self\.", "", text), polarity
 
 
 # Flags a trainer sets every n steps: `if self.control.should_log:`, `if log_now:`.
 _INTERVAL_FLAG = re.compile(r"(should_(log|save|evaluate|eval)|log_now|do_log|is_log(ging)?_step)$")
+# Helpers that test a step count: `if divisible_by(step, 10):`, `if every_n_steps(i, 100):`.
+_INTERVAL_CALL = re.compile(r"(divisible|every_n|is_log(ging)?_step|should_log)", re.IGNORECASE)
 
 
 @kept_per_tree  # asked of every value a flag was given, at each `if` testing the flag
@@ -182,7 +186,8 @@ def has_modulo(test: cst.BaseExpression) -> bool:
     """Whether ``test`` runs its arm every n steps: a ``%``, or a flag a trainer sets that way."""
     finder = _FindModulo()
     walk(test, finder)
-    return finder.found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test))
+    return finder.found or any(_INTERVAL_FLAG.search(nodes.code(name)) for name in _flags(test)) or any(
+        type(node) is cst.Call and _INTERVAL_CALL.search(nodes.call_name(node)) for node in descendants(test))
 
 
 class _FindModulo(cst.CSTVisitor):

@@ -56,6 +56,76 @@ def _lines(source: str, code: str) -> list[int]:
 
 
 SHAPES = [
+    *(pytest.param(
+        code,
+        """\
+        def train(model, optimizer, loader, cfg):
+            scaler = torch.amp.GradScaler("cuda")
+            for step, x in enumerate(loader):
+                loss = model(x)
+                if cfg.amp and cfg.dtype == "float16":
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                if (
+                    cfg.amp
+                    and cfg.dtype == "float16"
+                ):
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if (cfg.amp and cfg.dtype == "float16"):
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+        """,
+        [],
+        id=f"{code}: one test written in parentheses over lines is the same test",
+    ) for code in ("AMP101", "AMP102")),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def train_step(self):
+                total_loss = 0.0
+                for _ in range(self.accum):
+                    loss = self.model(next(self.data)) / self.accum
+                    total_loss += loss.item()
+                    self.accelerator.backward(loss)
+                self.optimizer.step()
+                return total_loss
+
+            def train(self):
+                while self.step < self.max_steps:
+                    loss = self.train_step()
+                    self.pbar.set_description(f"loss: {loss:.4f}")
+        """,
+        [6],  # the helper's own `.item()`; what it returns is a float, not the caller's tensor
+        id="a float a helper returns is not the step tensor its own loss was",
+    ),
+    pytest.param(
+        "AMP100",
+        _NATIVE_STEP.replace("    for x in loader:\n", "    for step, x in enumerate(loader):\n")
+        + "        if divisible_by(step, 10):\n            print(loss.item())\n",
+        [],
+        id="a logging guard written as a helper call",
+    ),
+    pytest.param(
+        "AMP107",
+        """\
+        def train(model, optimizer, loader):
+            scaler = torch.amp.GradScaler("cuda", enabled=False)
+            for x in loader:
+                with torch.autocast("cuda", enabled=False):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")
+        """,
+        [],
+        id="a scaler made disabled keeps no state to save",
+    ),
     pytest.param(
         "AMP100",
         """\
