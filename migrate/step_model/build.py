@@ -47,6 +47,8 @@ class FileFacts:
     methods: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # class id -> name -> method
     owner: dict[int, cst.ClassDef] = field(default_factory=dict)  # method id -> its class
     nested: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # function id -> local defs
+    classes: dict[str, cst.ClassDef] = field(default_factory=dict)  # module level, by name
+    instances: dict[str, str] = field(default_factory=dict)  # `metric = Metric()` -> "metric": "Metric"
 
 
 class Walk:
@@ -132,10 +134,10 @@ class Walk:
         modulo = words.has_modulo(node.test) or any(
             words.has_modulo(value) for name in flags for value in self._values_of.get(name, ()))
         timed = words.compares_time(node.test)
-        leaves = _leaves(node.body)
+        leaves = shapes.leaves(node.body)
         self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
         other = frames + (Arm(node, False, test, not polarity, modulo, timed,
-                              node.orelse is not None and not isinstance(node.orelse, cst.If) and _leaves(node.orelse.body)),)
+                              node.orelse is not None and not isinstance(node.orelse, cst.If) and shapes.leaves(node.orelse.body)),)
         if isinstance(node.orelse, cst.If):
             self._if(node.orelse, other, statements + (node.orelse,))
         elif node.orelse is not None:
@@ -252,7 +254,7 @@ class Walk:
         elif isinstance(func, cst.Name):
             if name == "float" and first is not None:
                 self._pull(call, frames, statements, first, form="float()")
-            elif name == "int" and first is not None and not _keyed_item(first):  # `int(stats["batch size"])`: a count
+            elif name == "int" and first is not None and not shapes.keyed_item(first):  # `int(stats["batch size"])`: a count
                 self._pull(call, frames, statements, first, form="int()")
             elif name == "print":
                 for arg in call.args:
@@ -281,7 +283,7 @@ class Walk:
                 if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver(argument) in self.facts.scalers:
                     self.scaled_names[parameter] = _receiver(argument)  # `self._backward(scaler.scale(loss))`
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
-            self._block(body, frames + (Via(call),), ())
+            self._block(body, frames + (Via(call, shapes.evaluates(helper)),), ())
             self._calls.pop()
             self._entered.pop()
 
@@ -333,13 +335,21 @@ class Walk:
                 local = facts.nested.get(id(entered), {}).get(func.value)
                 if local is not None:
                     return local
-            return facts.functions.get(func.value)
+            if func.value in facts.functions:
+                return facts.functions[func.value]
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             for entered in reversed(self._entered):
                 owner = facts.owner.get(id(entered))
                 if owner is not None:
-                    return facts.methods[id(owner)].get(func.attr.value)
-        return None
+                    found = facts.methods[id(owner)].get(func.attr.value)
+                    if found is not None:
+                        return found
+        # an instance of a class of the file: `metric(preds)` runs its `__call__`, `metric.update(x)` its method
+        text = _code(func)
+        instance, method = (text, "__call__") if text in facts.instances else (_code(func.value), func.attr.value) \
+            if isinstance(func, cst.Attribute) else ("", "")
+        owner = facts.classes.get(facts.instances.get(instance, ""))
+        return facts.methods[id(owner)].get(method) if owner is not None else None
 
     def _pull(self, node: cst.CSTNode, frames: tuple, statements: tuple, pulled: cst.BaseExpression, **detail) -> None:
         """A read on the host of ``pulled``; ``host``: what it reads through holds a value already there."""
@@ -413,36 +423,11 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
 
 
 
-def _keyed_item(node: cst.BaseExpression) -> bool:
-    """``stats["Batch Size"]``: an item of a record by name, which may hold anything."""
-    return isinstance(node, cst.Subscript) and any(
-        isinstance(element.slice, cst.Index) and isinstance(element.slice.value, cst.SimpleString) for element in node.slice)
-
-
 def _plain_names(test: cst.BaseExpression) -> list[str]:
     """``log_now`` in ``if log_now:`` / ``if rank == 0 and log_now:``: flags a test reads directly."""
     if isinstance(test, cst.BooleanOperation):
         return _plain_names(test.left) + _plain_names(test.right)
     return [nodes.code(test)] if isinstance(test, (cst.Name, cst.Attribute)) else []
-
-
-_EXITS = frozenset({"exit", "_exit", "quit", "abort"})
-
-
-def _leaves(block: cst.BaseSuite) -> bool:
-    """Whether ``block`` always ends the step: it raises, exits or returns (``if not
-    math.isfinite(loss): print(loss); sys.exit(1)``), so it runs once at most."""
-    body = _body(block)
-    last = body[-1] if body else None
-    if isinstance(last, cst.If):
-        return _leaves(last.body) and last.orelse is not None and (
-            _leaves(last.orelse.body) if isinstance(last.orelse, cst.Else) else _leaves(cst.IndentedBlock(body=[last.orelse])))
-    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-        small = last.body[-1]
-        if isinstance(small, (cst.Raise, cst.Return)):
-            return True
-        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
-    return False
 
 
 @tree_walk.kept_per_tree  # asked at each call of the function: a script's top level may call it thousands of times

@@ -78,9 +78,11 @@ class Handler(NamedTuple):
 
 
 class Via(NamedTuple):
-    """A call of one of the file's own functions or methods, whose body the walk entered."""
+    """A call of one of the file's own functions or methods, whose body the walk entered;
+    ``evaluates``: the function evaluates (``@torch.no_grad()``, or it puts a model in ``eval()``)."""
 
     node: cst.Call
+    evaluates: bool = False
 
 
 Frame = "Loop | Arm | Region | Handler | Via"

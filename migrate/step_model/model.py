@@ -16,8 +16,8 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import contains
 from migrate.step_model.build import Assignment, FileFacts
-from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop
-from migrate.step_model.values import StepValues
+from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Via
+from migrate.step_model.values import StepValues, scope_of
 from migrate.tree_walk import descendants
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
@@ -125,6 +125,8 @@ class Steps:
         A function with a backward pass outside any loop is one step (a ``train_step`` method,
         called by a framework or from another file): what runs in it outside loops runs each step.
         """
+        if any(isinstance(frame, Via) and frame.evaluates for frame in event.frames):
+            return False, None  # in an evaluation helper the loop calls: not the training step
         loop = self.training_loop(event)
         if loop is not None:
             # `for phase in ("train", "val")`: the validation arm runs no backward pass
@@ -274,9 +276,10 @@ class Steps:
 
     def values(self, models: set[str], *, through_calls: bool = True) -> StepValues:
         """Which values are the step's tensors (``StepValues``), given the file's models."""
-        seeds = [backward.detail["loss"] for backward in self.backwards() if backward.detail.get("loss") is not None]
+        seeds = [(backward.detail["loss"], scope_of(backward.frames)) for backward in self.backwards()
+                 if backward.detail.get("loss") is not None]
         if _is_lightning_step(self.root):  # what it returns is the loss Lightning runs backward on
-            seeds += [node.value for node in descendants(self.root.body, nodes.not_a_definition)
+            seeds += [(node.value, None) for node in descendants(self.root.body, nodes.not_a_definition)
                       if type(node) is cst.Return and node.value is not None]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))

@@ -92,6 +92,8 @@ class _Facts(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.facts.methods[id(node)] = {}
+        if not self.stack:
+            self.facts.classes.setdefault(node.name.value, node)
         self.stack.append(node)
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
@@ -123,6 +125,9 @@ class _Facts(cst.CSTVisitor):
             self.facts.scalers.update(nodes.code(t.target) for t in node.targets)
         elif isinstance(value, (cst.Name, cst.Attribute)):
             self.aliases.append((tuple(nodes.code(t.target) for t in node.targets), nodes.code(value)))
+        elif isinstance(value, cst.Call) and type(value.func) is cst.Name and value.func.value[:1].isupper():
+            for target in node.targets:  # `metric = Metric()`: its methods are the file's, if the class is
+                self.facts.instances.setdefault(nodes.code(target.target), value.func.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and isinstance(node.value, cst.Call) and words.is_grad_scaler(self.visitor, node.value):

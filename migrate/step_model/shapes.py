@@ -1,10 +1,12 @@
-"""Shapes of code the walk recognises: a retry loop, what a chain of calls pulls to the host,
-which parameter of a helper each argument of a call gives a value."""
+"""Shapes of code the walk recognises: a retry loop, an arm that ends the step, what a chain of
+calls pulls to the host, which parameter of a helper each argument of a call gives a value, a
+helper that evaluates."""
 from __future__ import annotations
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.tree_walk import descendants
 from migrate.step_model import vocabulary as words
 
 
@@ -55,5 +57,43 @@ def parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str,
     return given
 
 
+_NO_GRAD = ("no_grad", "inference_mode")
+
+
+def evaluates(function: cst.FunctionDef) -> bool:
+    """Whether ``function`` evaluates rather than trains: decorated ``@torch.no_grad()`` or
+    ``@torch.inference_mode()``, or it calls ``.eval()`` and runs no backward pass."""
+    if any(name in nodes.code(decorator.decorator) for decorator in function.decorators for name in _NO_GRAD):
+        return True
+    calls = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.Call]
+    names = {nodes.call_name(call) for call in calls if type(call.func) is cst.Attribute}
+    return "eval" in names and "backward" not in names
+
+
 def body(block: cst.BaseSuite) -> list:
     return list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
+
+
+def keyed_item(node: cst.BaseExpression) -> bool:
+    """``stats["Batch Size"]``: an item of a record by name, which may hold anything."""
+    return isinstance(node, cst.Subscript) and any(
+        isinstance(element.slice, cst.Index) and isinstance(element.slice.value, cst.SimpleString) for element in node.slice)
+
+
+_EXITS = frozenset({"exit", "_exit", "quit", "abort"})
+
+
+def leaves(block: cst.BaseSuite) -> bool:
+    """Whether ``block`` always ends the step: it raises, exits or returns (``if not
+    math.isfinite(loss): print(loss); sys.exit(1)``), so it runs once at most."""
+    statements = body(block)
+    last = statements[-1] if statements else None
+    if isinstance(last, cst.If):
+        return leaves(last.body) and last.orelse is not None and (
+            leaves(last.orelse.body) if isinstance(last.orelse, cst.Else) else leaves(cst.IndentedBlock(body=[last.orelse])))
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        small = last.body[-1]
+        if isinstance(small, (cst.Raise, cst.Return)):
+            return True
+        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
+    return False

@@ -46,6 +46,12 @@ _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
 _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
 
 
+def scope_of(frames: tuple) -> object:
+    """Which function a walk's record is in: the call that entered the helper (None: the root)."""
+    entered = [frame.node for frame in frames if type(frame).__name__ == "Via"]
+    return id(entered[-1]) if entered else None
+
+
 def return_target(call: cst.Call) -> str:
     """The name a helper's ``return`` value is bound to, for the call that entered it."""
     return f"return@{id(call)}"
@@ -61,7 +67,7 @@ class StepValues:
     is only printed (``valid, message = check(loss)``).
     """
 
-    def __init__(self, assignments: list, seeds: list[cst.BaseExpression], models: set[str], *,
+    def __init__(self, assignments: list, seeds: list[tuple[cst.BaseExpression, object]], models: set[str], *,
                  through_calls: bool) -> None:
         self._models = models
         self._through_calls = through_calls
@@ -70,11 +76,14 @@ class StepValues:
             for target in assignment.targets:
                 self._by_target.setdefault(target, []).append(assignment)
         self.names: set[str] = set()
-        for seed in seeds:
-            self.names |= _loss_names(seed)
-            self.names |= self._loss_operands(seed)
-        self.names |= self._given_for(self.names)
-        seeded = set(self.names)
+        seeded: dict[object, set[str]] = {}  # the loss's names in the function (scope) its backward pass is in
+        for seed, scope in seeds:
+            named = _loss_names(seed) | self._loss_operands(seed)
+            seeded.setdefault(scope, set()).update(named)
+            self.names |= named
+        given = self._given_for(self.names)
+        self.names |= given
+        seeded.setdefault(None, set()).update(given)
         # a comprehension's targets are its own: they hold what its element reads (`holds`), no more
         computed = [(a.order, pair) for a in assignments if not a.on_host and type(a.node) is not cst.CompFor
                     for pair in self._pairs(a)]
@@ -92,8 +101,9 @@ class StepValues:
             pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
             for targets, value in pairs:
                 # a loss bound by a statement is one; a loop over logged floats that calls its item `loss` is not
-                # (what a helper of the file returns is known: its `loss` is not the caller's)
-                named = assignment.written and bool(seeded & set(targets)) and not self._returned_by_a_helper(value)
+                # (unless a helper of the file returns what is surely a host value: `total += loss.item()`)
+                named = assignment.written and bool(seeded.get(scope_of(assignment.frames), set()) & set(targets)) \
+                    and not self._helper_returns_host(value)
                 step = value is not None and (named or self.holds(value))
                 for target in targets:
                     self._given.setdefault(target, []).append((assignment.tick, step))
@@ -120,8 +130,21 @@ class StepValues:
             return self.holds_at(receiver, tick)
         return False
 
-    def _returned_by_a_helper(self, value) -> bool:
-        return type(value) is cst.Call and return_target(value) in self._by_target
+    def _helper_returns_host(self, value) -> bool:
+        """Whether ``value`` calls a helper of the file whose every return is a host value: a
+        constant, or a name bound only to constants and values pulled to the host."""
+        if type(value) is not cst.Call or return_target(value) not in self._by_target:
+            return False
+
+        def host(expression) -> bool:
+            if type(expression) in (cst.Integer, cst.Float):
+                return True
+            if type(expression) is not cst.Name:
+                return False
+            bound = self._by_target.get(expression.value, ())
+            return bool(bound) and all(b.on_host or type(b.value) in (cst.Integer, cst.Float) for b in bound)
+
+        return all(host(binding.value) for binding in self._by_target[return_target(value)])
 
     def holds_at(self, expression: cst.CSTNode, tick: int) -> bool:
         """Whether ``expression``, read at ``tick`` of the walk, is a step tensor:

@@ -56,6 +56,57 @@ def _lines(source: str, code: str) -> list[int]:
 
 
 SHAPES = [
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, data, scaler):
+            model.train()
+            optimizer.zero_grad()
+            with torch.autocast("cuda"):
+                loss = model(data)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+        def evaluate(model, data):
+            model.eval()
+            with torch.no_grad():
+                logits = model(data)
+            return float(logits.mean()), (logits.argmax(-1) == data.y).sum().item()
+
+        def run(model, optimizer, data, scaler, epochs):
+            results = []
+            for epoch in range(epochs):
+                train(model, optimizer, data, scaler)
+                val_loss, correct = evaluate(model, data)
+                results.append(val_loss)
+            print(torch.tensor(results).mean().item())
+        """,
+        [],
+        id="an evaluation helper the loop calls, and a driver's summary after its loops, are no training step",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Accuracy:
+            def __call__(self, logits, labels):
+                self.update(logits, labels)
+
+            def update(self, logits, labels):
+                self.correct += (logits.argmax(-1) == labels).sum().item()
+
+        def train(model, optimizer, loader, accelerator):
+            metric = Accuracy()
+            for batch in loader:
+                logits = model(batch["input_ids"])
+                loss = torch.nn.functional.cross_entropy(logits, batch["labels"])
+                accelerator.backward(loss)
+                optimizer.step()
+                metric(logits, batch["labels"])
+        """,
+        [15],  # at the loop's call; the method's read related
+        id="a read in a method of the file's own class, called through its instance",
+    ),
     *(pytest.param(
         code,
         """\
