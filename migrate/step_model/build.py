@@ -208,7 +208,7 @@ class Walk:
         func = call.func
         receiver = _receiver(call)
         first = call.args[0].value if call.args else None
-        if self._runs_whole_step(call):
+        if words.calls_a_loss_scaler(call, self.facts.scalers):
             # timm's NativeScaler: `loss_scaler(loss, optimizer, clip_grad=..., parameters=...)` scales
             # the loss, runs backward, unscales before its clip, steps and updates
             loss = call.args[0].value
@@ -286,16 +286,6 @@ class Walk:
             self._block(body, frames + (Via(call, shapes.evaluates(helper)),), ())
             self._calls.pop()
             self._entered.pop()
-
-    def _runs_whole_step(self, call: cst.Call) -> bool:
-        """Whether ``call`` calls a loss scaler object with the loss (timm's ``NativeScaler``)."""
-        func = call.func
-        if type(func) is not cst.Name and type(func) is not cst.Attribute:
-            return False
-        positional = [arg for arg in call.args if arg.keyword is None]
-        text = nodes.code(func)
-        return len(positional) >= 1 and (text in self.facts.scalers or words.scaler_like(text)) \
-            and (len(positional) >= 2 or nodes.argument(call, None, "optimizer") is not None)
 
     def _backward(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         target = call.func.value

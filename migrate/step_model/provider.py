@@ -174,7 +174,7 @@ class _Facts(cst.CSTVisitor):
 
 
 def _is_step_call(visitor: cst.MetadataDependent, call: cst.Call, name: str) -> bool:
-    if name == "manual_backward" or (words.scaler_like(name) and len(call.args) >= 2):
+    if name == "manual_backward" or words.calls_a_loss_scaler(call):
         return True
     if type(call.func) is cst.Attribute and (name in _STEP_CALLS or (
             name == "to" and any(words.dtype_of(arg.value) == "float16" for arg in call.args))):

@@ -18,6 +18,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.step_model import vocabulary as words
+from migrate.step_model.events import Loop, Via
 
 # Builtins whose result is a host value whatever they are given.
 _HOST_BUILTINS = frozenset({"len", "int", "float", "str", "bool", "round", "isinstance", "range", "repr", "format",
@@ -48,7 +49,7 @@ _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
 
 def scope_of(frames: tuple) -> object:
     """Which function a walk's record is in: the call that entered the helper (None: the root)."""
-    entered = [frame.node for frame in frames if type(frame).__name__ == "Via"]
+    entered = [frame.node for frame in frames if type(frame) is Via]
     return id(entered[-1]) if entered else None
 
 
@@ -71,6 +72,7 @@ class StepValues:
                  through_calls: bool) -> None:
         self._models = models
         self._through_calls = through_calls
+        self._tick: int | None = None  # while `holds_at` asks: the read's place in the walk
         self._by_target: dict[str, list] = {}
         for assignment in assignments:
             for target in assignment.targets:
@@ -151,13 +153,16 @@ class StepValues:
         a name holds what its last binding before then gave it (``for i, x in enumerate(xs)``
         makes ``i`` an index, whatever ``i`` held in an earlier loop); one bound only later (in
         the loop's next pass), what any binding gives it."""
-        saved = self.names
-        self.names = {name for name in saved if self._reaching(name, tick, True)} | {
-            name for name in self._given if name not in saved and self._reaching(name, tick, False)}
+        self._tick = tick  # `_has` answers by the bindings before it, for each name read
         try:
             return self.holds(expression)
         finally:
-            self.names = saved
+            self._tick = None
+
+    def _has(self, name: str) -> bool:
+        if self._tick is None:
+            return name in self.names
+        return self._reaching(name, self._tick, name in self.names)
 
     def _reaching(self, name: str, tick: int, otherwise: bool) -> bool:
         before = [step for at, step in self._given.get(name, ()) if at < tick]
@@ -169,9 +174,9 @@ class StepValues:
         if expression is None:
             return False
         if type(expression) is str:  # an element a helper returns: `return@<call>#1`
-            return expression in self.names
+            return self._has(expression)
         if kind is cst.Name:
-            return expression.value in self.names
+            return self._has(expression.value)
         if kind is cst.Attribute:
             return self._attribute(expression)
         if kind is cst.Call:
@@ -214,7 +219,7 @@ class StepValues:
 
     def _attribute(self, node: cst.Attribute) -> bool:
         text = nodes.code(node)
-        if text in self.names:
+        if self._has(text):
             return True
         attr = node.attr.value
         if attr in _HOST_ATTRIBUTES:
@@ -229,7 +234,7 @@ class StepValues:
         func = call.func
         returned = return_target(call)
         if returned in self._by_target:  # a helper of the file the walk entered: what it returns
-            return returned in self.names
+            return self._has(returned)
         name = nodes.call_name(call)
         if nodes.call_name(call)[:1].isupper():
             return False  # an object made: `Model(cfg)`, `torch.optim.AdamW(model.parameters())` hold no step tensor
@@ -421,7 +426,7 @@ def _names_a_measure(expression: cst.CSTNode) -> bool:
 
 
 def _loops(assignment) -> tuple:
-    return tuple(frame for frame in assignment.frames if type(frame).__name__ == "Loop")
+    return tuple(frame for frame in assignment.frames if type(frame) is Loop)
 
 
 def _container(target: str) -> str:

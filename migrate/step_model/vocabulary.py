@@ -115,6 +115,18 @@ _FEATURE_SCALER = re.compile(r"(standard|minmax|robust|maxabs)", re.IGNORECASE)
 _RUNS_BACKWARD = ("accelerator", "engine", "fabric", "trainer", "strategy", "scaler")
 
 
+def calls_a_loss_scaler(call: cst.Call, scalers: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether ``call`` calls a loss scaler object with the loss and the optimizer (timm's
+    ``loss_scaler(loss, optimizer, clip_grad=..., parameters=...)``)."""
+    func = call.func
+    if type(func) is not cst.Name and type(func) is not cst.Attribute:
+        return False
+    positional = [arg for arg in call.args if arg.keyword is None]
+    text = nodes.code(func)
+    return len(positional) >= 1 and (text in scalers or scaler_like(text)) \
+        and (len(positional) >= 2 or nodes.argument(call, None, "optimizer") is not None)
+
+
 def makes_a_scaler(call: cst.Call) -> bool:
     name = nodes.call_name(call)
     return bool(_SCALER_FACTORY.search(name)) and not _FEATURE_SCALER.search(name)
