@@ -20,8 +20,8 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 
 Two more words are common in code that trains nothing: ``autocast`` (inference under autocast) and
 ``scaler`` (a feature scaler). The rules reading them in a plain run (AMP100–AMP104, AMP108, AMP109:
-``Rule.NEEDS_A_STEP``) report only in a file making a step's call or casting to float16, so a file
-whose other words are only ``amp``/``apex`` goes on only if it holds one of those shapes too: a
+``Rule.NEEDS_A_STEP``; AMP107's ``scaler``, ``Rule.STEP_TRIGGERS``) report only in a file
+making a step's call or casting to float16, so a file whose other words are only ``amp``/``apex`` goes on only if it holds one of those shapes too: a
 ``backward``/``step`` call, or ``half``/``float16`` spelled as a name, an attribute or a string.
 A selection with a rule that reads them everywhere (the deprecated ``torch.cuda.amp.autocast``,
 AMP020) parses every file holding them, as before.
@@ -92,8 +92,11 @@ def step_words(rules: Sequence[type] | None) -> frozenset[str]:
     """The trigger words of ``rules`` (None: the plain run's) that only rules needing a step read."""
     if rules is None:
         return PLAIN_RUN_STEP_WORDS
-    anywhere = {word for rule in rules if not rule.NEEDS_A_STEP for word in rule.TRIGGERS}
-    return frozenset(word for rule in rules if rule.NEEDS_A_STEP for word in rule.TRIGGERS) - anywhere
+    def stepping(rule: type, word: str) -> bool:
+        return rule.NEEDS_A_STEP or word in rule.STEP_TRIGGERS
+
+    anywhere = {word for rule in rules for word in rule.TRIGGERS if not stepping(rule, word)}
+    return frozenset(word for rule in rules for word in rule.TRIGGERS if stepping(rule, word)) - anywhere
 
 
 def may_apply(content: bytes | str, words: tuple[str, ...] | None) -> bool:

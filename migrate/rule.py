@@ -93,6 +93,9 @@ class Rule(cst.BatchableCSTVisitor):
     # events. A file whose only trigger words are such rules' words, and that does none of this, is
     # skipped unparsed (``migrate.prefilter``).
     NEEDS_A_STEP: ClassVar[bool] = False
+    # Those of TRIGGERS the rule acts on only where a step is, as NEEDS_A_STEP says of them all:
+    # AMP107 reads any file saying "GradScaler", and a "scaler" handed in only where it scales.
+    STEP_TRIGGERS: ClassVar[tuple[str, ...]] = ()
     # False: run only when a --select prefix (or ALL) names the rule, not in a plain run.
     DEFAULT: ClassVar[bool] = True
     # How safe the fixes it offers are, as --list-rules shows it; checked against INVALID by the tests.

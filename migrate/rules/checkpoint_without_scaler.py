@@ -101,7 +101,10 @@ class CheckpointWithoutScaler(TrainingStepRule):
     Reports a checkpoint (``torch.save({...})``, or the file's own ``save_checkpoint({...})``)
     whose dictionary holds a model's and an optimizer's ``state_dict()`` but nothing from the
     GradScaler, in a file that scales its losses with one. Entries added to the dictionary
-    later in the same function (``state["scaler"] = scaler.state_dict()``) count. A scaler that
+    later in the same function (``state["scaler"] = scaler.state_dict()``) count, and so does a
+    dict of the optimizers' states gathered under a key naming them (``state["optimizers"]``).
+    A scaler made in another file counts where it is handed to the function that writes the
+    checkpoint (a parameter, or ``self.scaler`` of its class). A scaler that
     is made but never scales, steps or updates, or that is made anew in the training loop (AMP105:
     fix that first), holds no state worth keeping.
 
@@ -113,7 +116,9 @@ class CheckpointWithoutScaler(TrainingStepRule):
     Fix safety:
     Safe: where the dictionary is written in the save call and one GradScaler is certain to exist
     there (made before it in the same function, at the top of the module, or in ``__init__`` for
-    ``self.scaler``), ``"scaler": scaler.state_dict()`` is added to it. Training is unchanged;
+    ``self.scaler``, or a parameter annotated as a GradScaler with no default),
+    ``"scaler": scaler.state_dict()`` is added to it. A scaler handed in otherwise may be
+    ``None`` on runs without mixed precision: reported, no fix. Training is unchanged;
     the checkpoint gains one entry. Loading it is left to you, since a resumed run then continues
     at the saved scale where it used to start again: add
     ``scaler.load_state_dict(checkpoint["scaler"])`` where the optimizer's state is loaded
@@ -123,13 +128,32 @@ class CheckpointWithoutScaler(TrainingStepRule):
     CODE = "AMP107"
     FIX = "adds scaler.state_dict() to the checkpoint's dict"
     MESSAGE = "the checkpoint saves the model and the optimizer but not the GradScaler's state"
-    TRIGGERS = ("GradScaler",)  # only where the file creates one
+    TRIGGERS = ("GradScaler", "scaler")  # where the file makes one, or is handed one
+    STEP_TRIGGERS = ("scaler",)  # a scaler handed in counts only where it scales: a step
     METADATA_DEPENDENCIES = (*TrainingStepRule.METADATA_DEPENDENCIES, ParentNodeProvider)  # the fix's scope walk
     FIX_SAFETY = FixSafety.ALWAYS
 
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # handed a scaler, but the checkpoint is written by a function that is not
+            "def train_epoch(model, optimizer, scaler, loader):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "\n"
+            "def save(model, optimizer, path):\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, path)\n"
+        ),
+        Valid(  # an entry named for the optimizer that holds its name, not its state
+            "def train(model, optimizer, scaler, loader, args):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': args.optimizer}, 'last.pt')\n"
+        ),
         Valid(
             "def save(model, optimizer, path):\n"
             "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, path)\n"
@@ -160,6 +184,37 @@ class CheckpointWithoutScaler(TrainingStepRule):
     ]
     INVALID = [
         Invalid(_LOCAL, _LOCAL.replace(_EPOCH_SAVE, _EPOCH_SAVE_FIXED)),
+        Invalid(  # handed in, made in another file; no fix: the caller may pass None
+            "def train(model, optimizer, scaler, loader, path, ddp):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "    torch.save({\n"
+            "        'state_dict': model.module.state_dict() if ddp else model.state_dict(),\n"
+            "        'optimizer': optimizer.state_dict(),\n"
+            "    }, path)\n"
+        ),
+        Invalid(  # the optimizers' states gathered in a dict of their own
+            "class Solver:\n"
+            "    def __init__(self, model, optimizers, scaler):\n"
+            "        self.model, self.optimizers, self.scaler = model, optimizers, scaler\n"
+            "\n"
+            "    def step(self, batch):\n"
+            "        for name, optimizer in self.optimizers.items():\n"
+            "            self.scaler.scale(self.model(batch)).backward()\n"
+            "            self.scaler.step(optimizer)\n"
+            "            self.scaler.update()\n"
+            "        self.save('last.pt')\n"
+            "\n"
+            "    def save(self, path):\n"
+            "        state = {'model': self.model.state_dict()}\n"
+            "        optimizer_states = {}\n"
+            "        for name, optimizer in self.optimizers.items():\n"
+            "            optimizer_states[name] = optimizer.state_dict()\n"
+            "        state['optimizers'] = optimizer_states\n"
+            "        torch.save(state, path)\n"
+        ),
         Invalid(
             "class Trainer:\n"
             "    def __init__(self, model, optimizer):\n"
@@ -195,26 +250,41 @@ class CheckpointWithoutScaler(TrainingStepRule):
     def findings(self, model):
         scalers = model.facts.scalers
         made = list(model.each(Kind.SCALER_NEW))
-        if not scalers or not made:
+        if not scalers:
             return
         anew = {id(event.node) for steps, event in made if made_each_iteration(steps, event)}  # in any walk
-        if all(id(event.node) in anew for _, event in made):
+        if made and all(id(event.node) in anew for _, event in made):
             return
-        if all(event.detail.get("enabled") is False for _, event in made):
+        if made and all(event.detail.get("enabled") is False for _, event in made):
             return  # `GradScaler(enabled=False)`: it scales nothing and keeps no state worth saving
         if not _used(model):
             return
         for steps, event in model.each(Kind.SAVE):
+            if not made and not self._handed_in(event.node, scalers):
+                continue  # the scaler is made in another file: only a save beside its use is this file's
             entries = _entries(steps, event)
             if entries is None:
                 continue
-            owners = [nodes.code(v.func.value) for v in entries if _state_dict(v)]
+            values = [v for _, v in entries]
+            owners = [nodes.code(c.func.value) for v in values for c in _state_dicts(v)]
             optimizers = [o for o in owners if optimizer_like(o) or o in model.facts.optimizers]
             models = [o for o in owners if o not in optimizers and "sched" not in o.lower() and o not in scalers]
             saved = any(o in scalers or "scaler" in o.lower() for o in owners) or any(
-                "scaler" in nodes.code(v).lower() for v in entries)
+                "scaler" in nodes.code(part).lower() for entry in entries for part in entry if part is not None)
+            optimizers += [k for k, v in entries if _optimizers_container(steps, k, v)]
             if optimizers and models and not saved:
                 yield event.node, None, self._saving_scaler(model, steps, event)
+
+    def _handed_in(self, call: cst.Call, scalers: set[str]) -> bool:
+        """Whether the function writing ``call`` is handed one of ``scalers``: as its parameter
+        (``def train(model, optimizer, scaler, ...)``), or as ``self.scaler`` of its class."""
+        node = self.get_metadata(ParentNodeProvider, call, None)
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        if node is None:
+            return False
+        taken = {p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)}
+        return bool(taken & scalers) or ("self" in taken and any(s.startswith("self.") for s in scalers))
 
     def _saving_scaler(self, model: StepModel, steps: Steps, event) -> dict:
         """The fix: the save call with the scaler's state added to its dictionary."""
@@ -255,12 +325,28 @@ def _used(model: StepModel) -> bool:
     return False
 
 
-def _state_dict(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Call) and nodes.call_name(value) == "state_dict" and isinstance(value.func, cst.Attribute)
+def _state_dicts(value: cst.BaseExpression) -> list[cst.Call]:
+    """The ``x.state_dict()`` calls an entry's value is: itself, or either arm of a conditional
+    (``model.module.state_dict() if ddp else model.state_dict()``)."""
+    if isinstance(value, cst.IfExp):
+        return _state_dicts(value.body) + _state_dicts(value.orelse)
+    if isinstance(value, cst.Call) and nodes.call_name(value) == "state_dict" and isinstance(value.func, cst.Attribute):
+        return [value]
+    return []
 
 
-def _entries(steps: Steps, event) -> list[cst.BaseExpression] | None:
-    """The keys and values of the dictionary a save call writes, with those added to it later."""
+def _optimizers_container(steps: Steps, key: cst.BaseExpression | None, value: cst.BaseExpression) -> bool:
+    """Whether an entry keyed as an optimizer's holds a dict the function fills: the optimizers'
+    states gathered by a loop (``state["optimizers"] = optimizer_states``)."""
+    if key is None or "optim" not in nodes.code(key).lower() or not isinstance(value, cst.Name):
+        return False
+    bound = steps.assigned(value.value)
+    return bool(bound) and isinstance(bound[-1].value, (cst.Dict, cst.DictComp))
+
+
+def _entries(steps: Steps, event) -> list[tuple[cst.BaseExpression | None, cst.BaseExpression]] | None:
+    """The ``(key, value)`` entries of the dictionary a save call writes, with those added to it
+    later (their key: the target's text, ``state['scaler']``); a ``**`` entry's key is None."""
     call = event.node
     first = call.args[0].value if call.args else None
     name = None
@@ -272,10 +358,8 @@ def _entries(steps: Steps, event) -> list[cst.BaseExpression] | None:
         first = bound[-1].value
     if not isinstance(first, cst.Dict):
         return None
-    found = [part for element in first.elements if isinstance(element, cst.DictElement)
-             for part in (element.key, element.value)]
+    found: list[tuple[cst.BaseExpression | None, cst.BaseExpression]] = [
+        (getattr(element, "key", None), element.value) for element in first.elements]
     if name is not None:
-        items = steps.items_assigned(name)
-        found += list({id(a): a.value for a, _ in items}.values())  # one value per assignment
-        found += [cst.SimpleString(repr(t)) for _, t in items]
+        found += [(cst.SimpleString(repr(target)), assignment.value) for assignment, target in steps.items_assigned(name)]
     return found

@@ -19,7 +19,7 @@ class HostSyncEveryStep(TrainingStepRule):
     """What it does:
     Reports a step tensor read on the host in every iteration of the training loop:
     ``loss.item()``, ``float(loss)``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``print(loss)``,
-    ``f"{loss}"``, or an ``if`` on its value (``if torch.isnan(loss):``, ``if grad_norm > max_norm:``).
+    ``f"{loss}"``, ``"%.4f" % loss``, ``"{:.4f}".format(loss)``, or an ``if`` on its value (``if torch.isnan(loss):``, ``if grad_norm > max_norm:``).
     One finding per iteration: at its first read, the others listed as related places; a read in a
     helper the loop calls is reported at the call, the helper's line related.
 
@@ -42,7 +42,8 @@ class HostSyncEveryStep(TrainingStepRule):
     whose reads are what it checks) are not training steps.
 
     Not reported: a read under a logging guard (``if step % log_every == 0:``,
-    ``if rank == 0 and step % n == 0:``, every n seconds), inside an ``if`` on the data (the test
+    ``if rank == 0 and step % n == 0:``, every n seconds, once: ``if global_step == 0:``,
+    ``if i == len(loader) - 1:``), inside an ``if`` on the data (the test
     is what waits), after the loop. An ``if`` with a ``%`` that also steps the optimizer is a
     gradient-accumulation boundary, and one whose arms take turns at whole steps (a GAN's
     ``if (step // accum) % 2 == 0:``) is training, not a guard.

@@ -135,7 +135,8 @@ class Walk:
             words.has_modulo(value) for name in flags for value in self._values_of.get(name, ()))
         timed = words.compares_time(node.test)
         leaves = shapes.leaves(node.body)
-        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves),), statements)
+        once = words.holds_on_one_step(node.test)
+        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves, once),), statements)
         other = frames + (Arm(node, False, test, not polarity, modulo, timed,
                               node.orelse is not None and not isinstance(node.orelse, cst.If) and shapes.leaves(node.orelse.body)),)
         if isinstance(node.orelse, cst.If):
@@ -247,6 +248,9 @@ class Walk:
                 self._add(Kind.HALF, call, frames, statements, subject=receiver)
             if name in ("float", "to") and isinstance(func.value, cst.Call):
                 self._round_trips.add(id(func.value))  # `model.half().float()`: back to float32 at once
+            elif name == "format":
+                for value in shapes.formatted_values(call):  # `"{:.4f}".format(loss)`
+                    self._pull(value, frames, statements, value, form="format()")
             elif name == "load_state_dict":
                 self._add(Kind.LOAD, call, frames, statements, subject=receiver)
             elif name == "forward" and receiver in self.facts.models:
@@ -343,6 +347,8 @@ class Walk:
 
     def _pull(self, node: cst.CSTNode, frames: tuple, statements: tuple, pulled: cst.BaseExpression, **detail) -> None:
         """A read on the host of ``pulled``; ``host``: what it reads through holds a value already there."""
+        if getattr(pulled, "lpar", None):
+            pulled = pulled.with_changes(lpar=(), rpar=())  # `(self.losses)` reads `self.losses`
         subject = words.root_text(pulled)
         self._add(Kind.HOST_PULL, node, frames, statements, subject=subject,
                   detail={**detail, "pulled": pulled, "host": subject in self.host_names, "tick": self._tick()})
@@ -375,6 +381,10 @@ class _Events(words.GradientUses):
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         self.walk._pull(node, self.frames, self.statements, node.expression, form="f-string")
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        for value in shapes.formatted_values(node):  # `"%.4f" % loss`
+            self.walk._pull(value, self.frames, self.statements, value, form="%-format")
 
     def _comprehension(self, node) -> None:
         """Its targets bound before its element is walked: a read there sees them."""

@@ -57,11 +57,12 @@ class Arm(NamedTuple):
     modulo: bool  # the test holds a ``%``: ``if step % log_every == 0``
     timed: bool = False  # the test compares the time elapsed: ``if now - last_log >= 30``
     leaves: bool = False  # the arm ends the step (raise, exit, return): it runs once at most
+    once: bool = False  # the test holds on one step of a count: ``if global_step == 0``
 
     @property
     def interval(self) -> bool:
-        """Whether the arm runs now and then: every n steps or every n seconds."""
-        return self.modulo or self.timed or self.leaves
+        """Whether the arm runs now and then: every n steps, every n seconds, or once."""
+        return self.modulo or self.timed or self.leaves or self.once
 
 
 class Region(NamedTuple):

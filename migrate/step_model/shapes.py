@@ -22,6 +22,30 @@ def retries(loop: cst.For | cst.While) -> bool:
                                                   for statement in statements[:-1])
 
 
+def formatted_values(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The values a string formatting writes, each made a Python number by it (a tensor waits):
+    ``"%.4f" % loss``, ``"%d %.4f" % (step, *losses)``, ``"{:.4f}".format(loss)``. Only names,
+    attributes and subscripts, as ``print`` takes them: what a call computes is its own read."""
+    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo and _text(node.left):
+        right = node.right
+        values = [e.value for e in right.elements] if type(right) is cst.Tuple else [right]
+    elif type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "format" \
+            and _text(node.func.value):
+        values = [arg.value for arg in node.args]
+    else:
+        return []
+    return [v for v in values if type(v) in (cst.Name, cst.Attribute, cst.Subscript)]
+
+
+def _text(node: cst.BaseExpression) -> bool:
+    """Whether ``node`` is a string written in the code: a literal, or literals joined or repeated."""
+    if type(node) in (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString):
+        return True
+    if type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Multiply):
+        return _text(node.left) or _text(node.right)
+    return False
+
+
 def ends_with_exit(body: list) -> bool:
     last = body[-1] if body else None
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))

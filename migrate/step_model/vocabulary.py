@@ -215,6 +215,23 @@ def _flags(test: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [test] if isinstance(test, (cst.Name, cst.Attribute)) else []
 
 
+# A count of steps or epochs: `if global_step == 0:` and `if epoch == 0 and i == 0:` hold once.
+_COUNTER = re.compile(r"(^|_)(i|it|iter|iters|iteration|idx|step|steps|epoch|batch_idx|n_iter|updates)$", re.IGNORECASE)
+
+
+def holds_on_one_step(test: cst.BaseExpression) -> bool:
+    """Whether ``test`` holds on one step of the count it reads: a counter equal to a value
+    (``global_step == 0``, ``i == len(loader) - 1``); not ``rank == 0``, which holds on every step."""
+    if isinstance(test, cst.BooleanOperation):
+        left, right = holds_on_one_step(test.left), holds_on_one_step(test.right)
+        return (left or right) if isinstance(test.operator, cst.And) else (left and right)
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    return any(isinstance(side, (cst.Name, cst.Attribute)) and _COUNTER.search(nodes.code(side).rsplit(".", 1)[-1])
+               for side in sides)
+
+
 def compares_time(test: cst.BaseExpression) -> bool:
     """``if now - last_print >= 30``, ``if time.time() - t0 > interval``: a test on elapsed time."""
     finder = _FindTimeComparison()

@@ -88,6 +88,12 @@ READS = [
     ("first = y[0].item()", False),
     ("print(f'batch of {x.shape[0]} at lr {optimizer.param_groups[0][\"lr\"]}')", False),
     ("loss_value = loss.item()\nprint(f'loss {loss_value:.3f}')", True),
+    ('print("loss %.4f" % loss)', True),
+    ('print("step %d loss %.4f" % (step, loss))', True),
+    ('pbar.set_description(("%8s" + "%10.4g" * 2) % ("train", loss, (loss)))', True),
+    ('print("loss {:.4f}".format(loss))', True),
+    ('print("lr %.2e, batch %d" % (optimizer.param_groups[0]["lr"], x.shape[0]))', False),
+    ('print("{} samples".format(seen))', False),
 ]
 
 LOOPS = {
@@ -105,7 +111,7 @@ while True:
 """
 
 
-def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: bool = False) -> tuple[str, int]:
+def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: str | None = None) -> tuple[str, int]:
     """A training function; returns its source and the line of the read's last statement."""
     head, prelude = LOOPS[loop]
     body = textwrap.dedent(step)
@@ -113,12 +119,12 @@ def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: bool
         body = RETRY.format(step=textwrap.indent(body, " " * 8))
     read_lines = read.split("\n")
     if guard:
-        read_lines = ["if step % 100 == 0:"] + ["    " + line for line in read_lines]
+        read_lines = [guard] + ["    " + line for line in read_lines]
     lines = [
         "import torch",
         "",
         "def train(model, model_engine, net, self_backbone, criterion, optimizer, loader, scaler, loss_scaler,",
-        "          accelerator, fabric, accuracy, meter, history, batches, max_steps, get_grad_scaler):",
+        "          accelerator, fabric, accuracy, meter, history, batches, max_steps, get_grad_scaler, pbar, rank):",
         "    gs = get_grad_scaler()",
         "    step = total = correct = seen = 0",
         "    " + head.rstrip("\n"),
@@ -150,11 +156,22 @@ def test_a_host_read_is_reported_exactly_when_it_reads_a_step_tensor(step, loop,
         assert len(found) == 1 and line - read.count("\n") <= found[0] <= line, source
 
 
+GUARDS = ["if step % 100 == 0:", "if step == 0:", "if rank == 0 and step == len(loader) - 1:"]
+
+
+@pytest.mark.parametrize("guard", GUARDS)
 @pytest.mark.parametrize("step", list(STEPS))
-@pytest.mark.parametrize("read", [read for read, holds in READS if holds][:4])
-def test_a_read_under_a_logging_guard_is_not_reported(step, read):
-    source, _ = _script(STEPS[step], "enumerate", read, guard=True)
+@pytest.mark.parametrize("read", [read for read, holds in READS if holds][:4] + ['print("loss %.4f" % loss)'])
+def test_a_read_under_a_logging_guard_is_not_reported(step, read, guard):
+    source, _ = _script(STEPS[step], "enumerate", read, guard=guard)
     assert _amp100(source) == [], source
+
+
+@pytest.mark.parametrize("guard", ["if rank == 0:", "if step > 0:", "if step == 0 or rank == 0:"])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_a_test_that_holds_on_most_steps_is_no_logging_guard(step, guard):
+    source, line = _script(STEPS[step], "enumerate", 'print("loss %.4f" % loss)', guard=guard)
+    assert _amp100(source) == [line], source
 
 
 @pytest.mark.parametrize("step", list(STEPS))

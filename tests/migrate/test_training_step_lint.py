@@ -724,8 +724,8 @@ SHAPES = [
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             torch.save(state, "last.pt")
         """,
-        [],
-        id="a scaler handed in: its owner may save it",
+        [7],
+        id="a scaler handed in to the function that writes the checkpoint: its state belongs there",
     ),
 ]
 
