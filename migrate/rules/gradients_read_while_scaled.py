@@ -184,6 +184,8 @@ class GradientsReadWhileScaled(TrainingStepRule):
             related = tuple((other.node, f"also read before `{scaler}.unscale_`: `{' '.join(nodes.code(other.node).split())}`")
                             for _, other in reads[1:])
             message = self.MESSAGE if len(reads) == 1 else f"{self.MESSAGE} ({len(reads)} reads in this step)"
+            if fix and anchor is not event.statements[-1]:  # reported where `unscale_` goes: before the `if` holding the read
+                related = ((event.node, f"the read: `{' '.join(nodes.code(event.node).split())}`"), *related)
             yield (anchor if fix else event.node), message, {**fix, "related": related}
 
     @staticmethod

@@ -68,9 +68,11 @@ def pulled_value(receiver: cst.BaseExpression) -> cst.BaseExpression:
 
 def parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
     """``(parameter, argument)`` for each parameter of ``helper`` that ``call`` gives a value
-    (``self`` left out of a method called as ``self.f(...)``)."""
+    (``self`` left out of a method called as ``self.f(...)``, or of ``__call__`` called through
+    an instance: ``metric(logits, labels)``)."""
     params = list(helper.params.posonly_params) + list(helper.params.params)
-    if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+    bound = isinstance(call.func, cst.Attribute) or helper.name.value == "__call__"
+    if bound and params and params[0].name.value in ("self", "cls"):
         params = params[1:]
     given: list[tuple[str, cst.BaseExpression]] = []
     positional = [arg for arg in call.args if arg.keyword is None and not arg.star]

@@ -29,7 +29,7 @@ _HOST_METHODS = frozenset(words.PULL_METHODS | {"keys", "size", "dim", "numel", 
                                                 "is_floating_point", "format", "join", "split", "startswith"})
 # Attributes of a tensor that are host values.
 _HOST_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn",
-                              "training", "param_groups"})
+                              "training", "param_groups", "__class__", "__name__"})
 # Modules whose functions take and give host values.
 _HOST_MODULES = frozenset({"np", "numpy", "math", "time", "random", "os", "sys", "json", "logging", "datetime",
                            "itertools", "statistics", "wandb", "logger", "log"})
@@ -45,6 +45,15 @@ _LOSS_WEIGHT = re.compile(r"(ratio|weight|scale|coef|lambda|factor|alpha|beta|\[
 _ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
 _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
 _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
+
+
+_ANY = object()  # no one function's names: `StepValues._scope` outside `_holds_in`
+
+
+def _target_scope(assignment) -> object:
+    """The function whose name an assignment binds: a helper's parameter is bound at the call
+    (in the caller's frames), in the helper, whose scope is that call."""
+    return id(assignment.node) if type(assignment.node) is cst.Call and not assignment.written else scope_of(assignment.frames)
 
 
 def scope_of(frames: tuple) -> object:
@@ -73,29 +82,41 @@ class StepValues:
         self._models = models
         self._through_calls = through_calls
         self._tick: int | None = None  # while `holds_at` asks: the read's place in the walk
+        self._scope: object = _ANY  # while a binding's value is asked about: the function it is read in
         self._by_target: dict[str, list] = {}
         for assignment in assignments:
             for target in assignment.targets:
                 self._by_target.setdefault(target, []).append(assignment)
+        # The plain names that hold a step tensor, each in the function (scope) binding it: a
+        # setter's `loss` parameter (a loss function) is not the training step's `loss`.
         self.names: set[str] = set()
         seeded: dict[object, set[str]] = {}  # the loss's names in the function (scope) its backward pass is in
+        self._scoped: set[tuple[object, str]] = set()
         for seed, scope in seeds:
             named = _loss_names(seed) | self._loss_operands(seed)
             seeded.setdefault(scope, set()).update(named)
+            self._scoped |= {(scope, name) for name in named}
             self.names |= named
         given = self._given_for(self.names)
         self.names |= given
         seeded.setdefault(None, set()).update(given)
         # a comprehension's targets are its own: they hold what its element reads (`holds`), no more
-        computed = [(a.order, pair) for a in assignments if not a.on_host and type(a.node) is not cst.CompFor
+        computed = [(a, pair) for a in assignments if not a.on_host and type(a.node) is not cst.CompFor
                     for pair in self._pairs(a)]
         while True:
-            size = len(self.names)
-            for _, (targets, value) in computed:
+            size = len(self._scoped)
+            for assignment, (targets, value) in computed:
                 targets = set(targets) | {_container(target) for target in targets}
-                if not targets <= self.names and self.holds(value):
-                    self.names |= targets
-            if len(self.names) == size:
+                scope = _target_scope(assignment)
+                if all((scope, target) in self._scoped for target in targets):
+                    continue
+                if self._holds_in(scope_of(assignment.frames), value):
+                    self._note(scope, targets)
+                elif self._beside_the_loss(assignment, targets, value, seeded):
+                    # its loss-named companions too (`loss, loss_items = compute_loss(...)`), not
+                    # what is logged beside it (`loss, stats = self.loss(batch)`: often floats)
+                    self._note(scope, {target for target in targets if _named_a_loss(target)})
+            if len(self._scoped) == size:
                 break
         # What each binding of a name gave it, in order: a read sees the last one before it.
         self._given: dict[str, list[tuple[int, bool]]] = {}
@@ -104,11 +125,16 @@ class StepValues:
             for targets, value in pairs:
                 # a loss bound by a statement is one; a loop over logged floats that calls its item `loss` is not
                 # (unless a helper of the file returns what is surely a host value: `total += loss.item()`)
-                named = assignment.written and bool(seeded.get(scope_of(assignment.frames), set()) & set(targets)) \
-                    and not self._helper_returns_host(value)
-                step = value is not None and (named or self.holds(value))
+                step = value is not None and (self._beside_the_loss(assignment, set(targets), value, seeded)
+                                              or self._holds_in(scope_of(assignment.frames), value))
                 for target in targets:
                     self._given.setdefault(target, []).append((assignment.tick, step))
+
+    def _beside_the_loss(self, assignment, targets: set[str], value, seeded: dict) -> bool:
+        """Whether ``targets`` are bound with the loss a backward pass takes, by one statement:
+        ``loss, loss_items = compute_loss(pred, targets)`` makes both on the device."""
+        return assignment.written and bool(seeded.get(scope_of(assignment.frames), set()) & targets) \
+            and not self._helper_returns_host(value)
 
     def decides(self, test: cst.BaseExpression, tick: int) -> bool:
         """Whether the ``if`` test ``test`` needs a step tensor's value on the host: it compares
@@ -159,7 +185,23 @@ class StepValues:
         finally:
             self._tick = None
 
+    def _note(self, scope: object, targets: set[str]) -> None:
+        self.names |= targets
+        self._scoped |= {(scope, target) for target in targets}
+
+    def _holds_in(self, scope: object, value) -> bool:
+        """``holds(value)``, its plain names read as ``scope`` binds them (``self.criterion =
+        loss or self.criterion`` in a setter whose ``loss`` is a loss function handed in, not
+        the training step's loss); attributes (``self.x``) are the object's, in every method."""
+        self._scope = scope
+        try:
+            return self.holds(value)
+        finally:
+            self._scope = _ANY
+
     def _has(self, name: str) -> bool:
+        if self._scope is not _ANY and name.isidentifier():
+            return (self._scope, name) in self._scoped
         if self._tick is None:
             return name in self.names
         return self._reaching(name, self._tick, name in self.names)
@@ -203,19 +245,21 @@ class StepValues:
 
     def _comprehension(self, node) -> bool:
         """What a comprehension makes: its element, its targets holding what they iterate."""
-        saved = self.names
-        compfor, names = node.for_in, set(saved)
+        saved, saved_scoped = self.names, self._scoped
+        compfor, names, scoped = node.for_in, set(saved), set(saved_scoped)
         while compfor is not None:
             for targets, value in _pairs(_Bound(compfor)):
                 names.difference_update(targets)
+                scoped.difference_update((self._scope, target) for target in targets)
                 if self.holds(value):
                     names.update(targets)
+                    scoped.update((self._scope, target) for target in targets)
             compfor = compfor.inner_for_in
-        self.names = names
+        self.names, self._scoped = names, scoped
         try:
             return self.holds(node.value if type(node) is cst.DictComp else node.elt)
         finally:
-            self.names = saved
+            self.names, self._scoped = saved, saved_scoped
 
     def _attribute(self, node: cst.Attribute) -> bool:
         text = nodes.code(node)
@@ -314,15 +358,19 @@ class StepValues:
         """What the calls that entered the helpers gave their loss parameters: `lm_loss` for
         `backward_step(model, lm_loss)` whose `def backward_step(model, loss)` runs `loss.backward()`."""
         found: set[str] = set()
-        pending = list(losses)
+        pending = list(self._scoped)
         while pending:
-            name = pending.pop()
+            scope, name = pending.pop()
             for binding in self._by_target.get(name, ()):
-                if not binding.written and type(binding.node) is cst.Call:  # a parameter, given at the call
-                    for given in _loss_names(binding.value) - losses - found:
-                        found.add(given)
-                        pending.append(given)
-        return found
+                # a parameter of this helper, given at the call: the caller's names hold the loss
+                if not binding.written and type(binding.node) is cst.Call and _target_scope(binding) == scope:
+                    caller = scope_of(binding.frames)
+                    for given in _loss_names(binding.value):
+                        if (caller, given) not in self._scoped:
+                            self._scoped.add((caller, given))
+                            pending.append((caller, given))
+                            found.add(given)
+        return found - losses
 
     def _loss_operands(self, loss: cst.CSTNode) -> set[str]:
         """What the loss is computed from by a call of its own (``pred`` in ``loss = criterion(pred,
@@ -343,6 +391,7 @@ class StepValues:
                     if _named_a_loss(operand) or any(
                             a.written and _loops(a) == loops and _computes(a.value) for a in self._by_target.get(operand, ())):
                         found.add(operand)
+                        self._scoped.add((scope_of(assignment.frames), operand))
         return found
 
 

@@ -107,6 +107,57 @@ SHAPES = [
         [15],  # at the loop's call; the method's read related
         id="a read in a method of the file's own class, called through its instance",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, compute_loss, pbar, scaler):
+            mloss = torch.zeros(4, device="cuda")
+            for i, (imgs, targets) in enumerate(loader):
+                with torch.autocast("cuda"):
+                    loss, loss_items = compute_loss(model(imgs), targets)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                mloss = (mloss * i + loss_items) / (i + 1)
+                pbar.set_description(("%10s" + "%10.4g" * 4) % ("train", *mloss))
+        """,
+        [10],
+        id="a running mean of the loss's companion, %-formatted every step",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def fit(self, loader, loss=None):
+                self.set_test_params(loss=loss)
+                self.train_epoch(loader)
+
+            def train_epoch(self, loader):
+                for inputs, targets in loader:
+                    with torch.autocast("cuda"):
+                        loss, items = self.get_losses(self.net(inputs), targets)
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+
+            def get_losses(self, outputs, targets):
+                loss = self.criterion(outputs, targets)
+                if self.names is None:
+                    self.set_names(loss)
+                return loss, loss.detach()
+
+            def set_names(self, loss):
+                criterion_name = self.criterion.__class__.__name__
+                self.names = [criterion_name + "/" + str(i) for i in range(len(loss))]
+                for name in self.names:
+                    print(f"watching {name}")
+
+            def set_test_params(self, loss=None):
+                self.criterion = loss or self.criterion
+        """,
+        [],
+        id="a setter's loss parameter is a loss function, not the step's loss",
+    ),
     *(pytest.param(
         code,
         """\
