@@ -43,12 +43,17 @@ def made_each_iteration(steps: Steps, created: Event) -> bool:
 
 
 def _whole_run(created: Event, backward: Event) -> bool:
-    """Whether the scaler is made in a function that runs a whole training (its own loop over
-    epochs), called once per trial of a search: each run rightly starts a new scaler."""
+    """Whether the scaler is made for a whole training (its own loop over epochs) run once per
+    trial of a search: in a function the search calls, or in the search's loop before the epoch
+    loop (``for trial in range(n): model = ...; scaler = GradScaler(); for epoch in ...``). Each
+    run rightly starts a new scaler."""
     calls = [frame for frame in created.frames if isinstance(frame, Via)]
-    if not calls or calls[-1] not in backward.frames:
+    if calls and calls[-1] in backward.frames:
+        inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
+    elif not calls and created.loops() and created.loops()[-1] in backward.frames:
+        inside = backward.frames[backward.frames.index(created.loops()[-1]) + 1:]
+    else:
         return False
-    inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
     return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
 
 

@@ -11,7 +11,8 @@ class GradScalerInLoop(TrainingStepRule):
     Reports ``GradScaler(...)`` created in a loop that runs backward passes: in the training loop,
     in an epoch loop around it, or in a helper (``train_one_epoch``, ``train_step``) called there.
     A function that runs a whole training (its own loop over epochs) may make its scaler, even
-    when a search calls it once per trial.
+    when a search calls it once per trial, and so may a search's loop that makes it before its
+    own loop over epochs.
 
     Why is this bad?
     A new scaler starts again at its initial scale (65,536) with no memory of overflows: every
@@ -50,6 +51,16 @@ class GradScalerInLoop(TrainingStepRule):
             "    for config in configs:\n"
             "        scaler = torch.amp.GradScaler('cuda', enabled=config.amp)\n"
             "        evaluate(model, scaler)\n"
+        ),
+        Valid(  # one whole training per trial, written in the search's loop
+            "for trial in range(args.trials):\n"
+            "    model, optimizer = build(args, trial)\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for epoch in range(args.epochs):\n"
+            "        for x in loader:\n"
+            "            scaler.scale(model(x)).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
         ),
     ]
     INVALID = [

@@ -199,8 +199,8 @@ class GradientsReadWhileScaled(TrainingStepRule):
                 continue
             start = steps.index(backward)
             between = [e for e in steps.events[start:end] if e.scaler == backward.scaler
-                       and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP) and steps.runs_whenever(e, event, backward)]
-            return None if between else (backward.scaler, backward)
+                       and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP)]
+            return None if _unscaled_on_every_path(steps, between, event, backward) else (backward.scaler, backward)
         return None
 
     def _fix(self, steps: Steps, event: Event, scaler: str) -> tuple[cst.CSTNode | None, dict]:
@@ -236,6 +236,21 @@ class GradientsReadWhileScaled(TrainingStepRule):
         end = steps.index(step)
         return any(e.kind is Kind.BACKWARD and (steps.index(e) > steps.index(event) or path[0] in e.statements)
                    for e in steps.events[:end])
+
+
+def _unscaled_on_every_path(steps: Steps, unscaling: list[Event], read: Event, backward: Event) -> bool:
+    """Whether one of ``unscaling`` (``unscale_`` or ``scaler.step`` calls) runs on every path from
+    ``backward`` to ``read``: one runs whenever both do, or the two arms of an ``if``/``else``
+    each hold one (``if clip: scaler.unscale_(opt); clip(...); scaler.step(opt) / else: scaler.step(opt)``)."""
+    if any(steps.runs_whenever(e, read, backward) for e in unscaling):
+        return True
+    known = {*read.arms(), *backward.arms()}
+    sides: dict[int, set[bool]] = {}
+    for e in unscaling:
+        extra = [arm for arm in e.arms() if arm not in known]
+        if len(extra) == 1 and isinstance(extra[0].node.orelse, cst.Else):
+            sides.setdefault(id(extra[0].node), set()).add(extra[0].body)
+    return any(len(taken) == 2 for taken in sides.values())
 
 
 def _given_the_scale(read: Event, scaler: str) -> bool:

@@ -235,8 +235,8 @@ class Walk:
                 self._add(Kind.STEP, call, frames, statements, subject=receiver)
             elif name == "update" and receiver in self.facts.scalers:
                 self._add(Kind.UPDATE, call, frames, statements, scaler=receiver)
-            elif name == "zero_grad":
-                self._add(Kind.ZERO_GRAD, call, frames, statements, subject=receiver)
+            elif name == "zero_grad" or (name in ("zero_", "fill_") and words.grad_attribute(func.value) is not None):
+                self._add(Kind.ZERO_GRAD, call, frames, statements, subject=receiver)  # `img.grad.zero_()` too
             elif name in words.PULL_METHODS and not call.args and id(call) not in self._round_trips:
                 inner = func.value  # `loss.detach().cpu().numpy()` is one pull: the outermost reports it
                 while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):

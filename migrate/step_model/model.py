@@ -105,10 +105,11 @@ class Steps:
                 return loop
         return None
 
-    def _discards_gradients(self, loop: Loop) -> bool:
-        """Whether ``loop`` runs backward passes only to clear their gradients, stepping no
-        optimizer (a scan of the largest batches for out-of-memory errors): no training."""
-        inside = self._within(loop)
+    def _discards_gradients(self, loop: Loop | None) -> bool:
+        """Whether ``loop`` (None: the whole function) runs backward passes only to clear their
+        gradients, stepping no optimizer (a scan of the largest batches for out-of-memory errors,
+        the gradients of an input for a saliency map): no training."""
+        inside = self._within(loop) if loop is not None else self.events
         return any(e.kind is Kind.ZERO_GRAD for e in inside) and not any(e.kind in _STEPS for e in inside)
 
     def backward_loop(self, event: Event) -> Loop | None:
@@ -134,7 +135,8 @@ class Steps:
             return trains and not self._in_evaluation(event, loop), loop
         # a backward pass at a script's top level outside any loop runs once (a debugging pass)
         if not event.loops() and not isinstance(self.root, cst.Module) and (
-                any(not b.loops() for b in self.backwards()) or _is_lightning_step(self.root)):
+                any(not b.loops() for b in self.backwards()) and not self._discards_gradients(None)
+                or _is_lightning_step(self.root)):
             return True, None
         return False, None
 

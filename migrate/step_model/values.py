@@ -40,7 +40,8 @@ _RUNS_THE_MODEL = re.compile(r"(loss|criterion|forward|step|predict|infer|evalua
 _VERB = re.compile(r"(load|build|get|create|make|init|setup|prepare|save|count|print|log|wrap|unwrap|set|convert|"
                    r"freeze|copy|update|sync|average|export)_")
 # Names of what a step is given, not what it computes.
-_INPUT_LIKE = re.compile(r"(batch|input|data|target|label|mask|len|idx|index|size|token|ids$|^x$|^y$)", re.IGNORECASE)
+_INPUT_LIKE = re.compile(r"(batch|input|data|target|tgt|label|^gts?_|_gts?$|^gts?$|mask|len|idx|index|size|token|ids$|^x$|^y$)",
+                         re.IGNORECASE)
 _LOSS_WEIGHT = re.compile(r"(ratio|weight|scale|coef|lambda|factor|alpha|beta|\[)", re.IGNORECASE)
 _ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
 _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})

@@ -158,6 +158,66 @@ SHAPES = [
         [],
         id="a setter's loss parameter is a loss function, not the step's loss",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def show_receptive_field(img, out):
+            loss = out[0, :, 4, 4].sum()
+            loss.backward(retain_graph=True)
+            grads = img.grad.abs()
+            img.grad.fill_(0)
+            print(grads.cpu().numpy())
+
+        scaler = torch.amp.GradScaler()
+        for layer in range(4):
+            out = conv(out)
+            show_receptive_field(image, out)
+        """,
+        [],
+        id="backward passes for an input's gradient, cleared and never stepped, are no training",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class System(LightningModule):
+            def training_step(self, batch, batch_idx):
+                images, labels = batch
+                tgt = self.tokenizer.encode(labels, self.device)
+                tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+                memory = self.model.encode(images)
+                loss = 0
+                n = (tgt_out != self.pad_id).sum().item()
+                for i, perm in enumerate(self.perms(tgt)):
+                    logits = self.model.decode(tgt_in, memory, perm)
+                    loss += n * F.cross_entropy(logits, tgt_out.flatten())
+                    if i == 1:
+                        tgt_out = torch.where(tgt_out == self.eos_id, self.pad_id, tgt_out)
+                        n = (tgt_out != self.pad_id).sum().item()
+                return loss
+        """,
+        [],
+        id="a count of target tokens is a batch value, though the loss is computed from it",
+    ),
+    pytest.param(
+        "AMP101",
+        """\
+        def train(model, optimizer, loader, scaler, clip):
+            for it, x in enumerate(loader):
+                scaler.scale(model(x)).backward()
+                if clip:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                    scaler.step(optimizer)
+                else:
+                    scaler.step(optimizer)
+                scaler.update()
+                if it % 100 == 0:
+                    for name, p in model.named_parameters():
+                        writer.add_histogram(name, p.grad, it)
+        """,
+        [],
+        id="gradients read after each arm of an if has unscaled them",
+    ),
     *(pytest.param(
         code,
         """\
