@@ -18,7 +18,8 @@ class GradScalerWithBfloat16(TrainingStepRule):
     none of those is known (made in ``__init__``, used elsewhere), the file's regions. A scaler
     enabled only for float16 (``GradScaler(enabled=dtype == torch.float16)``) is not reported,
     nor is one where any of those regions' dtype is float16 or computed; one enabled by the flag
-    that enables the bfloat16 regions (``enabled=hps.bf16_run`` on both) is.
+    that enables the bfloat16 regions (``enabled=hps.bf16_run`` on both, or
+    ``enabled=hps.amp and hps.grad_scaling`` beside ``autocast(enabled=hps.amp)``) is.
 
     Why is this bad?
     bfloat16 has float32's exponent range: its gradients do not underflow, so loss scaling
@@ -73,6 +74,19 @@ class GradScalerWithBfloat16(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(  # on only where the bfloat16 region is: `amp and grad_scaling` implies `amp`
+            "class Pipeline:\n"
+            "    def __init__(self, model, optimizer, enable_amp, enable_grad_scaling):\n"
+            "        self.model, self.optimizer, self.enable_amp = model, optimizer, enable_amp\n"
+            "        self.scaler = torch.amp.GradScaler('cuda', enabled=self.enable_amp and enable_grad_scaling)\n"
+            "\n"
+            "    def step(self, batch):\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16, enabled=self.enable_amp):\n"
+            "            loss = self.model(batch)\n"
+            "        self.scaler.scale(loss).backward()\n"
+            "        self.scaler.step(self.optimizer)\n"
+            "        self.scaler.update()\n"
+        ),
         Invalid(
             "def train(model, optimizer, loader, hps):\n"
             "    scaler = torch.amp.GradScaler('cuda', enabled=hps.bf16_run)\n"
@@ -136,10 +150,19 @@ class GradScalerWithBfloat16(TrainingStepRule):
             autocasts = [e for e in autocasts if e.detail.get("enabled") is not False]
             if not autocasts or any(e.detail.get("dtype") != "bfloat16" for e in autocasts):
                 continue
-            # always on, or on exactly when the bfloat16 regions are (`enabled=args.bf16` on both)
+            # always on, or on only when the bfloat16 regions are (`enabled=args.bf16` on both,
+            # `enabled=amp and grad_scaling` with `autocast(enabled=amp)`)
             if enabled is None or literal_bool(enabled.value) is True or all(
-                    _enabled_text(e) == nodes.code(enabled.value) for e in autocasts):
+                    _enabled_text(e) in _conjuncts(enabled.value) for e in autocasts):
                 yield event.node, None, {}
+
+
+def _conjuncts(test: cst.BaseExpression) -> set[str]:
+    """The texts of the conditions that all hold when ``test`` does: ``{a and b, a, b}`` for ``a and b``."""
+    found = {nodes.code(test)}
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        found |= _conjuncts(test.left) | _conjuncts(test.right)
+    return found
 
 
 def _enabled_text(autocast: Event) -> str | None:

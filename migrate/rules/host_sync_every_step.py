@@ -26,7 +26,9 @@ class HostSyncEveryStep(TrainingStepRule):
     A *step tensor* is computed, on the device, from the model's output, the loss, the parameters
     or their gradients; the reads are followed through assignments, unpacking, loops over
     containers, the file's helpers (their parameters and returns) and the functions the values
-    go through. Indices, shapes, lengths, batch values, tensors made from host values
+    go through; collectives (``reduce_dict``, ``accelerator.gather``) give tensors back, and a
+    clip returns the gradients' norm (``grad_norm = model.clip_grad_norm_(1.0)``). Names are
+    followed in the function that binds them: a setter's ``loss`` parameter is not the step's. Indices, shapes, lengths, batch values, tensors made from host values
     (``torch.tensor([len(x)])``, ``(schedule == t).nonzero()`` on sampled inputs) and values
     already pulled (``best = torch.argmax(out.cpu(), 1)``, then ``best[i].item()``: the
     ``.cpu()`` is where the GPU waits) are not.

@@ -10,7 +10,10 @@ Map of the package:
   (``self.optimizer_step()``), so a step split across methods reads as one; it records each
   binding (assignments, loop and comprehension targets, a helper's parameters and returns).
 - ``shapes``: shapes of code the walk recognises (a retry loop, what a chain of calls pulls).
-- ``values``: which values are the step's tensors, a def-use pass over the walk's bindings.
+- ``values``: which values are the step's tensors, a def-use pass over the walk's bindings,
+  each plain name in the function that binds it.
+- ``value_syntax``: what a binding's syntax says (the pairs it binds, the names a loss is taken
+  through, whether a call computes something).
 - ``model``: ``StepModel`` and the queries: the training loop around an event, whether two
   events share an iteration or never run together, logging guards, the step's tensors.
 - ``provider``: ``StepModelProvider``, the libcst metadata provider the rules declare.

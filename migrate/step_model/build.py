@@ -13,7 +13,6 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import tree_walk
-from migrate.apex_plan.syntax import contains
 from migrate.step_model import shapes
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via

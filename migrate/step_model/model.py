@@ -14,10 +14,9 @@ from typing import Iterator, NamedTuple
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import contains
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Via
-from migrate.step_model.values import StepValues, scope_of
+from migrate.step_model.values import StepValues, return_target, scope_of
 from migrate.tree_walk import descendants
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
@@ -254,7 +253,8 @@ class Steps:
         if block is None or first not in block or target not in block or block.index(first) >= block.index(target):
             return None
         path = block[block.index(first):block.index(target)]
-        return None if any(contains(statement, _LEAVES) for statement in path) else path
+        leaves = any(isinstance(node, _LEAVES) for statement in path for node in descendants(statement, nodes.not_a_definition))
+        return None if leaves else path
 
     def always_follows(self, event: Event, later: Event) -> bool:
         """Whether every pass that runs ``event`` goes on to run ``later``: a straight path leads
@@ -281,8 +281,12 @@ class Steps:
         seeds = [(backward.detail["loss"], scope_of(backward.frames)) for backward in self.backwards()
                  if backward.detail.get("loss") is not None]
         if _is_lightning_step(self.root):  # what it returns is the loss Lightning runs backward on
-            seeds += [(node.value, None) for node in descendants(self.root.body, nodes.not_a_definition)
-                      if type(node) is cst.Return and node.value is not None]
+            returned = [node.value for node in descendants(self.root.body, nodes.not_a_definition)
+                        if type(node) is cst.Return and node.value is not None]
+            seeds += [(value, None) for value in returned]
+            # `return self.common_step(batch)`: what that helper returns, in its own scope
+            targets = {return_target(value) for value in returned if type(value) is cst.Call}
+            seeds += [(a.value, scope_of(a.frames)) for a in self.assignments if a.targets[0] in targets]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
 

@@ -18,22 +18,19 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.step_model import vocabulary as words
-from migrate.step_model.events import Loop, Via
+from migrate.step_model.events import Via
+from migrate.step_model.value_syntax import (HOST_BUILTINS, HOST_METHODS, HOST_MODULES, Bound, computes, container_of,
+                                             loops_of, loss_names, named_a_loss, names_a_measure, pairs_bound,
+                                             plain_sequence)
 
-# Builtins whose result is a host value whatever they are given.
-_HOST_BUILTINS = frozenset({"len", "int", "float", "str", "bool", "round", "isinstance", "range", "repr", "format",
-                            "hash", "id", "type", "print", "hasattr", "getattr", "callable", "divmod", "abs"})
-# Methods of a tensor whose result is on the host (a pull, or metadata).
-_HOST_METHODS = frozenset(words.PULL_METHODS | {"keys", "size", "dim", "numel", "nelement", "ndimension", "get_device",
-                                                "data_ptr", "element_size", "is_contiguous", "stride", "__len__",
-                                                "is_floating_point", "format", "join", "split", "startswith"})
 # Attributes of a tensor that are host values.
 _HOST_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn",
                               "training", "param_groups", "__class__", "__name__"})
-# Modules whose functions take and give host values.
-_HOST_MODULES = frozenset({"np", "numpy", "math", "time", "random", "os", "sys", "json", "logging", "datetime",
-                           "itertools", "statistics", "wandb", "logger", "log"})
 # Predicates on a tensor's values, as torch functions or methods: `torch.isnan(x)`, `x.any()`.
+# Collectives across processes, which take and give tensors: `reduce_dict`, `all_gather`, `gather_for_metrics`.
+_COLLECTIVE = re.compile(r"^(all_)?(reduce|gather)(_dict|_tensor|_mean|_loss\w*|_for_metrics)?$")
+# What computes the norm of the step's gradients, on the device: `clip_grad_norm_`, `fsdp2_clip_grad_norm_`.
+_GRADIENT_NORM = re.compile(r"clip_grad_norm_?$")
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "any", "all", "equal", "allclose", "is_nonzero"})
 _RUNS_THE_MODEL = re.compile(r"(loss|criterion|forward|step|predict|infer|evaluate)", re.IGNORECASE)
 # A function named for what it does: `build_model`, `load_models`, `get_model_config`.
@@ -42,8 +39,6 @@ _VERB = re.compile(r"(load|build|get|create|make|init|setup|prepare|save|count|p
 # Names of what a step is given, not what it computes.
 _INPUT_LIKE = re.compile(r"(batch|input|data|target|tgt|label|^gts?_|_gts?$|^gts?$|mask|len|idx|index|size|token|ids$|^x$|^y$)",
                          re.IGNORECASE)
-_LOSS_WEIGHT = re.compile(r"(ratio|weight|scale|coef|lambda|factor|alpha|beta|\[)", re.IGNORECASE)
-_ITERATION = frozenset({"next", "iter", "enumerate", "zip"})
 _PARAMETERS = frozenset({"parameters", "named_parameters", "buffers"})
 _PARAMETER_ATTRIBUTES = frozenset({"weight", "bias", "grad"})
 
@@ -94,7 +89,7 @@ class StepValues:
         seeded: dict[object, set[str]] = {}  # the loss's names in the function (scope) its backward pass is in
         self._scoped: set[tuple[object, str]] = set()
         for seed, scope in seeds:
-            named = _loss_names(seed) | self._loss_operands(seed)
+            named = loss_names(seed) | self._loss_operands(seed)
             seeded.setdefault(scope, set()).update(named)
             self._scoped |= {(scope, name) for name in named}
             self.names |= named
@@ -107,7 +102,7 @@ class StepValues:
         while True:
             size = len(self._scoped)
             for assignment, (targets, value) in computed:
-                targets = set(targets) | {_container(target) for target in targets}
+                targets = set(targets) | {container_of(target) for target in targets}
                 scope = _target_scope(assignment)
                 if all((scope, target) in self._scoped for target in targets):
                     continue
@@ -116,7 +111,7 @@ class StepValues:
                 elif self._beside_the_loss(assignment, targets, value, seeded):
                     # its loss-named companions too (`loss, loss_items = compute_loss(...)`), not
                     # what is logged beside it (`loss, stats = self.loss(batch)`: often floats)
-                    self._note(scope, {target for target in targets if _named_a_loss(target)})
+                    self._note(scope, {target for target in targets if named_a_loss(target)})
             if len(self._scoped) == size:
                 break
         # What each binding of a name gave it, in order: a read sees the last one before it.
@@ -151,11 +146,11 @@ class StepValues:
             # key that a pass over the step's values binds is no tensor for all the model knows
             valued = [t for t in test.comparisons if not isinstance(t.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))]
             sides = [test.left, *(t.comparator for t in valued)] if valued else []
-            return any(_names_a_measure(side) and self.holds_at(side, tick) for side in sides)
+            return any(names_a_measure(side) and self.holds_at(side, tick) for side in sides)
         if kind is cst.Call and nodes.call_name(test) in _PREDICATES and type(test.func) is cst.Attribute:
             receiver = test.func.value
-            if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] == "torch":
-                return any(self.holds_at(arg.value, tick) for arg in test.args)
+            if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] in ("torch", "math"):
+                return any(self.holds_at(arg.value, tick) for arg in test.args)  # `math.isfinite(loss)` makes it a float
             return self.holds_at(receiver, tick)
         return False
 
@@ -249,7 +244,7 @@ class StepValues:
         saved, saved_scoped = self.names, self._scoped
         compfor, names, scoped = node.for_in, set(saved), set(saved_scoped)
         while compfor is not None:
-            for targets, value in _pairs(_Bound(compfor)):
+            for targets, value in pairs_bound(Bound(compfor)):
                 names.difference_update(targets)
                 scoped.difference_update((self._scope, target) for target in targets)
                 if self.holds(value):
@@ -286,21 +281,25 @@ class StepValues:
         if self._calls_a_model(func):
             return True  # `model(x)`, `self.net(x)`, a LightningModule's `self(x)`
         arguments = [arg.value for arg in call.args]
+        if _COLLECTIVE.search(name) and any(self.holds(arg) for arg in arguments):
+            return True  # `reduce_dict(loss_dict)`, `accelerator.gather(loss)`: a collective gives tensors back
+        if _GRADIENT_NORM.search(name):
+            return True  # `clip_grad_norm_(...)`, `self.fsdp_model.clip_grad_norm_(...)`: the norm of the step's gradients
         if type(func) is cst.Name:
-            if name in _HOST_BUILTINS:
+            if name in HOST_BUILTINS:
                 return False
             if not self._through_calls and name not in ("sum", "max", "min"):
                 return False
             return any(self.holds(arg) or self._runs_the_model(name, arg) for arg in arguments)  # `criterion(out, y)`, `sum(losses)`
         if type(func) is cst.Attribute:
-            if name in _HOST_METHODS:
+            if name in HOST_METHODS:
                 return False
             receiver = func.value
             if name in _PARAMETERS:
                 return self._is_model(receiver)
             if name == "forward" and self._is_model(receiver):
                 return True
-            if words.root_text(receiver) in _HOST_MODULES or nodes.code(receiver).split(".")[0] in _HOST_MODULES:
+            if words.root_text(receiver) in HOST_MODULES or nodes.code(receiver).split(".")[0] in HOST_MODULES:
                 return False
             if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] in ("torch", "F", "nn"):
                 return any(self.holds(arg) for arg in arguments)  # `torch.stack(losses)`
@@ -366,7 +365,7 @@ class StepValues:
                 # a parameter of this helper, given at the call: the caller's names hold the loss
                 if not binding.written and type(binding.node) is cst.Call and _target_scope(binding) == scope:
                     caller = scope_of(binding.frames)
-                    for given in _loss_names(binding.value):
+                    for given in loss_names(binding.value):
                         if (caller, given) not in self._scoped:
                             self._scoped.add((caller, given))
                             pending.append((caller, given))
@@ -382,115 +381,27 @@ class StepValues:
             for assignment in self._by_target.get(name, ()):
                 if assignment.on_host or not assignment.written:
                     continue
-                loops = _loops(assignment)
+                loops = loops_of(assignment)
                 if type(assignment.value) is cst.Call and any(self._is_model(arg.value) for arg in assignment.value.args):
                     continue  # `compute_loss(model, batch)` runs the model: what it is given is input
                 for operand in self._read_names(assignment.value) - {name}:
                     if _INPUT_LIKE.search(operand.rsplit(".", 1)[-1]):
                         continue
                     # computed in the same pass as the loss: not `args = parser.parse_args()`
-                    if _named_a_loss(operand) or any(
-                            a.written and _loops(a) == loops and _computes(a.value) for a in self._by_target.get(operand, ())):
+                    if named_a_loss(operand) or any(
+                            a.written and loops_of(a) == loops and computes(a.value) for a in self._by_target.get(operand, ())):
                         found.add(operand)
                         self._scoped.add((scope_of(assignment.frames), operand))
         return found
 
 
     def _pairs(self, assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | str | None]]:
-        """``_pairs``, and the elements of ``a, b = helper()`` where the helper returns a tuple."""
+        """``pairs_bound``, and the elements of ``a, b = helper()`` where the helper returns a tuple."""
         node = assignment.node
         if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call \
-                and _plain_sequence(node.targets[0].target):
+                and plain_sequence(node.targets[0].target):
             elements = node.targets[0].target.elements
             returned = [f"{return_target(node.value)}#{k}" for k in range(len(elements))]
             if all(name in self._by_target for name in returned):
                 return [(tuple(nodes.bound_texts(t.value)), name) for t, name in zip(elements, returned)]
-        return _pairs(assignment)
-
-
-class _Bound:
-    """A comprehension's ``for`` as ``_pairs`` reads a binding."""
-
-    def __init__(self, compfor: cst.CompFor) -> None:
-        self.node, self.value = compfor, compfor.iter
-        self.targets = tuple(nodes.bound_texts(compfor.target))
-
-
-def _pairs(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
-    """``(targets, value)`` for each part of ``assignment`` bound on its own: the elements of
-    ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()``; the item, not the
-    index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``. None: a host value."""
-    node = assignment.node
-    if type(node) is cst.Assign and len(node.targets) == 1:
-        target, value = node.targets[0].target, node.value
-        if _plain_sequence(target) and _plain_sequence(value) and len(target.elements) == len(value.elements):
-            return [(tuple(nodes.bound_texts(t.value)), v.value) for t, v in zip(target.elements, value.elements)]
-    elif type(node) in (cst.For, cst.CompFor) and _plain_sequence(node.target) and type(node.iter) is cst.Call:
-        elements, iterated = node.target.elements, node.iter
-        name = nodes.call_name(iterated)
-        given = [arg.value for arg in iterated.args]
-        if name == "items" and type(iterated.func) is cst.Attribute and len(elements) == 2:
-            return [(tuple(nodes.bound_texts(elements[0].value)), None),
-                    (tuple(nodes.bound_texts(elements[1].value)), iterated.func.value)]
-        if name == "enumerate" and given and len(elements) == 2:
-            return [(tuple(nodes.bound_texts(elements[0].value)), None), (tuple(nodes.bound_texts(elements[1].value)), given[0])]
-        if name == "zip" and len(given) == len(elements):
-            return [(tuple(nodes.bound_texts(t.value)), v) for t, v in zip(elements, given)]
-    return [(assignment.targets, assignment.value)]
-
-
-def _plain_sequence(node: cst.CSTNode) -> bool:
-    return type(node) in (cst.Tuple, cst.List) and not any(type(e) is cst.StarredElement for e in node.elements)
-
-
-def _loss_names(expression: cst.CSTNode) -> set[str]:
-    """The names a backward pass takes its loss through: ``loss`` in ``loss``, ``loss / accum``,
-    ``outputs.loss.mean()``, ``(ce + 0.1 * aux_loss)``, ``sum(losses)``; not a divisor or a weight
-    from the configuration (``accum``, ``args.r1``) unless it is named a loss."""
-    kind = type(expression)
-    if kind in (cst.Name, cst.Attribute):
-        return {nodes.code(expression)}
-    if kind is cst.Subscript or (kind is cst.Call and type(expression.func) is cst.Attribute):
-        root = words.root_text(expression)
-        return {root} if root else set()
-    if kind is cst.Call:
-        return {name for arg in expression.args for name in _loss_names(arg.value)}
-    if kind is cst.UnaryOperation:
-        return _loss_names(expression.expression)
-    if kind is cst.BinaryOperation:
-        named = lambda side: {name for name in _loss_names(side) if _named_a_loss(name)}  # noqa: E731
-        if isinstance(expression.operator, (cst.Add, cst.Subtract)):
-            return _loss_names(expression.left) | _loss_names(expression.right)
-        return _loss_names(expression.left) | named(expression.right)  # `loss / accum`, `loss * weight`
-    return set()
-
-
-def _named_a_loss(name: str) -> bool:
-    """``aux_loss``, ``self.loss``; not a loss's weight from the configuration (``loss_ratio[0]``)."""
-    return "loss" in name.lower() and not _LOSS_WEIGHT.search(name)
-
-
-def _names_a_measure(expression: cst.CSTNode) -> bool:
-    text = words.root_text(expression) or ""
-    return _named_a_loss(text) or "norm" in text.lower()
-
-
-def _loops(assignment) -> tuple:
-    return tuple(frame for frame in assignment.frames if type(frame) is Loop)
-
-
-def _container(target: str) -> str:
-    """``losses`` for ``losses["ce"]``: an item's container holds a step tensor once an item does."""
-    return target.split("[", 1)[0]
-
-
-def _computes(value: cst.CSTNode) -> bool:
-    """Whether ``value`` is a call that computes something: not a move (``x.cuda()``), a pull, a builtin."""
-    if type(value) is not cst.Call:
-        return False
-    name = nodes.call_name(value)
-    if name in _HOST_BUILTINS or name in _HOST_METHODS or words.moves_only(value) or name in _ITERATION:
-        return False
-    if type(value.func) is cst.Attribute and nodes.code(value.func.value).split(".")[0] in _HOST_MODULES:
-        return False
-    return True
+        return pairs_bound(assignment)

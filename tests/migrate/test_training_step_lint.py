@@ -218,6 +218,61 @@ SHAPES = [
         [],
         id="gradients read after each arm of an if has unscaled them",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train_one_epoch(model, criterion, loader, optimizer, scaler):
+            for samples, targets in loader:
+                with torch.autocast("cuda"):
+                    loss_dict = criterion(model(samples), targets)
+                loss = sum(loss_dict.values())
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                loss_dict_reduced = reduce_dict(loss_dict)
+                loss_value = sum(loss_dict_reduced.values())
+                if not math.isfinite(loss_value):
+                    sys.exit(1)
+        """,
+        [11],
+        id="math.isfinite of a loss reduced across processes",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Task(pl.LightningDataModule):
+            def common_step(self, batch, stage):
+                loss = self.model.loss_func(self.model(batch["X"]), batch["y"])
+                if torch.isnan(loss):
+                    return None
+                return {"loss": loss}
+
+            def training_step(self, batch, batch_idx):
+                return self.common_step(batch, "train")
+        """,
+        [9],  # at the call; the test in the helper related
+        id="a Lightning step that returns what its helper returns",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def training_step(self, batch):
+                loss = self.model(batch).loss
+                loss.backward()
+                grad_norm = self.fsdp_model.clip_grad_norm_(max_norm=1.0)
+                if not torch.isfinite(grad_norm):
+                    self.optimizer.zero_grad()
+                else:
+                    self.optimizer.step()
+
+            def fit(self, loader):
+                for batch in loader:
+                    self.training_step(batch)
+        """,
+        [13],
+        id="the norm a sharded model's clip returns, tested every step",
+    ),
     *(pytest.param(
         code,
         """\
