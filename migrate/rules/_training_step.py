@@ -1,6 +1,7 @@
 """The base of the lint rules on training steps (AMP100-AMP109): they query the step model."""
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import libcst as cst
@@ -57,9 +58,13 @@ def _whole_run(created: Event, backward: Event) -> bool:
     return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
 
 
+# A count within one epoch: `range(total_it_each_epoch)`, `iters_per_epoch`, `epoch_length`.
+_WITHIN_AN_EPOCH = re.compile(r"(each|per)_?epoch|epoch_?(len|length|size|iters?|steps?)", re.IGNORECASE)
+
+
 def _over_epochs(loop: cst.For | cst.While) -> bool:
     head = (loop.target, loop.iter) if isinstance(loop, cst.For) else (loop.test,)
-    return any("epoch" in nodes.code(part).lower() for part in head)
+    return any("epoch" in nodes.code(part).lower() and not _WITHIN_AN_EPOCH.search(nodes.code(part)) for part in head)
 
 
 # A complete, correct native loop: periodic logging, clipping after unscale_, a full checkpoint.

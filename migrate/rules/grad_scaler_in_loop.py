@@ -64,6 +64,18 @@ class GradScalerInLoop(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(  # made in the epoch's function, whose loop runs the epoch's iterations
+            "def train_one_epoch(model, optimizer, loader, total_it_each_epoch):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for cur_it in range(total_it_each_epoch):\n"
+            "        scaler.scale(model(next(loader))).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "\n"
+            "def train(model, optimizer, loader, epochs):\n"
+            "    for epoch in range(epochs):\n"
+            "        train_one_epoch(model, optimizer, loader, len(loader))\n"
+        ),
         Invalid(
             "def train(model, optimizer, loader):\n"
             "    for step, (x, y) in enumerate(loader):\n"
