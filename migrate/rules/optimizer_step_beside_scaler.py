@@ -4,7 +4,7 @@ from __future__ import annotations
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.step_model import Backward, Kind
+from migrate.step_model import Backward, Event, Kind, Steps
 from migrate.types import FixSafety, Safety
 
 
@@ -103,7 +103,7 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     def findings(self, model):
         for steps, event in model.each(Kind.STEP):
             scalers = {b.scaler for b in steps.before(event, (Kind.BACKWARD,))
-                       if b.how is Backward.SCALED and not steps.scaled_apart(event, b)}
+                       if b.how is Backward.SCALED and not steps.scaled_apart(event, b) and not _cleared_between(steps, b, event)}
             if not scalers:
                 continue
             fix = {}
@@ -118,3 +118,12 @@ class OptimizerStepBesideScaler(TrainingStepRule):
                 }
             message = f"`{event.subject}.step()` after `{scaler}.scale(loss).backward()`: use `{scaler}.step({event.subject})`"
             yield event.node, message, fix
+
+
+def _cleared_between(steps: Steps, backward: Event, step: Event) -> bool:
+    """Whether the optimizer's gradients are cleared between ``backward`` and ``step`` on every
+    pass that runs both (``scaler.step(d_opt); ...; d_opt.zero_grad(); r1.backward(); d_opt.step()``):
+    the scaled gradients never reach this step."""
+    between = steps.events[steps.index(backward) + 1:steps.index(step)]
+    return any(e.kind is Kind.ZERO_GRAD and e.subject == step.subject and steps.runs_whenever(e, step, backward)
+               for e in between)

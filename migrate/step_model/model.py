@@ -156,9 +156,18 @@ class Steps:
         """Whether an ``if`` within the step runs ``event`` only every so often: a test with a ``%``
         (``if step % log_every == 0``, ``if rank == 0 and i % 100 == 0``) or on the time elapsed
         (``if time.time() - last_log > 30``) unless every
-        step of the optimizer is in its arm (that is an accumulation boundary: every optimizer step)."""
+        step of the optimizer is in its arm (that is an accumulation boundary: every optimizer step).
+        A training loop of its own under such an ``if`` of an outer training loop (a regulariser's
+        accumulation loop every 16 iterations) runs now and then too."""
+        loops = event.loops()
+        outer = loops[loops.index(loop) - 1] if loop in loops and loops.index(loop) > 0 else None
+        if outer is not None and self._guarded_in(event.frames[event.frames.index(outer) + 1:event.frames.index(loop)], outer):
+            return True
+        return self._guarded_in(event.frames_inside(loop), loop)
+
+    def _guarded_in(self, frames, loop: Loop | None) -> bool:
         stepping = [step for step in self.of(*_STEPS) if loop is None or loop in step.frames]
-        for frame in event.frames_inside(loop):
+        for frame in frames:
             if not (isinstance(frame, Arm) and frame.interval and (frame.body or frame.leaves)):
                 continue
             if self._alternates(frame):
@@ -214,6 +223,7 @@ class Steps:
         scaler.scale(loss)``) counts, as a scaled one, as running under that arm too."""
         known = [arm for other in given for arm in (*other.arms(), *other.detail.get("scaled_under", ()))]
         return all(arm in known or any(a.test == arm.test and a.polarity == arm.polarity and not a.modulo for a in known)
+                   or (arm.body and any(a.body and a.test in _disjuncts(arm.node.test) for a in known))
                    for arm in event.arms())
 
     def same_iteration(self, first: Event, second: Event) -> bool:
@@ -289,6 +299,13 @@ class Steps:
             seeds += [(a.value, scope_of(a.frames)) for a in self.assignments if a.targets[0] in targets]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
+
+
+def _disjuncts(test: cst.BaseExpression) -> set[str]:
+    """The texts of the conditions any of which makes ``test`` hold: ``{a, b}`` for ``(a) or (b)``."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        return _disjuncts(test.left) | _disjuncts(test.right)
+    return {nodes.code(test.with_changes(lpar=(), rpar=())) if hasattr(test, "lpar") else nodes.code(test)}
 
 
 def _is_lightning_step(root: cst.CSTNode) -> bool:

@@ -87,8 +87,10 @@ def loss_names(expression: cst.CSTNode) -> set[str]:
 
 
 def named_a_loss(name: str) -> bool:
-    """``aux_loss``, ``self.loss``; not a loss's weight from the configuration (``loss_ratio[0]``)."""
-    return "loss" in name.lower() and not LOSS_WEIGHT.search(name)
+    """``aux_loss``, ``self.loss``; not a loss's weight from the configuration (``loss_ratio[0]``),
+    nor a section of it (``self.LOSS``, ``cfg.LOSS.weight``: capitals name settings)."""
+    return "loss" in name.lower() and not LOSS_WEIGHT.search(name) and not any(
+        part.isupper() for part in name.split("."))
 
 
 def names_a_measure(expression: cst.CSTNode) -> bool:

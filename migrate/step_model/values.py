@@ -121,9 +121,11 @@ class StepValues:
             for targets, value in pairs:
                 # a loss bound by a statement is one; a loop over logged floats that calls its item `loss` is not
                 # (unless a helper of the file returns what is surely a host value: `total += loss.item()`)
-                step = value is not None and (self._beside_the_loss(assignment, set(targets), value, seeded)
-                                              or self._holds_in(scope_of(assignment.frames), value))
-                for target in targets:
+                holds = value is not None and self._holds_in(scope_of(assignment.frames), value)
+                beside = value is not None and self._beside_the_loss(assignment, set(targets), value, seeded)
+                loss = seeded.get(scope_of(assignment.frames), set())
+                for target in targets:  # the loss itself, or a loss-named companion of it; not `n_samples`
+                    step = holds or (beside and (target in loss or named_a_loss(target)))
                     self._given.setdefault(target, []).append((assignment.tick, step))
 
     def _beside_the_loss(self, assignment, targets: set[str], value, seeded: dict) -> bool:

@@ -273,6 +273,74 @@ SHAPES = [
         [13],
         id="the norm a sharded model's clip returns, tested every step",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(cfg, model, criterion, optimizer, loader, scaler, step):
+            for x, y in loader:
+                with torch.autocast("cuda"):
+                    d_loss = cfg.LOSS.d_loss(model(x), y)
+                scaler.scale(d_loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                if cfg.LOSS.apply_r1 and cfg.LOSS.place == "outside" and step % cfg.r1_interval == 0:
+                    optimizer.zero_grad()
+                    for k in range(cfg.accum):
+                        r1 = r1_penalty(model(x), x)
+                        r1.backward()
+                        print(r1.item())
+                    optimizer.step()
+        """,
+        [],
+        id="a settings section named LOSS, and a regulariser's own loop every n steps",
+    ),
+    pytest.param(
+        "AMP102",
+        """\
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()  # the scaled gradients are gone: the penalty's are plain
+                penalty(model, x).backward()
+                optimizer.step()
+        """,
+        [],
+        id="a plain step after the scaled gradients were stepped and cleared",
+    ),
+    pytest.param(
+        "AMP101",
+        """\
+        def train(cfg, model, optimizer, loader, scaler):
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                if cfg.track_grad_norm or (cfg.clip_grad > 0):
+                    scaler.unscale_(optimizer)
+                if cfg.clip_grad > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                scaler.step(optimizer)
+                scaler.update()
+        """,
+        [],
+        id="unscaled under a condition the clip's own condition implies",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler, render_image):
+            for rays, pixels in loader:
+                rgb, acc, n_samples = render_image(model, rays)
+                loss = F.mse_loss(rgb, pixels)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                num_rays = int(len(pixels) * (4096 / float(n_samples)))
+        """,
+        [],
+        id="a count returned beside the loss's operand is no tensor for all we know",
+    ),
     *(pytest.param(
         code,
         """\
