@@ -37,7 +37,8 @@ class Bound:
 def pairs_bound(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
     """``(targets, value)`` for each part of ``assignment`` bound on its own: the elements of
     ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()``; the item, not the
-    index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``. None: a host value."""
+    index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``; not the keys
+    of ``for k in loss_dict``. None: a host value."""
     node = assignment.node
     if type(node) is cst.Assign and len(node.targets) == 1:
         target, value = node.targets[0].target, node.value
@@ -54,6 +55,9 @@ def pairs_bound(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | 
             return [(tuple(nodes.bound_texts(elements[0].value)), None), (tuple(nodes.bound_texts(elements[1].value)), given[0])]
         if name == "zip" and len(given) == len(elements):
             return [(tuple(nodes.bound_texts(t.value)), v) for t, v in zip(elements, given)]
+    elif type(node) in (cst.For, cst.CompFor) and type(node.iter) in (cst.Name, cst.Attribute) \
+            and nodes.code(node.iter).lower().endswith("dict"):
+        return [(assignment.targets, None)]  # `for key in loss_dict`: a dict's keys, strings
     return [(assignment.targets, assignment.value)]
 
 

@@ -341,6 +341,22 @@ SHAPES = [
         [],
         id="a count returned beside the loss's operand is no tensor for all we know",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler, criterion):
+            for x, y in loader:
+                with torch.autocast("cuda"):
+                    loss_dict = criterion(model(x), y)
+                scaler.scale(sum(loss_dict.values())).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                for name in loss_dict:
+                    print(f"logged {name}")
+        """,
+        [],
+        id="a loss dict's keys are strings",
+    ),
     *(pytest.param(
         code,
         """\
