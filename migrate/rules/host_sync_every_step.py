@@ -45,7 +45,8 @@ class HostSyncEveryStep(TrainingStepRule):
 
     Not reported: a read under a logging guard (``if step % log_every == 0:``,
     ``if rank == 0 and step % n == 0:``, every n seconds, once: ``if global_step == 0:``,
-    ``if i == len(loader) - 1:``), inside an ``if`` on the data (the test
+    ``if i == len(loader) - 1:``), or in a loop of its own that such an ``if`` of the training
+    loop holds (a regulariser's accumulation loop every 16 steps), inside an ``if`` on the data (the test
     is what waits), after the loop. An ``if`` with a ``%`` that also steps the optimizer is a
     gradient-accumulation boundary, and one whose arms take turns at whole steps (a GAN's
     ``if (step // accum) % 2 == 0:``) is training, not a guard.

@@ -31,6 +31,8 @@ _HOST_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "requires_grad
 _COLLECTIVE = re.compile(r"^(all_)?(reduce|gather)(_dict|_tensor|_mean|_loss\w*|_for_metrics)?$")
 # What computes the norm of the step's gradients, on the device: `clip_grad_norm_`, `fsdp2_clip_grad_norm_`.
 _GRADIENT_NORM = re.compile(r"clip_grad_norm_?$")
+# A key that names an index: `optim_idx`, `indices`.
+_INDEX_KEY = re.compile(r"(^|_)(idx|index|indices)$")
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "any", "all", "equal", "allclose", "is_nonzero"})
 _RUNS_THE_MODEL = re.compile(r"(loss|criterion|forward|step|predict|infer|evaluate)", re.IGNORECASE)
 # A function named for what it does: `build_model`, `load_models`, `get_model_config`.
@@ -222,6 +224,9 @@ class StepValues:
         if kind is cst.Call:
             return self._call(expression)
         if kind is cst.Subscript:
+            key = expression.slice[0].slice if len(expression.slice) == 1 else None
+            if isinstance(key, cst.Index) and _INDEX_KEY.search(nodes.literal_string(key.value) or ""):
+                return False  # `out["optim_idx"]`: which optimizer to step, an index
             return self.holds(expression.value)
         if kind in (cst.BinaryOperation, cst.BooleanOperation):
             return self.holds(expression.left) or self.holds(expression.right)
@@ -285,6 +290,8 @@ class StepValues:
         arguments = [arg.value for arg in call.args]
         if _COLLECTIVE.search(name) and any(self.holds(arg) for arg in arguments):
             return True  # `reduce_dict(loss_dict)`, `accelerator.gather(loss)`: a collective gives tensors back
+        if name == "get" and call.args and _INDEX_KEY.search(nodes.literal_string(call.args[0].value) or ""):
+            return False  # `retval.get("optim_idx")`
         if _GRADIENT_NORM.search(name):
             return True  # `clip_grad_norm_(...)`, `self.fsdp_model.clip_grad_norm_(...)`: the norm of the step's gradients
         if type(func) is cst.Name:

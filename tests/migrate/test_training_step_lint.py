@@ -357,6 +357,26 @@ SHAPES = [
         [],
         id="a loss dict's keys are strings",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizers, loader, scaler):
+            for batch in loader:
+                with torch.autocast("cuda"):
+                    retval = model(**batch)
+                loss, optim_idx = retval["loss"], retval.get("optim_idx")
+                if optim_idx is not None and not isinstance(optim_idx, int):
+                    optim_idx = int(optim_idx.item())
+                scaler.scale(loss).backward()
+                scaler.step(optimizers[optim_idx])
+                scaler.update()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if not torch.isfinite(grad_norm):
+                    continue
+        """,
+        [12],  # the norm's test, not the index the model returns
+        id="an index the model returns is not a step tensor",
+    ),
     *(pytest.param(
         code,
         """\
