@@ -66,6 +66,10 @@ class Walk:
         self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
         self._entered: list[cst.CSTNode] = [root]
         self._calls: list[cst.Call] = []  # the calls through which the walk entered the helpers it is in
+        self.helpers_entered: set[int] = set()  # ids of the file's functions this walk entered
+        # per function entered through a call: its parameters that call leaves off (`if verbose:`
+        # does not run there); none in the root, whose callers are not known
+        self._off: list[frozenset[str]] = [frozenset()]
         self._ticks = 0
         self._round_trips: set[int] = set()  # calls that are part of a larger one: `.half().float()`, `.cpu().numpy()`
 
@@ -135,7 +139,8 @@ class Walk:
         timed = words.compares_time(node.test)
         leaves = shapes.leaves(node.body)
         once = words.holds_on_one_step(node.test)
-        self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves, once),), statements)
+        if not (type(node.test) is cst.Name and node.test.value in self._off[-1]):  # an opt-in not taken: no body
+            self._block(_body(node.body), frames + (Arm(node, True, test, polarity, modulo, timed, leaves, once),), statements)
         other = frames + (Arm(node, False, test, not polarity, modulo, timed,
                               node.orelse is not None and not isinstance(node.orelse, cst.If) and shapes.leaves(node.orelse.body)),)
         if isinstance(node.orelse, cst.If):
@@ -281,6 +286,8 @@ class Walk:
         if helper is not None and helper not in self._entered and len(self._entered) <= _MAX_DEPTH:
             self._entered.append(helper)
             self._calls.append(call)
+            self.helpers_entered.add(id(helper))
+            self._off.append(shapes.flags_off(helper, call))
             for parameter, argument in shapes.parameters_given(helper, call):
                 self.bind((parameter,), argument, call, frames, statements)
                 if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver(argument) in self.facts.scalers:
@@ -289,6 +296,7 @@ class Walk:
             self._block(body, frames + (Via(call, shapes.evaluates(helper)),), ())
             self._calls.pop()
             self._entered.pop()
+            self._off.pop()
 
     def _backward(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         target = call.func.value

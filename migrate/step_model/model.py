@@ -39,6 +39,7 @@ class Steps:
     root: cst.CSTNode
     events: list[Event]
     assignments: list[Assignment]
+    entered: bool = False  # another function of the file calls it, and its walk enters it
     # Answers kept: the rules ask of every event, and a module's top level may hold thousands.
     _memo: dict = field(default_factory=dict, repr=False)
 
@@ -133,7 +134,7 @@ class Steps:
             trains = any(loop in b.frames and not self.exclusive(b, event) for b in self.of(Kind.BACKWARD, *_STEPS))
             return trains and not self._in_evaluation(event, loop), loop
         # a backward pass at a script's top level outside any loop runs once (a debugging pass)
-        if not event.loops() and not isinstance(self.root, cst.Module) and (
+        if not event.loops() and not isinstance(self.root, cst.Module) and not self.entered and (
                 any(not b.loops() for b in self.backwards()) and not self._discards_gradients(None)
                 or _is_lightning_step(self.root)):
             return True, None

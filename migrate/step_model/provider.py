@@ -30,13 +30,12 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
     functions: list[cst.FunctionDef] = []
     found = _Facts(visitor, facts, functions)
     found.collect(module)
+    walks = [Walk(visitor, facts, root).run() for root in found.may_hold_a_step(module) if not _is_a_test(root)]
     roots = []
-    for root in found.may_hold_a_step(module):
-        if _is_a_test(root):
-            continue
-        walk = Walk(visitor, facts, root).run()
-        if walk.events:
-            roots.append(Steps(root, walk.events, walk.assignments))
+    for walk in walks:
+        if walk.events:  # a function another walk enters is judged in its caller's steps, where it runs
+            entered = any(id(walk.root) in other.helpers_entered for other in walks if other is not walk)
+            roots.append(Steps(walk.root, walk.events, walk.assignments, entered=entered))
     return StepModel(module, facts, roots)
 
 

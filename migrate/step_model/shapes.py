@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import bindings
 from migrate.tree_walk import descendants
 from migrate.step_model import vocabulary as words
 
@@ -81,6 +82,22 @@ def parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str,
     by_name = {param.name.value for param in list(params) + list(helper.params.kwonly_params)}
     given += [(arg.keyword.value, arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value in by_name]
     return given
+
+
+def flags_off(function: cst.FunctionDef, call: cst.Call) -> frozenset[str]:
+    """The parameters of ``function`` that ``call`` leaves off (``False`` or ``None``): given so
+    literally, or left at such a default (``def run_iteration(self, data, run_online_evaluation=False)``
+    called as ``run_iteration(data)``), and never rebound in it. An ``if`` on one of them does
+    not run its body in that call: an opt-in the caller did not take."""
+    params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
+    given = dict(parameters_given(function, call))
+    off = set()
+    for param in params:
+        name = param.name.value
+        value = given[name] if name in given else param.default
+        if value is not None and nodes.code(value) in ("False", "None") and not bindings(function.body, name):
+            off.add(name)
+    return frozenset(off)
 
 
 _NO_GRAD = ("no_grad", "inference_mode")

@@ -377,6 +377,30 @@ SHAPES = [
         [12],  # the norm's test, not the index the model returns
         id="an index the model returns is not a step tensor",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def run_iteration(self, batch, do_backprop=True, run_online_evaluation=False):
+                with torch.autocast("cuda"):
+                    output = self.network(batch["data"])
+                    loss = self.loss(output, batch["target"])
+                if do_backprop:
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                if run_online_evaluation:
+                    self.online_eval.append(output.argmax(1).cpu())
+                return loss.detach()
+
+            def train(self, loader, epochs):
+                for epoch in range(epochs):
+                    for batch in loader:
+                        self.run_iteration(batch)
+        """,
+        [],
+        id="an opt-in flag the training call leaves off",
+    ),
     *(pytest.param(
         code,
         """\
