@@ -21,7 +21,8 @@ parsed with ``ast`` (CPython's own parser, about ten times faster than libcst's)
 Two more words are common in code that trains nothing: ``autocast`` (inference under autocast) and
 ``scaler`` (a feature scaler). The rules reading them in a plain run (AMP100–AMP104, AMP108, AMP109:
 ``Rule.NEEDS_A_STEP``; AMP107's ``scaler``, ``Rule.STEP_TRIGGERS``) report only in a file
-making a step's call or casting to float16, so a file whose other words are only ``amp``/``apex`` goes on only if it holds one of those shapes too: a
+making a step's call or casting to float16, so a file whose other words are only
+``amp``/``apex`` goes on only if it holds one of those shapes too: a
 ``backward``/``step`` call, or ``half``/``float16`` spelled as a name, an attribute or a string.
 A selection with a rule that reads them everywhere (the deprecated ``torch.cuda.amp.autocast``,
 AMP020) parses every file holding them, as before.

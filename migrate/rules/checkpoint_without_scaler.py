@@ -11,6 +11,7 @@ from migrate.rule import FixSafety, Invalid, Valid
 from migrate.rules._scaler_in_checkpoint import one_per_line, scaler_in_reach, with_scaler_entry
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, StepModel, Steps
+from migrate.step_model.shapes import parameters_of
 from migrate.step_model.vocabulary import optimizer_like
 from migrate.tree_walk import descendants
 
@@ -283,7 +284,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
             node = self.get_metadata(ParentNodeProvider, node, None)
         if node is None:
             return False
-        taken = {p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)}
+        taken = {p.name.value for p in parameters_of(node)}
         return bool(taken & scalers) or ("self" in taken and any(s.startswith("self.") for s in scalers))
 
     def _saving_scaler(self, model: StepModel, steps: Steps, event) -> dict:

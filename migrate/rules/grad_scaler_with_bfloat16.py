@@ -7,7 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Event, Kind, StepModel, Steps
-from migrate.step_model.vocabulary import literal_bool
+from migrate.step_model.vocabulary import joined_by, literal_bool
 
 
 class GradScalerWithBfloat16(TrainingStepRule):
@@ -153,16 +153,8 @@ class GradScalerWithBfloat16(TrainingStepRule):
             # always on, or on only when the bfloat16 regions are (`enabled=args.bf16` on both,
             # `enabled=amp and grad_scaling` with `autocast(enabled=amp)`)
             if enabled is None or literal_bool(enabled.value) is True or all(
-                    _enabled_text(e) in _conjuncts(enabled.value) for e in autocasts):
+                    _enabled_text(e) in joined_by(enabled.value, cst.And) for e in autocasts):
                 yield event.node, None, {}
-
-
-def _conjuncts(test: cst.BaseExpression) -> set[str]:
-    """The texts of the conditions that all hold when ``test`` does: ``{a and b, a, b}`` for ``a and b``."""
-    found = {nodes.code(test)}
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        found |= _conjuncts(test.left) | _conjuncts(test.right)
-    return found
 
 
 def _enabled_text(autocast: Event) -> str | None:

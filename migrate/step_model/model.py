@@ -16,6 +16,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.step_model.build import Assignment, FileFacts
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Via
+from migrate.step_model import vocabulary as words
 from migrate.step_model.values import StepValues, return_target, scope_of
 from migrate.tree_walk import descendants
 
@@ -224,7 +225,7 @@ class Steps:
         scaler.scale(loss)``) counts, as a scaled one, as running under that arm too."""
         known = [arm for other in given for arm in (*other.arms(), *other.detail.get("scaled_under", ()))]
         return all(arm in known or any(a.test == arm.test and a.polarity == arm.polarity and not a.modulo for a in known)
-                   or (arm.body and any(a.body and a.test in _disjuncts(arm.node.test) for a in known))
+                   or (arm.body and any(a.body and a.test in words.joined_by(arm.node.test, cst.Or) for a in known))
                    for arm in event.arms())
 
     def same_iteration(self, first: Event, second: Event) -> bool:
@@ -300,13 +301,6 @@ class Steps:
             seeds += [(a.value, scope_of(a.frames)) for a in self.assignments if a.targets[0] in targets]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
-
-
-def _disjuncts(test: cst.BaseExpression) -> set[str]:
-    """The texts of the conditions any of which makes ``test`` hold: ``{a, b}`` for ``(a) or (b)``."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
-        return _disjuncts(test.left) | _disjuncts(test.right)
-    return {nodes.code(test.with_changes(lpar=(), rpar=())) if hasattr(test, "lpar") else nodes.code(test)}
 
 
 def _is_lightning_step(root: cst.CSTNode) -> bool:

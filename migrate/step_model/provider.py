@@ -31,11 +31,10 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
     found = _Facts(visitor, facts, functions)
     found.collect(module)
     walks = [Walk(visitor, facts, root).run() for root in found.may_hold_a_step(module) if not _is_a_test(root)]
-    roots = []
-    for walk in walks:
-        if walk.events:  # a function another walk enters is judged in its caller's steps, where it runs
-            entered = any(id(walk.root) in other.helpers_entered for other in walks if other is not walk)
-            roots.append(Steps(walk.root, walk.events, walk.assignments, entered=entered))
+    # a function another walk enters is judged in its caller's steps, where it runs (a walk never
+    # enters its own root)
+    entered = {helper for walk in walks for helper in walk.helpers_entered}
+    roots = [Steps(walk.root, walk.events, walk.assignments, entered=id(walk.root) in entered) for walk in walks if walk.events]
     return StepModel(module, facts, roots)
 
 

@@ -67,6 +67,11 @@ def pulled_value(receiver: cst.BaseExpression) -> cst.BaseExpression:
             return pulled
 
 
+def parameters_of(function: cst.FunctionDef) -> list[cst.Param]:
+    """Its named parameters: positional-only, plain and keyword-only (not ``*args``/``**kwargs``)."""
+    return [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
+
+
 def parameters_given(helper: cst.FunctionDef, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
     """``(parameter, argument)`` for each parameter of ``helper`` that ``call`` gives a value
     (``self`` left out of a method called as ``self.f(...)``, or of ``__call__`` called through
@@ -89,7 +94,7 @@ def flags_off(function: cst.FunctionDef, call: cst.Call) -> frozenset[str]:
     literally, or left at such a default (``def run_iteration(self, data, run_online_evaluation=False)``
     called as ``run_iteration(data)``), and never rebound in it. An ``if`` on one of them does
     not run its body in that call: an opt-in the caller did not take."""
-    params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
+    params = parameters_of(function)
     given = dict(parameters_given(function, call))
     off = set()
     for param in params:

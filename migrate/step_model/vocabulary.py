@@ -166,6 +166,15 @@ def moves_only(call: cst.Call) -> bool:
     return nodes.call_name(call) in _MOVES
 
 
+def joined_by(test: cst.BaseExpression, operator: type) -> set[str]:
+    """The texts of the conditions ``test`` joins with ``operator`` (``cst.And`` or ``cst.Or``),
+    itself among them: ``{(a) or (b), a, b}`` for ``(a) or (b)``; parentheses are not kept."""
+    found = {nodes.code(test.with_changes(lpar=(), rpar=()) if getattr(test, "lpar", None) else test)}
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, operator):
+        found |= joined_by(test.left, operator) | joined_by(test.right, operator)
+    return found
+
+
 def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
     """``x``, ``x is not None``, ``x is None``, ``not x``: the flag ``x`` and whether the arm runs when set."""
     polarity = True
