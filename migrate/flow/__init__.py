@@ -1,5 +1,9 @@
-"""Data flow within one file, asked by the rewrites and the rules (no rewrite of its own).
+"""Control flow and data flow within one file, asked by the rewrites and the rules (no rewrite of its own).
 
+- ``control``: the control-flow graph of a function's statements (branches, loops, ``try``,
+  jumps, exceptions), and whether every way from one statement reaches another within one
+  iteration of a loop, or may pass a third on the way (a step after a gradient read; a second
+  backward pass before it).
 - ``bindings``: where a name is bound in a function, class or module, and the value each
   binding gives it where the code spells it out.
 - ``receivers``: where a value handed on (``f(amp=amp)``, ``self.amp = amp``) is used: the
