@@ -10,7 +10,8 @@ from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.optimizer_params import model_parameters
-from migrate.apex_plan.syntax import backward_calls, loop_exit, with_first_line_comment
+from migrate.flow.control import Edge, Graph
+from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
     MASTER_COPIES,
@@ -24,6 +25,13 @@ from migrate.apex_plan.vocabulary import (
 )
 from migrate.step_model.vocabulary import reads_gradients_in
 from migrate.tree_walk import descendants
+
+
+def _shared_loop(graph: Graph, first: cst.CSTNode, second: cst.CSTNode) -> cst.CSTNode | None:
+    """The innermost loop around both statements (None: the function): the iteration they share."""
+    around = graph.loops_around(second)
+    shared = [loop for loop in graph.loops_around(first) if any(loop is other for other in around)]
+    return shared[-1] if shared else None
 
 
 class GradientPlanning(Step):
@@ -51,34 +59,28 @@ class GradientPlanning(Step):
         between two scaled backward passes, makes the fix unsafe.
         """
         conditions_of = StepConditions(self.context)
-        readers: list[tuple[cst.BaseStatement, str | None, bool]] = []  # (statement, condition, step always follows)
-        route: list[cst.BaseStatement] = []  # the statements on the way to the step, in the order they run
-        # under a test of the gradients read here (`if isfinite(norm):`), the scaler's update follows either way
-        inner = self._paths_to_steps(container, steps, every_step or steps, guards)
-        step_always_follows = not any(conditional for path in inner for _, conditional in path)
+        found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
         for between, conditions in passed:
             for statement in between:
-                route.append(statement)
-                if self.scales_again(statement, scale):
-                    readers = [(r, c, False) for r, c, _ in readers]  # these ran before the other backward
-                    continue
-                if grad_readers.reads_grads(statement):
-                    readers.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer), step_always_follows))
+                if grad_readers.reads_grads(statement) and not self.scales_again(statement, scale):
+                    found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
+        inner = self._paths_to_steps(container, steps)
         if len(inner) == 1:
-            path = inner[0]
-            for depth in range(len(path) - 1, -1, -1):
-                siblings, _ = path[depth]
-                follows = not any(conditional for _, conditional in path[:depth])
+            for siblings in reversed(inner[0]):
                 for sibling in siblings:
-                    route.append(sibling)
                     if not passed and self.scales_again(sibling, None):
-                        readers = []  # read before the backward pass: not between it and the step
+                        found = []  # read before the backward pass: not between it and the step
                     elif grad_readers.reads_grads(sibling):
-                        readers.append((sibling, condition, follows))
-        elif any(grad_readers.reads_grads(s) for path in inner for siblings, _ in path for s in siblings):
+                        found.append((sibling, condition))
+        # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
+        # a test of the gradients read here (`if isfinite(norm):`), after which the update follows either way.
+        graph = self.tree.control_flow(steps[0][0], exceptions=False)
+        targets = [line for line, _ in every_step or steps if graph.holds(line)] + [g for g in self._guards(guards) if graph.holds(g)]
+        readers = [(reader, reader_condition, self._step_follows(graph, reader, targets, scale)) for reader, reader_condition in found]
+        if len(inner) > 1 and any(grad_readers.reads_grads(s) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
-        leaving = next((found for found in map(loop_exit, route) if found is not None), None) if passed else None
+        leaving = self._leaves_before_the_step(graph, scale, targets) if passed else None
         if leaving is not None:
             self.draft.unsafe.append(
                 f"the iteration may end at line {self.tree.line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
@@ -87,12 +89,7 @@ class GradientPlanning(Step):
             )
         if not readers:
             return
-        # `if not isfinite(norm): continue` after the read: that iteration ends without the step
-        # (natively, without the scaler's `update()`, so the next `unscale_` would fail)
-        position = {id(statement): index for index, statement in enumerate(route)}
-        readers = [(r, c, follows and not any(loop_exit(s) for s in route[position[id(r)] + 1:]) if id(r) in position else follows)
-                   for r, c, follows in readers]
-        if not all(follows for _, _, follows in readers) or any(loop_exit(r) for r, _, _ in readers):
+        if not all(follows for _, _, follows in readers):
             clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
             if all(clips):
                 delayed = None
@@ -209,11 +206,8 @@ class GradientPlanning(Step):
             branch = branch.orelse if isinstance(branch, cst.If) else None
         return found
 
-    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]],
-                        every_step: list[tuple[cst.SimpleStatementLine, int]], guards: frozenset[int] = frozenset()):
-        """For each step inside ``container``, innermost first: the statements before it in each
-        enclosing block, and whether entering that block is conditional (a branch or a loop; not
-        an arm of one of ``guards``, after which the scaler's update follows either way)."""
+    def _paths_to_steps(self, container: cst.CSTNode, steps: list[tuple[cst.SimpleStatementLine, int]]) -> list[list[list[cst.BaseStatement]]]:
+        """For each step inside ``container``, innermost first: the statements before it in each enclosing block."""
         paths = []
         for line, _ in steps:
             path, node = [], line
@@ -221,12 +215,7 @@ class GradientPlanning(Step):
                 block = self.tree.parent[id(node)]
                 body = list(block.body)
                 owner = self.tree.parent.get(id(block))
-                conditional = not isinstance(owner, (cst.With, cst.Try, cst.TryStar, cst.Finally, cst.FunctionDef, type(None)))
-                if isinstance(owner, (cst.If, cst.Else)) and self._every_arm_steps(owner, every_step):
-                    conditional = False  # `if c: opt.step() ... else: opt.step()`: a step follows either way
-                if isinstance(owner, (cst.If, cst.Else)) and id(self.tree.chain_top(owner)) in guards:
-                    conditional = False
-                path.append((body[: body.index(node)], conditional))
+                path.append(body[: body.index(node)])
                 if owner is None:
                     break
                 node = owner
@@ -235,14 +224,40 @@ class GradientPlanning(Step):
             paths.append(path)
         return paths
 
-    def _every_arm_steps(self, arm: cst.If | cst.Else, steps: list[tuple[cst.SimpleStatementLine, int]]) -> bool:
-        """Whether every arm of the if/elif/else chain holding ``arm`` holds one of ``steps``."""
-        branch: cst.CSTNode | None = self.tree.chain_top(arm)
-        while isinstance(branch, cst.If):
-            if not any(self.tree.inside(line, branch.body) for line, _ in steps):
-                return False
-            branch = branch.orelse
-        return isinstance(branch, cst.Else) and any(self.tree.inside(line, branch.body) for line, _ in steps)
+    def _guards(self, guards: frozenset[int]) -> list[cst.If]:
+        return [guard for guard, _, _ in self.draft.gradient_guards.values() if id(guard) in guards]
+
+    def _step_follows(self, graph: Graph, reader: cst.BaseStatement, targets: list[cst.CSTNode], scale: ScaleLossSite) -> bool:
+        """Whether the step (or the update after a gradient guard) follows ``reader`` on every way
+        on within the iteration they share, with no other backward pass on the way: only then may
+        ``unscale_`` go before it (a second ``unscale_`` before the update raises; a backward
+        after it adds scaled gradients to unscaled ones)."""
+        if not graph.holds(reader) or not targets:
+            return False
+        within = _shared_loop(graph, reader, targets[0])
+        return graph.always_reaches(reader, targets, within) and not graph.may_pass(
+            reader, targets, lambda node: self._scales_at(node, scale), within)
+
+    def _scales_at(self, node: cst.CSTNode, scale: ScaleLossSite) -> bool:
+        """Whether the graph's ``node`` runs a backward pass other than ``scale``'s: a line, or a
+        ``with`` header (a compound statement's body is a node of its own)."""
+        if isinstance(node, cst.SimpleStatementLine):
+            return self.scales_again(node, scale)
+        if isinstance(node, cst.With):
+            return any(self.scales_again(item, scale) for item in node.items)
+        return False
+
+    def _leaves_before_the_step(self, graph: Graph, scale: ScaleLossSite, targets: list[cst.CSTNode]) -> cst.CSTNode | None:
+        """A ``continue``, ``break`` or ``return`` that ends the iteration after the scaled
+        backward, before the step: one that a way from the backward reaches, and no way on from a step."""
+        if not (graph.holds(scale.statement) and targets):
+            return None
+        within = _shared_loop(graph, scale.statement, targets[0])
+        after_a_step = {id(node) for target in targets for node in graph.reached(target, [], within)}
+        for last, edge in graph.ways_out(scale.statement, targets, within):
+            if edge is Edge.JUMP and id(last) not in after_a_step:
+                return next((node for node in descendants(last) if type(node) in (cst.Continue, cst.Break, cst.Return)), last)
+        return None
 
     def scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
         """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""

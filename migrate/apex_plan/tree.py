@@ -14,6 +14,7 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import imports_apex, read_names
+from migrate.flow.control import Graph
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants, is_node_type, walk
 
@@ -67,6 +68,11 @@ class FileTree:
         while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             node = self.parent[id(node)]
         return node
+
+    def control_flow(self, node: cst.CSTNode, exceptions: bool) -> Graph:
+        """The control-flow graph of the function holding ``node`` (of the module's top level outside one)."""
+        root = self.function(self.parent.get(id(node))) or self.module
+        return self.per_scope(("control flow", id(root), exceptions), lambda: Graph(root, exceptions=exceptions))
 
     def function(self, node: cst.CSTNode | None) -> cst.FunctionDef | None:
         while node is not None and not isinstance(node, cst.FunctionDef):

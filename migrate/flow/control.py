@@ -27,6 +27,7 @@ from typing import Callable, Iterable, NamedTuple, Union
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.tree_walk import children, descendants
 
 __all__ = ["Edge", "Graph"]
 
@@ -108,9 +109,14 @@ class Graph:
         before reaching one of ``targets``: the last node on it and the edge that leaves; None
         where every way from ``source`` reaches one of them first (they post-dominate it within
         the iteration). An exception that ends the loop is no way on (see the module)."""
+        return next(self.ways_out(source, targets, within), None)
+
+    def ways_out(self, source: cst.CSTNode, targets: Iterable[cst.CSTNode], within: cst.CSTNode | None = None):
+        """Each place where a way from ``source`` ends the iteration before one of ``targets``
+        (see ``way_out``), once: the last node and the edge that leaves."""
         stop = {id(target) for target in targets}
         if id(source) in stop:
-            return None
+            return
         seen: set[int] = set()
         pending = [(source, next_node, edge) for next_node, edge in self.successors(source)]
         while pending:
@@ -118,14 +124,13 @@ class Graph:
             if node is RAISED:
                 continue
             if node is END or not self._inside(node, within):
-                if edge is Edge.EXCEPTION:
-                    continue
-                return last, edge
+                if edge is not Edge.EXCEPTION:
+                    yield last, edge
+                continue
             if id(node) in stop or id(node) in seen:
                 continue
             seen.add(id(node))
             pending += [(node, next_node, next_edge) for next_node, next_edge in self.successors(node)]
-        return None
 
     def always_reaches(self, source: cst.CSTNode, targets: Iterable[cst.CSTNode], within: cst.CSTNode | None = None) -> bool:
         """Whether every way from ``source`` within the iteration of ``within`` reaches one of ``targets``."""
@@ -254,9 +259,12 @@ class Graph:
         outer = context
         if statement.finalbody is not None:
             end = _FinallyEnd(statement)
-            # the end of `finally` goes on to the statement after, or where a jump or an exception was going
-            onward = [(follow, Edge.NORMAL), (context.returns, Edge.JUMP), (context.breaks, Edge.JUMP),
-                      (context.continues, Edge.JUMP), *((target, Edge.EXCEPTION) for target in context.raises)]
+            # the end of `finally` goes on to the statement after, or where a jump made within the
+            # try or an exception was going
+            jumps = _jumps_within(statement)
+            onward = [(follow, Edge.NORMAL), *((target, Edge.EXCEPTION) for target in context.raises),
+                      *((target, Edge.JUMP) for kind, target in ((cst.Return, context.returns), (cst.Break, context.breaks),
+                                                                 (cst.Continue, context.continues)) if kind in jumps)]
             self._edges[id(end)] = [(target, edge) for target, edge in onward if target is not None]
             after = self._body(statement.finalbody.body, end, context)
             # within the try, every jump and every exception passes through `finally`
@@ -275,3 +283,22 @@ class Graph:
     def _match(self, statement: cst.Match, follow: Node, context: _Context) -> None:
         cases = [(self._body(case.body, follow, context), Edge.NORMAL) for case in statement.cases]
         self._add(statement, context, *cases, (follow, Edge.NORMAL))
+
+
+def _jumps_within(statement: cst.Try | cst.TryStar) -> set[type]:
+    """The kinds of jump (``return``, ``break``, ``continue``) in a ``try`` that leave it: a
+    ``break`` or ``continue`` in the body of a loop within it does not (one in its ``else:`` does)."""
+    found: set[type] = set()
+    pending: list[cst.CSTNode] = [statement.body, *statement.handlers, *([statement.orelse] if statement.orelse else [])]
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if kind in (cst.Return, cst.Break, cst.Continue):
+            found.add(kind)
+        elif kind in _LOOPS:
+            # its body's `break` and `continue` are its own; a `return` there, and its else's jumps, leave the try
+            found |= {cst.Return for inner in descendants(node.body, nodes.not_a_definition) if type(inner) is cst.Return}
+            pending += [node.orelse] if node.orelse is not None else []
+        elif nodes.not_a_definition(node):
+            pending += children(node, tokens=False)
+    return found

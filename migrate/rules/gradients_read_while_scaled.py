@@ -31,10 +31,14 @@ class GradientsReadWhileScaled(TrainingStepRule):
     pass runs in between (it would add scaled gradients to unscaled ones). ``scaler.step`` then
     skips its own unscaling, and the reader sees true gradients: a logged norm is the true one,
     a clip clips at the threshold it names (that is the point).
-    Safe where the step always follows: nothing between leaves the block, and no ``try``
-    within the step surrounds them. Unsafe inside such a ``try`` (the out-of-memory recovery
-    loop): an exception caught between ``unscale_`` and the step skips the step, and the next
-    ``unscale_`` raises. Elsewhere the finding has no fix: unscaling where no step may follow
+    Safe where the step always follows: every way on from the read reaches it within the
+    iteration, through the function's control flow (a ``continue`` of a loop over the
+    parameters stays in the iteration; a ``continue`` of the training loop leaves it).
+    Unsafe where only an exception can skip both the step and ``scaler.update()``: a ``try``
+    within the step whose handler lets the loop go on (the out-of-memory recovery loop), since
+    an exception caught between ``unscale_`` and the step skips them and the next ``unscale_``
+    raises; an ``update()`` after the ``try``, a handler that raises again, or a ``finally``
+    alone (the exception ends the run) keeps it safe. Elsewhere the finding has no fix: unscaling where no step may follow
     (gradient accumulation, the step in another branch) raises at the next ``unscale_``.
     A clip that apex made inside ``amp.scale_loss`` saw scaled gradients there too: the
     migration keeps it so and marks it ``# noqa: AMP101``; delete the mark to have it fixed.
@@ -223,8 +227,12 @@ class GradientsReadWhileScaled(TrainingStepRule):
         new = nodes.parse_statements(line + "\n", module)[0]
         placed = cst.FlattenSentinel([nodes.with_leading(new, anchor), anchor.with_changes(leading_lines=())])
         fix = {"replacement": placed, "fix_message": f"Insert `{line}` before the gradients are read"}
-        if steps.always_follows(event, step):
+        # `update()` is what makes the next `unscale_` legal: reaching it, even with the step skipped, is enough
+        updates = tuple(e for e in steps.after(event, (Kind.UPDATE,)) if e.scaler == scaler)
+        if steps.always_follows(event, step, or_else=updates):
             return anchor, {**fix, "safety": Safety.SAFE}
+        if not steps.always_follows(event, step, or_else=updates, exceptions=False):
+            return None, {}  # a way on leaves the iteration first (`continue`, a step under `if`)
         return anchor, {**fix, "safety": Safety.UNSAFE,
                         "why_unsafe": f"an exception caught between it and `{scaler}.step` inside the step would leave the "
                                       "gradients unscaled with no step, and the next `unscale_` raises"}

@@ -14,14 +14,14 @@ from typing import Iterator, NamedTuple
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.control import Graph
 from migrate.step_model.build import Assignment, FileFacts
-from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Via
+from migrate.step_model.events import Arm, Backward, Event, Kind, Loop, Via
 from migrate.step_model import vocabulary as words
 from migrate.step_model.values import StepValues, return_target, scope_of
 from migrate.tree_walk import descendants
 
 _STEPS = (Kind.STEP, Kind.SCALER_STEP)
-_LEAVES = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
 def _grouped(items: list, keys) -> dict:
@@ -252,9 +252,9 @@ class Steps:
 
     def straight_path(self, event: Event, later: Event) -> list[cst.BaseStatement] | None:
         """The statements of one block from the one holding ``event`` up to the one holding
-        ``later`` (not included), where ``later`` sits in that block after it and none of them
-        leaves the block (``continue``, ``break``, ``return``, ``raise``); both walked from this
-        function, not reached through a helper. None otherwise."""
+        ``later`` (not included), where ``later`` sits in that block after it; both walked from
+        this function, not reached through a helper. None otherwise. Whether every way through
+        them reaches ``later`` is ``always_follows``'s question."""
         if event.inlined() or later.inlined() or not later.statements:
             return None
         depth = len(later.statements) - 1
@@ -264,18 +264,24 @@ class Steps:
         first, target = event.statements[depth], later.statements[depth]
         if block is None or first not in block or target not in block or block.index(first) >= block.index(target):
             return None
-        path = block[block.index(first):block.index(target)]
-        leaves = any(isinstance(node, _LEAVES) for statement in path for node in descendants(statement, nodes.not_a_definition))
-        return None if leaves else path
+        return block[block.index(first):block.index(target)]
 
-    def always_follows(self, event: Event, later: Event) -> bool:
-        """Whether every pass that runs ``event`` goes on to run ``later``: a straight path leads
-        from one to the other (``straight_path``) and no ``try`` within the step surrounds them,
-        whose handler could take an exception raised between them and let the loop go on
-        without ``later``."""
-        if self.straight_path(event, later) is None:
+    def always_follows(self, event: Event, later: Event, *, or_else: tuple[Event, ...] = (), exceptions: bool = True) -> bool:
+        """Whether every pass that runs ``event`` goes on to run ``later`` (or one of ``or_else``)
+        in the same iteration of the training loop (or call of a step function): a straight
+        path leads from the one to the block of the other (``straight_path``), and every way on
+        from there, through the function's control flow (``flow.control``), reaches one of them
+        before the iteration ends. With ``exceptions``, a statement in a ``try`` body may raise
+        to a handler within the iteration, which lets the loop go on without them."""
+        path = self.straight_path(event, later)
+        if path is None:
             return False
-        return not any(isinstance(frame, Handler) for frame in later.frames_inside(self.training_loop(later)))
+        graph = self._once(("graph", exceptions), lambda: Graph(self.root, exceptions=exceptions))
+        loop = self.training_loop(later)
+        targets = [e.statements[-1] for e in (later, *or_else) if e.statements and not e.inlined() and graph.holds(e.statements[-1])]
+        if not (graph.holds(path[0]) and targets and targets[0] is later.statements[-1]):
+            return False
+        return graph.always_reaches(path[0], targets, loop.node if loop is not None else None)
 
     def _block(self, outer: tuple) -> list | None:
         owner = outer[-1] if outer else self.root

@@ -39,6 +39,9 @@ class Features:
     register_half: bool = False  # amp.register_half_function(torch, "einsum"), einsum in the model
     finite_guard: bool = False  # the step only `if math.isfinite(norm)` of a clip's norm (a clip is made)
     overflow: bool = False  # one batch of infinities mid-run: the scale is lowered and the step skipped
+    between: str = "none"  # what runs after the clip before the step: none | aux_backward (a second
+    #                        scaled backward, of an auxiliary loss) | parameter_loop (a loop over the
+    #                        parameters that skips some with `continue`)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
     #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
     #                        default, passed by keyword) | closure (a `def train` inside main)
@@ -58,6 +61,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, clip="parameters")  # the guard tests the norm a clip returns
     if f.finite_guard:
         f = replace(f, clip_at="boundary")
+    if f.between != "none":  # after the clip at the boundary, before the step
+        f = replace(f, clip="parameters" if f.clip == "none" else f.clip, clip_at="boundary", finite_guard=False)
     if f.overflow and f.flag != "none":
         f = replace(f, overflow=False)  # an fp32 run would train on infinities: nothing to compare
     if f.holder == "function":
@@ -89,6 +94,7 @@ def features():
         register_half=st.booleans(),
         finite_guard=st.booleans(),
         overflow=st.booleans(),
+        between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
     ).map(_coherent)
 
@@ -194,7 +200,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         clip.append(f"torch.nn.utils.clip_grad_norm_({s.model}.parameters(), 0.5)")
     at_micro_batch = accumulate and f.clip_at == "micro_batch"
     body += clip if at_micro_batch else []
-    update = [] if at_micro_batch else clip
+    update = [] if at_micro_batch else clip + _between(f, s)
     if f.optimizers == "two":
         each = f.names[1]
         stepping = [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
@@ -216,6 +222,20 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    restore(buffer, {s.model}, {s.first_optimizer}, amp={handed})"]
     body.append(f"losses.append(float({loss}))")
     return body
+
+
+def _between(f: Features, s: _Spelling) -> list[str]:
+    """What runs after the clip, before the step (``Features.between``)."""
+    if f.between == "parameter_loop":
+        return ["trainable = 0", f"for p in {s.model}.parameters():", "    if not p.requires_grad:",
+                "        continue", "    trainable += 1"]
+    if f.between != "aux_backward":
+        return []
+    scaled = [f"with {s.amp}.scale_loss(aux, {s.stepped}) as scaled_aux:", "    scaled_aux.backward()"]
+    aux = [f"aux = 0.01 * {s.model}(x).pow(2).mean()" + (" / ACCUMULATION" if f.accumulation != "none" else "")]
+    if s.mixed:
+        return aux + [f"if {s.mixed}:", *_indent(scaled), "else:", "    aux.backward()"]
+    return aux + scaled
 
 
 def _loop(f: Features, s: _Spelling) -> list[str]:

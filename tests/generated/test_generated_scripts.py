@@ -46,6 +46,20 @@ def test_generated_scripts_keep_training_the_same(drawn, tmp_path):
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("accumulation", ["none", "plain"])
+@pytest.mark.parametrize("between", ["aux_backward", "parameter_loop"])
+def test_what_runs_between_the_clip_and_the_step(accumulation, between, tmp_path):
+    """A second scaled backward after the clip (an auxiliary loss) adds scaled gradients to
+    what an ``unscale_`` before the clip would have unscaled: the clip works on the scaled
+    ones instead. A loop over the parameters with its own ``continue`` ends no iteration."""
+    drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one",
+                     clip="parameters", clip_at="boundary", flag="on" if between == "aux_backward" else "none",
+                     import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"), between=between)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe != "unchanged"
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("clip", ["parameters", "master_params"])
 def test_a_clip_after_a_delayed_pass(clip, tmp_path):
     """apex clipped the still-scaled gradients of a ``delay_unscale=True`` pass at the bare
