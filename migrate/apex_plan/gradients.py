@@ -75,12 +75,15 @@ class GradientPlanning(Step):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
         # a test of the gradients read here (`if isfinite(norm):`), after which the update follows either way.
-        graph = self.tree.control_flow(steps[0][0], exceptions=False)
+        # An exception a handler in the loop takes between `unscale_` and the update (the
+        # out-of-memory retry loop) would make the next `unscale_` raise: that way counts too.
+        graph = self.tree.control_flow(steps[0][0], exceptions=True)
         targets = [line for line, _ in every_step or steps if graph.holds(line)] + [g for g in self._guards(guards) if graph.holds(g)]
         readers = [(reader, reader_condition, self._step_follows(graph, reader, targets, scale)) for reader, reader_condition in found]
         if len(inner) > 1 and any(grad_readers.reads_grads(s) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
-        leaving = self._leaves_before_the_step(graph, scale, targets) if passed else None
+        # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
+        leaving = self._leaves_before_the_step(self.tree.control_flow(steps[0][0], exceptions=False), scale, targets) if passed else None
         if leaving is not None:
             self.draft.unsafe.append(
                 f"the iteration may end at line {self.tree.line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "

@@ -110,3 +110,37 @@ def test_the_unscale_fix_is_offered_as_safe_as_running_it_is(between, around):
     fixed = migrate_source(source, "train.py", select=["AMP101"], unsafe_fixes=True).new_source
     assert "scaler.unscale_(optimizer)" in fixed
     assert _raises_twice(fixed) == (expected is Safety.UNSAFE), fixed
+
+
+_APEX_LOOP = """\
+from apex import amp
+import torch
+
+
+def train(model, optimizer, batches):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        try:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+        except torch.cuda.OutOfMemoryError:
+{handler}
+"""
+
+
+@pytest.mark.parametrize("handler, unscales", [("            optimizer.zero_grad()", False),
+                                               ("            raise", True)])
+def test_the_migration_asks_the_same_of_a_clip_in_an_out_of_memory_retry_loop(handler, unscales):
+    """The codemod plans the clip on the same graph: where a handler in the loop may take an
+    exception between an ``unscale_`` and the update, the clip works on the scaled gradients
+    (its threshold times the scale) and nothing is unscaled; where the handler raises again,
+    ``unscale_`` goes before the clip."""
+    source = _APEX_LOOP.format(handler=handler)
+    migrated = migrate_source(source, "train.py").new_source
+    assert migrated != source and "apex" not in migrated
+    assert ("scaler.unscale_(optimizer)" in migrated) is unscales, migrated
+    assert ("scaler.get_scale()" in migrated) is not unscales, migrated
