@@ -5,7 +5,37 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, grouped_text, negated
+from migrate.flow.bindings import bindings
+from migrate.tree_walk import descendants
+
+
+def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
+    """``test`` (the flag an ``if`` around ``initialize`` tests) and the names the code copies its
+    value into, in the function holding that ``if``: ``self.fp16 = fp16`` where the class binds
+    ``self.fp16`` nowhere else, ``use_amp = args.fp16`` where the function binds ``use_amp``
+    nowhere else; in either case the flag itself is not bound again there. A test of a copy
+    (``if not self.fp16: loss.backward()`` in another method) is a test of the flag."""
+    text = nodes.code(test)
+    function = tree.function(tree.parent.get(id(test)))
+    if not isinstance(test, (cst.Name, cst.Attribute)) or function is None or bindings(function, text):
+        return frozenset({text})
+    owner = tree.owner_class(function)
+    found = {text}
+    for node in descendants(function.body, nodes.not_a_definition):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and nodes.code(node.value) == text):
+            continue
+        copy = nodes.code(node.targets[0].target)
+        if isinstance(node.targets[0].target, cst.Name):
+            scope = function
+        elif copy.startswith("self.") and owner is not None and copy.count(".") == 1:
+            scope = owner
+        else:
+            continue
+        if len(bindings(scope, copy, methods=True)) == 1:
+            found.add(copy)
+    return frozenset(found)
 
 
 class StepConditions(Step):
@@ -22,7 +52,7 @@ class StepConditions(Step):
             # optimizer steps plainly.
             owner, attribute = self.setup.scaler.split(".", 1)
             conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
-        if not conditions or (self.setup.guard_test is not None and conditions == [self.setup.guard_test]):
+        if not conditions or (len(conditions) == 1 and conditions[0] in self.setup.guard_tests):
             return None
         if None in conditions:
             # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the

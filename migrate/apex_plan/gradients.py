@@ -204,7 +204,7 @@ class GradientPlanning(Step):
             first = next((s for s in branch.body.body if grad_readers.reads_grads(s)), None)
             if first is not None:
                 found += self._first_readers(first)
-            if nodes.code(statement.test) == self.setup.guard_test:
+            if nodes.code(statement.test) in self.setup.guard_tests:
                 break  # past `if fp16:` the scaler is disabled: nothing to unscale
             branch = branch.orelse if isinstance(branch, cst.If) else None
         return found

@@ -7,6 +7,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
+from migrate.apex_plan.conditions import flag_spellings
 from migrate.apex_plan.context import Context, Sites
 from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
@@ -183,6 +184,7 @@ class Planner:
             merged_losses=any(site.merges_losses for site in (*inits, *scales)),
             level_guarded=init is not None and init.guard_level,
             guard_test=nodes.code(hoist.test) if hoist is not None else None,
+            guard_tests=flag_spellings(self.tree, hoist.test) if hoist is not None else frozenset(),
             model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
             receiver_calls=receiver_calls or (),
             scaler_receivers=receivers or (),

@@ -302,20 +302,26 @@ class StepPlanning(Step):
         scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
         withs = self.sites.scale_loss_statements
         candidates = self.tree.per_scope(
-            ("plain backwards", id(scope), withs, self.setup.guard_test),
+            ("plain backwards", id(scope), withs, self.setup.guard_tests),
             lambda: [call for call in self._backwards_in(scope)
-                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)])
+                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call) and not self._scales_within(call)])
         return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
+
+    def _scales_within(self, call: cst.Call) -> bool:
+        """Whether ``call`` is of the file's own helper holding an ``amp.scale_loss`` (``self.backward(loss)``):
+        the backward pass it makes is that one, scaled."""
+        helper = self.tree.helper(call)
+        return helper is not None and any(self.tree.inside(site, helper) for site in self.sites.calls["scale_loss"])
 
     def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
         """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
-        if self.setup.guard_test is None:
-            return False
+        flags = self.setup.guard_tests
         child, parent = node, self.tree.parent.get(id(node))
         while parent is not None:
             if isinstance(parent, cst.If):
                 test = nodes.code(parent.test)
-                if (test == self.setup.guard_test and child is parent.orelse) or (test == f"not {self.setup.guard_test}" and child is parent.body):
+                negated = test.startswith("not ") and test[4:] in flags
+                if (test in flags and child is parent.orelse) or (negated and child is parent.body):
                     return True
             child, parent = parent, self.tree.parent.get(id(parent))
         return False

@@ -42,6 +42,10 @@ class Features:
     between: str = "none"  # what runs after the clip before the step: none | aux_backward (a second
     #                        scaled backward, of an auxiliary loss) | parameter_loop (a loop over the
     #                        parameters that skips some with `continue`)
+    backward_in: str = "loop"  # loop | helper (a trainer's `backward(loss)` method; for fp32 runs it
+    #                            calls `loss.backward()` and returns early)
+    flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
+    #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
     #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
     #                        default, passed by keyword) | closure (a `def train` inside main)
@@ -68,6 +72,11 @@ def _coherent(f: Features) -> Features:
     if f.holder == "function":
         f = replace(f, amp_via="parameter" if f.amp_via == "attribute" else f.amp_via,
                     loss="helper" if f.loss == "method" else f.loss)
+    if f.backward_in == "helper":  # a method of the trainer, on the module's `amp`, no delay to hand on
+        f = replace(f, holder="method", amp_via="module",
+                    accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
+    if f.holder != "method" or f.flag == "none":
+        f = replace(f, flag_copy=False)
     if f.holder != "function" or f.amp_via != "module":
         f = replace(f, loop_in="main")
     return f
@@ -95,6 +104,8 @@ def features():
         finite_guard=st.booleans(),
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
+        backward_in=st.sampled_from(["loop", "helper"]),
+        flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
     ).map(_coherent)
 
@@ -187,7 +198,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    scaled_loss.backward()"]
-    if s.mixed:
+    if f.backward_in == "helper":
+        body.append(f"self.backward({loss})")
+    elif s.mixed:
         body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {loss}.backward()"]
     else:
         body += scaled
@@ -262,7 +275,17 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     """``amp.initialize``, under the flag when there is one."""
     held = optimizer + ("s" if f.optimizers == "two" else "")
     initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
-    return [f"if {s.use_amp}:", "    " + initialize] if s.use_amp else [initialize]
+    flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
+    return [f"if {flag}:", "    " + initialize] if s.use_amp else [initialize]
+
+
+def _backward_method(f: Features, s: _Spelling) -> list[str]:
+    """The trainer's ``backward(loss)``: plain and returning early where mixed precision is off."""
+    if f.backward_in != "helper":
+        return []
+    plain = [f"if not {s.mixed}:", "    loss.backward()", "    return"] if s.mixed else []
+    return ["", "def backward(self, loss):", *_indent([*plain, f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:",
+                                                      "    scaled_loss.backward()"])]
 
 
 def _data() -> list[str]:
@@ -298,6 +321,7 @@ def _main_and_training(f: Features) -> str:
                              f"{', use_amp' if s.use_amp else ''}):",
                              *_indent([*keep, *init_flag, *set_up, *holds]),
                              *loss_method,
+                             *_backward_method(f, s),
                              "",
                              f"def train(self, batches{takes}):",
                              *_indent(["losses = []", *training])])]

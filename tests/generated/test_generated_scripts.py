@@ -60,6 +60,21 @@ def test_what_runs_between_the_clip_and_the_step(accumulation, between, tmp_path
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("flag", ["on", "off"])
+@pytest.mark.parametrize("backward_in", ["helper", "loop"])
+def test_the_flag_under_another_name(flag, backward_in, tmp_path):
+    """A trainer's ``initialize`` tests its ``use_amp`` parameter and training tests the copy
+    ``self.use_amp``; in a ``backward(loss)`` method, fp32 runs call ``loss.backward()`` and return
+    early. The plain backward runs only where the scaler is off: the safe rewrite migrates it."""
+    drawn = Features(loss="inline", loop="range", accumulation="none", boundary="plus_one",
+                     clip="parameters", clip_at="boundary", flag=flag, import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
+                     backward_in=backward_in, flag_copy=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("clip", ["parameters", "master_params"])
 def test_a_clip_after_a_delayed_pass(clip, tmp_path):
     """apex clipped the still-scaled gradients of a ``delay_unscale=True`` pass at the bare
