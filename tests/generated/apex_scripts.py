@@ -67,6 +67,10 @@ def _coherent(f: Features) -> Features:
         f = replace(f, clip_at="boundary")
     if f.between != "none":  # after the clip at the boundary, before the step
         f = replace(f, clip="parameters" if f.clip == "none" else f.clip, clip_at="boundary", finite_guard=False)
+    if f.between == "aux_backward":
+        # both passes of the step overflow: apex halved the scale at each, GradScaler halves it
+        # once per skipped step (a difference docs/codemod.md accepts as safe)
+        f = replace(f, overflow=False)
     if f.overflow and f.flag != "none":
         f = replace(f, overflow=False)  # an fp32 run would train on infinities: nothing to compare
     if f.holder == "function":
