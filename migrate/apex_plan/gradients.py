@@ -27,13 +27,6 @@ from migrate.step_model.vocabulary import reads_gradients_in
 from migrate.tree_walk import descendants
 
 
-def _shared_loop(graph: Graph, first: cst.CSTNode, second: cst.CSTNode) -> cst.CSTNode | None:
-    """The innermost loop around both statements (None: the function): the iteration they share."""
-    around = graph.loops_around(second)
-    shared = [loop for loop in graph.loops_around(first) if any(loop is other for other in around)]
-    return shared[-1] if shared else None
-
-
 class GradientPlanning(Step):
     """Gradients read between the scaled backward and the step, and ``amp.master_params``.
 
@@ -237,7 +230,7 @@ class GradientPlanning(Step):
         after it adds scaled gradients to unscaled ones)."""
         if not graph.holds(reader) or not targets:
             return False
-        within = _shared_loop(graph, reader, targets[0])
+        within = graph.shared_loop(reader, targets[0])
         return graph.always_reaches(reader, targets, within) and not graph.may_pass(
             reader, targets, lambda node: self._scales_at(node, scale), within)
 
@@ -255,7 +248,7 @@ class GradientPlanning(Step):
         backward, before the step: one that a way from the backward reaches, and no way on from a step."""
         if not (graph.holds(scale.statement) and targets):
             return None
-        within = _shared_loop(graph, scale.statement, targets[0])
+        within = graph.shared_loop(scale.statement, targets[0])
         after_a_step = {id(node) for target in targets for node in graph.reached(target, [], within)}
         for last, edge in graph.ways_out(scale.statement, targets, within):
             if edge is Edge.JUMP and id(last) not in after_a_step:

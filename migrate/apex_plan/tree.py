@@ -208,7 +208,15 @@ class FileTree:
         return top
 
     def exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
-        """Whether the two sit in different branches of one ``if``, so never run in the same pass."""
+        """Whether the two never run in the same pass: in one function, neither reaches the other
+        within the iteration they share (different arms of an ``if``; an arm that ends the
+        iteration, ``if warmup: loss.backward(); opt.step(); continue``, and what follows it);
+        elsewhere, in different branches of one ``if``."""
+        a, b = self.statement(first), self.statement(second)
+        graph = self.control_flow(a, exceptions=True)
+        if a is not b and graph.holds(a) and graph.holds(b):
+            within = graph.shared_loop(a, b)
+            return not graph.can_reach(a, b, within) and not graph.can_reach(b, a, within)
         child, node = first, self.parent.get(id(first))
         while node is not None:
             if isinstance(node, cst.If) and self.inside(second, node) and not self.inside(second, child):

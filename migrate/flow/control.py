@@ -150,6 +150,16 @@ class Graph:
             pending += [next_node for next_node, _ in self.successors(node)]
         return [node for node in seen.values() if isinstance(node, cst.CSTNode)]
 
+    def can_reach(self, source: cst.CSTNode, target: cst.CSTNode, within: cst.CSTNode | None = None) -> bool:
+        """Whether some way from ``source`` runs ``target`` within the iteration of ``within``."""
+        return any(node is target for node, _ in self._onward(source, within, {id(target)}))
+
+    def shared_loop(self, first: cst.CSTNode, second: cst.CSTNode) -> cst.CSTNode | None:
+        """The innermost loop around both statements (None: the function): the iteration they share."""
+        around = self.loops_around(second)
+        shared = [loop for loop in self.loops_around(first) if any(loop is other for other in around)]
+        return shared[-1] if shared else None
+
     def may_pass(self, source: cst.CSTNode, targets: Iterable[cst.CSTNode], through: Callable[[cst.CSTNode], bool],
                  within: cst.CSTNode | None = None) -> bool:
         """Whether some way from ``source`` to one of ``targets``, within the iteration, runs a

@@ -42,6 +42,7 @@ class Features:
     between: str = "none"  # what runs after the clip before the step: none | aux_backward (a second
     #                        scaled backward, of an auxiliary loss) | parameter_loop (a loop over the
     #                        parameters that skips some with `continue`)
+    warmup: bool = False  # the first iterations take a plain backward and step, then `continue`
     backward_in: str = "loop"  # loop | helper (a trainer's `backward(loss)` method; for fp32 runs it
     #                            calls `loss.backward()` and returns early)
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
@@ -108,6 +109,7 @@ def features():
         finite_guard=st.booleans(),
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
+        warmup=st.booleans(),
         backward_in=st.sampled_from(["loop", "helper"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -199,6 +201,11 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body.append(f"{loss} = {loss} / ACCUMULATION")
         body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
                                      else "step % ACCUMULATION == ACCUMULATION - 1"))
+    if f.warmup:  # a plain step that ends the iteration, before the scaled path
+        plain_step = ([f"for {f.names[1]} in {s.optimizers}:", f"    {f.names[1]}.step()", f"    {f.names[1]}.zero_grad()"]
+                      if f.optimizers == "two" else [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"])
+        body += ["if step < 2:", f"    {loss}.backward()", *_indent(plain_step), f"    losses.append(float({loss}))",
+                 *(["    step += 1"] if f.loop == "while" else []), "    continue"]
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    scaled_loss.backward()"]

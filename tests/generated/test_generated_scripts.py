@@ -75,6 +75,18 @@ def test_the_flag_under_another_name(flag, backward_in, tmp_path):
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("accumulation", ["none", "plain"])
+def test_a_plain_warmup_step_that_ends_the_iteration(accumulation, tmp_path):
+    """``if step < 2: loss.backward(); opt.step(); continue`` before the scaled path: the plain
+    backward never runs in a pass with the scaled one, so the safe rewrite migrates the file."""
+    drawn = Features(loss="inline", loop="while", accumulation=accumulation, boundary="plus_one",
+                     clip="parameters", clip_at="boundary", flag="none", import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), warmup=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("clip", ["parameters", "master_params"])
 def test_a_clip_after_a_delayed_pass(clip, tmp_path):
     """apex clipped the still-scaled gradients of a ``delay_unscale=True`` pass at the bare
