@@ -60,10 +60,14 @@ class GradientPlanning(Step):
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
         if len(inner) == 1:
+            scaled = bool(passed)  # whether a backward pass ran on the way
             for siblings in reversed(inner[0]):
                 for sibling in siblings:
-                    if not passed and self.scales_again(sibling, None):
-                        found = []  # read before the backward pass: not between it and the step
+                    if self.scales_again(sibling, None):
+                        # read before any backward pass: not between one and the step; read
+                        # between two, it saw the first one's gradients
+                        found = found if scaled else []
+                        scaled = True
                     elif grad_readers.reads_grads(sibling):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or

@@ -202,9 +202,22 @@ class StepPlanning(Step):
             self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
         if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
             self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
+        condition = self.conditions.step_condition([], scale.call, wanted)
         for line, index in anywhere:
-            self.gradients.plan_grad_readers(scale, wanted, [], self.tree.function(line) or self.tree.module, [(line, index)], anywhere)
-        return [(line, index, self.conditions.step_condition([], scale.call, wanted)) for line, index in anywhere]
+            container = self.tree.function(line) or self.tree.module
+            guards = self._gradient_guards(*self._top_statement(container, line), [(line, index)], scale)
+            for guard in guards:
+                self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), condition)
+            self.gradients.plan_grad_readers(scale, wanted, [], container, [(line, index)], anywhere, guards=frozenset(map(id, guards)))
+        return [(line, index, condition) for line, index in anywhere]
+
+    def _top_statement(self, container: cst.CSTNode, line: cst.CSTNode) -> tuple[cst.CSTNode, list[cst.BaseStatement]]:
+        """The statement of ``container``'s own body holding ``line``, and those before it."""
+        node = line
+        while self.tree.parent.get(id(self.tree.parent.get(id(node)))) is not container and self.tree.parent.get(id(node)) is not container:
+            node = self.tree.parent[id(node)]
+        body = list(container.body.body if isinstance(container, cst.FunctionDef) else container.body)
+        return node, body[:body.index(node)] if node in body else []
 
     def _gradient_guards(self, sibling: cst.CSTNode, between: list[cst.BaseStatement],
                          found: list[tuple[cst.SimpleStatementLine, int]], scale: ScaleLossSite) -> list[cst.If]:

@@ -75,6 +75,20 @@ def test_the_flag_under_another_name(flag, backward_in, tmp_path):
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("accumulation, between, finite_guard", [
+    ("none", "aux_backward", False), ("plain", "aux_backward", False), ("plain", "none", True)])
+def test_the_scaled_backward_in_a_method_and_what_follows_it(accumulation, between, finite_guard, tmp_path):
+    """``self.backward(loss)`` holds ``amp.scale_loss``; the loop clips, then runs a second
+    scaled backward (the clip saw the first one's gradients, unscaled by apex), or steps only
+    ``if math.isfinite(norm)`` after an overflow (apex lowered the scale whichever way)."""
+    drawn = Features(loss="dict", loop="enumerate", accumulation=accumulation, boundary="minus_one",
+                     clip="parameters", clip_at="boundary", flag="none", import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
+                     backward_in="helper", between=between, finite_guard=finite_guard, overflow=finite_guard)
+    outcome = judge(drawn, tmp_path)
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("accumulation", ["none", "plain"])
 def test_a_plain_warmup_step_that_ends_the_iteration(accumulation, tmp_path):
     """``if step < 2: loss.backward(); opt.step(); continue`` before the scaled path: the plain
