@@ -90,8 +90,13 @@ class GradientPlanning(Step):
         if not readers:
             return
         if not all(follows for _, _, follows in readers):
-            clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
-            if all(clips):
+            # a clip in an arm that never runs with the scaled backward (the native or fp32 arm of
+            # `if native: ... elif apex: ... else: ...` after the same test) reads what it always read
+            found_clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
+            clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
+                     for found in found_clips]
+            clips = [kept for kept, found in zip(clips, found_clips) if found is None or kept]  # none left: not a reader
+            if clips and all(clips):
                 delayed = None
                 if self._may_delay_unscale(scale):
                     # apex left the gradients scaled on a `delay_unscale=True` pass: a clip there

@@ -224,6 +224,25 @@ class FileTree:
             child, node = node, self.parent.get(id(node))
         return False
 
+    def arm_tests(self, node: cst.CSTNode) -> frozenset[tuple[str, bool]]:
+        """The tests of the ``if`` arms around ``node`` and the value each has there: ``("fp16", True)``
+        in the body of ``if fp16:``, ``("fp16", False)`` in its ``elif`` and ``else`` arms. Only tests
+        that read the same each time they are evaluated (no calls)."""
+        found: set[tuple[str, bool]] = set()
+        child, parent = node, self.parent.get(id(node))
+        while parent is not None:
+            if isinstance(parent, cst.If) and child is not parent.test:
+                if nodes.is_pure(parent.test):
+                    found.add((nodes.code(parent.test), child is parent.body))
+            child, parent = parent, self.parent.get(id(parent))
+        return frozenset(found)
+
+    def never_together(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        """Whether an ``if`` test holds around one and fails around the other (``if fp16 and native:
+        ...`` and a later ``if fp16 and native: ... elif fp16 and apex:``), or ``exclusive``."""
+        tests = self.arm_tests(second)
+        return any((test, not value) in tests for test, value in self.arm_tests(first)) or self.exclusive(first, second)
+
     def in_handler(self, line: cst.CSTNode, scaled: cst.CSTNode) -> bool:
         node = self.parent.get(id(line))
         while node is not None and not isinstance(node, cst.FunctionDef):
