@@ -18,7 +18,9 @@ dependence: no import cycle):
   ``yield``).
 - ``tree``: ``FileTree``, the one walk that collects parents, names and apex references, then
   where a statement sits (its block, function, class, loop, branch) and whether it runs the
-  model, directly or through a helper of the file. Built once, only read after.
+  model, directly or through a helper of the file; the control-flow graph of each function
+  (``migrate.flow.control``, the one AMP101 asks too) for what follows what within an
+  iteration and what never runs together. Built once, only read after.
 - ``draft``: ``Draft``, the rewrite being written: replacements, lines put before statements,
   why it is unsafe, and the last steps that compose them. The only thing planning changes.
 - ``context``: ``Sites`` (the classified references), ``Context`` (tree, sites, setup, draft) and
