@@ -10,7 +10,6 @@ from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.optimizer_params import model_parameters
-from migrate.flow.control import Edge, Graph
 from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
@@ -23,6 +22,7 @@ from migrate.apex_plan.vocabulary import (
     Unplannable,
     alias_present,
 )
+from migrate.flow.control import Edge, Graph
 from migrate.step_model.vocabulary import reads_gradients_in
 from migrate.tree_walk import descendants
 
@@ -96,7 +96,9 @@ class GradientPlanning(Step):
             clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
                      for found in found_clips]
             clips = [kept for kept, found in zip(clips, found_clips) if found is None or kept]  # none left: not a reader
-            if clips and all(clips):
+            if not clips:
+                return  # every clip is in an arm the scaled backward never runs with
+            if all(clips):
                 delayed = None
                 if self._may_delay_unscale(scale):
                     # apex left the gradients scaled on a `delay_unscale=True` pass: a clip there
