@@ -35,6 +35,24 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        # the plain step runs where the scaled backward did not: `not (not own and amp)`
+        Valid(
+            "def train_step(model, optimizer, batch, scaler, own_scaler=None, amp=False):\n"
+            "    loss = model(batch)\n"
+            "    if own_scaler:\n"
+            "        own_scaler.scale(loss).backward()\n"
+            "    elif amp:\n"
+            "        scaler.scale(loss).backward()\n"
+            "    else:\n"
+            "        loss.backward()\n"
+            "    if own_scaler:\n"
+            "        own_scaler.step(optimizer)\n"
+            "    elif not own_scaler and amp:\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "    else:\n"
+            "        optimizer.step()\n"
+        ),
         Valid(
             "def train(model, optimizer, loader, scaler=None):\n"
             "    for x in loader:\n"

@@ -208,14 +208,16 @@ class Steps:
     @staticmethod
     def exclusive(first: Event, second: Event) -> bool:
         """Whether the two never run in one pass: they sit in different arms of one ``if``, or in
-        opposite arms of two ``if`` statements on the same flag (``if scaler:`` ... ``if scaler is None:``)."""
+        opposite arms of two ``if`` statements on the same flag (``if scaler:`` ... ``if scaler is None:``),
+        or one sits where a conjunction fails (``else:`` of ``if not loss_scaler and use_apex:``)
+        and every part of it holds around the other (``elif use_apex:`` of ``if loss_scaler:``)."""
         for a in first.arms():
             for b in second.arms():
                 if a.node is b.node and a.body != b.body:
                     return True
                 if a.node is not b.node and a.test == b.test and a.polarity != b.polarity and not a.modulo:
                     return True
-        return False
+        return _conjunction_fails(first, second) or _conjunction_fails(second, first)
 
     @staticmethod
     def runs_whenever(event: Event, *given: Event) -> bool:
@@ -307,6 +309,20 @@ class Steps:
             seeds += [(a.value, scope_of(a.frames)) for a in self.assignments if a.targets[0] in targets]
         return self._once(("values", through_calls),
                           lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
+
+
+def _conjunction_fails(one: Event, other: Event) -> bool:
+    """Whether ``one`` sits in the ``else`` arm of an ``if a and b:`` whose every part holds
+    where ``other`` runs (its arms, and the parts of the conjunctions whose body it is in)."""
+    holds = {(arm.test, arm.polarity) for arm in other.arms() if not arm.modulo}
+    holds |= {part for arm in other.arms() if arm.body and not arm.modulo for part in words.conjuncts(arm.node.test)}
+    for arm in one.arms():
+        if arm.body or arm.modulo:
+            continue
+        parts = words.conjuncts(arm.node.test)
+        if len(parts) > 1 and all(part in holds for part in parts):
+            return True
+    return False
 
 
 def _is_lightning_step(root: cst.CSTNode) -> bool:

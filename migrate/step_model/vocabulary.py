@@ -175,6 +175,15 @@ def joined_by(test: cst.BaseExpression, operator: type) -> set[str]:
     return found
 
 
+def conjuncts(test: cst.BaseExpression) -> list[tuple[str, bool]]:
+    """Each condition ``test`` joins with ``and``, normalised (``normalised_test``): for
+    ``not loss_scaler and use_apex_amp``, ``[("loss_scaler", False), ("use_apex_amp", True)]``."""
+    inner = test.with_changes(lpar=(), rpar=()) if getattr(test, "lpar", None) else test
+    if isinstance(inner, cst.BooleanOperation) and isinstance(inner.operator, cst.And):
+        return conjuncts(inner.left) + conjuncts(inner.right)
+    return [normalised_test(test)]
+
+
 def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
     """``x``, ``x is not None``, ``x is None``, ``not x``: the flag ``x`` and whether the arm runs when set."""
     polarity = True
