@@ -183,7 +183,6 @@ class Planner:
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
             merged_losses=any(site.merges_losses for site in (*inits, *scales)),
             level_guarded=init is not None and init.guard_level,
-            guard_test=nodes.code(hoist.test) if hoist is not None else None,
             guard_tests=flag_spellings(self.tree, hoist.test) if hoist is not None else frozenset(),
             model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
             receiver_calls=receiver_calls or (),

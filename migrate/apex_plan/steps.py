@@ -213,11 +213,9 @@ class StepPlanning(Step):
 
     def _top_statement(self, container: cst.CSTNode, line: cst.CSTNode) -> tuple[cst.CSTNode, list[cst.BaseStatement]]:
         """The statement of ``container``'s own body holding ``line``, and those before it."""
-        node = line
-        while self.tree.parent.get(id(self.tree.parent.get(id(node)))) is not container and self.tree.parent.get(id(node)) is not container:
-            node = self.tree.parent[id(node)]
         body = list(container.body.body if isinstance(container, cst.FunctionDef) else container.body)
-        return node, body[:body.index(node)] if node in body else []
+        top = next(node for node in (line, *self.tree.ancestors(line)) if any(node is s for s in body))
+        return top, body[:body.index(top)]
 
     def _gradient_guards(self, sibling: cst.CSTNode, between: list[cst.BaseStatement],
                          found: list[tuple[cst.SimpleStatementLine, int]], scale: ScaleLossSite) -> list[cst.If]:

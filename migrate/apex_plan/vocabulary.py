@@ -238,8 +238,8 @@ class Setup:
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
     merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated once per iteration
     level_guarded: bool = False  # a computed opt level is checked at run time
-    guard_test: str | None = None  # the flag the scaler is enabled by (`if args.fp16:` that held initialize)
-    guard_tests: frozenset[str] = frozenset()  # it, and the copies of its value (`self.fp16 = fp16`)
+    # the flag the scaler is enabled by (`if args.fp16:` that held initialize), and the copies of its value (`self.fp16 = fp16`)
+    guard_tests: frozenset[str] = frozenset()
     model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
     # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
     receiver_calls: tuple[tuple[str, cst.Call], ...] = ()

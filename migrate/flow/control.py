@@ -140,15 +140,7 @@ class Graph:
         """The statements that run after ``source`` and before one of ``targets`` on some way
         within the iteration of ``within``, in no particular order (``targets`` not included)."""
         stop = {id(target) for target in targets}
-        seen: dict[int, Node] = {}
-        pending = [node for node, _ in self.successors(source)]
-        while pending:
-            node = pending.pop()
-            if isinstance(node, _Sentinel) or not self._inside(node, within) or id(node) in stop or id(node) in seen:
-                continue
-            seen[id(node)] = node
-            pending += [next_node for next_node, _ in self.successors(node)]
-        return [node for node in seen.values() if isinstance(node, cst.CSTNode)]
+        return [node for node, _ in self._onward(source, within, stop) if id(node) not in stop and isinstance(node, cst.CSTNode)]
 
     def can_reach(self, source: cst.CSTNode, target: cst.CSTNode, within: cst.CSTNode | None = None) -> bool:
         """Whether some way from ``source`` runs ``target`` within the iteration of ``within``."""

@@ -7,7 +7,6 @@ micro-batches, so ``python -m ampshim compare`` can hold its rewrites to it.
 """
 from __future__ import annotations
 
-import textwrap
 from dataclasses import asdict, dataclass, replace
 
 from hypothesis import strategies as st
