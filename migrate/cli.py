@@ -189,6 +189,7 @@ def main(
             raise click.UsageError(str(error.strerror or error)) from error
         except api.Interrupted as stop:
             results, interrupted = stop.results, stop
+            _second_interrupt_exits()
         except KeyboardInterrupt:  # the second Ctrl-C
             click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
             ctx.exit(_INTERRUPTED)
@@ -217,6 +218,22 @@ def main(
         ctx.exit(_INTERRUPTED)
     code = _exit_code(results)
     ctx.exit(code & ~_FOUND if exit_zero else code)
+
+
+def _second_interrupt_exits() -> None:
+    """After the first Ctrl-C stopped the run, a second one while the summary is printed ends
+    the command at once with 130 (not Python's KeyboardInterrupt, which kills it by SIGINT)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(_signal, _frame) -> None:
+        raise SystemExit(_INTERRUPTED)
+
+    # Left in place to the end: the signal may come as the command returns, or as Python exits.
+    signal.signal(signal.SIGINT, stop)
 
 
 def _add_directives(results, quiet: bool) -> None:
