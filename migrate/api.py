@@ -188,15 +188,19 @@ _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it ou
 
 
 def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
-    """``options`` with the other half of each file holding one half of apex amp."""
+    """``options`` with the other half of each file holding one half of apex amp, and the names
+    other files import from each file that imports apex (``migrate.importers``)."""
     if not apex_texts:
         return options
-    from migrate import halves
+    from migrate import halves, importers
 
     partners = halves.partners(apex_texts, options.settings)
-    if not partners:
-        return options
-    return replace(options, partners={str(path): partner for path, partner in partners.items()})
+    exported = importers.imported_elsewhere(apex_texts)
+    return replace(
+        options,
+        partners={str(path): partner for path, partner in partners.items()},
+        imported_elsewhere={str(path): names for path, names in exported.items()},
+    )
 
 
 def _take(path: Path, verdict, results: dict, todo: dict, apex_texts: dict[Path, str]) -> None:

@@ -31,6 +31,7 @@ class Options:
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (glob, code prefixes)
     edits: bool = False  # give each fix its text edits (JSON, SARIF)
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
+    imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
 
 
 def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) -> FileResult | tuple[files.Source, str | None]:
@@ -93,6 +94,11 @@ def migrate_file(path: Path, source: files.Source, rules: tuple | None, options:
         from migrate.apex_plan.vocabulary import PARTNER
 
         options = replace(options, settings={**options.settings, PARTNER: partner})
+    exported = options.imported_elsewhere.get(str(path))
+    if exported:
+        from migrate.importers import SETTING
+
+        options = replace(options, settings={**options.settings, SETTING: exported})
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
     if not (write and result.changed):
         return result

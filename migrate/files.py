@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
 
-__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "read", "replace"]
+__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "project_root", "read", "replace"]
 
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
@@ -73,6 +73,19 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
                 files[root] = None
                 seen.add(inode)
     return Found(sorted(files), problems)
+
+
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def project_root(path: Path) -> Path:
+    """The project a file belongs to: the nearest folder up with a ``.git``, ``pyproject.toml``,
+    ``setup.py`` or ``setup.cfg``; else the file's own folder."""
+    folder = path.resolve().parent
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
+            return candidate
+    return folder
 
 
 _WHY = {

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import find
+from migrate.files import find, project_root
 from migrate.types import ImportChange
 
 __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
-_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
 _MOST_FILES_SEARCHED = 5000  # a search on disk looks at no more files than this
 
@@ -151,7 +150,7 @@ def on_disk(half: Half) -> Half | None:
     """The other half of ``half`` among the files of its project (the nearest folder up with a
     ``.git``, ``pyproject.toml`` or ``setup.py``; else its own folder), when exactly one pairs."""
     me = half.path.resolve()
-    found = [half, *(other for other in _halves_under(_project_root(half.path)) if other.path != me)]
+    found = [half, *(other for other in _halves_under(project_root(half.path)) if other.path != me)]
     pairing = pair(found).get(half.path)
     return pairing.other if pairing is not None else None
 
@@ -206,10 +205,3 @@ def _imported_halves(half: Half, imported: Import, others: list[Half], real: dic
 def _scaler_import(imported: Import, module: str) -> ImportChange:
     return ImportChange(module, SCALER, relative=imported.level)
 
-
-def _project_root(path: Path) -> Path:
-    folder = path.resolve().parent
-    for candidate in (folder, *folder.parents):
-        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
-            return candidate
-    return folder

@@ -7,6 +7,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import qualified_names
 from migrate.rule import ImportChange, Rule
 from migrate.types import Safety
@@ -41,6 +42,10 @@ class ApexRename(Rule):
 
     A call goes through ``native_call``; a use that is not a call (``isinstance``, a base class,
     an alias) becomes ``REFERENCES[name]`` when there is one, and is reported otherwise.
+
+    A name that another file of the project imports from this one (``migrate.importers``) stays
+    bound: its apex import becomes ``name = REFERENCES[target]``. Without a reference to bind it
+    to, its uses are only reported, so that the import, and the other file, keep working.
     """
 
     TRIGGERS = ("apex",)
@@ -56,6 +61,8 @@ class ApexRename(Rule):
         self._apex_imports: dict[str, list[ImportChange]] = {}  # the file's apex imports, by the name each binds
         self._pending: list[tuple[cst.CSTNode, str, NativeCall | NoFix]] = []  # decided once every use is known
         self._references: set[str] = set()  # targets also used outside calls
+        self._exported = frozenset(self.context.settings.get(IMPORTED_ELSEWHERE, ()))
+        self._exported_imports: dict[str, tuple[cst.ImportFrom, str]] = {}  # bound name -> its import, target
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
@@ -69,6 +76,15 @@ class ApexRename(Rule):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self._in_import += 1
+        if not self._exported or isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            imported = nodes.apex_import(node, alias)
+            if imported is not None and imported[0] in self._exported:
+                bound, change = imported
+                target = self._target_among(frozenset({f"{change.module}.{change.obj}"}))
+                if target is not None:
+                    self._exported_imports[bound] = (node, target)
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom) -> None:
         self._in_import -= 1
@@ -123,8 +139,9 @@ class ApexRename(Rule):
 
         An object built by the native class fails ``isinstance(x, ApexClass)``: where the file
         names the class outside calls, either every use is rewritten (with the least safe of their
-        safeties) or none is.
+        safeties) or none is. So do the uses of a name other files import from this one, and its import.
         """
+        self._keep_exported_names()
         for node, target, outcome in self._pending:
             together = [o for _, t, o in self._pending if t == target] if target in self._references else [outcome]
             if any(isinstance(o, NoFix) for o in together):
@@ -138,8 +155,42 @@ class ApexRename(Rule):
             replacement = nodes.parse_expression(outcome.source, self._module)
             self._fix(node, replacement, safety, f"Use `{outcome.source.split('(')[0]}`", why_unsafe)
 
+    def _keep_exported_names(self) -> None:
+        """Each name another file imports from this one: its import becomes ``name = <native>``
+        (as safe as its uses' fixes), or, where it cannot, its uses are not rewritten."""
+        for bound, (statement, target) in self._exported_imports.items():
+            uses = [(node, outcome) for node, t, outcome in self._pending if t == target and nodes.root_name(self._use(node)) == bound]
+            native = self.REFERENCES.get(target)
+            why_not = ""
+            if native is None:
+                why_not = "no single native name replaces it"
+            elif len(statement.names) != 1:
+                why_not = "its import line binds other names too"
+            elif any(isinstance(outcome, NoFix) for _, outcome in uses):
+                why_not = "another use of it in this file is not rewritten"
+            if why_not:
+                reason = f"another file of the project imports `{bound}` from this module, and {why_not}"
+                self._pending = [
+                    (node, t, NoFix(reason) if any(node is use for use, _ in uses) else outcome) for node, t, outcome in self._pending
+                ]
+                continue
+            unsafe = [outcome for _, outcome in uses if outcome.safety is Safety.UNSAFE]
+            self.report(
+                statement,
+                f"{self.MESSAGE}; another file of the project imports `{bound}` from this module",
+                replacement=cst.Assign([cst.AssignTarget(cst.Name(bound))], nodes.parse_expression(native, self._module)),
+                safety=Safety.UNSAFE if unsafe else Safety.SAFE,
+                fix_message=f"Bind `{bound}` to `{native}` for the modules that import it",
+                add_imports=(ImportChange("torch"),),
+                why_unsafe=unsafe[0].note if unsafe else "",
+            )
+
+    @staticmethod
+    def _use(node: cst.CSTNode) -> cst.CSTNode:
+        return node.func if isinstance(node, cst.Call) else node
+
     def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str, why_unsafe: str = "") -> None:
-        root = nodes.root_name(node.func if isinstance(node, cst.Call) else node)
+        root = nodes.root_name(self._use(node))
         self.report(
             node,
             replacement=replacement,

@@ -10,6 +10,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameP
 
 from migrate import apex_nodes as nodes
 from migrate import quiet
+from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
 from migrate.types import FixSafety, ImportChange, Safety
@@ -41,7 +42,9 @@ class ApexImport(Rule):
     Safe: a body of ``pass`` and constant assignments cannot raise, so the handlers never run;
     an unused import's only effect is importing apex (which patches nothing until it is called).
     Unsafe where other modules may import the name from this one: in a package's ``__init__.py``,
-    or marked ``# noqa: F401`` (kept on purpose). The rest is reported without a fix.
+    or marked ``# noqa: F401`` (kept on purpose). Where another file of the project does import
+    it from this one, it is only reported (the rename rules bind ``FusedLayerNorm`` and the other
+    classes with a native counterpart to it instead). The rest is reported without a fix.
 
     Options:
     None.
@@ -134,8 +137,13 @@ class ApexImport(Rule):
             self._used.update(self._in_strings.findall(text))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        exported = self.context.settings.get(IMPORTED_ELSEWHERE, ())
         for alias, bound, change, line in self._aliases:
             if bound in self._used:
+                continue
+            if bound in exported:
+                self.report(alias, f"`{_spelled(change)}` keeps the file depending on apex, and another file of the "
+                            f"project imports `{bound}` from this module: migrate that file's uses of it first")
                 continue
             reasons = []
             if PurePath(self.context.filename).name == "__init__.py":
@@ -164,10 +172,15 @@ class ApexImport(Rule):
         if not all(isinstance(line, cst.SimpleStatementLine) for line in statements):
             return
         smalls = [small for line in statements for small in line.body]
-        if not all(isinstance(s, cst.Pass) or _constant_flag(s) for s in smalls):
+        # An alias can raise AttributeError (not on the torch versions it is written for): only
+        # handlers that do not catch that may go with it.
+        narrow = all(h.type is not None and "Exception" not in nodes.code(h.type) for h in node.handlers)
+        if not all(isinstance(s, cst.Pass) or _constant_flag(s) or (narrow and _native_alias(s)) for s in smalls):
             return
-        flags = [s for s in smalls if not isinstance(s, cst.Pass)]
-        if flags and not any("apex" in name.lower() or "amp" in name.lower() for s in flags for name in _targets(s)):
+        flags = [s for s in smalls if _constant_flag(s)]
+        if flags and not any(map(_native_alias, smalls)) and not any(
+            "apex" in name.lower() or "amp" in name.lower() for s in flags for name in _targets(s)
+        ):
             return
         kept = [line for line in statements if not all(isinstance(s, cst.Pass) for s in line.body)]
         if node.orelse is not None:
@@ -282,6 +295,17 @@ def _constant_flag(small: cst.BaseSmallStatement) -> bool:
     if isinstance(value, cst.Name):
         return value.value in ("True", "False", "None")
     return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString))
+
+
+def _native_alias(small: cst.BaseSmallStatement) -> bool:
+    """``NAME = torch.<attributes>``, what a rewrite leaves of an apex import that other files
+    import from this one (``torch.nn.LayerNorm``): it cannot raise ``ImportError`` or ``NameError``."""
+    if not isinstance(small, cst.Assign) or not all(isinstance(t.target, cst.Name) for t in small.targets):
+        return False
+    value = small.value
+    while isinstance(value, cst.Attribute):
+        value = value.value
+    return isinstance(small.value, cst.Attribute) and isinstance(value, cst.Name) and value.value == "torch"
 
 
 def _targets(small: cst.Assign) -> list[str]:
