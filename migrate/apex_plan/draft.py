@@ -108,8 +108,9 @@ class Draft:
 
     def place_insertions(self, scaler: str | None) -> None:
         """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their
-        statements, keeping any fix inside them."""
-        for statement, lines in self.insert_before.values():
+        statements, keeping any fix inside them: innermost first, so that an outer statement's
+        lines (a disabled scaler before the epoch loop) keep those placed inside it (an ``unscale_``)."""
+        for statement, lines in sorted(self.insert_before.values(), key=lambda entry: -len(self.tree.ancestors(entry[0]))):
             own = self.replacements.get(id(statement))
             if own is not None:
                 replaced = own[1]

@@ -59,6 +59,7 @@ class GradientPlanning(Step):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
+        among_backwards: set[int] = set()  # readers in a statement that also scales (a loop of micro-batches)
         if len(inner) == 1:
             scaled = bool(passed)  # whether a backward pass ran on the way
             for siblings in reversed(inner[0]):
@@ -68,6 +69,9 @@ class GradientPlanning(Step):
                         # between two, it saw the first one's gradients
                         found = found if scaled else []
                         scaled = True
+                        if grad_readers.reads_grads(sibling):
+                            found.append((sibling, condition))
+                            among_backwards.add(id(sibling))
                     elif grad_readers.reads_grads(sibling):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
@@ -76,7 +80,10 @@ class GradientPlanning(Step):
         # out-of-memory retry loop) would make the next `unscale_` raise: that way counts too.
         graph = self.tree.control_flow(steps[0][0], exceptions=True)
         targets = [line for line, _ in every_step or steps if graph.holds(line)] + [g for g in self._guards(guards) if graph.holds(g)]
-        readers = [(reader, reader_condition, self._step_follows(graph, reader, targets, scale)) for reader, reader_condition in found]
+        # a reader in an arm that never runs with the scaled backward (the fp32 arm of `if fp16:`) reads what it always read
+        found = [(reader, condition) for reader, condition in found if not self.tree.never_together(reader, scale.statement)]
+        readers = [(reader, reader_condition, id(reader) not in among_backwards and self._step_follows(graph, reader, targets, scale))
+                   for reader, reader_condition in found]
         if len(inner) > 1 and any(grad_readers.reads_grads(s) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
         # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
@@ -95,6 +102,7 @@ class GradientPlanning(Step):
             found_clips = [grad_readers.scale_aware_clips(reader) for reader, _, _ in readers]
             clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
                      for found in found_clips]
+            conditions = [condition for (_, condition, _), kept, found in zip(readers, clips, found_clips) if found is None or kept]
             clips = [kept for kept, found in zip(clips, found_clips) if found is None or kept]  # none left: not a reader
             if not clips:
                 return  # every clip is in an arm the scaled backward never runs with
@@ -108,7 +116,7 @@ class GradientPlanning(Step):
                     reason = f"a clip runs after `amp.scale_loss(..., delay_unscale=...)`: {delayed}"
                     self.draft.unsafe.append(reason)
                     self.draft.marked_reasons.append(reason)
-                self._plan_scale_aware(scale, [call for calls in clips for call in calls], delayed)
+                self._plan_scale_aware(scale, [(call, condition) for calls, condition in zip(clips, conditions) for call in calls], delayed)
                 return
             self.draft.unsafe.append(
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
@@ -120,7 +128,7 @@ class GradientPlanning(Step):
         if condition is not None:
             line = f"if {condition}:\n" + textwrap.indent(line, "    ")
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
-        places = self._first_readers(first) if len(readers) == 1 else [first]
+        places = self._first_readers(first, scale.statement) if len(readers) == 1 else [first]
         for place in places:
             lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
@@ -171,15 +179,20 @@ class GradientPlanning(Step):
         delay = nodes.argument(scale.call, 4, "delay_unscale")
         return delay is not None and nodes.code(delay.value).strip() not in ("False", "0", "None")
 
-    def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[cst.Call], marker: str | None = None) -> None:
+    def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[tuple[cst.Call, str | None]], marker: str | None = None) -> None:
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);
-        ``marker``, where that is not how apex ran them, is left as a ``TODO(ampmigrate)`` on each."""
-        factor = f"{self.scaler_of(scale.call)}.get_scale()"
+        ``marker``, where that is not how apex ran them, is left as a ``TODO(ampmigrate)`` on each.
+        A clip's condition is the test the scaled backward ran under (``if use_amp:`` beside a plain
+        backward, with a scaler enabled either way): where it fails, the gradients are not scaled."""
+        scaled_by, tests = f"{self.scaler_of(scale.call)}.get_scale()", []
         if id(scale.call) in self.sites.alias_of:  # the receiver may be None where amp was off: scale 1
             alias = self.sites.alias_of[id(scale.call)]
-            factor = f"({alias}.get_scale() if {alias_present(alias)} else 1.0)"
+            scaled_by, tests = f"{alias}.get_scale()", [alias_present(alias)]
         masters = {id(call): call for call in self.sites.calls["master_params"]}
-        for clip in clips:
+        for clip, condition in clips:
+            when = [*tests, *([condition] if condition is not None and not condition.startswith("any(") else [])]
+            when = [f"({test})" if " " in test and len(when) > 1 else test for test in when]
+            factor = f"({scaled_by} if {' and '.join(when)} else 1.0)" if when else scaled_by
             params = clip.args[0].value if clip.args and clip.args[0].keyword is None else None
             generator = None
             if isinstance(params, cst.Call) and id(params) in masters:
@@ -197,8 +210,10 @@ class GradientPlanning(Step):
             self.draft.kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
                        f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
 
-    def _first_readers(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
-        """Where gradients are first read in each branch of ``statement`` (itself, unless it is an ``if``)."""
+    def _first_readers(self, statement: cst.BaseStatement, scaled: cst.CSTNode) -> list[cst.BaseStatement]:
+        """Where gradients are first read in each branch of ``statement`` (itself, unless it is an
+        ``if``), but in a branch that never runs with the scaled backward ``scaled`` (``else:`` of
+        a later ``if fp16:``)."""
         if not isinstance(statement, cst.If):
             return [statement]
         found, branch = [], statement
@@ -206,8 +221,8 @@ class GradientPlanning(Step):
             if isinstance(branch, cst.If) and grad_readers.reads_grads(branch.test) or not isinstance(branch.body, cst.IndentedBlock):
                 return [statement]
             first = next((s for s in branch.body.body if grad_readers.reads_grads(s)), None)
-            if first is not None:
-                found += self._first_readers(first)
+            if first is not None and not self.tree.never_together(first, scaled):
+                found += self._first_readers(first, scaled)
             if nodes.code(statement.test) in self.setup.guard_tests:
                 break  # past `if fp16:` the scaler is disabled: nothing to unscale
             branch = branch.orelse if isinstance(branch, cst.If) else None

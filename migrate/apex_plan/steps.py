@@ -1,6 +1,8 @@
 """``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -179,7 +181,7 @@ class StepPlanning(Step):
             owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
                 conditions.append(self.conditions.branch_condition(owner))
-            elif not isinstance(owner, TRANSPARENT):
+            elif not isinstance(owner, TRANSPARENT) and not self._accumulates(owner, wanted, conditions):
                 break
             while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
                 isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
@@ -210,6 +212,24 @@ class StepPlanning(Step):
                 self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), condition)
             self.gradients.plan_grad_readers(scale, wanted, [], container, [(line, index)], anywhere, guards=frozenset(map(id, guards)))
         return [(line, index, condition) for line, index in anywhere]
+
+    def _accumulates(self, loop: cst.CSTNode, wanted: str, conditions: list[str | None]) -> bool:
+        """Whether ``loop`` is an inner loop of backward passes that the step after it follows
+        (``for _ in range(accumulation): ... backward()`` then ``opt.step()``): no step of
+        ``wanted`` or ``return`` in it, and none of the tests climbed out of
+        (``elif use_apex_amp:``) assigned in it, so they hold after it as they did inside."""
+        if not isinstance(loop, (cst.For, cst.While)) or loop.orelse is not None:
+            return False
+        inside = list(descendants(loop))
+        if any(type(node) is cst.Return for node in inside):
+            return False
+        if any(type(node) is cst.SimpleStatementLine and any(is_step(small, wanted) for small in node.body) for node in inside):
+            return False
+        assigned = assigned_names(loop.body)
+        if isinstance(loop, cst.For):
+            assigned |= set(nodes.bound_texts(loop.target))
+        return not any(re.search(rf"(?<![\w.]){re.escape(name)}\b", condition)
+                       for name in assigned for condition in conditions if condition)
 
     def _top_statement(self, container: cst.CSTNode, line: cst.CSTNode) -> tuple[cst.CSTNode, list[cst.BaseStatement]]:
         """The statement of ``container``'s own body holding ``line``, and those before it."""

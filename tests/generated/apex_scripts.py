@@ -20,7 +20,8 @@ class Features:
     loss: str  # inline | helper | method (of the trainer) | arms (assigned in both arms of an if) |
     #            dict (the forward inside a dict of losses, summed on the next line)
     loop: str  # range | while | enumerate
-    accumulation: str  # none | delay_unscale | plain (scaled backward each micro-batch, no delay)
+    accumulation: str  # none | delay_unscale | plain (scaled backward each micro-batch, no delay) |
+    #                    inner_loop (the micro-batches in a loop of their own, the step after it)
     boundary: str  # how the accumulation boundary is spelled: plus_one | minus_one
     clip: str  # none | master_params | parameters
     clip_at: str  # with accumulation: boundary (before the step) | micro_batch (after each backward)
@@ -49,6 +50,8 @@ class Features:
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
     #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
     #                        default, passed by keyword) | closure (a `def train` inside main)
+    initialize_always: bool = False  # with a flag: `initialize` runs either way, the flag only picks
+    #                                  the scaled or the plain backward
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -83,6 +86,10 @@ def _coherent(f: Features) -> Features:
         f = replace(f, flag_copy=False)
     if f.holder != "function" or f.amp_via != "module":
         f = replace(f, loop_in="main")
+    if f.accumulation == "inner_loop":  # a `continue` there would end the micro-batch, not the step
+        f = replace(f, warmup=False)
+    if f.flag == "none" or f.amp_via == "attribute" or f.backward_in == "helper" or f.flag_copy:
+        f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
     return f
 
 
@@ -91,7 +98,7 @@ def features():
         Features,
         loss=st.sampled_from(["inline", "helper", "method", "arms", "dict"]),
         loop=st.sampled_from(["range", "while", "enumerate"]),
-        accumulation=st.sampled_from(["none", "delay_unscale", "plain"]),
+        accumulation=st.sampled_from(["none", "delay_unscale", "plain", "inner_loop"]),
         boundary=st.sampled_from(["plus_one", "minus_one"]),
         clip=st.sampled_from(["none", "master_params", "parameters"]),
         clip_at=st.sampled_from(["boundary", "micro_batch"]),
@@ -112,6 +119,7 @@ def features():
         backward_in=st.sampled_from(["loop", "helper"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
+        initialize_always=st.booleans(),
     ).map(_coherent)
 
 
@@ -178,7 +186,12 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     """One iteration, after the batch ``x, y`` is taken."""
     _, _, loss = f.names
     accumulate = f.accumulation != "none"
+    inner = f.accumulation == "inner_loop"
     body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
+    steps_body = body
+    if inner:  # the micro-batches' forward and backward in a loop of their own
+        steps_body += ["batch_x, batch_y = x, y"]
+        body = []
     if f.overflow:
         body += ["if step == 3:", '    x = x * float("inf")']
     if f.loss == "inline":
@@ -198,6 +211,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    {loss} = F.smooth_l1_loss(output, y)"]
     if accumulate:
         body.append(f"{loss} = {loss} / ACCUMULATION")
+    if accumulate and not inner:
         body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
                                      else "step % ACCUMULATION == ACCUMULATION - 1"))
     if f.warmup:  # a plain step that ends the iteration, before the scaled path
@@ -223,6 +237,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         clip.append(f"torch.nn.utils.clip_grad_norm_({s.model}.parameters(), 0.5)")
     at_micro_batch = accumulate and f.clip_at == "micro_batch"
     body += clip if at_micro_batch else []
+    if inner:
+        body = [*steps_body, "for x, y in zip(batch_x.chunk(ACCUMULATION), batch_y.chunk(ACCUMULATION)):", *_indent(body)]
     update = [] if at_micro_batch else clip + _between(f, s)
     if f.optimizers == "two":
         each = f.names[1]
@@ -236,7 +252,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         update += ["if math.isfinite(norm):", *_indent(stepping), "else:", *_indent(zeroing)]
     else:
         update += stepping
-    body += ["if boundary:", *_indent(update)] if accumulate else update
+    body += ["if boundary:", *_indent(update)] if accumulate and not inner else update
     if f.checkpoint:
         state = f"{s.amp}.state_dict()" + (f" if {s.mixed} else None" if s.mixed else "")
         handed = s.amp + (f" if {s.mixed} else None" if s.mixed and f.amp_via != "attribute" else "")
@@ -286,7 +302,7 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     held = optimizer + ("s" if f.optimizers == "two" else "")
     initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
     flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
-    return [f"if {flag}:", "    " + initialize] if s.use_amp else [initialize]
+    return [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
 
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:

@@ -141,3 +141,19 @@ def test_the_scaler_goes_to_the_training_function_as_a_parameter(loop_in, tmp_pa
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("flag, initialize_always", [("none", False), ("off", False), ("on", True), ("off", True)])
+@pytest.mark.parametrize("clip_at", ["boundary", "micro_batch"])
+def test_micro_batches_in_a_loop_of_their_own(flag, initialize_always, clip_at, tmp_path):
+    """The scaled backward in an inner loop over micro-batches, the step after it (seen in a GAN
+    trainer's generator step): the step keeps the test the backward ran under, as where the step
+    is beside it (stepping through an enabled scaler where nothing was scaled raised), and a
+    clip inside the inner loop, between two backward passes, is scale-aware, by the scale only
+    where the backward was scaled (``initialize`` either way, the flag picking the backward)."""
+    drawn = Features(loss="inline", loop="range", accumulation="inner_loop", boundary="plus_one",
+                     clip="parameters", clip_at=clip_at, flag=flag, import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), initialize_always=initialize_always)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)

@@ -184,3 +184,58 @@ def test_a_teachers_forward_and_an_opt_level_set_beside_initialize(tmp_path):
     for args in ([], ["--amp"]):
         comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=6, timeout=240)
         assert comparison.verdict == SAME, (args, comparison.difference)
+
+
+# `initialize` in a block of the epoch loop (a disabled scaler stands in before the loop), the
+# gradients clipped under `if fp16:` in each iteration: the `unscale_` planned inside the loop
+# was lost when the stand-in's line was placed before the loop
+INITIALIZED_IN_THE_EPOCH_LOOP = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    def main(args, epochs=2):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1)).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        x = torch.randn(16, 8, device="cuda")
+        y = x[:, 1:2] * 3
+        for epoch in range(epochs):
+            if args.fp16 and epoch == 0:
+                from apex import amp
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+            for _ in range(4):
+                loss = F.mse_loss(model(x), y)
+                if args.fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                if args.fp16:
+                    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 0.5)
+                else:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                optimizer.step()
+                optimizer.zero_grad()
+        return float(loss)
+
+
+    if __name__ == "__main__":
+        options = argparse.ArgumentParser()
+        options.add_argument("--fp16", action="store_true")
+        print(main(options.parse_args()))
+''')
+
+
+def test_an_unscale_inside_the_loop_a_stand_in_scaler_precedes(tmp_path):
+    result = migrate_source(INITIALIZED_IN_THE_EPOCH_LOOP, filename="train.py", unsafe_fixes=True)
+    assert result.new_source.count("scaler.unscale_(optimizer)") == 1, result.new_source
+    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
+    original.write_text(INITIALIZED_IN_THE_EPOCH_LOOP)
+    migrated.write_text(result.new_source)
+    for args in ([], ["--fp16"]):
+        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
+        assert comparison.verdict == SAME, (args, comparison.difference)
