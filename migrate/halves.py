@@ -80,6 +80,15 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
             other = on_disk(half)
             if other is not None:
                 result[half.path] = Partner(_shown(other.path), other.line)
+            elif (unpaired := in_package(half)) is not None:
+                # Its other half, joined at run time, cannot be rewritten: rewritten alone, this one
+                # would leave it calling apex amp half set up (`scale_loss` with `initialize` gone
+                # raises). Both stay, for a person to migrate together.
+                text = texts.get(unpaired.path) or _read(unpaired.path)
+                plan = plan_text(text, {**settings, PARTNER: Partner(_shown(half.path), half.line)}) if text else None
+                manual = plan.half.manual if plan is not None and plan.half is not None else "it does not parse, or holds both halves"
+                if manual:
+                    result[half.path] = Partner(_shown(unpaired.path), unpaired.line, HalfFacts(manual=f"{manual}; {UNPAIRED}"))
         elif half.role == INITIALIZE:
             scale = pairing.other
             placeholder = Partner(_shown(scale.path), scale.line, HalfFacts(scaler=SCALER), pairing.scaler_import)
@@ -153,6 +162,39 @@ def on_disk(half: Half) -> Half | None:
     found = [half, *(other for other in _halves_under(project_root(half.path)) if other.path != me)]
     pairing = pair(found).get(half.path)
     return pairing.other if pairing is not None else None
+
+
+UNPAIRED = "it is in the same package, and neither file imports the other: this one stays with it"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def in_package(half: Half) -> Half | None:
+    """An other half of ``half`` in the package that holds it (the outermost folder up with an
+    ``__init__.py``), the nearest, where ``on_disk`` pairs none: the model's module scaling the
+    loss, the trainer initializing, joined only at run time (the model object handed over).
+    None outside a package."""
+    package = _package(half.path)
+    if package is None:
+        return None
+    me = half.path.resolve()
+    others = [other for other in _halves_under(project_root(half.path))
+              if other.role != half.role and other.path != me and package in other.path.parents]
+    if not others:
+        return None
+    return max(others, key=lambda other: (len(os.path.commonpath([me, other.path])), -other.line))
+
+
+def _package(path: Path) -> Path | None:
+    folder, package = path.resolve().parent, None
+    while (folder / "__init__.py").exists():
+        package, folder = folder, folder.parent
+    return package
 
 
 @lru_cache(maxsize=8)

@@ -192,7 +192,11 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     if inner:  # the micro-batches' forward and backward in a loop of their own
         steps_body += ["batch_x, batch_y = x, y"]
         body = []
-    if f.overflow:
+    if f.overflow and inner:  # the last micro-batch only: apex lowered the scale at the overflowing
+        # backward pass, GradScaler at the update; from an earlier one, the later passes of the
+        # step would see apex's lowered scale (a difference docs/codemod.md accepts)
+        steps_body += ["if step == 3:", '    batch_x = torch.cat([batch_x[:8], batch_x[8:] * float("inf")])']
+    elif f.overflow:
         body += ["if step == 3:", '    x = x * float("inf")']
     if f.loss == "inline":
         body.append(f"{loss} = F.mse_loss({s.model}(x), y)")

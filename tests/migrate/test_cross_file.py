@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from migrate import halves
 from migrate.api import migrate_paths
 from migrate.types import ERROR_CODE
@@ -202,3 +204,36 @@ def test_a_run_in_workers_gives_the_results_of_a_run_in_one_process(tmp_path, mo
     assert "from engine import scaler, train_epoch" in results["train.py"].new_source  # paired
     assert results["latin.py"].error and results["broken.py"].diagnostics[0].code == ERROR_CODE
     assert results["notes.py"].diagnostics == () and results["book.ipynb"].diagnostics[0].code == "AMP002"
+
+
+def _package(root: Path, engine: str) -> Path:
+    """``lib/`` with a trainer that initializes and a models module that scales the loss, joined
+    at run time (the model object is handed over): neither file imports the other."""
+    package = root / "lib"
+    for folder in (package, package / "training", package / "models"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "__init__.py").write_text("")
+    (root / "setup.py").write_text("")
+    (package / "models" / "engine.py").write_text(engine)
+    (package / "training" / "trainer.py").write_text(TRAIN.format(options="").replace("from engine import train_epoch\n", "").replace(
+        '    torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, "last.pt")\n', ""))
+    return package
+
+
+@pytest.mark.parametrize("given", ["package", "trainer"])
+def test_an_initialize_half_stays_where_its_unpaired_other_half_cannot_be_rewritten(tmp_path, given):
+    """Rewritten alone, even unsafe, the initialize half lost its call while the other half (its
+    ``scale_loss`` takes ``**options``) kept calling apex's, which raises without ``initialize``."""
+    package = _package(tmp_path, ENGINE.replace("amp.scale_loss(loss, optimizer)", "amp.scale_loss(loss, optimizer, **options)").replace(
+        "def train_epoch(model, optimizer, loader):", "def train_epoch(model, optimizer, loader, **options):"))
+    trainer = package / "training" / "trainer.py"
+    results = migrate_paths([tmp_path] if given == "package" else [trainer], unsafe_fixes=True)
+    assert not any(result.changed for result in results)
+    result = next(result for result in results if result.filename.endswith("trainer.py"))
+    assert "its other half, " in _reasons(result) and "engine.py" in _reasons(result) and "neither file imports the other" in _reasons(result)
+
+
+def test_unpaired_halves_in_a_package_that_can_be_rewritten_keep_their_unsafe_rewrites(tmp_path):
+    _package(tmp_path, ENGINE)
+    results = _by_name(migrate_paths([tmp_path], unsafe_fixes=True))
+    assert results["engine.py"].changed and results["trainer.py"].changed
