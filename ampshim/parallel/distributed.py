@@ -78,8 +78,9 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     ``gradient_average=False``, pre-divided by ``gradient_predivide_factor``, reduced in fp32 with
     ``allreduce_always_fp32`` — through a communication hook), and
     ``disable_allreduce()``/``enable_allreduce()`` switch gradient synchronisation off and on.
-    ``message_size`` (elements) sets the native bucket size. ``delay_allreduce=True`` maps to
-    ``find_unused_parameters=True``, so parameters that get no gradient are tolerated as in apex.
+    ``message_size`` (elements) sets the native bucket size. Parameters that get no gradient are
+    tolerated as in apex, which bucketed only those the first backward pass reached (with
+    ``delay_allreduce``, whatever got one): ``find_unused_parameters=True`` either way.
     ``num_allreduce_streams``, ``allreduce_communicators``, ``allreduce_trigger_params``,
     ``retain_allreduce_buffers`` and ``prof`` are accepted for compatibility and have no effect.
 
@@ -92,7 +93,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     Args:
         module (torch.nn.Module): the model, already on this process's device.
         message_size (int, optional, default=10000000): bucket size in elements.
-        delay_allreduce (bool, optional, default=False): tolerate parameters without gradients.
+        delay_allreduce (bool, optional, default=False): accepted; the all-reduce overlaps backward.
         gradient_average (bool, optional, default=True): average (True) or sum (False) gradients.
         gradient_predivide_factor (float, optional, default=1.0): divide before the allreduce.
         allreduce_always_fp32 (bool, optional, default=False): allreduce fp16/bf16 buckets in fp32.
@@ -129,7 +130,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             warnings.filterwarnings("ignore", message=".*broadcast_buffers", category=FutureWarning)
             super().__init__(module, device_ids=None, broadcast_buffers=False,
                              bucket_cap_mb=message_size * element_size / 2 ** 20,
-                             find_unused_parameters=delay_allreduce)
+                             find_unused_parameters=True)
         self.message_size = message_size
         self.delay_allreduce = delay_allreduce
         self.gradient_average = gradient_average

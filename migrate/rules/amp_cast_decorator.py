@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
@@ -32,9 +33,10 @@ class AmpCastDecorator(ApexRename):
     on and runs the body with autocast off, as apex did. Safe on a plain function or method: apex
     cast its floating-point CUDA inputs where O1 was on and left its own ops to O1's casts, so the
     rewrite casts them at its entry where autocast is on (``if torch.is_autocast_enabled("cuda"):``)
-    and leaves its ops to autocast. Reported (not rewritten): ``promote_function``, the call form
-    ``f = amp.float_function(f)``, a function taking ``*args``/``**kwargs`` or with other
-    decorators; cast the inputs by hand there.
+    and leaves its ops to autocast. Safe on the call form ``nms = amp.float_function(_C.nms)``:
+    a function ``nms(*args, **kwargs)`` casting them the same way, then calling ``_C.nms``.
+    Reported (not rewritten): ``promote_function``, a decorated function taking
+    ``*args``/``**kwargs`` or with other decorators; cast the inputs by hand there.
 
     Options:
     None.
@@ -83,8 +85,30 @@ def scores(q, k):
     return q @ k.transpose(-1, -2)
 """,
         ),
-        Invalid("from apex import amp\nnms = amp.float_function(_C.nms)\n"),
+        Invalid(
+            "from apex import amp\nnms = amp.float_function(_C.nms)\n",
+            """import torch
+
+
+def nms(*args, **kwargs):
+    if torch.is_autocast_enabled("cuda"):  # as apex's amp.float_function did
+        args = [
+            t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            for t in args
+        ]
+        kwargs = {
+            key: t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            for key, t in kwargs.items()
+        }
+    return _C.nms(*args, **kwargs)
+""",
+        ),
+        Invalid("from apex import amp\nnms = amp.promote_function(_C.nms)\n"),
     ]
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        self._handled: set[int] = set()  # the call forms rewritten whole
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         params = node.params.params
@@ -138,6 +162,44 @@ def scores(q, k):
                     fix_message="Cast the inputs at the function's entry where autocast is on, as apex did",
                     add_imports=(ImportChange("torch"),), remove_imports=tuple(self._apex_imports.get(root or "", ())))
         return True
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        """The call form, ``nms = amp.float_function(_C.nms)``: a function of that name casting its
+        floating-point CUDA inputs where autocast is on, then calling the wrapped one, as apex's
+        wrapper did where O1 was on (its ops stay autocast's)."""
+        if len(node.body) != 1 or not isinstance(node.body[0], cst.Assign):
+            return
+        assign = node.body[0]
+        call = assign.value
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name) or not isinstance(call, cst.Call):
+            return
+        target = self._target(call.func)
+        if target not in _CASTS or len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+            return
+        self._funcs.add(id(call.func))
+        self._handled.add(id(call))
+        name, wrapped = assign.targets[0].target.value, nodes.code(call.args[0].value)
+        cast = {"torch.float16": "half", "torch.float32": "float", "torch.bfloat16": "bfloat16"}[_CASTS[target]]
+        tensor = f"t.{cast}() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t"
+        apex = nodes.code(call.func).split(".")[-1]
+        source = (f"def {name}(*args, **kwargs):\n"
+                  f'    if torch.is_autocast_enabled("cuda"):  # as apex\'s amp.{apex} did\n'
+                  f"        args = [\n            {tensor}\n            for t in args\n        ]\n"
+                  f"        kwargs = {{\n            key: {tensor}\n            for key, t in kwargs.items()\n        }}\n"
+                  f"    return {wrapped}(*args, **kwargs)\n")
+        function = nodes.with_leading(nodes.parse_statements(source, self._module)[0], node)
+        blank = sum(1 for line in function.leading_lines if line.comment is None)
+        if isinstance(self.get_metadata(ParentNodeProvider, node, None), cst.Module) and blank < 2 and self._module.body[0] is not node:
+            # a definition among statements: two blank lines above it
+            function = function.with_changes(leading_lines=[*[cst.EmptyLine()] * (2 - blank), *function.leading_lines])
+        root = nodes.root_name(call.func)
+        self.report(node, replacement=function, safety=Safety.SAFE,
+                    fix_message="Define a function casting the inputs where autocast is on, as apex's wrapper did",
+                    add_imports=(ImportChange("torch"),), remove_imports=tuple(self._apex_imports.get(root or "", ())))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if id(node) not in self._handled:
+            super().visit_Call(node)
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         return NoFix('native autocast has no registry: cast the inputs by hand inside `with torch.autocast("cuda", enabled=False):`')

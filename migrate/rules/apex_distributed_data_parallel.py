@@ -27,9 +27,13 @@ class ApexDistributedDataParallel(ApexRename):
     Fix safety:
     Safe. Options that only tune overlap (``message_size``, ``num_allreduce_streams``, ...) are
     dropped: the native class picks its own buckets, and the gradients are the same.
-    ``delay_allreduce=X`` becomes ``find_unused_parameters=X`` (dropped when ``False``): delaying
-    the all-reduce to the end of backward also let parameters go without a gradient, which torch's
-    DDP allows only so. Reported with options that change the maths or the buffers
+    The native class is given ``find_unused_parameters=True``: apex bucketed only the parameters
+    the first backward pass reached, so a parameter that never gets a gradient (a pooler the loss
+    does not use) was fine, where torch's DDP raises at the next iteration unless told to look
+    for one. Where every parameter gets a gradient each step, it can be dropped by hand: it costs
+    a walk of the graph each iteration. Buffers: torch's DDP copies rank 0's before each forward
+    where apex left each rank its own; rank 0's, which checkpoints save, are the same either way.
+    Reported with options that change the maths or the buffers
     (``gradient_predivide_factor``, ``allreduce_always_fp32``, ``shared_param``,
     ``retain_allreduce_buffers``, ...).
 
@@ -50,7 +54,7 @@ class ApexDistributedDataParallel(ApexRename):
     INVALID = [
         Invalid(
             "from apex.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(model)\n",
-            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model)\n",
+            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\n",
         ),
         Invalid(
             "import apex\n\nmodel = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)\nassert isinstance(model, apex.parallel.DistributedDataParallel)\n",
@@ -66,7 +70,7 @@ class ApexDistributedDataParallel(ApexRename):
         other = options - set(_OVERLAP_ONLY)
         if other:
             return without_native(other)
-        delay = nodes.argument(call, None, "delay_allreduce")
-        off = delay is None or nodes.code(delay.value) in ("False", "0")
-        kept = () if off else (f"find_unused_parameters={nodes.code(delay.value)}",)
-        return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=kept))
+        # apex bucketed only the parameters the first backward pass reached (with
+        # `delay_allreduce`, whatever got a gradient), so parameters that never get one were
+        # fine, where torch's DDP raises at the next iteration unless told to look for them.
+        return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=("find_unused_parameters=True",)))

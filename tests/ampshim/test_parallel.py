@@ -84,12 +84,14 @@ def _two_rank_worker(rank, init_file):
         for p, g0, g1 in zip(model.parameters(), *both):
             torch.testing.assert_close(p.grad, (g0 + g1) / 2)
 
-        # delay_allreduce tolerates parameters that get no gradient.
-        unused = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 2)})
-        unused.forward = lambda x: unused["used"](x)
-        model = DistributedDataParallel(unused, delay_allreduce=True)
-        for _ in range(2):
-            model(inputs[rank]).sum().backward()
+        # parameters that get no gradient are tolerated, delayed or not (apex bucketed only
+        # those the first backward pass reached)
+        for delay in (True, False):
+            unused = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 2)})
+            unused.forward = lambda x, unused=unused: unused["used"](x)
+            model = DistributedDataParallel(unused, delay_allreduce=delay)
+            for _ in range(2):
+                model(inputs[rank]).sum().backward()
 
         # Reducer: manual averaging of a module's grads.
         torch.manual_seed(rank)

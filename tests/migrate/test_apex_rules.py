@@ -2,6 +2,8 @@
 free names, the checkpoint helper, and safety decided per file."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -901,20 +903,63 @@ def test_comments_between_the_lines_of_initialize_go_above_the_scaler():
             'scaler = torch.amp.GradScaler("cuda")  # TODO: try O2 again\n') in output
 
 
-@pytest.mark.parametrize(("options", "native"), [
-    ("delay_allreduce=True", "find_unused_parameters=True"),
-    ("delay_allreduce=args.delay, message_size=2**22", "find_unused_parameters=args.delay"),
-    ("delay_allreduce=False, num_allreduce_streams=1", None),
-    ("message_size=10000000, prof=False", None),
+@pytest.mark.parametrize("options", [
+    "delay_allreduce=True", "delay_allreduce=args.delay, message_size=2**22", "delay_allreduce=False, num_allreduce_streams=1",
+    "message_size=10000000, prof=False",
 ])
-def test_apex_ddp_overlap_options_go_and_delay_allreduce_keeps_its_unused_parameters(options, native):
-    # Delaying the all-reduce to the end of backward also let parameters go without a gradient;
-    # torch's DDP allows that only with find_unused_parameters. The rest only tunes overlap.
+def test_apex_ddp_overlap_options_go_and_unused_parameters_stay_tolerated(options):
+    # apex bucketed only the parameters the first backward reached (or, delayed, whatever got a
+    # gradient): torch's DDP allows parameters without one only with find_unused_parameters.
     output, diagnostics = _migrate(f"import apex\nmodel = apex.parallel.DistributedDataParallel(model, {options})\n")
     [ddp] = [d for d in diagnostics if d.code == "AMP010"]
     assert ddp.fix.applicability is Safety.SAFE and ddp.applied
-    expected = f"model, {native}" if native else "model"
-    assert f"model = torch.nn.parallel.DistributedDataParallel({expected})\n" in output
+    assert "model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\n" in output
+
+
+_UNUSED_PARAMETER = """
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+from apex.parallel import DistributedDataParallel as DDP
+
+
+class WithPooler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.pooler = torch.nn.Linear(4, 4)  # computed, never reaches the loss
+
+    def forward(self, x):
+        hidden = self.body(x)
+        self.pooler(hidden)
+        return hidden
+
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+model = DDP(WithPooler())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print("trained")
+"""
+
+
+def test_apex_ddp_rewrite_trains_a_model_with_a_parameter_the_loss_never_uses(tmp_path):
+    """Run: before, the rewrite gave torch's DDP no `find_unused_parameters` and the second
+    iteration raised (apex's DDP trained such a model)."""
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not built in")
+    output, _ = _migrate(_UNUSED_PARAMETER)
+    assert "from apex" not in output
+    script = tmp_path / "train.py"
+    script.write_text(output)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "trained" in run.stdout, run.stderr[-2000:]
 
 
 def test_apex_ddp_options_that_change_the_maths_are_named_plainly():
