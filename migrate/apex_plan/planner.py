@@ -39,6 +39,7 @@ from migrate.apex_plan.vocabulary import (
     ScaleLossSite,
     Setup,
     Unplannable,
+    either,
 )
 from migrate.rule import ImportChange, Report
 from migrate.types import Safety
@@ -224,6 +225,8 @@ class Planner:
             last_in_block = {id(self.tree.parent[id(line)]): (id(line), index) for line, index, _ in found}
             for line, index, condition in found:
                 entry = stepped.setdefault(id(line), (line, {}, condition))
+                if entry[2] != condition:  # two scaled backward passes in different arms step it
+                    entry = stepped[id(line)] = (line, entry[1], either(entry[2], condition))
                 last = last_in_block[id(self.tree.parent[id(line)])] == (id(line), index) and not steps.under_gradient_guard(line)
                 entry[1][index] = entry[1].get(index, False) or last
         for line, updates, condition in stepped.values():

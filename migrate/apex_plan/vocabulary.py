@@ -283,6 +283,19 @@ def negated(expression: cst.BaseExpression) -> str:
     return f"not {grouped(expression)}"
 
 
+def either(first: str | None, second: str | None) -> str | None:
+    """The test under which a step that either of two scaled backward passes leads to goes
+    through the scaler: None (always) where one has none, or the two are the arms of one test."""
+    if first is None or second is None:
+        return None
+    def is_not(negation: str, test: str) -> bool:
+        return normal(negation) in (f"not{normal(test)}", f"not({normal(test)})")
+
+    if is_not(first, second) or is_not(second, first):
+        return None
+    return f"({first}) or ({second})"
+
+
 def grouped_text(text: str) -> str:
     return f"({text})" if " " in text and not text.startswith("not ") else text
 

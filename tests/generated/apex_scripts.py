@@ -52,6 +52,8 @@ class Features:
     #                        default, passed by keyword) | closure (a `def train` inside main)
     initialize_always: bool = False  # with a flag: `initialize` runs either way, the flag only picks
     #                                  the scaled or the plain backward
+    alternate: bool = False  # with micro-batches in a loop of their own: on odd steps the whole batch
+    #                          in one scaled backward instead, in the other arm of an `if`
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -88,6 +90,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, loop_in="main")
     if f.accumulation == "inner_loop":  # a `continue` there would end the micro-batch, not the step
         f = replace(f, warmup=False)
+    else:
+        f = replace(f, alternate=False)
     if f.flag == "none" or f.amp_via == "attribute" or f.backward_in == "helper" or f.flag_copy:
         f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
     return f
@@ -120,6 +124,7 @@ def features():
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
         initialize_always=st.booleans(),
+        alternate=st.booleans(),
     ).map(_coherent)
 
 
@@ -242,7 +247,10 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     at_micro_batch = accumulate and f.clip_at == "micro_batch"
     body += clip if at_micro_batch else []
     if inner:
-        body = [*steps_body, "for x, y in zip(batch_x.chunk(ACCUMULATION), batch_y.chunk(ACCUMULATION)):", *_indent(body)]
+        micro = ["for x, y in zip(batch_x.chunk(ACCUMULATION), batch_y.chunk(ACCUMULATION)):", *_indent(body)]
+        if f.alternate:  # the same lines for the whole batch in the other arm
+            micro = ["if step % 2 == 0:", *_indent(micro), "else:", "    x, y = batch_x, batch_y", *_indent(body)]
+        body = [*steps_body, *micro]
     update = [] if at_micro_batch else clip + _between(f, s)
     if f.optimizers == "two":
         each = f.names[1]

@@ -157,3 +157,18 @@ def test_micro_batches_in_a_loop_of_their_own(flag, initialize_always, clip_at, 
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("flag", ["none", "off"])
+@pytest.mark.parametrize("clip", ["none", "parameters"])
+def test_a_scaled_backward_in_each_arm_one_in_a_loop_of_micro_batches(flag, clip, tmp_path):
+    """Even steps scale the micro-batches' losses in a loop of their own, odd steps the whole
+    batch's in the other arm: the step after both goes through the scaler either way (it took
+    the first arm's test, and the other arm's steps went plain, without the update: the next
+    ``unscale_`` raised)."""
+    drawn = Features(loss="inline", loop="range", accumulation="inner_loop", boundary="plus_one",
+                     clip=clip, clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), alternate=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
