@@ -198,6 +198,9 @@ class AutocastPlanning(Step):
             self.draft.unsafe_at(inner[0], f"the file's own `autocast` at line {self.tree.line(inner[0])} is inside the region: "
                                "there native autocast follows it, where apex's casts did not")
         enabled = f", enabled={self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled else ""
+        arms = self._arms_condition(scale, statements)
+        if arms is not None:
+            enabled = f"{enabled} and {grouped_text(arms)}" if enabled else f", enabled={arms}"
         if self.setup.in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):
             # then there is no scaler, and apex was not on either.
@@ -211,6 +214,39 @@ class AutocastPlanning(Step):
         self.draft.kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
         self._move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
         self.draft.regions.add(id(first))
+
+    def _arms_condition(self, scale: ScaleLossSite, statements: list[cst.BaseStatement]) -> str | None:
+        """In a file that scales the loss but initializes nothing (``initialize`` is elsewhere, its
+        flag unseen): the test of the arms the scaled backward runs in below the region's block
+        (``elif not cfg.amp == "None":`` beside a native arm and a plain one), under which apex
+        had been initialized, as the file reads it. None where there is none, a test calls
+        something, a loop is on the way, or the region assigns what the test reads."""
+        if self.sites.calls["initialize"]:
+            return None
+        from migrate.apex_plan.conditions import StepConditions
+
+        region_block = self.tree.parent.get(id(statements[0]))
+        tests: list[str] = []
+        current: cst.CSTNode = scale.statement
+        while self.tree.parent.get(id(current)) is not region_block:
+            block = self.tree.parent.get(id(current))
+            owner = self.tree.parent.get(id(block))
+            if not isinstance(owner, (cst.If, cst.Else)):
+                return None
+            test = StepConditions(self.context).branch_condition(owner)
+            if test is None:
+                return None
+            tests.append(test)
+            while isinstance(owner, cst.Else) or isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If) \
+                    and self.tree.parent.get(id(owner)).orelse is owner:
+                owner = self.tree.parent.get(id(owner))
+            current = owner
+        if not tests:
+            return None
+        read = {name for test in tests for name in read_names(nodes.parse_expression(test, self.tree.module))}
+        if any(assigned_names(statement) & read for statement in statements):
+            return None
+        return " and ".join(grouped_text(test) for test in reversed(tests))
 
     def _under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
         """``with torch.autocast(...):`` holding ``statements``, with the lines that stood above the first."""

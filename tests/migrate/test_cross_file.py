@@ -237,3 +237,27 @@ def test_unpaired_halves_in_a_package_that_can_be_rewritten_keep_their_unsafe_re
     _package(tmp_path, ENGINE)
     results = _by_name(migrate_paths([tmp_path], unsafe_fixes=True))
     assert results["engine.py"].changed and results["trainer.py"].changed
+
+
+def test_a_scale_half_alone_runs_autocast_only_where_its_scaled_backward_does(tmp_path):
+    """``initialize`` is elsewhere, its flag unseen: the region is enabled by the test of the arms
+    the scaled backward runs in (a native arm, an apex one, a plain one), not on every run (the
+    default fp32 runs took an unscaled half-precision forward)."""
+    engine = (
+        "import torch\nfrom apex import amp\n\n\n"
+        "def train_epoch(model, optimizer, loader, cfg, scaler=None):\n"
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        if cfg.amp == 'native':\n"
+        "            scaler.scale(loss).backward()\n"
+        "        elif not cfg.amp == 'none':\n"
+        "            with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "                scaled_loss.backward()\n"
+        "        else:\n"
+        "            loss.backward()\n"
+        "        optimizer.step()\n"
+    )
+    (tmp_path / "engine.py").write_text(engine)
+    result, = migrate_paths([tmp_path / "engine.py"], unsafe_fixes=True)
+    migrated = (tmp_path / "engine.py").read_text()
+    assert result.changed and "enabled=not (cfg.amp == 'native') and not cfg.amp == 'none'" in migrated, migrated
