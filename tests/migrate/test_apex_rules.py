@@ -1088,3 +1088,26 @@ def test_a_cast_decorator_on_a_plain_function_casts_its_floating_cuda_inputs_at_
         got = got if isinstance(got, tuple) else (got,)
         expected = [cast if enabled and n != names[-1] else inputs[n].dtype for n in names]
         assert [t.dtype for t in got] == expected
+
+
+@pytest.mark.parametrize("imported", ["from timm.utils import ApexScaler", "from timm.utils import *",
+                                      "from timm.utils import ApexScaler as Scaler"])
+def test_timms_apex_scaler_keeps_initialize_where_it_is(imported):
+    """timm's ``ApexScaler()`` calls ``amp.scale_loss`` itself: with ``initialize`` rewritten
+    away, every mixed-precision step raised (even unsafe). The file is only reported."""
+    scaler = "Scaler" if " as " in imported else "ApexScaler"
+    source = textwrap.dedent(f"""\
+        from apex import amp
+        {imported}
+
+
+        def setup(model, optimizer, use_amp):
+            loss_scaler = None
+            if use_amp == "apex":
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                loss_scaler = {scaler}()
+            return model, optimizer, loss_scaler
+        """)
+    result = migrate_source(source, filename="train.py", unsafe_fixes=True)
+    assert result.new_source == source
+    assert any("timm's `ApexScaler`" in d.message for d in result.diagnostics)
