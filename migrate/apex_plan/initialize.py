@@ -367,8 +367,12 @@ class InitializePlanning(Step):
         options = [arg.value for position, arg in enumerate(init.call.args)
                    if (arg.keyword is None and position >= 2) or (arg.keyword is not None and arg.keyword.value not in ("models", "optimizers"))]
         reads_block = any(set_before & read_names(option) for option in options)  # the scaler is made from the options
+        # `if dynamic: initialize(...) else: initialize(..., loss_scale=s)`: the test picks the
+        # options, not whether apex ran; a scaler enabled by it would be off in the other arm
+        other_arm = isinstance(owner, cst.If) and owner.orelse is not None and any(
+            self.tree.inside(call, owner.orelse) for call in self.sites.calls["initialize"])
         if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self.tree.changes_its_test(owner)
-                and not self.tree.in_loop(owner) and not reads_block):
+                and not self.tree.in_loop(owner) and not reads_block and not other_arm):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner, stand_in, False

@@ -239,3 +239,56 @@ def test_an_unscale_inside_the_loop_a_stand_in_scaler_precedes(tmp_path):
     for args in ([], ["--fp16"]):
         comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
         assert comparison.verdict == SAME, (args, comparison.difference)
+
+
+# `initialize` in both arms of `if dynamic:` (options differ) under `if fp16:`: the scaler was
+# made before the inner `if`, enabled by its test, inside `if fp16:` only, and autocast asked it
+# on every run (UnboundLocalError in the default fp32 run)
+INITIALIZE_IN_BOTH_ARMS = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    def run(options):
+        torch.manual_seed(2)
+        net = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 1)).cuda()
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        if options.fp16:
+            if options.loss_scale == 0:
+                net, opt = amp.initialize(net, opt, opt_level="O1", loss_scale="dynamic", verbosity=0)
+            else:
+                net, opt = amp.initialize(net, opt, opt_level="O1", loss_scale=options.loss_scale, verbosity=0)
+        inputs = torch.randn(24, 6, device="cuda")
+        targets = inputs.sum(dim=1, keepdim=True)
+        for _ in range(6):
+            loss = (net(inputs) - targets).abs().mean()
+            if options.fp16:
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+            else:
+                loss.backward()
+            opt.step(); opt.zero_grad()  # noqa: E702
+        return loss.item()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--fp16", action="store_true")
+        parser.add_argument("--loss_scale", type=float, default=0)
+        print(run(parser.parse_args()))
+''')
+
+
+def test_initialize_in_both_arms_of_a_test_leaves_a_scaler_on_every_path(tmp_path):
+    result = migrate_source(INITIALIZE_IN_BOTH_ARMS, filename="train.py", unsafe_fixes=True)
+    assert MARKER in result.new_source
+    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
+    original.write_text(INITIALIZE_IN_BOTH_ARMS)
+    migrated.write_text(result.new_source)
+    for args in ([], ["--fp16"]):  # the default fp32 run, and the dynamic scale
+        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=6, timeout=240)
+        assert comparison.verdict == SAME, (args, comparison.difference)
