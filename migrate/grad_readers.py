@@ -72,7 +72,14 @@ def _grad_calls(statement: cst.CSTNode) -> list[cst.Call]:
         name = name.lower()
         return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
 
-    return [call for call in _outside_definitions(statement, cst.Call) if reads(nodes.call_name(call))]
+    def clipper(call: cst.Call) -> bool:
+        """A method of something named a clipper: ``grad_clipper.step(params)``."""
+        receiver = call.func.value if type(call.func) is cst.Attribute else None
+        while type(receiver) is cst.Attribute:
+            receiver = receiver.attr
+        return type(receiver) is cst.Name and "clip" in receiver.value.lower()
+
+    return [call for call in _outside_definitions(statement, cst.Call) if reads(nodes.call_name(call)) or clipper(call)]
 
 
 def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:

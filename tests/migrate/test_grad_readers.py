@@ -118,3 +118,21 @@ for x in loader:
             "  # noqa: AMP101\n"
             "    scaler.step(optimizer)\n") in result.new_source
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
+
+
+@pytest.mark.parametrize("statement, reads", [
+    ("grad_clipper.step(amp.master_params(optimizer))", True),
+    ("self.clipper.clip(model.parameters())", True),
+    ("gradClipper.step(model.parameters())", True),
+    ("self.grad_scaler.step(optimizer)", False),
+    ("scheduler.step()", False),
+])
+def test_a_method_of_a_clipper_reads_gradients(statement, reads):
+    """A project's own clipper (``GradientClipper(max_grad_norm=1.0).step(params)``) read the
+    gradients apex had unscaled: left before the step with no ``unscale_`` or marker, it clipped
+    the scaled ones (the update then ~1/65536 of apex's). A scaler named ``grad_...`` is no reader."""
+    import libcst as cst
+
+    from migrate import grad_readers
+
+    assert grad_readers.reads_grads(cst.parse_module(statement + "\n").body[0]) is reads
