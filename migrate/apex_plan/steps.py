@@ -27,6 +27,7 @@ from migrate.apex_plan.vocabulary import (
     TRANSPARENT,
     ScaleLossSite,
     Unplannable,
+    either,
     normal,
 )
 from migrate.rule import Replacement
@@ -175,7 +176,7 @@ class StepPlanning(Step):
                 condition = self.conditions.step_condition(conditions, scale.call, wanted)
                 guards = self._gradient_guards(sibling, between, found, scale)
                 for guard in guards:
-                    self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), condition)
+                    self._guard_updates(guard, scale, condition)
                 self.gradients.plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
                 return [(line, index, condition) for line, index in found]
             owner = self.tree.parent.get(id(block))
@@ -209,9 +210,16 @@ class StepPlanning(Step):
             container = self.tree.function(line) or self.tree.module
             guards = self._gradient_guards(*self._top_statement(container, line), [(line, index)], scale)
             for guard in guards:
-                self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), condition)
+                self._guard_updates(guard, scale, condition)
             self.gradients.plan_grad_readers(scale, wanted, [], container, [(line, index)], anywhere, guards=frozenset(map(id, guards)))
         return [(line, index, condition) for line, index in anywhere]
+
+    def _guard_updates(self, guard: cst.If, scale: ScaleLossSite, condition: str | None) -> None:
+        """The scaler's ``update()`` after a gradient guard, under the test of the scaled backward
+        passes that lead to it (both arms': either)."""
+        known = self.draft.gradient_guards.get(id(guard))
+        merged = condition if known is None else either(known[2], condition)
+        self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), merged)
 
     def _accumulates(self, loop: cst.CSTNode, wanted: str, conditions: list[str | None]) -> bool:
         """Whether ``loop`` is an inner loop of backward passes that the step after it follows

@@ -285,15 +285,51 @@ def negated(expression: cst.BaseExpression) -> str:
 
 def either(first: str | None, second: str | None) -> str | None:
     """The test under which a step that either of two scaled backward passes leads to goes
-    through the scaler: None (always) where one has none, or the two are the arms of one test."""
+    through the scaler: None (always) where one has none; the tests they share, where the rest
+    are the two arms of one test (``amp and even``, ``amp and not even``: ``amp``); else ``or``."""
     if first is None or second is None:
         return None
+    mine, theirs = conjuncts(first), conjuncts(second)
+    shared = [part for part in mine if normal(part) in {normal(other) for other in theirs}]
+    rest = [[part for part in parts if normal(part) not in {normal(other) for other in shared}] for parts in (mine, theirs)]
+
     def is_not(negation: str, test: str) -> bool:
         return normal(negation) in (f"not{normal(test)}", f"not({normal(test)})")
 
-    if is_not(first, second) or is_not(second, first):
-        return None
-    return f"({first}) or ({second})"
+    arms = len(rest[0]) == 1 and len(rest[1]) == 1 and (is_not(rest[0][0], rest[1][0]) or is_not(rest[1][0], rest[0][0]))
+    if not rest[0] or not rest[1] or arms:
+        return " and ".join(grouped_text(part) if len(shared) > 1 else part for part in shared) if shared else None
+    alternatives = " or ".join(f"({' and '.join(parts)})" for parts in rest)
+    return " and ".join([*(grouped_text(part) for part in shared), f"({alternatives})"]) if shared else alternatives
+
+
+def conjuncts(text: str) -> list[str]:
+    """The parts of ``a and (b or c) and not d`` joined by a top-level ``and``."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if depth == 0 and text.startswith(" and ", index):
+            parts.append(text[start:index])
+            start = index + len(" and ")
+    parts.append(text[start:])
+    return [normal_parens(part) for part in parts]
+
+
+def normal_parens(text: str) -> str:
+    """``text`` without parentheses around the whole of it."""
+    text = text.strip()
+    while text.startswith("(") and text.endswith(")") and _closes_at_end(text):
+        text = text[1:-1].strip()
+    return text
+
+
+def _closes_at_end(text: str) -> bool:
+    depth = 0
+    for index, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth == 0 and index < len(text) - 1:
+            return False
+    return True
 
 
 def grouped_text(text: str) -> str:

@@ -172,3 +172,18 @@ def test_a_scaled_backward_in_each_arm_one_in_a_loop_of_micro_batches(flag, clip
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("drawn", [
+    # `self.amp` None when off, two optimizers stepped in a loop: the step's test is what both
+    # arms share (`self.amp is not None`), not an `or` of the two the lint then misread
+    Features(loss="dict", loop="enumerate", accumulation="inner_loop", boundary="plus_one", clip="parameters",
+             clip_at="boundary", flag="off", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+             holder="method", amp_via="attribute", optimizers="two", checkpoint=True, flag_copy=True, alternate=True),
+    # the update after a test of the clipped norm takes either arm's test, not the last one's
+    Features(loss="inline", loop="range", accumulation="inner_loop", boundary="minus_one", clip="parameters",
+             clip_at="boundary", flag="on", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+             holder="method", checkpoint=True, finite_guard=True, flag_copy=True, alternate=True),
+], ids=["attribute-two-optimizers", "finite-guard"])
+def test_both_arms_scaled_with_what_follows_the_step(drawn, tmp_path):
+    assert_rewrites_hold(judge(drawn, tmp_path))
