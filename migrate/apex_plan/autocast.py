@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import (
     SUSPENDS,
@@ -223,8 +224,6 @@ class AutocastPlanning(Step):
         something, a loop is on the way, or the region assigns what the test reads."""
         if self.sites.calls["initialize"]:
             return None
-        from migrate.apex_plan.conditions import StepConditions
-
         region_block = self.tree.parent.get(id(statements[0]))
         tests: list[str] = []
         current: cst.CSTNode = scale.statement
