@@ -193,6 +193,8 @@ def main(
         except KeyboardInterrupt:  # the second Ctrl-C
             click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
             ctx.exit(_INTERRUPTED)
+        else:
+            _second_interrupt_exits()  # a Ctrl-C that comes once the files are done, as the summary prints
 
     if add_noqa:
         _add_directives(results, quiet)
@@ -221,8 +223,9 @@ def main(
 
 
 def _second_interrupt_exits() -> None:
-    """After the first Ctrl-C stopped the run, a second one while the summary is printed ends
-    the command at once with 130 (not Python's KeyboardInterrupt, which kills it by SIGINT)."""
+    """Once the run is over (stopped by a first Ctrl-C, or done), a Ctrl-C while the summary is
+    printed ends the command at once with 130 (not Python's KeyboardInterrupt, which kills it by
+    SIGINT)."""
     import signal
     import threading
 
