@@ -217,9 +217,22 @@ def main(
             + "; run again to finish.",
             err=True,
         )
+        _ignore_late_interrupts()
         ctx.exit(_INTERRUPTED)
     code = _exit_code(results)
+    _ignore_late_interrupts()
     ctx.exit(code & ~_FOUND if exit_zero else code)
+
+
+def _ignore_late_interrupts() -> None:
+    """Everything is written and printed: a Ctrl-C from here on is ignored, as the command is
+    returning anyway. Python puts back the default handler of a signal it handles as it exits,
+    and a Ctrl-C then killed the process by SIGINT instead of exiting with its code."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _second_interrupt_exits() -> None:
