@@ -5,6 +5,7 @@ from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
+from migrate import line_wrap
 from migrate.tree_walk import children, descendants, kept_per_tree
 from migrate.types import ImportChange
 
@@ -223,7 +224,7 @@ def _comments(nodes: Sequence[cst.CSTNode]) -> Iterator[cst.Comment]:
 
 def line_limit(module: cst.Module) -> int:
     """How long a line a fix may write in ``module``: its longest, or 88 if that is shorter."""
-    return max(88, max((len(line) for line in module.code.splitlines()), default=0))
+    return line_wrap.line_limit(module.code)
 
 
 def one_argument_a_line(call: cst.Call, indent: str) -> cst.Call:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
-from migrate import import_changes, noqa, quiet
+from migrate import import_changes, line_wrap, noqa, quiet
 from migrate.metadata import release, resolve
 from migrate.parsing import parse_module
 from migrate.positions import positions_by_statement
@@ -249,13 +249,14 @@ def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: b
 
     ``alone``: one fix of a file's several, for its edits (see ``import_changes.apply``).
     """
-    replacer = _Replacer(reports)
+    replacer, before = _Replacer(reports), module.code
     try:
         module = module.visit(replacer)
     except Exception as error:
         raise _RoundFailed(f"a fix could not be applied: {type(error).__name__}: {error}") from error
     applied = [report for report in reports if id(report) in replacer.applied]
-    return import_changes.apply(module, applied, filename, alone=alone).code
+    # the lines the fixes wrote past the file's limit are laid out as a formatter would
+    return line_wrap.fit_new_lines(before, import_changes.apply(module, applied, filename, alone=alone).code)
 
 
 class _Replacer(cst.CSTTransformer):

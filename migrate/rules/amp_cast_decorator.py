@@ -79,7 +79,9 @@ def scores(q, k):
 def scores(q, k):
     if torch.is_autocast_enabled("cuda"):  # as apex's @amp.float_function did
         q, k = (
-            t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            t.float()
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point()
+            else t
             for t in (q, k)
         )
     return q @ k.transpose(-1, -2)
@@ -93,11 +95,15 @@ def scores(q, k):
 def nms(*args, **kwargs):
     if torch.is_autocast_enabled("cuda"):  # as apex's amp.float_function did
         args = [
-            t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            t.float()
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point()
+            else t
             for t in args
         ]
         kwargs = {
-            key: t.float() if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t
+            key: t.float()
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point()
+            else t
             for key, t in kwargs.items()
         }
     return _C.nms(*args, **kwargs)

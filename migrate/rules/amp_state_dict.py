@@ -35,8 +35,7 @@ class AmpStateDict(PlannedApexRule):
     ]
     INVALID = [
         Invalid(
-            """import os
-from apex import amp
+            """from apex import amp
 
 model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
 amp.load_state_dict(checkpoint["amp"])
@@ -45,9 +44,9 @@ for x in loader:
     with amp.scale_loss(loss, optimizer) as scaled_loss:
         scaled_loss.backward()
     optimizer.step()
-save({"model": model.state_dict(), "amp": amp.state_dict()}, os.path.join(out, "last.pt"))
+save({"model": model.state_dict(), "amp": amp.state_dict()}, f"{out}/last.pt")
 """,
-            "import os\nimport torch\n"
+            "import torch\n"
             + HELPER_SOURCE
             + """
 
@@ -59,7 +58,7 @@ for x in loader:
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
-save({"model": model.state_dict(), "amp": scaler.state_dict()}, os.path.join(out, "last.pt"))
+save({"model": model.state_dict(), "amp": scaler.state_dict()}, f"{out}/last.pt")
 """,
         ),
         Invalid(

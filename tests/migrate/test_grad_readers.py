@@ -114,8 +114,9 @@ for x in loader:
 """, "train.py")
     assert ("    scaled_loss = scaler.scale(loss)\n    scaled_loss.backward()\n"
             "    # reads scaled gradients, as apex did inside amp.scale_loss\n"
-            '    torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), 1.0)'
-            "  # noqa: AMP101\n"
+            "    torch.nn.utils.clip_grad_norm_(  # noqa: AMP101\n"
+            '        (p for group in optimizer.param_groups for p in group["params"]), 1.0\n'
+            "    )\n"
             "    scaler.step(optimizer)\n") in result.new_source
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
 

@@ -757,7 +757,7 @@ def test_a_native_path_beside_apex_turns_its_own_autocast_on_for_the_apex_path_t
     new = result.new_source
     # One region, on for either path: a second one around it would be switched off by this one.
     assert new.count("autocast(") == 1
-    assert "enabled=(args.amp == 'native') or grad_scaler.is_enabled())" in new
+    assert "enabled=(args.amp == 'native') or grad_scaler.is_enabled()\n        ):" in new
     assert 'grad_scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "apex")' in new
 
 
@@ -944,7 +944,9 @@ def test_a_step_after_a_nan_skip_goes_through_the_scaler_where_the_optimizer_hol
             optimizer.zero_grad()
     """, unsafe_fixes=True)
     assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
-    assert ('    if args.amp and any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):\n'
+    assert ("    if args.amp and any(\n"
+            '        p.grad is not None for group in optimizer.param_groups for p in group["params"]\n'
+            "    ):\n"
             "        scaler.step(optimizer)\n        scaler.update()\n    else:\n"
             "        # nothing was scaled on this path: a plain step, as apex did\n"
             "        optimizer.step()  # noqa: AMP102\n") in result.new_source
