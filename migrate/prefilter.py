@@ -48,10 +48,11 @@ __all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_wor
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
 PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "accelerator", "amp", "ampmigrate", "apex", "autocast", "deepspeed",
-                                    "fabric", "manual_backward", "model_engine", "noqa", "scaler", "training_step")
+                                    "fabric", "manual_backward", "model_engine", "noqa", "scaler", "train_batch",
+                                    "training_step")
 # The words only NEEDS_A_STEP rules read in a plain run (``step_words``); test_prefilter keeps it so.
 PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"accelerator", "autocast", "deepspeed", "fabric", "manual_backward",
-                                                  "model_engine", "scaler", "training_step"})
+                                                  "model_engine", "scaler", "train_batch", "training_step"})
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
 # ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:
@@ -67,10 +68,12 @@ APEX_FLAG_NAME = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)$"
 _APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)\s*=\s*True\b", re.I | re.M)
 _APEX_FLAG_SET_BYTES = re.compile(_APEX_FLAG_SET.pattern.encode(), re.I | re.M)
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
-_STEP_CALLS = frozenset({"backward", "step"})
+_STEP_CALLS = frozenset({"backward", "step", "train_batch"})  # DeepSpeed pipeline: one call
 # ...or timm's loss scaler, which runs both: ``loss_scaler(loss, optimizer, clip_grad=...)``.
 _SCALER_CALL = re.compile(r"scaler\s*\(", re.I)
 _SCALER_CALL_BYTES = re.compile(_SCALER_CALL.pattern.encode(), re.I)
+# A loss scaler's class (``NativeScaler``, ``GradScaler``), not scikit-learn's ``StandardScaler``.
+_LOSS_SCALER_CLASS = re.compile(r"(Grad|Loss|Amp|Native)\w*Scaler$")
 # What a float16 cast spells (``.half()``, ``.to(torch.float16)``, ``dtype="half"``): AMP108 reads these.
 _HALF_NAMES = frozenset({"half", "float16"})
 # apex and its compiled kernels, which AMP015 reports (``from amp_C import multi_tensor_l2norm``).
@@ -187,6 +190,8 @@ def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
             func = node.func
             called = func.id if type(func) is ast.Name else func.attr if type(func) is ast.Attribute else ""
             if called.lower().endswith("scaler") and len(node.args) >= 2:  # timm's `loss_scaler(loss, optimizer, ...)`
+                return True
+            if _LOSS_SCALER_CLASS.search(called):  # a loss scaler made (timm's `NativeScaler()`), for its checkpoint
                 return True
         elif kind is ast.Constant:
             if type(node.value) is str and (node.value == "apex" or node.value.startswith("apex.")

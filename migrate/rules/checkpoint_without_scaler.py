@@ -12,7 +12,7 @@ from migrate.rules._scaler_in_checkpoint import one_per_line, scaler_in_reach, w
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, StepModel, Steps
 from migrate.step_model.shapes import parameters_of
-from migrate.step_model.vocabulary import optimizer_like
+from migrate.step_model.vocabulary import makes_a_scaler, optimizer_like
 from migrate.tree_walk import descendants
 
 
@@ -137,6 +137,16 @@ class CheckpointWithoutScaler(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # the scaler's state in a checkpoint written as a `dict(...)` call
+            "def train(model, optimizer, loader, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "    state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict())\n"
+            "    torch.save(state, 'model.pth')\n"
+        ),
         Valid(  # handed a scaler, but the checkpoint is written by a function that is not
             "def train_epoch(model, optimizer, scaler, loader):\n"
             "    for x in loader:\n"
@@ -236,6 +246,27 @@ class CheckpointWithoutScaler(TrainingStepRule):
         Invalid(_HANDED_ON, _HANDED_ON.replace(_LAST_SAVE, _LAST_SAVE_FIXED)),
         Invalid(_IN_INIT, _IN_INIT.replace(_SELF_SAVE, _SELF_SAVE_FIXED)),
         Invalid(_TOP_LEVEL, _TOP_LEVEL.replace("'o': o.state_dict()}", "'o': o.state_dict(), 'scaler': scaler.state_dict()}")),
+        Invalid(  # the checkpoint's dict written as a call
+            "def train(model, optimizer, loader, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for epoch in range(args.epochs):\n"
+            "        for x in loader:\n"
+            "            scaler.scale(model(x)).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        state = dict(epoch=epoch + 1, model=model.state_dict(), optimizer=optimizer.state_dict())\n"
+            "        torch.save(state, args.exp_dir / 'model.pth')\n"
+        ),
+        Invalid(  # timm's NativeScaler, handed to the loop of another file; the best model's save forgets it
+            "from timm.utils import NativeScaler\n"
+            "from engine import train_one_epoch\n"
+            "\n"
+            "def main(args, model, optimizer, loader):\n"
+            "    loss_scaler = NativeScaler()\n"
+            "    for epoch in range(args.epochs):\n"
+            "        train_one_epoch(model, loader, optimizer, epoch, loss_scaler)\n"
+            "        save_on_master({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'best.pth')\n"
+        ),
         Invalid(  # made only when a flag is on: it may not exist where the checkpoint is written
             "def train(model, optimizer, loader, args):\n"
             "    if args.amp:\n"
@@ -260,8 +291,10 @@ class CheckpointWithoutScaler(TrainingStepRule):
             return  # `GradScaler(enabled=False)`: it scales nothing and keeps no state worth saving
         if not _used(model):
             return
+        # a scaler a factory makes in this file is this file's too (timm's `NativeScaler()`)
+        factory_made = any(type(node) is cst.Call and makes_a_scaler(node) for node in descendants(model.module))
         for steps, event in model.each(Kind.SAVE):
-            if not made and not self._handed_in(event.node, scalers):
+            if not made and not factory_made and not self._handed_in(event.node, scalers):
                 continue  # the scaler is made in another file: only a save beside its use is this file's
             entries = _entries(steps, event)
             if entries is None:
@@ -336,6 +369,11 @@ def _state_dicts(value: cst.BaseExpression) -> list[cst.Call]:
     return []
 
 
+def _dict_call(value: cst.BaseExpression) -> bool:
+    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict"
+            and all(arg.keyword is not None or arg.star == "**" for arg in value.args))
+
+
 def _optimizers_container(steps: Steps, key: cst.BaseExpression | None, value: cst.BaseExpression) -> bool:
     """Whether an entry keyed as an optimizer's holds a dict the function fills: the optimizers'
     states gathered by a loop (``state["optimizers"] = optimizer_states``)."""
@@ -353,14 +391,16 @@ def _entries(steps: Steps, event) -> list[tuple[cst.BaseExpression | None, cst.B
     name = None
     if isinstance(first, (cst.Name, cst.Attribute)):
         name = nodes.code(first)
-        bound = [a for a in steps.assigned(name) if isinstance(a.value, cst.Dict)]
+        bound = [a for a in steps.assigned(name) if isinstance(a.value, cst.Dict) or _dict_call(a.value)]
         if not bound:
             return None
         first = bound[-1].value
-    if not isinstance(first, cst.Dict):
+    if _dict_call(first):  # `dict(model=model.state_dict(), optimizer=optimizer.state_dict())`
+        found = [(cst.SimpleString(repr(arg.keyword.value)) if arg.keyword else None, arg.value) for arg in first.args]
+    elif isinstance(first, cst.Dict):
+        found = [(getattr(element, "key", None), element.value) for element in first.elements]
+    else:
         return None
-    found: list[tuple[cst.BaseExpression | None, cst.BaseExpression]] = [
-        (getattr(element, "key", None), element.value) for element in first.elements]
     if name is not None:
         found += [(cst.SimpleString(repr(target)), assignment.value) for assignment, target in steps.items_assigned(name)]
     return found

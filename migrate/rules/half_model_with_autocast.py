@@ -37,6 +37,18 @@ class HalfModelWithAutocast(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # a frozen module of a ModuleList in float16
+            "model = torch.nn.ModuleList([encoder, head]).cuda()\n"
+            "model[0].half()\n"
+            "model[0].requires_grad_(False)\n"
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "for x, y in loader:\n"
+            "    with torch.autocast('cuda'):\n"
+            "        loss = criterion(model[1].forward(model[0].forward(x)), y)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    scaler.step(optimizer)\n"
+            "    scaler.update()\n"
+        ),
         Valid(
             "def train(base_model, adapter, optimizer, loader):\n"
             "    base_model.half()\n"
@@ -70,6 +82,18 @@ class HalfModelWithAutocast(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(  # one module of a ModuleList cast, the whole list trained
+            "model = torch.nn.ModuleList([torch.nn.Linear(10, 20), torch.nn.Linear(20, 10)]).cuda()\n"
+            "model[0].half()\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "for x, y in loader:\n"
+            "    with torch.autocast('cuda'):\n"
+            "        loss = torch.nn.functional.mse_loss(model[1].forward(model[0].forward(x)), y)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    scaler.step(optimizer)\n"
+            "    scaler.update()\n"
+        ),
         Invalid(
             "def train(base_model, adapter, optimizer, loader):\n"
             "    base_model.half()\n"
@@ -135,13 +159,17 @@ def _model_like(cast: cst.Call, models: set[str]) -> bool:
     """Whether ``cast`` casts the model itself (``model.half()``, ``model.cuda().half()``), not a
     copy of it (``deepcopy(model).half()``, for a checkpoint) or a tensor."""
     receiver = _cast_receiver(cast)
-    return receiver is not None and model_like(receiver, models)
+    return receiver is not None and model_like(receiver.split("[", 1)[0], models)  # `model[0].half()`: a part of it
 
 
 def _cast_receiver(cast: cst.Call) -> str | None:
-    """``model`` for ``model.half()`` and ``model.cuda().half()``; None for a call's result."""
+    """``model`` for ``model.half()`` and ``model.cuda().half()``, ``model[0]`` for a module of a
+    ``ModuleList``; None for a call's result."""
     receiver = _through_moves(cast.func.value)
-    return nodes.code(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+    base = receiver
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    return nodes.code(receiver) if isinstance(base, (cst.Name, cst.Attribute)) else None
 
 
 def _through_moves(node: cst.BaseExpression) -> cst.BaseExpression:

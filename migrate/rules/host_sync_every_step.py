@@ -37,7 +37,8 @@ class HostSyncEveryStep(TrainingStepRule):
     written natively (``scaler.scale(loss).backward()``) or through a framework: timm's
     ``loss_scaler(loss, optimizer, ...)``, Accelerate's ``accelerator.backward(loss)``,
     Lightning's ``self.manual_backward(loss)`` (a ``training_step`` is one step), Fabric's
-    ``fabric.backward(loss)``, DeepSpeed's ``engine.backward(loss)`` and ``engine.step()``. An
+    ``fabric.backward(loss)``, DeepSpeed's ``engine.backward(loss)`` and ``engine.step()``, or its
+    pipeline engine's ``loss = engine.train_batch()``. An
     out-of-memory retry loop around one batch is part of the iteration around it; a validation
     loop inside the training loop, a loop that clears the gradients of its backward passes
     without stepping (a scan for out-of-memory batches) and a ``test_...`` function (a unit test,
@@ -68,12 +69,22 @@ class HostSyncEveryStep(TrainingStepRule):
     # A mixed-precision step (fp32 loops are not this linter's), or a framework's step, whose
     # precision is set where the trainer is made: Lightning, Fabric, Accelerate, DeepSpeed.
     TRIGGERS = ("GradScaler", "autocast", "scaler", "amp", "apex", "manual_backward", "fabric", "accelerator",
-                "deepspeed", "model_engine", "training_step")
+                "deepspeed", "model_engine", "training_step", "train_batch")
     NEEDS_A_STEP = True
 
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # an autograd Function given a tensor made on the host
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for x, y in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        count = float(AllReduce.apply(torch.tensor([len(y)])))\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Valid(
             "def train(model, opt, loader, scaler):\n"
             "    losses = []\n"
@@ -96,6 +107,25 @@ class HostSyncEveryStep(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(  # DeepSpeed's pipeline engine: one call is the whole step, and returns the loss
+            "def train(engine, loader, steps):\n"
+            "    batches = iter(loader)\n"
+            "    for step in range(steps):\n"
+            "        loss = engine.train_batch(data_iter=batches)\n"
+            "        print(f'step {step}: loss {loss.item()}')\n"
+        ),
+        Invalid(  # through an autograd Function (a collective written as one)
+            "def train(model, optimizer, loader, scaler):\n"
+            "    for x, y in loader:\n"
+            "        with torch.autocast('cuda'):\n"
+            "            outputs = model(x)\n"
+            "        loss = criterion(outputs, y)\n"
+            "        acc = 100.0 * outputs.argmax(1).eq(y).sum() / len(y)\n"
+            "        meter.update(float(AllReduce.apply(acc)))\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Invalid(
             "import torch\n"
             "\n"

@@ -231,6 +231,11 @@ class Walk:
                           detail={"loss": first})
             elif name == "step" and receiver in self.facts.engines:  # DeepSpeed: `model_engine.step()`
                 self._add(Kind.STEP, call, frames, statements, subject=receiver)
+            elif name == "train_batch" and receiver and words.runs_backward_itself(func.value):
+                # DeepSpeed's pipeline engine: `loss = engine.train_batch(data_iter=it)` is a whole step
+                self._add(Kind.BACKWARD, call, frames, statements, subject=receiver, how=Backward.MANAGED,
+                          detail={"loss": call, "framework": "DeepSpeed"})
+                self._add(Kind.STEP, call, frames, statements, subject=receiver, detail={"framework": "DeepSpeed"})
             elif name == "unscale_" and receiver in self.facts.scalers:
                 self._add(Kind.UNSCALE, call, frames, statements, subject=_text(first), scaler=receiver)
             elif name == "step" and receiver in self.facts.scalers:

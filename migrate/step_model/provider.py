@@ -48,7 +48,7 @@ def _is_a_test(root: cst.CSTNode) -> bool:
 _READ_RECEIVER = frozenset({"unscale_", "step", "parameters", "named_parameters", "train", "eval"})
 # The methods whose calls make the events every rule starts from: a backward pass, a step, a
 # scaler's update, a cast of the model (``_is_step_call`` adds saves, scalers and autocast).
-_STEP_CALLS = frozenset({"backward", "step", "update", "half"})
+_STEP_CALLS = frozenset({"backward", "step", "update", "half", "train_batch"})
 
 
 class _Facts(cst.CSTVisitor):

@@ -304,6 +304,10 @@ class StepValues:
             if name in HOST_METHODS:
                 return False
             receiver = func.value
+            if name == "train_batch" and words.runs_backward_itself(receiver):
+                return True  # DeepSpeed's pipeline engine returns the step's loss
+            if name == "apply" and type(receiver) is cst.Name and receiver.value[:1].isupper():
+                return any(self.holds(arg) for arg in arguments)  # `AllReduce.apply(acc)`: an autograd Function
             if name in _PARAMETERS:
                 return self._is_model(receiver)
             if name == "forward" and self._is_model(receiver):
