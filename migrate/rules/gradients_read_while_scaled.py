@@ -54,6 +54,16 @@ class GradientsReadWhileScaled(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # what a gradient is, not its values: the same whatever the scale
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "for inputs, targets in loader:\n"
+            "    with torch.autocast('cuda'):\n"
+            "        loss = criterion(net(inputs), targets)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    print(f'grad dtype: {net.fc.weight.grad.dtype}, shape: {tuple(net.fc.weight.grad.size())}')\n"
+            "    scaler.step(opt)\n"
+            "    scaler.update()\n"
+        ),
         Valid(
             "def train(model, optimizer, loader, scaler, max_norm):\n"
             "    for x in loader:\n"

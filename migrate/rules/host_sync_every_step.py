@@ -1,6 +1,8 @@
 """AMP100: a training-step tensor pulled to the host every iteration."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.metadata import PositionProvider
 
@@ -230,8 +232,11 @@ class HostSyncEveryStep(TrainingStepRule):
         if event.detail.get("form") == "if":
             advice = (f"test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them")
             what = f"`{_shown(event)}` waits for `{root}` on the host in {where} (the GPU idles each step)"
+        elif event.detail.get("form") == "torch.tensor()":  # a list of device tensors made one on the host
+            advice = f"stack them on the device (`torch.stack({root})`) and read that every n steps"
+            what = f"`{_shown(event)}` copies training-step tensors to the host in {where} (the GPU waits each step)"
         else:
-            running = "running_" + root.rsplit(".", 1)[-1].strip("_")
+            running = "running_" + re.sub(r"\W+", "_", root.rsplit(".", 1)[-1]).strip("_")
             advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps" \
                 if root != "the value" else "accumulate on the device and read it every n steps"
             what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
@@ -279,6 +284,8 @@ def _value_name(values: StepValues, pulled) -> str:
     called = {id(node.func) for node in descendants(pulled) if type(node) is cst.Call}  # `loss.detach` is no value
     found = [node for node in descendants(pulled) if type(node) in (cst.Name, cst.Attribute) and id(node) not in called
              and nodes.code(node) not in ("self", "torch") and values.holds(node)]
+    if type(pulled) is cst.Subscript and values.holds(pulled):
+        return nodes.code(pulled)  # `v["loss"]` in `v["loss"].item()`
     named = [nodes.code(node) for node in found if not (type(node) is cst.Name and any(
         type(other) is cst.Attribute and nodes.code(other).startswith(node.value + ".") for other in found))]
     return named[0] if named else (words.root_text(pulled) or "the value")

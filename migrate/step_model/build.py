@@ -222,6 +222,8 @@ class Walk:
             optimizer = nodes.argument(call, 1, "optimizer")
             self._add(Kind.STEP, call, frames, statements, subject=_text(optimizer.value) if optimizer else None,
                       detail={"framework": "NativeScaler"})
+        if shapes.host_tensor(call):  # `torch.tensor(loss_list)`: a list of device tensors copied to the host
+            self._pull(call, frames, statements, first, form="torch.tensor()")
         if isinstance(func, cst.Attribute):
             if name == "backward":
                 if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead
@@ -388,6 +390,7 @@ class _Events(words.GradientUses):
         self.walk._after_call(node, self.frames, self.statements)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        super().visit_Attribute(node)
         if node.attr.value == "grad" and id(node) not in self.unread:  # `.grad` only moved, averaged, cleared or tested
             self.walk._add(Kind.GRAD_READ, node, self.frames, self.statements, subject=nodes.code(node.value))
 
@@ -454,7 +457,7 @@ def _pulled(value: cst.BaseExpression) -> bool:
     wait was where it was pulled, not where it is read."""
     if type(value) is cst.Call:
         name, func = nodes.call_name(value), value.func
-        if name in words.PULL_METHODS or (type(func) is cst.Name and name in ("float", "int")):
+        if name in words.PULL_METHODS or (type(func) is cst.Name and name in ("float", "int")) or shapes.host_tensor(value):
             return True
         if type(func) is cst.Attribute:
             return _pulled(func.value) or (

@@ -145,3 +145,10 @@ def leaves(block: cst.BaseSuite) -> bool:
             return True
         return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and nodes.call_name(small.value) in _EXITS
     return False
+
+
+def host_tensor(call: cst.Call) -> bool:
+    """``torch.tensor(values)`` with no ``device=``: made on the host, from what ``values`` holds
+    there (a list of device tensors is copied, each waited for)."""
+    return (nodes.code(call.func) == "torch.tensor" and bool(call.args) and call.args[0].keyword is None
+            and nodes.argument(call, None, "device") is None)

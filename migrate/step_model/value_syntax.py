@@ -36,7 +36,8 @@ class Bound:
 
 def pairs_bound(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
     """``(targets, value)`` for each part of ``assignment`` bound on its own: the elements of
-    ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()``; the item, not the
+    ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()`` and of
+    ``k, v = d.popitem()``; the item, not the
     index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``; not the keys
     of ``for k in loss_dict``. None: a host value."""
     node = assignment.node
@@ -44,6 +45,11 @@ def pairs_bound(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | 
         target, value = node.targets[0].target, node.value
         if plain_sequence(target) and plain_sequence(value) and len(target.elements) == len(value.elements):
             return [(tuple(nodes.bound_texts(t.value)), v.value) for t, v in zip(target.elements, value.elements)]
+        if (plain_sequence(target) and len(target.elements) == 2 and type(value) is cst.Call
+                and type(value.func) is cst.Attribute and nodes.call_name(value) == "popitem"):
+            # `key, y_hat = outputs.popitem()`: a dict's key, a string, and its value
+            return [(tuple(nodes.bound_texts(target.elements[0].value)), None),
+                    (tuple(nodes.bound_texts(target.elements[1].value)), value.func.value)]
     elif type(node) in (cst.For, cst.CompFor) and plain_sequence(node.target) and type(node.iter) is cst.Call:
         elements, iterated = node.target.elements, node.iter
         name = nodes.call_name(iterated)

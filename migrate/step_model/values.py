@@ -19,6 +19,8 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Via
+from migrate.step_model.shapes import host_tensor
+from migrate.tree_walk import descendants
 from migrate.step_model.value_syntax import (HOST_BUILTINS, HOST_METHODS, HOST_MODULES, Bound, computes, container_of,
                                              loops_of, loss_names, named_a_loss, names_a_measure, pairs_bound,
                                              plain_sequence)
@@ -129,6 +131,27 @@ class StepValues:
                 for target in targets:  # the loss itself, or a loss-named companion of it; not `n_samples`
                     step = holds or (beside and (target in loss or named_a_loss(target)))
                     self._given.setdefault(target, []).append((assignment.tick, step))
+        # What each binding made of a name on the host: pulled there (`losses = torch.tensor(losses)`,
+        # `loss = loss.item()`), or computed only from such values (`isnan = torch.isnan(losses).any()`).
+        self._host_given: dict[str, list[tuple[int, bool]]] = {}
+        for assignment in assignments:
+            pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
+            for targets, value in pairs:
+                host = assignment.on_host or (value is not None and self._computed_on_the_host(value, assignment.tick))
+                for target in targets:
+                    self._host_given.setdefault(target, []).append((assignment.tick, host))
+
+    def _computed_on_the_host(self, value, tick: int) -> bool:
+        """Whether the step's names ``value`` reads all hold, at ``tick``, what was pulled to the host."""
+        if not isinstance(value, cst.CSTNode):  # an element a helper returns: `return@<call>#1`
+            read = [value] if value in self.names else []
+        else:
+            read = [node.value for node in descendants(value) if type(node) is cst.Name and node.value in self.names]
+        return bool(read) and all(self._on_the_host(name, tick) for name in read)
+
+    def _on_the_host(self, name: str, tick: int) -> bool:
+        before = [host for at, host in self._host_given.get(name, ()) if at < tick]
+        return bool(before) and before[-1]
 
     def _beside_the_loss(self, assignment, targets: set[str], value, seeded: dict) -> bool:
         """Whether ``targets`` are bound with the loss a backward pass takes, by one statement:
@@ -201,10 +224,11 @@ class StepValues:
 
     def _has(self, name: str) -> bool:
         if self._scope is not _ANY and name.isidentifier():
-            return (self._scope, name) in self._scoped
+            inside = (self._scope, name) in self._scoped
+            return inside if self._tick is None else inside and not self._on_the_host(name, self._tick)
         if self._tick is None:
             return name in self.names
-        return self._reaching(name, self._tick, name in self.names)
+        return self._reaching(name, self._tick, name in self.names) and not self._on_the_host(name, self._tick)
 
     def _reaching(self, name: str, tick: int, otherwise: bool) -> bool:
         before = [step for at, step in self._given.get(name, ()) if at < tick]
@@ -314,6 +338,8 @@ class StepValues:
                 return True
             if words.root_text(receiver) in HOST_MODULES or nodes.code(receiver).split(".")[0] in HOST_MODULES:
                 return False
+            if host_tensor(call):
+                return False  # `torch.tensor(loss_list)`: on the host, where the read was
             if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] in ("torch", "F", "nn"):
                 return any(self.holds(arg) for arg in arguments)  # `torch.stack(losses)`
             if self.holds(receiver):

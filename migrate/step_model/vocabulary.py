@@ -290,6 +290,11 @@ def grad_attribute(node: cst.BaseExpression) -> cst.CSTNode | None:
     return node if isinstance(node, cst.Attribute) and node.attr.value == "grad" else None
 
 
+# What a gradient tensor says about itself, not about its values: the loss scale changes none of it.
+_GRAD_METADATA = frozenset({"dtype", "shape", "device", "is_cuda", "requires_grad", "layout", "ndim", "is_sparse"})
+_GRAD_METADATA_CALLS = frozenset({"size", "dim", "numel", "type", "get_device", "is_contiguous"})
+
+
 class GradientUses(cst.CSTVisitor):
     """Collects, as it walks, the ids of the ``x.grad`` attributes that read no gradient value:
     moved, averaged or cleared (``dist.all_reduce(p.grad)``, ``p.grad.zero_()``), or compared with
@@ -301,6 +306,8 @@ class GradientUses(cst.CSTVisitor):
         self.unread: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> bool | None:
+        if nodes.call_name(node) in _GRAD_METADATA_CALLS and isinstance(node.func, cst.Attribute):
+            self.unread.add(id(grad_attribute(node.func.value)))  # `p.grad.size()`
         if nodes.call_name(node) in GRAD_NEUTRAL_USES:
             operands = [arg.value for arg in node.args]
             if isinstance(node.func, cst.Attribute):
@@ -311,6 +318,10 @@ class GradientUses(cst.CSTVisitor):
     def visit_Comparison(self, node: cst.Comparison) -> None:
         if len(node.comparisons) == 1 and nodes.code(node.comparisons[0].comparator) == "None":
             self.unread.add(id(node.left))  # `p.grad is not None`
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in _GRAD_METADATA:
+            self.unread.add(id(grad_attribute(node.value)))  # `p.grad.dtype`: the same whatever the scale
 
 
 def unread_gradients(expression: cst.CSTNode) -> set[int]:

@@ -1021,6 +1021,89 @@ SHAPES = [
         [7],
         id="a scaler handed in to the function that writes the checkpoint: its state belongs there",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def train(model, optimizer, loader, scaler, world_size):
+            for images, texts in loader:
+                with torch.autocast("cuda"):
+                    total_loss = model(images, texts)
+                gathered = [torch.zeros_like(total_loss) for _ in range(world_size)]
+                dist.all_gather(gathered, total_loss)
+                gathered = torch.tensor(gathered)
+                has_nan = torch.isnan(gathered).any()
+                if has_nan:
+                    logging.info(f"loss is nan: {has_nan} {gathered}")
+                scaler.scale(total_loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+        """,
+        [7],
+        id="gathered losses copied to the host by torch.tensor: that copy waits, what is read of it after does not",
+    ),
+    pytest.param(
+        "AMP101",
+        """\
+        def train(net, opt, loader, scaler):
+            for inputs, targets in loader:
+                with torch.autocast("cuda"):
+                    loss = criterion(net(inputs), targets)
+                scaler.scale(loss).backward()
+                for name, p in net.named_parameters():
+                    print(name, p.grad.dtype, p.grad.shape, p.grad.size(), p.grad is None)
+                scaler.step(opt)
+                scaler.update()
+        """,
+        [],
+        id="a gradient's dtype, shape and size, the same whatever the scale",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        class Trainer:
+            def run(self, chunks):
+                for chunk in chunks:
+                    with torch.autocast("cuda"):
+                        losses = self._step(chunk)
+                    name, loss = losses.popitem()
+                    self.scaler.scale(loss).backward()
+                self.scaler.step(self.optim)
+                self.scaler.update()
+
+            def _step(self, chunk):
+                outputs = self.model(chunk)
+                key, outputs = outputs.popitem()
+                self.logger.log(f"Losses/train_{key}_loss")
+                return {key: self.loss(outputs, chunk)}
+        """,
+        [],
+        id="the key a dict's popitem gives is a string",
+    ),
+    pytest.param(
+        "AMP100",
+        """\
+        def forward_batch(batch, model):
+            predictions, sequence_loss = model(batch)
+            output = {"flow": {}}
+            output["flow"]["loss"] = sequence_loss.mean()
+            return output
+
+        def train(model, optimizer, loader, scaler, rank, writer):
+            for step, batch in enumerate(loader):
+                output = forward_batch(batch, model)
+                loss = 0
+                for name, terms in output.items():
+                    loss += terms["loss"]
+                if rank == 0:
+                    for name, terms in output.items():
+                        writer.add_scalar(f"live_{name}_loss", terms["loss"].item(), step)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+        """,
+        [15],
+        id="a dict a helper fills item by item after making it empty holds the step's tensors",
+    ),
 ]
 
 
