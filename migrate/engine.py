@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
 from migrate import import_changes, line_wrap, noqa, quiet
-from migrate.metadata import release, resolve
+from migrate.metadata import FILE_SETTING, release, resolve
 from migrate.parsing import parse_module
 from migrate.positions import positions_by_statement
 from migrate.prefilter import trigger_words
@@ -175,7 +175,8 @@ def _visit(module: cst.Module, text: str, rules: Sequence[type[Rule]], context: 
             return _Visited(module, [], positions, directives)
         metadata: dict = {}
         try:
-            metadata = resolve(wrapper, visitors, context.settings, positions)
+            # the providers know the run's settings and the file's name (a file's project is read from it)
+            metadata = resolve(wrapper, visitors, {**context.settings, FILE_SETTING: context.filename}, positions)
             for visitor in visitors:  # what MetadataWrapper.visit_batched does, with metadata resolved here
                 visitor.metadata = {key: metadata[key] for key in visitor.get_inherited_dependencies()}
             walk_batched(module, visitors, path=getattr(metadata.get(ParentNodeProvider), "path", None))

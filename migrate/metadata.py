@@ -25,8 +25,10 @@ from migrate.positions import positions
 from migrate.rule import Rule, visitor_names
 from migrate.tree_walk import children, walk
 
-__all__ = ["Parents", "WhenAsked", "parents", "positions_when_asked", "release", "resolve"]
+__all__ = ["FILE_SETTING", "Parents", "WhenAsked", "parents", "positions_when_asked", "release", "resolve"]
 
+
+FILE_SETTING = "file"  # the name of the file, among the settings providers are handed
 
 def resolve(
     wrapper: MetadataWrapper, visitors: Sequence[Rule], settings: Mapping, positions: Mapping | None = None

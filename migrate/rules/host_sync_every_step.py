@@ -23,7 +23,10 @@ class HostSyncEveryStep(TrainingStepRule):
     ``loss.item()``, ``float(loss)``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``print(loss)``,
     ``f"{loss}"``, ``"%.4f" % loss``, ``"{:.4f}".format(loss)``, or an ``if`` on its value (``if torch.isnan(loss):``, ``if grad_norm > max_norm:``).
     One finding per iteration: at its first read, the others listed as related places; a read in a
-    helper the loop calls is reported at the call, the helper's line related.
+    helper the loop calls is reported at the call, the helper's line related. A helper of another
+    file of the project, found from the file's imports (``metric_logger.update(**loss_dict)``
+    whose ``update`` calls ``v.item()``, ``misc.check_nan_losses(loss)``), is reported at the call
+    too, its file and line named in the message.
 
     A *step tensor* is computed, on the device, from the model's output, the loss, the parameters
     or their gradients; the reads are followed through assignments, unpacking, loops over
@@ -240,7 +243,13 @@ class HostSyncEveryStep(TrainingStepRule):
             advice = f"accumulate on the device (`{running} += {root}.detach()`) and read it every n steps" \
                 if root != "the value" else "accumulate on the device and read it every n steps"
             what = f"`{_shown(event)}` pulls a training-step tensor to the host in {where} (the GPU waits each step)"
-        if call is not None:
+        reader = event.detail.get("reader")
+        if reader is not None:  # a helper of another file: its line is named, the call reported
+            what = (f"`{_call_shown(event.node)}` reads a training-step tensor on the host in `{reader.label}` "
+                    f"({reader.where}) in {where}")
+            if event.detail.get("spread"):  # `update(**loss_dict)`: each value is read
+                advice = f"accumulate the values of `{root}` on the device and hand them over every n steps"
+        elif call is not None:
             related.insert(0, (event.node, f"the read, in the helper the loop calls: `{_shown(event)}`"))
             what = f"`{_call_shown(call)}` reads a training-step tensor on the host (line {self._line(event.node)}) in {where}"
         more = f"; {len(group) - 1} more read{'s' if len(group) > 2 else ''} in the same iteration" if len(group) > 1 else ""

@@ -9,6 +9,8 @@ Map of the package:
 - ``build``: the walk of one function in execution order, entering the file's own helpers
   (``self.optimizer_step()``), so a step split across methods reads as one; it records each
   binding (assignments, loop and comprehension targets, a helper's parameters and returns).
+- ``imported_helpers``: what the functions of the project's other files read on the host, found
+  from the file's imports, for the calls the walk cannot enter.
 - ``shapes``: shapes of code the walk recognises (a retry loop, what a chain of calls pulls).
 - ``values``: which values are the step's tensors, a def-use pass over the walk's bindings,
   each plain name in the function that binds it.

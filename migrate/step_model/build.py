@@ -14,6 +14,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate import tree_walk
 from migrate.step_model import shapes
+from migrate.step_model.imported_helpers import ImportedHelpers
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Arm, Backward, Event, Handler, Kind, Loop, Region, Via
 from migrate.step_model.values import return_target
@@ -48,6 +49,7 @@ class FileFacts:
     nested: dict[int, dict[str, cst.FunctionDef]] = field(default_factory=dict)  # function id -> local defs
     classes: dict[str, cst.ClassDef] = field(default_factory=dict)  # module level, by name
     instances: dict[str, str] = field(default_factory=dict)  # `metric = Metric()` -> "metric": "Metric"
+    imported: ImportedHelpers | None = None  # what the helpers of the project's other files read
 
 
 class Walk:
@@ -224,6 +226,11 @@ class Walk:
                       detail={"framework": "NativeScaler"})
         if shapes.host_tensor(call):  # `torch.tensor(loss_list)`: a list of device tensors copied to the host
             self._pull(call, frames, statements, first, form="torch.tensor()")
+        elif self.facts.imported is not None and self._helper(call) is None:
+            reader = self.facts.imported.reader(call, self.facts.instances)  # a helper of another file
+            for argument in reader.arguments(call) if reader is not None else ():
+                self._pull(call, frames, statements, argument.value, form="imported helper", reader=reader,
+                           spread=argument.star == "**")
         if isinstance(func, cst.Attribute):
             if name == "backward":
                 if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead

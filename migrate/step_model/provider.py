@@ -6,8 +6,10 @@ from libcst.metadata import BatchableMetadataProvider, QualifiedNameProvider
 
 from migrate import apex_nodes as nodes
 from migrate import tree_walk
+from migrate.metadata import FILE_SETTING
 from migrate.step_model import vocabulary as words
 from migrate.step_model.build import FileFacts, Walk
+from migrate.step_model.imported_helpers import ImportedHelpers
 from migrate.step_model.model import StepModel, Steps
 
 
@@ -26,7 +28,8 @@ def model_of(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
 
 
 def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel:
-    facts = FileFacts()
+    filename = (getattr(visitor, "cache", None) or {}).get(FILE_SETTING)  # where the project's other files are
+    facts = FileFacts(imported=ImportedHelpers(filename, module))
     functions: list[cst.FunctionDef] = []
     found = _Facts(visitor, facts, functions)
     found.collect(module)

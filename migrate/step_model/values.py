@@ -334,8 +334,8 @@ class StepValues:
                 return any(self.holds(arg) for arg in arguments)  # `AllReduce.apply(acc)`: an autograd Function
             if name in _PARAMETERS:
                 return self._is_model(receiver)
-            if name == "forward" and self._is_model(receiver):
-                return True
+            if (name == "forward" or _RUNS_THE_MODEL.search(name) and not _VERB.match(name)) and self._is_model(receiver):
+                return True  # `model.forward(x)`, `model.train_step(batch)`, `self.model.compute_loss(x)`
             if words.root_text(receiver) in HOST_MODULES or nodes.code(receiver).split(".")[0] in HOST_MODULES:
                 return False
             if host_tensor(call):

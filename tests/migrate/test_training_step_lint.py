@@ -1104,6 +1104,21 @@ SHAPES = [
         [15],
         id="a dict a helper fills item by item after making it empty holds the step's tensors",
     ),
+    pytest.param(
+        "AMP100",
+        """\
+        def fit(model, optimizer, batches, grad_scaler):
+            for batch in batches:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss, stats = model.train_step(batch)
+                grad_scaler.scale(loss).backward()
+                grad_scaler.step(optimizer)
+                grad_scaler.update()
+                history.append(stats["accuracy"].item())
+        """,
+        [8],
+        id="a model's own step method runs the model: what it returns is the step's",
+    ),
 ]
 
 
