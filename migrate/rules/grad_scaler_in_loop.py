@@ -1,15 +1,21 @@
 """AMP105: a GradScaler created inside the training loop."""
 from __future__ import annotations
 
+import re
+
+import libcst as cst
+
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
-from migrate.step_model import Kind
+from migrate.step_model import Event, Kind, Steps, Via
 
 
 class GradScalerInLoop(TrainingStepRule):
     """What it does:
     Reports ``GradScaler(...)`` created in a loop that runs backward passes: in the training loop,
-    in an epoch loop around it, or in a helper (``train_one_epoch``, ``train_step``) called there.
+    in an epoch loop around it, or in a helper (``train_one_epoch``, ``train_step``) called there;
+    also at the top of a function named for one epoch (``train_one_epoch``) that loops over its
+    batches, where no function of the file calls it (its epoch loop is in another file).
     A function that runs a whole training (its own loop over epochs) may make its scaler, even
     when a search calls it once per trial, and so may a search's loop that makes it before its
     own loop over epochs.
@@ -33,6 +39,17 @@ class GradScalerInLoop(TrainingStepRule):
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
+        Valid(  # a function that runs a whole training, named for what it trains
+            "def train_epochs(model, criterion, data_loader, optimizer, epochs):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for epoch in range(epochs):\n"
+            "        for samples, targets in data_loader:\n"
+            "            with torch.autocast('cuda'):\n"
+            "                loss = criterion(model(samples), targets)\n"
+            "            scaler.scale(loss).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+        ),
         Valid(
             "def train(model, optimizer, loader, epochs):\n"
             "    scaler = torch.amp.GradScaler('cuda')\n"
@@ -64,6 +81,16 @@ class GradScalerInLoop(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(  # called once per epoch by another file's loop
+            "def train_one_epoch(model, criterion, data_loader, optimizer, epoch, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda', enabled=args.amp)\n"
+            "    for samples, targets in data_loader:\n"
+            "        with torch.autocast('cuda', enabled=args.amp):\n"
+            "            loss = criterion(model(samples), targets)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+        ),
         Invalid(  # made in the epoch's function, whose loop runs the epoch's iterations
             "def train_one_epoch(model, optimizer, loader, total_it_each_epoch):\n"
             "    scaler = torch.amp.GradScaler('cuda')\n"
@@ -118,3 +145,23 @@ class GradScalerInLoop(TrainingStepRule):
         for steps, event in model.each(Kind.SCALER_NEW):
             if made_each_iteration(steps, event):
                 yield event.node, None, {}
+            elif _made_per_epoch(steps, event):
+                name = steps.root.name.value
+                yield event.node, (f"a GradScaler is created in `{name}`, which its name says runs once per epoch: "
+                                   "its scale starts over each epoch; create it once and pass it in"), {}
+
+
+# A function that runs one epoch: `train_one_epoch`, `train_epoch`, `run_epoch`, `epoch_train`.
+_PER_EPOCH = re.compile(r"(^|_)(one_)?epoch($|_)", re.IGNORECASE)
+
+
+def _made_per_epoch(steps: Steps, created: Event) -> bool:
+    """Whether the scaler is made at the top of a function named for one epoch that loops over
+    its batches, and that no function of the file calls (its caller, another file's epoch loop,
+    is not seen; one of this file's is judged by ``made_each_iteration``)."""
+    root = steps.root
+    if steps.entered or not isinstance(root, cst.FunctionDef) or not _PER_EPOCH.search(root.name.value):
+        return False
+    if created.loops() or any(isinstance(frame, Via) for frame in created.frames) or created.detail.get("enabled") is False:
+        return False
+    return any(backward.loops() for backward in steps.backwards())
