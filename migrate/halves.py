@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from migrate import quiet
 from migrate.files import find, project_root
+from migrate.module_paths import is_module
 from migrate.types import ImportChange
 
 __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
@@ -228,15 +229,7 @@ def _imported_halves(half: Half, imported: Import, others: list[Half], real: dic
     for module, parts in candidates:
         if not parts:
             continue
-        if imported.level > len(real[half.path].parents):
-            continue  # above the root: nothing there to pair with
-        if imported.level:
-            base = real[half.path].parents[imported.level - 1]
-            wanted = {base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")}
-            matching = [other for other in others if real[other.path] in wanted]
-        else:
-            suffixes = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
-            matching = [other for other in others if any(real[other.path].parts[-len(s):] == s for s in suffixes)]
+        matching = [other for other in others if is_module(real[other.path], real[half.path], imported.level, parts)]
         # The one nearest the importer: several projects in a tree may have a `utils.py`.
         shared = {other.path: len(os.path.commonpath([real[half.path], real[other.path]])) for other in matching}
         closest = [other for other in matching if shared[other.path] == max(shared.values())]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from migrate import quiet
 from migrate.files import find, project_root
+from migrate.module_paths import is_module
 
 __all__ = ["SETTING", "apex_bound_names", "imported_elsewhere"]
 
@@ -129,14 +130,5 @@ def _imports_from(importer: Path, exporters: Mapping[Path, frozenset[str]], want
 
 def _exporter(importer: Path, level: int, parts: list[str], exporters: Mapping[Path, frozenset[str]]) -> Path | None:
     """The exporter the module ``parts`` (``level`` dots before it) is, if any."""
-    if not parts:
-        return None
-    if level:
-        if level > len(importer.parents):
-            return None
-        base = importer.parents[level - 1]
-        wanted = (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py"))
-        return next((path for path in wanted if path in exporters), None)
-    endings = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
-    return next((path for path in exporters if any(path.parts[-len(ending):] == ending for ending in endings)), None)
+    return next((path for path in exporters if is_module(path, importer, level, parts)), None)
 

@@ -24,6 +24,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import quiet
+from migrate.module_paths import find_on_disk
 
 __all__ = ["ImportedHelpers", "Reader"]
 
@@ -128,19 +129,7 @@ def _imports(module: cst.Module) -> dict[str, tuple[str, int, str | None]]:
 
 @lru_cache(maxsize=1024)
 def _module_file(path: Path, dotted: str, level: int) -> Path | None:
-    """The file of module ``dotted`` as imported from ``path`` (``level`` dots before it), or of
-    the module ``dotted.attribute`` names when that is one (``from slowfast.utils import misc``)."""
-    parts = [part for part in dotted.split(".") if part]
-    if level:
-        bases = [path.parents[level - 1]] if level - 1 < len(path.parents) else []
-    else:
-        bases = list(path.parents)[:_FOLDERS_UP]
-    for base in bases:
-        for candidate in (base.joinpath(*parts).with_suffix(".py") if parts else None,
-                          base.joinpath(*parts, "__init__.py")):
-            if candidate is not None and candidate.is_file():
-                return candidate
-    return None
+    return find_on_disk(path, level, [part for part in dotted.split(".") if part], _FOLDERS_UP)
 
 
 def _reader_in(file: Path | None, name: str, method: str | None) -> Reader | None:

@@ -1,0 +1,42 @@
+"""Which file an import names: ``from .utils import misc``, ``import slowfast.utils.misc``.
+
+A relative import names exact files (``utils/misc.py`` or ``utils/misc/__init__.py`` beside the
+importer's package); an absolute one names any file whose path ends in its dotted name, since the
+folder it is imported from (the project's root, a ``src`` folder on ``sys.path``) is not known.
+Used to pair a project's files (``halves``, ``importers``) and to read a helper's file
+(``step_model.imported_helpers``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["find_on_disk", "is_module"]
+
+
+def is_module(path: Path, importer: Path, level: int, parts: Sequence[str]) -> bool:
+    """Whether ``path`` is the module ``parts`` (``level`` dots before it) that ``importer`` imports;
+    both paths resolved."""
+    if not parts:
+        return False
+    if level:
+        if level > len(importer.parents):
+            return False  # above the root: nothing there
+        base = importer.parents[level - 1]
+        return path in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py"))
+    endings = ((*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py"))
+    return any(path.parts[-len(ending):] == ending for ending in endings)
+
+
+def find_on_disk(importer: Path, level: int, parts: Sequence[str], folders_up: int) -> Path | None:
+    """The file of the module ``parts`` as ``importer`` imports it: for an absolute import, looked
+    for in the importer's folder and up to ``folders_up`` folders above (as Python finds it from a
+    script run at the project's root); None where none is there."""
+    if not parts or level > len(importer.parents):
+        return None
+    bases = [importer.parents[level - 1]] if level else list(importer.parents)[:folders_up]
+    for base in bases:
+        for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    return None
