@@ -1,6 +1,8 @@
 """The words of the plan: constants, the plan itself, what a site is, and code-text helpers."""
 from __future__ import annotations
 
+import ast
+
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -266,10 +268,12 @@ def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
 
 
 def normal(text: str) -> str:
-    text = "".join(text.split())
-    while text.startswith("(") and text.endswith(")"):
-        text = text[1:-1]
-    return text
+    """``text`` as Python reads it, to compare: the same for any spacing, line breaks or
+    parentheses around it or its parts."""
+    try:
+        return ast.dump(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        return "".join(text.split())
 
 
 def grouped(expression: cst.BaseExpression) -> str:
@@ -294,7 +298,7 @@ def either(first: str | None, second: str | None) -> str | None:
     rest = [[part for part in parts if normal(part) not in {normal(other) for other in shared}] for parts in (mine, theirs)]
 
     def is_not(negation: str, test: str) -> bool:
-        return normal(negation) in (f"not{normal(test)}", f"not({normal(test)})")
+        return normal(negation) == normal(f"not ({test})")
 
     arms = len(rest[0]) == 1 and len(rest[1]) == 1 and (is_not(rest[0][0], rest[1][0]) or is_not(rest[1][0], rest[0][0]))
     if not rest[0] or not rest[1] or arms:
@@ -305,6 +309,16 @@ def either(first: str | None, second: str | None) -> str | None:
 
 def conjuncts(text: str) -> list[str]:
     """The parts of ``a and (b or c) and not d`` joined by a top-level ``and``."""
+    text = text.strip()
+    try:
+        test = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        test = None
+    if test is not None:
+        parts = [ast.get_source_segment(text, value) for value in test.values] \
+            if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [text]
+        if all(part is not None for part in parts):
+            return [normal_parens(part) for part in parts]
     parts, depth, start = [], 0, 0
     for index, char in enumerate(text):
         depth += (char in "([{") - (char in ")]}")
