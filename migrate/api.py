@@ -188,18 +188,21 @@ _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it ou
 
 
 def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
-    """``options`` with the other half of each file holding one half of apex amp, and the names
-    other files import from each file that imports apex (``migrate.importers``)."""
+    """``options`` with the other half of each file holding one half of apex amp, the names
+    other files import from each file that imports apex (``migrate.importers``), and the apex
+    cast registrations of other files of its project (``migrate.cast_registrations``)."""
     if not apex_texts:
         return options
-    from migrate import halves, importers
+    from migrate import cast_registrations, halves, importers
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
+    casts = cast_registrations.elsewhere(apex_texts)
     return replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         imported_elsewhere={str(path): names for path, names in exported.items()},
+        casts_elsewhere={str(path): places for path, places in casts.items()},
     )
 
 

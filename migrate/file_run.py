@@ -32,6 +32,7 @@ class Options:
     edits: bool = False  # give each fix its text edits (JSON, SARIF)
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
     imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
+    casts_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.cast_registrations``' places
 
 
 def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) -> FileResult | tuple[files.Source, str | None]:
@@ -99,6 +100,11 @@ def migrate_file(path: Path, source: files.Source, rules: tuple | None, options:
         from migrate.importers import SETTING
 
         options = replace(options, settings={**options.settings, SETTING: exported})
+    casts = options.casts_elsewhere.get(str(path))
+    if casts:
+        from migrate.cast_registrations import SETTING as CASTS
+
+        options = replace(options, settings={**options.settings, CASTS: casts})
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
     if not (write and result.changed):
         return result

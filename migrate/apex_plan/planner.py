@@ -41,6 +41,7 @@ from migrate.apex_plan.vocabulary import (
     Unplannable,
     either,
 )
+from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.rule import ImportChange, Report
 from migrate.types import Safety
 
@@ -63,6 +64,7 @@ class Planner:
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = frozenset({"O0", "O1"} | ({"O2"} if settings.get(ACCEPT_O2) else set()))
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
+        self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -78,6 +80,11 @@ class Planner:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
             CrossFilePlanning(reading).check_partner(core[0])
+            if self.casts_elsewhere and self.sites.calls["initialize"]:
+                self.draft.unsafe.append(
+                    f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"
+                    f"{', ...' if len(self.casts_elsewhere) > 3 else ''}): native autocast does not read them, so the "
+                    "ops they name run in autocast's own precision")
             self._rewrite(reading)
             self.draft.check_disjoint()
         except Unplannable as problem:

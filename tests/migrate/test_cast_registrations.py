@@ -1,0 +1,74 @@
+"""An apex cast registration in another file of the project makes a file's initialize rewrite unsafe."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from migrate.api import migrate_paths
+from migrate.types import Safety
+
+_TRAIN = textwrap.dedent("""\
+    import torch
+    from apex import amp
+
+    from models.heads import Head
+
+
+    def main(model, optimizer, loader):
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x in loader:
+            loss = model(x)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+""")
+
+_HEADS = """\
+import torch
+{imports}
+
+{registration}
+
+
+class Head(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x)
+"""
+
+
+def _project(root: Path, registration: str, imports: str = "from apex import amp") -> Path:
+    (root / ".git").mkdir()
+    (root / "models").mkdir()
+    (root / "models" / "__init__.py").write_text("")
+    (root / "models" / "heads.py").write_text(_HEADS.format(imports=imports, registration=registration))
+    (root / "train.py").write_text(_TRAIN)
+    return root / "train.py"
+
+
+def _initialize_safety(results, train: Path):
+    result = next(r for r in results if Path(r.filename).name == train.name)
+    return result, {d.fix.applicability for d in result.diagnostics if d.fix is not None and d.code == "AMP002"}
+
+
+@pytest.mark.parametrize("given", ["project", "file"])
+def test_a_registration_native_autocast_does_not_make_makes_the_rewrite_unsafe(tmp_path, given):
+    train = _project(tmp_path, 'amp.register_float_function(torch, "sigmoid")')
+    results = migrate_paths([tmp_path if given == "project" else train], write=False)
+    _, safety = _initialize_safety(results, train)
+    assert safety == {Safety.UNSAFE}
+    unsafe = migrate_paths([tmp_path if given == "project" else train], write=False, unsafe_fixes=True)
+    rewritten = next(r for r in unsafe if Path(r.filename).name == train.name).new_source
+    assert "TODO(ampmigrate)" in rewritten and "changes apex's cast lists (models/heads.py:4)" in " ".join(
+        line.strip("# ") for line in rewritten.splitlines())
+
+
+@pytest.mark.parametrize("registration", [
+    'amp.register_half_function(torch, "matmul")',  # native autocast runs it in float16 too
+    "",  # nothing registered
+])
+def test_no_registration_or_a_native_one_keeps_the_rewrite_safe(tmp_path, registration):
+    train = _project(tmp_path, registration)
+    _, safety = _initialize_safety(migrate_paths([tmp_path], write=False), train)
+    assert safety == {Safety.SAFE}
