@@ -10,6 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import qualified_names
 from migrate.rule import ImportChange, Rule
+from migrate.tree_walk import descendants
 from migrate.types import Safety
 
 
@@ -130,9 +131,29 @@ class ApexRename(Rule):
         if native is None:
             outcome: NativeCall | NoFix = NoFix("this use is not a call, and no single native name replaces it")
         else:
-            outcome = NativeCall(native)
+            outcome = self._as_base(node, target) or NativeCall(native)
         self._references.add(target)
         self._pending.append((node, target, outcome))
+
+    def _as_base(self, node: cst.BaseExpression, target: str) -> NoFix | None:
+        """Where ``node`` is a base of a class of the file: why it cannot change, when that class
+        hands its base's ``__init__`` arguments the native class takes differently
+        (``super().__init__(module, message_size=..., delay_allreduce=...)``)."""
+        arg = self.get_metadata(ParentNodeProvider, node, None)
+        owner = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if not (isinstance(owner, cst.ClassDef) and any(base is arg for base in owner.bases)):
+            return None
+        for call in _base_init_calls(owner, node):
+            as_base = call.with_changes(func=node)
+            outcome = self.native_call(as_base, target)
+            if isinstance(outcome, NoFix):
+                return NoFix(f"`{owner.name.value}` subclasses it, and its `__init__` hands the base what the native class "
+                             f"cannot take: {outcome.reason}")
+            native = cst.parse_expression(outcome.source)
+            if not (isinstance(native, cst.Call) and nodes.code(native.with_changes(func=node)) == nodes.code(as_base)):
+                return NoFix(f"`{owner.name.value}` subclasses it, and its `__init__` hands the base arguments the native "
+                             "class takes differently")
+        return None
 
     def leave_Module(self, original_node: cst.Module) -> None:
         """Uses of a name that is also referenced (``isinstance``, a base class) change together.
@@ -210,6 +231,21 @@ class ApexRename(Rule):
         """``native(<the call's arguments without the keywords in drop>, <extra>)``."""
         kept = [nodes.code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for arg in call.args if arg.keyword is None or arg.keyword.value not in drop]
         return f"{native}({', '.join([*kept, *extra])})"
+
+
+def _base_init_calls(owner: cst.ClassDef, base: cst.BaseExpression) -> list[cst.Call]:
+    """The calls of the base's ``__init__`` in ``owner``'s methods, as a call of the base itself:
+    ``super().__init__(a, b=1)`` and ``Base.__init__(self, a, b=1)`` give ``(a, b=1)``."""
+    found = []
+    for node in descendants(owner):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "__init__"):
+            continue
+        receiver = node.func.value
+        if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Name) and receiver.func.value == "super":
+            found.append(node)
+        elif nodes.code(receiver) == nodes.code(base) and node.args:
+            found.append(node.with_changes(args=node.args[1:]))  # `self` is not an argument of the call
+    return found
 
 
 def binds(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:

@@ -1111,3 +1111,32 @@ def test_timms_apex_scaler_keeps_initialize_where_it_is(imported):
     result = migrate_source(source, filename="train.py", unsafe_fixes=True)
     assert result.new_source == source
     assert any("timm's `ApexScaler`" in d.message for d in result.diagnostics)
+
+
+def test_a_subclass_handing_its_apex_base_apex_only_arguments_keeps_its_base():
+    """``super().__init__(module, message_size=..., delay_allreduce=...)``: torch's DDP takes
+    neither, so swapping the base would raise where the class is made."""
+    source, diagnostics = _migrate("""\
+        from apex.parallel import DistributedDataParallel
+
+
+        class ApexDDP(DistributedDataParallel):
+            def __init__(self, module, message_size=1e8, delay_allreduce=True):
+                super().__init__(module, message_size=message_size, delay_allreduce=delay_allreduce)
+                self.callback_queued = False
+    """, unsafe_fixes=True)
+    assert "from apex.parallel import DistributedDataParallel" in source
+    assert any("`ApexDDP` subclasses it" in d.message for d in diagnostics)
+
+
+@pytest.mark.parametrize("init", ["super().__init__(hidden_size, eps=eps)", "FusedLayerNorm.__init__(self, hidden_size, eps=eps)"])
+def test_a_subclass_whose_base_takes_the_same_arguments_natively_changes_its_base(init):
+    source, _ = _migrate(f"""\
+        from apex.normalization import FusedLayerNorm
+
+
+        class BertLayerNorm(FusedLayerNorm):
+            def __init__(self, hidden_size, eps=1e-12):
+                {init}
+    """)
+    assert "class BertLayerNorm(torch.nn.LayerNorm):" in source and "apex" not in source
