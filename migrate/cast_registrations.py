@@ -58,7 +58,9 @@ def _registrations(root: Path) -> tuple[tuple[Path, int], ...]:
             tree = quiet.parse(data)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        places += [(file, node.lineno) for node in ast.walk(tree) if _changes_casts(node)]
+        found = [(file, node.lineno) for node in ast.walk(tree) if _changes_casts(node)]
+        if found and project_root(file) == root:  # not a project of its own inside this one
+            places += found
     return tuple(places)
 
 

@@ -238,6 +238,9 @@ def _only_pass(node: cst.CSTNode) -> bool:
     return (
         all(isinstance(line, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in line.body) for line in lines)
         and not any(line.comment for line in node.body.footer)
+        # a fix's TODO above the `pass` (or any comment in the block) says what changed: it stays
+        and not any(empty.comment for line in lines for empty in line.leading_lines)
+        and not any(line.trailing_whitespace.comment for line in lines)
         and is_pure(node.test)
     )
 

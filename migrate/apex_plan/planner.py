@@ -43,6 +43,8 @@ from migrate.apex_plan.vocabulary import (
 )
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.rule import ImportChange, Report
+from migrate.step_model.vocabulary import dtype_of, model_like
+from migrate.tree_walk import descendants
 from migrate.types import Safety
 
 
@@ -80,6 +82,12 @@ class Planner:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
             CrossFilePlanning(reading).check_partner(core[0])
+            half = _model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
+            if half is not None:
+                self.draft.unsafe.append(
+                    f"`{nodes.code(half)}` (line {self.tree.line(half)}) casts a model to float16: after `amp.initialize` apex's "
+                    "casts let it take float32 inputs in any forward pass; native autocast covers only the forward "
+                    "passes the rewrite puts under it")
             if self.casts_elsewhere and self.sites.calls["initialize"]:
                 self.draft.unsafe.append(
                     f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"
@@ -361,3 +369,16 @@ class Planner:
         anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
         if anchor is not None:
             self.draft.leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))
+
+
+def _model_made_half(module: cst.Module) -> cst.Call | None:
+    """The first ``model.half()`` (or ``net.to(torch.float16)``) of the file: a float16 model that
+    apex's O1 casts fed float32 inputs wherever it ran (an evaluation pass too)."""
+    for node in descendants(module):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+            continue
+        name, receiver = node.func.attr.value, node.func.value
+        to_half = name == "half" or (name == "to" and any(dtype_of(arg.value) == "float16" for arg in node.args))
+        if to_half and isinstance(receiver, (cst.Name, cst.Attribute)) and model_like(nodes.code(receiver), set()):
+            return node
+    return None

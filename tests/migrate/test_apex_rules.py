@@ -1140,3 +1140,62 @@ def test_a_subclass_whose_base_takes_the_same_arguments_natively_changes_its_bas
                 {init}
     """)
     assert "class BertLayerNorm(torch.nn.LayerNorm):" in source and "apex" not in source
+
+
+_HALF_EVALUATION = """\
+    import torch
+    from apex import amp
+
+
+    def validate(model, loader):
+        model.eval()
+        model{cast}
+        with torch.no_grad():
+            return [model(x).argmax(1) for x in loader]
+
+
+    def main(model, optimizer, train_loader, val_loader):
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for step, (images, labels) in enumerate(train_loader):
+            outputs = model(images)
+            loss = torch.nn.functional.cross_entropy(outputs, labels)
+            optimizer.zero_grad()
+            with amp.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+            optimizer.step()
+        return validate(model, val_loader)
+"""
+
+
+@pytest.mark.parametrize("cast", [".half()", ".to(torch.float16)"])
+def test_a_model_cast_to_float16_makes_the_initialize_rewrite_unsafe(cast):
+    """apex's O1 casts let a float16 model take float32 inputs in the evaluation pass too; native
+    autocast covers the training step only, and the float16 model then fails on float32 inputs."""
+    source, diagnostics = _migrate(_HALF_EVALUATION.format(cast=cast))
+    assert "amp.initialize(model, optimizer" in source
+    assert {d.fix.applicability for d in diagnostics if d.fix is not None and d.code == "AMP002"} == {Safety.UNSAFE}
+    unsafe, _ = _migrate(_HALF_EVALUATION.format(cast=cast), unsafe_fixes=True)
+    assert "TODO(ampmigrate)" in unsafe
+    assert "casts a model to float16" in " ".join(line.strip().lstrip("# ") for line in unsafe.splitlines())
+
+
+def test_an_input_cast_to_float16_leaves_the_rewrite_safe():
+    source, _ = _migrate(_HALF_EVALUATION.format(cast=".eval()").replace("model(x).argmax(1)", "model(x.half()).argmax(1)"))
+    assert "apex" not in source and "amp.initialize" not in source
+
+
+def test_an_if_left_holding_only_a_fixs_todo_keeps_it():
+    """``if fp16: from apex import amp; model = amp.initialize(model, ...)``: the unsafe fix's TODO
+    is all that says fp16 runs changed; the emptied ``if`` stays to hold it."""
+    source, _ = _migrate("""\
+        import torch
+
+
+        def load(fp16=False):
+            model = torch.nn.Linear(2, 2)
+            if fp16:
+                from apex import amp
+                model = amp.initialize(model, opt_level="O1")
+            return model
+    """, unsafe_fixes=True)
+    assert "    if fp16:\n        # TODO(ampmigrate)" in source and "import" not in source.replace("import torch", "")

@@ -16,13 +16,15 @@ _TRAIN = textwrap.dedent("""\
     from models.heads import Head
 
 
-    def main(model, optimizer, loader):
+    def main(model, optimizer, loader, epochs):
         model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
-        for x in loader:
-            loss = model(x)
-            with amp.scale_loss(loss, optimizer) as scaled_loss:
-                scaled_loss.backward()
-            optimizer.step()
+        for epoch in range(epochs):
+            for batch in loader:
+                loss = Head()(model(batch)).mean()
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    scaled.backward()
+                optimizer.step()
+                optimizer.zero_grad()
 """)
 
 _HEADS = """\
@@ -39,7 +41,7 @@ class Head(torch.nn.Module):
 
 
 def _project(root: Path, registration: str, imports: str = "from apex import amp") -> Path:
-    (root / ".git").mkdir()
+    (root / ".git").mkdir(parents=True)
     (root / "models").mkdir()
     (root / "models" / "__init__.py").write_text("")
     (root / "models" / "heads.py").write_text(_HEADS.format(imports=imports, registration=registration))
@@ -71,4 +73,13 @@ def test_a_registration_native_autocast_does_not_make_makes_the_rewrite_unsafe(t
 def test_no_registration_or_a_native_one_keeps_the_rewrite_safe(tmp_path, registration):
     train = _project(tmp_path, registration)
     _, safety = _initialize_safety(migrate_paths([tmp_path], write=False), train)
+    assert safety == {Safety.SAFE}
+
+
+def test_a_project_of_its_own_inside_the_folder_is_not_searched(tmp_path):
+    """A file with no project markers above it has its folder for a project; a clone inside that
+    folder (its own ``.git``) is another project."""
+    (tmp_path / "loose.py").write_text(_TRAIN.replace("from models.heads import Head\n", ""))
+    _project(tmp_path / "clone", 'amp.register_float_function(torch, "sigmoid")')
+    _, safety = _initialize_safety(migrate_paths([tmp_path / "loose.py"], write=False), tmp_path / "loose.py")
     assert safety == {Safety.SAFE}
