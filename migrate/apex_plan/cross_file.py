@@ -107,7 +107,8 @@ class CrossFilePlanning(Step):
             marked = (init.inference or not paired) and init.level != "O0"
             InitializePlanning(self.context).plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
             if marked:
-                models = " ".join(nodes.code(model).split())
+                named = model.elements[0].value if isinstance(model, (cst.List, cst.Tuple)) and len(model.elements) == 1 else model
+                models = " ".join(nodes.code(named).split())  # `[self.model]` is `self.model`
                 if init.level in ("O2", "O3"):
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
                 else:

@@ -1199,3 +1199,18 @@ def test_an_if_left_holding_only_a_fixs_todo_keeps_it():
             return model
     """, unsafe_fixes=True)
     assert "    if fp16:\n        # TODO(ampmigrate)" in source and "import" not in source.replace("import torch", "")
+
+
+def test_the_marker_for_a_model_handed_in_a_list_names_the_model():
+    source, _ = _migrate("""\
+        import torch
+
+
+        class Evaluator:
+            def __init__(self, model, fp16=False, level="O1"):
+                self.model = model
+                if fp16:
+                    from apex import amp
+                    [self.model] = amp.initialize([self.model], opt_level=level)
+    """, unsafe_fixes=True)
+    assert "run `self.model` under torch.autocast" in source
