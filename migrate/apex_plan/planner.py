@@ -83,11 +83,10 @@ class Planner:
                 raise Unplannable(node, reason)
             CrossFilePlanning(reading).check_partner(core[0])
             half = _model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
-            if half is not None:
-                self.draft.unsafe.append(
-                    f"`{nodes.code(half)}` (line {self.tree.line(half)}) casts a model to float16: after `amp.initialize` apex's "
-                    "casts let it take float32 inputs in any forward pass; native autocast covers only the forward "
-                    "passes the rewrite puts under it")
+            if half is not None:  # a float16 model fed float32 outside autocast raises: not even an unsafe rewrite
+                raise Unplannable(half, f"`{nodes.code(half)}` casts a model to float16: after `amp.initialize` apex's casts "
+                                        "let it take float32 inputs in any forward pass (an evaluation pass too); native "
+                                        "autocast covers only the forward passes a rewrite puts under it")
             if self.casts_elsewhere and self.sites.calls["initialize"]:
                 self.draft.unsafe.append(
                     f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"
