@@ -1213,3 +1213,12 @@ def test_the_marker_for_a_model_handed_in_a_list_names_the_model():
                     [self.model] = amp.initialize([self.model], opt_level=level)
     """, unsafe_fixes=True)
     assert "run `self.model` under torch.autocast" in source
+
+
+def test_a_model_cast_to_float16_by_an_option_of_its_own_leaves_the_rewrite_as_it_was():
+    """``if args.fp16_full_eval: model = model.to(dtype=torch.float16)``: the option casts for
+    inputs it suits (token ids), as a native trainer does too."""
+    source, _ = _migrate(_HALF_EVALUATION.format(cast=".eval()").replace(
+        "        model.eval()\n",
+        "        model.eval()\n        if args.fp16_full_eval:\n            model = model.to(dtype=torch.float16)\n"))
+    assert "amp.initialize" not in source and "GradScaler" in source
