@@ -1,6 +1,7 @@
 """AMP104: ``backward()`` inside an autocast region."""
 from __future__ import annotations
 
+from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind
@@ -9,7 +10,8 @@ from migrate.step_model import Kind
 class BackwardInsideAutocast(TrainingStepRule):
     """What it does:
     Reports a backward pass (``loss.backward()``, ``scaler.scale(loss).backward()``) run inside a
-    ``with torch.autocast(...)`` block, directly or in a helper called there. A block with
+    ``with torch.autocast(...)`` block, directly or in a helper called there, one of another file
+    of the project too (found from the file's imports; the call is reported, naming the helper's line). A block with
     ``enabled=False`` inside the region turns it off.
 
     Why is this bad?
@@ -76,3 +78,11 @@ class BackwardInsideAutocast(TrainingStepRule):
             regions = event.regions()
             if regions and regions[-1].enabled is not False:
                 yield event.node, None, {}
+        for _, event in model.each(Kind.BACKWARD_ELSEWHERE):  # a helper of another file the region calls
+            regions = event.regions()
+            if regions and regions[-1].enabled is not False:
+                reader = event.detail["reader"]
+                call = " ".join(nodes.code(event.node).split())
+                shown = call if len(call) <= 60 else f"{nodes.code(event.node.func)}(...)"
+                yield event.node, (f"`{shown}` runs a backward pass (`{reader.label}`, {reader.backward}) inside an "
+                                   "autocast region; end the `with autocast` block after the loss"), {}

@@ -170,7 +170,7 @@ class Walk:
         if type(small) in _ASSIGNMENTS and value is not None:
             targets = _targets(small)
             self._expression(value, frames, statements)
-            on_host = _pulled(value) or self._returns_host(value)
+            on_host = shapes.on_the_host(value) or self._returns_host(value)
             self.assignments.append(Assignment(targets, value, len(self.events), on_host, small, frames, statements,
                                                tick=self._tick()))
             for target in targets:
@@ -202,7 +202,7 @@ class Walk:
     def bind(self, targets: tuple[str, ...], value: cst.BaseExpression, node: cst.CSTNode, frames: tuple,
              statements: tuple) -> None:
         """Record that ``targets`` take ``value`` here (a loop target, a helper's parameter or return)."""
-        self.assignments.append(Assignment(targets, value, len(self.events), _pulled(value), node, frames, statements,
+        self.assignments.append(Assignment(targets, value, len(self.events), shapes.on_the_host(value), node, frames, statements,
                                            written=False, tick=self._tick()))
 
     # expressions
@@ -231,6 +231,8 @@ class Walk:
             for argument in reader.arguments(call) if reader is not None else ():
                 self._pull(call, frames, statements, argument.value, form="imported helper", reader=reader,
                            spread=argument.star == "**")
+            if reader is not None and reader.backward:
+                self._add(Kind.BACKWARD_ELSEWHERE, call, frames, statements, detail={"reader": reader})
         if isinstance(func, cst.Attribute):
             if name == "backward":
                 if self._helper(call) is None:  # the file's own `self.backward(loss)` is entered instead
@@ -455,24 +457,7 @@ def _plain_names(test: cst.BaseExpression) -> list[str]:
 @tree_walk.kept_per_tree  # asked at each call of the function: a script's top level may call it thousands of times
 def _returns_only_host_values(function: cst.FunctionDef) -> bool:
     returns = [node.value for node in tree_walk.descendants(function.body, nodes.not_a_definition) if type(node) is cst.Return]
-    return bool(returns) and all(returned is not None and _pulled(returned) for returned in returns)
-
-
-def _pulled(value: cst.BaseExpression) -> bool:
-    """Whether ``value`` is on the host: ``loss.item()``, ``out.cpu()``, ``float(x)``, or what a
-    method or a torch function computes from such a value (``torch.argmax(out.cpu(), 1)``): the
-    wait was where it was pulled, not where it is read."""
-    if type(value) is cst.Call:
-        name, func = nodes.call_name(value), value.func
-        if name in words.PULL_METHODS or (type(func) is cst.Name and name in ("float", "int")) or shapes.host_tensor(value):
-            return True
-        if type(func) is cst.Attribute:
-            return _pulled(func.value) or (
-                words.root_text(func) == "torch" and bool(value.args) and _pulled(value.args[0].value))
-        return False
-    if type(value) is cst.BinaryOperation:
-        return _pulled(value.left) or _pulled(value.right)
-    return False
+    return bool(returns) and all(returned is not None and shapes.on_the_host(returned) for returned in returns)
 
 
 _body = shapes.body

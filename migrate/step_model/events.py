@@ -32,6 +32,7 @@ class Kind(str, enum.Enum):
     SCALER_NEW = "GradScaler created"
     HOST_PULL = "tensor pulled to the host"
     HALF = "cast to float16"
+    BACKWARD_ELSEWHERE = "backward in a helper of another file"  # seen by AMP104 only: not a step of this file's
 
 
 class Backward(str, enum.Enum):

@@ -8,7 +8,8 @@ misc``, relative ones too) by looking for the module's file in the file's folder
 above it, as Python would find it from a script run at the project's root. Its function, or the
 method of a class the caller made (``metric_logger = MetricLogger()``), is read with ``ast``:
 which parameters it pulls to the host (``p.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``,
-``float(p)``, ``math.isnan(p)``), also through a loop over them (``for k, v in kwargs.items()``).
+``float(p)``, ``math.isnan(p)``), also through a loop over them (``for k, v in kwargs.items()``),
+and whether it runs a backward pass.
 
 A helper whose file is not found, or that reads its parameters only through further calls,
 reads nothing here: a read may be missed, never invented.
@@ -43,6 +44,7 @@ class Reader:
     positions: tuple[int, ...]  # the positional parameters it reads (a method's `self` left out)
     names: frozenset[str]  # the same, by name, and the keyword-only ones
     keywords: bool  # the values of its `**kwargs`
+    backward: str | None = None  # where it runs a backward pass (`scaler.scale(loss).backward()`), if it does
 
     def arguments(self, call: cst.Call) -> list[cst.Arg]:
         """The arguments of ``call`` that land in a parameter this helper reads."""
@@ -192,13 +194,16 @@ def _reader(function: ast.FunctionDef | ast.AsyncFunctionDef, label: str, shown:
             value = _pulled(node)
             if value in aliases and aliases[value] not in read:
                 read[aliases[value]] = node.lineno
-    if not read:
+    backwards = [node.lineno for node in body if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                 and node.func.attr == "backward"]
+    if not read and not backwards:
         return None
-    first = min(read.values())
+    first = min(read.values()) if read else min(backwards)
     return Reader(label=label, where=f"{shown}:{first}",
                   positions=tuple(index for index, name in enumerate(positional) if name in read),
                   names=frozenset(name for name in read if name != keywords),
-                  keywords=keywords in read)
+                  keywords=keywords in read,
+                  backward=f"{shown}:{min(backwards)}" if backwards else None)
 
 
 def _own_nodes(function: ast.AST):

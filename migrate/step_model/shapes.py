@@ -152,3 +152,20 @@ def host_tensor(call: cst.Call) -> bool:
     there (a list of device tensors is copied, each waited for)."""
     return (nodes.code(call.func) == "torch.tensor" and bool(call.args) and call.args[0].keyword is None
             and nodes.argument(call, None, "device") is None)
+
+
+def on_the_host(value: cst.BaseExpression) -> bool:
+    """Whether ``value`` is on the host: ``loss.item()``, ``out.cpu()``, ``float(x)``, or what a
+    method or a torch function computes from such a value (``torch.argmax(out.cpu(), 1)``): the
+    wait was where it was pulled, not where it is read."""
+    if type(value) is cst.Call:
+        name, func = nodes.call_name(value), value.func
+        if name in words.PULL_METHODS or (type(func) is cst.Name and name in ("float", "int")) or host_tensor(value):
+            return True
+        if type(func) is cst.Attribute:
+            return on_the_host(func.value) or (
+                words.root_text(func) == "torch" and bool(value.args) and on_the_host(value.args[0].value))
+        return False
+    if type(value) is cst.BinaryOperation:
+        return on_the_host(value.left) or on_the_host(value.right)
+    return False

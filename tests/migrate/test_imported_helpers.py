@@ -124,3 +124,28 @@ def test_the_cli_names_the_helpers_line(tmp_path):
     result = CliRunner().invoke(main, ["--check", "--select", "AMP100", "-q", str(train)])
     assert "`misc.check_nan_losses(loss)` reads a training-step tensor on the host in `check_nan_losses` " \
            "(project/utils/misc.py:5)" in textwrap.dedent(result.output)
+
+
+_BACKWARD_HELPER = """\
+def contrastive_step(model, batch, scaler):
+    loss = model(batch).mean()
+    scaler.scale(loss).backward()
+    return loss.detach()
+"""
+
+
+@pytest.mark.parametrize(("inside", "reported"), [(True, True), (False, False)])
+def test_a_backward_pass_in_a_helper_of_another_file_under_the_callers_autocast(tmp_path, inside, reported):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "steps.py").write_text(_BACKWARD_HELPER)
+    call = "contrastive_step(model, batch, scaler)"
+    body = (f"        with torch.autocast('cuda'):\n            loss = {call}\n" if inside else
+            f"        loss = {call}\n")
+    source = ("import torch\nfrom steps import contrastive_step\n\n\n"
+              "def train(model, optimizer, loader, scaler):\n    for batch in loader:\n" + body +
+              "        scaler.step(optimizer)\n        scaler.update()\n")
+    (tmp_path / "train.py").write_text(source)
+    found = migrate_source(source, str(tmp_path / "train.py"), select=["AMP104"]).diagnostics
+    assert [d.message.split(" runs")[0] for d in found] == ([f"`{call}`"] if reported else [])
+    if reported:
+        assert "(`contrastive_step`, " in found[0].message and "steps.py:3)" in found[0].message
