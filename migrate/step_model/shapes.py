@@ -150,7 +150,9 @@ def leaves(block: cst.BaseSuite) -> bool:
 def host_tensor(call: cst.Call) -> bool:
     """``torch.tensor(values)`` with no ``device=``: made on the host, from what ``values`` holds
     there (a list of device tensors is copied, each waited for)."""
-    return (nodes.code(call.func) == "torch.tensor" and bool(call.args) and call.args[0].keyword is None
+    func = call.func  # asked of every call the walk meets: no code is generated to answer
+    return (type(func) is cst.Attribute and func.attr.value == "tensor" and type(func.value) is cst.Name
+            and func.value.value == "torch" and bool(call.args) and call.args[0].keyword is None
             and nodes.argument(call, None, "device") is None)
 
 

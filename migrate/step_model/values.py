@@ -132,14 +132,16 @@ class StepValues:
                     step = holds or (beside and (target in loss or named_a_loss(target)))
                     self._given.setdefault(target, []).append((assignment.tick, step))
         # What each binding made of a name on the host: pulled there (`losses = torch.tensor(losses)`,
-        # `loss = loss.item()`), or computed only from such values (`isnan = torch.isnan(losses).any()`).
-        self._host_given: dict[str, list[tuple[int, bool]]] = {}
+        # `loss = loss.item()`), or computed only from such values (`isnan = torch.isnan(losses).any()`),
+        # worked out when a read asks (few do; most files pull nothing into a name).
+        self._host_given: dict[str, list[tuple[int, bool, object]]] = {}
         for assignment in assignments:
             pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
             for targets, value in pairs:
-                host = assignment.on_host or (value is not None and self._computed_on_the_host(value, assignment.tick))
                 for target in targets:
-                    self._host_given.setdefault(target, []).append((assignment.tick, host))
+                    self._host_given.setdefault(target, []).append((assignment.tick, assignment.on_host, value))
+        self._pulled_somewhere = any(assignment.on_host for assignment in assignments)
+        self._host_memo: dict[tuple[str, int], bool] = {}
 
     def _computed_on_the_host(self, value, tick: int) -> bool:
         """Whether the step's names ``value`` reads all hold, at ``tick``, what was pulled to the host."""
@@ -150,8 +152,19 @@ class StepValues:
         return bool(read) and all(self._on_the_host(name, tick) for name in read)
 
     def _on_the_host(self, name: str, tick: int) -> bool:
-        before = [host for at, host in self._host_given.get(name, ()) if at < tick]
-        return bool(before) and before[-1]
+        if not self._pulled_somewhere:
+            return False
+        before = [binding for binding in self._host_given.get(name, ()) if binding[0] < tick]
+        if not before:
+            return False
+        at, pulled, value = before[-1]
+        if pulled or value is None:
+            return pulled
+        key = (name, at)
+        if key not in self._host_memo:
+            self._host_memo[key] = False  # a binding that reads itself (`x = f(x)`) is not pulled by that
+            self._host_memo[key] = self._computed_on_the_host(value, at)
+        return self._host_memo[key]
 
     def _beside_the_loss(self, assignment, targets: set[str], value, seeded: dict) -> bool:
         """Whether ``targets`` are bound with the loss a backward pass takes, by one statement:
