@@ -54,6 +54,8 @@ class Features:
     #                                  the scaled or the plain backward
     alternate: bool = False  # with micro-batches in a loop of their own: on odd steps the whole batch
     #                          in one scaled backward instead, in the other arm of an `if`
+    half_evaluation: bool = False  # after training, an evaluation pass casts the model to float16 and
+    #                                feeds it float32 batches (apex's casts made that work)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -94,6 +96,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, alternate=False)
     if f.flag == "none" or f.amp_via == "attribute" or f.backward_in == "helper" or f.flag_copy:
         f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
+    if f.flag != "none" or f.inner_fp32:
+        f = replace(f, half_evaluation=False)  # without apex's casts (fp32 runs, an fp32 head) it raised under apex too
     return f
 
 
@@ -125,6 +129,7 @@ def features():
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
         initialize_always=st.booleans(),
         alternate=st.booleans(),
+        half_evaluation=st.booleans(),
     ).map(_coherent)
 
 
@@ -149,6 +154,16 @@ def restore(buffer, model, optimizer, amp=None):
     optimizer.load_state_dict(checkpoint["optimizer"])
     if amp is not None:
         amp.load_state_dict(checkpoint["amp"])
+'''
+
+
+_HALF_EVALUATION = '''
+
+def evaluate(model, batches):
+    model.eval()
+    model.half()
+    with torch.no_grad():
+        print(sum(F.mse_loss(model(inputs).float(), targets).item() for inputs, targets in batches))
 '''
 
 
@@ -406,5 +421,10 @@ def script(f: Features) -> str:
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     helpers = ((_HELPER if f.loss == "helper" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
                + (_CHECKPOINTS if f.checkpoint else ""))
-    return (header + imports + constants + helpers + "\n\n" + _main_and_training(f)
+    evaluation = ""
+    training = _main_and_training(f)
+    if f.half_evaluation:  # main's last line is in main in every layout: the evaluation follows it
+        evaluation = _HALF_EVALUATION
+        training += f"\n    evaluate({f.names[0]}, batches)"
+    return (header + imports + constants + helpers + evaluation + "\n\n" + training
             + '\n\n\nif __name__ == "__main__":\n    main()\n')

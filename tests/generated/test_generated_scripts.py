@@ -187,3 +187,17 @@ def test_a_scaled_backward_in_each_arm_one_in_a_loop_of_micro_batches(flag, clip
 ], ids=["attribute-two-optimizers", "finite-guard"])
 def test_both_arms_scaled_with_what_follows_the_step(drawn, tmp_path):
     assert_rewrites_hold(judge(drawn, tmp_path))
+
+
+@pytest.mark.parametrize("holder, loop_in", [("function", "main"), ("function", "closure"), ("method", "main")])
+def test_a_float16_evaluation_after_training_is_left_to_a_person(holder, loop_in, tmp_path):
+    """After training, an evaluation casts the model to float16 and feeds it float32 batches,
+    which apex's casts made work (seen in a fresh repository's ``validate``): a rewrite without
+    autocast there crashes, so the file is left as it is, and says why."""
+    drawn = Features(loss="inline", loop="enumerate", accumulation="none", boundary="plus_one", clip="parameters",
+                     clip_at="boundary", flag="none", import_guard=False, inner_fp32=False,
+                     names=("net", "opt", "loss"), holder=holder, loop_in=loop_in, half_evaluation=True)
+    outcome = judge(drawn, tmp_path)
+    assert (outcome.safe, outcome.unsafe) == ("unchanged", "unchanged"), outcome.summary
+    reasons = [d.message for d in migrate_source(script(drawn), "train.py").diagnostics if d.code == "AMP002"]
+    assert reasons and all("casts a model to float16" in reason for reason in reasons)
