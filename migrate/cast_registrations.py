@@ -17,14 +17,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import find, project_root
+from migrate.files import project_python_files, project_root
 from migrate.native_casts import registered_natively
 
 __all__ = ["SETTING", "elsewhere"]
 
 SETTING = "apex-casts-elsewhere"  # the setting that hands a file these places (not a user setting)
 _REGISTERS = frozenset({"register_half_function", "register_float_function", "register_promote_function"})
-_MOST_FILES_SEARCHED = 5000
 
 
 def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
@@ -47,7 +46,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
 def _registrations(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every cast registration native autocast does not make, in the project's ``.py`` files."""
     places = []
-    for file in tuple(path.resolve() for path in find([root]).files if path.suffix == ".py")[:_MOST_FILES_SEARCHED]:
+    for file in project_python_files(root):
         try:
             data = file.read_bytes()
         except OSError:

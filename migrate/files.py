@@ -12,6 +12,7 @@ import errno
 import fnmatch
 import os
 import stat
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -87,6 +88,17 @@ def project_root(path: Path) -> Path:
             return candidate
     return folder
 
+
+
+_MOST_FILES_SEARCHED = 5000  # a project's search on disk looks at no more files than this
+
+
+@lru_cache(maxsize=8)
+def project_python_files(root: Path) -> tuple[Path, ...]:
+    """The ``.py`` files of the project at ``root`` (resolved; as ``find`` lists them, ignored
+    files left out), at most ``_MOST_FILES_SEARCHED``: what the searches of a project on disk read
+    (``halves``, ``importers``, ``cast_registrations``)."""
+    return tuple(path.resolve() for path in find([root]).files if path.suffix == ".py")[:_MOST_FILES_SEARCHED]
 
 _WHY = {
     "loop": "a symbolic link loop: skipped",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import find, project_root
+from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
 from migrate.types import ImportChange
 
@@ -31,7 +31,6 @@ __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk"
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
-_MOST_FILES_SEARCHED = 5000  # a search on disk looks at no more files than this
 
 
 class Import(NamedTuple):
@@ -201,13 +200,13 @@ def _package(path: Path) -> Path | None:
 @lru_cache(maxsize=8)
 def _halves_under(root: Path) -> tuple[Half, ...]:
     found = []
-    for path in [path for path in find([root]).files if path.suffix == ".py"][:_MOST_FILES_SEARCHED]:
+    for path in project_python_files(root):
         try:
             data = path.read_bytes()
         except OSError:
             continue
         if b"apex" in data:
-            half = find_half(path.resolve(), data.decode("utf-8", "replace"))
+            half = find_half(path, data.decode("utf-8", "replace"))
             if half is not None:
                 found.append(half)
     return tuple(found)

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import find, project_root
+from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
 
 __all__ = ["SETTING", "apex_bound_names", "imported_elsewhere"]
 
 SETTING = "imported-elsewhere"  # the setting that hands a file's rules these names (not a user setting)
-_MOST_FILES_SEARCHED = 5000  # a project's search looks at no more files than this
 
 
 def imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
@@ -39,7 +37,7 @@ def imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
     found: dict[Path, set[str]] = {}
     for root, exporters in by_root.items():
         wanted = frozenset().union(*exporters.values())
-        for importer in _python_files(root):
+        for importer in project_python_files(root):
             for exporter, names in _imports_from(importer, exporters, wanted):
                 found.setdefault(exporter, set()).update(names)
     resolved = {path.resolve(): path for path in bound}
@@ -79,11 +77,6 @@ def _top_level(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _top_level(getattr(statement, field, []) or [])
         for handler in getattr(statement, "handlers", []) or []:
             yield from _top_level(handler.body)
-
-
-@lru_cache(maxsize=8)
-def _python_files(root: Path) -> tuple[Path, ...]:
-    return tuple(path.resolve() for path in find([root]).files if path.suffix == ".py")[:_MOST_FILES_SEARCHED]
 
 
 def _imports_from(importer: Path, exporters: Mapping[Path, frozenset[str]], wanted: frozenset[str]) -> Iterator[tuple[Path, set[str]]]:

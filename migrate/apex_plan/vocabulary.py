@@ -308,25 +308,15 @@ def either(first: str | None, second: str | None) -> str | None:
 
 
 def conjuncts(text: str) -> list[str]:
-    """The parts of ``a and (b or c) and not d`` joined by a top-level ``and``."""
+    """The parts of ``a and (b or c) and not d`` joined by a top-level ``and``, as Python reads it."""
     text = text.strip()
     try:
         test = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError):
-        test = None
-    if test is not None:
-        parts = [ast.get_source_segment(text, value) for value in test.values] \
-            if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [text]
-        if all(part is not None for part in parts):
-            return [normal_parens(part) for part in parts]
-    parts, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        depth += (char in "([{") - (char in ")]}")
-        if depth == 0 and text.startswith(" and ", index):
-            parts.append(text[start:index])
-            start = index + len(" and ")
-    parts.append(text[start:])
-    return [normal_parens(part) for part in parts]
+        return [normal_parens(text)]  # not an expression: one part
+    if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
+        return [normal_parens(text)]
+    return [normal_parens(ast.get_source_segment(text, value) or "") for value in test.values]
 
 
 def normal_parens(text: str) -> str:

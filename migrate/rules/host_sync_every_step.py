@@ -233,7 +233,7 @@ class HostSyncEveryStep(TrainingStepRule):
         where = f"every iteration of the loop at line {self._line(loop.node)}" if loop else "every training step"
         root = _value_name(steps.values(models, through_calls=True), event.detail["pulled"])
         if event.detail.get("form") == "if":
-            advice = (f"test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them")
+            advice = "test it every n steps, or leave non-finite steps to the GradScaler, whose `step` skips them"
             what = f"`{_shown(event)}` waits for `{root}` on the host in {where} (the GPU idles each step)"
         elif event.detail.get("form") == "torch.tensor()":  # a list of device tensors made one on the host
             advice = f"stack them on the device (`torch.stack({root})`) and read that every n steps"

@@ -81,7 +81,7 @@ class ImportedHelpers:
             return self._function(func.value, None)
         if type(func) is not cst.Attribute:
             return None
-        owner = nodes.code(func.value)
+        owner = _dotted(func.value)  # asked of every call a walk does not enter: no code generated
         if owner in instances:  # `metric_logger = MetricLogger(...)`: its class's method
             return self._function(instances[owner], func.attr.value)
         if type(func.value) is cst.Name:  # `misc.check_nan_losses(loss)`: a module's function
@@ -189,7 +189,7 @@ def _reader(function: ast.FunctionDef | ast.AsyncFunctionDef, label: str, shown:
                 for target in _item_targets(node.target):
                     aliases[target] = aliases[source]
     read: dict[str, int] = {}
-    for node in _unguarded(function):
+    for node in _own_nodes(function, counted=True):
         if isinstance(node, ast.Call):
             value = _pulled(node)
             if value in aliases and aliases[value] not in read:
@@ -206,31 +206,30 @@ def _reader(function: ast.FunctionDef | ast.AsyncFunctionDef, label: str, shown:
                   backward=f"{shown}:{min(backwards)}" if backwards else None)
 
 
-def _own_nodes(function: ast.AST):
-    """The nodes of ``function``'s body, not of functions, lambdas or classes defined in it."""
+def _own_nodes(function: ast.AST, *, counted: bool = False):
+    """The nodes of ``function``'s body, not of functions, lambdas or classes defined in it;
+    ``counted``: not those under an ``if`` on a count (``if self.step % 100 == 0:``), as a helper
+    that logs every n calls does not wait each call."""
     stack = list(ast.iter_child_nodes(function))
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _unguarded(function: ast.AST):
-    """``_own_nodes`` but those under an ``if`` on a step count (``if self.step % 100 == 0:``):
-    a helper that logs every n calls does not wait each call."""
-    stack = list(ast.iter_child_nodes(function))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        if isinstance(node, ast.If) and any(isinstance(part, ast.BinOp) and isinstance(part.op, ast.Mod)
-                                            for part in ast.walk(node.test)):
+        if counted and isinstance(node, ast.If) and any(
+                isinstance(part, ast.BinOp) and isinstance(part.op, ast.Mod) for part in ast.walk(node.test)):
             stack.extend(node.orelse)
             continue
         yield node
         stack.extend(ast.iter_child_nodes(node))
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    """``logger`` or ``self.logger``; None for anything else."""
+    if type(node) is cst.Name:
+        return node.value
+    if type(node) is cst.Attribute and type(node.value) is cst.Name:
+        return f"{node.value.value}.{node.attr.value}"
+    return None
 
 
 def _iterated(iterated: ast.expr) -> str | None:
