@@ -86,6 +86,16 @@ class Documentation(NamedTuple):
     fixed: str | None  # INVALID[0] fixed, when the rule fixes it
     fix_needs_unsafe: bool  # the fix above is made only with --unsafe-fixes
     valid: str | None  # VALID[0]
+    frameworks: tuple[FrameworkNote, ...] = ()  # Rule.FRAMEWORKS, each with its examples
+
+
+class FrameworkNote(NamedTuple):
+    """How a rule applies in one training framework, and its examples written for it."""
+
+    framework: str
+    how: str
+    reported: tuple[str, ...]  # INVALID examples
+    left_alone: tuple[str, ...]  # VALID examples
 
 
 def all_codes() -> tuple[str, ...]:
@@ -120,6 +130,10 @@ def documentation(code: str) -> Documentation:
         fixed=example.expected_replacement if example else None,
         fix_needs_unsafe=bool(example and example.unsafe_fixes),
         valid=rule.VALID[0].code if rule.VALID else None,
+        frameworks=tuple(
+            FrameworkNote(name, how, tuple(case.code for case in rule.INVALID if case.framework == name),
+                          tuple(case.code for case in rule.VALID if case.framework == name))
+            for name, how in rule.FRAMEWORKS.items()),
     )
 
 
@@ -137,6 +151,12 @@ def explain(code: str) -> str:
             lines += [f"Becomes{' (with --unsafe-fixes)' if doc.fix_needs_unsafe else ''}:", "", _indent(doc.fixed)]
     if doc.valid is not None:
         lines += ["Valid:", "", _indent(doc.valid)]
+    if doc.frameworks:
+        lines += ["In each framework:", ""]
+    for note in doc.frameworks:
+        lines += [f"{note.framework}: {note.how}", ""]
+        lines += [part for code in note.reported for part in ("Reported:", "", _indent(code))]
+        lines += [part for code in note.left_alone for part in ("Left alone:", "", _indent(code))]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

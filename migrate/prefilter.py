@@ -47,12 +47,13 @@ __all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_wor
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
-PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "accelerator", "amp", "ampmigrate", "apex", "autocast", "deepspeed",
-                                    "fabric", "manual_backward", "model_engine", "noqa", "scaler", "train_batch",
-                                    "training_step")
+PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "accelerator", "amp", "ampmigrate", "apex", "autocast",
+                                    "automatic_optimization", "deepspeed", "fabric", "manual_backward", "model_engine",
+                                    "noqa", "scaler", "train_batch", "training_step")
 # The words only NEEDS_A_STEP rules read in a plain run (``step_words``); test_prefilter keeps it so.
-PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"accelerator", "autocast", "deepspeed", "fabric", "manual_backward",
-                                                  "model_engine", "scaler", "train_batch", "training_step"})
+PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"accelerator", "autocast", "automatic_optimization", "deepspeed",
+                                                  "fabric", "manual_backward", "model_engine", "scaler", "train_batch",
+                                                  "training_step"})
 # Words too common to decide on: a file holding only these is looked at with ``ast``.
 _COMMON_WORDS = frozenset({"amp", "apex"})
 # ``noqa`` (the unused-noqa rule's word) counts only in a directive naming an ampmigrate code:

@@ -46,9 +46,11 @@ class Report(NamedTuple):
 
 
 class Valid(NamedTuple):
-    """Source the rule must leave alone and report nothing on."""
+    """Source the rule must leave alone and report nothing on; ``framework`` names the training
+    framework it is written for (``Rule.FRAMEWORKS``), where it shows one."""
 
     code: str
+    framework: str | None = None
 
 
 class Invalid(NamedTuple):
@@ -60,6 +62,7 @@ class Invalid(NamedTuple):
     code: str
     expected_replacement: str | None = None
     unsafe_fixes: bool = False
+    framework: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class Rule(cst.BatchableCSTVisitor):
     MESSAGE: ClassVar[str] = ""
     VALID: ClassVar[list[Valid]] = []
     INVALID: ClassVar[list[Invalid]] = []
+    # How the rule applies in each training framework it knows (a rule on training steps), by
+    # name; its examples for one say ``framework=`` that name.
+    FRAMEWORKS: ClassVar[dict[str, str]] = {}
     # Words a file must contain for this rule to have anything to do: any one of them, in any case,
     # as a word or a part of a snake_case name ("amp" is found in "use_amp" and "AMP_LEVEL", not in
     # "clamp"). Files holding none of the selected rules' words are skipped unparsed, and a rule

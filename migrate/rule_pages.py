@@ -44,6 +44,13 @@ def render_page(code: str) -> str:
             lines += [f"Becomes{needs}:", "", *_code_block(doc.fixed), ""]
     if doc.valid is not None:
         lines += ["## Valid", "", *_code_block(doc.valid), ""]
+    if doc.frameworks:
+        lines += ["## In each framework", ""]
+    for note in doc.frameworks:
+        lines += [f"### {note.framework}", "", _markdown(note.how), ""]
+        for label, codes in (("Reported:", note.reported), ("Left alone:", note.left_alone)):
+            for code in codes:
+                lines += [label, "", *_code_block(code), ""]
     return "\n".join([*lines, _FOOTER]) + "\n"
 
 

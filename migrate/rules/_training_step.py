@@ -10,6 +10,7 @@ from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvid
 from migrate import apex_nodes as nodes
 from migrate.rule import Rule
 from migrate.step_model import Event, Loop, StepModel, StepModelProvider, Steps, Via, model_of
+from migrate.step_model import vocabulary as words
 
 
 class TrainingStepRule(Rule):
@@ -40,7 +41,17 @@ def made_each_iteration(steps: Steps, created: Event) -> bool:
     function that runs a whole training (its own loop over epochs) may make its own."""
     loops = set(created.loops())
     trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
-    return bool(trained) and not any(_whole_run(created, backward) for backward in trained)
+    return bool(trained) and not any(_whole_run(created, backward) for backward in trained) \
+        and not _rebuilds_the_trainer(steps, created)
+
+
+def _rebuilds_the_trainer(steps: Steps, created: Event) -> bool:
+    """Whether the scaler is made by a helper that rebuilds the training state with it: its call
+    binds an optimizer too (``model, optimizer, loss_scaler, loader = build_trainer(cfg)`` when
+    a schedule changes the model): a new optimizer rightly starts a new scaler."""
+    calls = {id(frame.node) for frame in created.frames if isinstance(frame, Via)}
+    return any(a.written and id(a.value) in calls and any(words.optimizer_like(t) for t in a.targets)
+               for a in steps.assignments)
 
 
 def _whole_run(created: Event, backward: Event) -> bool:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind
 
@@ -28,6 +30,19 @@ class BackwardInsideAutocast(TrainingStepRule):
     TRIGGERS = ("autocast",)
     NEEDS_A_STEP = True
 
+    FRAMEWORKS = {
+        GRAD_SCALER: 'Reported: `scaler.scale(loss).backward()` inside `with autocast(...)`.',
+        FACTORY: "Reported as torch's.",
+        TIMM: 'Reported: `loss_scaler(loss, ...)` inside the autocast region runs the backward pass there.',
+        ACCELERATE: (
+            "Reported: `accelerator.backward(loss)` inside `with accelerator.autocast():` or a torch autocast "
+            "region."
+        ),
+        LIGHTNING: 'Reported: `self.manual_backward(loss)` inside a torch autocast region of the step.',
+        FABRIC: 'Reported: `fabric.backward(loss)` inside `with fabric.autocast():`.',
+        DEEPSPEED: 'Reported: `model_engine.backward(loss)` inside a torch autocast region.',
+    }
+
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
@@ -39,6 +54,13 @@ class BackwardInsideAutocast(TrainingStepRule):
             "            with torch.autocast('cuda', enabled=False):\n"
             "                loss.float().backward()\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(
@@ -70,6 +92,93 @@ class BackwardInsideAutocast(TrainingStepRule):
             "\n"
             "    def backward(self, loss):\n"
             "        self.scaler.scale(loss).backward()\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            '    scaler = torch.amp.GradScaler("cuda")\n'
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader, cfg):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, criterion, loader, optimizer, loss_scaler):\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = criterion(model(x), y)\n"
+            "            loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n",
+            framework=TIMM,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, accelerator):\n"
+            "    for x, y in loader:\n"
+            "        with accelerator.autocast():\n"
+            "            loss = model(x, y)\n"
+            "            accelerator.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=ACCELERATE,
+        ),
+        Invalid(
+            "import lightning as L\n"
+            "import torch\n"
+            "\n"
+            "\n"
+            "class Model(L.LightningModule):\n"
+            "    def training_step(self, batch, batch_idx):\n"
+            "        opt = self.optimizers()\n"
+            '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+            "            loss = self.net(*batch)\n"
+            "            self.manual_backward(loss)\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n",
+            framework=LIGHTNING,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, fabric):\n"
+            "    for x, y in loader:\n"
+            "        with fabric.autocast():\n"
+            "            loss = model(x, y)\n"
+            "            fabric.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=FABRIC,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model_engine, loader):\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+            "            loss = model_engine(x, y)\n"
+            "            model_engine.backward(loss)\n"
+            "        model_engine.step()\n",
+            framework=DEEPSPEED,
         ),
     ]
 

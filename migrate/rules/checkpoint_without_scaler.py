@@ -9,6 +9,8 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from migrate import apex_nodes as nodes
 from migrate.rule import FixSafety, Invalid, Valid
 from migrate.rules._scaler_in_checkpoint import one_per_line, scaler_in_reach, with_scaler_entry
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, StepModel, Steps
 from migrate.step_model.shapes import parameters_of
@@ -134,6 +136,22 @@ class CheckpointWithoutScaler(TrainingStepRule):
     METADATA_DEPENDENCIES = (*TrainingStepRule.METADATA_DEPENDENCIES, ParentNodeProvider)  # the fix's scope walk
     FIX_SAFETY = FixSafety.ALWAYS
 
+    FRAMEWORKS = {
+        GRAD_SCALER: "Reported: a checkpoint of the model and the optimizer without the scaler's `state_dict()`.",
+        FACTORY: "Reported as torch's.",
+        TIMM: (
+            "Reported: a checkpoint without `loss_scaler.state_dict()` (timm's scaler has `state_dict` and "
+            "`load_state_dict`)."
+        ),
+        ACCELERATE: 'Not reported: `accelerator.save_state(...)` saves the scaler with the rest.',
+        LIGHTNING: "Not reported: the Trainer's checkpoints hold the precision plugin's scaler.",
+        FABRIC: (
+            "Not reported: the scaler is Fabric's precision plugin's, which the file does not hold; what "
+            "`fabric.save` saves is not judged."
+        ),
+        DEEPSPEED: "Not reported: `model_engine.save_checkpoint(...)` saves the loss scale with the optimizer's state.",
+    }
+
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
@@ -192,6 +210,13 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "            scaler.step(self.opt)\n"
             "            scaler.update()\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(_LOCAL, _LOCAL.replace(_EPOCH_SAVE, _EPOCH_SAVE_FIXED)),
@@ -276,6 +301,71 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n"
             "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, 'last.pt')\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader, epochs):\n"
+            '    scaler = torch.amp.GradScaler("cuda")\n'
+            "    for epoch in range(epochs):\n"
+            "        for x, y in loader:\n"
+            '            with torch.autocast("cuda"):\n'
+            "                loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            '        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")\n',
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader, epochs):\n"
+            '    scaler = torch.amp.GradScaler("cuda")\n'
+            "    for epoch in range(epochs):\n"
+            "        for x, y in loader:\n"
+            '            with torch.autocast("cuda"):\n'
+            "                loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        torch.save({\n"
+            '            "model": model.state_dict(),\n'
+            '            "optimizer": optimizer.state_dict(),\n'
+            '            "scaler": scaler.state_dict(),\n'
+            '        }, "last.pt")\n',
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader, cfg):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for epoch in range(cfg.epochs):\n"
+            "        for x, y in loader:\n"
+            '            with torch.autocast("cuda"):\n'
+            "                loss = model(x, y)\n"
+            "            scaler.scale(loss).backward()\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            '        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")\n',
+            framework=FACTORY,
+        ),
+        Invalid(
+            "import torch\n"
+            "from timm.utils import NativeScaler\n"
+            "\n"
+            "\n"
+            "def train(model, criterion, loader, optimizer, epochs):\n"
+            "    loss_scaler = NativeScaler()\n"
+            "    for epoch in range(epochs):\n"
+            "        for x, y in loader:\n"
+            '            with torch.autocast("cuda"):\n'
+            "                loss = criterion(model(x), y)\n"
+            "            loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "            optimizer.zero_grad()\n"
+            '        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")\n',
+            framework=TIMM,
         ),
     ]
 

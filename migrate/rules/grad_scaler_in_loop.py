@@ -6,6 +6,8 @@ import re
 import libcst as cst
 
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Event, Kind, Steps, Via
 
@@ -18,7 +20,9 @@ class GradScalerInLoop(TrainingStepRule):
     batches, where no function of the file calls it (its epoch loop is in another file).
     A function that runs a whole training (its own loop over epochs) may make its scaler, even
     when a search calls it once per trial, and so may a search's loop that makes it before its
-    own loop over epochs.
+    own loop over epochs. A scaler made by a factory or another class (timm's ``NativeScaler()``,
+    ``build_grad_scaler(cfg)``) counts, except where the call that makes it binds a new optimizer
+    too (a schedule that rebuilds the whole trainer).
 
     Why is this bad?
     A new scaler starts again at its initial scale (65,536) with no memory of overflows: every
@@ -34,7 +38,22 @@ class GradScalerInLoop(TrainingStepRule):
 
     CODE = "AMP105"
     MESSAGE = "a GradScaler is created inside the training loop: its scale starts over each time"
-    TRIGGERS = ("GradScaler",)
+    TRIGGERS = ("GradScaler", "scaler")  # torch's, or one a factory makes (`loss_scaler = NativeScaler()`)
+    STEP_TRIGGERS = ("scaler",)  # a feature scaler is no loss scaler: only where a step is
+
+    FRAMEWORKS = {
+        GRAD_SCALER: 'Reported: `GradScaler(...)` made inside the training loop, or in a function named for one epoch.',
+        FACTORY: (
+            "Reported: a factory's scaler made inside the training loop; not where the call that makes it binds a"
+            " new optimizer too (`model, optimizer, scaler = build_trainer(cfg)` when a schedule rebuilds the "
+            "model)."
+        ),
+        TIMM: 'Reported: `NativeScaler()` made inside the training loop.',
+        ACCELERATE: 'Not reported: the accelerator makes its scaler once, from its precision; the file makes none.',
+        LIGHTNING: 'Not reported: the precision plugin makes its scaler once; the file makes none.',
+        FABRIC: 'Not reported: Fabric makes its scaler once, from its precision; the file makes none.',
+        DEEPSPEED: 'Not reported: the engine keeps its own loss scaler.',
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -79,6 +98,13 @@ class GradScalerInLoop(TrainingStepRule):
             "            scaler.step(optimizer)\n"
             "            scaler.update()\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(  # called once per epoch by another file's loop
@@ -138,6 +164,50 @@ class GradScalerInLoop(TrainingStepRule):
             "        self.scaler.scale(self.model(batch)).backward()\n"
             "        self.scaler.step(self.optimizer)\n"
             "        self.scaler.update()\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    pass\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler = torch.amp.GradScaler('cuda')\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    pass\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler = build_grad_scaler(cfg)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "import torch\n"
+            "from timm.utils import NativeScaler\n"
+            "\n"
+            "\n"
+            "def train(model, criterion, loader, optimizer):\n"
+            "    for x, y in loader:\n"
+            "        loss_scaler = NativeScaler()\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = criterion(model(x), y)\n"
+            "        loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n",
+            framework=TIMM,
         ),
     ]
 

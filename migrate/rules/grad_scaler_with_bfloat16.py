@@ -5,6 +5,8 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Event, Kind, StepModel, Steps
 from migrate.step_model.vocabulary import joined_by, literal_bool
@@ -33,7 +35,25 @@ class GradScalerWithBfloat16(TrainingStepRule):
 
     CODE = "AMP106"
     MESSAGE = "a GradScaler with autocast in bfloat16 only: bfloat16 needs no loss scaling"
-    TRIGGERS = ("GradScaler",)  # the scaler is what it reports
+    TRIGGERS = ("GradScaler", "scaler")  # the scaler is what it reports: torch's, or a factory's
+    STEP_TRIGGERS = ("scaler",)  # a feature scaler is no loss scaler: only where a step is
+
+    FRAMEWORKS = {
+        GRAD_SCALER: 'Reported: an always-enabled `GradScaler` beside autocast regions that are all bfloat16.',
+        FACTORY: (
+            "Not reported: whether what the factory returns is enabled is the factory's to say "
+            "(`get_grad_scaler(cfg)` often returns a disabled one for bfloat16); one given `enabled=True` is "
+            "judged as torch's."
+        ),
+        TIMM: (
+            "Reported: timm's `NativeScaler()` (and the `NativeScalerWithGradNormCount` of MAE, DeiT and "
+            "ConvNeXt) is always enabled."
+        ),
+        ACCELERATE: 'Not reported: `mixed_precision="bf16"` makes no scaler.',
+        LIGHTNING: 'Not reported: `precision="bf16-mixed"` makes no scaler.',
+        FABRIC: 'Not reported: `Fabric(precision="bf16-mixed")` makes no scaler.',
+        DEEPSPEED: 'Not reported: bfloat16 in the configuration uses no loss scale.',
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -72,6 +92,27 @@ class GradScalerWithBfloat16(TrainingStepRule):
             "            loss = model(x)\n"
             "        scaler.scale(loss).backward()\n"
         ),
+        Valid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(  # on only where the bfloat16 region is: `amp and grad_scaling` implies `amp`
@@ -141,11 +182,41 @@ class GradScalerWithBfloat16(TrainingStepRule):
             "        loss = model(next(data))\n"
             "    scaler.scale(loss).backward()\n"
         ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "from timm.utils import NativeScaler\n"
+            "\n"
+            "\n"
+            "def train(model, criterion, loader, optimizer):\n"
+            "    loss_scaler = NativeScaler()\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+            "            loss = criterion(model(x), y)\n"
+            "        loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n",
+            framework=TIMM,
+        ),
     ]
 
     def findings(self, model):
         for steps, event in model.each(Kind.SCALER_NEW):
             enabled = nodes.argument(event.node, None, "enabled")
+            if event.detail.get("factory") and event.detail.get("enabled") is not True and enabled is None:
+                continue  # `get_grad_scaler(cfg)`: whether what it makes is enabled is the factory's to say
             autocasts = _regions_of_its_steps(model, steps, event) or model.all_events(Kind.AUTOCAST)
             autocasts = [e for e in autocasts if e.detail.get("enabled") is not False]
             if not autocasts or any(e.detail.get("dtype") != "bfloat16" for e in autocasts):

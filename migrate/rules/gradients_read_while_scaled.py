@@ -5,8 +5,12 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.rules._frameworks import precision_without_scaler
 from migrate.step_model import Backward, Event, Kind, Steps
+from migrate.step_model import vocabulary as words
 from migrate.types import FixSafety, Safety
 
 
@@ -17,7 +21,10 @@ class GradientsReadWhileScaled(TrainingStepRule):
     same step: one finding per missing ``unscale_``, at the first read, the others related. A
     reading call handed the scale or the scaler (``clip_gradients(model, max_norm,
     scale=scaler.get_scale())``) knows the gradients are scaled and is not reported; a ``test_...``
-    function is no training step.
+    function is no training step. A framework that scales the loss itself (Accelerate, Fabric,
+    Lightning's ``self.manual_backward``) has the same mistake: a torch clip between its backward
+    pass and its optimizer step, instead of its own clip, which unscales first (see "In each
+    framework").
 
     Why is this bad?
     Until ``unscale_`` (or ``scaler.step``) runs, every gradient is multiplied by the scale,
@@ -48,8 +55,40 @@ class GradientsReadWhileScaled(TrainingStepRule):
     FIX = 'inserts scaler.unscale_(optimizer) before the gradients are read'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "gradients are read while still multiplied by the loss scale; call `scaler.unscale_(optimizer)` first"
-    TRIGGERS = ("scaler", "GradScaler")
+    TRIGGERS = ("scaler", "GradScaler", "accelerator", "fabric", "manual_backward")
     NEEDS_A_STEP = True
+
+    FRAMEWORKS = {
+        GRAD_SCALER: (
+            "Reported: a read between `scaler.scale(loss).backward()` and `scaler.unscale_(optimizer)`; fixed by "
+            "inserting the `unscale_` where that is safe."
+        ),
+        FACTORY: "Reported and fixed as torch's: what the factory returns is used as a `GradScaler`.",
+        TIMM: (
+            "Not reported: `loss_scaler(loss, optimizer, clip_grad=...)` unscales before it clips and steps "
+            "inside the call, so no code of the loop sees scaled gradients."
+        ),
+        ACCELERATE: (
+            "Reported: a torch clip or a read of `p.grad` after `accelerator.backward(loss)` and before the step "
+            "sees gradients still multiplied by the scale when the accelerator runs fp16; "
+            "`accelerator.clip_grad_norm_` unscales first. Not reported where the file makes the accelerator with"
+            " a precision that has no scaler (`mixed_precision=\"bf16\"` or `\"no\"`). No fix."
+        ),
+        LIGHTNING: (
+            "Reported: a torch clip after `self.manual_backward(loss)`, which sees scaled gradients under "
+            "`16-mixed` precision; `self.clip_gradients(opt, ...)` unscales first. The Trainer's precision is set"
+            " elsewhere, so the message says when it holds. No fix."
+        ),
+        FABRIC: (
+            "Reported: a torch clip after `fabric.backward(loss)`; `fabric.clip_gradients(model, optimizer, ...)`"
+            " unscales first. Not reported where the file makes the Fabric with a precision that has no scaler. "
+            "No fix."
+        ),
+        DEEPSPEED: (
+            "Not reported: the engine keeps its gradients and its loss scale to itself, and clips as its "
+            "configuration says (`gradient_clipping`)."
+        ),
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -82,6 +121,43 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "        scaler.step(opt)\n"
             "        scaler.update()\n"
             "        norms = [p.grad.norm() for p in model.parameters()]\n"
+        ),
+        Valid(
+            "from accelerate import Accelerator\n"
+            "\n"
+            'accelerator = Accelerator(mixed_precision="bf16")\n'
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        accelerator.backward(loss)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=ACCELERATE,
+        ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
+        Valid(  # a precision with no scaler, through a module constant
+            "from lightning.fabric import Fabric\n"
+            "\n"
+            "PRECISION = 'bf16-mixed'\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    fabric = Fabric(precision=PRECISION)\n"
+            "    model, optimizer = fabric.setup(model, optimizer)\n"
+            "    for x, y in loader:\n"
+            "        fabric.backward(model(x, y))\n"
+            "        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        optimizer.step()\n",
+            framework=FABRIC,
         ),
     ]
     INVALID = [
@@ -176,15 +252,111 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "        self.scaler.step(self.optimizer)\n"
             "        self.scaler.update()\n"
         ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.unscale_(optimizer)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.unscale_(optimizer)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, accelerator):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        accelerator.backward(loss)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=ACCELERATE,
+        ),
+        Invalid(
+            "import lightning as L\n"
+            "\n"
+            "\n"
+            "class Model(L.LightningModule):\n"
+            "    def training_step(self, batch, batch_idx):\n"
+            "        opt = self.optimizers()\n"
+            "        loss = self.net(*batch)\n"
+            "        self.manual_backward(loss)\n"
+            "        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n",
+            framework=LIGHTNING,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, fabric):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        fabric.backward(loss)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=FABRIC,
+        ),
     ]
 
     def findings(self, model):
         # One missing `unscale_` is one finding: at the first read, the step's later reads related.
         reported: set[int] = set()
         missing: dict[tuple, list] = {}  # (iteration, scaler) -> [(steps, read)]
+        by_framework: dict[int, list] = {}  # the framework's backward (id) -> [(steps, read, backward)]
         for steps, event in model.each(Kind.GRAD_READ):
             statement = event.statements[-1] if event.statements else event.node
             if id(statement) in reported:
+                continue
+            managed = _framework_scaled_before(model.module, steps, event)
+            if managed is not None:
+                reported.add(id(statement))
+                by_framework.setdefault(id(managed.node), []).append((steps, event, managed))
                 continue
             scaled = self._scaled_before(steps, event)
             if scaled is None or _given_the_scale(event, scaled[0]):
@@ -201,6 +373,8 @@ class GradientsReadWhileScaled(TrainingStepRule):
             if fix and anchor is not event.statements[-1]:  # reported where `unscale_` goes: before the `if` holding the read
                 related = ((event.node, f"the read: `{' '.join(nodes.code(event.node).split())}`"), *related)
             yield (anchor if fix else event.node), message, {**fix, "related": related}
+        for reads in by_framework.values():
+            yield _framework_finding(reads)
 
     @staticmethod
     def _scaled_before(steps: Steps, event: Event) -> tuple[str, Event] | None:
@@ -254,6 +428,47 @@ class GradientsReadWhileScaled(TrainingStepRule):
         end = steps.index(step)
         return any(e.kind is Kind.BACKWARD and (steps.index(e) > steps.index(event) or path[0] in e.statements)
                    for e in steps.events[:end])
+
+
+def _framework_scaled_before(module: cst.Module, steps: Steps, read: Event) -> Event | None:
+    """The backward pass of Accelerate, Fabric or Lightning (``accelerator.backward(loss)``,
+    ``self.manual_backward(loss)``) whose gradients ``read`` sees before the optimizer steps,
+    unless the read is the framework's own (``accelerator.clip_grad_norm_``, which unscales
+    first) or the file makes the framework with a precision that scales nothing."""
+    backwards = steps.before(read, (Kind.BACKWARD,))
+    if not backwards or backwards[-1].how is not Backward.MANAGED:
+        return None
+    backward = backwards[-1]
+    runner = backward.detail.get("runner")
+    if not runner or words.scaling_framework(runner) is None:
+        return None
+    if runner == "self" and nodes.call_name(backward.node) != "manual_backward":
+        return None  # `self.backward(scaler.scale(loss))` of a trainer class: its own, not Lightning's
+    if any(steps.index(backward) < steps.index(other) < steps.index(read)
+           for other in steps.before(read, (Kind.STEP, Kind.UNSCALE, Kind.SCALER_STEP))):
+        return None  # read after a step or an `unscale_`: the gradients are unscaled
+    call = read.node
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and (
+            nodes.code(call.func.value) == runner or nodes.call_name(call) == "clip_gradients"):
+        return None  # `accelerator.clip_grad_norm_(...)`, `self.clip_gradients(opt, ...)`: unscales first
+    if precision_without_scaler(module, runner):
+        return None
+    return backward
+
+
+def _framework_finding(reads: list) -> tuple:
+    """One finding per framework backward pass: at the first read, the step's later reads related."""
+    _, read, backward = reads[0]
+    runner = backward.detail["runner"]
+    framework, clip = words.scaling_framework(runner)
+    text = lambda event: " ".join(nodes.code(event.node).split())  # noqa: E731
+    runs = "self.manual_backward(...)" if nodes.call_name(backward.node) == "manual_backward" else f"{runner}.backward(...)"
+    message = (f"gradients are read after `{runs}`, which multiplies them by the loss scale when {framework} runs "
+               f"float16 mixed precision, before its optimizer step unscales them; clip with `{clip}`, which unscales first")
+    if len(reads) > 1:
+        message += f" ({len(reads)} reads in this step)"
+    related = tuple((other.node, f"also read before the step: `{text(other)}`") for _, other, _ in reads[1:])
+    return read.node, message, {"related": related}
 
 
 def _unscaled_on_every_path(steps: Steps, unscaling: list[Event], read: Event, backward: Event) -> bool:

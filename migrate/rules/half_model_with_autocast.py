@@ -5,6 +5,8 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind, Steps
 from migrate.step_model.vocabulary import model_like
@@ -33,6 +35,24 @@ class HalfModelWithAutocast(TrainingStepRule):
     MESSAGE = "the model is cast to float16 while autocast / a GradScaler manage precision; keep it in float32"
     TRIGGERS = ("autocast", "GradScaler")
     NEEDS_A_STEP = True
+
+    FRAMEWORKS = {
+        GRAD_SCALER: (
+            "Reported: the model cast to float16 (`model.half()`, `.to(torch.float16)`) and run under autocast."
+        ),
+        FACTORY: "Reported as torch's.",
+        TIMM: 'Reported: the same, whatever scales the loss.',
+        ACCELERATE: 'Reported: a float16 model run in `with accelerator.autocast():`.',
+        LIGHTNING: (
+            "Reported only where the file's own autocast region runs a float16 model: Lightning's `16-mixed` "
+            "autocast is set on the Trainer, elsewhere."
+        ),
+        FABRIC: 'Reported: a float16 model run in `with fabric.autocast():`.',
+        DEEPSPEED: (
+            "Not reported: DeepSpeed's fp16 (set in its configuration) keeps the model in float16 by design and "
+            "runs in no autocast region of the file."
+        ),
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -80,6 +100,13 @@ class HalfModelWithAutocast(TrainingStepRule):
             "        with torch.autocast('cuda'):\n"
             "            loss = model(x)\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(  # one module of a ModuleList cast, the whole list trained
@@ -130,6 +157,86 @@ class HalfModelWithAutocast(TrainingStepRule):
             "        loss = model(next(data))\n"
             "    loss.backward()\n"
         ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            '    scaler = torch.amp.GradScaler("cuda")\n'
+            "    model.half()\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader, cfg):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    model.half()\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, criterion, loader, optimizer, loss_scaler):\n"
+            "    model.half()\n"
+            "    for x, y in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = criterion(model(x), y)\n"
+            "        loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n",
+            framework=TIMM,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, accelerator):\n"
+            "    model.half()\n"
+            "    for x, y in loader:\n"
+            "        with accelerator.autocast():\n"
+            "            loss = model(x, y)\n"
+            "        accelerator.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=ACCELERATE,
+        ),
+        Invalid(
+            "import lightning as L\n"
+            "import torch\n"
+            "\n"
+            "\n"
+            "class Model(L.LightningModule):\n"
+            "    def __init__(self, net):\n"
+            "        super().__init__()\n"
+            "        self.net = net.half()\n"
+            "\n"
+            "    def training_step(self, batch, batch_idx):\n"
+            '        with torch.autocast("cuda"):\n'
+            "            return self.net(*batch)\n",
+            framework=LIGHTNING,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, fabric):\n"
+            "    model.half()\n"
+            "    for x, y in loader:\n"
+            "        with fabric.autocast():\n"
+            "            loss = model(x, y)\n"
+            "        fabric.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=FABRIC,
+        ),
     ]
 
     def findings(self, model):
@@ -144,8 +251,22 @@ class HalfModelWithAutocast(TrainingStepRule):
             if _evaluates(steps):
                 continue
             managers = [e for e in steps.of(Kind.AUTOCAST, Kind.SCALER_NEW) if e.detail.get("enabled") is not False]
-            if any(not steps.exclusive(event, other) for other in managers):
+            if any(not steps.exclusive(event, other) for other in managers) or _run_under_autocast_elsewhere(model, steps, event):
                 yield event.node, None, {}
+
+
+def _run_under_autocast_elsewhere(model, steps: Steps, cast) -> bool:
+    """Whether the attribute the cast makes float16 (``self.net = net.half()`` in ``__init__``)
+    is run in an enabled autocast region of another method of the same class (a
+    LightningModule's ``training_step``)."""
+    cast_names = {name for name in {_cast_receiver(cast.node)} | cast.bound() if name and name.startswith("self.")}
+    owner = model.facts.owner.get(id(steps.root))
+    if not cast_names or owner is None:
+        return False
+    return any(model.facts.owner.get(id(other.root)) is owner and other is not steps and not _evaluates(other)
+               and any(e.subject in cast_names and any(r.enabled is not False for r in e.regions())
+                       for e in other.of(Kind.FORWARD))
+               for other in model.roots)
 
 
 def _evaluates(steps: Steps) -> bool:

@@ -8,6 +8,8 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Arm, Event, Kind, Loop, Steps, Via
 from migrate.step_model import vocabulary as words
@@ -77,6 +79,28 @@ class HostSyncEveryStep(TrainingStepRule):
                 "deepspeed", "model_engine", "training_step", "train_batch")
     NEEDS_A_STEP = True
 
+    FRAMEWORKS = {
+        GRAD_SCALER: 'Reported: the loop around `scaler.scale(loss).backward()`.',
+        FACTORY: (
+            "Reported: a scaler a function of the project makes (`scaler = build_grad_scaler(cfg)`) is used as "
+            "torch's."
+        ),
+        TIMM: 'Reported: `loss_scaler(loss, optimizer, ...)` is the whole step (backward, clip, step, update).',
+        ACCELERATE: (
+            "Reported: `accelerator.backward(loss)` is the backward pass; `accelerator.log({...})` of a pulled "
+            "value waits as `print` does."
+        ),
+        LIGHTNING: (
+            "Reported: a `training_step` is one step, whether Lightning runs the backward pass or "
+            "`self.manual_backward(loss)` does."
+        ),
+        FABRIC: 'Reported: `fabric.backward(loss)` is the backward pass.',
+        DEEPSPEED: (
+            "Reported: `model_engine.backward(loss)` with `model_engine.step()`, or the pipeline engine's `loss ="
+            " engine.train_batch()`."
+        ),
+    }
+
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
@@ -110,6 +134,13 @@ class HostSyncEveryStep(TrainingStepRule):
             "        correct += (model(x).argmax(1) == y).sum().item()\n"
             "    return correct\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(  # DeepSpeed's pipeline engine: one call is the whole step, and returns the loss
@@ -202,6 +233,89 @@ class HostSyncEveryStep(TrainingStepRule):
             "                scaler.step(optimizer)\n"
             "                scaler.update()\n"
             "                print(float(loss))\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "        print(f'loss {loss.item():.4f}')\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "        print(f'loss {loss.item():.4f}')\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train_one_epoch(model, criterion, loader, optimizer, loss_scaler):\n"
+            "    for samples, targets in loader:\n"
+            '        with torch.autocast("cuda"):\n'
+            "            loss = criterion(model(samples), targets)\n"
+            "        loss_value = loss.item()\n"
+            "        loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())\n"
+            "        optimizer.zero_grad()\n",
+            framework=TIMM,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, accelerator):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        accelerator.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n"
+            '        accelerator.log({"loss": loss.item()})\n',
+            framework=ACCELERATE,
+        ),
+        Invalid(
+            "import lightning as L\n"
+            "\n"
+            "\n"
+            "class Model(L.LightningModule):\n"
+            "    def training_step(self, batch, batch_idx):\n"
+            "        loss = self.net(*batch)\n"
+            '        self.log("loss", loss.item())\n'
+            "        return loss\n",
+            framework=LIGHTNING,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, fabric):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        fabric.backward(loss)\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n"
+            '        fabric.print(f"loss {loss.item():.4f}")\n',
+            framework=FABRIC,
+        ),
+        Invalid(
+            "def train(model_engine, loader):\n"
+            "    for x, y in loader:\n"
+            "        loss = model_engine(x, y)\n"
+            "        model_engine.backward(loss)\n"
+            "        model_engine.step()\n"
+            '        print(f"loss {loss.item():.4f}")\n',
+            framework=DEEPSPEED,
         ),
     ]
 

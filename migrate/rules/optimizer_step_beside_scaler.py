@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Backward, Event, Kind, Steps
 from migrate.types import FixSafety, Safety
@@ -31,6 +33,22 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     MESSAGE = "`optimizer.step()` after a scaled backward: use `scaler.step(optimizer)`"
     TRIGGERS = ("scaler", "GradScaler")
     NEEDS_A_STEP = True
+
+    FRAMEWORKS = {
+        GRAD_SCALER: (
+            "Reported: `optimizer.step()` after `scaler.scale(loss).backward()`; the unsafe fix is "
+            "`scaler.step(optimizer)`."
+        ),
+        FACTORY: "Reported and fixed as torch's.",
+        TIMM: (
+            "Not reported: `loss_scaler(...)` steps through its scaler. A further `optimizer.step()` after it "
+            "steps twice, a different mistake this rule does not look for."
+        ),
+        ACCELERATE: "Not reported: the prepared optimizer's `step()` goes through the accelerator's scaler.",
+        LIGHTNING: "Not reported: `opt.step()` of `self.optimizers()` goes through the precision plugin's scaler.",
+        FABRIC: "Not reported: the optimizer `fabric.setup` returns steps through Fabric's scaler.",
+        DEEPSPEED: "Not reported: `model_engine.step()` is the engine's own step.",
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -79,6 +97,13 @@ class OptimizerStepBesideScaler(TrainingStepRule):
             "            scaler.step(optimizer)\n"
             "            scaler.update()\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(
@@ -115,6 +140,33 @@ class OptimizerStepBesideScaler(TrainingStepRule):
             "    def optimizer_step(self):\n"
             "        self.optimizer.step()\n"
             "        self.scaler.update()\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        optimizer.step()\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        optimizer.step()\n",
+            framework=FACTORY,
         ),
     ]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from libcst.metadata import PositionProvider
 
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.step_model import Kind
 
@@ -30,6 +32,16 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
     TRIGGERS = ("scaler", "GradScaler")
     NEEDS_A_STEP = True
 
+    FRAMEWORKS = {
+        GRAD_SCALER: 'Reported: `scaler.step(optimizer)` with no `scaler.update()` in the iteration.',
+        FACTORY: "Reported as torch's.",
+        TIMM: 'Not reported: `loss_scaler(...)` updates its scaler itself.',
+        ACCELERATE: "Not reported: the accelerator updates its scale in the prepared optimizer's step.",
+        LIGHTNING: 'Not reported: the precision plugin updates its scale in the optimizer step.',
+        FABRIC: 'Not reported: Fabric updates its scale in the optimizer step.',
+        DEEPSPEED: 'Not reported: the engine updates its loss scale in `model_engine.step()`.',
+    }
+
     VALID = [
         Valid(CORRECT_LOOP),
         Valid(CORRECT_TRAINER),
@@ -39,6 +51,13 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
             "        scaler.step(optimizer)\n"
             "    scaler.update()\n"
         ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
     ]
     INVALID = [
         Invalid(
@@ -67,6 +86,32 @@ class ScalerStepWithoutUpdate(TrainingStepRule):
             "def train_step(model, optimizer, batch):\n"
             "    scaler.scale(model(batch)).backward()\n"
             "    scaler.step(optimizer)\n"
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(optimizer)\n",
+            framework=FACTORY,
         ),
     ]
 

@@ -5,8 +5,12 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
+                                              TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
+from migrate.rules._frameworks import precision_without_scaler, prepared_optimizers, steps_by_hand
 from migrate.step_model import Backward, Kind
+from migrate.step_model import vocabulary as words
 from migrate.types import FixSafety, Safety
 
 
@@ -18,6 +22,9 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     scaler's ``step`` is a plain step). A loss that is the function's own parameter
     (``def _backward(self, loss)``) may come scaled from its callers and is left alone; one handed
     in scaled by a caller in the file (``self._backward(self.scaler.scale(loss))``) is scaled.
+    The same holds of an optimizer a framework prepared (``accelerator.prepare``, ``fabric.setup``)
+    or a LightningModule that steps by hand: its step goes through the framework's scaler, so the
+    backward pass must be the framework's (see "In each framework").
 
     Why is this bad?
     ``scaler.step`` divides the gradients by the scale before stepping. Gradients that were never
@@ -25,16 +32,47 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     values that were never at risk.
 
     Fix safety:
-    Unsafe: ``loss.backward()`` becomes ``scaler.scale(loss).backward()``, which changes every
-    update (that is its point).
+    Unsafe: ``loss.backward()`` becomes ``scaler.scale(loss).backward()`` (or the framework's
+    ``accelerator.backward(loss)``, ``fabric.backward(loss)``, ``self.manual_backward(loss)``),
+    which changes every update (that is its point).
     """
 
     CODE = "AMP109"
     FIX = 'loss.backward() -> scaler.scale(loss).backward()'
     FIX_SAFETY = FixSafety.NEVER
     MESSAGE = "a backward pass on an unscaled loss is followed by `scaler.step()`; use `scaler.scale(loss).backward()`"
-    TRIGGERS = ("scaler",)
+    TRIGGERS = ("scaler", "accelerator", "fabric", "automatic_optimization")
     NEEDS_A_STEP = True
+
+    FRAMEWORKS = {
+        GRAD_SCALER: (
+            "Reported: `loss.backward()` followed by `scaler.step(optimizer)`; the unsafe fix is "
+            "`scaler.scale(loss).backward()`."
+        ),
+        FACTORY: "Reported and fixed as torch's.",
+        TIMM: (
+            "Not reported: `loss_scaler(loss, optimizer)` runs the backward pass itself; a `loss.backward()` "
+            "before it fails at once (a second backward through a freed graph)."
+        ),
+        ACCELERATE: (
+            "Reported: `loss.backward()` where the optimizer that steps came from `accelerator.prepare(...)`: in "
+            "fp16 its step unscales gradients that were never scaled. The unsafe fix is "
+            "`accelerator.backward(loss)`, which also divides the loss by the accelerator's gradient accumulation"
+            " steps. Not reported where the file makes the accelerator with a precision that has no scaler."
+        ),
+        LIGHTNING: (
+            "Reported: `loss.backward()` in a LightningModule that sets `self.automatic_optimization = False`; "
+            "the unsafe fix is `self.manual_backward(loss)`."
+        ),
+        FABRIC: (
+            "Reported: `loss.backward()` where the optimizer came from `fabric.setup(...)`; the unsafe fix is "
+            "`fabric.backward(loss)`."
+        ),
+        DEEPSPEED: (
+            "Not reported: DeepSpeed's loss scale is the engine's, applied in `model_engine.backward(loss)`, and "
+            "`model_engine.step()` is no scaler's or prepared optimizer's step."
+        ),
+    }
 
     VALID = [
         Valid(CORRECT_LOOP),
@@ -71,6 +109,26 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             "            loss.backward()\n"
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n"
+        ),
+        Valid(CORRECT[GRAD_SCALER], framework=GRAD_SCALER),
+        Valid(CORRECT[FACTORY], framework=FACTORY),
+        Valid(CORRECT[TIMM], framework=TIMM),
+        Valid(CORRECT[ACCELERATE], framework=ACCELERATE),
+        Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
+        Valid(CORRECT[FABRIC], framework=FABRIC),
+        Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
+        Valid(  # the accelerator is made with a precision that has no scaler
+            "class Trainer:\n"
+            "    def __init__(self, model, optimizer):\n"
+            "        self.accelerator = Accelerator(mixed_precision='bf16')\n"
+            "        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)\n"
+            "\n"
+            "    def fit(self, loader):\n"
+            "        for x in loader:\n"
+            "            loss = self.model(x)\n"
+            "            loss.backward()\n"
+            "            self.optimizer.step()\n",
+            framework=ACCELERATE,
         ),
     ]
     INVALID = [
@@ -109,6 +167,72 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             "    scaler.step(optimizer)\n"
             "    scaler.update()\n"
         ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = torch.amp.GradScaler('cuda')\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=GRAD_SCALER,
+        ),
+        Invalid(
+            "import torch\n"
+            "\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    scaler = build_grad_scaler(cfg)\n"
+            "    for step, (x, y) in enumerate(loader):\n"
+            "        with torch.autocast('cuda'):\n"
+            "            loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n",
+            framework=FACTORY,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, accelerator):\n"
+            "    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=ACCELERATE,
+        ),
+        Invalid(
+            "import lightning as L\n"
+            "\n"
+            "\n"
+            "class Model(L.LightningModule):\n"
+            "    def __init__(self, net):\n"
+            "        super().__init__()\n"
+            "        self.net = net\n"
+            "        self.automatic_optimization = False\n"
+            "\n"
+            "    def training_step(self, batch, batch_idx):\n"
+            "        opt = self.optimizers()\n"
+            "        loss = self.net(*batch)\n"
+            "        loss.backward()\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n",
+            framework=LIGHTNING,
+        ),
+        Invalid(
+            "def train(model, optimizer, loader, fabric):\n"
+            "    model, optimizer = fabric.setup(model, optimizer)\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            framework=FABRIC,
+        ),
     ]
 
     def findings(self, model):
@@ -128,6 +252,49 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                            "fix_message": f"Use `{event.scaler}.scale({loss}).backward()`",
                            "why_unsafe": "every update changes: the gradients were never scaled, and scaler.step divides them by the scale"}
                 yield backward.node, None, fix
+        prepared, by_hand = prepared_optimizers(model.module), steps_by_hand(model.module)
+        for steps, backward, instead in _framework_steps(model, prepared, by_hand):
+            runner = "self" if instead == _MANUAL_BACKWARD else instead.rsplit(".", 1)[0]
+            if runner != "self" and precision_without_scaler(model.module, runner):
+                continue  # `Accelerator(mixed_precision="bf16")`: no scaler to bypass
+            loss = nodes.code(backward.node.func.value)
+            framework = words.scaling_framework(runner)[0]
+            message = (f"`{loss}.backward()` bypasses {framework}'s loss scaling: in float16 mixed precision its optimizer "
+                       f"step unscales gradients that were never scaled; use `{instead}({loss})`")
+            fix = {}
+            if not backward.inlined() and not backward.node.args:
+                fix = {"replacement": nodes.parse_expression(f"{instead}({loss})", model.module), "safety": Safety.UNSAFE,
+                       "fix_message": f"Use `{instead}({loss})`",
+                       "why_unsafe": _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None])}
+            yield backward.node, message, fix
+
+
+_MANUAL_BACKWARD = "self.manual_backward"  # Lightning's, in a LightningModule that steps by hand
+_WHY_UNSAFE = {
+    "Accelerate": "in float16 the loss becomes scaled (that is the point), and `accelerator.backward` also divides it by "
+                  "the `gradient_accumulation_steps` the Accelerator is made with",
+    None: "in float16 the loss becomes scaled, which changes every update (that is the point)",
+}
+
+
+def _framework_steps(model, prepared: dict[str, str], by_hand: set[int]):
+    """``(steps, plain backward, what to call instead)`` for each ``loss.backward()`` whose step
+    is an optimizer's that a framework prepared (``accelerator.prepare``, ``fabric.setup``), or
+    a LightningModule's that steps by hand, with no backward of the framework's in the pass."""
+    for steps, event in model.each(Kind.STEP):
+        if event.detail.get("framework"):
+            continue  # timm's `loss_scaler(...)`: it runs its own backward
+        owner = model.facts.owner.get(id(steps.root))
+        if event.subject in prepared:
+            instead = f"{prepared[event.subject]}.backward"
+        elif owner is not None and id(owner) in by_hand and not event.inlined():
+            instead = _MANUAL_BACKWARD
+        else:
+            continue
+        backwards = steps.before(event, (Kind.BACKWARD,))
+        if backwards and all(b.how is Backward.PLAIN for b in backwards):
+            for backward in backwards:
+                yield steps, backward, instead
 
 
 def _parameters(root) -> set[str]:

@@ -179,6 +179,11 @@ class Walk:
                 self.host_names.difference_update(targets)
                 if on_host:
                     self.host_names.update(targets)
+            made = value.body if type(value) is cst.IfExp else value  # `scaler = NativeScaler() if amp else None`
+            if type(made) is cst.Call and type(small) is not cst.AugAssign and _factory_scaler(self.visitor, made, self.facts):
+                # a scaler made by a factory or another class (timm's `NativeScaler()`, `get_grad_scaler(cfg)`)
+                self._add(Kind.SCALER_NEW, made, frames, statements,
+                          detail={"enabled": words.made_scaler_enabled(made), "factory": True})
             if isinstance(value, cst.Call) and nodes.call_name(value) == "scale":
                 scaler = _receiver(value)
                 for target in targets:
@@ -239,7 +244,7 @@ class Walk:
                     self._backward(call, frames, statements)
             elif name == "manual_backward" and first is not None and self._helper(call) is None:  # Lightning
                 self._add(Kind.BACKWARD, call, frames, statements, subject=_text(first), how=Backward.MANAGED,
-                          detail={"loss": first})
+                          detail={"loss": first, "runner": receiver})
             elif name == "step" and receiver in self.facts.engines:  # DeepSpeed: `model_engine.step()`
                 self._add(Kind.STEP, call, frames, statements, subject=receiver)
             elif name == "train_batch" and receiver and words.runs_backward_itself(func.value):
@@ -331,8 +336,10 @@ class Walk:
         else:
             taken = first
             how, loss = Backward.MANAGED, _text(first)
+        # what runs a managed backward: `accelerator` in `accelerator.backward(loss)`
+        runner = _code(target) if how is Backward.MANAGED else None
         self._add(Kind.BACKWARD, call, frames, statements, subject=loss, scaler=scaler, how=how,
-                  detail={"loss": taken, "scaled_under": scaled_under})
+                  detail={"loss": taken, "scaled_under": scaled_under, "runner": runner})
 
     def _returns_host(self, value: cst.BaseExpression) -> bool:
         """Whether ``value`` calls a function of the file whose every return is on the host
@@ -445,6 +452,14 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
 
 
 
+
+
+def _factory_scaler(visitor: cst.MetadataDependent, call: cst.Call, facts: FileFacts) -> bool:
+    """Whether ``call``, the value of an assignment, makes a loss scaler that is not torch's own
+    ``GradScaler`` (whose creation ``_call`` notes): ``NativeScaler()``, ``get_grad_scaler(cfg)``;
+    not a call of one (``loss_scaler(loss, optimizer)``)."""
+    return words.makes_a_scaler(call) and not words.is_grad_scaler(visitor, call) \
+        and not words.calls_a_loss_scaler(call, facts.scalers) and not nodes.code(call.func) in facts.scalers
 
 
 def _plain_names(test: cst.BaseExpression) -> list[str]:

@@ -132,6 +132,36 @@ def makes_a_scaler(call: cst.Call) -> bool:
     return bool(_SCALER_FACTORY.search(name)) and not _FEATURE_SCALER.search(name)
 
 
+# The frameworks whose backward pass scales the loss in float16 mixed precision, by the text
+# of what runs it, and the call of theirs that unscales before it clips.
+_SCALING_FRAMEWORKS = (("accelerator", "Accelerate", "clip_grad_norm_"), ("fabric", "Fabric", "clip_gradients"))
+
+
+def scaling_framework(receiver: str) -> tuple[str, str] | None:
+    """``(framework, its clip)`` for what runs ``receiver.backward(loss)`` (``accelerator``,
+    ``self.fabric``) or ``self.manual_backward(loss)`` (``"self"``: Lightning), where float16
+    mixed precision scales the loss inside it; None for a DeepSpeed engine or an unknown one,
+    which keep their gradients to themselves."""
+    if receiver == "self":
+        return "Lightning", "self.clip_gradients(optimizer, gradient_clip_val=...)"
+    lowered = receiver.rsplit(".", 1)[-1].lower()
+    for word, framework, clip in _SCALING_FRAMEWORKS:
+        if word in lowered:
+            return framework, f"{receiver}.{clip}(...)"
+    return None
+
+
+def made_scaler_enabled(call: cst.Call) -> bool | None:
+    """Whether a scaler a factory makes is enabled: as its ``enabled=`` says; always for timm's
+    ``NativeScaler`` family and a ``...GradScaler(...)`` (a ``GradScaler`` without it is on);
+    not known for another factory (``get_grad_scaler(cfg)`` may return a disabled one)."""
+    given = nodes.argument(call, None, "enabled")
+    if given is not None:
+        return literal_bool(given.value)
+    name = nodes.call_name(call).lower()
+    return True if "native" in name or name.endswith("gradscaler") else None
+
+
 def runs_backward_itself(receiver: cst.BaseExpression) -> bool:
     """Whether ``receiver.backward(loss)`` is a framework's backward (Accelerate, DeepSpeed, Fabric),
     not ``tensor.backward(gradient)``."""

@@ -117,3 +117,34 @@ def test_declared_fix_safety_is_what_the_invalid_examples_show(rule):
     assert seen == _SEEN_FOR[rule.FIX_SAFETY], (
         f"{rule.CODE} declares FIX_SAFETY={rule.FIX_SAFETY.value!r}, its INVALID examples show {sorted(seen)}"
     )
+
+
+_STEP_RULES = [rule for rule in _RULES if rule.CODE.startswith("AMP10")]
+
+
+@pytest.mark.parametrize("rule", _STEP_RULES, ids=lambda rule: rule.CODE)
+def test_training_step_rule_says_and_shows_how_it_applies_in_each_framework(rule):
+    from migrate.rules._framework_loops import CORRECT, FRAMEWORKS
+
+    assert tuple(rule.FRAMEWORKS) == FRAMEWORKS, f"{rule.CODE}: say how the rule applies in each framework"
+    for framework, how in rule.FRAMEWORKS.items():
+        reported = [case for case in rule.INVALID if case.framework == framework]
+        assert how.startswith(("Reported", "Not reported")), f"{rule.CODE} {framework}: say first whether it reports"
+        if how.startswith("Reported"):
+            assert reported, f"{rule.CODE} says it reports in {framework} and shows no INVALID example of it"
+        else:
+            assert not reported, f"{rule.CODE} says it does not report in {framework} but has an INVALID example of it"
+        assert any(case.framework == framework and case.code == CORRECT[framework] for case in rule.VALID), \
+            f"{rule.CODE}: the correct {framework} loop is not among its VALID examples"
+
+
+def test_explain_and_the_rule_page_show_each_framework_with_its_examples():
+    from migrate.explain import explain
+    from migrate.rule_pages import render_page
+    from migrate.rules import rule_by_code
+
+    text, page = explain("AMP109"), render_page("AMP109")
+    assert "Accelerate: Reported: `loss.backward()`" in text and "### Accelerate" in page
+    assert "accelerator.prepare(model, optimizer, loader)" in text and "accelerator.prepare(model, optimizer, loader)" in page
+    shown = len([case for case in rule_by_code("AMP109").VALID if case.framework])
+    assert shown >= 7 and text.count("Left alone:") == shown and page.count("Left alone:") == shown

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = REPO / "docs" / "rules"
 CODES = [line.split()[0] for line in list_rules().splitlines()[1:]]
 _EXAMPLE_LABELS = ("Example", "Becomes", "Valid")
+_FRAMEWORKS = "In each framework"
 
 
 def test_the_repositorys_pages_are_fresh():
@@ -43,6 +44,7 @@ def test_a_page_says_what_explain_says(code):
     assert page.startswith(f"# {code}: ")
     assert _page_sections(page) == _explained_sections(said)
     assert _page_examples(page) == _explained_examples(said)
+    assert _page_frameworks(page) == _explained_frameworks(said)
     assert ("(with `--unsafe-fixes`)" in page) == ("(with --unsafe-fixes)" in said)
 
 
@@ -117,12 +119,28 @@ def _explained_sections(text: str) -> list[tuple[str, str]]:
 def _page_sections(page: str) -> list[tuple[str, str]]:
     parts = re.split(r"^## (.+)\n", _prose(page), flags=re.MULTILINE)
     return [(heading, _words(re.sub(r"\\(.)", r"\1", body)))
-            for heading, body in zip(parts[1::2], parts[2::2]) if heading not in _EXAMPLE_LABELS]
+            for heading, body in zip(parts[1::2], parts[2::2]) if heading not in (*_EXAMPLE_LABELS, _FRAMEWORKS)]
+
+
+def _page_frameworks(page: str) -> list[tuple[str, str]]:
+    """(framework, how the rule applies) under the page's "In each framework"."""
+    section = _prose(page).split(f"## {_FRAMEWORKS}\n", 1)[1] if f"## {_FRAMEWORKS}\n" in page else ""
+    parts = re.split(r"^### (.+)\n", section, flags=re.MULTILINE)
+    return [(name, _words(re.sub(r"\\(.)", r"\1", re.sub(r"^(Reported|Left alone):$", "", body, flags=re.MULTILINE))))
+            for name, body in zip(parts[1::2], parts[2::2])]
+
+
+def _explained_frameworks(text: str) -> list[tuple[str, str]]:
+    """(framework, how the rule applies): the unindented lines after explain's "In each framework:"."""
+    section = text.split(f"{_FRAMEWORKS}:\n\n", 1)[1] if f"{_FRAMEWORKS}:\n\n" in text else ""
+    lines = [line for line in section.splitlines() if line and not line.startswith(" ")
+             and line not in ("Reported:", "Left alone:")]
+    return [(name, _words(how.replace("``", "`"))) for name, how in (line.split(": ", 1) for line in lines)]
 
 
 def _explained_examples(text: str) -> list[str]:
     """The indented blocks after "Example:", "Becomes ...:" and "Valid:"."""
-    blocks = re.findall(r"^(?:Example|Becomes[^\n]*|Valid):\n\n((?:(?:    [^\n]*)?\n)+)", text, flags=re.MULTILINE)
+    blocks = re.findall(r"^(?:Example|Becomes[^\n]*|Valid|Reported|Left alone):\n\n((?:(?:    [^\n]*)?\n)+)", text, flags=re.MULTILINE)
     return [textwrap.dedent(block).strip("\n") for block in blocks]
 
 
