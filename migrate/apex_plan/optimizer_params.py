@@ -16,7 +16,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.tree import FileTree
-from migrate.flow.bindings import bindings
+from migrate.flow.bindings import bindings, bound_value
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -71,14 +71,15 @@ def _same_object(tree: FileTree, binding: cst.CSTNode, name: str, wrappers: froz
     ``amp.initialize``'s result, or ``name = Wrapper(name, ...)``."""
     if not isinstance(binding, cst.Assign):
         return False
-    value = binding.value
-    if isinstance(value, cst.Call) and id(value) in initialize_calls:
+    if isinstance(binding.value, cst.Call) and id(binding.value) in initialize_calls:
         return True
+    value = bound_value(binding, name)  # `model, opt = DDP(model), opt`: each name's own part
+    if isinstance(value, cst.Name) and value.value == name:
+        return True  # bound to itself
     if not (wrappers and isinstance(value, cst.Call) and qualified_names(tree.provider, value.func) & wrappers):
         return False
     first = nodes.argument(value, 0, "module")
-    return (first is not None and isinstance(first.value, cst.Name) and first.value.value == name
-            and all(nodes.code(target.target) == name for target in binding.targets))
+    return first is not None and isinstance(first.value, cst.Name) and first.value.value == name
 
 
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "add_param_group"})

@@ -4,8 +4,9 @@
   jumps, exceptions), and whether every way from one statement reaches another within one
   iteration of a loop, or may pass a third on the way (a step after a gradient read; a second
   backward pass before it).
-- ``bindings``: where a name is bound in a function, class or module, and the value each
-  binding gives it where the code spells it out.
+- ``bindings``: where a name is bound in a function, class or module, the names each binding
+  binds and what each part of it gives them (``a, b = x, y``; ``for k, v in d.items()``): the
+  value the migration reads, and the source the linter's step values follow.
 - ``receivers``: where a value handed on (``f(amp=amp)``, ``self.amp = amp``) is used: the
   parameter of the same-file function that takes it, or the attribute, followed to every read;
   each read classified, so that a rewrite knows whether what receives a replacement can take it.

@@ -1,6 +1,7 @@
 """What a file says of the trainer frameworks that scale the loss themselves (Accelerate, Fabric,
 Lightning), for the rules that judge a step run through one (AMP101, AMP109): the precision it
-makes one with, the optimizers it hands one, the LightningModules that step by hand.
+makes one with, the reads that see its gradients while still scaled, the optimizers it hands
+one, the LightningModules that step by hand.
 
 Each answer comes from the file's bindings (``flow.bindings``), read where the code spells the
 value out; where it does not (``Accelerator(mixed_precision=args.precision)``), nothing is known.
@@ -11,6 +12,8 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.flow.bindings import bindings, bound_value
+from migrate.step_model import Backward, Event, Kind, Steps
+from migrate.step_model import vocabulary as words
 from migrate.tree_walk import descendants
 
 # The precisions in which the framework scales the loss: Accelerate's `mixed_precision="fp16"`,
@@ -35,6 +38,32 @@ def precision_without_scaler(module: cst.Module, runner: str) -> bool:
         if literal is None or literal in _SCALED_PRECISIONS:
             return False
     return True
+
+
+def scaled_by_a_framework(module: cst.Module, steps: Steps, read: Event) -> Event | None:
+    """The backward pass of Accelerate, Fabric or Lightning (``accelerator.backward(loss)``,
+    ``self.manual_backward(loss)``) whose gradients ``read`` sees before the optimizer steps,
+    unless the read is the framework's own (``accelerator.clip_grad_norm_``, which unscales
+    first) or the file makes the framework with a precision that scales nothing."""
+    backwards = steps.before(read, (Kind.BACKWARD,))
+    if not backwards or backwards[-1].how is not Backward.MANAGED:
+        return None
+    backward = backwards[-1]
+    runner = backward.detail.get("runner")
+    if not runner or words.scaling_framework(runner) is None:
+        return None
+    if runner == "self" and nodes.call_name(backward.node) != "manual_backward":
+        return None  # `self.backward(scaler.scale(loss))` of a trainer class: its own, not Lightning's
+    if any(steps.index(backward) < steps.index(other) < steps.index(read)
+           for other in steps.before(read, (Kind.STEP, Kind.UNSCALE, Kind.SCALER_STEP))):
+        return None  # read after a step or an `unscale_`: the gradients are unscaled
+    call = read.node
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and (
+            nodes.code(call.func.value) == runner or nodes.call_name(call) == "clip_gradients"):
+        return None  # `accelerator.clip_grad_norm_(...)`, `self.clip_gradients(opt, ...)`: unscales first
+    if precision_without_scaler(module, runner):
+        return None
+    return backward
 
 
 def prepared_optimizers(module: cst.Module) -> dict[str, str]:

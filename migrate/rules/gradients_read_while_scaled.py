@@ -8,7 +8,7 @@ from migrate.rule import Invalid, Valid
 from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
-from migrate.rules._frameworks import precision_without_scaler
+from migrate.rules._frameworks import scaled_by_a_framework
 from migrate.step_model import Backward, Event, Kind, Steps
 from migrate.step_model import vocabulary as words
 from migrate.types import FixSafety, Safety
@@ -353,7 +353,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             statement = event.statements[-1] if event.statements else event.node
             if id(statement) in reported:
                 continue
-            managed = _framework_scaled_before(model.module, steps, event)
+            managed = scaled_by_a_framework(model.module, steps, event)
             if managed is not None:
                 reported.add(id(statement))
                 by_framework.setdefault(id(managed.node), []).append((steps, event, managed))
@@ -428,32 +428,6 @@ class GradientsReadWhileScaled(TrainingStepRule):
         end = steps.index(step)
         return any(e.kind is Kind.BACKWARD and (steps.index(e) > steps.index(event) or path[0] in e.statements)
                    for e in steps.events[:end])
-
-
-def _framework_scaled_before(module: cst.Module, steps: Steps, read: Event) -> Event | None:
-    """The backward pass of Accelerate, Fabric or Lightning (``accelerator.backward(loss)``,
-    ``self.manual_backward(loss)``) whose gradients ``read`` sees before the optimizer steps,
-    unless the read is the framework's own (``accelerator.clip_grad_norm_``, which unscales
-    first) or the file makes the framework with a precision that scales nothing."""
-    backwards = steps.before(read, (Kind.BACKWARD,))
-    if not backwards or backwards[-1].how is not Backward.MANAGED:
-        return None
-    backward = backwards[-1]
-    runner = backward.detail.get("runner")
-    if not runner or words.scaling_framework(runner) is None:
-        return None
-    if runner == "self" and nodes.call_name(backward.node) != "manual_backward":
-        return None  # `self.backward(scaler.scale(loss))` of a trainer class: its own, not Lightning's
-    if any(steps.index(backward) < steps.index(other) < steps.index(read)
-           for other in steps.before(read, (Kind.STEP, Kind.UNSCALE, Kind.SCALER_STEP))):
-        return None  # read after a step or an `unscale_`: the gradients are unscaled
-    call = read.node
-    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and (
-            nodes.code(call.func.value) == runner or nodes.call_name(call) == "clip_gradients"):
-        return None  # `accelerator.clip_grad_norm_(...)`, `self.clip_gradients(opt, ...)`: unscales first
-    if precision_without_scaler(module, runner):
-        return None
-    return backward
 
 
 def _framework_finding(reads: list) -> tuple:

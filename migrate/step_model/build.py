@@ -13,6 +13,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import tree_walk
+from migrate.flow.bindings import bound_names
 from migrate.step_model import shapes
 from migrate.step_model.imported_helpers import ImportedHelpers
 from migrate.step_model import vocabulary as words
@@ -108,7 +109,7 @@ class Walk:
             head = node.iter if isinstance(node, cst.For) else node.test
             self._expression(head, frames, statements)
             if isinstance(node, cst.For):
-                self.bind(tuple(nodes.bound_texts(node.target)), node.iter, node, frames, statements)
+                self.bind(bound_names(node), node.iter, node, frames, statements)
             # A retry loop (`while True: try: ...; break / except OutOfMemoryError: ...`) runs its
             # body once when nothing fails: it is part of the iteration around it, not one of its own.
             inner = frames if shapes.retries(node) else frames + (Loop(node),)
@@ -168,7 +169,7 @@ class Walk:
     def _small(self, small: cst.BaseSmallStatement, frames: tuple, statements: tuple) -> None:
         value = getattr(small, "value", None)
         if type(small) in _ASSIGNMENTS and value is not None:
-            targets = _targets(small)
+            targets = bound_names(small)
             self._expression(value, frames, statements)
             on_host = shapes.on_the_host(value) or self._returns_host(value)
             self.assignments.append(Assignment(targets, value, len(self.events), on_host, small, frames, statements,
@@ -421,7 +422,7 @@ class _Events(words.GradientUses):
         """Its targets bound before its element is walked: a read there sees them."""
         compfor = node.for_in
         while compfor is not None:
-            self.walk.bind(tuple(nodes.bound_texts(compfor.target)), compfor.iter, compfor, self.frames, self.statements)
+            self.walk.bind(bound_names(compfor), compfor.iter, compfor, self.frames, self.statements)
             compfor = compfor.inner_for_in
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
@@ -476,11 +477,6 @@ def _returns_only_host_values(function: cst.FunctionDef) -> bool:
 
 
 _body = shapes.body
-
-
-def _targets(small: cst.CSTNode) -> tuple[str, ...]:
-    targets = [target.target for target in small.targets] if isinstance(small, cst.Assign) else [small.target]
-    return tuple(text for target in targets for text in nodes.bound_texts(target))
 
 
 def _receiver(call: cst.Call) -> str:

@@ -9,6 +9,7 @@ import re
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import BINDING_NODES, bound_names, parts
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Loop
 
@@ -31,44 +32,21 @@ class Bound:
 
     def __init__(self, compfor: cst.CompFor) -> None:
         self.node, self.value = compfor, compfor.iter
-        self.targets = tuple(nodes.bound_texts(compfor.target))
+        self.targets = bound_names(compfor)
 
 
 def pairs_bound(assignment) -> list[tuple[tuple[str, ...], cst.BaseExpression | None]]:
-    """``(targets, value)`` for each part of ``assignment`` bound on its own: the elements of
-    ``a, b = x, y``; the value, not the key, of ``for k, v in d.items()`` and of
-    ``k, v = d.popitem()``; the item, not the
-    index, of ``for i, x in enumerate(xs)``; each of ``for a, b in zip(xs, ys)``; not the keys
-    of ``for k in loss_dict``. None: a host value."""
+    """``(targets, value)`` for each part of ``assignment`` bound on its own, as ``flow.bindings``
+    reads a binding (``parts``: the elements of ``a, b = x, y``, the value of ``for k, v in
+    d.items()``, the item of ``enumerate``), and not the keys of ``for k in loss_dict`` (strings).
+    None: a host value. A binding the walk makes itself (a helper's parameter, its return) is whole."""
     node = assignment.node
-    if type(node) is cst.Assign and len(node.targets) == 1:
-        target, value = node.targets[0].target, node.value
-        if plain_sequence(target) and plain_sequence(value) and len(target.elements) == len(value.elements):
-            return [(tuple(nodes.bound_texts(t.value)), v.value) for t, v in zip(target.elements, value.elements)]
-        if (plain_sequence(target) and len(target.elements) == 2 and type(value) is cst.Call
-                and type(value.func) is cst.Attribute and nodes.call_name(value) == "popitem"):
-            # `key, y_hat = outputs.popitem()`: a dict's key, a string, and its value
-            return [(tuple(nodes.bound_texts(target.elements[0].value)), None),
-                    (tuple(nodes.bound_texts(target.elements[1].value)), value.func.value)]
-    elif type(node) in (cst.For, cst.CompFor) and plain_sequence(node.target) and type(node.iter) is cst.Call:
-        elements, iterated = node.target.elements, node.iter
-        name = nodes.call_name(iterated)
-        given = [arg.value for arg in iterated.args]
-        if name == "items" and type(iterated.func) is cst.Attribute and len(elements) == 2:
-            return [(tuple(nodes.bound_texts(elements[0].value)), None),
-                    (tuple(nodes.bound_texts(elements[1].value)), iterated.func.value)]
-        if name == "enumerate" and given and len(elements) == 2:
-            return [(tuple(nodes.bound_texts(elements[0].value)), None), (tuple(nodes.bound_texts(elements[1].value)), given[0])]
-        if name == "zip" and len(given) == len(elements):
-            return [(tuple(nodes.bound_texts(t.value)), v) for t, v in zip(elements, given)]
-    elif type(node) in (cst.For, cst.CompFor) and type(node.iter) in (cst.Name, cst.Attribute) \
+    if type(node) in (cst.For, cst.CompFor) and type(node.iter) in (cst.Name, cst.Attribute) \
             and nodes.code(node.iter).lower().endswith("dict"):
         return [(assignment.targets, None)]  # `for key in loss_dict`: a dict's keys, strings
+    if type(node) in BINDING_NODES:
+        return [(part.names, part.value) for part in parts(node)]
     return [(assignment.targets, assignment.value)]
-
-
-def plain_sequence(node: cst.CSTNode) -> bool:
-    return type(node) in (cst.Tuple, cst.List) and not any(type(e) is cst.StarredElement for e in node.elements)
 
 
 def loss_names(expression: cst.CSTNode) -> set[str]:

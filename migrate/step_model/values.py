@@ -7,7 +7,9 @@ inputs), host scalars and values already pulled (``loss.item()``) are not.
 
 The bindings are those the walk records in execution order: assignments, ``for`` and
 comprehension targets, a helper's parameters bound to the arguments of the call that entered
-it, and what the helper returns, bound to that call (``return@<call>``). The answer is a fixed
+it, and what the helper returns, bound to that call (``return@<call>``). What a statement binds
+and what each part of it gives (``a, b = x, y``) is read by ``flow.bindings``, as the migration
+reads it. The answer is a fixed
 point over them, seeded with what backward passes take (the loss) and what the model returns.
 """
 from __future__ import annotations
@@ -17,13 +19,13 @@ import re
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import plain_sequence
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Via
 from migrate.step_model.shapes import host_tensor
 from migrate.tree_walk import descendants
 from migrate.step_model.value_syntax import (HOST_BUILTINS, HOST_METHODS, HOST_MODULES, Bound, computes, container_of,
-                                             loops_of, loss_names, named_a_loss, names_a_measure, pairs_bound,
-                                             plain_sequence)
+                                             loops_of, loss_names, named_a_loss, names_a_measure, pairs_bound)
 
 # Attributes of a tensor that are host values.
 _HOST_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf", "grad_fn",

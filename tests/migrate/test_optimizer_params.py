@@ -27,6 +27,10 @@ AFTERWARDS = {  # what runs between the optimizer's construction and the clip; e
     "added_group": ("optimizer.add_param_group({\"params\": [extra]})\n", False),
     "replaced_params": ("optimizer.param_groups[0][\"params\"] = [extra]\n", False),
     "logged_lr": ("print(optimizer.param_groups[0][\"lr\"])\n", True),
+    # both bound by one statement, each from its own part (flow.bindings.parts)
+    "wrapped_beside": ("model, optimizer = torch.nn.DataParallel(model), optimizer\n", True),
+    "other_model_beside": ("model, spare = torch.nn.Sequential(torch.nn.Linear(3, 1)), model\n", False),
+    "unpacked_from_a_call": ("model, optimizer = (lambda m, o: (m, o))(model, optimizer)\n", False),
 }
 
 
