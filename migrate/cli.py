@@ -189,12 +189,12 @@ def main(
             raise click.UsageError(str(error.strerror or error)) from error
         except api.Interrupted as stop:
             results, interrupted = stop.results, stop
-            _second_interrupt_exits()
+            _second_interrupt_exits(ctx)
         except KeyboardInterrupt:  # the second Ctrl-C
             click.echo("Stopped at once: every file is whole, as it was or as rewritten; run again to finish.", err=True)
             ctx.exit(_INTERRUPTED)
         else:
-            _second_interrupt_exits()  # a Ctrl-C that comes once the files are done, as the summary prints
+            _second_interrupt_exits(ctx)  # a Ctrl-C that comes once the files are done, as the summary prints
 
     if add_noqa:
         _add_directives(results, quiet)
@@ -217,32 +217,38 @@ def main(
             + "; run again to finish.",
             err=True,
         )
-        _ignore_late_interrupts()
+        _ignore_late_interrupts(ctx)
         ctx.exit(_INTERRUPTED)
     code = _exit_code(results)
-    _ignore_late_interrupts()
+    _ignore_late_interrupts(ctx)
     ctx.exit(code & ~_FOUND if exit_zero else code)
 
 
-def _ignore_late_interrupts() -> None:
+# What ``run`` hands ``main`` as its context's object: the process is the command's own, and its
+# signal handlers are the command's to set. Called in-process (``main([...])``, click's test
+# runner), the command leaves the caller's handlers as they were.
+_OWN_PROCESS = "ampmigrate owns the process"
+
+
+def _ignore_late_interrupts(ctx: click.Context) -> None:
     """Everything is written and printed: a Ctrl-C from here on is ignored, as the command is
     returning anyway. Python puts back the default handler of a signal it handles as it exits,
     and a Ctrl-C then killed the process by SIGINT instead of exiting with its code."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
+    if ctx.obj == _OWN_PROCESS and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _second_interrupt_exits() -> None:
+def _second_interrupt_exits(ctx: click.Context) -> None:
     """Once the run is over (stopped by a first Ctrl-C, or done), a Ctrl-C while the summary is
     printed ends the command at once with 130 (not Python's KeyboardInterrupt, which kills it by
     SIGINT)."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if ctx.obj != _OWN_PROCESS or threading.current_thread() is not threading.main_thread():
         return
 
     def stop(_signal, _frame) -> None:
@@ -436,7 +442,7 @@ def run() -> None:
     """
     status: object = 0
     try:
-        main(prog_name="ampmigrate")  # standalone: ends in SystemExit
+        main(prog_name="ampmigrate", obj=_OWN_PROCESS)  # standalone: ends in SystemExit
     except SystemExit as exit_:
         status = exit_.code
     if status is not None and not isinstance(status, int):

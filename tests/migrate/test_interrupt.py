@@ -81,3 +81,17 @@ def test_a_second_ctrl_c_stops_at_once(tree):
     assert time.monotonic() - sent < 10
     assert "Traceback" not in stderr
     _every_file_whole(tree)
+
+
+def test_called_in_process_the_command_leaves_the_callers_signal_handlers_as_they_were(tmp_path):
+    import signal
+
+    from click.testing import CliRunner
+
+    from migrate.cli import main
+
+    (tmp_path / "train.py").write_text("from apex import amp\nmodel, opt = amp.initialize(model, opt)\n")
+    before = signal.getsignal(signal.SIGINT)
+    result = CliRunner().invoke(main, ["--check", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert signal.getsignal(signal.SIGINT) is before
