@@ -32,8 +32,8 @@ def precision_without_scaler(module: cst.Module, runner: str) -> bool:
     if not values:
         return False
     for value in values:
-        precision = next((nodes.argument(value, None, key) for key in _PRECISION_KEYWORDS
-                          if type(value) is cst.Call and nodes.argument(value, None, key) is not None), None)
+        given = [nodes.argument(value, None, key) for key in _PRECISION_KEYWORDS] if type(value) is cst.Call else []
+        precision = next((argument for argument in given if argument is not None), None)
         literal = None if precision is None else _literal(_constant_value(module, precision.value))
         if literal is None or literal in _SCALED_PRECISIONS:
             return False
