@@ -189,20 +189,23 @@ _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it ou
 
 def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     """``options`` with the other half of each file holding one half of apex amp, the names
-    other files import from each file that imports apex (``migrate.importers``), and the apex
-    cast registrations of other files of its project (``migrate.cast_registrations``)."""
+    other files import from each file that imports apex (``migrate.importers``), the apex
+    cast registrations of other files of its project (``migrate.cast_registrations``), and where
+    its project loads an optimizer's state (``migrate.optimizer_resumes``)."""
     if not apex_texts:
         return options
-    from migrate import cast_registrations, halves, importers
+    from migrate import cast_registrations, halves, importers, optimizer_resumes
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
     casts = cast_registrations.elsewhere(apex_texts)
+    resumes = optimizer_resumes.loads(apex_texts)
     return replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         imported_elsewhere={str(path): names for path, names in exported.items()},
         casts_elsewhere={str(path): places for path, places in casts.items()},
+        optimizer_state_loads={str(path): places for path, places in resumes.items()},
     )
 
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import project_python_files, project_root
+from migrate.files import project_files_saying, project_root
 from migrate.native_casts import registered_natively
 
 __all__ = ["SETTING", "elsewhere"]
@@ -46,12 +46,8 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
 def _registrations(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every cast registration native autocast does not make, in the project's ``.py`` files."""
     places = []
-    for file in project_python_files(root):
-        try:
-            data = file.read_bytes()
-        except OSError:
-            continue
-        if b"register_" not in data or not any(name.encode() in data for name in _REGISTERS):
+    for file, data in project_files_saying(root, b"register_"):
+        if not any(name.encode() in data for name in _REGISTERS):
             continue
         try:
             tree = quiet.parse(data)

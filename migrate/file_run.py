@@ -33,6 +33,7 @@ class Options:
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
     imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
     casts_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.cast_registrations``' places
+    optimizer_state_loads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.optimizer_resumes``' places
 
 
 def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) -> FileResult | tuple[files.Source, str | None]:
@@ -105,6 +106,11 @@ def migrate_file(path: Path, source: files.Source, rules: tuple | None, options:
         from migrate.cast_registrations import SETTING as CASTS
 
         options = replace(options, settings={**options.settings, CASTS: casts})
+    resumes = options.optimizer_state_loads.get(str(path))
+    if resumes:
+        from migrate.optimizer_resumes import SETTING as RESUMES
+
+        options = replace(options, settings={**options.settings, RESUMES: resumes})
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
     if not (write and result.changed):
         return result

@@ -14,7 +14,7 @@ import os
 import stat
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 
 __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "project_root", "read", "replace"]
@@ -97,8 +97,21 @@ _MOST_FILES_SEARCHED = 5000  # a project's search on disk looks at no more files
 def project_python_files(root: Path) -> tuple[Path, ...]:
     """The ``.py`` files of the project at ``root`` (resolved; as ``find`` lists them, ignored
     files left out), at most ``_MOST_FILES_SEARCHED``: what the searches of a project on disk read
-    (``halves``, ``importers``, ``cast_registrations``)."""
+    (``halves``, ``importers``, ``cast_registrations``, ``optimizer_resumes``)."""
     return tuple(path.resolve() for path in find([root]).files if path.suffix == ".py")[:_MOST_FILES_SEARCHED]
+
+
+def project_files_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, bytes]]:
+    """The ``.py`` files of the project at ``root`` whose bytes hold ``needle``, each with its bytes
+    (a file that cannot be read is passed over): what a search of the project parses."""
+    for path in project_python_files(root):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if needle in data:
+            yield path, data
+
 
 _WHY = {
     "loop": "a symbolic link loop: skipped",

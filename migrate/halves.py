@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import project_python_files, project_root
+from migrate.files import project_files_saying, project_root
 from migrate.module_paths import is_module
 from migrate.types import ImportChange
 
@@ -200,15 +200,10 @@ def _package(path: Path) -> Path | None:
 @lru_cache(maxsize=8)
 def _halves_under(root: Path) -> tuple[Half, ...]:
     found = []
-    for path in project_python_files(root):
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        if b"apex" in data:
-            half = find_half(path, data.decode("utf-8", "replace"))
-            if half is not None:
-                found.append(half)
+    for path, data in project_files_saying(root, b"apex"):
+        half = find_half(path, data.decode("utf-8", "replace"))
+        if half is not None:
+            found.append(half)
     return tuple(found)
 
 

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import libcst as cst
 
+from libcst.metadata import PositionProvider
+
 from migrate import apex_nodes as nodes
+from migrate.optimizer_resumes import SETTING as RESUMES
+from migrate.optimizer_resumes import names_an_optimizer
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
+from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
 # Keywords both take with the same meaning.
@@ -24,7 +29,10 @@ class ApexFusedAdam(ApexRename):
 
     Fix safety:
     Safe for the standard arguments (``set_grad_none`` is dropped: native ``zero_grad`` already sets
-    gradients to None). Reported for ``bias_correction=False``, ``master_weights``, the old
+    gradients to None), where nothing in the project loads an optimizer's saved state
+    (``optimizer.load_state_dict(...)``, on anything named as an optimizer): apex keeps the step
+    count per parameter group, torch per parameter, and a checkpoint saved before the migration
+    raises ``KeyError: 'step'`` as it loads, so there it is reported, not rewritten. Reported for ``bias_correction=False``, ``master_weights``, the old
     ``max_grad_norm``/``eps_inside_sqrt`` signature, a computed ``adam_w_mode``, and positional
     arguments after ``lr`` (apex's third parameter is ``bias_correction``, torch's is ``betas``).
 
@@ -51,12 +59,21 @@ class ApexFusedAdam(ApexRename):
             "import torch\n\noptimizer = torch.optim.Adam(params, lr=args.lr, weight_decay=0.01, fused=True)\n",
         ),
         Invalid("from apex.optimizers import FusedAdam\noptimizer = FusedAdam(params, lr=1e-3, bias_correction=False, max_grad_norm=1.0)\n"),
+        Invalid(  # a checkpoint saved with apex's FusedAdam does not load into torch's Adam
+            "from apex.optimizers import FusedAdam\n"
+            "\n"
+            "optimizer = FusedAdam(model.parameters(), lr=1e-3)\n"
+            "if resume:\n"
+            "    optimizer.load_state_dict(torch.load(resume)['optimizer'])\n",
+        ),
         Invalid(
             "from apex.optimizers import FusedAdam\noptimizer = FusedAdam(params, lr=1e-3, set_grad_none=False)\n",
             "import torch\n\noptimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0, fused=True)\n",
             unsafe_fixes=True,
         ),
     ]
+
+    _resumes: tuple[str, ...] | None = None  # where optimizer state is loaded, found at the first call
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         if nodes.has_star(call):
@@ -84,5 +101,22 @@ class ApexFusedAdam(ApexRename):
         note = ""
         if grad_none is not None and nodes.code(grad_none.value) not in ("True", "1"):
             safety, note = Safety.UNSAFE, "`set_grad_none=False` dropped: call `zero_grad(set_to_none=False)` to keep zeroed gradients"
+        resumed = self._loaded_at()
+        if resumed:
+            return NoFix(
+                f"optimizer state is loaded ({', '.join(resumed[:3])}{', ...' if len(resumed) > 3 else ''}): a checkpoint "
+                "saved with apex's FusedAdam keeps the step count per parameter group, where torch's Adam keeps it per "
+                "parameter and raises KeyError 'step' loading it; swap it by hand where no such checkpoint must load, "
+                "or move each group's `step` into its parameters' states first")
         source = self.rebuild(native, call, drop=("adam_w_mode", "set_grad_none", "bias_correction"), extra=tuple(extra))
         return NativeCall(source, safety, note)
+
+    def _loaded_at(self) -> tuple[str, ...]:
+        """Where the project (``optimizer_resumes``), or this file when no project is known, loads an
+        optimizer's state: ``optimizer.load_state_dict(checkpoint["optimizer"])``."""
+        if self._resumes is None:
+            here = [f"line {self.get_metadata(PositionProvider, node).start.line}"
+                    for node in descendants(self._module) if type(node) is cst.Call and type(node.func) is cst.Attribute
+                    and node.func.attr.value == "load_state_dict" and names_an_optimizer(nodes.code(node.func.value))]
+            self._resumes = tuple(self.context.settings.get(RESUMES, ())) or tuple(here)
+        return self._resumes

@@ -400,3 +400,18 @@ def test_fused_adam_on_cuda_matches_adamw():
     got = _run(FusedAdam(ours, lr=1e-2, weight_decay=0.1), ours)
     want = _run(torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1), ref)
     _assert_all_close(got, want)
+
+
+def test_fused_adam_keeps_the_step_count_per_group_as_apex_did_which_torchs_adam_cannot_load():
+    """Why ``ampmigrate`` leaves FusedAdam where a project resumes optimizers (compatibility table)."""
+    from ampshim.optimizers import FusedAdam
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    fused = FusedAdam([weight], lr=1e-3)
+    weight.grad = torch.ones(3)
+    fused.step()
+    state = fused.state_dict()
+    assert state["param_groups"][0]["step"] == 1 and "step" not in state["state"][0]
+    native = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))], lr=1e-3)
+    with pytest.raises(KeyError, match="step"):
+        native.load_state_dict(state)

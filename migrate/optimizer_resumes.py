@@ -1,0 +1,60 @@
+"""Where a project loads an optimizer's saved state, for the ``FusedAdam`` rewrite (AMP012).
+
+apex's ``FusedAdam`` keeps its step count in each parameter group; torch's ``Adam``/``AdamW``
+keep it in each parameter's state, and loading a state saved by apex raises ``KeyError: 'step'``.
+A run that starts afresh trains the same either way; one that resumes from a checkpoint saved
+before the migration does not run. So a file whose ``FusedAdam`` is rewritten is told
+(``SETTING``) where its project (``files.project_root``, searched on disk even when one file is
+given) calls ``load_state_dict`` on something named as an optimizer (``optimizer``,
+``self.loss_optimizer``, ``opt``), and the rewrite is then unsafe. A load through a receiver
+named otherwise (a trainer loading its own parts) is not seen.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from migrate import quiet
+from migrate.files import project_files_saying, project_root
+
+__all__ = ["SETTING", "loads", "names_an_optimizer"]
+
+SETTING = "optimizer-state-loaded"  # the setting that hands a file these places (not a user setting)
+
+
+def loads(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that uses ``FusedAdam``, the places (``path:line``, relative to
+    its project) where its project loads an optimizer's state."""
+    found: dict[Path, tuple[str, ...]] = {}
+    for path, text in texts.items():
+        if "FusedAdam" in text:
+            root = project_root(path)
+            places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
+                           for file, line in _loads(root))
+            if places:
+                found[path] = places
+    return found
+
+
+def names_an_optimizer(text: str) -> bool:
+    """``optimizer``, ``self.loss_optimizer``, ``opt``, ``opt_g``, ``d_opt``: not ``option``."""
+    last = text.rsplit(".", 1)[-1].lower()
+    return "optim" in last or last == "opt" or last.startswith("opt_") or last.endswith("_opt")
+
+
+@lru_cache(maxsize=64)
+def _loads(root: Path) -> tuple[tuple[Path, int], ...]:
+    places = []
+    for file, data in project_files_saying(root, b"load_state_dict"):
+        try:
+            tree = quiet.parse(data)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        found = [(file, node.lineno) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
+                 and names_an_optimizer(ast.unparse(node.func.value))]
+        if found and project_root(file) == root:  # not a project of its own inside this one
+            places += found
+    return tuple(places)
