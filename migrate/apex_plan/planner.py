@@ -366,7 +366,12 @@ class Planner:
         reasons = [reason for reason in dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe) if reason not in self.draft.marked_reasons]
         if not reasons:
             return
-        anchors = [self.tree.statement(call) for call in self.sites.calls["initialize"]] + [scale.statement for scale in scales]
+        # `initialize`'s statement, or the `if` around it that the rewrite replaced as a whole (the
+        # scaler hoisted before its flag's test), then the scaled backward passes
+        setups = [next((node for node in (statement, *self.tree.ancestors(statement)) if id(node) in self.draft.replacements
+                        or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module))), statement)
+                  for statement in map(self.tree.statement, self.sites.calls["initialize"])]
+        anchors = setups + [scale.statement for scale in scales]
         anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
         if anchor is not None:
             self.draft.leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))

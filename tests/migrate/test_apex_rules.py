@@ -1222,3 +1222,25 @@ def test_a_model_cast_to_float16_by_an_option_of_its_own_leaves_the_rewrite_as_i
         "        model.eval()\n",
         "        model.eval()\n        if args.fp16_full_eval:\n            model = model.to(dtype=torch.float16)\n"))
     assert "amp.initialize" not in source and "GradScaler" in source
+
+
+@pytest.mark.parametrize("guard", ["if args.fp16:", "if args.fp16 and torch.cuda.is_available():"])
+def test_the_marker_of_an_unsafe_rewrite_stands_where_apex_was_set_up_even_when_its_if_goes(guard):
+    """The scaler made before the flag's test replaces the whole ``if``: the reasons go there, not
+    to the scaled backward pass further down."""
+    source, _ = _migrate(f"""\
+        import torch
+        from apex import amp
+
+
+        def train(args, model, optimizer, loader):
+            {guard}
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+            for x, y in loader:
+                loss = model(x, y)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+    """, unsafe_fixes=True)
+    marker = source.index("# TODO(ampmigrate): review, this rewrite is unsafe")
+    assert marker < source.index("scaler = torch.amp.GradScaler(") < source.index("for x, y in loader:"), source
