@@ -105,6 +105,26 @@ class GradScalerInLoop(TrainingStepRule):
         Valid(CORRECT[LIGHTNING], framework=LIGHTNING),
         Valid(CORRECT[FABRIC], framework=FABRIC),
         Valid(CORRECT[DEEPSPEED], framework=DEEPSPEED),
+        Valid(  # a schedule that rebuilds the whole trainer makes a new optimizer and scaler with it
+            "def build_trainer(cfg):\n"
+            "    model = build_model(cfg)\n"
+            "    optimizer = build_optimizer(model, cfg)\n"
+            "    loss_scaler = NativeScaler()\n"
+            "    return model, optimizer, loss_scaler\n"
+            "\n"
+            "\n"
+            "def train(cfg, loader):\n"
+            "    model, optimizer, loss_scaler = build_trainer(cfg)\n"
+            "    for epoch in range(cfg.epochs):\n"
+            "        if epoch in cfg.long_cycle:\n"
+            "            model, optimizer, loss_scaler = build_trainer(cfg)\n"
+            "        for x, y in loader:\n"
+            "            with torch.autocast('cuda'):\n"
+            "                loss = model(x, y)\n"
+            "            loss_scaler(loss, optimizer, parameters=model.parameters())\n"
+            "            optimizer.zero_grad()\n",
+            framework=TIMM,
+        ),
     ]
     INVALID = [
         Invalid(  # called once per epoch by another file's loop

@@ -159,6 +159,19 @@ class GradientsReadWhileScaled(TrainingStepRule):
             "        optimizer.step()\n",
             framework=FABRIC,
         ),
+        Valid(  # a trainer's own `self.backward`, handed a loss its scaler scaled, then unscaled
+            "class Trainer(LightningLite):\n"
+            "    def run(self, model, optimizer, loader, scaler):\n"
+            "        for x, y in loader:\n"
+            "            with torch.autocast('cuda'):\n"
+            "                loss = model(x, y)\n"
+            "            self.backward(scaler.scale(loss))\n"
+            "            scaler.unscale_(optimizer)\n"
+            "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n",
+            framework=LIGHTNING,
+        ),
     ]
     INVALID = [
         Invalid(
