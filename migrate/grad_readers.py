@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import bindings, bound_value
 from migrate.tree_walk import descendants
 
 # Calls with "grad" in their name that do not read gradients.
@@ -27,9 +28,47 @@ _CLIPS = {
 _LOOSE_PARENTS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Element, cst.DictElement)
 
 
-def reads_grads(statement: cst.CSTNode) -> bool:
-    """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively."""
-    return bool(_grad_calls(statement)) or bool(_grad_attributes(statement))
+def reads_grads(statement: cst.CSTNode, own_tensors: frozenset[str] = frozenset()) -> bool:
+    """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively.
+    The ``.grad`` of one of ``own_tensors`` (``own_leaf_tensors``) is no such read."""
+    return bool(_grad_calls(statement)) or any(
+        not (type(node.value) is cst.Name and node.value.value in own_tensors) for node in _grad_attributes(statement))
+
+
+def own_leaf_tensors(function: cst.CSTNode) -> frozenset[str]:
+    """The names ``function`` binds only to tensors it makes to take gradients itself, that no
+    optimizer is given: an input perturbation (``delta = torch.zeros_like(x, requires_grad=True)``,
+    ``delta = (delta + step * delta.grad).detach().requires_grad_()``). apex unscaled only the
+    optimizer's parameters' gradients as ``scale_loss`` exited: their ``.grad`` stayed scaled,
+    as it stays natively."""
+    names = {name for node in descendants(function) if type(node) is cst.Assign and _makes_a_leaf(node.value)
+             for target in node.targets if type(target.target) is cst.Name for name in [target.target.value]}
+    return frozenset(name for name in names
+                     if all(type(b) is cst.Assign and _makes_a_leaf(bound_value(b, name)) for b in bindings(function, name))
+                     and not _given_to_an_optimizer(function, name))
+
+
+def _makes_a_leaf(value: cst.CSTNode) -> bool:
+    if type(value) is not cst.Call:
+        return False
+    if nodes.call_name(value) == "requires_grad_" and not any(nodes.code(arg.value) == "False" for arg in value.args):
+        return True
+    flag = nodes.argument(value, None, "requires_grad")
+    return flag is not None and nodes.code(flag.value) == "True"
+
+
+def _given_to_an_optimizer(function: cst.CSTNode, name: str) -> bool:
+    """Whether ``name`` is handed to an optimizer (``SGD([delta])``, ``add_param_group``): then apex
+    unscaled its gradient with the others'."""
+    for call in descendants(function):
+        if type(call) is not cst.Call:
+            continue
+        callee = nodes.code(call.func)
+        if not ("optim" in callee.lower() or "param_group" in callee or callee.rsplit(".", 1)[-1][:1].isupper()):
+            continue
+        if any(type(node) is cst.Name and node.value == name for arg in call.args for node in descendants(arg)):
+            return True
+    return False
 
 
 def scale_aware_clips(statement: cst.CSTNode) -> list[cst.Call] | None:

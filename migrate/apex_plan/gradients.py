@@ -52,10 +52,11 @@ class GradientPlanning(Step):
         between two scaled backward passes, makes the fix unsafe.
         """
         conditions_of = StepConditions(self.context)
+        own = grad_readers.own_leaf_tensors(self.tree.function(scale.statement) or self.tree.module)
         found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
         for between, conditions in passed:
             for statement in between:
-                if grad_readers.reads_grads(statement) and not self.scales_again(statement, scale):
+                if grad_readers.reads_grads(statement, own) and not self.scales_again(statement, scale):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
@@ -69,10 +70,10 @@ class GradientPlanning(Step):
                         # between two, it saw the first one's gradients
                         found = found if scaled else []
                         scaled = True
-                        if grad_readers.reads_grads(sibling):
+                        if grad_readers.reads_grads(sibling, own):
                             found.append((sibling, condition))
                             among_backwards.add(id(sibling))
-                    elif grad_readers.reads_grads(sibling):
+                    elif grad_readers.reads_grads(sibling, own):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
         # a test of the gradients read here (`if isfinite(norm):`), after which the update follows either way.
@@ -84,7 +85,7 @@ class GradientPlanning(Step):
         found = [(reader, condition) for reader, condition in found if not self.tree.never_together(reader, scale.statement)]
         readers = [(reader, reader_condition, id(reader) not in among_backwards and self._step_follows(graph, reader, targets, scale))
                    for reader, reader_condition in found]
-        if len(inner) > 1 and any(grad_readers.reads_grads(s) for path in inner for siblings in path for s in siblings):
+        if len(inner) > 1 and any(grad_readers.reads_grads(s, own) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
         # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
         leaving = self._leaves_before_the_step(self.tree.control_flow(steps[0][0], exceptions=False), scale, targets) if passed else None
@@ -132,7 +133,7 @@ class GradientPlanning(Step):
         for place in places:
             lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
-                lines.append(line)
+                _add_or_join(lines, line)
         self.draft.unscale_covered.update(id(reader) for reader, _, _ in readers)
 
     @staticmethod
@@ -384,3 +385,20 @@ class GradientPlanning(Step):
                 return True
             node = self.tree.parent.get(id(node))
         return False
+
+
+def _add_or_join(lines: list[str], line: str) -> None:
+    """``line`` among ``lines``; where another says the same under the opposite test (``if adv:``
+    and ``if not adv:``, from the two arms of one ``if``), the two become one, with no test."""
+    test, _, body = line.partition(":\n")
+    for index, other in enumerate(lines):
+        other_test, _, other_body = other.partition(":\n")
+        if body and body == other_body and test.startswith("if ") and other_test.startswith("if ") \
+                and _opposite(test[3:], other_test[3:]):
+            lines[index] = textwrap.dedent(body)
+            return
+    lines.append(line)
+
+
+def _opposite(test: str, other: str) -> bool:
+    return test == f"not {other}" or other == f"not {test}" or test == f"not ({other})" or other == f"not ({test})"

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate import tree_walk
+from migrate import grad_readers, tree_walk
 from migrate.flow.bindings import bound_names
 from migrate.step_model import shapes
 from migrate.step_model.imported_helpers import ImportedHelpers
@@ -68,6 +68,7 @@ class Walk:
         self.managed_names: set[str] = set()  # `with amp.scale_loss(...) as scaled_loss`
         self.host_names: set[str] = set()  # bound to a value already on the host: `loss = loss.cpu().numpy()`
         self._entered: list[cst.CSTNode] = [root]
+        self._own_tensors: dict[int, frozenset[str]] = {}  # per function: `own_leaf_tensors`
         self._calls: list[cst.Call] = []  # the calls through which the walk entered the helpers it is in
         self.helpers_entered: set[int] = set()  # ids of the file's functions this walk entered
         # per function entered through a call: its parameters that call leaves off (`if verbose:`
@@ -181,7 +182,7 @@ class Walk:
                 if on_host:
                     self.host_names.update(targets)
             made = value.body if type(value) is cst.IfExp else value  # `scaler = NativeScaler() if amp else None`
-            if type(made) is cst.Call and type(small) is not cst.AugAssign and _factory_scaler(self.visitor, made, self.facts):
+            if type(made) is cst.Call and type(small) is not cst.AugAssign and words.made_by_a_factory(self.visitor, made, self.facts.scalers):
                 # a scaler made by a factory or another class (timm's `NativeScaler()`, `get_grad_scaler(cfg)`)
                 self._add(Kind.SCALER_NEW, made, frames, statements,
                           detail={"enabled": words.made_scaler_enabled(made), "factory": True})
@@ -200,6 +201,12 @@ class Walk:
                         self.bind((f"{returned}#{k}",), element.value, small, frames, statements)
         elif isinstance(small, cst.Assert):
             self._expression(small.test, frames, statements)
+
+    def own_leaf_tensors(self, function: cst.CSTNode) -> frozenset[str]:
+        """``grad_readers.own_leaf_tensors`` of a function the walk is in, worked out once."""
+        if id(function) not in self._own_tensors:
+            self._own_tensors[id(function)] = grad_readers.own_leaf_tensors(function)
+        return self._own_tensors[id(function)]
 
     def _tick(self) -> int:
         self._ticks += 1
@@ -409,6 +416,8 @@ class _Events(words.GradientUses):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         super().visit_Attribute(node)
         if node.attr.value == "grad" and id(node) not in self.unread:  # `.grad` only moved, averaged, cleared or tested
+            if type(node.value) is cst.Name and node.value.value in self.walk.own_leaf_tensors(self.walk._entered[-1]):
+                return  # an input perturbation's gradient: no optimizer's, so no `unscale_` of one unscales it
             self.walk._add(Kind.GRAD_READ, node, self.frames, self.statements, subject=nodes.code(node.value))
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
@@ -453,14 +462,6 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
 
 
 
-
-
-def _factory_scaler(visitor: cst.MetadataDependent, call: cst.Call, facts: FileFacts) -> bool:
-    """Whether ``call``, the value of an assignment, makes a loss scaler that is not torch's own
-    ``GradScaler`` (whose creation ``_call`` notes): ``NativeScaler()``, ``get_grad_scaler(cfg)``;
-    not a call of one (``loss_scaler(loss, optimizer)``)."""
-    return words.makes_a_scaler(call) and not words.is_grad_scaler(visitor, call) \
-        and not words.calls_a_loss_scaler(call, facts.scalers) and not nodes.code(call.func) in facts.scalers
 
 
 def _plain_names(test: cst.BaseExpression) -> list[str]:

@@ -151,6 +151,14 @@ def scaling_framework(receiver: str) -> tuple[str, str] | None:
     return None
 
 
+def made_by_a_factory(visitor: cst.MetadataDependent, call: cst.Call, scalers: set[str]) -> bool:
+    """Whether ``call``, the value of an assignment, makes a loss scaler that is not torch's own
+    ``GradScaler``: ``NativeScaler()``, ``get_grad_scaler(cfg)``; not a call of one
+    (``loss_scaler(loss, optimizer)``)."""
+    return makes_a_scaler(call) and not is_grad_scaler(visitor, call) and not calls_a_loss_scaler(call, scalers) \
+        and nodes.code(call.func) not in scalers
+
+
 def made_scaler_enabled(call: cst.Call) -> bool | None:
     """Whether a scaler a factory makes is enabled: as its ``enabled=`` says; always for timm's
     ``NativeScaler`` family and a ``...GradScaler(...)`` (a ``GradScaler`` without it is on);
