@@ -27,7 +27,8 @@ def tree(tmp_path):
 
 
 def _start(tree: Path) -> subprocess.Popen:
-    command = [sys.executable, "-c", "import sys; from migrate.cli import main; sys.exit(main())", "-j", "2", str(tree)]
+    # as the `ampmigrate` script runs it: `run`, which owns the process and its SIGINT handler
+    command = [sys.executable, "-c", "from migrate.cli import run; run()", "-j", "2", str(tree)]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
