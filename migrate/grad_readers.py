@@ -36,24 +36,44 @@ def reads_grads(statement: cst.CSTNode, own_tensors: frozenset[str] = frozenset(
 
 
 def own_leaf_tensors(function: cst.CSTNode) -> frozenset[str]:
-    """The names ``function`` binds only to tensors it makes to take gradients itself, that no
-    optimizer is given: an input perturbation (``delta = torch.zeros_like(x, requires_grad=True)``,
-    ``delta = (delta + step * delta.grad).detach().requires_grad_()``). apex unscaled only the
-    optimizer's parameters' gradients as ``scale_loss`` exited: their ``.grad`` stayed scaled,
-    as it stays natively."""
-    names = {name for node in descendants(function) if type(node) is cst.Assign and _makes_a_leaf(node.value)
-             for target in node.targets if type(target.target) is cst.Name for name in [target.target.value]}
-    return frozenset(name for name in names
-                     if all(type(b) is cst.Assign and _makes_a_leaf(bound_value(b, name)) for b in bindings(function, name))
-                     and not _given_to_an_optimizer(function, name))
+    """The names ``function`` binds only to tensors it makes itself and asks gradients of, that no
+    optimizer is given: an input perturbation (``delta = torch.zeros_like(x, requires_grad=True)``;
+    ``delta = torch.zeros_like(x)`` then ``delta.requires_grad_()``; ``delta = (delta + step *
+    grad).detach()``). apex unscaled only the optimizer's parameters' gradients as ``scale_loss``
+    exited: their ``.grad`` stayed scaled, as it stays natively."""
+    names = {target.target.value for node in descendants(function) if type(node) is cst.Assign and _made_here(node.value)
+             for target in node.targets if type(target.target) is cst.Name}
+    asked = {nodes.code(node.func.value) for node in descendants(function) if type(node) is cst.Call
+             and type(node.func) is cst.Attribute and _asks_grad(node)}
+    own = set()
+    for name in names:
+        values = [bound_value(binding, name) for binding in bindings(function, name)]
+        if all(_made_here(value) for value in values) and (name in asked or any(_asks_grad(value) for value in values)) \
+                and not _given_to_an_optimizer(function, name):
+            own.add(name)
+    return frozenset(own)
 
 
-def _makes_a_leaf(value: cst.CSTNode) -> bool:
+# Functions of torch that make a new tensor, and methods that give one apart from the graph.
+_FACTORIES = frozenset({"zeros", "zeros_like", "ones", "ones_like", "empty", "empty_like", "rand", "rand_like", "randn",
+                        "randn_like", "full", "full_like", "tensor", "clamp"})
+_APART = frozenset({"detach", "requires_grad_", "clone", "uniform_", "normal_", "new_zeros", "new_empty", "new_ones"})
+
+
+def _made_here(value: cst.CSTNode) -> bool:
+    """A tensor made here: a factory's (``torch.zeros_like(x)``), or one taken apart from the graph
+    (``(delta + step).detach()``, ``.requires_grad_()``)."""
     if type(value) is not cst.Call:
         return False
-    if nodes.call_name(value) == "requires_grad_" and not any(nodes.code(arg.value) == "False" for arg in value.args):
-        return True
-    flag = nodes.argument(value, None, "requires_grad")
+    name = nodes.call_name(value)
+    return name in _APART or (name in _FACTORIES and type(value.func) is cst.Attribute and nodes.code(value.func.value) == "torch")
+
+
+def _asks_grad(call: cst.Call) -> bool:
+    """``x.requires_grad_()`` (not ``(False)``), or a factory given ``requires_grad=True``."""
+    if nodes.call_name(call) == "requires_grad_":
+        return not any(nodes.code(arg.value) == "False" for arg in call.args)
+    flag = nodes.argument(call, None, "requires_grad")
     return flag is not None and nodes.code(flag.value) == "True"
 
 

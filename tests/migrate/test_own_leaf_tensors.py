@@ -15,15 +15,17 @@ MADE = {
     "zeros": "noise = torch.zeros(x.shape, device=x.device, requires_grad=True)",
     "requires_grad_": "noise = x.clone().detach().requires_grad_()",
     "requires_grad_(True)": "noise = torch.empty_like(x).uniform_(-0.1, 0.1).requires_grad_(True)",
+    "asked apart": "noise = torch.zeros_like(x)\nnoise.requires_grad_()",
 }
 READ = {
     "divided": "noise = (noise + 0.01 * noise.grad / scale).detach().requires_grad_()",
     "sign": "noise = (noise + 0.01 * noise.grad.sign()).detach().requires_grad_()",
+    "copied": "noise = (noise + 0.01 * noise.grad.clone().detach().float() / scale).detach()",
 }
 
 
 def _step(made: str, read: str, optimized: bool) -> str:
-    body = [made, *(["perturbation_optimizer = torch.optim.SGD([noise], lr=0.1)"] if optimized else []),
+    body = [*made.split("\n"), *(["perturbation_optimizer = torch.optim.SGD([noise], lr=0.1)"] if optimized else []),
             "loss = model(x + noise, y)", "scaler.scale(loss).backward()", "scale = scaler.get_scale()", read,
             "scaler.step(optimizer)", "scaler.update()"]
     return ("import torch\n\n\ndef train(model, optimizer, scaler, loader):\n    for x, y in loader:\n"
