@@ -6,7 +6,7 @@ A run that starts afresh trains the same either way; one that resumes from a che
 before the migration does not run. So a file whose ``FusedAdam`` is rewritten is told
 (``SETTING``) where its project (``files.project_root``, searched on disk even when one file is
 given) calls ``load_state_dict`` on something named as an optimizer (``optimizer``,
-``self.loss_optimizer``, ``opt``), and the rewrite is then unsafe. A load through a receiver
+``self.loss_optimizer``, ``opt``: ``step_model.vocabulary.optimizer_like``), and the swap is then only reported. A load through a receiver
 named otherwise (a trainer loading its own parts) is not seen.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 from migrate import quiet
 from migrate.files import project_files_saying, project_root
+from migrate.step_model.vocabulary import optimizer_like
 
-__all__ = ["SETTING", "loads", "names_an_optimizer"]
+__all__ = ["SETTING", "loads"]
 
 SETTING = "optimizer-state-loaded"  # the setting that hands a file these places (not a user setting)
 
@@ -38,12 +39,6 @@ def loads(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     return found
 
 
-def names_an_optimizer(text: str) -> bool:
-    """``optimizer``, ``self.loss_optimizer``, ``opt``, ``opt_g``, ``d_opt``: not ``option``."""
-    last = text.rsplit(".", 1)[-1].lower()
-    return "optim" in last or last == "opt" or last.startswith("opt_") or last.endswith("_opt")
-
-
 @lru_cache(maxsize=64)
 def _loads(root: Path) -> tuple[tuple[Path, int], ...]:
     places = []
@@ -54,7 +49,7 @@ def _loads(root: Path) -> tuple[tuple[Path, int], ...]:
             continue
         found = [(file, node.lineno) for node in ast.walk(tree) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
-                 and names_an_optimizer(ast.unparse(node.func.value))]
+                 and optimizer_like(ast.unparse(node.func.value))]
         if found and project_root(file) == root:  # not a project of its own inside this one
             places += found
     return tuple(places)

@@ -79,13 +79,13 @@ def prepared_optimizers(module: cst.Module) -> dict[str, str]:
         if nodes.call_name(call) not in _PREPARING or type(call.func) is not cst.Attribute:
             continue
         runner = nodes.code(call.func.value)
-        if not any(word in runner.rsplit(".", 1)[-1].lower() for word in ("accelerator", "fabric")):
+        if runner == "self" or words.scaling_framework(runner) is None:
             continue
         given = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
         targets = [e.value for e in target.elements] if type(target) in (cst.Tuple, cst.List) else [target]
         for bound, argument in zip(targets, given if len(given) == len(targets) else [None] * len(targets)):
             text = nodes.code(bound)
-            if _an_optimizer(text) or (argument is not None and _an_optimizer(nodes.code(argument))):
+            if words.optimizer_like(text) or (argument is not None and words.optimizer_like(nodes.code(argument))):
                 found[text] = runner
     return found
 
@@ -96,11 +96,6 @@ def steps_by_hand(module: cst.Module) -> set[int]:
     return {id(klass) for klass in descendants(module) if type(klass) is cst.ClassDef
             for binding in bindings(klass, "self.automatic_optimization", methods=True)
             if nodes.code(bound_value(binding, "self.automatic_optimization")) == "False"}
-
-
-def _an_optimizer(text: str) -> bool:
-    last = text.rsplit(".", 1)[-1].lower()
-    return "optim" in last or last in ("opt", "opts") or last.startswith("opt_") or last.endswith("_opt")
 
 
 def _scopes(module: cst.Module) -> list[cst.CSTNode]:

@@ -7,8 +7,8 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.optimizer_resumes import SETTING as RESUMES
-from migrate.optimizer_resumes import names_an_optimizer
 from migrate.rule import Invalid, Valid
+from migrate.step_model.vocabulary import optimizer_like
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
@@ -117,6 +117,6 @@ class ApexFusedAdam(ApexRename):
         if self._resumes is None:
             here = [f"line {self.get_metadata(PositionProvider, node).start.line}"
                     for node in descendants(self._module) if type(node) is cst.Call and type(node.func) is cst.Attribute
-                    and node.func.attr.value == "load_state_dict" and names_an_optimizer(nodes.code(node.func.value))]
+                    and node.func.attr.value == "load_state_dict" and optimizer_like(nodes.code(node.func.value))]
             self._resumes = tuple(self.context.settings.get(RESUMES, ())) or tuple(here)
         return self._resumes
