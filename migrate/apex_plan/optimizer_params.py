@@ -3,12 +3,14 @@
 ``amp.master_params(optimizer)`` becomes the optimizer's parameters. Written out, that is
 ``(p for group in optimizer.param_groups for p in group["params"])``; a person writes
 ``model.parameters()`` where the optimizer was made from exactly those:
-``optimizer = torch.optim.SGD(model.parameters(), lr=0.1)``, the last top-level statement of the
-function reading ``amp.master_params(optimizer)`` to bind it before that, with nothing rebinding ``optimizer`` after
-that but ``amp.initialize`` (which hands the same objects back) and nothing rebinding ``model``
-but ``amp.initialize`` or a ``DistributedDataParallel``/``DataParallel`` wrapper (whose
-``parameters()`` are the wrapped model's, in the same order), and no parameter group added or
-replaced anywhere in the file. Then both yield the same tensors in the same order.
+``optimizer = torch.optim.SGD(model.parameters(), lr=0.1)`` is what reaches the call, on every way
+through the function (``flow.reaching``), through no rebinding of ``optimizer`` but
+``amp.initialize`` (which hands the same objects back); the bindings of ``model`` that reach
+the call are those that reached that construction, through nothing but ``amp.initialize`` or a
+``DistributedDataParallel``/``DataParallel`` wrapper (whose ``parameters()`` are the wrapped
+model's, in the same order); and no parameter group is added or replaced anywhere in the file.
+Then both yield the same tensors in the same order. ``if sgd: opt = SGD(model.parameters())
+else: opt = Adam(model.parameters())`` holds the model's parameters either way.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.tree import FileTree
-from migrate.flow.bindings import bindings, bound_value
+from migrate.flow.bindings import bound_value
+from migrate.flow.control import Graph
+from migrate.flow.reaching import binding_nodes, reaching
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -31,22 +35,44 @@ def model_parameters(tree: FileTree, optimizer: cst.BaseExpression, site: cst.CS
     function = tree.function(site)
     if not isinstance(optimizer, cst.Name) or function is None or _param_groups_changed(tree):
         return None
-    at = tree.order[id(tree.statement(site))]
-    made = [s for s in function.body.body if tree.order[id(s)] < at and any(
-        not _same_object(tree, binding, optimizer.value, frozenset(), initialize_calls) for binding in bindings(s, optimizer.value, declarations=True))]
-    construction = made[-1] if made else None  # the last top-level binding before the site but `amp.initialize`
-    model = _optimizer_of(tree, construction) if construction is not None else None
-    if model is None:
+    graph = tree.control_flow(site, exceptions=True)
+    statement = tree.statement(site)
+    if not graph.holds(statement):
         return None
-    after = tree.order[id(construction)]
-    for name, allowed in ((optimizer.value, ()), (model, _WRAPPERS)):
-        for binding in bindings(function, name, declarations=True):
-            statement = tree.statement(binding)
-            if statement is construction or not after < tree.order[id(statement)] < at:
-                continue
-            if not _same_object(tree, binding, name, allowed, initialize_calls):
-                return None
+    made, outside = _origins(tree, graph, optimizer.value, statement, frozenset(), initialize_calls)
+    models = {_optimizer_of(tree, construction) for construction in made}
+    if outside or len(models) != 1 or None in models:
+        return None  # an optimizer handed in, or made from no one model's parameters on every way
+    model = models.pop()
+    # the model's parameters at the site are those each construction took: the same bindings of
+    # `model` reach both, through nothing but `amp.initialize` and wrappers
+    wrapped = _origins(tree, graph, model, statement, _WRAPPERS, initialize_calls)
+    if any(_origins(tree, graph, model, construction, _WRAPPERS, initialize_calls) != wrapped for construction in made):
+        return None
     return f"{model}.parameters()"
+
+
+def _origins(tree: FileTree, graph: Graph, name: str, statement: cst.CSTNode, wrappers: frozenset[str],
+             initialize_calls: frozenset[int]) -> tuple[tuple[cst.CSTNode, ...], bool]:
+    """The statements whose binding of ``name`` gives the object it holds at ``statement``,
+    followed back through the bindings that keep the same object (``_same_object``), and
+    whether what it held when the function began may reach."""
+    origins: dict[int, cst.CSTNode] = {}
+    outside = False
+    seen: set[int] = set()
+    pending = [statement]
+    while pending:
+        found = reaching(graph, name, pending.pop())
+        outside = outside or found.from_outside
+        for binding in found.bindings:
+            if id(binding) in seen:
+                continue
+            seen.add(id(binding))
+            if all(_same_object(tree, node, name, wrappers, initialize_calls) for node in binding_nodes(binding, name)):
+                pending.append(binding)
+            else:
+                origins[id(binding)] = binding
+    return tuple(origins.values()), outside
 
 
 def _optimizer_of(tree: FileTree, statement: cst.CSTNode) -> str | None:

@@ -83,6 +83,8 @@ class Graph:
     _edges: dict[int, list[tuple[Node, Edge]]] = field(default_factory=dict, init=False, repr=False)
     _loops: dict[int, tuple[cst.CSTNode, ...]] = field(default_factory=dict, init=False, repr=False)
     _nodes: dict[int, Node] = field(default_factory=dict, init=False, repr=False)
+    _ends: dict[int, _FinallyEnd] = field(default_factory=dict, init=False, repr=False)
+    _sources: dict[int, list[tuple[Node, Edge]]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         body = self.root.body
@@ -98,6 +100,16 @@ class Graph:
 
     def successors(self, node: Node) -> list[tuple[Node, Edge]]:
         return list(self._edges.get(id(node), ()))
+
+    def predecessors(self, node: Node) -> list[tuple[Node, Edge]]:
+        """The nodes with an edge to ``node``, each with that edge: the ways into it."""
+        if self._sources is None:
+            self._sources = {}
+            known = {**self._nodes, **self._ends}
+            for source, edges in self._edges.items():
+                for target, edge in edges:
+                    self._sources.setdefault(id(target), []).append((known[source], edge))
+        return list(self._sources.get(id(node), ()))
 
     def loops_around(self, statement: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
         """The loops whose body holds ``statement``, outermost first."""
@@ -261,6 +273,7 @@ class Graph:
         outer = context
         if statement.finalbody is not None:
             end = _FinallyEnd(statement)
+            self._ends[id(end)] = end
             # the end of `finally` goes on to the statement after, or where a jump made within the
             # try or an exception was going
             jumps = _jumps_within(statement)

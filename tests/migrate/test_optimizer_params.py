@@ -31,10 +31,23 @@ AFTERWARDS = {  # what runs between the optimizer's construction and the clip; e
     "wrapped_beside": ("model, optimizer = torch.nn.DataParallel(model), optimizer\n", True),
     "other_model_beside": ("model, spare = torch.nn.Sequential(torch.nn.Linear(3, 1)), model\n", False),
     "unpacked_from_a_call": ("model, optimizer = (lambda m, o: (m, o))(model, optimizer)\n", False),
+    # on one way through the function only (flow.reaching: every binding that reaches counts)
+    "other_model_on_one_arm": ("if use_sgd:\n    model = torch.nn.Sequential(torch.nn.Linear(3, 1))\n", False),
+    "wrapped_on_one_arm": ("if use_sgd:\n    model = torch.nn.DataParallel(model)\n", True),
+    "new_optimizer_on_one_arm": ("if use_sgd:\n    optimizer = torch.optim.Adam(model.parameters())\n", True),
+    "part_optimizer_on_one_arm": ("if use_sgd:\n    optimizer = torch.optim.Adam(model[0].parameters())\n", False),
+}
+PLACES = {  # where the construction stands; whether it leaves the question to the construction
+    "straight": ("optimizer = {made}\n", True),
+    "either_arm": ("if use_sgd:\n    optimizer = {made}\nelse:\n    optimizer = torch.optim.Adam(model.parameters())\n", True),
+    "a_part_on_the_other_arm": (
+        "if use_sgd:\n    optimizer = {made}\nelse:\n    optimizer = torch.optim.Adam(model[2].parameters())\n", False),
+    "unless_handed_in": ("if optimizer is None:\n    optimizer = {made}\n", False),
+    "in_a_try": ("try:\n    optimizer = {made}\nexcept TypeError:\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)\n", True),
 }
 
 
-def _script(construction: str, afterwards: str, clip_in_loop: bool) -> str:
+def _script(construction: str, afterwards: str, clip_in_loop: bool, place: str = "straight") -> str:
     made, imports = CONSTRUCTIONS[construction]
     clip = "record_clip(amp.master_params(optimizer), 1.0)\n"
     loop = textwrap.dedent("""\
@@ -47,26 +60,28 @@ def _script(construction: str, afterwards: str, clip_in_loop: bool) -> str:
         loop += "optimizer.step()\n"
     body = ("model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))\n"
             "extra = torch.nn.Parameter(torch.zeros(2))\n"
-            f"optimizer = {made}\n"
+            + PLACES[place][0].format(made=made) +
             'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
             + AFTERWARDS[afterwards][0]
             + "batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(2)]\n"
             + loop
             + "return optimizer\n")
     return ("import torch\n" + imports + "from apex import amp\n\n\n"
-            "def train(record_clip):\n" + textwrap.indent(body, "    "))
+            "def train(record_clip, use_sgd, optimizer=None):\n" + textwrap.indent(body, "    "))
 
 
-@settings(max_examples=80, deadline=None, database=None)
+@settings(max_examples=150, deadline=None, database=None)
 @given(construction=st.sampled_from(sorted(CONSTRUCTIONS)), afterwards=st.sampled_from(sorted(AFTERWARDS)),
-       clip_in_loop=st.booleans())
-def test_the_models_parameters_stand_for_the_optimizers_exactly_where_it_holds_them(construction, afterwards, clip_in_loop):
-    source = _script(construction, afterwards, clip_in_loop)
+       clip_in_loop=st.booleans(), place=st.sampled_from(sorted(PLACES)), use_sgd=st.booleans())
+def test_the_models_parameters_stand_for_the_optimizers_exactly_where_it_holds_them(construction, afterwards, clip_in_loop,
+                                                                                     place, use_sgd):
+    source = _script(construction, afterwards, clip_in_loop, place)
     result = migrate_source(source, "train.py")
     assert result.error is None, result.error
     fixed = result.new_source
     assert "apex" not in fixed, fixed
-    exact = AFTERWARDS[afterwards][1] and (construction != "submodule" or afterwards == "new_optimizer")
+    made_exactly = PLACES[place][1] and construction != "submodule"
+    exact = AFTERWARDS[afterwards][1] and (made_exactly or afterwards == "new_optimizer")
     assert ("record_clip(model.parameters(), 1.0)" in fixed) == exact, fixed
     assert ("param_groups for p in group" in fixed) == (not exact), fixed
     handed: list[list[int]] = []
@@ -74,6 +89,6 @@ def test_the_models_parameters_stand_for_the_optimizers_exactly_where_it_holds_t
     exec(compile(fixed, "fixed.py", "exec"), namespace)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a CUDA GradScaler on the CPU disables itself, saying so
-        optimizer = namespace["train"](lambda params, _: handed.append([id(p) for p in params]))
+        optimizer = namespace["train"](lambda params, _: handed.append([id(p) for p in params]), use_sgd)
     stepped = [id(p) for group in optimizer.param_groups for p in group["params"]]
     assert handed and all(ids == stepped for ids in handed)
