@@ -127,6 +127,19 @@ class HostSyncEveryStep(TrainingStepRule):
             "            print(float(loss))\n"
             "    return torch.stack(losses).mean().item()\n"
         ),
+        Valid(  # what a read sees is the binding that reaches it: here the batch size, never the loss
+            "def train(model, opt, loader, scaler):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(opt)\n"
+            "        scaler.update()\n"
+            "        shown = torch.tensor([len(x)])\n"
+            "        if x.shape[0] > 1:\n"
+            "            shown = loss.detach()\n"
+            "        else:\n"
+            "            print(shown.item())\n"
+        ),
         Valid(
             "def evaluate(model, loader):\n"
             "    correct = 0\n"
@@ -308,6 +321,19 @@ class HostSyncEveryStep(TrainingStepRule):
             '        fabric.print(f"loss {loss.item():.4f}")\n',
             framework=FABRIC,
         ),
+        Invalid(  # the loss reaches the read on one arm: on those steps the host waits
+            "def train(model, opt, loader, scaler):\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        scaler.scale(loss).backward()\n"
+            "        scaler.step(opt)\n"
+            "        scaler.update()\n"
+            "        if x.shape[0] > 1:\n"
+            "            shown = loss.detach()\n"
+            "        else:\n"
+            "            shown = torch.zeros(())\n"
+            "        print(shown.item())\n"
+        ),
         Invalid(
             "def train(model_engine, loader):\n"
             "    for x, y in loader:\n"
@@ -382,12 +408,14 @@ def _waits(model, steps: Steps, event: Event, loop: Loop | None) -> bool:
     if _decided_by_the_data(event, loop, steps.values(model.facts.models, through_calls=False)):
         return False
     values = steps.values(model.facts.models, through_calls=form in PULL_METHODS)
-    return values.decides(event.detail["pulled"], tick) if form == "if" else values.holds_at(event.detail["pulled"], tick)
+    at = (event.frames, event.statements[-1]) if event.statements else None
+    return values.decides(event.detail["pulled"], tick, at) if form == "if" else values.holds_at(event.detail["pulled"], tick, at)
 
 
 def _decided_by_the_data(event: Event, loop: Loop | None, values: StepValues) -> bool:
     """Whether an ``if`` within the step around ``event`` tests a step tensor's value."""
-    return any(isinstance(frame, Arm) and values.decides(frame.node.test, event.detail["tick"])
+    return any(isinstance(frame, Arm) and values.decides(frame.node.test, event.detail["tick"],
+                                                         (event.frames[:event.frames.index(frame)], frame.node))
                for frame in event.frames_inside(loop))
 
 

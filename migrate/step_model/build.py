@@ -71,6 +71,7 @@ class Walk:
         self._own_tensors: dict[int, frozenset[str]] = {}  # per function: `own_leaf_tensors`
         self._calls: list[cst.Call] = []  # the calls through which the walk entered the helpers it is in
         self.helpers_entered: set[int] = set()  # ids of the file's functions this walk entered
+        self.entered_by: dict[int, cst.FunctionDef] = {}  # the call that entered a helper -> that helper
         # per function entered through a call: its parameters that call leaves off (`if verbose:`
         # does not run there); none in the root, whose callers are not known
         self._off: list[frozenset[str]] = [frozenset()]
@@ -316,6 +317,7 @@ class Walk:
             self._entered.append(helper)
             self._calls.append(call)
             self.helpers_entered.add(id(helper))
+            self.entered_by[id(call)] = helper
             self._off.append(shapes.flags_off(helper, call))
             for parameter, argument in shapes.parameters_given(helper, call):
                 self.bind((parameter,), argument, call, frames, statements)

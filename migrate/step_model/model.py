@@ -41,6 +41,7 @@ class Steps:
     events: list[Event]
     assignments: list[Assignment]
     entered: bool = False  # another function of the file calls it, and its walk enters it
+    entered_by: dict = field(default_factory=dict)  # the call through which the walk entered a helper -> it
     # Answers kept: the rules ask of every event, and a module's top level may hold thousands.
     _memo: dict = field(default_factory=dict, repr=False)
 
@@ -294,6 +295,17 @@ class Steps:
             return list(owner.body)
         return None
 
+    def function_of(self, frames: tuple) -> cst.CSTNode:
+        """The function a walk's record with ``frames`` stands in: the helper the last call among
+        them entered, else the root."""
+        calls = [frame.node for frame in frames if type(frame) is Via]
+        return self.entered_by.get(id(calls[-1]), self.root) if calls else self.root
+
+    def graph_of(self, frames: tuple) -> Graph:
+        """The control-flow graph of ``function_of(frames)``, built once."""
+        function = self.function_of(frames)
+        return self._once(("graph of", id(function)), lambda: Graph(function))
+
     # values
 
     def values(self, models: set[str], *, through_calls: bool = True) -> StepValues:
@@ -308,7 +320,8 @@ class Steps:
             targets = {return_target(value) for value in returned if type(value) is cst.Call}
             seeds += [(a.value, scope_of(a.frames)) for a in self.assignments if a.targets[0] in targets]
         return self._once(("values", through_calls),
-                          lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls))
+                          lambda: StepValues(self.assignments, seeds, models, through_calls=through_calls,
+                                             graph_of=self.graph_of))
 
 
 def _conjunction_fails(one: Event, other: Event) -> bool:

@@ -37,7 +37,7 @@ def build_model(visitor: cst.MetadataDependent, module: cst.Module) -> StepModel
     # a function another walk enters is judged in its caller's steps, where it runs (a walk never
     # enters its own root)
     entered = {helper for walk in walks for helper in walk.helpers_entered}
-    roots = [Steps(walk.root, walk.events, walk.assignments, entered=id(walk.root) in entered) for walk in walks if walk.events]
+    roots = [Steps(walk.root, walk.events, walk.assignments, entered=id(walk.root) in entered, entered_by=walk.entered_by) for walk in walks if walk.events]
     return StepModel(module, facts, roots)
 
 

@@ -8,8 +8,8 @@ inputs), host scalars and values already pulled (``loss.item()``) are not.
 The bindings are those the walk records in execution order: assignments, ``for`` and
 comprehension targets, a helper's parameters bound to the arguments of the call that entered
 it, and what the helper returns, bound to that call (``return@<call>``). What a statement binds
-and what each part of it gives (``a, b = x, y``) is read by ``flow.bindings``, as the migration
-reads it. The answer is a fixed
+and what each part of it gives (``a, b = x, y``) is read by ``flow.bindings``, and which of a
+function's bindings reach a read by ``flow.reaching``, as the migration reads them. The answer is a fixed
 point over them, seeded with what backward passes take (the loss) and what the model returns.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.flow.bindings import plain_sequence
+from migrate.flow.reaching import reaching
 from migrate.step_model import vocabulary as words
 from migrate.step_model.events import Via
 from migrate.step_model.shapes import host_tensor
@@ -80,10 +81,13 @@ class StepValues:
     """
 
     def __init__(self, assignments: list, seeds: list[tuple[cst.BaseExpression, object]], models: set[str], *,
-                 through_calls: bool) -> None:
+                 through_calls: bool, graph_of=None) -> None:
         self._models = models
         self._through_calls = through_calls
+        self._graph_of = graph_of  # a walk record's frames -> the control-flow graph of its function
         self._tick: int | None = None  # while `holds_at` asks: the read's place in the walk
+        self._at: tuple | None = None  # while `holds_at` asks: the read's frames and statement
+        self._reaching_memo: dict[tuple[int, str, int], object] = {}
         self._scope: object = _ANY  # while a binding's value is asked about: the function it is read in
         self._by_target: dict[str, list] = {}
         for assignment in assignments:
@@ -120,8 +124,9 @@ class StepValues:
                     self._note(scope, {target for target in targets if named_a_loss(target)})
             if len(self._scoped) == size:
                 break
-        # What each binding of a name gave it, in order: a read sees the last one before it.
-        self._given: dict[str, list[tuple[int, bool]]] = {}
+        # What each binding of a name gave it, in order, with the statement and the function it
+        # stands in: a read sees the bindings that reach it (`_reaching`).
+        self._given: dict[str, list[tuple[int, bool, cst.CSTNode | None, object]]] = {}
         for assignment in assignments:
             pairs = self._pairs(assignment) if not assignment.on_host else [(assignment.targets, None)]
             for targets, value in pairs:
@@ -132,7 +137,9 @@ class StepValues:
                 loss = seeded.get(scope_of(assignment.frames), set())
                 for target in targets:  # the loss itself, or a loss-named companion of it; not `n_samples`
                     step = holds or (beside and (target in loss or named_a_loss(target)))
-                    self._given.setdefault(target, []).append((assignment.tick, step))
+                    # a comprehension's target is the comprehension's own: its statement is not where it is bound
+                    where = assignment.statements[-1] if assignment.statements and type(assignment.node) is not cst.CompFor else None
+                    self._given.setdefault(target, []).append((assignment.tick, step, where, scope_of(assignment.frames)))
         # What each binding made of a name on the host: pulled there (`losses = torch.tensor(losses)`,
         # `loss = loss.item()`), or computed only from such values (`isnan = torch.isnan(losses).any()`),
         # worked out when a read asks (few do; most files pull nothing into a name).
@@ -174,26 +181,26 @@ class StepValues:
         return assignment.written and bool(seeded.get(scope_of(assignment.frames), set()) & targets) \
             and not self._helper_returns_host(value)
 
-    def decides(self, test: cst.BaseExpression, tick: int) -> bool:
+    def decides(self, test: cst.BaseExpression, tick: int, at: tuple | None = None) -> bool:
         """Whether the ``if`` test ``test`` needs a step tensor's value on the host: it compares
         one (``grad_norm > max_norm``) or asks a predicate of it (``torch.isnan(loss)``,
         ``found_inf.any()``); not ``loss is None`` or a flag."""
         kind = type(test)
         if kind is cst.BooleanOperation:
-            return self.decides(test.left, tick) or self.decides(test.right, tick)
+            return self.decides(test.left, tick, at) or self.decides(test.right, tick, at)
         if kind is cst.UnaryOperation:
-            return self.decides(test.expression, tick)
+            return self.decides(test.expression, tick, at)
         if kind is cst.Comparison:
             # a loss or a norm compared (`if loss > 1e4`, `if grad_norm > max_norm`): a counter or a
             # key that a pass over the step's values binds is no tensor for all the model knows
             valued = [t for t in test.comparisons if not isinstance(t.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))]
             sides = [test.left, *(t.comparator for t in valued)] if valued else []
-            return any(names_a_measure(side) and self.holds_at(side, tick) for side in sides)
+            return any(names_a_measure(side) and self.holds_at(side, tick, at) for side in sides)
         if kind is cst.Call and nodes.call_name(test) in _PREDICATES and type(test.func) is cst.Attribute:
             receiver = test.func.value
             if type(receiver) in (cst.Name, cst.Attribute) and nodes.code(receiver).split(".")[0] in ("torch", "math"):
-                return any(self.holds_at(arg.value, tick) for arg in test.args)  # `math.isfinite(loss)` makes it a float
-            return self.holds_at(receiver, tick)
+                return any(self.holds_at(arg.value, tick, at) for arg in test.args)  # `math.isfinite(loss)` makes it a float
+            return self.holds_at(receiver, tick, at)
         return False
 
     def _helper_returns_host(self, value) -> bool:
@@ -212,16 +219,19 @@ class StepValues:
 
         return all(host(binding.value) for binding in self._by_target[return_target(value)])
 
-    def holds_at(self, expression: cst.CSTNode, tick: int) -> bool:
-        """Whether ``expression``, read at ``tick`` of the walk, is a step tensor:
-        a name holds what its last binding before then gave it (``for i, x in enumerate(xs)``
-        makes ``i`` an index, whatever ``i`` held in an earlier loop); one bound only later (in
-        the loop's next pass), what any binding gives it."""
-        self._tick = tick  # `_has` answers by the bindings before it, for each name read
+    def holds_at(self, expression: cst.CSTNode, tick: int, at: tuple | None = None) -> bool:
+        """Whether ``expression``, read at ``tick`` of the walk, is a step tensor. ``at``: the
+        read's ``(frames, statement)``, where its function's bindings of a name that reach the
+        statement (``flow.reaching``) are what it holds (``for i, x in enumerate(xs)`` makes ``i``
+        an index, whatever ``i`` held before the loop; a binding later in the loop's body, what the
+        top of its next pass reads); what reaches from outside the function (a helper's
+        parameter, bound at its call; an attribute), and any name without ``at``, holds what its
+        last binding before ``tick`` in the walk gave it, or where none, what any binding gives it."""
+        self._tick, self._at = tick, at  # `_has` answers by the bindings that reach the read
         try:
             return self.holds(expression)
         finally:
-            self._tick = None
+            self._tick, self._at = None, None
 
     def _note(self, scope: object, targets: set[str]) -> None:
         self.names |= targets
@@ -246,7 +256,24 @@ class StepValues:
         return self._reaching(name, self._tick, name in self.names) and not self._on_the_host(name, self._tick)
 
     def _reaching(self, name: str, tick: int, otherwise: bool) -> bool:
-        before = [step for at, step in self._given.get(name, ()) if at < tick]
+        given = self._given.get(name, ())
+        if self._at is not None and self._graph_of is not None:
+            frames, statement = self._at
+            graph = self._graph_of(frames)
+            local = any(where is None and at_scope == scope_of(frames) for _, _, where, at_scope in given)
+            if graph.holds(statement) and not local:
+                found = self._reaching_memo.get((id(graph), name, id(statement)))
+                if found is None:
+                    found = self._reaching_memo[(id(graph), name, id(statement))] = reaching(graph, name, statement)
+                scope = scope_of(frames)
+                bound = {id(binding) for binding in found.bindings}
+                if any(step and id(where) in bound and at_scope == scope for _, step, where, at_scope in given):
+                    return True
+                if not found.from_outside:
+                    return False
+                # what the function began with: a parameter bound at the call, an attribute, a global
+                given = [binding for binding in given if not graph.holds(binding[2])]
+        before = [step for at, step, _, _ in given if at < tick]
         return before[-1] if before else otherwise
 
     def holds(self, expression: cst.CSTNode) -> bool:

@@ -111,7 +111,8 @@ while True:
 """
 
 
-def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: str | None = None) -> tuple[str, int]:
+def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: str | None = None,
+            setup: str = "") -> tuple[str, int]:
     """A training function; returns its source and the line of the read's last statement."""
     head, prelude = LOOPS[loop]
     body = textwrap.dedent(step)
@@ -127,6 +128,7 @@ def _script(step: str, loop: str, read: str, *, retry: bool = False, guard: str 
         "          accelerator, fabric, accuracy, meter, history, batches, max_steps, get_grad_scaler, pbar, rank):",
         "    gs = get_grad_scaler()",
         "    step = total = correct = seen = 0",
+        *(["    " + setup] if setup else []),
         "    " + head.rstrip("\n"),
         *("    " + line for line in prelude.rstrip("\n").split("\n") if prelude),
         *("        " + line for line in body.rstrip("\n").split("\n")),
@@ -181,3 +183,26 @@ def test_an_out_of_memory_retry_loop_is_part_of_the_iteration_around_it(step, lo
     assert _amp100(source) == [line], source
     result = run_rules(source, "train.py", _FAMILY)
     assert not [d for d in result.diagnostics if d.code == "AMP103"], source
+
+
+# Which binding a read sees is the one that reaches it through the loop's control flow
+# (`flow.reaching`), on every way: a binding on either arm of an `if` or of a `try`, the last
+# step's binding round the loop; not a binding on the other arm.
+READ_FORMS = ["print({v}.item())", "total += float({v})", 'print(f"{{{v}:.3f}}")']
+REACHING = {  # (lines after the step, with {read}; the binding before the loop; whether a step tensor reaches)
+    "either arm": ("if x.shape[0] > 1:\n    shown = loss.detach()\nelse:\n    shown = torch.zeros(())\n{read}", "", True),
+    "try or except": ("try:\n    shown = loss.detach()\nexcept RuntimeError:\n    shown = torch.zeros(())\n{read}", "", True),
+    "the last step's": ("if shown is not None:\n    {read}\nshown = loss.detach()", "shown = None", True),
+    "the other arm": ("shown = torch.tensor([len(x)])\nif x.shape[0] > 1:\n    shown = loss.detach()\nelse:\n    {read}", "", False),
+    "rebound by a walrus": ("shown = loss.detach()\nif (shown := len(x)) > 0:\n    {read}", "", False),
+}
+
+
+@pytest.mark.parametrize("form", READ_FORMS)
+@pytest.mark.parametrize("shape", list(REACHING))
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("step", list(STEPS))
+def test_a_read_sees_the_bindings_that_reach_it(step, loop, shape, form):
+    lines, setup, holds = REACHING[shape]
+    source, _ = _script(STEPS[step], loop, lines.format(read=form.format(v="shown")), setup=setup)
+    assert bool(_amp100(source)) == holds, source
