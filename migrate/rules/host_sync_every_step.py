@@ -19,6 +19,16 @@ from migrate.tree_walk import descendants
 
 
 
+# A scaled training step, for the examples on which binding of a value reaches a read after it.
+_SCALED_STEP = (
+    "def train(model, opt, loader, scaler):\n"
+    "    for x, y in loader:\n"
+    "        loss = model(x, y)\n"
+    "        scaler.scale(loss).backward()\n"
+    "        scaler.step(opt)\n"
+    "        scaler.update()\n"
+)
+
 class HostSyncEveryStep(TrainingStepRule):
     """What it does:
     Reports a step tensor read on the host in every iteration of the training loop:
@@ -128,12 +138,7 @@ class HostSyncEveryStep(TrainingStepRule):
             "    return torch.stack(losses).mean().item()\n"
         ),
         Valid(  # what a read sees is the binding that reaches it: here the batch size, never the loss
-            "def train(model, opt, loader, scaler):\n"
-            "    for x, y in loader:\n"
-            "        loss = model(x, y)\n"
-            "        scaler.scale(loss).backward()\n"
-            "        scaler.step(opt)\n"
-            "        scaler.update()\n"
+            _SCALED_STEP +
             "        shown = torch.tensor([len(x)])\n"
             "        if x.shape[0] > 1:\n"
             "            shown = loss.detach()\n"
@@ -322,12 +327,7 @@ class HostSyncEveryStep(TrainingStepRule):
             framework=FABRIC,
         ),
         Invalid(  # the loss reaches the read on one arm: on those steps the host waits
-            "def train(model, opt, loader, scaler):\n"
-            "    for x, y in loader:\n"
-            "        loss = model(x, y)\n"
-            "        scaler.scale(loss).backward()\n"
-            "        scaler.step(opt)\n"
-            "        scaler.update()\n"
+            _SCALED_STEP +
             "        if x.shape[0] > 1:\n"
             "            shown = loss.detach()\n"
             "        else:\n"
