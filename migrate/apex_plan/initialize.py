@@ -426,13 +426,18 @@ class InitializePlanning(Step):
         if init.level == "O0" and not self._o0_keeps_state(init):
             return None, "none", None
         function = self.tree.function(init.statement)
-        if init.on_self and function is not None and self.tree.first_param(function) == "self":
+        if function is not None and self.tree.first_param(function) == "self":
+            # Methods of one class share the scaler as an attribute, where the class holds the
+            # model, or where it exists from the object's construction (made there, or a
+            # disabled one standing in from `__init__`); else a module global stands in.
             owner = self.tree.owner_class(function)
             if owner is not None and all(self.tree.owner_class(self.tree.function(site)) is owner and self.tree.first_param(self.tree.function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.attributes)
                 stand_ins = StandInPlanning(self.context)
-                stand_in = "init" if not stand_ins.runs_at_construction(function, owner) and stand_ins.default_in_init(owner, function, init) else None
-                return f"self.{attribute}", "self", stand_in
+                constructed = stand_ins.runs_at_construction(function, owner)
+                if init.on_self or constructed or stand_ins.init_can_stand_in(owner):
+                    stand_in = "init" if not constructed and stand_ins.default_in_init(owner, function, init) else None
+                    return f"self.{attribute}", "self", stand_in
         if all(self.tree.function(site) is function for site in sites):
             return name, "local", None
         if function is None:

@@ -63,6 +63,10 @@ class StandInPlanning(Step):
             )
         return False
 
+    def init_can_stand_in(self, owner: cst.ClassDef) -> bool:
+        """Whether ``owner``'s own ``__init__`` can make a disabled scaler that stands in."""
+        return self._init_anchor(owner) is not None
+
     def plan_default_in_init(self, init: InitializeSite) -> None:
         """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""
         function = self.tree.function(init.statement)

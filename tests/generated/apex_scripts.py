@@ -30,7 +30,9 @@ class Features:
     import_guard: bool  # `try: from apex import amp` beside a has_apex flag the guard also tests
     inner_fp32: bool  # the model's head runs under its own autocast(enabled=False)
     names: tuple[str, str, str]  # model, optimizer, loss
-    holder: str = "function"  # function (the loop in main) | method (of a Trainer holding the model)
+    holder: str = "function"  # function (the loop in main) | method (of a Trainer holding the model) |
+    #                           handed (a Trainer whose `setup` and `train` methods are handed the model and
+    #                           the optimizer, which it does not keep)
     amp_via: str = "module"  # module (the global `amp`) | attribute (`self.amp`, None when off) |
     #                          parameter (handed to the training function)
     optimizers: str = "one"  # one | two (a list: initialize, scale_loss and `for o in opts: o.step()`)
@@ -83,6 +85,8 @@ def _coherent(f: Features) -> Features:
     if f.holder == "function":
         f = replace(f, amp_via="parameter" if f.amp_via == "attribute" else f.amp_via,
                     loss="helper" if f.loss == "method" else f.loss)
+    if f.holder == "handed":  # the module's `amp`, the loss from a module-level helper
+        f = replace(f, amp_via="module", loss="helper" if f.loss == "method" else f.loss)
     if f.backward_in == "helper":  # a method of the trainer, on the module's `amp`, no delay to hand on
         f = replace(f, holder="method", amp_via="module",
                     accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
@@ -114,7 +118,7 @@ def features():
         import_guard=st.booleans(),
         inner_fp32=st.booleans(),
         names=NAMES,
-        holder=st.sampled_from(["function", "method"]),
+        holder=st.sampled_from(["function", "method", "handed"]),
         amp_via=st.sampled_from(["module", "attribute", "parameter"]),
         optimizers=st.sampled_from(["one", "two"]),
         checkpoint=st.booleans(),
@@ -382,6 +386,20 @@ def _main_and_training(f: Features) -> str:
                 f"trainer = Trainer({model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
                 f"{', use_amp' if s.use_amp else ''})",
                 f"trainer.train(batches{takes})"]
+        return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
+    if f.holder == "handed":
+        held = f"{optimizer}s" if f.optimizers == "two" else optimizer
+        flag_arg = ", use_amp" if s.use_amp else ""
+        trainer = ["class Trainer:",
+                   *_indent(["def __init__(self):", "    self.runs = 0", "",
+                             f"def setup(self, {model}, {held}{flag_arg}):",
+                             *_indent([*_initialize(f, s, model, optimizer), f"return {model}, {held}"]),
+                             "",
+                             f"def train(self, {model}, {held}, batches{flag_arg}):",
+                             *_indent(["self.runs += 1", "losses = []", *training])])]
+        main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer), *_data(),
+                "trainer = Trainer()", f"{model}, {held} = trainer.setup({model}, {held}{flag_arg})",
+                f"trainer.train({model}, {held}, batches{flag_arg})"]
         return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
     main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer),
             *_initialize(f, s, model, optimizer), *_data()]
