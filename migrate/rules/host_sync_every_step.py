@@ -45,7 +45,10 @@ class HostSyncEveryStep(TrainingStepRule):
     containers, the file's helpers (their parameters and returns) and the functions the values
     go through; collectives (``reduce_dict``, ``accelerator.gather``) give tensors back, and a
     clip returns the gradients' norm (``grad_norm = model.clip_grad_norm_(1.0)``). Names are
-    followed in the function that binds them: a setter's ``loss`` parameter is not the step's. Indices, shapes, lengths, batch values, tensors made from host values
+    followed in the function that binds them: a setter's ``loss`` parameter is not the step's. A
+    read sees the bindings that reach it through the function's control flow (the same
+    reaching-definition query the migration asks): either arm of an ``if`` or a ``try``, the last
+    step's value round the loop, not a binding on the other arm. Indices, shapes, lengths, batch values, tensors made from host values
     (``torch.tensor([len(x)])``, ``(schedule == t).nonzero()`` on sampled inputs) and values
     already pulled (``best = torch.argmax(out.cpu(), 1)``, then ``best[i].item()``: the
     ``.cpu()`` is where the GPU waits) are not.
