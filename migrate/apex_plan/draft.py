@@ -121,7 +121,12 @@ class Draft:
                 if inner:
                     self.composed.add(id(statement))
             new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module)
-            placed = [nodes.with_leading(new[0], statement), *new[1:], *(part.with_changes(leading_lines=()) if i == 0 else part for i, part in enumerate(body))]
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and body:
+                # a definition keeps its comments, a blank line above it (a class attribute before a method)
+                kept = body[0].leading_lines if body[0].leading_lines else (cst.EmptyLine(indent=False),)
+                placed = [*new, body[0].with_changes(leading_lines=kept), *body[1:]]
+            else:
+                placed = [nodes.with_leading(new[0], statement), *new[1:], *(part.with_changes(leading_lines=()) if i == 0 else part for i, part in enumerate(body))]
             self.replace(statement, cst.FlattenSentinel(placed))
             if id(statement) not in self.kinds:
                 self.kind(

@@ -382,8 +382,8 @@ class InitializePlanning(Step):
         # scaler whether it is on.
         if scope in ("global", "module") and self.tree.import_anchor() is not None:
             return None, "module", False  # disabled at module level until the block has run
-        if stand_in == "init":
-            return None, stand_in, False  # `__init__` makes a disabled scaler that stands in until this block runs
+        if stand_in in ("init", "class"):
+            return None, stand_in, False  # `__init__` (or the class) makes a disabled scaler that stands in until this block runs
         if scope == "local":
             return None, "local", False  # a disabled one is made at the top of the function
         if not scaler.startswith("self."):
@@ -419,7 +419,7 @@ class InitializePlanning(Step):
 
     def scaler_name(self, init: InitializeSite | None, sites: list[cst.CSTNode]) -> tuple[str | None, str, str | None]:
         """The GradScaler's name, where it lives, and "init" where a disabled one is made in
-        ``__init__`` until the method that makes it has run."""
+        ``__init__`` until the method that makes it has run ("class": as a class attribute)."""
         name = self.free_scaler_name()
         if init is None:
             return name, "module", None
@@ -434,10 +434,12 @@ class InitializePlanning(Step):
             if owner is not None and all(self.tree.owner_class(self.tree.function(site)) is owner and self.tree.first_param(self.tree.function(site)) == "self" for site in sites):
                 attribute = next(name for name in (*SCALER_NAMES, "amp_grad_scaler") if name not in self.tree.attributes)
                 stand_ins = StandInPlanning(self.context)
-                constructed = stand_ins.runs_at_construction(function, owner)
-                if init.on_self or constructed or stand_ins.init_can_stand_in(owner):
-                    stand_in = "init" if not constructed and stand_ins.default_in_init(owner, function, init) else None
-                    return f"self.{attribute}", "self", stand_in
+                if stand_ins.runs_at_construction(function, owner):
+                    return f"self.{attribute}", "self", None
+                if stand_ins.class_stand_in(owner, init):
+                    return f"self.{attribute}", "self", "class"  # no `__init__` of its own
+                if init.on_self or stand_ins.init_can_stand_in(owner):
+                    return f"self.{attribute}", "self", "init" if stand_ins.default_in_init(owner, function, init) else None
         if all(self.tree.function(site) is function for site in sites):
             return name, "local", None
         if function is None:

@@ -210,6 +210,8 @@ class Planner:
         module_reads = ModuleReadPlanning(writing)
         if stand_in == "init":
             StandInPlanning(writing).plan_default_in_init(init)
+        elif stand_in == "class":
+            StandInPlanning(writing).plan_class_default(init)
         elif stand_in == "local":
             StandInPlanning(writing).plan_local_default(init)
 

@@ -1,6 +1,7 @@
 """The disabled GradScaler that stands in until the code that makes it has run: made in
-``__init__`` for a ``self.scaler`` a later method makes, at the top of the function for one a
-block makes (``if epoch == start:``), or at module level (its line is written by ``initialize``)."""
+``__init__`` for a ``self.scaler`` a later method makes (a class attribute where the class has no
+``__init__`` of its own), at the top of the function for one a block makes (``if epoch ==
+start:``), or at module level (its line is written by ``initialize``)."""
 from __future__ import annotations
 
 import libcst as cst
@@ -66,6 +67,25 @@ class StandInPlanning(Step):
     def init_can_stand_in(self, owner: cst.ClassDef) -> bool:
         """Whether ``owner``'s own ``__init__`` can make a disabled scaler that stands in."""
         return self._init_anchor(owner) is not None
+
+    def class_stand_in(self, owner: cst.ClassDef, init: InitializeSite) -> bool:
+        """Whether a disabled scaler made as a class attribute stands in, where ``owner`` has no
+        ``__init__`` of its own (it inherits one from another file): not where the file failed on
+        ``self.amp`` before ``init`` ran, as the rewrite fails on the scaler (nothing needed)."""
+        return not self.init_can_stand_in(owner) and not self._only_stand_ins_set_beside(init) and any(
+            not nodes.is_docstring(statement) for statement in owner.body.body)
+
+    def plan_class_default(self, init: InitializeSite) -> None:
+        """The disabled scaler as a class attribute (``scaler = torch.amp.GradScaler("cuda",
+        enabled=False)`` in the class body): ``self.scaler`` reads it until the method that makes
+        the instance's own has run. A disabled scaler keeps no state, so instances may share it."""
+        owner = self.tree.owner_class(self.tree.function(init.statement))
+        anchor = next(statement for statement in owner.body.body if not nodes.is_docstring(statement))
+        attribute = self.setup.scaler.split(".", 1)[1]
+        line = f'{attribute} = torch.amp.GradScaler("cuda", enabled=False)  # {self.until(init)}'
+        self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
+        self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist from construction on",
+                        "Create it disabled as a class attribute")
 
     def plan_default_in_init(self, init: InitializeSite) -> None:
         """The disabled ``self.<scaler>`` made in ``__init__`` (see ``_default_in_init``)."""

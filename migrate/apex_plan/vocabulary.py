@@ -235,7 +235,7 @@ class Setup:
     o0: bool = True  # no scaling: no scaler is made (but one standing in for saved state)
     scaler: str | None = None  # the GradScaler's name (`scaler`, `self.scaler`)
     scope: str = "none"  # where it lives: "self", "local", "global", "module", "parameter" or "none"
-    stand_in: str | None = None  # a disabled scaler made first, until initialize's code runs: "module", "init", "local"
+    stand_in: str | None = None  # a disabled scaler made first, until initialize's code runs: "module", "init", "class", "local"
     in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
     merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated once per iteration

@@ -58,6 +58,8 @@ class Features:
     #                          in one scaled backward instead, in the other arm of an `if`
     half_evaluation: bool = False  # after training, an evaluation pass casts the model to float16 and
     #                                feeds it float32 batches (apex's casts made that work)
+    trainer_init: str = "own"  # with holder=handed, the trainer's __init__: own (a body of its own) |
+    #                            base (it only calls its base class's) | none (inherited from the base)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -129,6 +131,7 @@ def features():
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
         backward_in=st.sampled_from(["loop", "helper"]),
+        trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
         initialize_always=st.booleans(),
@@ -390,8 +393,11 @@ def _main_and_training(f: Features) -> str:
     if f.holder == "handed":
         held = f"{optimizer}s" if f.optimizers == "two" else optimizer
         flag_arg = ", use_amp" if s.use_amp else ""
-        trainer = ["class Trainer:",
-                   *_indent(["def __init__(self):", "    self.runs = 0", "",
+        init = {"own": ["def __init__(self):", "    self.runs = 0", ""],
+                "base": ["def __init__(self):", "    super().__init__()", ""], "none": []}[f.trainer_init]
+        base = [] if f.trainer_init == "own" else ["class Base:", "    def __init__(self):", "        self.runs = 0", "", ""]
+        trainer = [*base, "class Trainer:" if f.trainer_init == "own" else "class Trainer(Base):",
+                   *_indent([*init,
                              f"def setup(self, {model}, {held}{flag_arg}):",
                              *_indent([*_initialize(f, s, model, optimizer), f"return {model}, {held}"]),
                              "",

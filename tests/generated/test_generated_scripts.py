@@ -205,17 +205,21 @@ def test_a_float16_evaluation_after_training_is_left_to_a_person(holder, loop_in
 
 @pytest.mark.parametrize("flag", ["none", "on", "off"])
 @pytest.mark.parametrize("optimizers", ["one", "two"])
-def test_a_trainer_handed_the_model_keeps_the_scaler_on_itself(flag, optimizers, tmp_path):
+@pytest.mark.parametrize("trainer_init", ["own", "base", "none"])
+def test_a_trainer_handed_the_model_keeps_the_scaler_on_itself(flag, optimizers, trainer_init, tmp_path):
     """A trainer whose ``setup`` initializes the model and optimizer it is handed (and hands them
     back) and whose ``train`` is handed them again: the scaler is the trainer's attribute, a
-    disabled one made in ``__init__`` until ``setup`` runs, as a person writes it, not a module
-    global set through ``global scaler``; trained, the rewrite is the original."""
+    disabled one made in ``__init__`` until ``setup`` runs (a class attribute where ``__init__``
+    only calls its base's, or is inherited), as a person writes it, not a module global set
+    through ``global scaler``; trained, the rewrite is the original."""
     drawn = Features(loss="inline", loop="enumerate", accumulation="none", boundary="plus_one",
                      clip="master_params", clip_at="boundary", flag=flag, import_guard=False,
                      inner_fp32=False, names=("model", "optimizer", "loss"), holder="handed",
-                     optimizers=optimizers)
+                     optimizers=optimizers, trainer_init=trainer_init)
     fixed = migrate_source(script(drawn), filename="train.py").new_source
     assert "global " not in fixed and "self.scaler = torch.amp.GradScaler(" in fixed, fixed
+    stand_in = 'scaler = torch.amp.GradScaler("cuda", enabled=False)  # until `setup()` runs'
+    assert ("self." + stand_in in fixed) == (trainer_init == "own") and stand_in in fixed, fixed
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
