@@ -87,7 +87,9 @@ def _imports_from(importer: Path, exporters: Mapping[Path, frozenset[str]], want
         data = importer.read_bytes()
     except OSError:
         return
-    if b"import" not in data or not any(name.encode() in data for name in wanted):
+    # a `from .layernorm import *` names nothing it takes: every public name is (a package's
+    # `__init__` re-exporting a module's `LayerNorm`)
+    if b"import" not in data or not (b"*" in data or any(name.encode() in data for name in wanted)):
         return
     try:
         tree = quiet.parse(data.decode("utf-8", "replace"))
