@@ -6,12 +6,18 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
+from migrate.tree_walk import descendants
 from migrate.types import FixSafety
 
 _NATIVE = "torch.nn.parallel.DistributedDataParallel"
 # apex options that only tune how the all-reduce overlaps with backward: dropping them keeps the
 # maths. But for delay_allreduce, which also let parameters go without a gradient: see native_call.
 _OVERLAP_ONLY = ("delay_allreduce", "message_size", "num_allreduce_streams", "allreduce_communicators", "prof")
+# What apex's class has and torch's has not: called or set on the wrapped model anywhere in the
+# file, the native class would raise AttributeError there (or ignore the flag).
+_APEX_ONLY = frozenset({"enable_allreduce", "disable_allreduce", "sync_bucket_structure", "allreduce_bucket",
+                        "allreduce_maybe_retain", "allreduce_fallback", "comm_ready_buckets", "create_hooks",
+                        "needs_refresh", "needs_reduction", "allreduce_buffers"})
 
 
 class ApexDistributedDataParallel(ApexRename):
@@ -35,7 +41,9 @@ class ApexDistributedDataParallel(ApexRename):
     where apex left each rank its own; rank 0's, which checkpoints save, are the same either way.
     Reported with options that change the maths or the buffers
     (``gradient_predivide_factor``, ``allreduce_always_fp32``, ``shared_param``,
-    ``retain_allreduce_buffers``, ...).
+    ``retain_allreduce_buffers``, ...), and where the file uses what only apex's class has
+    (``model.disable_allreduce()`` between micro-batches, ``model.needs_reduction = False``):
+    torch's class would raise there; its ``with model.no_sync():`` does that job.
 
     Options:
     None.
@@ -61,11 +69,25 @@ class ApexDistributedDataParallel(ApexRename):
             "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\nassert isinstance(model, torch.nn.parallel.DistributedDataParallel)\n",
         ),
         Invalid("from apex.parallel import DistributedDataParallel\n\nmodel = DistributedDataParallel(model, gradient_predivide_factor=8.0)\n"),
+        Invalid(  # apex's own switch for accumulation: torch's class has `no_sync()` instead
+            "from apex.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(model)\n\n"
+            "def step(model, last):\n    if last:\n        model.enable_allreduce()\n    else:\n        model.disable_allreduce()\n"
+        ),
     ]
+
+    _apex_only: list[str] | None = None  # worked out once per file, when a call asks
+
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._apex_only = None
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         if nodes.has_star(call) or len([a for a in call.args if a.keyword is None]) > 1:
             return NoFix("its options are passed positionally or through `*args`/`**kwargs`")
+        apex_only = self._apex_only_uses()
+        if apex_only:
+            return NoFix(f"the file uses `.{apex_only[0]}`, which only apex's class has (torch's skips the all-reduce "
+                         "with `with model.no_sync():` instead)")
         options = nodes.keyword_names(call) - {"module"}
         other = options - set(_OVERLAP_ONLY)
         if other:
@@ -74,3 +96,10 @@ class ApexDistributedDataParallel(ApexRename):
         # `delay_allreduce`, whatever got a gradient), so parameters that never get one were
         # fine, where torch's DDP raises at the next iteration unless told to look for them.
         return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=("find_unused_parameters=True",)))
+
+    def _apex_only_uses(self) -> list[str]:
+        """The attributes only apex's class has that the file reads, calls or sets, in order."""
+        if self._apex_only is None:
+            self._apex_only = [node.attr.value for node in descendants(self._module)
+                               if type(node) is cst.Attribute and node.attr.value in _APEX_ONLY]
+        return self._apex_only

@@ -1244,3 +1244,23 @@ def test_the_marker_of_an_unsafe_rewrite_stands_where_apex_was_set_up_even_when_
     """, unsafe_fixes=True)
     marker = source.index("# TODO(ampmigrate): review, this rewrite is unsafe")
     assert marker < source.index("scaler = torch.amp.GradScaler(") < source.index("for x, y in loader:"), source
+
+
+@pytest.mark.parametrize("use", ["model.disable_allreduce()", "model.enable_allreduce()", "model.needs_reduction = False",
+                                 "self.net.sync_bucket_structure()"])
+@pytest.mark.parametrize("unsafe_fixes", [False, True])
+def test_apex_ddp_stays_where_the_file_uses_what_only_apex_has(use, unsafe_fixes):
+    # torch's DistributedDataParallel has none of these: rewritten, the file raised AttributeError there
+    source = textwrap.dedent(f"""\
+        from apex.parallel import DistributedDataParallel as DDP
+
+        def wrap(model):
+            return DDP(model)
+
+        def accumulate(model, self):
+            {use}
+            return isinstance(model, DDP)
+        """)
+    fixed, diagnostics = _migrate(source, unsafe_fixes=unsafe_fixes)
+    assert fixed == source
+    assert any("only apex's class has" in d.message for d in diagnostics if d.code == "AMP010")
