@@ -371,8 +371,17 @@ class InitializePlanning(Step):
         # options, not whether apex ran; a scaler enabled by it would be off in the other arm
         other_arm = isinstance(owner, cst.If) and owner.orelse is not None and any(
             self.tree.inside(call, owner.orelse) for call in self.sites.calls["initialize"])
+        # `def _wrap_model(self, model, training=True): if self.use_apex and training:`: a test of
+        # a parameter itself may differ from call to call (evaluation passes False), where a
+        # scaler made before the `if` would be made again, disabled, over the live one (a setting
+        # read from one, `args.fp16`, is the run's)
+        function = self.tree.function(owner)
+        parameters = {param.name.value for param in (*function.params.posonly_params, *function.params.params,
+                                                     *function.params.kwonly_params)} - {"self", "cls"} if function else set()
+        per_call = (scope != "local" and isinstance(owner, cst.If) and function is not None and function.name.value != "__init__"
+                    and bool(parameters & _bare_names(self.tree, owner.test)))  # `__init__` runs once an object
         if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self.tree.changes_its_test(owner)
-                and not self.tree.in_loop(owner) and not reads_block and not other_arm):
+                and not self.tree.in_loop(owner) and not reads_block and not other_arm and not per_call):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
             if nodes.is_pure(owner.test) or alone:
                 return owner, stand_in, False
@@ -445,3 +454,11 @@ class InitializePlanning(Step):
         if function is None:
             return name, "module", None
         return name, "global", None
+
+
+def _bare_names(tree, expression: cst.BaseExpression) -> set[str]:
+    """The names ``expression`` reads as values themselves: ``training`` in ``self.amp and
+    training``, not ``args`` in ``args.fp16``."""
+    return {node.value for node in descendants(expression) if type(node) is cst.Name
+            and not (isinstance(tree.parent.get(id(node)), cst.Attribute) and tree.parent[id(node)].value is node)
+            and not (isinstance(tree.parent.get(id(node)), cst.Attribute) and tree.parent[id(node)].attr is node)}

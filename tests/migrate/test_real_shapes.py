@@ -1241,3 +1241,55 @@ def test_the_helper_that_reads_old_apex_checkpoints_fits_88_columns():
     assert result.error is None and "def _scaler_state_from_apex(" in result.new_source
     helper = result.new_source.split("def _scaler_state_from_apex(")[1].split("\n\n\n")[0]
     assert max(len(line) for line in helper.splitlines()) <= 88, helper
+
+
+WRAPPED_PER_CALL = """\
+    import torch
+    from apex import amp
+
+
+    class Trainer:
+        def __init__(self, model, use_apex=True):
+            self.model, self.use_apex = model, use_apex
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def _wrap_model(self, model, {param}=True):
+            if {test}:
+                model, self.optimizer = amp.initialize(model, self.optimizer, opt_level="O1")
+            return model
+
+        def evaluate(self, x):
+            model = self._wrap_model(self.model, {off})
+            with torch.no_grad():
+                return model(x).sum().item()
+
+        def train(self, batches):
+            model = self._wrap_model(self.model)
+            for x, y in batches:
+                loss = ((model(x) - y) ** 2).mean()
+                with amp.scale_loss(loss, self.optimizer) as scaled:
+                    scaled.backward()
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+                self.evaluate(x)
+    """
+
+
+@pytest.mark.parametrize("param", ["training", "is_train"])
+@pytest.mark.parametrize("test", ["self.use_apex and {p}", "{p} and self.use_apex", "{p}"])
+@pytest.mark.parametrize("off", ["{p}=False", "False"])
+def test_a_scaler_whose_guard_tests_a_parameter_is_not_made_again_by_a_call_passing_false(monkeypatch, param, test, off):
+    # Evaluation calls the helper that ran `initialize` with `training=False`: made before the `if`
+    # (`GradScaler(enabled=... and training)`), the scaler would be made again, disabled, over the
+    # live one; made in the `if`, it is made where apex was initialized. Run with CUDA reported
+    # available (no kernel runs): the scaler stays on, with its scale, across evaluations.
+    source = WRAPPED_PER_CALL.format(param=param, test=test.format(p=param), off=off.format(p=param))
+    fixed = _migrate(source, unsafe_fixes=True).new_source
+    guard = fixed[fixed.index("def _wrap_model"):fixed.index("def evaluate")]
+    assert guard.index(f"if {test.format(p=param)}:") < guard.index("self.scaler = torch.amp.GradScaler"), guard
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    namespace: dict = {}
+    exec(compile(fixed, "trainer.py", "exec"), namespace)
+    trainer = namespace["Trainer"](torch.nn.Linear(4, 1))
+    trainer.train([(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)])
+    assert trainer.scaler.is_enabled() and trainer.scaler.state_dict()["_growth_tracker"] == 3  # one scaler, three steps
