@@ -1,4 +1,5 @@
-"""Where a handed-on value is read: ``f(amp=amp)`` to ``def f(..., amp=None)`` in the same file,
+"""Where a handed-on value is read: ``f(amp=amp)`` to ``def f(..., amp=None)`` in the same file
+(or to ``def f(path, **objects)``, through ``objects["amp"]`` and its loops over ``objects.items()``),
 ``self.amp = amp`` to every ``self.amp`` of its class, followed through further hand-ons.
 
 ``receivers(...)`` answers with every read, classified by what it does with the value (calls a
@@ -42,7 +43,8 @@ def receivers(
     if isinstance(holder, cst.Arg) and holder.value is value:
         taken = parameter_taking(module, parent, holder)
         if taken is None:
-            return None
+            uses = _taken_by_keywords(module, parent, holder)
+            return None if uses is None else _classified(module, parent, uses, depth, lambda node: False)
         function, name = taken
         return _classified(module, parent, _name_uses(parent, function.body, name), depth, lambda node: False)
     if isinstance(holder, cst.Assign) and holder.value is value and len(holder.targets) == 1:
@@ -77,6 +79,54 @@ def parameter_taking(module: cst.Module, parent: Mapping[int, cst.CSTNode], arg:
     if isinstance(call.func, cst.Attribute):  # `obj.f(x)`: a method, whose first parameter is `self`
         positional = positional[1:]
     return (function, positional[len(before)].name.value) if len(before) < len(positional) else None
+
+
+def _taken_by_keywords(module: cst.Module, parent: Mapping[int, cst.CSTNode], arg: cst.Arg) -> list[cst.CSTNode] | None:
+    """Where ``f(..., amp=amp)`` reaches ``def f(path, **objects)``: what stands for the value in
+    ``f`` (``objects["amp"]``, ``objects.get("amp")``, the item of ``for key, obj in
+    objects.items()`` or ``for obj in objects.values()``, which every keyword's value passes
+    through); None where ``objects`` is read any other way (handed on, stored, indexed by a variable)."""
+    call = parent.get(id(arg))
+    function = _callee(module, parent, call) if isinstance(call, cst.Call) else None
+    if function is None or arg.keyword is None or arg.star or not isinstance(function.params.star_kwarg, cst.Param):
+        return None
+    if any(p.name.value == arg.keyword.value for p in (*function.params.params, *function.params.kwonly_params)):
+        return None
+    key = arg.keyword.value
+    found: list[cst.CSTNode] = []
+    for use in _name_uses(parent, function.body, function.params.star_kwarg.name.value):
+        outer = parent.get(id(use))
+        method = outer.attr.value if isinstance(outer, cst.Attribute) and outer.value is use else None
+        call = parent.get(id(outer))
+        if isinstance(outer, cst.Subscript) and len(outer.slice) == 1 and isinstance(outer.slice[0].slice, cst.Index):
+            if _literal(outer.slice[0].slice.value) == key:
+                found.append(outer)
+            elif _literal(outer.slice[0].slice.value) is None:
+                return None
+        elif method == "get" and isinstance(call, cst.Call) and call.args:
+            if _literal(call.args[0].value) == key:
+                found.append(call)
+            elif _literal(call.args[0].value) is None:
+                return None
+        elif method in ("items", "values") and isinstance(call, cst.Call) and not call.args:
+            loop = parent.get(id(call))
+            if not (isinstance(loop, cst.For) and loop.iter is call):
+                return None
+            target = loop.target
+            if method == "items":
+                if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+                    return None
+                target = target.elements[1].value
+            if not isinstance(target, cst.Name):
+                return None
+            found += _name_uses(parent, loop.body, target.value)
+        elif not (isinstance(outer, cst.Comparison) and any(isinstance(c.operator, (cst.In, cst.NotIn)) for c in outer.comparisons)):
+            return None  # `"amp" in objects` only asks what was given
+    return found
+
+
+def _literal(node: cst.CSTNode) -> str | None:
+    return node.evaluated_value if isinstance(node, cst.SimpleString) else None
 
 
 def _name_uses(parent, body: cst.CSTNode, name: str) -> list[cst.Name]:

@@ -1293,3 +1293,50 @@ def test_a_scaler_whose_guard_tests_a_parameter_is_not_made_again_by_a_call_pass
     trainer = namespace["Trainer"](torch.nn.Linear(4, 1))
     trainer.train([(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)])
     assert trainer.scaler.is_enabled() and trainer.scaler.state_dict()["_growth_tracker"] == 3  # one scaler, three steps
+
+
+RESUMED_THROUGH_KEYWORDS = """\
+import torch
+from apex import amp
+
+
+def restart(path, **objects):
+    ckpt = torch.load(path)
+{load}
+
+
+def main(path):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    restart(path, state_dict=model, optimizer=optimizer, amp=amp)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    torch.save({"amp": amp.state_dict()}, path)
+"""
+KEYWORD_LOADS = {
+    "items": "    for key, obj in objects.items():\n        if key in ckpt and obj is not None:\n            obj.load_state_dict(ckpt[key])",
+    "subscript": '    objects["amp"].load_state_dict(ckpt["amp"])',
+    "get": '    if objects.get("amp") is not None:\n        objects.get("amp").load_state_dict(ckpt["amp"])',
+}
+
+
+@pytest.mark.parametrize("load", list(KEYWORD_LOADS))
+def test_amp_handed_to_a_loader_through_keywords_loads_old_apex_checkpoints(monkeypatch, tmp_path, load):
+    # `restart(path, amp=amp)` into `def restart(path, **objects)`: the GradScaler in its place
+    # is given an apex checkpoint's `{"loss_scaler0": ...}`, converted on the way (a KeyError
+    # 'scale' in GradScaler.load_state_dict before). Run with CUDA reported available.
+    source = RESUMED_THROUGH_KEYWORDS.replace("{load}", KEYWORD_LOADS[load])
+    fixed = _migrate(source, unsafe_fixes=True).new_source
+    assert "_scaler_state_from_apex(" in fixed[fixed.index("def restart"):fixed.index("def main")], fixed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = torch.nn.Linear(4, 1)
+    path = tmp_path / "old.pt"
+    torch.save({"state_dict": model.state_dict(), "optimizer": torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
+                "amp": {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 17}}}, path)
+    namespace: dict = {}
+    exec(compile(fixed, "train.py", "exec"), namespace)
+    namespace["main"](path)
+    assert torch.load(path)["amp"]["scale"] == 1024.0 and torch.load(path)["amp"]["_growth_tracker"] == 18
