@@ -24,6 +24,8 @@ from migrate.apex_plan.vocabulary import (
     as_bool,
     grouped_text,
 )
+from migrate.flow.bindings import bound_value
+from migrate.flow.reaching import binding_nodes, reaching
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -41,6 +43,7 @@ class AutocastPlanning(Step):
     def plan_autocast(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
         if self._plan_region(scale.statement, loss, scale):
+            self._note_forward_in_callers(scale)
             return
         callers = self._callers_handing(scale)
         # The callers' autocast may ask the scaler whether it is on: it must be visible there.
@@ -68,6 +71,68 @@ class AutocastPlanning(Step):
         self.draft.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    def _note_forward_in_callers(self, scale: ScaleLossSite) -> None:
+        """Where the loss is computed from a parameter (``def update(self, fake, target)``) that a
+        caller of the file makes by running a network (``fake = trainer.forward(x)``): apex cast
+        that forward pass too, the region here does not reach it."""
+        function = self.tree.function(scale.statement)
+        if function is None:
+            return
+        lines = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.SimpleStatementLine]
+        wanted = read_names(scale.loss)
+        for line in reversed(lines):
+            if assigned_names(line) & wanted:
+                wanted |= read_names(line)
+        params = [param.name.value for param in function.params.params]
+        handed = wanted & set(params) - {"self", "cls"}
+        if not handed:
+            return
+        skip = 1 if self.tree.owner_class(function) is not None else 0
+        defined = self.tree.per_scope(("functions defined",), lambda: _by_name(
+            node for node in descendants(self.tree.module) if type(node) is cst.FunctionDef and isinstance(node.body, cst.IndentedBlock)))
+        for call in descendants(self.tree.module):
+            if type(call) is not cst.Call or nodes.call_name(call) != function.name.value or self.tree.inside(call, function):
+                continue
+            for name in sorted(handed):
+                arg = nodes.argument(call, params.index(name) - skip, name)
+                if arg is not None and self._made_by_a_network(arg.value, call, defined):
+                    self.draft.unsafe.append(
+                        f"the loss is computed from `{name}`, handed in at line {self.tree.line(call)} from a forward pass "
+                        "outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
+                    return
+
+    def _made_by_a_network(self, value: cst.BaseExpression, call: cst.Call, defined: dict) -> bool:
+        """Whether ``value``, handed in at ``call``, is computed by a call of a model (``self.gen(z)``,
+        ``trainer.gen(z)``), or of a function of the file that runs one (``trainer.forward(x)`` whose
+        ``forward`` runs ``self.gen``), itself or through the bindings of the name that reach the
+        call (``flow.reaching``); not data moved (``x.cuda()``), loaded or parsed."""
+        statement = self.tree.statement(call)
+        models = self.tree.models_seen_from(statement, self.setup.model_codes)
+
+        def calls_a_model(node: cst.CSTNode, known: set[str]) -> bool:
+            return any(type(inner) is cst.Call and (nodes.code(inner.func) in known or (
+                isinstance(inner.func, cst.Attribute) and f"self.{inner.func.attr.value}" in known))
+                for inner in descendants(node, nodes.not_a_definition))
+
+        def runs(node: cst.CSTNode) -> bool:  # a model, or a function of the file whose body calls one
+            return calls_a_model(node, models) or any(
+                calls_a_model(function.body, self.tree.models_seen_from(function.body.body[0], self.setup.model_codes))
+                for inner in descendants(node, nodes.not_a_definition) if type(inner) is cst.Call
+                for function in defined.get(nodes.call_name(inner), ()))
+
+        if nodes.code(value) in models:
+            return False  # the model itself, handed in: not what it computed
+
+        if not isinstance(value, cst.Name):
+            return runs(value)
+        graph = self.tree.control_flow(statement, exceptions=True)
+        if not graph.holds(statement):
+            return False
+        # what each binding that reaches gives the name: a loop's iterable, not its body
+        return any(runs(node.iter if type(node) is cst.For else bound_value(node, value.value))
+                   for binding in reaching(graph, value.value, statement).bindings
+                   for node in binding_nodes(binding, value.value))
 
     @staticmethod
     def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
@@ -340,6 +405,13 @@ class AutocastPlanning(Step):
         self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+
+
+def _by_name(functions) -> dict[str, list[cst.FunctionDef]]:
+    found: dict[str, list[cst.FunctionDef]] = {}
+    for function in functions:
+        found.setdefault(function.name.value, []).append(function)
+    return found
 
 
 _NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple", "set", "range", "zip", "enumerate",

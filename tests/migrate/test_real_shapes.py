@@ -1340,3 +1340,56 @@ def test_amp_handed_to_a_loader_through_keywords_loads_old_apex_checkpoints(monk
     exec(compile(fixed, "train.py", "exec"), namespace)
     namespace["main"](path)
     assert torch.load(path)["amp"]["scale"] == 1024.0 and torch.load(path)["amp"]["_growth_tracker"] == 18
+
+
+UPDATE_FROM_HANDED = """\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self):
+        self.gen, self.dis = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.opt = torch.optim.SGD([*self.gen.parameters(), *self.dis.parameters()], lr=0.1)
+        [self.gen, self.dis], self.opt = amp.initialize([self.gen, self.dis], self.opt, opt_level="O1")
+
+    def generate(self, x):
+        return self.gen(x)
+
+    def update(self, fake, target):
+        loss = ((fake - target) ** 2).mean() - self.dis(fake).mean()
+        with amp.scale_loss(loss, self.opt) as scaled:
+            scaled.backward()
+        self.opt.step()
+
+
+def prepare(x):
+    return x * 2
+
+
+def train(trainer, batches):
+    for x, y in batches:
+{make}
+"""
+HANDED = {  # how the caller makes what it hands `update`, and whether a forward pass made it
+    "method_then_name": ("fake = trainer.generate(x)\ntrainer.update(fake, y)", True),
+    "method_inline": ("trainer.update(trainer.generate(x), y)", True),
+    "model_attribute": ("fake = trainer.gen(x)\ntrainer.update(fake, y)", True),
+    "either_arm": ("if y.sum() > 0:\n    fake = trainer.generate(x)\nelse:\n    fake = x\ntrainer.update(fake, y)", True),
+    "batch_itself": ("trainer.update(x, y)", False),
+    "moved": ("fake = x.float()\ntrainer.update(fake, y)", False),
+    "prepared_by_a_helper": ("fake = prepare(x)\ntrainer.update(fake, y)", False),
+    "rebound_after": ("fake = trainer.generate(x)\nfake = x.clone()\ntrainer.update(fake, y)", False),
+}
+
+
+@pytest.mark.parametrize("made", list(HANDED))
+def test_a_loss_computed_from_a_forward_pass_a_caller_made_is_no_safe_region(made):
+    # apex cast every forward pass after `initialize`; the region in `update` covers the loss, not
+    # the caller's `trainer.generate(x)` that made `fake`: unsafe (the caller's forward runs in fp32)
+    lines, forward = HANDED[made]
+    source = UPDATE_FROM_HANDED.replace("{make}", textwrap.indent(lines, " " * 8))
+    result = _migrate(source, unsafe_fixes=True)
+    reasons = " ".join(d.fix.why_unsafe or "" for d in result.diagnostics if d.fix)
+    assert ("the loss is computed from `fake`" in reasons or "computed from `x`" in reasons) == forward, reasons
+    assert _safe(result) == (not forward)
