@@ -162,10 +162,11 @@ class Planner:
         scaler_sites += [call for call in others if id(call) not in self.sites.alias_of] + [node for node, _ in self.sites.escapes]
         receiver_calls = HandedOnPlanning(reading).receiver_calls() if self.sites.escapes else ()
         if self.sites.escapes and receiver_calls is None:
-            self.draft.unsafe.append(
-                "`amp` is handed on (`x.amp = amp`, `f(amp=amp)`): the GradScaler takes its place, and "
-                "`scale_loss`/`master_params` called on what receives it (found by name) become the scaler's"
-            )
+            # what receives it is not all seen: a GradScaler in its place may be handed apex's
+            # old checkpoint state (`{"loss_scaler0": ...}`, a KeyError) or apex's API
+            raise Unplannable(self.sites.escapes[0][0], "`amp` is handed on here to code this file does not show "
+                              "(another file, or a container): a GradScaler in its place could be given apex's API or "
+                              "its old checkpoint state")
         scaler, scope, stand_in = initialize.scaler_name(init, scaler_sites)
         hoist, in_block = None, False
         if init is not None and not o0:  # O0: no scaler

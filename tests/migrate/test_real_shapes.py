@@ -1393,3 +1393,36 @@ def test_a_loss_computed_from_a_forward_pass_a_caller_made_is_no_safe_region(mad
     reasons = " ".join(d.fix.why_unsafe or "" for d in result.diagnostics if d.fix)
     assert ("the loss is computed from `fake`" in reasons or "computed from `x`" in reasons) == forward, reasons
     assert _safe(result) == (not forward)
+
+
+HANDED_TO_ANOTHER_FILE = """\
+import torch
+from apex import amp
+from utils import restart_from_checkpoint
+
+
+def main(path, loader):
+    model = torch.nn.Linear(4, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    {handed}
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        with amp.scale_loss(loss, optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("handed", ["restart_from_checkpoint(path, state_dict=model, optimizer=optimizer, amp=amp)",
+                                    "restart_from_checkpoint(path, model, optimizer, amp)",
+                                    "loader.dataset.restore(amp=amp)"])
+@pytest.mark.parametrize("unsafe_fixes", [False, True])
+def test_amp_handed_to_code_the_file_does_not_show_is_left_as_it_is(handed, unsafe_fixes):
+    # SwAV's `restart_from_checkpoint(..., amp=apex.amp)` in utils.py loads every object's state:
+    # a GradScaler in amp's place was fed apex's `{"loss_scaler0": ...}` on resume (KeyError 'scale')
+    source = HANDED_TO_ANOTHER_FILE.replace("{handed}", handed)
+    result = _migrate(source, unsafe_fixes=unsafe_fixes)
+    assert result.new_source in (None, source)
+    assert any("not rewritten" in d.message and ("does not show" in d.message or "cannot be seen" in d.message)
+               for d in result.diagnostics), [d.message for d in result.diagnostics]
