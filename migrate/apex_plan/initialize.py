@@ -459,6 +459,5 @@ class InitializePlanning(Step):
 def _bare_names(tree, expression: cst.BaseExpression) -> set[str]:
     """The names ``expression`` reads as values themselves: ``training`` in ``self.amp and
     training``, not ``args`` in ``args.fp16``."""
-    return {node.value for node in descendants(expression) if type(node) is cst.Name
-            and not (isinstance(tree.parent.get(id(node)), cst.Attribute) and tree.parent[id(node)].value is node)
-            and not (isinstance(tree.parent.get(id(node)), cst.Attribute) and tree.parent[id(node)].attr is node)}
+    return {node.value for node in descendants(expression)
+            if type(node) is cst.Name and not isinstance(tree.parent.get(id(node)), cst.Attribute)}

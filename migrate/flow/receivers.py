@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
+from migrate import apex_nodes as nodes
 from migrate.tree_walk import descendants
 
 DEPTH = 3  # hand-ons followed through this many functions or attributes
@@ -99,14 +100,14 @@ def _taken_by_keywords(module: cst.Module, parent: Mapping[int, cst.CSTNode], ar
         method = outer.attr.value if isinstance(outer, cst.Attribute) and outer.value is use else None
         call = parent.get(id(outer))
         if isinstance(outer, cst.Subscript) and len(outer.slice) == 1 and isinstance(outer.slice[0].slice, cst.Index):
-            if _literal(outer.slice[0].slice.value) == key:
+            if nodes.literal_string(outer.slice[0].slice.value) == key:
                 found.append(outer)
-            elif _literal(outer.slice[0].slice.value) is None:
+            elif nodes.literal_string(outer.slice[0].slice.value) is None:
                 return None
         elif method == "get" and isinstance(call, cst.Call) and call.args:
-            if _literal(call.args[0].value) == key:
+            if nodes.literal_string(call.args[0].value) == key:
                 found.append(call)
-            elif _literal(call.args[0].value) is None:
+            elif nodes.literal_string(call.args[0].value) is None:
                 return None
         elif method in ("items", "values") and isinstance(call, cst.Call) and not call.args:
             loop = parent.get(id(call))
@@ -123,10 +124,6 @@ def _taken_by_keywords(module: cst.Module, parent: Mapping[int, cst.CSTNode], ar
         elif not (isinstance(outer, cst.Comparison) and any(isinstance(c.operator, (cst.In, cst.NotIn)) for c in outer.comparisons)):
             return None  # `"amp" in objects` only asks what was given
     return found
-
-
-def _literal(node: cst.CSTNode) -> str | None:
-    return node.evaluated_value if isinstance(node, cst.SimpleString) else None
 
 
 def _name_uses(parent, body: cst.CSTNode, name: str) -> list[cst.Name]:

@@ -259,13 +259,13 @@ class StepValues:
         given = self._given.get(name, ())
         if self._at is not None and self._graph_of is not None:
             frames, statement = self._at
-            graph = self._graph_of(frames)
-            local = any(where is None and at_scope == scope_of(frames) for _, _, where, at_scope in given)
+            graph, scope = self._graph_of(frames), scope_of(frames)
+            local = any(where is None and at_scope == scope for _, _, where, at_scope in given)
             if graph.holds(statement) and not local:
-                found = self._reaching_memo.get((id(graph), name, id(statement)))
-                if found is None:
-                    found = self._reaching_memo[(id(graph), name, id(statement))] = reaching(graph, name, statement)
-                scope = scope_of(frames)
+                key = (id(graph), name, id(statement))
+                if key not in self._reaching_memo:
+                    self._reaching_memo[key] = reaching(graph, name, statement)
+                found = self._reaching_memo[key]
                 bound = {id(binding) for binding in found.bindings}
                 if any(step and id(where) in bound and at_scope == scope for _, step, where, at_scope in given):
                     return True
