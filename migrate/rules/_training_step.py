@@ -9,7 +9,8 @@ from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvid
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Rule
-from migrate.step_model import Event, Loop, StepModel, StepModelProvider, Steps, Via, model_of
+from migrate.flow.reaching import reaching
+from migrate.step_model import Arm, Event, Loop, StepModel, StepModelProvider, Steps, Via, model_of
 from migrate.step_model import vocabulary as words
 
 
@@ -39,10 +40,65 @@ def made_each_iteration(steps: Steps, created: Event) -> bool:
     """Whether the GradScaler made at ``created`` is made again in a loop that runs backward
     passes (AMP105): in the training loop, an epoch loop around it, or a helper called there. A
     function that runs a whole training (its own loop over epochs) may make its own."""
+    if made_only_when_a_call_says_not(steps, created):
+        return False
     loops = set(created.loops())
     trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
     return bool(trained) and not any(_whole_run(created, backward) for backward in trained) \
         and not _rebuilds_the_trainer(steps, created)
+
+
+def made_only_when_a_call_says_not(steps: Steps, created: Event) -> bool:
+    """Whether the walk reaches ``created`` through a call whose literal argument turns the test
+    of an ``if`` around it false: ``self._wrap_model(model, training=False)`` from evaluation,
+    where the helper makes its scaler under ``if self.use_apex and training:``. The parameter must
+    hold what the call gave it where the test reads it (``flow.reaching``: no binding of its own)."""
+    frames = created.frames
+    for index, arm in enumerate(frames):
+        if type(arm) is not Arm or not arm.body:
+            continue
+        calls = [frame for frame in frames[:index] if type(frame) is Via]
+        if not calls or nodes.has_star(calls[-1].node):
+            continue
+        function = steps.function_of(frames[:index])
+        if not isinstance(function, cst.FunctionDef):
+            continue
+        params = [param for param in function.params.params]
+        skip = 1 if params and params[0].name.value in ("self", "cls") and isinstance(calls[-1].node.func, cst.Attribute) else 0
+        for conjunct in _conjuncts(arm.node.test):
+            negated = isinstance(conjunct, cst.UnaryOperation) and isinstance(conjunct.operator, cst.Not)
+            name = conjunct.expression if negated else conjunct
+            if not isinstance(name, cst.Name) or name.value not in [param.name.value for param in params]:
+                continue
+            position = [param.name.value for param in params].index(name.value)
+            given = nodes.argument(calls[-1].node, position - skip, name.value)
+            value = given.value if given is not None else params[position].default
+            truth = _literal_truth(value)
+            if truth is None or truth != negated:
+                continue
+            graph = steps.graph_of(frames[:index])
+            if not graph.holds(arm.node):
+                continue
+            reached = reaching(graph, name.value, arm.node)
+            if reached.from_outside and not reached.bindings:
+                return True
+    return False
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a and b and c`` as its parts (parentheses dropped); any other test as itself."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _conjuncts(test.left) + _conjuncts(test.right)
+    return [test]
+
+
+def _literal_truth(value: cst.BaseExpression | None) -> bool | None:
+    """The truth of a literal (``False``, ``None``, ``0``, ``True``, ``1``); None for anything else."""
+    if isinstance(value, cst.Name) and value.value in ("True", "False", "None"):
+        return value.value == "True"
+    if isinstance(value, cst.Integer):
+        return value.value != "0"
+    return None
 
 
 def _rebuilds_the_trainer(steps: Steps, created: Event) -> bool:

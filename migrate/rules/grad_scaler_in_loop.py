@@ -22,7 +22,9 @@ class GradScalerInLoop(TrainingStepRule):
     when a search calls it once per trial, and so may a search's loop that makes it before its
     own loop over epochs. A scaler made by a factory or another class (timm's ``NativeScaler()``,
     ``build_grad_scaler(cfg)``) counts, except where the call that makes it binds a new optimizer
-    too (a schedule that rebuilds the whole trainer).
+    too (a schedule that rebuilds the whole trainer). Nor is a scaler that the loop's call never
+    makes: a literal argument turns the ``if`` around it false (an evaluation in the loop calling
+    ``self._wrap_model(model, training=False)``, which makes it under ``if use_amp and training:``).
 
     Why is this bad?
     A new scaler starts again at its initial scale (65,536) with no memory of overflows: every
