@@ -191,21 +191,27 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     """``options`` with the other half of each file holding one half of apex amp, the names
     other files import from each file that imports apex (``migrate.importers``), the apex
     cast registrations of other files of its project (``migrate.cast_registrations``), and where
-    its project loads an optimizer's state (``migrate.optimizer_resumes``)."""
+    its project loads an optimizer's state (``migrate.optimizer_resumes``), and what other files
+    hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
+    where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``)."""
     if not apex_texts:
         return options
-    from migrate import cast_registrations, halves, importers, optimizer_resumes
+    from migrate import apex_kept, cast_registrations, forward_callers, halves, importers, optimizer_resumes
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
     casts = cast_registrations.elsewhere(apex_texts)
     resumes = optimizer_resumes.loads(apex_texts)
+    handed = forward_callers.handed_elsewhere(apex_texts)
+    kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners)
     return replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         imported_elsewhere={str(path): names for path, names in exported.items()},
         casts_elsewhere={str(path): places for path, places in casts.items()},
         optimizer_state_loads={str(path): places for path, places in resumes.items()},
+        handed_elsewhere={str(path): calls for path, calls in handed.items()},
+        apex_kept_elsewhere={str(path): places for path, places in kept.items()},
     )
 
 

@@ -34,6 +34,20 @@ class Options:
     imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
     casts_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.cast_registrations``' places
     optimizer_state_loads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.optimizer_resumes``' places
+    handed_elsewhere: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.forward_callers``' calls
+    apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
+
+
+# Each Options field holding what other files tell a file, and the setting its plan reads it from
+# (the modules that find them are loaded only in a run that holds apex).
+_PROJECT_FACTS = (
+    ("partners", "apex-partner"),
+    ("imported_elsewhere", "imported-elsewhere"),
+    ("casts_elsewhere", "apex-casts-elsewhere"),
+    ("optimizer_state_loads", "optimizer-state-loaded"),
+    ("handed_elsewhere", "forward-callers"),
+    ("apex_kept_elsewhere", "apex-initialize-kept"),
+)
 
 
 def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) -> FileResult | tuple[files.Source, str | None]:
@@ -91,26 +105,13 @@ def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool)
 
 
 def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
-    partner = options.partners.get(str(path))
-    if partner is not None:
-        from migrate.apex_plan.vocabulary import PARTNER
-
-        options = replace(options, settings={**options.settings, PARTNER: partner})
-    exported = options.imported_elsewhere.get(str(path))
-    if exported:
-        from migrate.importers import SETTING
-
-        options = replace(options, settings={**options.settings, SETTING: exported})
-    casts = options.casts_elsewhere.get(str(path))
-    if casts:
-        from migrate.cast_registrations import SETTING as CASTS
-
-        options = replace(options, settings={**options.settings, CASTS: casts})
-    resumes = options.optimizer_state_loads.get(str(path))
-    if resumes:
-        from migrate.optimizer_resumes import SETTING as RESUMES
-
-        options = replace(options, settings={**options.settings, RESUMES: resumes})
+    settings = dict(options.settings)
+    for field_name, setting in _PROJECT_FACTS:  # what the run found in other files, for this one
+        found = getattr(options, field_name).get(str(path))
+        if found:
+            settings[setting] = found
+    if len(settings) != len(options.settings):
+        options = replace(options, settings=settings)
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
     if not (write and result.changed):
         return result

@@ -37,7 +37,8 @@ dependence: no import cycle):
   ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
   ``master_params``; ``optimizer_params``: the model's ``parameters()`` where the
   optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it),
-  ``autocast`` (the region around the forward pass),
+  ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
+  another, ``migrate.forward_callers``, hands in what a forward pass made),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
   handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global), ``module_reads`` (apex's

@@ -79,11 +79,9 @@ class AutocastPlanning(Step):
         function = self.tree.function(scale.statement)
         if function is None:
             return
-        lines = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.SimpleStatementLine]
         wanted = read_names(scale.loss)
-        for line in reversed(lines):
-            if assigned_names(line) & wanted:
-                wanted |= read_names(line)
+        for line in _slice(function, wanted):
+            wanted |= read_names(line)
         params = [param.name.value for param in function.params.params]
         handed = wanted & set(params) - {"self", "cls"}
         if not handed:
@@ -101,6 +99,31 @@ class AutocastPlanning(Step):
                         f"the loss is computed from `{name}`, handed in at line {self.tree.line(call)} from a forward pass "
                         "outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
                     return
+        for handed_in in self.handed_elsewhere:  # the same, by a caller in another file of the project
+            if handed_in.function != function.name.value:
+                continue
+            name = params[handed_in.key + skip] if isinstance(handed_in.key, int) and handed_in.key + skip < len(params) else handed_in.key
+            if name in handed and (f"self.{handed_in.maker}" in self.setup.model_codes or self._runs_a_model(handed_in.maker, defined)):
+                self.draft.unsafe.append(
+                    f"the loss is computed from `{name}`, handed in at {handed_in.place} from `{handed_in.maker}(...)`, a forward "
+                    "pass outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
+                return
+
+    def _runs_a_model(self, maker: str, defined: dict) -> bool:
+        """Whether a function of the file named ``maker`` returns what an initialized model computed
+        (a model as ``initialize`` was given it, or a name its function gives one): ``return
+        self.gen(x)``, or ``fake = self.gen(x)`` then ``return fake, x``; not one that scales a loss
+        itself (``pred = trainer.gen_update(x)``: the rewrite puts its forward pass under autocast)."""
+        for function in defined.get(maker, ()):
+            if any(self.tree.inside(call, function) for call in self.sites.calls["scale_loss"]):
+                continue
+            models = self.tree.models_seen_from(function.body.body[0], self.setup.model_codes)
+            returned = [node.value for node in descendants(function.body, nodes.not_a_definition)
+                        if type(node) is cst.Return and node.value is not None]
+            wanted = set().union(*map(read_names, returned))
+            if any(_calls_a_model(node, models) for node in (*returned, *_slice(function, wanted))):
+                return True
+        return False
 
     def _made_by_a_network(self, value: cst.BaseExpression, call: cst.Call, defined: dict) -> bool:
         """Whether ``value``, handed in at ``call``, is computed by a call of a model (``self.gen(z)``,
@@ -110,16 +133,10 @@ class AutocastPlanning(Step):
         statement = self.tree.statement(call)
         models = self.tree.models_seen_from(statement, self.setup.model_codes)
 
-        def calls_a_model(node: cst.CSTNode, known: set[str]) -> bool:
-            return any(type(inner) is cst.Call and (nodes.code(inner.func) in known or (
-                isinstance(inner.func, cst.Attribute) and f"self.{inner.func.attr.value}" in known))
-                for inner in descendants(node, nodes.not_a_definition))
-
         def runs(node: cst.CSTNode) -> bool:  # a model, or a function of the file whose body calls one
-            return calls_a_model(node, models) or any(
-                calls_a_model(function.body, self.tree.models_seen_from(function.body.body[0], self.setup.model_codes))
-                for inner in descendants(node, nodes.not_a_definition) if type(inner) is cst.Call
-                for function in defined.get(nodes.call_name(inner), ()))
+            return _calls_a_model(node, models) or any(
+                self._runs_a_model(nodes.call_name(inner), defined)
+                for inner in descendants(node, nodes.not_a_definition) if type(inner) is cst.Call)
 
         if nodes.code(value) in models:
             return False  # the model itself, handed in: not what it computed
@@ -405,6 +422,25 @@ class AutocastPlanning(Step):
         self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+
+
+def _slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:
+    """The lines of ``function`` that what reads ``wanted`` at its end is computed from, through the
+    names each binds, last first (by their order in the text: a loop's later lines count too)."""
+    wanted, found = set(wanted), []
+    lines = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.SimpleStatementLine]
+    for line in reversed(lines):
+        if assigned_names(line) & wanted:
+            wanted |= read_names(line)
+            found.append(line)
+    return found
+
+
+def _calls_a_model(node: cst.CSTNode, models: set[str]) -> bool:
+    """Whether ``node`` calls one of ``models`` (``self.gen(z)``; ``trainer.gen(z)`` for ``self.gen``)."""
+    return any(type(inner) is cst.Call and (nodes.code(inner.func) in models or (
+        isinstance(inner.func, cst.Attribute) and f"self.{inner.func.attr.value}" in models))
+        for inner in descendants(node, nodes.not_a_definition))
 
 
 def _by_name(functions) -> dict[str, list[cst.FunctionDef]]:

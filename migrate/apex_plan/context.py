@@ -43,6 +43,7 @@ class Context(NamedTuple):
     setup: Setup | None  # None while the plan reads the sites, before it decides
     exact_levels: frozenset[str]  # the opt levels the rewrite keeps: O0, O1 (and O2 where accepted as autocast)
     partner: Partner | None  # the other half of apex amp, in another file
+    handed_elsewhere: tuple = ()  # ``migrate.forward_callers.Handed``: what other files hand the file's functions
 
 
 class Step:
@@ -52,6 +53,7 @@ class Step:
         self.context = context
         self.tree, self.sites, self.draft, self.setup = context.tree, context.sites, context.draft, context.setup
         self.exact_levels, self.partner = context.exact_levels, context.partner
+        self.handed_elsewhere = context.handed_elsewhere
 
     def scaler_of(self, call: cst.Call) -> str:
         """The scaler a site uses: the plan's, or what received the handed-on module."""

@@ -44,6 +44,7 @@ from migrate.apex_plan.vocabulary import (
     either,
 )
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
+from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.rule import ImportChange, Report
 from migrate.step_model.vocabulary import dtype_of, model_like
 from migrate.tree_walk import children
@@ -69,13 +70,14 @@ class Planner:
         self.exact_levels = frozenset({"O0", "O1"} | ({"O2"} if settings.get(ACCEPT_O2) else set()))
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
+        self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
 
     def plan(self) -> ApexPlan:
         self.sites = classify(self.tree, self.draft)
-        reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner)
+        reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner, self.handed_elsewhere)
         core = self.sites.all_calls()
         if not core:
             return ApexPlan()

@@ -1,11 +1,16 @@
 """AMP006: ``@amp.half_function`` / ``@amp.float_function`` -> ``@torch.amp.custom_fwd(cast_inputs=...)``."""
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.apex_kept import SETTING as KEPT
+from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import initialize_rewrite
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 from migrate.types import FixSafety, ImportChange, Safety
 
@@ -15,6 +20,7 @@ _CASTS = {
     "apex.amp.bfloat16_function": "torch.bfloat16",
 }
 _PROMOTE = "apex.amp.promote_function"
+_GOES_WITH = "it goes with `amp.initialize`, whose rewrite is unsafe: "
 
 
 class AmpCastDecorator(ApexRename):
@@ -35,6 +41,10 @@ class AmpCastDecorator(ApexRename):
     rewrite casts them at its entry where autocast is on (``if torch.is_autocast_enabled("cuda"):``)
     and leaves its ops to autocast. Safe on the call form ``nms = amp.float_function(_C.nms)``:
     a function ``nms(*args, **kwargs)`` casting them the same way, then calling ``_C.nms``.
+    Each of these is safe only where the project's O1 is native autocast: unsafe while apex still
+    initializes, in this file (its ``amp.initialize`` not rewritten, or rewritten unsafely) or in
+    another file of the project that the run leaves on apex. Real apex O1 never turns native
+    autocast on, so the rewritten function would cast nothing and get apex's fp16 outputs.
     Reported (not rewritten): ``promote_function``, a decorated function taking
     ``*args``/``**kwargs`` or with other decorators; cast the inputs by hand there.
 
@@ -44,9 +54,10 @@ class AmpCastDecorator(ApexRename):
 
     CODE = "AMP006"
     FIX = '@amp.half_function etc. -> custom_fwd, or casts at entry'
-    FIX_SAFETY = FixSafety.ALWAYS
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's cast decorators need apex's casting machinery"
     TARGETS = (*_CASTS, _PROMOTE)
+    METADATA_DEPENDENCIES = (*ApexRename.METADATA_DEPENDENCIES, ApexPlanProvider)
     VALID = [Valid("import torch\n\nclass F(torch.autograd.Function):\n    @staticmethod\n    @torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=torch.float16)\n    def forward(ctx, x):\n        return x\n")]
     INVALID = [
         Invalid(
@@ -109,12 +120,68 @@ def nms(*args, **kwargs):
     return _C.nms(*args, **kwargs)
 """,
         ),
+        Invalid(
+            """from apex import amp
+
+@amp.half_function
+def project(h):
+    return h @ weight
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+loss = project(model(x)).sum()
+with amp.scale_loss(loss, optimizer) as scaled_loss:
+    scaled_loss.backward()
+optimizer.step()
+""",
+            """import torch
+
+def project(h):
+    if torch.is_autocast_enabled("cuda"):  # as apex's @amp.half_function did
+        h = (
+            h.half()
+            if isinstance(h, torch.Tensor) and h.is_cuda and h.is_floating_point()
+            else h
+        )
+    return h @ weight
+
+# TODO(ampmigrate): review, this rewrite is unsafe: O2 keeps fp16 weights with fp32
+#   master copies, where native autocast keeps fp32 weights, like O1 (`o2-as-autocast =
+#   true` in [tool.ampmigrate.settings] accepts that)
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = project(model(x)).sum()
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+""",
+            unsafe_fixes=True,
+        ),
         Invalid("from apex import amp\nnms = amp.promote_function(_C.nms)\n"),
     ]
 
     def __init__(self, context=None) -> None:
         super().__init__(context)
         self._handled: set[int] = set()  # the call forms rewritten whole
+
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._safety, self._why = self._where_apex_stays(node)
+
+    def _where_apex_stays(self, module: cst.Module) -> tuple[Safety, str]:
+        """The fixes' safety: unsafe where apex O1, not native autocast, will still run the casts."""
+        kept = tuple(self.context.settings.get(KEPT, ()))
+        if kept:
+            return Safety.UNSAFE, (f"apex's `amp.initialize` stays in another file of the project ({', '.join(kept[:3])}"
+                                   f"{', ...' if len(kept) > 3 else ''}): under real apex O1 native autocast is off, so "
+                                   "this casts nothing; safe once that file runs on native autocast or ampshim")
+        plan = plan_of(self, module)
+        if not plan.findings_for("AMP002"):
+            return Safety.SAFE, ""
+        rewritten, safety, why = initialize_rewrite(plan, self.context.settings)
+        if not rewritten:
+            return Safety.UNSAFE, ("apex's `amp.initialize` in this file is not rewritten: under real apex O1 native "
+                                   "autocast is off, so this casts nothing")
+        return safety, (f"{_GOES_WITH}{why}" if safety is Safety.UNSAFE else "")
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         params = node.params.params
@@ -129,8 +196,14 @@ def nms(*args, **kwargs):
             if target == _PROMOTE or not is_forward:
                 self.report(decorator, f"{self.MESSAGE}; not rewritten: cast the inputs by hand inside `with torch.autocast(\"cuda\", enabled=False):`")
                 continue
-            native = f'torch.amp.custom_fwd(device_type="cuda", cast_inputs={_CASTS[target]})'
-            self._fix(decorator.decorator, nodes.parse_expression(native, self._module), Safety.SAFE, "Use `torch.amp.custom_fwd`")
+            native = nodes.parse_expression(f'torch.amp.custom_fwd(device_type="cuda", cast_inputs={_CASTS[target]})', self._module)
+            if self._safety is Safety.SAFE:
+                self._fix(decorator.decorator, native, Safety.SAFE, "Use `torch.amp.custom_fwd`")
+                continue
+            root = nodes.root_name(decorator.decorator)
+            self.report(decorator, replacement=self._marked(decorator.with_changes(decorator=native)), safety=self._safety,
+                        why_unsafe=self._why, fix_message="Use `torch.amp.custom_fwd`", add_imports=(ImportChange("torch"),),
+                        remove_imports=tuple(self._apex_imports.get(root or "", ())))
 
     def _cast_at_entry(self, function: cst.FunctionDef, decorator: cst.Decorator, target: str) -> bool:
         """A plain function (or method): apex cast its floating-point CUDA inputs where an O1 handle
@@ -164,10 +237,19 @@ def nms(*args, **kwargs):
         if function.decorators[0] is decorator:  # the comments above the decorator stay above the function
             new = new.with_changes(leading_lines=(*function.leading_lines, *decorator.leading_lines))
         root = nodes.root_name(decorator.decorator)
-        self.report(function, replacement=new, safety=Safety.SAFE,
+        self.report(function, replacement=self._marked(new), safety=self._safety, why_unsafe=self._why,
                     fix_message="Cast the inputs at the function's entry where autocast is on, as apex did",
                     add_imports=(ImportChange("torch"),), remove_imports=tuple(self._apex_imports.get(root or "", ())))
         return True
+
+    def _marked(self, node: cst.CSTNode) -> cst.CSTNode:
+        """``node`` with a ``# TODO(ampmigrate): ...`` saying why, above it, where its fix is unsafe
+        for a reason of its own (not one the marker of this file's ``amp.initialize`` gives)."""
+        if self._safety is Safety.SAFE or self._why.startswith(_GOES_WITH):
+            return node
+        lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {self._why}", width=76, break_on_hyphens=False)
+        comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
+        return node.with_changes(leading_lines=[*node.leading_lines, *comments])
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         """The call form, ``nms = amp.float_function(_C.nms)``: a function of that name casting its
@@ -199,7 +281,7 @@ def nms(*args, **kwargs):
             # a definition among statements: two blank lines above it
             function = function.with_changes(leading_lines=[*[cst.EmptyLine()] * (2 - blank), *function.leading_lines])
         root = nodes.root_name(call.func)
-        self.report(node, replacement=function, safety=Safety.SAFE,
+        self.report(node, replacement=self._marked(function), safety=self._safety, why_unsafe=self._why,
                     fix_message="Define a function casting the inputs where autocast is on, as apex's wrapper did",
                     add_imports=(ImportChange("torch"),), remove_imports=tuple(self._apex_imports.get(root or "", ())))
 

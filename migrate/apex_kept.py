@@ -1,0 +1,80 @@
+"""Where a project will still initialize apex amp after a run, for the cast-decorator rewrite (AMP006).
+
+``@amp.float_function`` (and ``half_function``, the call form ``amp.float_function(_C.nms)``)
+cast a function's inputs where apex's O1 was on. The rewrite casts them where native autocast
+is on. Both agree once the training code runs on native autocast (migrated, or on ampshim,
+whose O1 is native autocast). They do not while a file of the project still calls real apex's
+``amp.initialize``: apex O1 patches torch's functions and never turns native autocast on, so
+the rewritten function casts nothing and gets apex's fp16 outputs (a float32-only kernel then
+raises "not implemented for 'Half'"). So a file that uses the decorators is told (``SETTING``)
+where else its project (``files.project_root``, searched on disk even when one file is given)
+calls ``amp.initialize`` and will keep calling it: each such file not in this run, or in it
+with a plan that is not safe (a safe run leaves it on apex).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from migrate import quiet
+from migrate.files import project_files_saying, project_root
+
+__all__ = ["SETTING", "kept_elsewhere"]
+
+SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
+_DECORATORS = re.compile(r"\b(?:half|float|bfloat16)_function\b")
+
+
+def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that uses apex's cast decorators, the places (``path:line``,
+    relative to its project) where another file of its project will still call ``amp.initialize``;
+    ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
+    found: dict[Path, tuple[str, ...]] = {}
+    safe: dict[Path, bool] = {}  # whether a file of this run migrates safely, asked once
+    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
+    for path, text in texts.items():
+        if not _DECORATORS.search(text):
+            continue
+        root, me = project_root(path), path.resolve()
+        places = []
+        for file, line in _initializes(root):
+            if file == me:
+                continue
+            if file in run:
+                if file not in safe:
+                    safe[file] = _migrates_safely(*run[file], settings)
+                if safe[file]:
+                    continue
+            places.append(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
+        if places:
+            found[path] = tuple(places)
+    return found
+
+
+def _migrates_safely(text: str, partner: object | None, settings: Mapping) -> bool:
+    """Whether the file's apex amp plan is safe: every site rewritten, no reason to doubt it."""
+    from migrate.apex_plan.provider import plan_text
+    from migrate.apex_plan.vocabulary import PARTNER
+
+    plan = plan_text(text, {**settings, PARTNER: partner} if partner is not None else settings)
+    return plan is not None and not plan.unsafe_reasons and all(report.replacement is not None for report in plan.findings)
+
+
+@lru_cache(maxsize=64)
+def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
+    """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py`` files."""
+    places = []
+    for file, data in project_files_saying(root, b"initialize("):
+        try:
+            tree = quiet.parse(data)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        found = [(file, node.lineno) for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "initialize"
+                 and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")]
+        if found and project_root(file) == root:  # not a project of its own inside this one
+            places.append(found[0])
+    return tuple(places)

@@ -1,0 +1,101 @@
+"""AMP006 where the project keeps real apex O1: apex never turns native autocast on, so a cast
+decorator rewritten to cast "where autocast is on" casts nothing, and a float32-only kernel gets
+apex's fp16 outputs. The rewrite is safe only where every ``amp.initialize`` of the project is
+migrated (safely, in the same run) or absent; else it is unsafe, and its marker names the file."""
+from __future__ import annotations
+
+import pytest
+
+from migrate import api
+from migrate.apex_kept import kept_elsewhere
+
+OPS = {  # the three forms AMP006 rewrites
+    "call_form": "from apex import amp\n\n\ndef _kernel(x):\n    return x\n\n\npool = amp.float_function(_kernel)\n",
+    "plain_function": "from apex import amp\n\n\n@amp.float_function\ndef pool(x):\n    return x\n",
+    "autograd_forward": (
+        "import torch\nfrom apex import amp\n\n\nclass Pool(torch.autograd.Function):\n    @staticmethod\n"
+        "    @amp.float_function\n    def forward(ctx, x):\n        return x\n"
+    ),
+}
+TRAIN = """\
+import torch
+from apex import amp
+
+from ops import pool
+
+
+def train(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="{level}")
+    for x in loader:
+        loss = pool(model(x)).mean()
+        with amp.scale_loss(loss, optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+"""
+SETUP = """\
+from apex import amp
+
+from engine import run
+
+
+def main(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    run(model, optimizer, loader)
+"""
+ENGINE = """\
+from apex import amp
+
+from ops import pool
+
+
+def run(model, optimizer, loader):
+    for x in loader:
+        loss = pool(model(x)).mean()
+        with amp.scale_loss(loss, optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+"""
+CASES = {  # what the project holds beside ops.py, what the run is given, and whether ops.py's rewrite is safe
+    "no_initialize_elsewhere": (None, "the_project", True),
+    "o1_migrated_in_the_same_run": ("O1", "the_project", True),
+    "o1_on_disk_not_in_the_run": ("O1", "ops_only", False),
+    "o2_left_on_apex_by_a_safe_run": ("O2", "the_project", False),
+    "o1_halves_in_two_files_migrated_as_a_pair": ("pair", "the_project", True),
+    "o1_initialize_half_alone_on_disk": ("pair", "ops_only", False),
+    "run_time_opt_level_migrated_with_a_guard": ("{level}", "the_project", True),
+}
+
+
+def _project(tmp_path, form: str, level: str | None):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "ops.py").write_text(OPS[form])
+    if level == "pair":
+        (tmp_path / "train.py").write_text(SETUP)
+        (tmp_path / "engine.py").write_text(ENGINE)
+    elif level is not None:
+        text = TRAIN.replace('"{level}"', "cfg.level") if level == "{level}" else TRAIN.replace("{level}", level)
+        (tmp_path / "train.py").write_text(text)
+    return tmp_path / "ops.py"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("form", sorted(OPS))
+def test_a_cast_decorator_is_safe_only_where_no_apex_initialize_stays(tmp_path, form, case):
+    level, given, safe = CASES[case]
+    ops = _project(tmp_path, form, level)
+    paths = [str(ops)] if given == "ops_only" else [str(tmp_path)]
+    [result] = [r for r in api.migrate_paths(paths, write=False) if r.filename.endswith("ops.py")]
+    [finding] = [d for d in result.diagnostics if d.code == "AMP006"]
+    assert finding.fix is not None
+    assert (finding.fix.applicability.value == "safe") == safe, finding.fix.why_unsafe
+    assert ("from apex" not in result.new_source) == safe  # a safe run makes only the safe rewrite
+    if not safe:
+        assert ("train.py:7" if level == "pair" else "train.py:8") in finding.fix.why_unsafe
+        [unsafe] = [r for r in api.migrate_paths(paths, write=False, unsafe_fixes=True) if r.filename.endswith("ops.py")]
+        assert "# TODO(ampmigrate): review, this rewrite is unsafe: apex's" in unsafe.new_source
+
+
+def test_only_files_using_the_decorators_are_told(tmp_path):
+    _project(tmp_path, "call_form", "O2")
+    texts = {path: path.read_text() for path in (tmp_path / "ops.py", tmp_path / "train.py")}
+    assert kept_elsewhere(texts, {}, {}) == {tmp_path / "ops.py": ("train.py:8",)}
