@@ -46,7 +46,10 @@ class Features:
     #                        parameters that skips some with `continue`)
     warmup: bool = False  # the first iterations take a plain backward and step, then `continue`
     backward_in: str = "loop"  # loop | helper (a trainer's `backward(loss)` method; for fp32 runs it
-    #                            calls `loss.backward()` and returns early)
+    #                            calls `loss.backward()` and returns early) | update (a trainer's
+    #                            `backward_from(output, x, y)` computes the loss from the output the loop's
+    #                            forward pass made and hands it in, then scales it: apex cast that
+    #                            forward pass, a region in the method does not reach it)
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
@@ -92,6 +95,9 @@ def _coherent(f: Features) -> Features:
     if f.backward_in == "helper":  # a method of the trainer, on the module's `amp`, no delay to hand on
         f = replace(f, holder="method", amp_via="module",
                     accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
+    if f.backward_in == "update":  # the loss is the method's own, from the output handed in
+        f = replace(f, holder="method", amp_via="module", loss="inline", warmup=False,
+                    accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
     if f.holder != "method" or f.flag == "none":
         f = replace(f, flag_copy=False)
     if f.holder != "function" or f.amp_via != "module":
@@ -100,7 +106,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, warmup=False)
     else:
         f = replace(f, alternate=False)
-    if f.flag == "none" or f.amp_via == "attribute" or f.backward_in == "helper" or f.flag_copy:
+    if f.flag == "none" or f.amp_via == "attribute" or f.backward_in in ("helper", "update") or f.flag_copy:
         f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
     if f.flag != "none" or f.inner_fp32:
         f = replace(f, half_evaluation=False)  # without apex's casts (fp32 runs, an fp32 head) it raised under apex too
@@ -130,7 +136,7 @@ def features():
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
-        backward_in=st.sampled_from(["loop", "helper"]),
+        backward_in=st.sampled_from(["loop", "helper", "update"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -225,7 +231,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         steps_body += ["if step == 3:", '    batch_x = torch.cat([batch_x[:8], batch_x[8:] * float("inf")])']
     elif f.overflow:
         body += ["if step == 3:", '    x = x * float("inf")']
-    if f.loss == "inline":
+    if f.backward_in == "update":
+        body += [f"output = {s.model}(x)", f"{loss} = self.backward_from(output, x, y)"]
+    elif f.loss == "inline":
         body.append(f"{loss} = F.mse_loss({s.model}(x), y)")
     elif f.loss == "helper":
         body.append(f"{loss} = compute_loss({s.model}, x, y)")
@@ -240,7 +248,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    {loss} = F.mse_loss(output, y)",
                  "else:",
                  f"    {loss} = F.smooth_l1_loss(output, y)"]
-    if accumulate:
+    if accumulate and f.backward_in != "update":
         body.append(f"{loss} = {loss} / ACCUMULATION")
     if accumulate and not inner:
         body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
@@ -253,7 +261,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    scaled_loss.backward()"]
-    if f.backward_in == "helper":
+    if f.backward_in == "update":
+        pass  # the method scaled it
+    elif f.backward_in == "helper":
         body.append(f"self.backward({loss})")
     elif s.mixed:
         body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {loss}.backward()"]
@@ -341,6 +351,14 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:
     """The trainer's ``backward(loss)``: plain and returning early where mixed precision is off."""
+    if f.backward_in == "update":
+        divided = " / ACCUMULATION" if f.accumulation != "none" else ""
+        plain = [f"if not {s.mixed}:", "    loss.backward()", "    return loss"] if s.mixed else []
+        model = s.model  # a second pass of its own too (a discriminator's), under the region
+        return ["", "def backward_from(self, output, x, y):",
+                *_indent([f"loss = (F.mse_loss(output, y) + 0.01 * {model}(x).pow(2).mean()){divided}", *plain,
+                          f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:", "    scaled_loss.backward()",
+                          "return loss"])]
     if f.backward_in != "helper":
         return []
     plain = [f"if not {s.mixed}:", "    loss.backward()", "    return"] if s.mixed else []
