@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import project_python_files, project_root
 
 __all__ = ["SETTING", "Handed", "handed_elsewhere"]
 
@@ -45,15 +45,20 @@ class Handed(NamedTuple):
 def handed_elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[Handed, ...]]:
     """For each file in ``texts`` that scales a loss inside a function with parameters, the calls
     of those functions by other files of its project that hand them what a call made."""
-    found: dict[Path, tuple[Handed, ...]] = {}
+    wanted: dict[Path, tuple[str, ...]] = {}
     for path, text in texts.items():
         names = _scaling_functions(text) if "scale_loss" in text else ()
-        if not names:
-            continue
-        root = project_root(path)
-        calls = tuple(call for name in names for call in _calls(root, name, path.resolve()))
-        if calls:
-            found[path] = calls
+        if names:
+            wanted[path] = names
+    by_root: dict[Path, set[str]] = {}
+    for path, names in wanted.items():
+        by_root.setdefault(project_root(path), set()).update(names)
+    found: dict[Path, tuple[Handed, ...]] = {}
+    for path, names in wanted.items():
+        calls = _calls(project_root(path), frozenset(by_root[project_root(path)]))
+        mine = tuple(call for file, call in calls if file != path.resolve() and call.function in names)
+        if mine:
+            found[path] = mine
     return found
 
 
@@ -78,12 +83,18 @@ def _takes_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(a.arg not in ("self", "cls") for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
 
 
-@lru_cache(maxsize=256)
-def _calls(root: Path, name: str, own: Path) -> tuple[Handed, ...]:
+@lru_cache(maxsize=64)
+def _calls(root: Path, names: frozenset[str]) -> tuple[tuple[Path, Handed], ...]:
+    """Every call of one of ``names`` in the project's files, each read once, with its file."""
     found = []
-    for file, data in project_files_saying(root, name.encode() + b"("):
-        if file == own or project_root(file) != root:  # the file itself is planned on its own tree
+    needles = [name.encode() + b"(" for name in names]
+    for file in project_python_files(root):
+        try:
+            data = file.read_bytes()
+        except OSError:
             continue
+        if not any(needle in data for needle in needles) or project_root(file) != root:
+            continue  # no call, or a project of its own inside this one
         try:
             tree = quiet.parse(data)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -91,11 +102,11 @@ def _calls(root: Path, name: str, own: Path) -> tuple[Handed, ...]:
         place = str(file.relative_to(root)) if file.is_relative_to(root) else str(file)
         for scope in ast.walk(tree):
             if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
-                found += _handed_in(scope, name, place)
+                found += [(file, call) for call in _handed_in(scope, names, place)]
     return tuple(found)
 
 
-def _handed_in(scope: ast.AST, name: str, place: str) -> Iterator[Handed]:
+def _handed_in(scope: ast.AST, names: frozenset[str], place: str) -> Iterator[Handed]:
     own = list(_own_nodes(scope))
     made: dict[str, set[str]] = {}  # a name the scope binds -> the callees whose results it was bound to
     for node in own:
@@ -106,7 +117,7 @@ def _handed_in(scope: ast.AST, name: str, place: str) -> Iterator[Handed]:
                     if isinstance(bound, ast.Name):
                         made.setdefault(bound.id, set()).add(_callee(node.value))
     for call in own:
-        if not isinstance(call, ast.Call) or _callee(call) != name:
+        if not isinstance(call, ast.Call) or _callee(call) not in names:
             continue
         keyed = [(index, arg) for index, arg in enumerate(call.args)]
         if any(isinstance(arg, ast.Starred) for arg in call.args):
@@ -117,7 +128,7 @@ def _handed_in(scope: ast.AST, name: str, place: str) -> Iterator[Handed]:
                 value = value.value
             makers = {_callee(value)} if isinstance(value, ast.Call) else made.get(value.id, set()) if isinstance(value, ast.Name) else set()
             for maker in sorted(makers - {""}):
-                yield Handed(name, f"{place}:{call.lineno}", key, maker)
+                yield Handed(_callee(call), f"{place}:{call.lineno}", key, maker)
 
 
 def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
