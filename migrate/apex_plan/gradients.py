@@ -9,6 +9,7 @@ from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.hidden_readers import reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
 from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
@@ -53,10 +54,15 @@ class GradientPlanning(Step):
         """
         conditions_of = StepConditions(self.context)
         own = grad_readers.own_leaf_tensors(self.tree.function(scale.statement) or self.tree.module)
+        holders = frozenset({"self", *self.setup.model_codes})  # what holds the gradients, handed on
+
+        def reads(statement: cst.CSTNode) -> bool:
+            return reads_grads(self.tree, statement, holders, self.sites.ids, own)
+
         found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
         for between, conditions in passed:
             for statement in between:
-                if grad_readers.reads_grads(statement, own) and not self.scales_again(statement, scale):
+                if reads(statement) and not self.scales_again(statement, scale):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
@@ -70,10 +76,10 @@ class GradientPlanning(Step):
                         # between two, it saw the first one's gradients
                         found = found if scaled else []
                         scaled = True
-                        if grad_readers.reads_grads(sibling, own):
+                        if reads(sibling):
                             found.append((sibling, condition))
                             among_backwards.add(id(sibling))
-                    elif grad_readers.reads_grads(sibling, own):
+                    elif reads(sibling):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
         # a test of the gradients read here (`if isfinite(norm):`), after which the update follows either way.
@@ -85,7 +91,7 @@ class GradientPlanning(Step):
         found = [(reader, condition) for reader, condition in found if not self.tree.never_together(reader, scale.statement)]
         readers = [(reader, reader_condition, id(reader) not in among_backwards and self._step_follows(graph, reader, targets, scale))
                    for reader, reader_condition in found]
-        if len(inner) > 1 and any(grad_readers.reads_grads(s, own) for path in inner for siblings in path for s in siblings):
+        if len(inner) > 1 and any(reads(s) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
         # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
         leaving = self._leaves_before_the_step(self.tree.control_flow(steps[0][0], exceptions=False), scale, targets) if passed else None

@@ -48,6 +48,19 @@ class InitializePlanning(Step):
             return
         self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
 
+    def _o0_scaled_dynamically(self, call: cst.Call, level: str | None, level_arg: cst.Arg | None) -> bool:
+        """Whether the call may run O0 with a dynamic loss scale asked for (``loss_scale="dynamic"``,
+        or a value known at run time): apex then scaled in fp32 and skipped overflowing steps."""
+        loss_scale = nodes.argument(call, None, "loss_scale")
+        if loss_scale is None or nodes.number_text(loss_scale.value) is not None or nodes.is_none(loss_scale.value):
+            return False
+        if nodes.literal_string(loss_scale.value) not in (None, "dynamic"):
+            return False
+        if level is not None or level_arg is None:
+            return level == "O0"
+        possible = self._possible_levels(level_arg.value)
+        return possible is None or "O0" in possible
+
     def _initialize_fix(self) -> str:
         if self.setup.o0:
             return "Remove it: O0 is plain fp32"
@@ -116,6 +129,15 @@ class InitializePlanning(Step):
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
         scaler_args, merges_losses = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        dynamic_o0 = None
+        if self._o0_scaled_dynamically(call, level, level_arg):
+            loss_scale = nodes.argument(call, None, "loss_scale").value
+            by_default = self._default_level(level_arg.value) == "O0" and self._default_level(loss_scale) == "dynamic"
+            if guard_level and nodes.literal_string(loss_scale) is None and nodes.is_pure(loss_scale) and not by_default:
+                dynamic_o0 = nodes.code(loss_scale)  # both known at run time: that run stops, as O2 does
+            else:
+                self.draft.unsafe_at(call, "O0 with a dynamic loss scale: apex scaled the fp32 loss and skipped a step whose "
+                                           "gradients overflowed; the rewrite's scaler is off for O0, so that step is taken")
         restore = None
         values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
         if isinstance(small, cst.Assign):
@@ -137,7 +159,8 @@ class InitializePlanning(Step):
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
-                           model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses)
+                           model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses,
+                           dynamic_o0=dynamic_o0)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -166,7 +189,7 @@ class InitializePlanning(Step):
         return None
 
     def _default_level(self, expression: cst.BaseExpression) -> str | None:
-        """The argparse default of ``args.opt_level``, when the file gives one."""
+        """The argparse default of ``args.opt_level`` (or another option), when the file gives one."""
         return self.tree.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
 
     def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
@@ -323,13 +346,19 @@ class InitializePlanning(Step):
         condition = fitted_conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"], room - len("if :"))
         line = f"    raise RuntimeError({first[:-1]}{last[1:]}{applied})"
         if len(line) <= room:
-            return [f"if {condition}:", line]
-        # the message over two lines, or three where the opt level's expression is long
-        pieces = [first, last]
-        if len(first) + 8 > room:
-            pieces = [first[: first.index(": ") + 2] + '"', f'"{after[2:]}"', last]
-        return [f"if {condition}:", "    raise RuntimeError(", *(f"        {piece}" for piece in pieces[:-1]),
-                f"        {pieces[-1]}{applied}", "    )"]
+            lines = [f"if {condition}:", line]
+        else:  # the message over two lines, or three where the opt level's expression is long
+            pieces = [first, last]
+            if len(first) + 8 > room:
+                pieces = [first[: first.index(": ") + 2] + '"', f'"{after[2:]}"', last]
+            lines = [f"if {condition}:", "    raise RuntimeError(", *(f"        {piece}" for piece in pieces[:-1]),
+                     f"        {pieces[-1]}{applied}", "    )"]
+        if init.dynamic_o0 is not None:  # apex scaled the fp32 loss and skipped overflowing steps
+            dynamic = fitted_conjunction([*self._flags(init, hoist), f'{level} == "O0"', f'{init.dynamic_o0} == "dynamic"'],
+                                         room - len("if :"))
+            lines += [f"if {dynamic}:", "    raise RuntimeError(", '        "opt_level O0 with a dynamic loss scale: migrated from apex without it; "',
+                      '        "apex scaled the fp32 loss, the GradScaler is off for O0"', "    )"]
+        return lines
 
     @staticmethod
     def _flags(init: InitializeSite, hoist: cst.If | None) -> list[str]:

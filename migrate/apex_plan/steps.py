@@ -10,6 +10,7 @@ from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
+from migrate.apex_plan.hidden_readers import updates_otherwise
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
@@ -153,6 +154,10 @@ class StepPlanning(Step):
     def plan_steps(self, scale: ScaleLossSite, optimizer: cst.BaseExpression) -> list[tuple[cst.SimpleStatementLine, int, str | None]]:
         """Where ``optimizer.step()`` follows the scaled backward, and the test it must keep, if any."""
         wanted = nodes.code(optimizer)
+        other = updates_otherwise(self.tree.function(scale.statement) or self.tree.module, wanted)
+        if other is not None:
+            raise Unplannable(other, f"`{nodes.code(other.func)}()` uses the gradients, which apex had unscaled; "
+                                     "GradScaler unscales them for `step()` only")
         current: cst.CSTNode = scale.statement
         conditions: list[str | None] = []  # the tests of the branches climbed out of
         passed: list[tuple[list[cst.BaseStatement], list[str | None]]] = []  # run between the backward and the step
@@ -396,12 +401,21 @@ class StepPlanning(Step):
         return [hit for inner in statement.body.body for hit in self._steps_in(inner, statement.target.value)]
 
     def _steps_in_file(self, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
+        """Every ``wanted.step()`` of the file, and every loop stepping each optimizer of the
+        list ``wanted`` (``for opt in self.optimizers: opt.step()``), as ``_steps_in`` finds them."""
         found = []
+        steps_each = self._steps_each
 
         class _Steps(cst.CSTVisitor):
             def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
                 found.extend((node, i) for i, small in enumerate(node.body) if is_step(small, wanted))
                 return False
+
+            def visit_For(self, node: cst.For) -> bool:
+                if steps_each(node, wanted):
+                    found.append((node, EACH))
+                    return False
+                return True
 
         walk(self.tree.module, _Steps())
         return found

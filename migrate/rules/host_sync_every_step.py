@@ -442,7 +442,9 @@ def _value_name(values: StepValues, pulled) -> str:
         return nodes.code(pulled)  # `v["loss"]` in `v["loss"].item()`
     named = [nodes.code(node) for node in found if not (type(node) is cst.Name and any(
         type(other) is cst.Attribute and nodes.code(other).startswith(node.value + ".") for other in found))]
-    return named[0] if named else (words.root_text(pulled) or "the value")
+    root = words.root_text(pulled)
+    # a value the code does not name (`float(torch.nn.utils.clip_grad_norm_(...))`): no module's name stands for it
+    return named[0] if named else (root if root and root not in ("self", "torch", "math", "np", "numpy") else "the value")
 
 
 def _call_shown(call: cst.Call) -> str:

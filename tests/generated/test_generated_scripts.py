@@ -239,3 +239,17 @@ def test_a_loss_from_the_callers_forward_pass_is_no_safe_rewrite(flag, accumulat
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "unchanged", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("flag", ["none", "on"])
+@pytest.mark.parametrize("clip", ["none", "master_params"])
+def test_a_scaling_method_and_a_loop_stepping_each_optimizer_in_its_caller(flag, clip, tmp_path):
+    """The trainer's ``backward(loss)`` scales; ``train`` steps ``for optimizer in
+    self.optimizers: optimizer.step()``: the steps are found in the file as a loop over the list
+    scaled, as next to the backward."""
+    drawn = Features(loss="inline", loop="range", accumulation="plain", boundary="plus_one", clip=clip,
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), holder="method", optimizers="two", backward_in="helper")
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)

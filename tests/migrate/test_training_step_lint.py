@@ -1538,3 +1538,24 @@ def test_one_missing_unscale_is_one_finding_with_its_reads_related():
     assert len(found) == 1 and found[0].location.row == 4
     assert "(4 reads in this step)" in found[0].message
     assert [r.location.row for r in found[0].related] == [5, 6, 7]
+
+
+def test_a_read_of_a_value_the_code_does_not_name_is_not_named_after_a_module():
+    # `float(torch.nn.utils.clip_grad_norm_(...))` in a helper: the advice once read
+    # "accumulate on the device (`running_torch += torch.detach()`)"
+    source = textwrap.dedent("""\
+        def clip(model):
+            return float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+
+
+        def train(model, optimizer, loader, scaler):
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                clip(model)
+                scaler.step(optimizer)
+                scaler.update()
+        """)
+    messages = [d.message for d in run_rules(source, "train.py", _FAMILY).diagnostics if d.code == "AMP100"]
+    assert messages and all("running_torch" not in message for message in messages), messages
