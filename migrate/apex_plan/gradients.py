@@ -56,7 +56,11 @@ class GradientPlanning(Step):
         own = grad_readers.own_leaf_tensors(self.tree.function(scale.statement) or self.tree.module)
         holders = frozenset({"self", *self.setup.model_codes})  # what holds the gradients, handed on
 
-        def reads(statement: cst.CSTNode) -> bool:
+        def reads(statement: cst.CSTNode, after_a_backward: bool = True) -> bool:
+            """Out of sight too (``hidden_readers``) only after a backward pass: before one, a
+            statement handing the model on (``DataParallel(model)``) reads nothing scaled."""
+            if not after_a_backward:
+                return grad_readers.reads_grads(statement, own)
             return reads_grads(self.tree, statement, holders, self.sites.ids, own)
 
         found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
@@ -76,10 +80,10 @@ class GradientPlanning(Step):
                         # between two, it saw the first one's gradients
                         found = found if scaled else []
                         scaled = True
-                        if reads(sibling):
+                        if reads(sibling, after_a_backward=False):
                             found.append((sibling, condition))
                             among_backwards.add(id(sibling))
-                    elif reads(sibling):
+                    elif reads(sibling, after_a_backward=scaled):
                         found.append((sibling, condition))
         # Where `scaler.step` and `update()` follow, on the function's control flow: the steps, or
         # a test of the gradients read here (`if isfinite(norm):`), after which the update follows either way.
@@ -91,7 +95,7 @@ class GradientPlanning(Step):
         found = [(reader, condition) for reader, condition in found if not self.tree.never_together(reader, scale.statement)]
         readers = [(reader, reader_condition, id(reader) not in among_backwards and self._step_follows(graph, reader, targets, scale))
                    for reader, reader_condition in found]
-        if len(inner) > 1 and any(reads(s) for path in inner for siblings in path for s in siblings):
+        if len(inner) > 1 and any(reads(s, after_a_backward=False) for path in inner for siblings in path for s in siblings):
             readers.append((container, condition, False))
         # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
         leaving = self._leaves_before_the_step(self.tree.control_flow(steps[0][0], exceptions=False), scale, targets) if passed else None

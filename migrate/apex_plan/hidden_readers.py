@@ -42,12 +42,17 @@ def reads_grads(tree: FileTree, statement: cst.CSTNode, holders: frozenset[str],
             continue
         helper = tree.helper(call)
         if helper is not None:
-            if depth < _DEPTH and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
+            # a helper that uses apex itself (the one that scales the loss) is planned on its own
+            if depth < _DEPTH and not _uses_apex(helper, skip) and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
                 return True
             continue
         if _hands_on(tree, call, holders):
             return True
     return False
+
+
+def _uses_apex(function: cst.FunctionDef, skip: frozenset[int]) -> bool:
+    return any(id(node) in skip for node in descendants(function))
 
 
 def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:

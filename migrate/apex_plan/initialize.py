@@ -132,9 +132,10 @@ class InitializePlanning(Step):
         dynamic_o0 = None
         if self._o0_scaled_dynamically(call, level, level_arg):
             loss_scale = nodes.argument(call, None, "loss_scale").value
-            by_default = self._default_level(level_arg.value) == "O0" and self._default_level(loss_scale) == "dynamic"
-            if guard_level and nodes.literal_string(loss_scale) is None and nodes.is_pure(loss_scale) and not by_default:
-                dynamic_o0 = nodes.code(loss_scale)  # both known at run time: that run stops, as O2 does
+            literal = nodes.literal_string(loss_scale) == "dynamic"
+            by_default = self._default_level(level_arg.value) == "O0" and (literal or self._default_level(loss_scale) == "dynamic")
+            if guard_level and (literal or nodes.is_pure(loss_scale)) and not by_default:
+                dynamic_o0 = "" if literal else nodes.code(loss_scale)  # the level known at run time: an O0 run stops, as O2 does
             else:
                 self.draft.unsafe_at(call, "O0 with a dynamic loss scale: apex scaled the fp32 loss and skipped a step whose "
                                            "gradients overflowed; the rewrite's scaler is off for O0, so that step is taken")
@@ -354,8 +355,8 @@ class InitializePlanning(Step):
             lines = [f"if {condition}:", "    raise RuntimeError(", *(f"        {piece}" for piece in pieces[:-1]),
                      f"        {pieces[-1]}{applied}", "    )"]
         if init.dynamic_o0 is not None:  # apex scaled the fp32 loss and skipped overflowing steps
-            dynamic = fitted_conjunction([*self._flags(init, hoist), f'{level} == "O0"', f'{init.dynamic_o0} == "dynamic"'],
-                                         room - len("if :"))
+            scale = [f'{init.dynamic_o0} == "dynamic"'] if init.dynamic_o0 else []  # "": `loss_scale="dynamic"` itself
+            dynamic = fitted_conjunction([*self._flags(init, hoist), f'{level} == "O0"', *scale], room - len("if :"))
             lines += [f"if {dynamic}:", "    raise RuntimeError(", '        "opt_level O0 with a dynamic loss scale: migrated from apex without it; "',
                       '        "apex scaled the fp32 loss, the GradScaler is off for O0"', "    )"]
         return lines

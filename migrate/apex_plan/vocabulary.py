@@ -212,7 +212,7 @@ class InitializeSite(NamedTuple):
     on_self: bool
     inference: bool = False  # no optimizers: the models only ran forward under apex's casts
     merges_losses: bool = False  # `num_losses=2`: apex's per-loss scalers become one GradScaler
-    dynamic_o0: str | None = None  # a run-time loss_scale beside a run-time level: O0 with "dynamic" stops
+    dynamic_o0: str | None = None  # beside a run-time level, a loss_scale that may be "dynamic" ("" where it is): O0 stops
 
 
 class ScaleLossSite(NamedTuple):
