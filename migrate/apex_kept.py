@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import project_root, project_trees_saying
 
 __all__ = ["SETTING", "kept_elsewhere"]
 
@@ -67,14 +66,9 @@ def _migrates_safely(text: str, partner: object | None, settings: Mapping) -> bo
 def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py`` files."""
     places = []
-    for file, data in project_files_saying(root, b"initialize("):
-        try:
-            tree = quiet.parse(data)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
+    for file, tree in project_trees_saying(root, b"initialize("):
         found = [(file, node.lineno) for node in ast.walk(tree)
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "initialize"
                  and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")]
-        if found and project_root(file) == root:  # not a project of its own inside this one
-            places.append(found[0])
+        places += found[:1]
     return tuple(places)

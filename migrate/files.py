@@ -8,6 +8,7 @@ owner and hard links.
 """
 from __future__ import annotations
 
+import ast
 import errno
 import fnmatch
 import os
@@ -15,6 +16,8 @@ import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
+
+from migrate import quiet
 
 
 __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "project_root", "read", "replace"]
@@ -111,6 +114,18 @@ def project_files_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, byte
             continue
         if needle in data:
             yield path, data
+
+
+def project_trees_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, ast.Module]]:
+    """The parsed ``.py`` files of the project at ``root`` whose bytes hold ``needle``; not those
+    that do not parse, nor those of a project of its own inside this one."""
+    for path, data in project_files_saying(root, needle):
+        if project_root(path) != root:
+            continue
+        try:
+            yield path, quiet.parse(data)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
 
 
 _WHY = {

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import project_root, project_trees_saying
 from migrate.step_model.vocabulary import optimizer_like
 
 __all__ = ["SETTING", "loads"]
@@ -42,14 +41,8 @@ def loads(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
 @lru_cache(maxsize=64)
 def _loads(root: Path) -> tuple[tuple[Path, int], ...]:
     places = []
-    for file, data in project_files_saying(root, b"load_state_dict"):
-        try:
-            tree = quiet.parse(data)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        found = [(file, node.lineno) for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
-                 and optimizer_like(ast.unparse(node.func.value))]
-        if found and project_root(file) == root:  # not a project of its own inside this one
-            places += found
+    for file, tree in project_trees_saying(root, b"load_state_dict"):
+        places += [(file, node.lineno) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict"
+                   and optimizer_like(ast.unparse(node.func.value))]
     return tuple(places)
