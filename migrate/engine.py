@@ -269,6 +269,7 @@ class _Replacer(cst.CSTTransformer):
         for report in reports:  # the first fix reported for a node wins
             self._by_node.setdefault(id(report.node), report)
         self.applied: set[int] = set()
+        self._placed: set[int] = set()  # statements a replacement put in
 
     def _report_for(self, node: cst.CSTNode) -> Report | None:
         report = self._by_node.get(id(node))
@@ -280,9 +281,34 @@ class _Replacer(cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
         report = self._report_for(original_node)
         if report is None:
+            if isinstance(updated_node, (cst.Module, cst.IndentedBlock)):
+                return updated_node.with_changes(body=self._without_placeholders(updated_node.body))
             return updated_node
         self.applied.add(id(report))
+        placed = report.replacement.nodes if isinstance(report.replacement, cst.FlattenSentinel) else [report.replacement]
+        self._placed.update(map(id, placed))
         return report.replacement
+
+    def _without_placeholders(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """A ``pass`` a fix put where it removed a statement only keeps the block non-empty, or
+        holds its comments (a TODO): where a statement follows, that one takes the comments."""
+        kept: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []
+        for index, statement in enumerate(body):
+            placeholder = (
+                id(statement) in self._placed and index + 1 < len(body)
+                and isinstance(statement, cst.SimpleStatementLine)
+                and all(isinstance(small, cst.Pass) for small in statement.body)
+                and statement.trailing_whitespace.comment is None
+            )
+            if placeholder:
+                carried.extend(statement.leading_lines)
+                continue
+            if carried:
+                statement = statement.with_changes(leading_lines=[*carried, *statement.leading_lines])
+                carried = []
+            kept.append(statement)
+        return kept
 
 
 def _allowed(safety: Safety, unsafe_fixes: bool) -> bool:

@@ -135,6 +135,40 @@ class NeverSettles(Rule):
         self.report(node, replacement=node.with_changes(body=[*node.body, cst.parse_statement("y = 1\n")]))
 
 
+class MarkInsteadOfDrop(Rule):
+    """Replaces ``drop()`` by a ``pass`` carrying a comment: the shape of a removed statement with
+    its TODO, where the block may or may not keep other statements."""
+
+    CODE = "TST009"
+    MESSAGE = "drop"
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if cst.Module([node]).code.strip() == "drop()":
+            comment = cst.EmptyLine(comment=cst.Comment("# TODO: by hand"))
+            self.report(node, replacement=cst.SimpleStatementLine([cst.Pass()], leading_lines=[*node.leading_lines, comment]))
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # a statement follows: it takes the comments, no `pass`
+        ("def f():\n    drop()\n    x = 1\n", "def f():\n    # TODO: by hand\n    x = 1\n"),
+        ("drop()\n\nif x:\n    y = 1\n", "# TODO: by hand\n\nif x:\n    y = 1\n"),
+        ("# kept\ndrop()\n# own\nx = 1\n", "# kept\n# TODO: by hand\n# own\nx = 1\n"),
+        ("if x:\n    drop()\n    drop()\n    y = 1\n", "if x:\n    # TODO: by hand\n    # TODO: by hand\n    y = 1\n"),
+        # the last or only statement of its block keeps the `pass` that holds the comments
+        ("def f():\n    drop()\n", "def f():\n    # TODO: by hand\n    pass\n"),
+        ("x = 1\ndrop()\n", "x = 1\n# TODO: by hand\npass\n"),
+        # the user's own `pass` is never touched
+        ("def f():\n    pass\n    x = 1\n", "def f():\n    pass\n    x = 1\n"),
+    ],
+)
+def test_a_pass_a_fix_leaves_only_to_hold_comments_goes_where_a_statement_follows(source, expected):
+    result = run_rules(source, "f.py", [MarkInsteadOfDrop])
+    assert result.source == expected
+    assert run_rules(result.source, "f.py", [MarkInsteadOfDrop]).source == result.source
+
+
 def test_nothing_to_do_returns_the_same_string():
     source = "import torch\r\n\r\nx = 1  # comment\r\n"
     result = run_rules(source, "f.py", [PrintCall, RenameOld, DeprecatedCudaAutocast])
