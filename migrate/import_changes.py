@@ -72,7 +72,7 @@ def _unread_names(module: cst.Module, names: set[str]) -> set[str]:
     scope analysis decides those."""
     read: set[str] = set()
     attributes: set[int] = set()  # the `.attr` of an attribute is not a read of the name
-    for node in descendants(module, lambda node: type(node) not in (cst.Import, cst.ImportFrom)):
+    for node in descendants(module, lambda node: type(node) not in (cst.Import, cst.ImportFrom, cst.Global)):
         if type(node) is cst.Attribute:
             attributes.add(id(node.attr))
         elif type(node) is cst.Name and node.value in names and id(node) not in attributes:
@@ -83,11 +83,16 @@ def _unread_names(module: cst.Module, names: set[str]) -> set[str]:
 
 
 class _RemoveImports(cst.CSTTransformer):
-    """Removes the given imports, whose names nothing reads (``_unread_names``)."""
+    """Removes the given imports, whose names nothing reads (``_unread_names``), and the
+    ``global`` declarations of those names (``global amp`` beside ``from apex import amp``)."""
 
     def __init__(self, removes: list[ImportChange]) -> None:
         super().__init__()
         self.removes = removes
+
+    def leave_Global(self, original_node: cst.Global, updated_node: cst.Global):
+        gone = {_bound_name(imp) for imp in self.removes}
+        return _narrowed(updated_node, [item for item in updated_node.names if item.name.value not in gone])
 
     def _kept(self, node: cst.Import | cst.ImportFrom) -> list[cst.ImportAlias]:
         return [alias for alias in node.names if not any(_makes(node, imp, only=alias) for imp in self.removes)]
@@ -101,16 +106,20 @@ class _RemoveImports(cst.CSTTransformer):
         return self._leave(updated_node)
 
     def _leave(self, node):
-        kept = self._kept(node)
-        if len(kept) == len(node.names):
-            return node
-        if not kept:
-            return cst.RemoveFromParent()
-        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return node.with_changes(names=kept)
+        return _narrowed(node, self._kept(node))
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node
+
+
+def _narrowed(node: cst.Import | cst.ImportFrom | cst.Global, kept: list):
+    """``node`` with only the ``kept`` of its names; removed where none is kept."""
+    if len(kept) == len(node.names):
+        return node
+    if not kept:
+        return cst.RemoveFromParent()
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return node.with_changes(names=kept)
 
 
 def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer]:

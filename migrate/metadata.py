@@ -19,11 +19,11 @@ from libcst.metadata import (
     ScopeProvider,
 )
 from libcst.metadata.expression_context_provider import ExpressionContextVisitor
-from libcst.metadata.scope_provider import _ASSIGNMENT_LIKE_NODES, ImportAssignment, ScopeVisitor
+from libcst.metadata.scope_provider import _ASSIGNMENT_LIKE_NODES, ImportAssignment, LocalScope, ScopeVisitor
 
 from migrate.positions import positions
 from migrate.rule import Rule, visitor_names
-from migrate.tree_walk import children, walk
+from migrate.tree_walk import children, descendants, walk
 
 __all__ = ["FILE_SETTING", "Parents", "WhenAsked", "parents", "positions_when_asked", "release", "resolve"]
 
@@ -161,10 +161,15 @@ class _LeanScopeVisitor(ScopeVisitor):
         return super().visit_ImportFrom(node)
 
     def _record(self, statement: cst.Import | cst.ImportFrom) -> None:
+        declared_global = _globals_declared_in(self.scope.node) if isinstance(self.scope, LocalScope) else ()
         for name, package in _bound_by(statement):
             self.imported.add(name)
             if package == "typing":
                 self._from_typing.add(name)
+            if name in declared_global:
+                # `from apex import amp` then `global amp`: the declaration holds for the whole
+                # function, as Python has it; libcst's order-bound visit would bind a local
+                self.scope.record_global_overwrite(name)
 
     def visit_Call(self, node: cst.Call) -> bool | None:
         root = _root_name(node.func)
@@ -191,6 +196,15 @@ class _LeanScopes(ScopeProvider):
         node.visit(visitor)
         visitor.infer_accesses()
         return None
+
+
+def _globals_declared_in(function: cst.CSTNode) -> frozenset[str]:
+    """The names a ``global`` statement of ``function``'s own body declares (not a nested
+    function's or class's)."""
+    if not isinstance(function, cst.FunctionDef):
+        return frozenset()
+    own = descendants(function.body, lambda node: type(node) not in (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+    return frozenset(item.name.value for node in own if type(node) is cst.Global for item in node.names)
 
 
 def _bound_by(statement: cst.Import | cst.ImportFrom) -> Iterator[tuple[str, str]]:

@@ -31,7 +31,8 @@ class Draft:
         self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.regions: set[int] = set()  # statements that became an autocast region
-        self.unscale_covered: set[int] = set()  # gradient-reading statements an unscale covers
+        self.unscale_covered: set[int] = set()  # gradient-reading statements (and helpers) an unscale covers
+        self.unscale_refused: set[int] = set()  # those an unscale cannot precede: the step may not follow
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
         self.unsafe: list[str] = []  # why the rewrite may train differently
         self.unsafe_sites: dict[str, list[cst.CSTNode]] = {}  # a reason -> the nodes it is about (none: all)

@@ -9,7 +9,7 @@ from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.hidden_readers import reads_grads
+from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
 from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
@@ -133,6 +133,7 @@ class GradientPlanning(Step):
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
                 f"call `{self.setup.scaler}.unscale_({optimizer})` by hand where they are final"
             )
+            self.draft.unscale_refused.update(self._reached(reader for reader, _, _ in readers))
             return
         first, condition, _ = readers[0]
         line = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
@@ -144,7 +145,12 @@ class GradientPlanning(Step):
             lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
                 _add_or_join(lines, line)
-        self.draft.unscale_covered.update(id(reader) for reader, _, _ in readers)
+        self.draft.unscale_covered.update(self._reached(reader for reader, _, _ in readers))
+
+    def _reached(self, readers) -> set[int]:
+        """The readers, and the file's helpers they call: an ``amp.master_params`` read in one
+        (``clip(max_norm)``) is unscaled, or not, by what is planned before its caller."""
+        return {id(node) for reader in readers for node in (reader, *helpers_reached(self.tree, reader, self.sites.ids))}
 
     @staticmethod
     def _unscale_each(scaler: str, optimizer: str, steps: list[tuple[cst.SimpleStatementLine, int]]) -> str:
@@ -320,8 +326,16 @@ class GradientPlanning(Step):
             # scaled ones, as it will natively.
             in_block = self.tree.inside_any(call, self.sites.scale_loss_statements)
             inspects_grads = self.feeds_grad_consumer(call, statement) and not in_block
-            covered = any(id(node) in self.draft.unscale_covered for node in (statement, *self.tree.ancestors(statement)))
+            around = (statement, *self.tree.ancestors(statement))
+            covered = any(id(node) in self.draft.unscale_covered for node in around)
             already = already or covered  # unscaled before the gradients are first read, on the way to the step
+            if any(id(node) in self.draft.unscale_refused for node in around):
+                # read where the step may not follow (a helper called after every micro-batch): an
+                # `unscale_` here would run again before the update; the read sees scaled gradients
+                node, new = self._fitted(call, generator)
+                self.draft.replace(node, new)
+                self.draft.kind(node, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
+                continue
             self.draft.kind(call, MASTER_PARAMS, "`amp.master_params` is apex mixed precision", "Use the optimizer's parameters")
             if self.setup.o0 or not inspects_grads or already or not isinstance(statement, cst.SimpleStatementLine):
                 # in the block, its statement gets AMP101's mark on its first line: the call stays as laid out

@@ -16,7 +16,7 @@ from migrate import grad_readers
 from migrate.apex_plan.tree import FileTree
 from migrate.tree_walk import descendants
 
-__all__ = ["reads_grads", "updates_otherwise"]
+__all__ = ["helpers_reached", "reads_grads", "updates_otherwise"]
 
 # Builtins that take an object without reading its gradients.
 _LOOKS_ONLY = frozenset({"isinstance", "getattr", "hasattr", "setattr", "print", "str", "repr", "len", "id", "type",
@@ -40,10 +40,10 @@ def reads_grads(tree: FileTree, statement: cst.CSTNode, holders: frozenset[str],
     for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
         if type(call) is not cst.Call or id(call) in skip:
             continue
-        helper = tree.helper(call)
+        helper = tree.helper(call) or _method_of_own_class(tree, call)
         if helper is not None:
-            # a helper that uses apex itself (the one that scales the loss) is planned on its own
-            if depth < _DEPTH and not _uses_apex(helper, skip) and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
+            # a helper that scales a loss with apex itself is planned on its own
+            if depth < _DEPTH and not _scales(helper, skip) and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
                 return True
             continue
         if _hands_on(tree, call, holders):
@@ -51,8 +51,24 @@ def reads_grads(tree: FileTree, statement: cst.CSTNode, holders: frozenset[str],
     return False
 
 
-def _uses_apex(function: cst.FunctionDef, skip: frozenset[int]) -> bool:
-    return any(id(node) in skip for node in descendants(function))
+def helpers_reached(tree: FileTree, statement: cst.CSTNode, skip: frozenset[int], depth: int = 0) -> list[cst.FunctionDef]:
+    """The file's functions ``statement`` calls, and those they call, as ``reads_grads`` follows
+    them: where an ``unscale_`` before ``statement`` covers (or would have to cover) their reads."""
+    found: list[cst.FunctionDef] = []
+    for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
+        if type(call) is not cst.Call or id(call) in skip:
+            continue
+        helper = tree.helper(call) or _method_of_own_class(tree, call)
+        if helper is not None and depth < _DEPTH and not _scales(helper, skip) and helper not in found:
+            found += [helper, *helpers_reached(tree, helper.body, skip, depth + 1)]
+    return found
+
+
+def _scales(function: cst.FunctionDef, skip: frozenset[int]) -> bool:
+    """Whether ``function`` scales a loss with apex itself: planned on its own. One that only
+    reads ``amp.master_params`` is followed like any helper."""
+    return any(id(node) in skip and type(node) is cst.Call and isinstance(node.func, cst.Attribute)
+               and node.func.attr.value == "scale_loss" for node in descendants(function))
 
 
 def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:
@@ -65,23 +81,65 @@ def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:
         return False
     if any(nodes.code(arg.value) in holders for arg in call.args):
         return True
+    return any(
+        argument in holders for making in _makings(tree, call) for argument in _handed(tree, making)
+    )
+
+
+def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | None:
+    """The method of a class of the file that ``receiver.method()`` calls, where the receiver
+    (``reg``, ``self.regularizer``) was made by calling that class: ``reg = FisherReg(model)``."""
+    if not isinstance(call.func, cst.Attribute):
+        return None
+    for making in _makings(tree, call):
+        made = next((s for s in tree.module.body if isinstance(s, cst.ClassDef) and isinstance(making.func, cst.Name)
+                     and s.name.value == making.func.value), None)
+        method = next((s for s in made.body.body if isinstance(s, cst.FunctionDef) and s.name.value == call.func.attr.value), None) if made else None
+        if method is not None:
+            return method
+    return None
+
+
+def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
+    """The calls whose results the receiver of ``call`` (``x.update()``) was assigned: for
+    ``self.x``, in any method of the class; for a local ``x``, in the function itself."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
-    if not (isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and receiver.value.value == "self"):
-        return False
-    owner = tree.owner_class(tree.function(call))
-    made_with = tree.per_scope(("made with", id(owner)), lambda: _made_with(owner))
-    return any(holder in holders for holder in made_with.get(nodes.code(receiver), ()))
+    function = tree.function(call)
+    if isinstance(receiver, cst.Name):
+        scope = function
+    elif isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and receiver.value.value == "self":
+        scope = tree.owner_class(function)
+    else:
+        return []
+    made = tree.per_scope(("made by", id(scope)), lambda: _made_by(scope))
+    return made.get(nodes.code(receiver), [])
 
 
-def _made_with(owner: cst.ClassDef | None) -> dict[str, set[str]]:
-    """For each ``self.x`` the class assigns a call's result: the arguments that call was handed."""
-    found: dict[str, set[str]] = {}
-    for node in descendants(owner) if owner is not None else ():
+def _made_by(scope: cst.CSTNode | None) -> dict[str, list[cst.Call]]:
+    """For each name or ``self.x`` that ``scope`` assigns a call's result: those calls."""
+    found: dict[str, list[cst.Call]] = {}
+    for node in descendants(scope) if scope is not None else ():
         if type(node) is cst.Assign and type(node.value) is cst.Call:
             for target in node.targets:
-                if type(target.target) is cst.Attribute:
-                    found.setdefault(nodes.code(target.target), set()).update(nodes.code(arg.value) for arg in node.value.args)
+                if type(target.target) in (cst.Attribute, cst.Name):
+                    found.setdefault(nodes.code(target.target), []).append(node.value)
     return found
+
+
+def _handed(tree: FileTree, making: cst.Call) -> set[str]:
+    """What ``making`` was handed, with the ``self.x`` its function keeps of a parameter handed
+    on (``self.model = model`` beside ``self.regularizer = make(model)`` is ``self.model`` too)."""
+    handed = {nodes.code(arg.value) for arg in making.args}
+    function = tree.function(making)
+    for node in descendants(function.body) if function is not None else ():
+        if type(node) is not cst.Assign:
+            continue
+        for target in node.targets:  # `self.model = model`, `self.model, self.opt = model, opt`
+            pairs = [(target.target, node.value)]
+            if type(target.target) is cst.Tuple and type(node.value) is cst.Tuple and len(target.target.elements) == len(node.value.elements):
+                pairs = [(kept.value, given.value) for kept, given in zip(target.target.elements, node.value.elements)]
+            handed.update(nodes.code(kept) for kept, given in pairs if nodes.code(given) in handed)
+    return handed
 
 
 def updates_otherwise(function: cst.CSTNode, optimizer: str) -> cst.Call | None:

@@ -159,11 +159,18 @@ class FileTree:
         return isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation, cst.BooleanOperation))
 
     def helper(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The file's own function (``f(x)``) or method of the caller's class (``self.f(x)``) called."""
+        """The file's own function (``f(x)``, a closure too) or method of the caller's class (``self.f(x)``) called."""
         func = call.func
-        if isinstance(func, cst.Name):
-            return next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
         caller = self.function(call)
+        if isinstance(func, cst.Name):
+            # a function defined in the caller or a function around it (a closure), else at the top level
+            enclosing = caller
+            while enclosing is not None:
+                found = next((s for s in enclosing.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
+                if found is not None:
+                    return found
+                enclosing = self.function(self.parent.get(id(enclosing)))
+            return next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
         owner = self.owner_class(caller)
         if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None

@@ -63,6 +63,15 @@ class Features:
     #                                feeds it float32 batches (apex's casts made that work)
     trainer_init: str = "own"  # with holder=handed, the trainer's __init__: own (a body of its own) |
     #                            base (it only calls its base class's) | none (inherited from the base)
+    clip_in: str = "loop"  # where a clip is written: loop | helper (a module-level function called in
+    #                        its place) | closure (a function defined in the training function)
+    grads_in: str = "none"  # none | local | attribute: an object of a class of the file, made with the
+    #                         model and its optimizer (a local, or `self.tracker`), reads the gradients'
+    #                         norm before the step and sets the learning rate from it
+    import_in: str = "module"  # module | function (`from apex import amp` in the function that
+    #                            initializes, with `global amp` after it) | global_first (the same,
+    #                            `global amp` first) | guarded (under the flag, in a `try` whose
+    #                            `except ImportError` raises, `global amp` after the import)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -110,6 +119,15 @@ def _coherent(f: Features) -> Features:
         f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
     if f.flag != "none" or f.inner_fp32:
         f = replace(f, half_evaluation=False)  # without apex's casts (fp32 runs, an fp32 head) it raised under apex too
+    if f.clip == "none" or (f.clip == "master_params" and f.amp_via != "module"):
+        f = replace(f, clip_in="loop")  # a helper reads the module's `amp`
+    if f.holder != "method" and f.grads_in == "attribute":
+        f = replace(f, grads_in="local")
+    if f.import_in != "module":  # `amp` is bound once the initializing function runs
+        f = replace(f, import_guard=False, register_half=False)
+    if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via == "attribute"
+                                     or f.clip == "master_params" or f.flag_copy):
+        f = replace(f, import_in="function")  # apex's `amp` is read where the flag is off
     return f
 
 
@@ -143,6 +161,9 @@ def features():
         initialize_always=st.booleans(),
         alternate=st.booleans(),
         half_evaluation=st.booleans(),
+        clip_in=st.sampled_from(["loop", "helper", "closure"]),
+        grads_in=st.sampled_from(["none", "local", "attribute"]),
+        import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
     ).map(_coherent)
 
 
@@ -168,6 +189,34 @@ def restore(buffer, model, optimizer, amp=None):
     if amp is not None:
         amp.load_state_dict(checkpoint["amp"])
 '''
+
+
+_GRAD_NORM_LR = '''
+
+class GradNormLR:
+    """Lowers the learning rate where the gradients' norm is large."""
+
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.base = [group["lr"] for group in optimizer.param_groups]
+
+    def update(self):
+        norm = sum(float(p.grad.pow(2).sum()) for p in self.model.parameters() if p.grad is not None) ** 0.5
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base / max(1.0, norm)
+'''
+
+
+def _clip_helper(f: Features) -> str:
+    """The module-level clip a ``clip_in=helper`` script calls."""
+    if f.clip_in != "helper":
+        return ""
+    if f.clip == "master_params":
+        return ("\n\ndef clip_grads(optimizer, max_norm):\n"
+                "    return torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)\n")
+    return ("\n\ndef clip_grads(model, max_norm):\n"
+            "    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
 
 
 _HALF_EVALUATION = '''
@@ -210,6 +259,7 @@ class _Spelling:
         self.stepped = self.optimizers if f.optimizers == "two" else self.optimizer
         self.first_optimizer = f"{self.optimizers}[0]" if f.optimizers == "two" else self.optimizer
         self.amp = "self.amp" if f.amp_via == "attribute" else "amp"
+        self.tracker = "self.tracker" if f.grads_in == "attribute" else "tracker"
         self.use_amp = (own + "use_amp") if f.flag != "none" else None
         # the condition mixed precision runs under, as the training code tests it
         self.mixed = (f"{self.amp} is not None" if f.amp_via == "attribute" else self.use_amp) if f.flag != "none" else None
@@ -270,7 +320,11 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     else:
         body += scaled
     clip = []
-    if f.clip == "master_params":
+    if f.clip_in == "helper":
+        clip.append(f"clip_grads({s.first_optimizer if f.clip == 'master_params' else s.model}, 0.5)")
+    elif f.clip_in == "closure":
+        clip.append("limit_norm(0.5)")
+    elif f.clip == "master_params":
         # `self.amp` may be None: the module's own master_params serves either way
         holder = "amp" if f.amp_via == "attribute" and s.mixed else s.amp
         clip.append(f"torch.nn.utils.clip_grad_norm_({holder}.master_params({s.first_optimizer}), 0.5)")
@@ -283,7 +337,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         if f.alternate:  # the same lines for the whole batch in the other arm
             micro = ["if step % 2 == 0:", *_indent(micro), "else:", "    x, y = batch_x, batch_y", *_indent(body)]
         body = [*steps_body, *micro]
-    update = [] if at_micro_batch else clip + _between(f, s)
+    tracker = [f"{s.tracker}.update()"] if f.grads_in != "none" else []  # before the clip: a guard tests the clip's norm
+    update = tracker + ([] if at_micro_batch else clip + _between(f, s))
     if f.optimizers == "two":
         each = f.names[1]
         stepping = [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
@@ -346,7 +401,8 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     held = optimizer + ("s" if f.optimizers == "two" else "")
     initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
     flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
-    return [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
+    lines = [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
+    return _imported_here(f, lines)
 
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:
@@ -366,6 +422,29 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
                                                       "    scaled_loss.backward()"])]
 
 
+def _training_prelude(f: Features, s: _Spelling) -> list[str]:
+    """What the training function sets up before its loop: a local gradient tracker, a clip closure."""
+    lines = [f"tracker = GradNormLR({s.model}, {s.first_optimizer})"] if f.grads_in == "local" else []
+    if f.clip_in == "closure":
+        read = (f"{s.amp}.master_params({s.first_optimizer})" if f.clip == "master_params"
+                else f"{s.model}.parameters()")
+        lines += ["", "def limit_norm(max_norm):", f"    return torch.nn.utils.clip_grad_norm_({read}, max_norm)", ""]
+    return lines
+
+
+def _imported_here(f: Features, initialize: list[str]) -> list[str]:
+    """``initialize`` with apex's import in the function (``Features.import_in``)."""
+    if f.import_in == "function":
+        return ["from apex import amp", "global amp", *initialize]
+    if f.import_in == "global_first":
+        return ["global amp", "from apex import amp", *initialize]
+    if f.import_in == "guarded":  # `if flag:` then the initialize line
+        test, line = initialize
+        return [test, "    try:", "        from apex import amp", "        global amp", "    except ImportError:",
+                '        raise ImportError("mixed precision needs apex")', line]
+    return initialize
+
+
 def _data() -> list[str]:
     return ['data = torch.randn(64, 16, device="cuda")',
             "target = data[:, :1].sin() * 3",
@@ -381,12 +460,14 @@ def _main_and_training(f: Features) -> str:
                 if f.flag == "on" else 'parser.add_argument("--fp16", action="store_true")']
     wanted = "has_apex and args.fp16" if f.import_guard else "args.fp16"
     parse = ["parser = argparse.ArgumentParser()", *flag, "args = parser.parse_args()", "torch.manual_seed(0)"]
-    training = [*_loop(f, s), "print(losses[-1])"]
+    training = [*_training_prelude(f, s), *_loop(f, s), "print(losses[-1])"]
     if f.holder == "method":
         keep = [f"self.{model} = {model}", f"self.{optimizer}{'s' if f.optimizers == 'two' else ''} = "
                 f"{optimizer}{'s' if f.optimizers == 'two' else ''}"]
         init_flag = [f"self.use_amp = use_amp"] if s.use_amp else []
         set_up = _initialize(f, s, f"self.{model}", f"self.{optimizer}")
+        if f.grads_in == "attribute":
+            set_up.append(f"self.tracker = GradNormLR({s.model}, {s.first_optimizer})")
         holds = []
         if f.amp_via == "attribute":
             holds = [f"self.amp = amp if {s.use_amp} else None" if s.use_amp else "self.amp = amp"]
@@ -455,14 +536,14 @@ def script(f: Features) -> str:
     if f.import_guard:
         imports += ("\ntry:\n    from apex import amp\n    has_apex = True\nexcept ImportError:\n"
                     "    has_apex = False\n")
-    else:
+    elif f.import_in == "module":
         imports += "from apex import amp\n"
     if f.register_half:
         register = 'amp.register_half_function(torch, "einsum")\n'
         imports += "\n" + (f"if has_apex:\n    {register}" if f.import_guard else register)
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     helpers = ((_HELPER if f.loss == "helper" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
-               + (_CHECKPOINTS if f.checkpoint else ""))
+               + (_CHECKPOINTS if f.checkpoint else "") + _clip_helper(f) + (_GRAD_NORM_LR if f.grads_in != "none" else ""))
     evaluation = ""
     training = _main_and_training(f)
     if f.half_evaluation:  # main's last line is in main in every layout: the evaluation follows it

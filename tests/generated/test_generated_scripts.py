@@ -253,3 +253,36 @@ def test_a_scaling_method_and_a_loop_stepping_each_optimizer_in_its_caller(flag,
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("clip_in, clip, accumulation, clip_at", [
+    ("helper", "master_params", "none", "boundary"), ("closure", "parameters", "none", "boundary"),
+    ("helper", "parameters", "plain", "micro_batch"), ("closure", "master_params", "plain", "micro_batch")])
+def test_a_clip_written_in_a_helper_or_a_closure(clip_in, clip, accumulation, clip_at, tmp_path):
+    """The clip a helper does: ``unscale_`` once, before the call, where the step follows it
+    (before, a second one in the helper raised, or a closure clipped the scaled gradients); after
+    every micro-batch, none (it would raise at the second), and the rewrite is unsafe."""
+    drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one", clip=clip,
+                     clip_at=clip_at, flag="none", import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), clip_in=clip_in)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == ("same" if clip_at == "boundary" else "unchanged"), outcome.summary
+    assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("holder, feature", [
+    ("function", {"grads_in": "local"}), ("method", {"grads_in": "attribute"}), ("handed", {"grads_in": "local"}),
+    ("function", {"import_in": "function", "flag": "on"}), ("method", {"import_in": "global_first", "flag": "on"}),
+    ("handed", {"import_in": "guarded", "flag": "on"})])
+def test_shapes_safe_fixes_now_migrate_as_they_train(holder, feature, tmp_path):
+    """``grads_in``: an object of the file made with the model and its optimizer sets the learning
+    rate from the gradients' norm before the step (an EWC regulariser's Fisher update has this
+    shape): it must see unscaled gradients, as under apex. ``import_in``: ``from apex import amp``
+    with ``global amp`` in the initializing function, read by the training function (before,
+    left alone)."""
+    drawn = Features(**{"loss": "inline", "loop": "enumerate", "accumulation": "none", "boundary": "plus_one",
+                        "clip": "none", "clip_at": "boundary", "flag": "none", "import_guard": False, "inner_fp32": False,
+                        "names": ("net", "opt", "loss"), "holder": holder, **feature})
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)

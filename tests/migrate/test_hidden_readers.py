@@ -26,6 +26,8 @@ class Trainer:
         self.handler = Handler(callbacks, self)
         self.logger = Logger("train")
         self.hook = callbacks[0]
+        self.by_groups = GroupClip(self.optimizer)
+        self.regularizer = make_regularizer(model)
         if use_amp:
             self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
 
@@ -40,6 +42,7 @@ class Trainer:
         print("backward done")
 
     def step(self, x, y):
+        norms = NormClip(self.model)
         self.optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         if self.use_amp:
@@ -49,6 +52,22 @@ class Trainer:
             loss.backward()
 {between}
         self.optimizer.step()
+
+
+class NormClip:
+    def __init__(self, model):
+        self.model = model
+
+    def update(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+
+class GroupClip:
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def update(self):
+        torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]], 1.0)
 """
 # What runs between the backward and the step, and whether it reads the gradients (clips them).
 BETWEEN = {
@@ -57,6 +76,10 @@ BETWEEN = {
     "a helper firing callbacks": ("self.fire()", True),
     "a handler made with the trainer": ("self.handler.fire_event('backward')", True),
     "a hook handed the model": ("self.hook.on_backward(self.model)", True),
+    "an object of a class of the file, kept": ("self.by_groups.update()", True),
+    "an object of a class of the file, made in the function": ("norms.update()", True),
+    "an object made by code not shown, handed the model": ("self.regularizer.update()", True),
+    "a closure that clips": ("def clip_now():\n    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\nclip_now()", True),
     "a helper that only logs": ("self.note()", False),
     "a logger made without the trainer": ("self.logger.info('backward done')", False),
 }
@@ -87,8 +110,16 @@ class Clip:  # a clipping callback, as allennlp's gradient_norm_and_clip
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 
 
+class Regularizer:  # code the file does not show, made with the model: it clips its gradients
+    def __init__(self, model):
+        self.model = model
+
+    def update(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+
 def _update(source: str, use_amp: bool) -> float:
-    namespace = {"Handler": Handler, "Logger": Logger}
+    namespace = {"Handler": Handler, "Logger": Logger, "make_regularizer": Regularizer}
     exec(compile(source, "trainer.py", "exec"), namespace)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
@@ -143,3 +174,60 @@ def test_an_optimizer_stepped_otherwise_than_by_step_is_left_alone(then, unsafe_
     assert (result.new_source == source) == otherwise, result.new_source
     if otherwise:
         assert any("uses the gradients, which apex had unscaled" in d.message for d in result.diagnostics)
+
+
+MASTER_CLIP = """\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, batches, every):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+    def {name}(max_norm):
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)
+
+    for i, (x, y) in enumerate(batches):
+        loss = torch.nn.functional.mse_loss(model(x), y) / every
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        {name}(1.0)
+{step}
+"""
+STEP = "optimizer.step()\noptimizer.zero_grad()"
+
+
+def _train(source: str, every: int) -> torch.Tensor:
+    namespace = {}
+    exec(compile(source, "train.py", "exec"), namespace)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    batches = [(torch.randn(16, 8), torch.randn(16, 1) * 100) for _ in range(4)]
+    namespace["train"](model, torch.optim.SGD(model.parameters(), lr=0.1), batches, every)
+    return model.weight.detach()
+
+
+@pytest.mark.parametrize("name", ["clip", "bound_norm"])
+def test_a_helper_clipping_master_params_is_unscaled_once_before_its_call(name, monkeypatch):
+    """The step follows each call: one ``unscale_``, before the call (not a second in the helper,
+    which raised), and the clip cuts the true gradients, as under apex."""
+    source = MASTER_CLIP.format(name=name, step=textwrap.indent(STEP, " " * 8))
+    result = migrate_source(source, filename="train.py")
+    assert {d.fix.applicability for d in result.diagnostics if d.fix} == {Safety.SAFE}
+    assert sum(".unscale_(" in line for line in result.new_source.splitlines()) == 1, result.new_source
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    reference = migrate_source(source.replace('opt_level="O1"', 'opt_level="O0"'), filename="train.py").new_source
+    assert torch.allclose(_train(result.new_source, 1), _train(reference, 1), rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["clip", "bound_norm"])
+def test_a_helper_clipping_after_each_micro_batch_gets_no_unscale(name, monkeypatch):
+    """The step follows every second call: an ``unscale_`` in the helper would run twice before
+    the update (GradScaler raises). Unsafe, said so, and it runs."""
+    source = MASTER_CLIP.format(name=name, step=textwrap.indent("if (i + 1) % every == 0:\n" + textwrap.indent(STEP, "    "), " " * 8))
+    assert migrate_source(source, filename="train.py").new_source == source  # not a safe fix
+    result = migrate_source(source, filename="train.py", unsafe_fixes=True)
+    called = [line for line in result.new_source.splitlines() if ".unscale_(" in line and not line.lstrip().startswith("#")]
+    assert not called and "TODO(ampmigrate)" in result.new_source, result.new_source
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _train(result.new_source, 2)
