@@ -64,23 +64,27 @@ class GradientPlanning(Step):
             return reads_grads(self.tree, statement, holders, self.sites.ids, own)
 
         found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
+        among_backwards: set[int] = set()  # readers in a statement that also scales (a loop of micro-batches)
         for between, conditions in passed:
             for statement in between:
-                if reads(statement) and not self.scales_again(statement, scale):
+                if self.scales_again(statement, scale):
+                    if self._reads_before_another_backward(statement, scale, reads):
+                        found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
+                        among_backwards.add(id(statement))
+                elif reads(statement):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
-        among_backwards: set[int] = set()  # readers in a statement that also scales (a loop of micro-batches)
         if len(inner) == 1:
             scaled = bool(passed)  # whether a backward pass ran on the way
             for siblings in reversed(inner[0]):
                 for sibling in siblings:
                     if self.scales_again(sibling, None):
                         # read before any backward pass: not between one and the step; read
-                        # between two, it saw the first one's gradients
-                        found = found if scaled else []
-                        scaled = True
-                        if reads(sibling, after_a_backward=False):
+                        # between two, it saw the first one's gradients (out of sight too: a
+                        # regulariser's update before an auxiliary loss's backward)
+                        found, after_one, scaled = found if scaled else [], scaled, True
+                        if reads(sibling, after_a_backward=after_one):
                             found.append((sibling, condition))
                             among_backwards.add(id(sibling))
                     elif reads(sibling, after_a_backward=scaled):
@@ -133,7 +137,11 @@ class GradientPlanning(Step):
                 f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
                 f"call `{self.setup.scaler}.unscale_({optimizer})` by hand where they are final"
             )
-            self.draft.unscale_refused.update(self._reached(reader for reader, _, _ in readers))
+            # where the step does follow (a clip at the accumulation boundary, in a block holding the
+            # step), `amp.master_params` still unscales
+            self.draft.unscale_refused.update(self._reached(
+                reader for reader, _, follows in readers
+                if not follows and not any(self.tree.inside(step, reader) for step, _ in steps)))
             return
         first, condition, _ = readers[0]
         line = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
@@ -146,6 +154,28 @@ class GradientPlanning(Step):
             if line not in lines:
                 _add_or_join(lines, line)
         self.draft.unscale_covered.update(self._reached(reader for reader, _, _ in readers))
+
+    def _reads_before_another_backward(self, statement: cst.CSTNode, scale: ScaleLossSite, reads) -> bool:
+        """Whether ``statement``, which may hold another backward pass, reads gradients before
+        it on some way through (``if reg: reg.update(); ...; scale_loss(l_reg)``). A read after
+        that backward pass is the later one's to unscale. (A method: a nested function calling
+        itself is a cycle that would hold the file's tree.)"""
+        if not self.scales_again(statement, scale):
+            return reads(statement)
+        if isinstance(statement, (cst.For, cst.While)):
+            return False  # micro-batches in a loop of their own: the paths to the steps take them
+        if not isinstance(getattr(statement, "body", None), cst.IndentedBlock):
+            return reads(statement)  # a line that reads and scales: taken as reading first
+        orelse = getattr(statement, "orelse", None)
+        if isinstance(orelse, cst.If) and self._reads_before_another_backward(orelse, scale, reads):
+            return True
+        for arm in [statement.body, *([orelse.body] if isinstance(orelse, cst.Else) else [])]:
+            for line in arm.body:
+                if self._reads_before_another_backward(line, scale, reads):
+                    return True
+                if self.scales_again(line, scale):
+                    break
+        return False
 
     def _reached(self, readers) -> set[int]:
         """The readers, and the file's helpers they call: an ``amp.master_params`` read in one

@@ -146,6 +146,13 @@ class InitializePlanning(Step):
             if self._throwaway_optimizers(small.targets[0].target, optimizers):
                 # `model, _ = amp.initialize(model, [], ...)`: what a person writes is `model`
                 target, values = nodes.code(small.targets[0].target.elements[0].value), nodes.code(models.value)
+            elif optimizers is not None and len(elements := getattr(small.targets[0].target, "elements", ())) == 2:
+                # `models, optimizer = amp.initialize([encoder, model], optimizer)`: only `models = [encoder, model]` changes
+                (model_target, model_given), (optimizer_target, optimizer_given) = ((nodes.code(kept.value), nodes.code(given.value)) for kept, given in zip(elements, (models, optimizers)))
+                if normal(optimizer_target) == normal(optimizer_given) and "*" not in model_target:
+                    target, values = model_target, model_given
+                elif normal(model_target) == normal(model_given) and level in ("O0", "O1") and "*" not in optimizer_target:
+                    target, values = optimizer_target, optimizer_given  # (O3's `.half()` goes on the model's part)
             if normal(target) != normal(values):
                 restore = f"{target} = {values}"
         elif isinstance(small, cst.Return):

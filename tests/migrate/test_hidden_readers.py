@@ -231,3 +231,49 @@ def test_a_helper_clipping_after_each_micro_batch_gets_no_unscale(name, monkeypa
     assert not called and "TODO(ampmigrate)" in result.new_source, result.new_source
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     _train(result.new_source, 2)
+
+
+BEFORE_AN_AUXILIARY_BACKWARD = """\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, regularizer):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        self.regularizer = Regularizer(self.model)
+        self.use_reg = regularizer
+
+    def train(self, batches):
+        for x, y in batches:
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+{between}
+            self.optimizer.step()
+"""
+AUXILIARY = {  # a regulariser reads the gradients, then its penalty is scaled and backed
+    "in the same block": "if self.use_reg:\n    self.regularizer.update()\n    penalty = self.regularizer.penalty()\n"
+                         "    with amp.scale_loss(penalty, self.optimizer) as scaled_penalty:\n        scaled_penalty.backward()",
+    "the backward under its own test": "if self.use_reg:\n    if self.rank == 0:\n        self.regularizer.update()\n"
+                                        "    penalty = self.regularizer.penalty()\n    if penalty != 0:\n"
+                                        "        with amp.scale_loss(penalty, self.optimizer) as scaled_penalty:\n"
+                                        "            scaled_penalty.backward()",
+    "in the else arm": "if not self.use_reg:\n    pass\nelse:\n    self.regularizer.update()\n"
+                       "    with amp.scale_loss(self.regularizer.penalty(), self.optimizer) as scaled_penalty:\n"
+                       "        scaled_penalty.backward()",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(AUXILIARY))
+def test_a_read_before_another_backward_in_the_same_statement_is_not_unscaled(shape):
+    """apex unscaled the first backward's gradients before the regulariser read them; natively
+    an ``unscale_`` there would be followed by a backward adding scaled gradients: unsafe, said so."""
+    source = BEFORE_AN_AUXILIARY_BACKWARD.format(between=textwrap.indent(AUXILIARY[shape], " " * 12))
+    assert migrate_source(source, filename="trainer.py").new_source == source
+    result = migrate_source(source, filename="trainer.py", unsafe_fixes=True)
+    said = " ".join(line.strip().lstrip("#").strip() for line in result.new_source.splitlines())
+    assert "gradients are read where `self.optimizer.step()` does not always follow" in said, result.new_source
+    called = [line for line in result.new_source.splitlines() if ".unscale_(" in line and not line.lstrip().startswith("#")]
+    assert not called, result.new_source

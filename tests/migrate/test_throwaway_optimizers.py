@@ -1,5 +1,6 @@
 """``model, _ = amp.initialize(model, [], ...)``: with no optimizer, what a person writes after the
-rewrite is ``model = ...``, not ``model, _ = model.half(), []``; the ``_`` stays where it is read.
+rewrite is ``model = ...``, not ``model, _ = model.half(), []``; the ``_`` stays where it is read
+(alone under O1, which hands the model back as given).
 Run after the rewrite: the model is the same object, in float16 where O3 put it there."""
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_an_unused_throwaway_for_the_optimizers_goes(level, model, empty, read):
     source = SOURCE.format(model=model, rest="_", empty=empty, level=level, read=", _" if read else "")
     fixed = migrate_source(source, "infer.py", unsafe_fixes=True).new_source
     assert "from apex" not in fixed and "import apex" not in fixed, fixed
-    assert (f"{model}, _ = " in fixed) == read, fixed
+    assert (f"{model}, _ = " in fixed) == (read and level == "O3"), fixed
+    assert (f"    _ = {empty}\n" in fixed) == (read and level == "O1"), fixed  # O1 hands the model back as given
     if level == "O3":
         assert (f"    {model} = {model}.half()\n" in fixed) != read, fixed
     namespace: dict = {}
@@ -38,3 +40,39 @@ def test_an_unused_throwaway_for_the_optimizers_goes(level, model, empty, read):
     found = namespace["run"](torch.randn(4, 3))
     assert isinstance(found[0], torch.nn.Linear)
     assert found[0].weight.dtype == (torch.float16 if level == "O3" else torch.float32)
+
+
+PASSED_THROUGH = """\
+import torch
+from apex import amp
+
+
+def setup({params}):
+    {targets} = amp.initialize({models}, {optimizer}, opt_level="O1")
+    return {returned}
+"""
+
+
+@pytest.mark.parametrize(("targets", "models", "optimizer", "kept"), [
+    ("models, optimizer", "[encoder, model]", "optimizer", "models = [encoder, model]"),
+    ("[encoder, model], opt", "[encoder, model]", "optimizer", "opt = optimizer"),
+    ("self_model, optimizer", "model", "optimizer", "self_model = model"),
+    ("model, optimizers", "model", "[opt_a, opt_b]", "optimizers = [opt_a, opt_b]"),
+    ("net, opt", "model", "optimizer", "net, opt = model, optimizer"),
+])
+def test_only_the_part_initialize_renames_is_assigned(targets, models, optimizer, kept):
+    """``models, optimizer = amp.initialize([encoder, model], optimizer)`` hands the optimizer back
+    as given: what a person writes is ``models = [encoder, model]``, not ``models, optimizer =
+    [encoder, model], optimizer``."""
+    names = sorted({*targets.replace("[", "").replace("]", "").replace(",", " ").split(),
+                    *f"{models} {optimizer}".replace("[", "").replace("]", "").replace(",", " ").split()})
+    source = PASSED_THROUGH.format(params=", ".join(names), targets=targets, models=models, optimizer=optimizer,
+                                   returned=", ".join(names))
+    fixed = migrate_source(source, "setup.py", unsafe_fixes=True).new_source
+    assert f"    {kept}\n" in fixed, fixed
+    namespace: dict = {}
+    exec(compile(fixed, "fixed.py", "exec"), namespace)
+    values = {name: object() for name in names}
+    expected = dict(values)
+    exec(compile(f"{targets} = {models}, {optimizer}", "apex.py", "exec"), {}, expected)  # what O1 handed back
+    assert namespace["setup"](**values) == tuple(expected[name] for name in names)
