@@ -21,7 +21,7 @@ from pathlib import Path
 
 from migrate.files import project_root, project_trees_saying
 
-__all__ = ["SETTING", "kept_elsewhere"]
+__all__ = ["SETTING", "kept_elsewhere", "kept_places"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 _DECORATORS = re.compile(r"\b(?:half|float|bfloat16)_function\b")
@@ -32,34 +32,41 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
     relative to its project) where another file of its project will still call ``amp.initialize``;
     ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
     found: dict[Path, tuple[str, ...]] = {}
-    safe: dict[Path, bool] = {}  # whether a file of this run migrates safely, asked once
     run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
+    migrated: dict[Path, bool] = {}  # whether a file of this run migrates, asked once
     for path, text in texts.items():
-        if not _DECORATORS.search(text):
-            continue
-        root, me = project_root(path), path.resolve()
-        places = []
-        for file, line in _initializes(root):
-            if file == me:
-                continue
-            if file in run:
-                if file not in safe:
-                    safe[file] = _migrates_safely(*run[file], settings)
-                if safe[file]:
-                    continue
-            places.append(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
-        if places:
-            found[path] = tuple(places)
+        if _DECORATORS.search(text):
+            root, me = project_root(path), path.resolve()
+            places = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings, False, migrated)
+            if places:
+                found[path] = places
     return found
 
 
-def _migrates_safely(text: str, partner: object | None, settings: Mapping) -> bool:
-    """Whether the file's apex amp plan is safe: every site rewritten, no reason to doubt it."""
+def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Path, tuple[str, object | None]],
+                settings: Mapping, unsafe_fixes: bool, migrated: dict[Path, bool]) -> tuple[str, ...]:
+    """Those of ``candidates`` (resolved file, line) that stay on apex after the run, as
+    ``path:line`` relative to ``root``: a file not in ``run`` (resolved path -> text and partner),
+    or one whose plan the run does not apply (every site, and no doubt unless ``unsafe_fixes``).
+    ``migrated`` keeps the answers across calls."""
+    places = []
+    for file, line in candidates:
+        if file in run:
+            if file not in migrated:
+                migrated[file] = _migrates(*run[file], settings, unsafe_fixes)
+            if migrated[file]:
+                continue
+        places.append(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
+    return tuple(places)
+
+
+def _migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes: bool) -> bool:
     from migrate.apex_plan.provider import plan_text
     from migrate.apex_plan.vocabulary import PARTNER
 
     plan = plan_text(text, {**settings, PARTNER: partner} if partner is not None else settings)
-    return plan is not None and not plan.unsafe_reasons and all(report.replacement is not None for report in plan.findings)
+    return (plan is not None and all(report.replacement is not None for report in plan.findings)
+            and (unsafe_fixes or not plan.unsafe_reasons))
 
 
 @lru_cache(maxsize=64)

@@ -193,10 +193,11 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     cast registrations of other files of its project (``migrate.cast_registrations``), and where
     its project loads an optimizer's state (``migrate.optimizer_resumes``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
-    where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``)."""
+    where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), and for one initializing
+    apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
-    from migrate import apex_kept, cast_registrations, forward_callers, halves, importers, optimizer_resumes
+    from migrate import apex_kept, cast_registrations, forward_callers, halves, importers, optimizer_resumes, scale_kept
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
@@ -204,6 +205,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     resumes = optimizer_resumes.loads(apex_texts)
     handed = forward_callers.handed_elsewhere(apex_texts)
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners)
+    scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     return replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
@@ -212,6 +214,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         optimizer_state_loads={str(path): places for path, places in resumes.items()},
         handed_elsewhere={str(path): calls for path, calls in handed.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
+        scale_loss_kept_elsewhere={str(path): places for path, places in scaled.items()},
     )
 
 

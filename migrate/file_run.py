@@ -36,6 +36,7 @@ class Options:
     optimizer_state_loads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.optimizer_resumes``' places
     handed_elsewhere: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.forward_callers``' calls
     apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
+    scale_loss_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.scale_kept``' places
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -47,6 +48,7 @@ _PROJECT_FACTS = (
     ("optimizer_state_loads", "optimizer-state-loaded"),
     ("handed_elsewhere", "forward-callers"),
     ("apex_kept_elsewhere", "apex-initialize-kept"),
+    ("scale_loss_kept_elsewhere", "apex-scale-loss-kept"),
 )
 
 

@@ -26,7 +26,7 @@ from migrate.files import project_files_saying, project_root
 from migrate.module_paths import is_module
 from migrate.types import ImportChange
 
-__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "on_disk", "pair", "partners"]
+__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "linked_scale_halves", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
@@ -162,6 +162,27 @@ def on_disk(half: Half) -> Half | None:
     found = [half, *(other for other in _halves_under(project_root(half.path)) if other.path != me)]
     pairing = pair(found).get(half.path)
     return pairing.other if pairing is not None else None
+
+
+def linked_scale_halves(path: Path, text: str) -> list[Half]:
+    """The files of ``path``'s project that only scale losses with apex amp (scale halves) and
+    that ``text``, a file calling ``amp.initialize``, imports or is imported by: where a loss it
+    initialized for may be scaled (``attack_pgd(model, ..., opt)`` in ``utils.py``)."""
+    try:
+        tree = quiet.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    imports = tuple(Import(node.level, node.module or "", tuple(alias.name for alias in node.names)) for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom))
+    imports += tuple(Import(0, alias.name, ()) for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names)
+    me = Half(path, INITIALIZE, 0, imports)
+    scales = [half for half in _halves_under(project_root(path)) if half.role == SCALE_LOSS and half.path != path.resolve()]
+    real = {half.path: half.path.resolve() for half in (me, *scales)}
+    linked = {other.path: other for imported in imports for other, _ in _imported_halves(me, imported, scales, real)}
+    for half in scales:  # imported by them
+        if any(me.path in (found.path for found, _ in _imported_halves(half, imported, [me], real)) for imported in half.imports):
+            linked.setdefault(half.path, half)
+    return list(linked.values())
 
 
 UNPAIRED = "it is in the same package, and neither file imports the other: this one stays with it"

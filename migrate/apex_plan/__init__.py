@@ -34,7 +34,9 @@ dependence: no import cycle):
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
   others are: a repeat, models joined to it, an inference-only copy),
   ``conditions`` (the test a scaled backward ran under, said again at its step),
-  ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip;
+  ``gradients`` (gradients read before the step: ``unscale_`` or a scale-aware clip; reads out
+  of the function's sight, ``hidden_readers``: a helper, a closure, an object of the file's class
+  or one made with the model;
   ``master_params``; ``optimizer_params``: the model's ``parameters()`` where the
   optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it),
   ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
@@ -46,7 +48,9 @@ dependence: no import cycle):
   ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
   of apex amp, planned with the facts of the other half, ``migrate.halves``).
 - ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
-  the families' steps in order and emits the findings.
+  the families' steps in order and emits the findings. A file is not planned where the project
+  keeps apex's ``amp.scale_loss`` in a module linked to it by an import (``migrate.scale_kept``),
+  or where it initializes in arms that exclude each other.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 """
 from migrate.apex_plan.provider import ApexPlanProvider, plan_of

@@ -33,6 +33,7 @@ from migrate.apex_plan.vocabulary import (
     MASTER_PARAMS,
     PARTNER,
     SCALE_LOSS,
+    SCALE_LOSS_KEPT,
     SCALER_NAMES,
     STATE_DICT,
     ApexPlan,
@@ -71,6 +72,7 @@ class Planner:
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
         self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
+        self.scaled_elsewhere = settings.get(SCALE_LOSS_KEPT, ())  # linked files that keep apex's scale_loss
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -152,11 +154,19 @@ class Planner:
         # The scaler is made where the first training `initialize` was (a teacher readied for
         # inference before it does not decide).
         init = next((site for site in inits if not site.inference), inits[0]) if inits else None
+        if init is not None and self.scaled_elsewhere:
+            raise Unplannable(init.call, f"`amp.scale_loss` at {', '.join(self.scaled_elsewhere)} stays on apex amp and needs "
+                              "this `amp.initialize` (apex raises \"Amp state has not been initialized\" without it): "
+                              "migrate them together")
         others_inits = [site for site in inits if site is not init]
         level, partner_args = CrossFilePlanning(reading).scale_half() if init is None else (init.level, ())
         repeats = [extra for extra in others_inits if several.repeats(init, extra)]
         joined = [extra for extra in others_inits if extra not in repeats and (several.joins(init, extra) or several.inference_beside(init, extra))]
         several.note_inference([extra for extra in inits if extra not in joined])
+        apart = [extra for extra in others_inits if extra not in repeats + joined and self.tree.exclusive(init.statement, extra.statement)]
+        if apart:  # the scaler is made where `init` was: a run through the other arm would have none
+            raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
+                              "that exclude each other: the GradScaler would be made in one only")
         if len(inits) > 1 + len(repeats) + len(joined):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         o0 = level == "O0"

@@ -130,6 +130,7 @@ SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "dela
 
 
 PARTNER = "apex-partner"  # the setting that hands a half's plan its ``Partner`` (not a user setting)
+SCALE_LOSS_KEPT = "apex-scale-loss-kept"  # hands a plan ``migrate.scale_kept``'s places (not a user setting)
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
 
