@@ -102,7 +102,7 @@ def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | No
 
 def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
     """The calls whose results the receiver of ``call`` (``x.update()``) was assigned: for
-    ``self.x``, in any method of the class; for a local ``x``, in the function itself."""
+    ``self.x``, in any method of the class; for a local ``x``, the classes called in the function."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     function = tree.function(call)
     if isinstance(receiver, cst.Name):
@@ -111,8 +111,12 @@ def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
         scope = tree.owner_class(function)
     else:
         return []
-    made = tree.per_scope(("made by", id(scope)), lambda: _made_by(scope))
-    return made.get(nodes.code(receiver), [])
+    made = tree.per_scope(("made by", id(scope)), lambda: _made_by(scope)).get(nodes.code(receiver), [])
+    if isinstance(receiver, cst.Name):
+        # a local made by a class (`reg = Regularizer(model)`), not a value a call returned
+        # (`loss = compute_loss(model, batch)`, whose `loss.item()` reads no gradient)
+        made = [call for call in made if (nodes.code(call.func).rsplit(".", 1)[-1][:1]).isupper()]
+    return made
 
 
 def _made_by(scope: cst.CSTNode | None) -> dict[str, list[cst.Call]]:

@@ -163,8 +163,9 @@ class Planner:
         repeats = [extra for extra in others_inits if several.repeats(init, extra)]
         joined = [extra for extra in others_inits if extra not in repeats and (several.joins(init, extra) or several.inference_beside(init, extra))]
         several.note_inference([extra for extra in inits if extra not in joined])
-        apart = [extra for extra in others_inits if extra not in repeats + joined and self.tree.exclusive(init.statement, extra.statement)]
-        if apart:  # the scaler is made where `init` was: a run through the other arm would have none
+        apart = [extra for extra in others_inits if extra not in repeats + joined and not extra.inference
+                 and self.tree.exclusive(init.statement, extra.statement)]
+        if apart:  # the scaler is made where `init` was: a run training through the other arm would have none
             raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
                               "that exclude each other: the GradScaler would be made in one only")
         if len(inits) > 1 + len(repeats) + len(joined):

@@ -277,3 +277,37 @@ def test_a_read_before_another_backward_in_the_same_statement_is_not_unscaled(sh
     assert "gradients are read where `self.optimizer.step()` does not always follow" in said, result.new_source
     called = [line for line in result.new_source.splitlines() if ".unscale_(" in line and not line.lstrip().startswith("#")]
     assert not called, result.new_source
+
+
+ACCUMULATED = """\
+import torch
+from apex import amp
+
+from losses import compute
+
+
+def train(model, optimizer, batches, every, log):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for i, (x, y) in enumerate(batches):
+        loss = compute(model, x, y)
+        if every > 1:
+            loss = loss / every
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        log.append(loss.item())
+        if (i + 1) % every == 0:
+            torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_value_a_call_handed_the_model_returned_reads_no_gradient():
+    """``loss = compute(model, x, y)`` is a value, not an object holding the model: ``loss.item()``
+    after each micro-batch's backward reads no gradient, and the clip at the boundary gets the
+    one ``unscale_`` (before, the read made the rewrite unsafe)."""
+    result = migrate_source(ACCUMULATED, filename="train.py")
+    assert {d.fix.applicability for d in result.diagnostics if d.fix} == {Safety.SAFE}, result.diagnostics
+    lines = result.new_source.splitlines()
+    [unscale] = [i for i, line in enumerate(lines) if ".unscale_(" in line]
+    assert "clip_grad_norm_" in lines[unscale + 1], result.new_source
