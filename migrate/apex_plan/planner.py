@@ -215,7 +215,8 @@ class Planner:
             merged_losses=any(site.merges_losses for site in (*inits, *scales)),
             level_guarded=init is not None and init.guard_level,
             guard_tests=flag_spellings(self.tree, hoist.test) if hoist is not None else frozenset(),
-            model_codes=frozenset(set().union(*(i.model_codes for i in inits)) if inits else GUESSED_MODELS),
+            # apex O1 cast every forward pass once it ran: a model under a usual name counts too (`self.model` of a trainer handed it)
+            model_codes=frozenset(set().union(*(i.model_codes for i in inits), GUESSED_MODELS)),
             receiver_calls=receiver_calls or (),
             scaler_receivers=receivers or (),
             scaler_maker=self.tree.function(init.statement) if receivers else None,

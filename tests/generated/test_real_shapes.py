@@ -283,12 +283,9 @@ INITIALIZE_IN_BOTH_ARMS = textwrap.dedent('''
 ''')
 
 
-def test_initialize_in_both_arms_of_a_test_leaves_a_scaler_on_every_path(tmp_path):
+def test_initialize_in_both_arms_of_a_test_is_left_alone(tmp_path):
+    """The rewrite would make its GradScaler in the first arm only: `--fp16 --loss_scale 128`
+    trained in fp32 with the disabled stand-in. Left alone, in either mode, saying why."""
     result = migrate_source(INITIALIZE_IN_BOTH_ARMS, filename="train.py", unsafe_fixes=True)
-    assert MARKER in result.new_source
-    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
-    original.write_text(INITIALIZE_IN_BOTH_ARMS)
-    migrated.write_text(result.new_source)
-    for args in ([], ["--fp16"]):  # the default fp32 run, and the dynamic scale
-        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=6, timeout=240)
-        assert comparison.verdict == SAME, (args, comparison.difference)
+    assert result.new_source == INITIALIZE_IN_BOTH_ARMS
+    assert any("in arms that exclude each other" in d.message for d in result.diagnostics)
