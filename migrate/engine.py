@@ -285,9 +285,14 @@ class _Replacer(cst.CSTTransformer):
                 return updated_node.with_changes(body=self._without_placeholders(updated_node.body))
             return updated_node
         self.applied.add(id(report))
-        placed = report.replacement.nodes if isinstance(report.replacement, cst.FlattenSentinel) else [report.replacement]
+        replacement = report.replacement
+        if isinstance(replacement, cst.FlattenSentinel):
+            replacement = cst.FlattenSentinel([node.visit(_EmptyElseDropped()) for node in replacement.nodes])
+        elif isinstance(replacement, cst.CSTNode):
+            replacement = replacement.visit(_EmptyElseDropped())
+        placed = replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement]
         self._placed.update(map(id, placed))
-        return report.replacement
+        return replacement
 
     def _without_placeholders(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """A ``pass`` a fix put where it removed a statement only keeps the block non-empty, or
@@ -309,6 +314,18 @@ class _Replacer(cst.CSTTransformer):
                 carried = []
             kept.append(statement)
         return kept
+
+
+class _EmptyElseDropped(cst.CSTTransformer):
+    """Drops an ``else:`` a fix emptied (libcst would write ``else: pass``): parsed code has no
+    empty block, so one with no statement and no comment is a fix's."""
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        arm = updated_node.orelse
+        if (isinstance(arm, cst.Else) and isinstance(arm.body, cst.IndentedBlock) and not arm.body.body
+                and not any(line.comment for line in (*arm.leading_lines, *arm.body.footer))):
+            return updated_node.with_changes(orelse=None)
+        return updated_node
 
 
 def _allowed(safety: Safety, unsafe_fixes: bool) -> bool:

@@ -169,6 +169,26 @@ def test_a_pass_a_fix_leaves_only_to_hold_comments_goes_where_a_statement_follow
     assert run_rules(result.source, "f.py", [MarkInsteadOfDrop]).source == result.source
 
 
+class EmptyTheElse(Rule):
+    """Replaces an ``if`` by itself with its ``else`` arm's ``drop()`` lines removed."""
+
+    CODE = "TST010"
+    MESSAGE = "drop in else"
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.Else) and "drop()" in cst.Module([]).code_for_node(node.orelse):
+            kept = [line for line in node.orelse.body.body if cst.Module([line]).code.strip() != "drop()"]
+            self.report(node, replacement=node.with_changes(orelse=node.orelse.with_changes(body=node.orelse.body.with_changes(body=kept))))
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("if x:\n    a()\nelse:\n    drop()\nb()\n", "if x:\n    a()\nb()\n"),
+    ("if x:\n    a()\nelse:\n    drop()\n    c()\n", "if x:\n    a()\nelse:\n    c()\n"),
+])
+def test_an_else_a_fix_empties_goes(source, expected):
+    assert run_rules(source, "f.py", [EmptyTheElse]).source == expected
+
+
 def test_nothing_to_do_returns_the_same_string():
     source = "import torch\r\n\r\nx = 1  # comment\r\n"
     result = run_rules(source, "f.py", [PrintCall, RenameOld, DeprecatedCudaAutocast])

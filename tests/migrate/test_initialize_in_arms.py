@@ -56,4 +56,5 @@ def test_an_inference_initialize_in_the_other_arm_needs_no_scaler():
     result = migrate_source(GAN.format(setup=textwrap.indent(setup, " " * 8)), filename="train.py", unsafe_fixes=True)
     code = "\n".join(line for line in result.new_source.splitlines() if not line.lstrip().startswith("#"))
     assert "amp." not in code.replace("torch.amp.", ""), result.new_source
+    assert "else:" not in code  # the arm the removal emptied goes, not left as `else: pass`
     assert "inference ran under apex's casts" in result.new_source.replace("\n        #  ", "")
