@@ -178,11 +178,34 @@ def linked_scale_halves(path: Path, text: str) -> list[Half]:
     me = Half(path, INITIALIZE, 0, imports)
     scales = [half for half in _halves_under(project_root(path)) if half.role == SCALE_LOSS and half.path != path.resolve()]
     real = {half.path: half.path.resolve() for half in (me, *scales)}
-    linked = {other.path: other for imported in imports for other, _ in _imported_halves(me, imported, scales, real)}
+    linked = {}
+    for imported in imports:
+        for other, module in _imported_halves(me, imported, scales, real):
+            names = set(imported.names) - {"*"}
+            if module == imported.module and names == set(imported.names) and names and not names & _scaling_names(other.path):
+                continue  # `from engine import reduce_loss_dict`: nothing imported scales a loss
+            linked[other.path] = other
     for half in scales:  # imported by them
         if any(me.path in (found.path for found, _ in _imported_halves(half, imported, [me], real)) for imported in half.imports):
             linked.setdefault(half.path, half)
     return list(linked.values())
+
+
+def _scaling_names(path: Path) -> set[str]:
+    """The module's top-level functions and classes that scale a loss with apex, or call one that does."""
+    try:
+        tree = quiet.parse(_read(path) or "")
+    except (SyntaxError, ValueError):
+        return set()
+    defined = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    scaling: set[str] = set()
+    while True:
+        found = {name for name, node in defined.items() if name not in scaling and any(
+            isinstance(inner, ast.Attribute) and inner.attr == SCALE_LOSS
+            or isinstance(inner, ast.Name) and inner.id in scaling for inner in ast.walk(node))}
+        if not found:
+            return scaling
+        scaling |= found
 
 
 UNPAIRED = "it is in the same package, and neither file imports the other: this one stays with it"

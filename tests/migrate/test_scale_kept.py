@@ -38,8 +38,17 @@ def perturbation(model, x, y, opt):
     with amp.scale_loss(loss, opt) as scaled:
         scaled.backward()
     return delta.grad.sign()
+
+
+def evaluate(model, x, y, opt):
+    return perturbation(model, x, y, opt).abs().mean()
+
+
+def clamp(x, low, high):
+    return torch.max(torch.min(x, high), low)
 """
-IMPORTS = {"from_import": "from attacks import perturbation", "package_relative": "from .attacks import perturbation"}
+IMPORTS = {"from_import": "from attacks import perturbation", "package_relative": "from .attacks import perturbation",
+           "a_caller_of_it": "from attacks import clamp, evaluate as perturbation", "the_module": "import attacks"}
 
 
 def _project(tmp_path, import_line: str, linked: bool = True):
@@ -66,6 +75,14 @@ def test_initialize_stays_where_a_linked_module_keeps_apex_scale_loss(tmp_path, 
     assert result.new_source == train.read_text()
     said = " ".join(d.message for d in result.diagnostics)
     assert "attacks.py:8 stays on apex amp" in said, said
+
+
+def test_a_name_imported_that_scales_nothing_is_no_link(tmp_path):
+    """``from attacks import clamp``: nothing imported reaches the module's ``amp.scale_loss``."""
+    train = _project(tmp_path, "from attacks import clamp")
+    train.write_text(train.read_text().replace("perturbation(model, x, y, opt)", "clamp(x, x, x)"))
+    [result] = [r for r in api.migrate_paths([str(tmp_path)], write=False, unsafe_fixes=True) if r.filename.endswith("train.py")]
+    assert "amp.initialize" not in result.new_source, result.new_source
 
 
 def test_a_module_that_is_not_linked_leaves_the_file_to_its_own_plan(tmp_path):
