@@ -206,6 +206,7 @@ class StepPlanning(Step):
                 f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plain)} "
                 "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
             )
+            self._scale_plain_backward(plain, scale)
         if any(self.tree.in_handler(line, scale.statement) for line, _ in anywhere):
             self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
         if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
@@ -350,6 +351,19 @@ class StepPlanning(Step):
             lambda: [call for call in self._backwards_in(scope)
                      if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call) and not self._scales_within(call)])
         return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
+
+    def _scale_plain_backward(self, plain: cst.Call, scale: ScaleLossSite) -> None:
+        """``loss.backward()`` becomes ``scaler.scale(loss).backward()`` where the step after it goes
+        through the scaler: a ``scaler.step`` in an iteration that scaled nothing raises (a disabled
+        scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it."""
+        scaler = self.scaler_of(scale.call)
+        same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
+        if (isinstance(plain.func, cst.Attribute) and not plain.args and id(plain) not in self.draft.replacements
+                and (not scaler.startswith("self.") or same_class)):
+            loss = nodes.code(plain.func.value)
+            self.draft.replace(plain, nodes.parse_expression(f"{scaler}.scale({loss}).backward()", self.tree.module))
+            self.draft.kind(plain, SCALE_LOSS, "a backward pass beside `amp.scale_loss` is not scaled",
+                            f"Use `{scaler}.scale({loss}).backward()`: its step goes through the scaler")
 
     def _scales_within(self, call: cst.Call) -> bool:
         """Whether ``call`` is of the file's own helper holding an ``amp.scale_loss`` (``self.backward(loss)``):

@@ -125,7 +125,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, grads_in="local")
     if f.import_in != "module":  # `amp` is bound once the initializing function runs
         f = replace(f, import_guard=False, register_half=False)
-    if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via == "attribute"
+    if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
         f = replace(f, import_in="function")  # apex's `amp` is read where the flag is off
     return f

@@ -286,3 +286,16 @@ def test_shapes_safe_fixes_now_migrate_as_they_train(holder, feature, tmp_path):
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("clip_in", ["helper", "closure"])
+def test_a_warm_up_backward_beside_a_scaled_one_in_a_helper(clip_in, tmp_path):
+    """The first iterations take a plain backward and step; later ones scale in the trainer's
+    ``backward(loss)`` and clip in a helper (whose ``amp.master_params`` makes the GradScaler a
+    module global). Every step goes through the scaler, so the unsafe rewrite scales the plain
+    backward too: left plain, ``scaler.step`` raised at the first iteration (nothing scaled)."""
+    drawn = Features(loss="helper", loop="enumerate", accumulation="plain", boundary="plus_one", clip="master_params",
+                     clip_at="boundary", flag="none", import_guard=False, inner_fp32=True, names=("model", "optimizer", "loss"),
+                     holder="method", overflow=True, between="parameter_loop", warmup=True, backward_in="helper",
+                     trainer_init="none", clip_in=clip_in, grads_in="attribute", import_in="function")
+    assert_rewrites_hold(judge(drawn, tmp_path))
