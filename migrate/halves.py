@@ -105,15 +105,13 @@ def find_half(path: Path, text: str) -> Half | None:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return None
-    amp_names, apex_names, imports = set(), set(), []
+    amp_names, apex_names, imports = set(), set(), _imports_of(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            imports.append(Import(node.level, node.module or "", tuple(alias.name for alias in node.names)))
             if node.module == "apex" and node.level == 0:
                 amp_names |= {alias.asname or alias.name for alias in node.names if alias.name == "amp"}
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                imports.append(Import(0, alias.name, ()))
                 if alias.name == "apex.amp" and alias.asname:
                     amp_names.add(alias.asname)
                 elif alias.name.split(".")[0] == "apex":
@@ -129,7 +127,7 @@ def find_half(path: Path, text: str) -> Half | None:
     if len(first) != 1:
         return None
     (role, line), = first.items()
-    return Half(path, role, line, tuple(imports))
+    return Half(path, role, line, imports)
 
 
 def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:
@@ -164,6 +162,17 @@ def on_disk(half: Half) -> Half | None:
     return pairing.other if pairing is not None else None
 
 
+def _imports_of(tree: ast.Module) -> tuple[Import, ...]:
+    """Every import of the module, in the order ``ast.walk`` meets them (``import a.b`` names none)."""
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.append(Import(node.level, node.module or "", tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [Import(0, alias.name, ()) for alias in node.names]
+    return tuple(found)
+
+
 def linked_scale_halves(path: Path, text: str) -> list[Half]:
     """The files of ``path``'s project that only scale losses with apex amp (scale halves) and
     that ``text``, a file calling ``amp.initialize``, imports or is imported by: where a loss it
@@ -172,9 +181,7 @@ def linked_scale_halves(path: Path, text: str) -> list[Half]:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return []
-    imports = tuple(Import(node.level, node.module or "", tuple(alias.name for alias in node.names)) for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom))
-    imports += tuple(Import(0, alias.name, ()) for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names)
+    imports = _imports_of(tree)
     me = Half(path, INITIALIZE, 0, imports)
     scales = [half for half in _halves_under(project_root(path)) if half.role == SCALE_LOSS and half.path != path.resolve()]
     real = {half.path: half.path.resolve() for half in (me, *scales)}

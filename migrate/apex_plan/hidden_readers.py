@@ -37,16 +37,12 @@ def reads_grads(tree: FileTree, statement: cst.CSTNode, holders: frozenset[str],
     models; or called on what was made with one). ``skip``: apex's own calls."""
     if grad_readers.reads_grads(statement, own):
         return True
-    for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
-        if type(call) is not cst.Call or id(call) in skip:
-            continue
-        helper = tree.helper(call) or _method_of_own_class(tree, call)
+    for call, helper in _calls(tree, statement, skip):
         if helper is not None:
             # a helper that scales a loss with apex itself is planned on its own
             if depth < _DEPTH and not _scales(helper, skip) and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
                 return True
-            continue
-        if _hands_on(tree, call, holders):
+        elif _hands_on(tree, call, holders):
             return True
     return False
 
@@ -55,13 +51,19 @@ def helpers_reached(tree: FileTree, statement: cst.CSTNode, skip: frozenset[int]
     """The file's functions ``statement`` calls, and those they call, as ``reads_grads`` follows
     them: where an ``unscale_`` before ``statement`` covers (or would have to cover) their reads."""
     found: list[cst.FunctionDef] = []
-    for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
-        if type(call) is not cst.Call or id(call) in skip:
-            continue
-        helper = tree.helper(call) or _method_of_own_class(tree, call)
+    for _, helper in _calls(tree, statement, skip):
         if helper is not None and depth < _DEPTH and not _scales(helper, skip) and helper not in found:
             found += [helper, *helpers_reached(tree, helper.body, skip, depth + 1)]
     return found
+
+
+def _calls(tree: FileTree, statement: cst.CSTNode, skip: frozenset[int]):
+    """Each call in ``statement`` but apex's own (``skip``), with the file's function it runs
+    (a function, a closure, a method of the caller's class or of an object of a class of the
+    file), or None."""
+    for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
+        if type(call) is cst.Call and id(call) not in skip:
+            yield call, tree.helper(call) or _method_of_own_class(tree, call)
 
 
 def _scales(function: cst.FunctionDef, skip: frozenset[int]) -> bool:
