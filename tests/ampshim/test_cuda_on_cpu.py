@@ -84,9 +84,23 @@ def last_json(stdout):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+# Gloo's teardown at interpreter exit can abort after the script has finished ("terminate
+# called without an active exception", a C++ thread still joinable; a race in torch, not
+# ours): seen once in CI under load, never in 160 runs here. That abort, after the probe printed its result, gets one
+# more run; any other failure, or a second abort, fails the test.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def aborted_in_gloo_teardown(completed):
+    return (completed.returncode == -6 and GLOO_EXIT_ABORT in completed.stderr
+            and completed.stdout.strip().endswith("}"))
+
+
 def test_cuda_idioms_run_on_the_cpu_and_one_line_says_what_was_mapped(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     completed = run("-m", "ampshim", "--device", "cpu", "probe.py", str(free_port()), cwd=tmp_path)
+    if aborted_in_gloo_teardown(completed):
+        completed = run("-m", "ampshim", "--device", "cpu", "probe.py", str(free_port()), cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["devices"] == ["cpu"]
