@@ -945,6 +945,7 @@ for _ in range(3):
     optimizer.step()
     optimizer.zero_grad()
 print("trained")
+dist.destroy_process_group()  # gloo's threads left to interpreter exit can abort it
 """
 
 
