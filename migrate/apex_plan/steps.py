@@ -349,7 +349,8 @@ class StepPlanning(Step):
         candidates = self.tree.per_scope(
             ("plain backwards", id(scope), withs, self.setup.guard_tests),
             lambda: [call for call in self._backwards_in(scope)
-                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call) and not self._scales_within(call)])
+                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)
+                     and not self._scales_within(call) and not _natively_scaled(call)])
         return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
 
     def _scale_plain_backward(self, plain: cst.Call, scale: ScaleLossSite) -> None:
@@ -472,3 +473,10 @@ class StepPlanning(Step):
             first = line.with_changes(body=[smalls[0]])
             return cst.FlattenSentinel([first, *(cst.SimpleStatementLine([small]) for small in smalls[1:])]) if len(smalls) > 1 else first
         return line.with_changes(body=smalls)
+
+
+def _natively_scaled(backward: cst.Call) -> bool:
+    """``scaler.scale(loss).backward()``: the file's own GradScaler scales it (a native path beside
+    apex's, as in trainers that offer both); scaling it again would scale it twice."""
+    receiver = backward.func.value if isinstance(backward.func, cst.Attribute) else None
+    return isinstance(receiver, cst.Call) and nodes.call_name(receiver) == "scale"

@@ -72,6 +72,10 @@ class Features:
     #                            initializes, with `global amp` after it) | global_first (the same,
     #                            `global amp` first) | guarded (under the flag, in a `try` whose
     #                            `except ImportError` raises, `global amp` after the import)
+    native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
+    #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
+    #                              in the loop or the trainer's `backward`) and steps the optimizer,
+    #                              as trainers offering both paths do
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -125,6 +129,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, grads_in="local")
     if f.import_in != "module":  # `amp` is bound once the initializing function runs
         f = replace(f, import_guard=False, register_half=False)
+    if f.flag == "none" or f.optimizers != "one" or f.backward_in == "update":
+        f = replace(f, native_beside=False)  # the other arm of the flag, one optimizer it steps
     if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
         f = replace(f, import_in="function")  # apex's `amp` is read where the flag is off
@@ -164,6 +170,7 @@ def features():
         clip_in=st.sampled_from(["loop", "helper", "closure"]),
         grads_in=st.sampled_from(["none", "local", "attribute"]),
         import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
+        native_beside=st.booleans(),
     ).map(_coherent)
 
 
@@ -316,7 +323,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     elif f.backward_in == "helper":
         body.append(f"self.backward({loss})")
     elif s.mixed:
-        body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {loss}.backward()"]
+        unscaled = f"native_scaler.scale({loss}).backward()" if f.native_beside else f"{loss}.backward()"
+        body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"]
     else:
         body += scaled
     clip = []
@@ -343,6 +351,10 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         each = f.names[1]
         stepping = [f"for {each} in {s.optimizers}:", f"    {each}.step()", f"    {each}.zero_grad()"]
         zeroing = [f"for {each} in {s.optimizers}:", f"    {each}.zero_grad()"]
+    elif f.native_beside:  # the native path steps through its own scaler
+        stepping = [f"if {s.mixed}:", f"    {s.optimizer}.step()", "else:", f"    native_scaler.step({s.optimizer})",
+                    "    native_scaler.update()", f"{s.optimizer}.zero_grad()"]
+        zeroing = [f"{s.optimizer}.zero_grad()"]
     else:
         stepping = [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"]
         zeroing = [f"{s.optimizer}.zero_grad()"]
@@ -417,7 +429,8 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
                           "return loss"])]
     if f.backward_in != "helper":
         return []
-    plain = [f"if not {s.mixed}:", "    loss.backward()", "    return"] if s.mixed else []
+    unscaled = "native_scaler.scale(loss).backward()" if f.native_beside else "loss.backward()"
+    plain = [f"if not {s.mixed}:", f"    {unscaled}", "    return"] if s.mixed else []
     return ["", "def backward(self, loss):", *_indent([*plain, f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:",
                                                       "    scaled_loss.backward()"])]
 
@@ -542,6 +555,8 @@ def script(f: Features) -> str:
         register = 'amp.register_half_function(torch, "einsum")\n'
         imports += "\n" + (f"if has_apex:\n    {register}" if f.import_guard else register)
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
+    if f.native_beside:
+        constants += "\nnative_scaler = torch.cuda.amp.GradScaler()\n"
     helpers = ((_HELPER if f.loss == "helper" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
                + (_CHECKPOINTS if f.checkpoint else "") + _clip_helper(f) + (_GRAD_NORM_LR if f.grads_in != "none" else ""))
     evaluation = ""

@@ -299,3 +299,15 @@ def test_a_warm_up_backward_beside_a_scaled_one_in_a_helper(clip_in, tmp_path):
                      holder="method", overflow=True, between="parameter_loop", warmup=True, backward_in="helper",
                      trainer_init="none", clip_in=clip_in, grads_in="attribute", import_in="function")
     assert_rewrites_hold(judge(drawn, tmp_path))
+
+
+@pytest.mark.parametrize("backward_in, flag, accumulation", [("loop", "on", "plain"), ("helper", "off", "none")])
+def test_a_native_scaler_path_beside_the_apex_one(backward_in, flag, accumulation, tmp_path):
+    """Where the flag is off, a native GradScaler of the module scales the backward pass and steps
+    the optimizer (trainers offering both paths): both runs train the same after either rewrite."""
+    drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one", clip="parameters",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder="method", backward_in=backward_in, native_beside=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)

@@ -69,3 +69,69 @@ def test_only_the_apex_arms_clip_changes_and_the_other_arms_run_as_before():
     assert sum("get_scale()" in line for line in migrated.splitlines()) == 1, migrated
     for fp16, native in ((False, False), (True, True)):  # the arms apex never ran in
         assert _train(migrated, fp16, native) == _train(SOURCE.replace("from apex import amp\n", ""), fp16, native)
+
+
+# The trainer's step is taken in another method (not next to `amp.scale_loss`), so every step of the
+# file goes through the new scaler and a plain backward beside the scaled one gets scaled too; the
+# native arm's `scaler.scale(loss).backward()` is scaled already and stays as written.
+STEP_ELSEWHERE = '''\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, fp16, native):
+        self.model, self.optim, self.fp16, self.native = model, optimizer, fp16, native
+        self.{scaler} = torch.amp.GradScaler("cpu") if fp16 and native else None
+        if fp16 and not native:
+            self.model, self.optim = amp.initialize(self.model, self.optim, opt_level="O1")
+
+    def backward(self, x, y):
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+{arms}
+        return loss
+
+    def train(self, batches):
+        for x, y in batches:
+            self.backward(x, y)
+            if self.fp16 and self.native:
+                self.{scaler}.step(self.optim)
+                self.{scaler}.update()
+            else:
+                self.optim.step()
+            self.optim.zero_grad()
+'''
+NATIVE_ARM = "        if self.native:\n            self.{scaler}.scale(loss).backward()\n"
+APEX_ARM = "        if self.fp16:\n            with amp.scale_loss(loss, self.optim) as scaled_loss:\n                scaled_loss.backward()\n"
+PLAIN_ARM = "        else:\n            loss.backward()\n"
+
+
+def _arms(native_first: bool) -> str:
+    if native_first:
+        return NATIVE_ARM + "        el" + APEX_ARM.lstrip() + PLAIN_ARM
+    return APEX_ARM.replace("if self.fp16:", "if self.fp16 and not self.native:") + "        el" + NATIVE_ARM.lstrip() + PLAIN_ARM
+
+
+@pytest.mark.parametrize("scaler", ["scaler", "grad_scaler", "amp_scaler"])
+@pytest.mark.parametrize("native_first", [True, False])
+def test_a_native_arms_scaled_backward_is_not_scaled_again(scaler, native_first):
+    source = STEP_ELSEWHERE.format(scaler=scaler, arms=_arms(native_first).replace("{scaler}", scaler))
+    migrated = migrate_source(source, "trainer.py", unsafe_fixes=True).new_source
+    assert "from apex" not in migrated, migrated
+    native = [line.strip() for line in migrated.splitlines() if f"self.{scaler}.scale(" in line]
+    assert native == [f"self.{scaler}.scale(loss).backward()"], migrated
+    native_line = source.splitlines().index(f"            self.{scaler}.scale(loss).backward()") + 1
+    assert f"line {native_line} is not scaled" not in migrated, migrated
+    namespace: dict = {}
+    exec(compile(migrated, "trainer.py", "exec"), namespace)
+    original: dict = {}
+    exec(compile(source.replace("from apex import amp\n", ""), "trainer.py", "exec"), original)
+    for fp16, native in ((False, False), (True, True)):  # the arms apex never ran in
+        weights = []
+        for space in (namespace, original):
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            trainer = space["Trainer"](model, torch.optim.SGD(model.parameters(), lr=0.1), fp16, native)
+            trainer.train([(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)])
+            weights.append([float(p.detach().sum()) for p in model.parameters()])
+        assert weights[0] == weights[1], (fp16, native)
