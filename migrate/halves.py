@@ -29,8 +29,10 @@ from migrate.types import ImportChange
 __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "linked_scale_halves", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
+STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
+_STATE_CALL = re.compile(r"amp\s*\.\s*(?:load_)?state_dict\s*\(")
 
 
 class Import(NamedTuple):
@@ -105,7 +107,29 @@ def find_half(path: Path, text: str) -> Half | None:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return None
-    amp_names, apex_names, imports = set(), set(), _imports_of(tree)
+    first = _first_amp_calls(tree, (INITIALIZE, SCALE_LOSS))
+    if len(first) != 1:
+        return None
+    (role, line), = first.items()
+    return Half(path, role, line, _imports_of(tree))
+
+
+def find_state_keeper(path: Path, text: str) -> Half | None:
+    """A checkpoint utility: ``text`` saves or loads apex amp's state (``amp.state_dict()``,
+    ``amp.load_state_dict(...)``) and neither initializes nor scales; its role is ``STATE``."""
+    if "apex" not in text or _HALF_CALL.search(text) or not _STATE_CALL.search(text):
+        return None
+    try:
+        tree = quiet.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    first = _first_amp_calls(tree, STATE_CALLS)
+    return Half(path, STATE, min(first.values()), _imports_of(tree)) if first else None
+
+
+def _first_amp_calls(tree: ast.Module, wanted: tuple[str, ...]) -> dict[str, int]:
+    """The first line of each of ``wanted``'s calls on apex's ``amp`` in ``tree``, by name."""
+    amp_names, apex_names = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.module == "apex" and node.level == 0:
@@ -118,16 +142,13 @@ def find_half(path: Path, text: str) -> Half | None:
                     apex_names.add(alias.asname or "apex")
     first: dict[str, int] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (INITIALIZE, SCALE_LOSS):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in wanted:
             owner = node.func.value
             if (isinstance(owner, ast.Name) and owner.id in amp_names) or (
                 isinstance(owner, ast.Attribute) and owner.attr == "amp" and isinstance(owner.value, ast.Name) and owner.value.id in apex_names
             ):
                 first[node.func.attr] = min(first.get(node.func.attr, node.lineno), node.lineno)
-    if len(first) != 1:
-        return None
-    (role, line), = first.items()
-    return Half(path, role, line, imports)
+    return first
 
 
 def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:
@@ -174,23 +195,27 @@ def _imports_of(tree: ast.Module) -> tuple[Import, ...]:
 
 
 def linked_scale_halves(path: Path, text: str) -> list[Half]:
-    """The files of ``path``'s project that only scale losses with apex amp (scale halves) and
-    that ``text``, a file calling ``amp.initialize``, imports or is imported by: where a loss it
-    initialized for may be scaled (``attack_pgd(model, ..., opt)`` in ``utils.py``)."""
+    """The files of ``path``'s project that only scale losses with apex amp (scale halves), or only
+    save or load its state (``STATE``: a checkpoint utility), and that ``text``, a file calling
+    ``amp.initialize``, imports or is imported by: where a loss it initialized for may be scaled
+    (``attack_pgd(model, ..., opt)`` in ``utils.py``), or its loss scaler saved
+    (``save_checkpoint(..., optimizer)`` putting ``amp.state_dict()`` beside the optimizer's)."""
     try:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return []
     imports = _imports_of(tree)
     me = Half(path, INITIALIZE, 0, imports)
-    scales = [half for half in _halves_under(project_root(path)) if half.role == SCALE_LOSS and half.path != path.resolve()]
+    root = project_root(path)
+    scales = [half for half in (*_halves_under(root), *_state_keepers_under(root))
+              if half.role in (SCALE_LOSS, STATE) and half.path != path.resolve()]
     real = {half.path: half.path.resolve() for half in (me, *scales)}
     linked = {}
     for imported in imports:
         for other, module in _imported_halves(me, imported, scales, real):
             names = set(imported.names) - {"*"}
-            if module == imported.module and names == set(imported.names) and names and not names & _scaling_names(other.path):
-                continue  # `from engine import reduce_loss_dict`: nothing imported scales a loss
+            if module == imported.module and names == set(imported.names) and names and not names & _names_reaching(other):
+                continue  # `from engine import reduce_loss_dict`: nothing imported scales a loss or keeps its state
             linked[other.path] = other
     for half in scales:  # imported by them
         if any(me.path in (found.path for found, _ in _imported_halves(half, imported, [me], real)) for imported in half.imports):
@@ -198,21 +223,27 @@ def linked_scale_halves(path: Path, text: str) -> list[Half]:
     return list(linked.values())
 
 
-def _scaling_names(path: Path) -> set[str]:
-    """The module's top-level functions and classes that scale a loss with apex, or call one that does."""
+def _names_reaching(half: Half) -> set[str]:
+    """The module's top-level functions and classes that make the half's apex calls (scale a loss;
+    for ``STATE``, save or load amp's state: ``amp.state_dict``, not a model's), or call one that does."""
     try:
-        tree = quiet.parse(_read(path) or "")
+        tree = quiet.parse(_read(half.path) or "")
     except (SyntaxError, ValueError):
         return set()
+    attributes = STATE_CALLS if half.role == STATE else (SCALE_LOSS,)
+
+    def calls_apex(inner: ast.AST) -> bool:
+        return isinstance(inner, ast.Attribute) and inner.attr in attributes and (
+            half.role != STATE or ast.unparse(inner.value).split(".")[-1] in ("amp", "apex_amp"))
+
     defined = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    scaling: set[str] = set()
+    reaching: set[str] = set()
     while True:
-        found = {name for name, node in defined.items() if name not in scaling and any(
-            isinstance(inner, ast.Attribute) and inner.attr == SCALE_LOSS
-            or isinstance(inner, ast.Name) and inner.id in scaling for inner in ast.walk(node))}
+        found = {name for name, node in defined.items() if name not in reaching and any(
+            calls_apex(inner) or isinstance(inner, ast.Name) and inner.id in reaching for inner in ast.walk(node))}
         if not found:
-            return scaling
-        scaling |= found
+            return reaching
+        reaching |= found
 
 
 UNPAIRED = "it is in the same package, and neither file imports the other: this one stays with it"
@@ -246,6 +277,12 @@ def _package(path: Path) -> Path | None:
     while (folder / "__init__.py").exists():
         package, folder = folder, folder.parent
     return package
+
+
+@lru_cache(maxsize=8)
+def _state_keepers_under(root: Path) -> tuple[Half, ...]:
+    return tuple(keeper for path, data in project_files_saying(root, b"state_dict(")
+                 if (keeper := find_state_keeper(path, data.decode("utf-8", "replace"))) is not None)
 
 
 @lru_cache(maxsize=8)

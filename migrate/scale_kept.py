@@ -1,11 +1,14 @@
-"""Where a project will still scale losses with apex amp after a run, beside a file that initializes it.
+"""Where a project will still scale losses with apex amp, or keep its state, after a run, beside a
+file that initializes it.
 
 A file that calls both ``amp.initialize`` and ``amp.scale_loss`` is planned on its own; another
 file it imports (or that imports it) may scale a loss too, for the optimizer it initialized
-(``attack_pgd(model, X, y, opt)`` in ``utils.py``, under ``amp.scale_loss(loss, opt)``). Where that
-file stays on apex, not in the run, or in it but not rewritten in this mode, removing this file's
-``amp.initialize`` makes apex raise "Amp state has not been initialized" there. So such a file is
-told (``SETTING``) where, and is not rewritten: the two are migrated together.
+(``attack_pgd(model, X, y, opt)`` in ``utils.py``, under ``amp.scale_loss(loss, opt)``), or save
+and load apex's loss-scaler state in its checkpoints (``save_checkpoint(..., optimizer)`` with
+``amp.state_dict()``). Where that file stays on apex, not in the run, or in it but not rewritten
+in this mode, removing this file's ``amp.initialize`` makes apex fail there ("Amp state has not
+been initialized"; no loss scalers to save). So such a file is told (``SETTING``) where, and is
+not rewritten: the two are migrated together.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from migrate.files import project_root
 __all__ = ["SETTING", "scaled_elsewhere"]
 
 _INITIALIZES = re.compile(r"amp\s*\.\s*initialize\s*\(")
+_CALLS = {halves.SCALE_LOSS: "`amp.scale_loss`", halves.STATE: "apex's `amp.state_dict`/`load_state_dict`"}
 
 
 def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
@@ -33,8 +37,8 @@ def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Map
     migrated: dict[Path, bool] = {}
     for path, text in texts.items():
         if path not in partners and _INITIALIZES.search(text):
-            linked = [(half.path, half.line) for half in halves.linked_scale_halves(path, text)]
-            places = kept_places(linked, project_root(path), run, settings, unsafe_fixes, migrated)
+            places = tuple(f"{_CALLS[half.role]} at {place}" for half in halves.linked_scale_halves(path, text)
+                           for place in kept_places([(half.path, half.line)], project_root(path), run, settings, unsafe_fixes, migrated))
             if places:
                 found[path] = places
     return found

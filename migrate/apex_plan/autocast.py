@@ -172,6 +172,7 @@ class AutocastPlanning(Step):
         (in its block, or a block around it); whether that call was found."""
         current = statement
         models = self.tree.models_seen_from(statement, self.setup.model_codes)
+        inner: list[list[cst.BaseStatement]] = []  # the windows of the blocks climbed out of
         while True:
             block = self.tree.parent.get(id(current))
             if not isinstance(block, (cst.IndentedBlock, cst.Module)):
@@ -183,17 +184,31 @@ class AutocastPlanning(Step):
                 # file reaches under another name): apex cast all of it
                 sliced = self._slice_start(window, scale.loss, forward_only=True)
                 self._wrap(window[min(start, sliced if sliced is not None else start):], scale, loss)
+                self._wrap_inner_slices(inner, scale, loss)
                 return True
             body = list(block.body)
             before = body.index(window[0] if window else current) - 1
             if before >= 0 and id(body[before]) in self.draft.regions and not any(assigns(s, loss) for s in window):
-                return True  # the forward another backward pass went under autocast for (a GAN's D and G steps)
+                # the forward another backward pass went under autocast for (a GAN's D and G steps)
+                self._wrap_inner_slices(inner, scale, loss)
+                return True
+            inner.append(window)
             owner = self.tree.parent.get(id(block))
             while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
                 owner = self.tree.parent.get(id(owner))
             if not isinstance(owner, (cst.If, cst.Try, cst.With)):
                 return False
             current = owner
+
+    def _wrap_inner_slices(self, windows: list[list[cst.BaseStatement]], scale: ScaleLossSite, loss: str) -> None:
+        """A region of its own around what the loss is computed from in each arm between the
+        forward's region and the scaled backward (``logits = model(x)``, then
+        ``if accumulate: loss = criterion(logits, y) / n`` and the backward in that arm): apex cast
+        the loss computation too (cross-entropy in float32)."""
+        for window in windows:
+            start = self._slice_start(window, scale.loss)
+            if start is not None:
+                self._wrap(window[start:], scale, loss)
 
     def _repeats_the_region(self, call: cst.Call) -> bool:
         """Whether the file's own ``autocast`` says what the region says: on, CUDA, float16. Inside

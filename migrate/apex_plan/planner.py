@@ -155,9 +155,9 @@ class Planner:
         # inference before it does not decide).
         init = next((site for site in inits if not site.inference), inits[0]) if inits else None
         if init is not None and self.scaled_elsewhere:
-            raise Unplannable(init.call, f"`amp.scale_loss` at {', '.join(self.scaled_elsewhere)} stays on apex amp and needs "
-                              "this `amp.initialize` (apex raises \"Amp state has not been initialized\" without it): "
-                              "migrate them together")
+            raise Unplannable(init.call, f"{', '.join(self.scaled_elsewhere)} stays on apex amp and needs "
+                              "this `amp.initialize` (apex fails there without it: \"Amp state has not been initialized\", "
+                              "no loss scaler to save): migrate them together")
         others_inits = [site for site in inits if site is not init]
         level, partner_args = CrossFilePlanning(reading).scale_half() if init is None else (init.level, ())
         repeats = [extra for extra in others_inits if several.repeats(init, extra)]

@@ -5,6 +5,8 @@ gradient step on the training optimizer). Where that module stays on apex, remov
 left alone, in either mode, and says where; rewritten once nothing linked keeps apex."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from migrate import api
@@ -90,3 +92,71 @@ def test_a_module_that_is_not_linked_leaves_the_file_to_its_own_plan(tmp_path):
     [result] = [r for r in api.migrate_paths([str(tmp_path)], write=False, unsafe_fixes=True) if r.filename.endswith("train.py")]
     assert "amp.initialize" not in result.new_source and "GradScaler" in result.new_source, result.new_source
     assert scaled_elsewhere({train: train.read_text()}, {}, {}, unsafe_fixes=True) == {}
+
+
+# A checkpoint utility beside the training script: it saves and loads apex's loss-scaler state and
+# neither initializes nor scales. A safe run leaves it on apex (its rewrite waits for callers to
+# pass their scaler), so the script's `initialize` stays too: apex fails in the utility without
+# it (AttributeError with apex gone and `amp = None`).
+CHECKPOINTS = """\
+import torch
+{apex_import}
+
+
+def save_checkpoint(path, model, optimizer, opt_level):
+    state = {{"model": model.state_dict(), "optimizer": optimizer.state_dict()}}
+    if opt_level != "O0":
+        {save}
+    torch.save(state, path)
+
+
+def load_checkpoint(path, model, optimizer):
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if "amp" in state:
+        amp.load_state_dict(state["amp"])
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+"""
+APEX_IMPORTS = {"plain": "from apex import amp", "guarded": "try:\n    from apex import amp\nexcept ImportError:\n    amp = None",
+                "module": "import apex.amp as amp"}
+SAVES = {"item": 'state["amp"] = amp.state_dict()', "update": "state.update(amp=amp.state_dict())"}
+USES = {"from_import": ("from checkpoints import save_checkpoint", "save_checkpoint"),
+        "the_module": ("import checkpoints", "checkpoints.save_checkpoint"),
+        "renamed": ("from checkpoints import save_checkpoint as save", "save")}
+
+
+def _with_checkpoints(tmp_path, use, apex_import="plain", save="item"):
+    import_line, call = USES[use]
+    train = _project(tmp_path, import_line, linked=False)
+    train.write_text(train.read_text().replace("from torch import nn", import_line)
+                     .replace("            print(epoch)\n", f'            {call}("last.pt", model, opt, "O1")\n'))
+    (tmp_path / "checkpoints.py").write_text(CHECKPOINTS.format(apex_import=APEX_IMPORTS[apex_import], save=SAVES[save]))
+    return train
+
+
+@pytest.mark.parametrize("use", sorted(USES))
+@pytest.mark.parametrize("apex_import, save", [("plain", "item"), ("guarded", "update"), ("module", "item")])
+def test_initialize_stays_where_a_checkpoint_utility_keeps_apex_state(tmp_path, use, apex_import, save):
+    train = _with_checkpoints(tmp_path, use, apex_import, save)
+    results = {Path(r.filename).name: r for r in api.migrate_paths([str(tmp_path)], write=False)}
+    assert results["train.py"].new_source == train.read_text()
+    said = " ".join(d.message for d in results["train.py"].diagnostics)
+    assert "`load_state_dict` at checkpoints.py:" in said and "stays on apex amp" in said, said
+    # --unsafe-fixes rewrites the utility where it can (its state saved where a scaler is passed;
+    # not `state.update(amp=...)`): the script's `initialize` goes only with it
+    unsafe = {Path(r.filename).name: r for r in api.migrate_paths([str(tmp_path)], write=False, unsafe_fixes=True)}
+    kept = "amp.state_dict" in unsafe["checkpoints.py"].new_source
+    assert ("amp.initialize" in unsafe["train.py"].new_source) == kept
+    assert kept == (save == "update")
+
+
+def test_a_name_of_the_utility_that_keeps_no_state_is_no_link(tmp_path):
+    train = _with_checkpoints(tmp_path, "from_import")
+    train.write_text(train.read_text().replace("from checkpoints import save_checkpoint", "from checkpoints import count_parameters")
+                     .replace('save_checkpoint("last.pt", model, opt, "O1")', "print(count_parameters(model))"))
+    [result] = [r for r in api.migrate_paths([str(tmp_path)], write=False) if r.filename.endswith("train.py")]
+    assert "amp.initialize" not in result.new_source, result.new_source
