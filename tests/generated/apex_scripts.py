@@ -18,7 +18,8 @@ CHECKPOINT_AT = 7  # a step after which every accumulation spelling has just ste
 @dataclass(frozen=True)
 class Features:
     loss: str  # inline | helper | method (of the trainer) | arms (assigned in both arms of an if) |
-    #            dict (the forward inside a dict of losses, summed on the next line)
+    #            dict (the forward inside a dict of losses, summed on the next line) | arms_backward
+    #            (the forward before an if whose arms each compute the loss and run the backward)
     loop: str  # range | while | enumerate
     accumulation: str  # none | delay_unscale | plain (scaled backward each micro-batch, no delay) |
     #                    inner_loop (the micro-batches in a loop of their own, the step after it)
@@ -115,6 +116,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, flag_copy=False)
     if f.holder != "function" or f.amp_via != "module":
         f = replace(f, loop_in="main")
+    if f.loss == "arms_backward":  # the warm-up's plain backward needs the loss before the arms
+        f = replace(f, warmup=False)
     if f.accumulation == "inner_loop":  # a `continue` there would end the micro-batch, not the step
         f = replace(f, warmup=False)
     else:
@@ -140,7 +143,7 @@ def _coherent(f: Features) -> Features:
 def features():
     return st.builds(
         Features,
-        loss=st.sampled_from(["inline", "helper", "method", "arms", "dict"]),
+        loss=st.sampled_from(["inline", "helper", "method", "arms", "dict", "arms_backward"]),
         loop=st.sampled_from(["range", "while", "enumerate"]),
         accumulation=st.sampled_from(["none", "delay_unscale", "plain", "inner_loop"]),
         boundary=st.sampled_from(["plus_one", "minus_one"]),
@@ -296,6 +299,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body.append(f"{loss} = compute_loss({s.model}, x, y)")
     elif f.loss == "method":
         body.append(f"{loss} = self.compute_loss(x, y)")
+    elif f.loss == "arms_backward":  # each arm computes the loss, then scales it (below)
+        body.append(f"output = {s.model}(x)")
     elif f.loss == "dict":
         body += [f'{loss}_dict = {{"mse": F.mse_loss({s.model}(x), y), "l1": 0.1 * F.l1_loss({s.model}(x), y)}}',
                  f"{loss} = sum({loss}_dict.values())"]
@@ -305,7 +310,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    {loss} = F.mse_loss(output, y)",
                  "else:",
                  f"    {loss} = F.smooth_l1_loss(output, y)"]
-    if accumulate and f.backward_in != "update":
+    if accumulate and f.backward_in != "update" and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
     if accumulate and not inner:
         body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
@@ -318,6 +323,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    scaled_loss.backward()"]
+    backward_from = len(body)
     if f.backward_in == "update":
         pass  # the method scaled it
     elif f.backward_in == "helper":
@@ -327,6 +333,13 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"]
     else:
         body += scaled
+    if f.loss == "arms_backward":
+        backward, body[backward_from:] = body[backward_from:], []
+        divided = " / ACCUMULATION" if accumulate else ""
+        # the target cast to the output's dtype (a common spelling): outside autocast the loss then
+        # computes in float16, where apex's casts computed it in float32
+        body += ["if step % 2 == 0:", f"    {loss} = F.mse_loss(output, y.type_as(output)){divided}", *_indent(backward),
+                 "else:", f"    {loss} = F.smooth_l1_loss(output, y){divided}", *_indent(backward)]
     clip = []
     if f.clip_in == "helper":
         clip.append(f"clip_grads({s.first_optimizer if f.clip == 'master_params' else s.model}, 0.5)")

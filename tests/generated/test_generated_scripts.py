@@ -311,3 +311,16 @@ def test_a_native_scaler_path_beside_the_apex_one(backward_in, flag, accumulatio
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("accumulation, flag, holder", [("plain", "none", "function"), ("none", "on", "method")])
+def test_the_loss_and_its_backward_in_each_arm_after_the_forward(accumulation, flag, holder, tmp_path):
+    """``output = model(x)``, then each arm of an ``if`` computes the loss (the target cast to the
+    output's dtype) and scales its backward: the loss goes under autocast in each arm (before, it
+    computed in float16 outside the forward's region: the safe rewrite trained differently)."""
+    drawn = Features(loss="arms_backward", loop="range", accumulation=accumulation, boundary="plus_one", clip="none",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder=holder)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
