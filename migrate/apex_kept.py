@@ -9,7 +9,7 @@ the rewritten function casts nothing and gets apex's fp16 outputs (a float32-onl
 raises "not implemented for 'Half'"). So a file that uses the decorators is told (``SETTING``)
 where else its project (``files.project_root``, searched on disk even when one file is given)
 calls ``amp.initialize`` and will keep calling it: each such file not in this run, or in it
-with a plan that is not safe (a safe run leaves it on apex).
+with a plan the run does not apply (a safe run leaves an unsafe one on apex).
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ SETTING = "apex-initialize-kept"  # the setting that hands a file these places (
 _DECORATORS = re.compile(r"\b(?:half|float|bfloat16)_function\b")
 
 
-def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
+                   unsafe_fixes: bool = False) -> dict[Path, tuple[str, ...]]:
     """For each file in ``texts`` that uses apex's cast decorators, the places (``path:line``,
-    relative to its project) where another file of its project will still call ``amp.initialize``;
+    relative to its project) where another file of its project will still call ``amp.initialize``
+    after a run in this mode (``unsafe_fixes``: one the run rewrites unsafely does not);
     ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
     found: dict[Path, tuple[str, ...]] = {}
     run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
@@ -37,7 +39,8 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
     for path, text in texts.items():
         if _DECORATORS.search(text):
             root, me = project_root(path), path.resolve()
-            places = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings, False, migrated)
+            places = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings,
+                                 unsafe_fixes, migrated)
             if places:
                 found[path] = places
     return found

@@ -204,7 +204,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     casts = cast_registrations.elsewhere(apex_texts)
     resumes = optimizer_resumes.loads(apex_texts)
     handed = forward_callers.handed_elsewhere(apex_texts)
-    kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners)
+    kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     return replace(
         options,
