@@ -85,3 +85,33 @@ class StepConditions(Step):
             return None
         parts = [negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
         return " and ".join(grouped_text(p) if len(parts) > 1 else p for p in parts)
+
+
+def tests_a_parameter(tree: FileTree, test_of: cst.If) -> bool:
+    """Whether the ``if`` tests a parameter of its function itself (``if self.use_apex and
+    training:``), whose value may differ from call to call (``__init__`` runs once an object)."""
+    function = tree.function(test_of)
+    if function is None or function.name.value == "__init__":
+        return False
+    parameters = {param.name.value for param in (*function.params.posonly_params, *function.params.params,
+                                                 *function.params.kwonly_params)} - {"self", "cls"}
+    read = {node.value for node in descendants(test_of.test)
+            if type(node) is cst.Name and not isinstance(tree.parent.get(id(node)), cst.Attribute)}
+    return bool(parameters & read)
+
+
+def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_calls: list[cst.Call]) -> cst.If | None:
+    """The ``if flag:`` whose body holds ``initialize``, where the scaler is made in that body and
+    a disabled one stands in before: where its test was false, the scaler stayed disabled (an
+    ``else: loss.backward()`` of the same test is no backward it must scale). None where the
+    test may change, runs per call or in a loop, is an ``elif``'s, or another arm initializes too."""
+    block = tree.parent.get(id(initialize_statement))
+    owner = tree.parent.get(id(block))
+    if not isinstance(owner, cst.If) or owner.body is not block or tree.changes_its_test(owner) or tree.in_loop(owner):
+        return None
+    above = tree.parent.get(id(owner))
+    if isinstance(above, cst.If) and above.orelse is owner:
+        return None
+    if owner.orelse is not None and any(tree.inside(call, owner.orelse) for call in initialize_calls):
+        return None
+    return None if tests_a_parameter(tree, owner) else owner

@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.conditions import tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, read_names
@@ -412,11 +413,7 @@ class InitializePlanning(Step):
         # a parameter itself may differ from call to call (evaluation passes False), where a
         # scaler made before the `if` would be made again, disabled, over the live one (a setting
         # read from one, `args.fp16`, is the run's)
-        function = self.tree.function(owner)
-        parameters = {param.name.value for param in (*function.params.posonly_params, *function.params.params,
-                                                     *function.params.kwonly_params)} - {"self", "cls"} if function else set()
-        per_call = (scope != "local" and isinstance(owner, cst.If) and function is not None and function.name.value != "__init__"
-                    and bool(parameters & _bare_names(self.tree, owner.test)))  # `__init__` runs once an object
+        per_call = scope != "local" and isinstance(owner, cst.If) and tests_a_parameter(self.tree, owner)
         if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self.tree.changes_its_test(owner)
                 and not self.tree.in_loop(owner) and not reads_block and not other_arm and not per_call):
             alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
@@ -491,10 +488,3 @@ class InitializePlanning(Step):
         if function is None:
             return name, "module", None
         return name, "global", None
-
-
-def _bare_names(tree, expression: cst.BaseExpression) -> set[str]:
-    """The names ``expression`` reads as values themselves: ``training`` in ``self.amp and
-    training``, not ``args`` in ``args.fp16``."""
-    return {node.value for node in descendants(expression)
-            if type(node) is cst.Name and not isinstance(tree.parent.get(id(node)), cst.Attribute)}

@@ -9,7 +9,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
-from migrate.apex_plan.conditions import flag_spellings
+from migrate.apex_plan.conditions import disabling_if, flag_spellings
 from migrate.apex_plan.context import Context, Sites
 from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
@@ -202,6 +202,11 @@ class Planner:
                 if self.tree.import_anchor() is None:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
                 stand_in = "module"
+        # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
+        # it is made in after a disabled stand-in
+        guard = hoist if hoist is not None else (
+            disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
+            if init is not None and stand_in is not None and not in_block else None)
         writing = self._decided(reading, Setup(
             level=level,
             o0=o0,
@@ -214,7 +219,7 @@ class Planner:
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
             merged_losses=any(site.merges_losses for site in (*inits, *scales)),
             level_guarded=init is not None and init.guard_level,
-            guard_tests=flag_spellings(self.tree, hoist.test) if hoist is not None else frozenset(),
+            guard_tests=flag_spellings(self.tree, guard.test) if guard is not None else frozenset(),
             # apex O1 cast every forward pass once it ran: a model under a usual name counts too (`self.model` of a trainer handed it)
             model_codes=frozenset(set().union(*(i.model_codes for i in inits), GUESSED_MODELS)),
             receiver_calls=receiver_calls or (),

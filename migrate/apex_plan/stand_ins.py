@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.conditions import disabling_if, flag_spellings
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
 from migrate.tree_walk import walk
@@ -47,10 +48,36 @@ class StandInPlanning(Step):
         self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
         self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
                    "Create it disabled before the block that makes it")
-        self.draft.unsafe.append(
-            "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
-            "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
-        )
+        if not self._flag_block_runs_first(init, anchor):
+            self.draft.unsafe.append(
+                "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
+                "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
+            )
+
+    def _flag_block_runs_first(self, init: InitializeSite, anchor: cst.CSTNode) -> bool:
+        """``if use_amp: opt_level = "O1"; amp.initialize(...)`` at the top of the function,
+        before every statement that scales a loss, each scaling under a test of that flag: where
+        the flag is on the scaler exists first; where off, nothing scales and the disabled one
+        only steps and leaves autocast off, as the original ran."""
+        guard = disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
+        function = self.tree.function(init.statement)
+        if guard is not anchor or function is None:
+            return False
+        body, flags = list(function.body.body), flag_spellings(self.tree, guard.test)
+        for site in self.sites.calls["scale_loss"]:
+            top, tested = site, False
+            while self.tree.parent.get(id(top)) is not function.body:
+                parent = self.tree.parent.get(id(top))
+                if parent is None or isinstance(parent, (cst.FunctionDef, cst.Lambda)):
+                    return False  # in another function: it may run before the block
+                tested |= isinstance(parent, cst.If) and top is parent.body and nodes.code(parent.test) in flags
+                if isinstance(parent, cst.Else):  # `if not flag: loss.backward()` / `else:` scaled
+                    test = nodes.code(self.tree.parent[id(parent)].test)
+                    tested |= test.startswith("not ") and test[4:] in flags
+                top = parent
+            if not tested or body.index(top) <= body.index(anchor):
+                return False
+        return True
 
     def default_in_init(self, owner: cst.ClassDef, function: cst.FunctionDef, init: InitializeSite) -> bool:
         """Whether a disabled ``self.<scaler>`` can be made in ``__init__``, standing in until

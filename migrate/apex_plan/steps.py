@@ -359,6 +359,8 @@ class StepPlanning(Step):
         scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it."""
         scaler = self.scaler_of(scale.call)
         same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
+        if self.setup.in_block:
+            return  # the scaler may not exist there (made in a block that may not have run): its steps ask first
         if (isinstance(plain.func, cst.Attribute) and not plain.args and id(plain) not in self.draft.replacements
                 and (not scaler.startswith("self.") or same_class)):
             loss = nodes.code(plain.func.value)

@@ -73,6 +73,8 @@ class Features:
     #                            initializes, with `global amp` after it) | global_first (the same,
     #                            `global amp` first) | guarded (under the flag, in a `try` whose
     #                            `except ImportError` raises, `global amp` after the import)
+    level_in_block: bool = False  # with a flag: its block sets `opt_level = "O1"`, which initialize reads
+    #                               (the scaler is then made in the block, a disabled one before)
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -174,6 +176,7 @@ def features():
         grads_in=st.sampled_from(["none", "local", "attribute"]),
         import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
         native_beside=st.booleans(),
+        level_in_block=st.booleans(),
     ).map(_coherent)
 
 
@@ -427,6 +430,8 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
     flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
     lines = [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
+    if f.level_in_block and len(lines) == 2:  # the block sets the level the call reads
+        lines = [lines[0], '    opt_level = "O1"', "    " + initialize.replace('opt_level="O1"', "opt_level=opt_level")]
     return _imported_here(f, lines)
 
 

@@ -324,3 +324,19 @@ def test_the_loss_and_its_backward_in_each_arm_after_the_forward(accumulation, f
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same", outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("holder, backward_in, flag", [("function", "loop", "on"), ("function", "loop", "off"),
+                                                       ("method", "helper", "on")])
+def test_the_flags_block_sets_the_level_initialize_reads(holder, backward_in, flag, tmp_path):
+    """``if use_amp: opt_level = "O1"; amp.initialize(..., opt_level=opt_level)``: the scaler is
+    made in the block, a disabled one before it. In a function that runs the block first, with
+    every scaled backward under the flag, the safe rewrite migrates it; in the trainer's
+    ``backward`` (the plain backward returning early where the flag is off) the unsafe rewrite
+    no longer scales that plain backward with a scaler that may not exist (AttributeError before)."""
+    drawn = Features(loss="inline", loop="range", accumulation="none", boundary="plus_one", clip="none",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder=holder, backward_in=backward_in, level_in_block=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == ("same" if holder == "function" else "unchanged"), outcome.summary
+    assert_rewrites_hold(outcome)
