@@ -84,7 +84,10 @@ class GradientPlanning(Step):
                         # between two, it saw the first one's gradients (out of sight too: a
                         # regulariser's update before an auxiliary loss's backward)
                         found, after_one, scaled = found if scaled else [], scaled, True
-                        if reads(sibling, after_a_backward=after_one):
+                        # a loop of micro-batches (in an arm too) reads after its own backward
+                        # passes (a closure `limit_norm(0.5)` after `self.backward(loss)`)
+                        looped = any(isinstance(node, (cst.For, cst.While)) for node in descendants(sibling, nodes.not_a_definition))
+                        if reads(sibling, after_a_backward=after_one or looped):
                             found.append((sibling, condition))
                             among_backwards.add(id(sibling))
                     elif reads(sibling, after_a_backward=scaled):

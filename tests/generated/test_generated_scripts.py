@@ -340,3 +340,15 @@ def test_the_flags_block_sets_the_level_initialize_reads(holder, backward_in, fl
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == ("same" if holder == "function" else "unchanged"), outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("alternate", [False, True])
+def test_a_closure_clipping_after_each_micro_batch_of_a_scaling_method(alternate, tmp_path):
+    """The micro-batches in a loop of their own, each scaled by the trainer's ``backward(loss)``
+    and clipped by a closure reading ``amp.master_params``, the step after the loop (seed 49 of the
+    bench, 4 scripts): the closure is a read after a backward pass, so no ``unscale_`` goes into it
+    (it raised at the second micro-batch, in the safe rewrite)."""
+    drawn = Features(loss="helper", loop="enumerate", accumulation="inner_loop", boundary="minus_one", clip="master_params",
+                     clip_at="micro_batch", flag="none", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder="method", backward_in="helper", clip_in="closure", alternate=alternate)
+    assert_rewrites_hold(judge(drawn, tmp_path))
