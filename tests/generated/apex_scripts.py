@@ -469,10 +469,10 @@ def _imported_here(f: Features, initialize: list[str]) -> list[str]:
         return ["from apex import amp", "global amp", *initialize]
     if f.import_in == "global_first":
         return ["global amp", "from apex import amp", *initialize]
-    if f.import_in == "guarded":  # `if flag:` then the initialize line
-        test, line = initialize
+    if f.import_in == "guarded":  # `if flag:` then the block's lines (the level it sets, initialize)
+        test, *lines = initialize
         return [test, "    try:", "        from apex import amp", "        global amp", "    except ImportError:",
-                '        raise ImportError("mixed precision needs apex")', line]
+                '        raise ImportError("mixed precision needs apex")', *lines]
     return initialize
 
 
