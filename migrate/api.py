@@ -197,7 +197,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
-    from migrate import apex_kept, cast_registrations, forward_callers, halves, importers, optimizer_resumes, scale_kept
+    from migrate import (apex_kept, cast_registrations, forward_callers, halves, importers, level_settings, optimizer_resumes,
+                         scale_kept)
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
@@ -206,6 +207,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     handed = forward_callers.handed_elsewhere(apex_texts)
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
+    initialized = scale_kept.initialized_elsewhere(apex_texts)
+    levels = level_settings.set_elsewhere(apex_texts)
     return replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
@@ -215,6 +218,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         handed_elsewhere={str(path): calls for path, calls in handed.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
         scale_loss_kept_elsewhere={str(path): places for path, places in scaled.items()},
+        initialized_elsewhere={str(path): places for path, places in initialized.items()},
+        levels_elsewhere={str(path): names for path, names in levels.items()},
     )
 
 

@@ -37,6 +37,8 @@ class Options:
     handed_elsewhere: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.forward_callers``' calls
     apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
     scale_loss_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.scale_kept``' places
+    initialized_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``scale_kept.initialized_elsewhere``'s places
+    levels_elsewhere: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # path -> ``migrate.level_settings``' names
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -49,6 +51,8 @@ _PROJECT_FACTS = (
     ("handed_elsewhere", "forward-callers"),
     ("apex_kept_elsewhere", "apex-initialize-kept"),
     ("scale_loss_kept_elsewhere", "apex-scale-loss-kept"),
+    ("initialized_elsewhere", "apex-initialized-elsewhere"),
+    ("levels_elsewhere", "apex-level-set-elsewhere"),
 )
 
 

@@ -12,6 +12,7 @@ import ast
 import errno
 import fnmatch
 import os
+import re
 import stat
 from functools import lru_cache
 from pathlib import Path
@@ -84,11 +85,30 @@ _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 def project_root(path: Path) -> Path:
     """The project a file belongs to: the nearest folder up with a ``.git``, ``pyproject.toml``,
-    ``setup.py`` or ``setup.cfg``; else the file's own folder."""
+    ``setup.py`` or ``setup.cfg``; else the nearest one its own dotted imports start from
+    (``from src.utils.load_save import ...`` in ``src/tasks/train.py``: a tree without a marker,
+    an export or a copy); else the file's own folder."""
     folder = path.resolve().parent
     for candidate in (folder, *folder.parents):
         if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
             return candidate
+    return _import_root(path.resolve(), folder)
+
+
+_DOTTED_IMPORT = re.compile(rb"^[ \t]*(?:from|import)[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", re.MULTILINE)
+
+
+@lru_cache(maxsize=256)
+def _import_root(path: Path, folder: Path) -> Path:
+    try:
+        modules = {match.decode() for match in _DOTTED_IMPORT.findall(path.read_bytes())}
+    except (OSError, UnicodeDecodeError):
+        return folder
+    for candidate in (folder, *folder.parents):
+        for module in modules:
+            found = candidate.joinpath(*module.split("."))
+            if found.with_suffix(".py").is_file() or found.is_dir():  # a module, a package (or a namespace one)
+                return candidate
     return folder
 
 

@@ -10,6 +10,8 @@ the scaled gradients: their norm is the true norm times the scale, so clipping t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -91,8 +93,17 @@ def _given_to_an_optimizer(function: cst.CSTNode, name: str) -> bool:
     return False
 
 
-def scale_aware_clips(statement: cst.CSTNode) -> list[cst.Call] | None:
-    """The clip calls of ``statement`` when clips are all it reads gradients with; else None."""
+def scale_aware_clips(statement: cst.CSTNode, reads: Callable[[cst.CSTNode], bool] | None = None) -> list[cst.Call] | None:
+    """The clip calls of ``statement`` when clips are all it reads gradients with; else None.
+
+    ``reads``, if given, also says which of a compound statement's lines read gradients out of
+    sight (``if clip: clip_grad_norm_(...)`` / ``else: norm = total_norm(amp.master_params(opt))``,
+    a helper of the file reading ``p.grad``): a clip aware of the scale does not cover such a line.
+    """
+    if reads is not None and not isinstance(statement, cst.SimpleStatementLine) and any(
+            reads(line) and not scale_aware_clips(line) for line in descendants(statement)
+            if isinstance(line, cst.SimpleStatementLine)):
+        return None
     clips = [call for call in _grad_calls(statement) if nodes.call_name(call) in _CLIPS]
     if not clips or any(nodes.argument(call, _CLIPS[nodes.call_name(call)][0], _CLIPS[nodes.call_name(call)][1]) is None
                         or nodes.has_star(call) for call in clips):

@@ -223,6 +223,65 @@ def linked_scale_halves(path: Path, text: str) -> list[Half]:
     return list(linked.values())
 
 
+def linked_initializers(path: Path, text: str) -> list[Half]:
+    """The other files of ``path``'s project that call ``amp.initialize`` themselves and import from
+    ``text`` (a file that initializes and scales losses) what scales a loss: a trial script setting
+    apex up for the model it builds, then calling the file's ``train()``, which never runs the
+    file's own ``initialize``. Their ``line`` is their first ``initialize``."""
+    if len(set(_HALF_CALL.findall(text))) != 2:
+        return []
+    me = Half(path.resolve(), SCALE_LOSS, 0, ())
+    reaching = _names_reaching(me)
+    if not reaching:
+        return []
+    others = [half for half in _initializers_under(project_root(path)) if half.path != me.path]
+    real = {half.path: half.path for half in (me, *others)}
+
+    def imports_what_scales(other: Half) -> bool:
+        for imported in other.imports:
+            for _, module in _imported_halves(other, imported, [me], real):
+                names = set(imported.names)  # none: the module itself; else what it takes from it
+                if module != imported.module or not names or "*" in names or names & reaching:
+                    return True
+        return False
+
+    return [other for other in others if imports_what_scales(other)]
+
+
+def linked_trainers(path: Path, text: str) -> list[Half]:
+    """The files of ``path``'s project that initialize apex amp and scale their own losses, for which
+    ``text``, a file calling ``amp.initialize``, is one of the ``linked_initializers``: they stay on
+    apex, and need its ``initialize`` to scale the losses of the model it set up."""
+    me = path.resolve()
+    if me not in {half.path for half in _initializers_under(project_root(path))}:
+        return []
+    found = []
+    for other, data in project_files_saying(project_root(path), b"scale_loss("):
+        other_text = data.decode("utf-8", "replace")
+        if other == me or not any(half.path == me for half in linked_initializers(other, other_text)):
+            continue
+        try:
+            line = _first_amp_calls(quiet.parse(other_text), (SCALE_LOSS,)).get(SCALE_LOSS, 1)
+        except (SyntaxError, ValueError):
+            continue
+        found.append(Half(other, SCALE_LOSS, line, ()))
+    return found
+
+
+@lru_cache(maxsize=8)
+def _initializers_under(root: Path) -> tuple[Half, ...]:
+    found = []
+    for path, data in project_files_saying(root, b"initialize("):
+        try:
+            tree = quiet.parse(data.decode("utf-8", "replace"))
+        except (SyntaxError, ValueError):
+            continue
+        line = _first_amp_calls(tree, (INITIALIZE,)).get(INITIALIZE)
+        if line is not None:
+            found.append(Half(path, INITIALIZE, line, _imports_of(tree)))
+    return tuple(found)
+
+
 def _names_reaching(half: Half) -> set[str]:
     """The module's top-level functions and classes that make the half's apex calls (scale a loss;
     for ``STATE``, save or load amp's state: ``amp.state_dict``, not a model's), or call one that does."""

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from migrate import halves
 from migrate.apex_kept import kept_places
+from migrate.apex_plan.vocabulary import INITIALIZED_ELSEWHERE as INITIALIZED_SETTING
 from migrate.apex_plan.vocabulary import SCALE_LOSS_KEPT as SETTING
 from migrate.files import project_root
 
-__all__ = ["SETTING", "scaled_elsewhere"]
+__all__ = ["INITIALIZED_SETTING", "SETTING", "initialized_elsewhere", "scaled_elsewhere"]
 
 _INITIALIZES = re.compile(r"amp\s*\.\s*initialize\s*\(")
+_SCALES = re.compile(r"amp\s*\.\s*scale_loss\s*\(")
 _CALLS = {halves.SCALE_LOSS: "`amp.scale_loss`", halves.STATE: "apex's `amp.state_dict`/`load_state_dict`"}
 
 
@@ -37,8 +39,33 @@ def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Map
     migrated: dict[Path, bool] = {}
     for path, text in texts.items():
         if path not in partners and _INITIALIZES.search(text):
-            places = tuple(f"{_CALLS[half.role]} at {place}" for half in halves.linked_scale_halves(path, text)
-                           for place in kept_places([(half.path, half.line)], project_root(path), run, settings, unsafe_fixes, migrated))
+            root = project_root(path)
+            # (a file that only initializes is a half: ``halves`` pairs it, or names its other half)
+            linked = halves.linked_scale_halves(path, text) if _SCALES.search(text) else []
+            places = tuple(f"{_CALLS[half.role]} at {place}" for half in linked
+                           for place in kept_places([(half.path, half.line)], root, run, settings, unsafe_fixes, migrated))
+            # a file that also initializes for itself stays on apex, left alone for this one (below)
+            places += tuple(f"{_CALLS[half.role]} at {_relative(half.path, root)}:{half.line}"
+                            for half in halves.linked_trainers(path, text))
             if places:
                 found[path] = places
     return found
+
+
+def initialized_elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that initializes apex amp and scales its own losses, the places
+    (``path:line``, relative to its project) of the other files that initialize apex themselves and
+    call what scales its losses (``tune.py``: ``amp.initialize(model, opt)``, then the file's
+    ``train(model, ...)``). Those runs never make the file's GradScaler, migrated or not: the file is
+    left alone (``INITIALIZED_SETTING``), in either mode."""
+    found: dict[Path, tuple[str, ...]] = {}
+    for path, text in texts.items():
+        root = project_root(path)
+        places = tuple(f"{_relative(half.path, root)}:{half.line}" for half in halves.linked_initializers(path, text))
+        if places:
+            found[path] = places
+    return found
+
+
+def _relative(path: Path, root: Path) -> Path:
+    return path.relative_to(root) if path.is_relative_to(root) else path

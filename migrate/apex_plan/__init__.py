@@ -49,8 +49,10 @@ dependence: no import cycle):
   of apex amp, planned with the facts of the other half, ``migrate.halves``).
 - ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
   the families' steps in order and emits the findings. A file is not planned where the project
-  keeps apex's ``amp.scale_loss`` in a module linked to it by an import (``migrate.scale_kept``),
-  or where it initializes in arms that exclude each other.
+  keeps apex's ``amp.scale_loss`` in a module linked to it by an import, or another file
+  initializes apex and calls what scales its losses (``migrate.scale_kept``), or where it
+  initializes in arms that exclude each other. A computed opt level is unsafe where the project
+  sets its option to O2/O3 in another file (``migrate.level_settings``).
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 """
 from migrate.apex_plan.provider import ApexPlanProvider, plan_of

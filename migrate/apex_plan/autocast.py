@@ -182,7 +182,7 @@ class AutocastPlanning(Step):
             if start is not None:
                 # and what the loss is computed from before it (a teacher's forward, a model the
                 # file reaches under another name): apex cast all of it
-                sliced = self._slice_start(window, scale.loss, forward_only=True)
+                sliced = self._slice_start(window, nodes.parse_expression(loss, self.tree.module), forward_only=True)
                 self._wrap(window[min(start, sliced if sliced is not None else start):], scale, loss)
                 self._wrap_inner_slices(inner, scale, loss)
                 return True
@@ -205,8 +205,9 @@ class AutocastPlanning(Step):
         forward's region and the scaled backward (``logits = model(x)``, then
         ``if accumulate: loss = criterion(logits, y) / n`` and the backward in that arm): apex cast
         the loss computation too (cross-entropy in float32)."""
+        handed = nodes.parse_expression(loss, self.tree.module)  # as the caller names it (`self.backward(objective)`)
         for window in windows:
-            start = self._slice_start(window, scale.loss)
+            start = self._slice_start(window, handed)
             if start is not None:
                 self._wrap(window[start:], scale, loss)
 
@@ -298,6 +299,7 @@ class AutocastPlanning(Step):
         enabled = f", enabled={self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled else ""
         arms = self._arms_condition(scale, statements)
         if arms is not None:
+            arms = as_bool(nodes.parse_expression(arms, self.tree.module))
             enabled = f"{enabled} and {grouped_text(arms)}" if enabled else f", enabled={arms}"
         if self.setup.in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):

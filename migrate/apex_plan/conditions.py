@@ -100,11 +100,10 @@ def tests_a_parameter(tree: FileTree, test_of: cst.If) -> bool:
     return bool(parameters & read)
 
 
-def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_calls: list[cst.Call]) -> cst.If | None:
-    """The ``if flag:`` whose body holds ``initialize``, where the scaler is made in that body and
-    a disabled one stands in before: where its test was false, the scaler stayed disabled (an
-    ``else: loss.backward()`` of the same test is no backward it must scale). None where the
-    test may change, runs per call or in a loop, is an ``elif``'s, or another arm initializes too."""
+def flag_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_calls: list[cst.Call]) -> cst.If | None:
+    """The ``if flag:`` whose body holds ``initialize``, where its test says whether apex ran at
+    all: None where the test may change, runs in a loop (``if epoch == 0:`` is a trigger), is an
+    ``elif``'s, or another arm initializes too (the test then picks the options)."""
     block = tree.parent.get(id(initialize_statement))
     owner = tree.parent.get(id(block))
     if not isinstance(owner, cst.If) or owner.body is not block or tree.changes_its_test(owner) or tree.in_loop(owner):
@@ -114,4 +113,13 @@ def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_c
         return None
     if owner.orelse is not None and any(tree.inside(call, owner.orelse) for call in initialize_calls):
         return None
-    return None if tests_a_parameter(tree, owner) else owner
+    return owner
+
+
+def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_calls: list[cst.Call]) -> cst.If | None:
+    """The ``flag_if`` of ``initialize``, where the scaler is made in that body and a disabled one
+    stands in before: where its test was false, the scaler stayed disabled (an ``else:
+    loss.backward()`` of the same test is no backward it must scale). None where the test reads a
+    parameter of its function, whose value may differ from call to call."""
+    owner = flag_if(tree, initialize_statement, initialize_calls)
+    return None if owner is None or tests_a_parameter(tree, owner) else owner

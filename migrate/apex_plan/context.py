@@ -4,6 +4,8 @@ read), and the ``Draft`` the steps write to. Only the draft changes.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from typing import NamedTuple
 
 import libcst as cst
@@ -44,6 +46,7 @@ class Context(NamedTuple):
     exact_levels: frozenset[str]  # the opt levels the rewrite keeps: O0, O1 (and O2 where accepted as autocast)
     partner: Partner | None  # the other half of apex amp, in another file
     handed_elsewhere: tuple = ()  # ``migrate.forward_callers.Handed``: what other files hand the file's functions
+    levels_elsewhere: Mapping[str, str] = {}  # ``migrate.level_settings``: option names the project sets to O2/O3, with where
 
 
 class Step:

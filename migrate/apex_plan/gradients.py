@@ -117,8 +117,7 @@ class GradientPlanning(Step):
         if not all(follows for _, _, follows in readers):
             # a clip in an arm that never runs with the scaled backward (the native or fp32 arm of
             # `if native: ... elif apex: ... else: ...` after the same test) reads what it always read
-            found_clips = [None if _reads_beside_clips(reader, reads) else grad_readers.scale_aware_clips(reader)
-                           for reader, _, _ in readers]
+            found_clips = [grad_readers.scale_aware_clips(reader, reads) for reader, _, _ in readers]
             clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
                      for found in found_clips]
             conditions = [condition for (_, condition, _), kept, found in zip(readers, clips, found_clips) if found is None or kept]
@@ -443,16 +442,6 @@ class GradientPlanning(Step):
                 return True
             node = self.tree.parent.get(id(node))
         return False
-
-
-def _reads_beside_clips(reader: cst.CSTNode, reads) -> bool:
-    """Whether a line of ``reader`` that clips nothing reads gradients, out of sight too (``if clip:
-    clip_grad_norm_(...)`` / ``else: norm = total_norm(amp.master_params(opt))``, a helper of the
-    file reading ``p.grad``): a clip aware of the scale does not cover that read."""
-    if isinstance(reader, cst.SimpleStatementLine):
-        return False  # its clips are all it reads with, or `scale_aware_clips` says it is not
-    lines = [node for node in descendants(reader) if isinstance(node, cst.SimpleStatementLine)]
-    return any(reads(line) and not grad_readers.scale_aware_clips(line) for line in lines)
 
 
 def _add_or_join(lines: list[str], line: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.conditions import tests_a_parameter
+from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, read_names
@@ -103,6 +103,10 @@ class InitializePlanning(Step):
             elif level is None and self._default_level(level_arg.value) in {"O2", "O3"} - self.exact_levels:
                 # A run-time check would stop the run people make most; O2/O3 are not exact natively.
                 self.draft.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
+            elif level is None and self._set_elsewhere(level_arg.value):
+                # the project's default or its shipped configs: the same, from another file
+                place, set_to = self._set_elsewhere(level_arg.value).rsplit(": ", 1)
+                self.draft.unsafe.append(f"the project sets `{level_arg.value.attr.value}` to {set_to} (at {place}), and " + COMPUTED_LEVEL)
             elif level is None and possible is None and nodes.is_pure(level_arg.value):
                 # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
                 # rewrite adds that check), so no run silently trains differently.
@@ -200,6 +204,14 @@ class InitializePlanning(Step):
     def _default_level(self, expression: cst.BaseExpression) -> str | None:
         """The argparse default of ``args.opt_level`` (or another option), when the file gives one."""
         return self.tree.defaults.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
+
+    def _set_elsewhere(self, expression: cst.BaseExpression) -> str | None:
+        """Where the project sets the option ``args.amp_level`` reads to a level not kept exactly
+        (``configs/config.py:229: O2``), when the file gives it no default of its own."""
+        if not isinstance(expression, cst.Attribute) or expression.attr.value in self.tree.defaults:
+            return None
+        place = self.context.levels_elsewhere.get(expression.attr.value)
+        return place if place is not None and place.rsplit(": ", 1)[-1] not in self.exact_levels else None
 
     def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
         """``self.model = model`` (or ``self.model, self.opt = model, opt``) in the function that
@@ -394,10 +406,8 @@ class InitializePlanning(Step):
             return None, stand_in, False
         if isinstance(owner, cst.ClassDef):
             raise Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
-        is_elif = isinstance(self.tree.parent.get(id(owner)), cst.If) and self.tree.parent[id(owner)].orelse is owner
         if all(self.tree.inside(site, block) for site in sites):
             return None, stand_in, False  # the scaler is only used where it exists
-        # In a loop, `if epoch == 0:` is a trigger that runs once, not a flag for the whole run.
         # `if amp: level = "O1"; amp.initialize(..., opt_level=level)`: the block sets what the
         # call reads, so the scaler cannot be made before the `if`
         body = list(block.body)
@@ -405,20 +415,16 @@ class InitializePlanning(Step):
         options = [arg.value for position, arg in enumerate(init.call.args)
                    if (arg.keyword is None and position >= 2) or (arg.keyword is not None and arg.keyword.value not in ("models", "optimizers"))]
         reads_block = any(set_before & read_names(option) for option in options)  # the scaler is made from the options
-        # `if dynamic: initialize(...) else: initialize(..., loss_scale=s)`: the test picks the
-        # options, not whether apex ran; a scaler enabled by it would be off in the other arm
-        other_arm = isinstance(owner, cst.If) and owner.orelse is not None and any(
-            self.tree.inside(call, owner.orelse) for call in self.sites.calls["initialize"])
+        flag = flag_if(self.tree, init.statement, self.sites.calls["initialize"])
         # `def _wrap_model(self, model, training=True): if self.use_apex and training:`: a test of
         # a parameter itself may differ from call to call (evaluation passes False), where a
         # scaler made before the `if` would be made again, disabled, over the live one (a setting
         # read from one, `args.fp16`, is the run's)
-        per_call = scope != "local" and isinstance(owner, cst.If) and tests_a_parameter(self.tree, owner)
-        if (isinstance(owner, cst.If) and owner.body is block and not is_elif and not self.tree.changes_its_test(owner)
-                and not self.tree.in_loop(owner) and not reads_block and not other_arm and not per_call):
-            alone = len(block.body) == 1 and init.restore is None and owner.orelse is None
-            if nodes.is_pure(owner.test) or alone:
-                return owner, stand_in, False
+        per_call = scope != "local" and flag is not None and tests_a_parameter(self.tree, flag)
+        if flag is not None and not reads_block and not per_call:
+            alone = len(block.body) == 1 and init.restore is None and flag.orelse is None
+            if nodes.is_pure(flag.test) or alone:
+                return flag, stand_in, False
         # A run-once guard (`if not self.initialized:`), an elif, a loop or a try: the scaler is
         # created where apex was initialized. apex needed that to have run before any scale_loss,
         # but the forward pass may run on paths where it did not, so autocast cannot ask the

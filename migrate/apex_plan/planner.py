@@ -30,6 +30,8 @@ from migrate.apex_plan.vocabulary import (
     HELPER_NAME,
     HELPER_SOURCE,
     INITIALIZE,
+    INITIALIZED_ELSEWHERE,
+    LEVELS_ELSEWHERE,
     MASTER_PARAMS,
     PARTNER,
     SCALE_LOSS,
@@ -48,7 +50,7 @@ from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.rule import ImportChange, Report
 from migrate.step_model.vocabulary import dtype_of, model_like
-from migrate.tree_walk import children
+from migrate.tree_walk import children, descendants
 from migrate.types import Safety
 
 
@@ -73,13 +75,16 @@ class Planner:
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
         self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
         self.scaled_elsewhere = settings.get(SCALE_LOSS_KEPT, ())  # linked files that keep apex's scale_loss
+        self.initialized_elsewhere = settings.get(INITIALIZED_ELSEWHERE, ())  # other files initializing for its scale_loss
+        self.levels_elsewhere = settings.get(LEVELS_ELSEWHERE, {})  # option names the project sets to O2/O3
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
 
     def plan(self) -> ApexPlan:
         self.sites = classify(self.tree, self.draft)
-        reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner, self.handed_elsewhere)
+        reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner, self.handed_elsewhere,
+                          self.levels_elsewhere)
         core = self.sites.all_calls()
         if not core:
             return ApexPlan()
@@ -141,6 +146,11 @@ class Planner:
             AutocastPlanning(reading).plan_inference_tail(tail, found[id(tail)])
         scales = [steps.read_scale_loss(call) for call in self.sites.calls["scale_loss"]]
         inits = ModuleReadPlanning(reading).plan_scale_pokes(inits)
+        if inits and self.scaled_elsewhere:
+            raise Unplannable(next((site for site in inits if not site.inference), inits[0]).call,
+                              f"{', '.join(self.scaled_elsewhere)} stays on apex amp and needs "
+                              "this `amp.initialize` (apex fails there without it: \"Amp state has not been initialized\", "
+                              "no loss scaler to save): migrate them together")
         if not scales:
             if not inits and tails:
                 writing = self._decided(reading, Setup(level="O1", o0=False))
@@ -153,11 +163,15 @@ class Planner:
             return
         # The scaler is made where the first training `initialize` was (a teacher readied for
         # inference before it does not decide).
-        init = next((site for site in inits if not site.inference), inits[0]) if inits else None
-        if init is not None and self.scaled_elsewhere:
-            raise Unplannable(init.call, f"{', '.join(self.scaled_elsewhere)} stays on apex amp and needs "
-                              "this `amp.initialize` (apex fails there without it: \"Amp state has not been initialized\", "
-                              "no loss scaler to save): migrate them together")
+        # Of several, the one whose function goes on to scale a loss (`main()` calling `train()`,
+        # not a test entry point that only evaluates).
+        training = [site for site in inits if not site.inference]
+        init = next((site for site in training if self._reaches_a_scale(site, scales)), training[0] if training else inits[0]) if inits else None
+        if init is not None and self.initialized_elsewhere:
+            raise Unplannable(scales[0].call if scales else init.call,
+                              f"`amp.initialize` at {', '.join(self.initialized_elsewhere)} sets apex up too, then calls "
+                              "what scales this loss: those runs never make the GradScaler this file would make "
+                              "(its own `amp.initialize` does not run there); migrate them together by hand")
         others_inits = [site for site in inits if site is not init]
         level, partner_args = CrossFilePlanning(reading).scale_half() if init is None else (init.level, ())
         repeats = [extra for extra in others_inits if several.repeats(init, extra)]
@@ -219,6 +233,7 @@ class Planner:
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
             merged_losses=any(site.merges_losses for site in (*inits, *scales)),
             level_guarded=init is not None and init.guard_level,
+            guard=guard,
             guard_tests=flag_spellings(self.tree, guard.test) if guard is not None else frozenset(),
             # apex O1 cast every forward pass once it ran: a model under a usual name counts too (`self.model` of a trainer handed it)
             model_codes=frozenset(set().union(*(i.model_codes for i in inits), GUESSED_MODELS)),
@@ -358,6 +373,23 @@ class Planner:
             what.append(f"`{HELPER_NAME}`, which reads old apex checkpoints into a GradScaler, is defined after the imports")
         code = STATE_DICT if self.sites.calls["load_state_dict"] else SCALE_LOSS
         self.draft.kind(anchor, code, "; ".join(what), "Add it after the imports" if len(what) == 1 else "Add them after the imports")
+
+    def _reaches_a_scale(self, init: InitializeSite, scales: list[ScaleLossSite]) -> bool:
+        """Whether the function running ``init`` scales a loss, or calls one of the file's
+        functions that does (or one that calls such a function)."""
+        todo, seen = [self.tree.function(init.statement)], set()
+        while todo:
+            function = todo.pop()
+            if function is None:
+                return True  # at module level: the script itself
+            if id(function) in seen:
+                continue
+            seen.add(id(function))
+            if any(self.tree.inside(scale.call, function) for scale in scales):
+                return True
+            todo += [helper for call in descendants(function) if type(call) is cst.Call
+                     if (helper := self.tree.helper(call)) is not None]
+        return False
 
     def _emit(self, writing: Context, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)

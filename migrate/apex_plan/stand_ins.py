@@ -7,7 +7,6 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.conditions import disabling_if, flag_spellings
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
 from migrate.tree_walk import walk
@@ -59,11 +58,10 @@ class StandInPlanning(Step):
         before every statement that scales a loss, each scaling under a test of that flag: where
         the flag is on the scaler exists first; where off, nothing scales and the disabled one
         only steps and leaves autocast off, as the original ran."""
-        guard = disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
         function = self.tree.function(init.statement)
-        if guard is not anchor or function is None:
+        if self.setup.guard is not anchor or function is None:
             return False
-        body, flags = list(function.body.body), flag_spellings(self.tree, guard.test)
+        body, flags = list(function.body.body), self.setup.guard_tests
         for site in self.sites.calls["scale_loss"]:
             top, tested = site, False
             while self.tree.parent.get(id(top)) is not function.body:

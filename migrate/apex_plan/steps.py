@@ -200,13 +200,14 @@ class StepPlanning(Step):
             raise Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
         # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
         # backward pass of the file skips the scaler while it is enabled.
-        plain = self.plain_backward()
-        if plain is not None:
+        plains = self.plain_backwards()
+        if plains:
             self.draft.unsafe.append(
-                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plain)} "
+                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plains[0])} "
                 "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
             )
-            self._scale_plain_backward(plain, scale)
+            for plain in plains:
+                self._scale_plain_backward(plain, scale)
         if any(self.tree.in_handler(line, scale.statement) for line, _ in anywhere):
             self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
         if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
@@ -344,6 +345,10 @@ class StepPlanning(Step):
     def plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
         """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
         with ``beside``, one in its function that can run in the same pass (not in another branch)."""
+        return next(iter(self.plain_backwards(beside)), None)
+
+    def plain_backwards(self, beside: cst.CSTNode | None = None) -> list[cst.Call]:
+        """Every ``plain_backward``, in the file's order."""
         scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
         withs = self.sites.scale_loss_statements
         candidates = self.tree.per_scope(
@@ -351,7 +356,7 @@ class StepPlanning(Step):
             lambda: [call for call in self._backwards_in(scope)
                      if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)
                      and not self._scales_within(call) and not _natively_scaled(call)])
-        return next((call for call in candidates if beside is None or not self.tree.exclusive(call, beside)), None)
+        return [call for call in candidates if beside is None or not self.tree.exclusive(call, beside)]
 
     def _scale_plain_backward(self, plain: cst.Call, scale: ScaleLossSite) -> None:
         """``loss.backward()`` becomes ``scaler.scale(loss).backward()`` where the step after it goes
@@ -359,12 +364,14 @@ class StepPlanning(Step):
         scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it."""
         scaler = self.scaler_of(scale.call)
         same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
-        if self.setup.in_block:
-            return  # the scaler may not exist there (made in a block that may not have run): its steps ask first
         if (isinstance(plain.func, cst.Attribute) and not plain.args and id(plain) not in self.draft.replacements
                 and (not scaler.startswith("self.") or same_class)):
             loss = nodes.code(plain.func.value)
-            self.draft.replace(plain, nodes.parse_expression(f"{scaler}.scale({loss}).backward()", self.tree.module))
+            scaled = f"{scaler}.scale({loss})"
+            if self.setup.in_block:  # made in a block that may not have run: ask, as its steps do
+                owner, attribute = scaler.split(".", 1)
+                scaled = f'({scaled} if getattr({owner}, "{attribute}", None) is not None else {loss})'
+            self.draft.replace(plain, nodes.parse_expression(f"{scaled}.backward()", self.tree.module))
             self.draft.kind(plain, SCALE_LOSS, "a backward pass beside `amp.scale_loss` is not scaled",
                             f"Use `{scaler}.scale({loss}).backward()`: its step goes through the scaler")
 

@@ -131,6 +131,8 @@ SCALE_LOSS_KEYWORDS = frozenset({"loss", "optimizers", "loss_id", "model", "dela
 
 PARTNER = "apex-partner"  # the setting that hands a half's plan its ``Partner`` (not a user setting)
 SCALE_LOSS_KEPT = "apex-scale-loss-kept"  # hands a plan ``migrate.scale_kept``'s places (not a user setting)
+LEVELS_ELSEWHERE = "apex-level-set-elsewhere"  # ``migrate.level_settings``' option names (not a user setting)
+INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.initialized_elsewhere``'s places (not a user setting)
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
 
@@ -242,7 +244,9 @@ class Setup:
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
     merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated once per iteration
     level_guarded: bool = False  # a computed opt level is checked at run time
-    # the flag the scaler is enabled by (`if args.fp16:` that held initialize), and the copies of its value (`self.fp16 = fp16`)
+    # the `if args.fp16:` that held initialize, whose test enables the scaler (hoisted before it,
+    # or made in it after a disabled stand-in), and that test's spellings (`self.fp16 = fp16`)
+    guard: cst.If | None = None
     guard_tests: frozenset[str] = frozenset()
     model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
     # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
@@ -295,12 +299,19 @@ def either(first: str | None, second: str | None) -> str | None:
     are the two arms of one test (``amp and even``, ``amp and not even``: ``amp``); else ``or``."""
     if first is None or second is None:
         return None
-    mine, theirs = conjuncts(first), conjuncts(second)
-    shared = [part for part in mine if normal(part) in {normal(other) for other in theirs}]
-    rest = [[part for part in parts if normal(part) not in {normal(other) for other in shared}] for parts in (mine, theirs)]
 
     def is_not(negation: str, test: str) -> bool:
         return normal(negation) == normal(f"not ({test})")
+
+    # arms of one test nested in arms of the same test (`if even: ... if even:`) give `even and
+    # even`, and `even and not even` where no pass runs: said once, and that one left out
+    mine, theirs = ({normal(part): part for part in conjuncts(text)}.values() for text in (first, second))
+    mine, theirs = list(mine), list(theirs)
+    for parts, other in ((mine, second), (theirs, first)):
+        if any(is_not(a, b) for a in parts for b in parts):
+            return other
+    shared = [part for part in mine if normal(part) in {normal(other) for other in theirs}]
+    rest = [[part for part in parts if normal(part) not in {normal(other) for other in shared}] for parts in (mine, theirs)]
 
     arms = len(rest[0]) == 1 and len(rest[1]) == 1 and (is_not(rest[0][0], rest[1][0]) or is_not(rest[1][0], rest[0][0]))
     if not rest[0] or not rest[1] or arms:
@@ -343,12 +354,22 @@ def grouped_text(text: str) -> str:
 
 
 def as_bool(expression: cst.BaseExpression) -> str:
-    text = nodes.code(expression)
-    if isinstance(expression, (cst.Comparison,)) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
-        return text
+    """``expression`` as a bool: autocast's and GradScaler's ``enabled=`` take nothing else (an
+    ``int`` flag from argparse or a JSON config raises there)."""
+    if _is_boolean(expression):
+        return nodes.code(expression)
+    bare = expression.with_changes(lpar=[], rpar=[]) if getattr(expression, "lpar", ()) else expression
+    return f"bool({nodes.code(bare)})"
+
+
+def _is_boolean(expression: cst.BaseExpression) -> bool:
+    if isinstance(expression, cst.Comparison) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
+        return True
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
-        return text
-    return f"bool({text})"
+        return True
+    if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of its operands
+        return _is_boolean(expression.left) and _is_boolean(expression.right)
+    return isinstance(expression, cst.Call) and nodes.code(expression.func).rsplit(".", 1)[-1] in ("bool", "isinstance", "is_enabled")
 
 # Put by the migration on what reads gradients inside `amp.scale_loss` after its backward: apex had
 # not unscaled them yet there, nor has GradScaler, so AMP101's unscale_ must not come before it.

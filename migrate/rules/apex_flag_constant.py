@@ -20,7 +20,9 @@ class ApexFlagConstant(Rule):
     ...) that the file now only ever sets to ``True``: what is left once the ``try: import apex
     / except ImportError: HAS_APEX = False`` guard goes (AMP001). Its tests are folded: ``if
     has_apex:`` keeps its body, ``if not has_apex:`` its ``else``, an ``elif has_apex:`` becomes
-    ``else:``, and ``has_apex and x`` becomes ``x``. Once nothing reads it, the flag goes too.
+    ``else:``, and ``has_apex and x`` becomes ``x``. Once nothing reads it, the flag goes too,
+    and so does a disabled GradScaler that stood in until an ``if has_apex:`` block made the
+    scaler (``ampmigrate`` writes one there), where the block now runs right after it.
 
     Why is this bad?
     A flag that cannot be False is a branch that cannot run: dead code that still reads as if
@@ -87,6 +89,39 @@ class ApexFlagConstant(Rule):
             "    print('mixed precision:', mode)\n"
             "    return mode\n",
         ),
+        Invalid(  # the disabled scaler standing in until the folded block ran goes with the test
+            "has_apex = True\n"
+            "\n"
+            "def setup(cfg):\n"
+            "    # mixed precision\n"
+            '    scaler = torch.amp.GradScaler("cuda", enabled=False)  # until the block that creates it runs\n'
+            "    if has_apex:\n"
+            "        level = 'O1' if cfg.fp16 else 'O0'\n"
+            '        scaler = torch.amp.GradScaler("cuda", enabled=level != "O0")\n'
+            "    return scaler\n",
+            "\n"
+            "def setup(cfg):\n"
+            "    # mixed precision\n"
+            "    level = 'O1' if cfg.fp16 else 'O0'\n"
+            '    scaler = torch.amp.GradScaler("cuda", enabled=level != "O0")\n'
+            "    return scaler\n",
+        ),
+        Invalid(  # read before the block makes it again: the stand-in stays
+            "has_apex = True\n"
+            "\n"
+            "def setup(cfg):\n"
+            '    scaler = torch.amp.GradScaler("cuda", enabled=False)\n'
+            "    if has_apex:\n"
+            "        log(scaler)\n"
+            '        scaler = torch.amp.GradScaler("cuda")\n'
+            "    return scaler\n",
+            "\n"
+            "def setup(cfg):\n"
+            '    scaler = torch.amp.GradScaler("cuda", enabled=False)\n'
+            "    log(scaler)\n"
+            '    scaler = torch.amp.GradScaler("cuda")\n'
+            "    return scaler\n",
+        ),
         Invalid(  # read as a value too: the tests fold, the flag stays
             "has_amp = True\n"
             "if has_amp:\n"
@@ -127,6 +162,14 @@ class ApexFlagConstant(Rule):
             if any(_within(node, other, self) or _within(other, node, self) for other in folded):
                 continue  # nested in another fold: the next round takes it
             folded.append(node)
+            stand_in = self._stand_in_overwritten(node, replacement)
+            if stand_in is not None:  # its comments stay, above what follows
+                first, *rest = replacement.nodes
+                replacement = cst.FlattenSentinel([first.with_changes(
+                    leading_lines=[*stand_in.leading_lines, *first.leading_lines]), *rest])
+                self.report(stand_in, "this disabled GradScaler stood in until the block below made the scaler; "
+                            "with its test folded, that block always runs first", replacement=cst.RemoveFromParent(),
+                            fix_message="Remove the stand-in")
             self.report(node, f"`{name}` is always True here, so this test has one outcome",
                         replacement=replacement, fix_message=f"Fold `{name}`, which is always True")
         if not reads:
@@ -170,6 +213,39 @@ class ApexFlagConstant(Rule):
             return cst.RemoveFromParent()
         kept[0] = kept[0].with_changes(leading_lines=[*statement.leading_lines, *kept[0].leading_lines])
         return cst.FlattenSentinel(kept)
+
+
+    def _stand_in_overwritten(self, folded: cst.CSTNode, replacement) -> cst.SimpleStatementLine | None:
+        """The line before a folded ``if has_apex:`` that made a disabled GradScaler
+        (``scaler = torch.amp.GradScaler("cuda", enabled=False)``) where the kept body makes the
+        scaler again before anything reads it: once the test is gone, nothing reads the stand-in."""
+        if not isinstance(folded, cst.If) or not isinstance(replacement, cst.FlattenSentinel):
+            return None
+        block = self.get_metadata(ParentNodeProvider, folded, None)
+        body = list(getattr(block, "body", ()))
+        index = next((i for i, statement in enumerate(body) if statement is folded), 0)
+        if index == 0:
+            return None
+        before = body[index - 1]
+        assign = before.body[0] if isinstance(before, cst.SimpleStatementLine) and len(before.body) == 1 else None
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Call)
+                and nodes.code(assign.value.func).endswith("GradScaler")
+                and any(arg.keyword is not None and arg.keyword.value == "enabled" and nodes.code(arg.value) == "False"
+                        for arg in assign.value.args)):
+            return None
+        target = nodes.code(assign.targets[0].target)
+        for statement in replacement.nodes:
+            line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+            if isinstance(line, cst.Assign) and [nodes.code(t.target) for t in line.targets] == [target] \
+                    and not _reads(line.value, target):
+                return before
+            if _reads(statement, target):
+                return None
+        return None
+
+
+def _reads(node: cst.CSTNode, code: str) -> bool:
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and nodes.code(n) == code for n in descendants(node))
 
 
 def _within(inner: cst.CSTNode, outer: cst.CSTNode, rule: Rule) -> bool:

@@ -30,7 +30,8 @@ class ApexImport(Rule):
 
     An unused import is left alone where it may be wanted all the same: in a class body (a class
     attribute), under ``if TYPE_CHECKING:`` (never imported at run time), in a ``try`` whose
-    ``except ImportError:`` sets a fallback (an availability check: ``HAS_APEX = False``), and
+    ``except ImportError:`` sets a fallback (an availability check: ``HAS_APEX = False``) or
+    returns one (``def apex_available(): ... except ImportError: return False``), and
     where a string that is Python code names it (``__all__``, a string annotation, ``eval``; not
     a message such as "please install apex").
 
@@ -62,6 +63,9 @@ class ApexImport(Rule):
         Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
         Valid("try:\n    class Norm(Base):\n        pass\nexcept ImportError:\n    Norm = None\n"),
         Valid("try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n"),
+        Valid("def apex_available():\n    try:\n        import apex  # noqa: F401\n        from apex import amp  # noqa: F401\n\n"
+              "        return True\n    except ImportError:\n        return False\n"),
+        Valid("def has_apex():\n    try:\n        import apex\n    except ModuleNotFoundError:\n        return False\n    return True\n"),
         Valid("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from apex.optimizers import FusedLAMB\n\n"
               "def build(opt: 'FusedLAMB'):\n    return opt\n"),
         Valid("from apex.normalization import FusedLayerNorm\n\n__all__ = ['FusedLayerNorm']\n"),
@@ -249,10 +253,17 @@ def _kept_on_purpose(statement: cst.CSTNode, parent_of) -> bool:
             return True
         if isinstance(node, cst.If) and nodes.code(node.test).rsplit(".", 1)[-1] == "TYPE_CHECKING":
             return True
-        if isinstance(node, cst.Try) and nodes.import_error_fallback(node) is not None:
+        if isinstance(node, cst.Try) and (nodes.import_error_fallback(node) is not None or _answers(node)):
             return True
         node = parent_of(node)
     return False
+
+
+def _answers(node: cst.Try) -> bool:
+    """``try: import apex; return True`` / ``except ImportError: return False``: a probe whose answer
+    its callers read (whether to import apex's engine elsewhere): without the import, always yes."""
+    return any(isinstance(small, cst.Return) for handler in node.handlers if nodes.catches_import_error(handler)
+               for line in handler.body.body if isinstance(line, cst.SimpleStatementLine) for small in line.body)
 
 
 # Where a ``Name`` inside an import statement sits: the module, the imported name, its alias.

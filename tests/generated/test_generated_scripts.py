@@ -342,6 +342,23 @@ def test_the_flags_block_sets_the_level_initialize_reads(holder, backward_in, fl
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("native_beside, flag_copy", [(False, False), (True, True)])
+def test_warmup_backwards_beside_a_scaler_made_in_the_flags_block(native_beside, flag_copy, tmp_path):
+    """Warm-up steps (``if step < 2: loss.backward(); opt.step()``) beside the trainer's scaling
+    ``backward``, the scaler made in the flag's block (which sets the level): every plain backward
+    before a step through the scaler is scaled where the scaler exists, asked as its steps ask
+    (bench seed 52: the unsafe rewrite crashed, `scaler.step` with nothing scaled, or
+    AttributeError where a later pass scaled one without asking)."""
+    drawn = Features(loss="helper", loop="range", accumulation="none", boundary="minus_one", clip="none",
+                     clip_at="boundary", flag="on", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder="method", backward_in="helper", level_in_block=True, warmup=True,
+                     native_beside=native_beside, flag_copy=flag_copy)
+    outcome = judge(drawn, tmp_path)
+    assert_rewrites_hold(outcome)
+    unsafe = (tmp_path / "unsafe.py").read_text()
+    assert unsafe.count('if getattr(self, "scaler", None) is not None else loss).backward()') >= 1
+
+
 @pytest.mark.parametrize("alternate", [False, True])
 def test_a_closure_clipping_after_each_micro_batch_of_a_scaling_method(alternate, tmp_path):
     """The micro-batches in a loop of their own, each scaled by the trainer's ``backward(loss)``
@@ -352,3 +369,28 @@ def test_a_closure_clipping_after_each_micro_batch_of_a_scaling_method(alternate
                      clip_at="micro_batch", flag="none", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
                      holder="method", backward_in="helper", clip_in="closure", alternate=alternate)
     assert_rewrites_hold(judge(drawn, tmp_path))
+
+
+@pytest.mark.parametrize("flag", ["on", "off"])
+def test_each_arms_loss_goes_under_autocast_where_a_helper_scales_it(flag, tmp_path):
+    """Micro-batches, each arm computing the loss and handing it to the trainer's ``backward``
+    (``self.backward(objective)``): the arm's loss is sliced by the name the caller hands in,
+    not the helper's parameter (bench seed 52: the safe rewrite left it in float32, 3 scripts)."""
+    drawn = Features(loss="arms_backward", loop="range", accumulation="inner_loop", boundary="minus_one", clip="parameters",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False, names=("net", "optimizer", "objective"),
+                     holder="method", backward_in="helper", checkpoint=True, clip_in="closure", trainer_init="base")
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
+
+
+def test_nested_arms_of_one_test_step_each_optimizer_plainly_where_nothing_was_scaled(tmp_path):
+    """Arms of ``step % 2 == 0`` nested in arms of the same test, each scaling its backward under
+    the run's flag, two optimizers stepped in a loop: the step's test is the flag alone (it was
+    ``flag and ((a and a) or (not a and not a))``, whose ``else`` a later pass sent through the
+    scaler too: ``scaler.step`` with nothing scaled raised, bench seed 52, 4 scripts)."""
+    drawn = Features(loss="arms_backward", loop="while", accumulation="inner_loop", boundary="minus_one", clip="none",
+                     clip_at="micro_batch", flag="off", import_guard=False, inner_fp32=False, names=("network", "optim", "objective"),
+                     holder="method", optimizers="two", checkpoint=True, initialize_always=True, alternate=True)
+    outcome = judge(drawn, tmp_path)
+    assert_rewrites_hold(outcome)

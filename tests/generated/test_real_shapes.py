@@ -289,3 +289,69 @@ def test_initialize_in_both_arms_of_a_test_is_left_alone(tmp_path):
     result = migrate_source(INITIALIZE_IN_BOTH_ARMS, filename="train.py", unsafe_fixes=True)
     assert result.new_source == INITIALIZE_IN_BOTH_ARMS
     assert any("in arms that exclude each other" in d.message for d in result.diagnostics)
+
+
+# two entry points initializing apex each, the evaluation one first in the file and never run
+TWO_ENTRIES = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    def make(args):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 40), nn.ReLU(), nn.Linear(40, 3)).cuda()
+        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+    def evaluate(args):
+        model, optimizer = make(args)
+        if args.amp:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+        with torch.no_grad():
+            return model(torch.randn(2, 12, device="cuda")).argmax(1)
+
+
+    def fit(model, optimizer, batches, use_amp):
+        for x, y in batches:
+            loss = F.cross_entropy(model(x), y)
+            if use_amp:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    def run(args):
+        model, optimizer = make(args)
+        if args.amp:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+        batches = [(torch.randn(8, 12, device="cuda"), torch.randint(0, 3, (8,), device="cuda")) for _ in range(4)]
+        for _ in range(2):
+            fit(model, optimizer, batches, args.amp)
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--amp", action="store_true")
+        run(parser.parse_args())
+''')
+
+
+def test_of_two_entry_points_initializing_the_one_that_trains_makes_the_scaler(tmp_path):
+    """The GradScaler is made where the ``initialize`` whose function goes on to scale a loss ran
+    (``run()`` calling ``fit()``), not at the first in the file (``evaluate()``, never called):
+    there mixed-precision training ran in fp32 with no loss scaling, silently."""
+    result = migrate_source(TWO_ENTRIES, filename="train.py", unsafe_fixes=True)
+    assert MARKER in result.new_source  # the evaluation entry loses apex's casts, and says so
+    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
+    original.write_text(TWO_ENTRIES)
+    migrated.write_text(result.new_source)
+    for args in ([], ["--amp"]):
+        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
+        assert comparison.verdict == SAME, (args, comparison.difference)

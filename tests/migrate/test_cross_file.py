@@ -1,6 +1,7 @@
 """apex amp split across two files: ``amp.initialize`` in one, ``amp.scale_loss`` in the other."""
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,33 @@ def test_a_scale_half_alone_runs_autocast_only_where_its_scaled_backward_does(tm
     result, = migrate_paths([tmp_path / "engine.py"], unsafe_fixes=True)
     migrated = (tmp_path / "engine.py").read_text()
     assert result.changed and "enabled=not (cfg.amp == 'native') and not cfg.amp == 'none'" in migrated, migrated
+
+
+@pytest.mark.parametrize("test, enabled", [
+    ("cfg.fp16", "bool(cfg.fp16)"),
+    ("cfg.fp16 and not cfg.cpu", "bool(cfg.fp16 and not cfg.cpu)"),
+    ("cfg.fp16 == 1", "cfg.fp16 == 1"),
+    ("not cfg.fp32", "not cfg.fp32"),
+])
+def test_a_scale_halfs_arm_test_enables_autocast_as_a_bool(tmp_path, test, enabled):
+    """The arms' test becomes autocast's ``enabled=``, which takes a bool only: an int flag
+    (argparse ``type=int``, a JSON 0/1) raised TypeError there, on the fp32 path too."""
+    (tmp_path / "engine.py").write_text(
+        "import torch\nfrom apex import amp\n\n\n"
+        "def train_epoch(model, optimizer, loader, cfg):\n"
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        f"        if {test}:\n"
+        "            with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "                scaled_loss.backward()\n"
+        "        else:\n"
+        "            loss.backward()\n"
+        "        optimizer.step()\n"
+    )
+    result, = migrate_paths([tmp_path / "engine.py"], unsafe_fixes=True)
+    migrated = (tmp_path / "engine.py").read_text()
+    written = "".join(migrated.split())  # however the line is wrapped
+    assert result.changed and any(f"enabled={spelling})".replace(" ", "") in written
+                                  for spelling in (enabled, f"({enabled})")), migrated
+    cfg = types.SimpleNamespace(fp16=1, cpu=0, fp32=0)
+    assert type(eval(enabled, {"cfg": cfg})) is bool

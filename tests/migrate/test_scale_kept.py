@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from migrate import api
+from migrate import api, files
 from migrate.scale_kept import scaled_elsewhere
 
 TRAIN = """\
@@ -160,3 +160,102 @@ def test_a_name_of_the_utility_that_keeps_no_state_is_no_link(tmp_path):
                      .replace('save_checkpoint("last.pt", model, opt, "O1")', "print(count_parameters(model))"))
     [result] = [r for r in api.migrate_paths([str(tmp_path)], write=False) if r.filename.endswith("train.py")]
     assert "amp.initialize" not in result.new_source, result.new_source
+
+
+@pytest.mark.parametrize("layout", ["namespace_tasks", "packages"])
+def test_a_tree_without_a_project_marker_is_the_project_its_dotted_imports_start_from(tmp_path, layout):
+    """No ``.git``, ``pyproject.toml`` or ``setup.*`` (an export, a copy): the project is the folder
+    ``from src.utils.checkpoints import ...`` starts from, not the script's own folder, so the
+    utility keeping apex's state is seen (the script was migrated, and the utility's
+    ``amp.state_dict()`` raised at the first save)."""
+    train = _with_checkpoints(tmp_path, "from_import")
+    (tmp_path / "pyproject.toml").unlink()
+    tasks, utils = tmp_path / "src" / "tasks", tmp_path / "src" / "utils"
+    tasks.mkdir(parents=True)
+    utils.mkdir()
+    for folder in ([tmp_path / "src", utils] if layout == "namespace_tasks" else [tmp_path / "src", utils, tasks]):
+        (folder / "__init__.py").write_text("")
+    (tmp_path / "checkpoints.py").rename(utils / "checkpoints.py")
+    moved = tasks / "train.py"
+    moved.write_text(train.read_text().replace("from checkpoints import", "from src.utils.checkpoints import"))
+    train.unlink()
+    assert files.project_root(moved) == tmp_path.resolve()
+    for given in (tmp_path, moved):
+        [result] = [r for r in api.migrate_paths([str(given)], write=False) if r.filename.endswith("train.py")]
+        assert result.new_source == moved.read_text()
+        assert "checkpoints.py:" in " ".join(d.message for d in result.diagnostics)
+
+
+TRAINLIB = """\
+import torch
+from apex import amp
+
+
+def load_state(model, opt, use_amp=False):
+    if use_amp:
+        model, opt = amp.initialize(model, opt, opt_level="O1")
+    return model, opt
+
+
+def train(model, batches, opt, use_amp=False):
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if use_amp:
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+        else:
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+"""
+TUNE = """\
+import torch
+{apex_import}
+{import_line}
+
+
+def main(model, opt, batches):
+    model, opt = amp.initialize(model, opt, opt_level="O1")
+    for _ in range(3):
+        {call}(model, batches, opt, use_amp=True)
+"""
+TRAINERS = {"from_import": ("from trainlib import train", "train"), "the_module": ("import trainlib", "trainlib.train"),
+            "renamed": ("from trainlib import train as run_epoch", "run_epoch"),
+            "package_relative": ("from .trainlib import train", "train")}
+
+
+@pytest.mark.parametrize("use", sorted(TRAINERS))
+@pytest.mark.parametrize("apex_import", ["plain", "guarded"])
+def test_a_file_training_with_its_own_initialize_is_left_alone_where_another_initializes_for_it(tmp_path, use, apex_import):
+    """``tune.py`` initializes apex for the model it builds, then calls ``trainlib.train``, which
+    scales the loss; ``trainlib`` initializes for itself only in ``load_state``, which ``tune.py``
+    never calls. Migrated, ``trainlib``'s GradScaler is never made on tune's runs (no loss scaling
+    under apex's casts): both files are left alone, in either mode, and say where."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    import_line, call = TRAINERS[use]
+    folder = tmp_path / "pkg" if use == "package_relative" else tmp_path
+    folder.mkdir(exist_ok=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "trainlib.py").write_text(TRAINLIB)
+    tune = TUNE.format(apex_import=APEX_IMPORTS[apex_import], import_line=import_line, call=call)
+    (folder / "tune.py").write_text(tune)
+    line = tune[: tune.index("amp.initialize")].count("\n") + 1
+    for unsafe_fixes in (False, True):
+        results = {Path(r.filename).name: r for r in api.migrate_paths([str(tmp_path)], write=False, unsafe_fixes=unsafe_fixes)}
+        assert not results["trainlib.py"].changed and not results["tune.py"].changed
+        said = " ".join(d.message for d in results["trainlib.py"].diagnostics)
+        assert "`amp.initialize` at " in said and f"tune.py:{line} sets apex up too" in said, said
+        assert "trainlib.py:15" in " ".join(d.message for d in results["tune.py"].diagnostics)
+
+
+def test_another_initializer_taking_nothing_that_scales_is_no_link(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "trainlib.py").write_text(TRAINLIB)
+    (tmp_path / "tune.py").write_text(TUNE.format(apex_import="from apex import amp", import_line="from trainlib import count_parameters",
+                                                  call="print") + "    print(count_parameters(model))\n")
+    results = {Path(r.filename).name: r for r in api.migrate_paths([str(tmp_path)], write=False)}
+    assert results["trainlib.py"].changed, [d.message for d in results["trainlib.py"].diagnostics]

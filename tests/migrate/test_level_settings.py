@@ -1,0 +1,71 @@
+"""A computed opt level (``opt_level=args.amp_level``) whose O2 default or shipped configs are in
+another file of the project: the run-time check the safe rewrite adds would stop the run people
+make most, so the rewrite is unsafe and says where the project sets it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migrate import api
+from migrate.level_settings import set_elsewhere
+
+TRAIN = """\
+import torch
+from apex import amp
+
+from config import parse_args
+
+
+def main():
+    args = parse_args()
+    model = torch.nn.Linear(4, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level=args.amp_level)
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+"""
+SETTINGS = {
+    "argparse": ("config.py", 'import argparse\n\n\ndef parse_args():\n    p = argparse.ArgumentParser()\n'
+                 '    p.add_argument("--amp_level", type=str,\n                   default="{level}", help="apex level")\n'
+                 '    return p.parse_args()\n'),
+    "argparse_dashes": ("config.py", 'import argparse\n\n\ndef parse_args():\n    p = argparse.ArgumentParser()\n'
+                        "    p.add_argument('--amp-level', default='{level}')\n    return p.parse_args()\n"),
+    "json": ("configs/base.json", '{{\n  "fp16": 1,\n  "amp_level": "{level}"\n}}\n'),
+    "yaml": ("configs/base.yaml", "train:\n  amp_level: {level}\n"),
+    "dataclass": ("defaults.py", "from dataclasses import dataclass\n\n\n@dataclass\nclass Options:\n    amp_level: str = \"{level}\"\n"),
+}
+
+
+def _project(tmp_path: Path, setting: str, level: str) -> Path:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "train.py").write_text(TRAIN)
+    if setting != "argparse" and setting != "argparse_dashes":
+        (tmp_path / "config.py").write_text("import argparse\n\n\ndef parse_args():\n    return argparse.Namespace(amp_level='O1')\n")
+    name, text = SETTINGS[setting]
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text.format(level=level))
+    return tmp_path / "train.py"
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_an_o2_set_in_another_file_makes_the_computed_level_unsafe(tmp_path, setting):
+    train = _project(tmp_path, setting, "O2")
+    assert set_elsewhere({train: TRAIN})[train]["amp_level"].endswith(": O2")
+    [result] = [r for r in api.migrate_paths([str(train)], write=False) if r.filename.endswith("train.py")]
+    assert not result.changed
+    said = " ".join(d.fix.why_unsafe for d in result.diagnostics if d.fix is not None)
+    assert "the project sets `amp_level` to O2 (at " in said, said
+    [unsafe] = [r for r in api.migrate_paths([str(tmp_path)], write=False, unsafe_fixes=True) if r.filename.endswith("train.py")]
+    assert "TODO(ampmigrate)" in unsafe.new_source
+    assert "amp_level` to O2" in " ".join(unsafe.new_source.replace("#", " ").split())  # however the comment wraps
+
+
+@pytest.mark.parametrize("setting", ["argparse", "json"])
+def test_a_project_setting_only_o1_keeps_the_run_time_check_safe(tmp_path, setting):
+    train = _project(tmp_path, setting, "O1")
+    [result] = [r for r in api.migrate_paths([str(train)], write=False) if r.filename.endswith("train.py")]
+    assert result.changed and "native torch.amp has no O2/O3" in result.new_source
