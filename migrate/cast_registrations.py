@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import in_project, project_files_saying, project_root
 from migrate.native_casts import registered_natively
 
 __all__ = ["SETTING", "elsewhere"]
@@ -54,7 +54,7 @@ def _registrations(root: Path) -> tuple[tuple[Path, int], ...]:
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         found = [(file, node.lineno) for node in ast.walk(tree) if _changes_casts(node)]
-        if found and project_root(file) == root:  # not a project of its own inside this one
+        if found and in_project(file, root):  # not a project of its own inside this one
             places += found
     return tuple(places)
 

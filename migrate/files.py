@@ -87,12 +87,23 @@ def project_root(path: Path) -> Path:
     """The project a file belongs to: the nearest folder up with a ``.git``, ``pyproject.toml``,
     ``setup.py`` or ``setup.cfg``; else the nearest one its own dotted imports start from
     (``from src.utils.load_save import ...`` in ``src/tasks/train.py``: a tree without a marker,
-    an export or a copy); else the file's own folder."""
+    an export or a copy); else the folder above the package holding it; else its own folder."""
     folder = path.resolve().parent
     for candidate in (folder, *folder.parents):
         if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
             return candidate
     return _import_root(path.resolve(), folder)
+
+
+def in_project(path: Path, root: Path) -> bool:
+    """Whether ``path``, under ``root``, belongs to that project, not to a project of its own inside
+    it (a folder on the way with a ``.git``, ``pyproject.toml`` or ``setup.*``)."""
+    folder = path.resolve().parent
+    while folder != root and root in folder.parents:
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return False
+        folder = folder.parent
+    return True
 
 
 _DOTTED_IMPORT = re.compile(rb"^[ \t]*(?:from|import)[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", re.MULTILINE)
@@ -109,6 +120,8 @@ def _import_root(path: Path, folder: Path) -> Path:
             found = candidate.joinpath(*module.split("."))
             if found.with_suffix(".py").is_file() or found.is_dir():  # a module, a package (or a namespace one)
                 return candidate
+    while (folder / "__init__.py").is_file():  # else above the package holding it, as its importers see it
+        folder = folder.parent
     return folder
 
 
@@ -140,7 +153,7 @@ def project_trees_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, ast.
     """The parsed ``.py`` files of the project at ``root`` whose bytes hold ``needle``; not those
     that do not parse, nor those of a project of its own inside this one."""
     for path, data in project_files_saying(root, needle):
-        if project_root(path) != root:
+        if not in_project(path, root):
             continue
         try:
             yield path, quiet.parse(data)

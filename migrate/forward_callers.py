@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import project_python_files, project_root
+from migrate.files import in_project, project_python_files, project_root
 
 __all__ = ["SETTING", "Handed", "handed_elsewhere"]
 
@@ -93,7 +93,7 @@ def _calls(root: Path, names: frozenset[str]) -> tuple[tuple[Path, Handed], ...]
             data = file.read_bytes()
         except OSError:
             continue
-        if not any(needle in data for needle in needles) or project_root(file) != root:
+        if not any(needle in data for needle in needles) or not in_project(file, root):
             continue  # no call, or a project of its own inside this one
         try:
             tree = quiet.parse(data)

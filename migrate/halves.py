@@ -245,7 +245,21 @@ def linked_initializers(path: Path, text: str) -> list[Half]:
                     return True
         return False
 
-    return [other for other in others if imports_what_scales(other)]
+    # and uses one of them: a star import in an inference script is no link
+    return [other for other in others if imports_what_scales(other) and _uses_any(other.path, reaching)]
+
+
+def _uses_any(path: Path, names: set[str]) -> bool:
+    """Whether the file at ``path`` reads one of ``names``, or an alias it imports one as."""
+    try:
+        tree = quiet.parse(_read(path) or "")
+    except (SyntaxError, ValueError):
+        return True  # unread: assume it does
+    aliases = {alias.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for alias in node.names if alias.asname and alias.name in names}
+    wanted = names | aliases
+    return any((isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in wanted)
+               or (isinstance(node, ast.Attribute) and node.attr in names) for node in ast.walk(tree))
 
 
 def linked_trainers(path: Path, text: str) -> list[Half]:

@@ -225,7 +225,7 @@ def main(model, opt, batches):
 """
 TRAINERS = {"from_import": ("from trainlib import train", "train"), "the_module": ("import trainlib", "trainlib.train"),
             "renamed": ("from trainlib import train as run_epoch", "run_epoch"),
-            "package_relative": ("from .trainlib import train", "train")}
+            "package_relative": ("from .trainlib import train", "train"), "star": ("from trainlib import *", "train")}
 
 
 @pytest.mark.parametrize("use", sorted(TRAINERS))
@@ -252,10 +252,31 @@ def test_a_file_training_with_its_own_initialize_is_left_alone_where_another_ini
         assert "trainlib.py:15" in " ".join(d.message for d in results["tune.py"].diagnostics)
 
 
-def test_another_initializer_taking_nothing_that_scales_is_no_link(tmp_path):
+@pytest.mark.parametrize("import_line", ["from trainlib import count_parameters", "from trainlib import *"])
+def test_another_initializer_using_nothing_that_scales_is_no_link(tmp_path, import_line):
+    """An inference script that initializes apex for its own model and takes only helpers (or
+    everything, with a star) from the training module, calling none that scales a loss."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
     (tmp_path / "trainlib.py").write_text(TRAINLIB)
-    (tmp_path / "tune.py").write_text(TUNE.format(apex_import="from apex import amp", import_line="from trainlib import count_parameters",
+    (tmp_path / "tune.py").write_text(TUNE.format(apex_import="from apex import amp", import_line=import_line,
                                                   call="print") + "    print(count_parameters(model))\n")
     results = {Path(r.filename).name: r for r in api.migrate_paths([str(tmp_path)], write=False)}
     assert results["trainlib.py"].changed, [d.message for d in results["trainlib.py"].diagnostics]
+
+
+def test_without_a_marker_a_package_module_belongs_to_the_folder_above_its_package(tmp_path):
+    """``src/loss.py`` with no dotted import of the project's own: the folder above the package
+    (what ``from src.loss import ...`` starts from), the same project as ``src/models.py``, which
+    imports ``src.layers``; a folder with a marker inside is a project of its own."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "__init__.py").write_text("")
+    (src / "layers.py").write_text("import torch\n")
+    (src / "loss.py").write_text("import torch.nn as nn\n")
+    (src / "models.py").write_text("from src.layers import *\n")
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "vendor" / "setup.py").write_text("")
+    (tmp_path / "vendor" / "lib.py").write_text("")
+    root = tmp_path.resolve()
+    assert files.project_root(src / "loss.py") == files.project_root(src / "models.py") == root
+    assert files.in_project(src / "loss.py", root) and not files.in_project(tmp_path / "vendor" / "lib.py", root)
