@@ -11,26 +11,27 @@ the name its ``opt_level`` reads.
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.files import project_files_saying, project_root
+from migrate.files import project_root, project_trees_saying
 
 __all__ = ["SETTING", "set_elsewhere"]
 
 SETTING = "apex-level-set-elsewhere"  # the setting that hands a file these places (not a user setting)
 
 _INITIALIZES = re.compile(r"amp\s*\.\s*initialize\s*\(")
-# `add_argument("--amp_level", type=str, default="O2")`, within one call
-_ARGPARSE = re.compile(rb"""add_argument\(\s*["']-*([A-Za-z_][\w-]*)["'][^()]*?\bdefault\s*=\s*["'](O[23])["']""", re.S)
-# `amp_level="O2"`, `"amp_level": "O2"`, `amp_level: O2` (a config file, a dataclass field, a dict)
-_ASSIGNED = re.compile(rb"""^[^#\n]*?["']?\b([A-Za-z_][\w-]*)["']?\s*(?::\s*\w+\s*=|[:=])\s*["']?(O[23])\b["']?""", re.M)
+# a config file's `amp_level: O2`, `"amp_level": "O2",`, `amp_level = "O2"` on a line of its own
+_CONFIG_LINE = re.compile(rb"""^\s*["']?([A-Za-z_][\w-]*)["']?\s*[:=]\s*["']?(O[23])\b["']?\s*,?\s*$""", re.M)
 _CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".toml", ".cfg", ".ini")
 _MOST_CONFIGS = 2000  # a project's search looks at no more config files than this
 _LARGEST_CONFIG = 1 << 20
+_LEVELS = ("O2", "O3")
+_IMPORTED = re.compile(r"^\s*(?:from|import)\s+(?:[\w.]*\.)?(\w+)", re.M)  # the last part of each imported module
 
 
 def set_elsewhere(texts: Mapping[Path, str]) -> dict[Path, dict[str, str]]:
@@ -39,25 +40,60 @@ def set_elsewhere(texts: Mapping[Path, str]) -> dict[Path, dict[str, str]]:
     found: dict[Path, dict[str, str]] = {}
     for path, text in texts.items():
         if _INITIALIZES.search(text):
-            names = _names_under(project_root(path))
+            # a module's setting counts where the file imports that module (`from config import
+            # parse_args`); a config file's, always: a folder of unrelated scripts is no project
+            imported = set(_IMPORTED.findall(text))
+            names = {name: place for name, place, module in _names_under(project_root(path)) if module is None or module in imported}
             if names:
-                found[path] = dict(names)
+                found[path] = names
     return found
 
 
 @lru_cache(maxsize=8)
-def _names_under(root: Path) -> tuple[tuple[str, str], ...]:
-    names: dict[str, str] = {}
-    sources = [(path, data) for path, data in project_files_saying(root, b"O2")]
-    sources += [(path, data) for path, data in project_files_saying(root, b"O3") if b"O2" not in data]
-    for path, data in [*sources, *_configs(root)]:
-        for pattern in (_ARGPARSE, _ASSIGNED):
-            for match in pattern.finditer(data):
-                name = match.group(1).decode().replace("-", "_")
-                line = data.count(b"\n", 0, match.start(2)) + 1
-                place = f"{path.relative_to(root) if path.is_relative_to(root) else path}:{line}"
-                names.setdefault(name, f"{place}: {match.group(2).decode()}")
-    return tuple(sorted(names.items()))
+def _names_under(root: Path) -> tuple[tuple[str, str, str | None], ...]:
+    """Each setting to O2/O3 in the project: the option's name, its place (``path:line: O2``) and
+    the module it is in (None in a config file)."""
+    names: dict[tuple[str, str | None], str] = {}
+
+    def found(path: Path, name: str, line: int, level: str, module: str | None) -> None:
+        place = f"{path.relative_to(root) if path.is_relative_to(root) else path}:{line}"
+        names.setdefault((name.replace("-", "_"), module), f"{place}: {level}")
+
+    for needle in (b"O2", b"O3"):
+        for path, tree in project_trees_saying(root, needle):
+            for name, line, level in _python_settings(tree):
+                found(path, name, line, level, path.stem)
+    for path, data in _configs(root):
+        for match in _CONFIG_LINE.finditer(data):
+            found(path, match.group(1).decode(), data.count(b"\n", 0, match.start(2)) + 1, match.group(2).decode(), None)
+    return tuple(sorted((name, place, module) for (name, module), place in names.items()))
+
+
+def _python_settings(tree: ast.Module) -> Iterator[tuple[str, int, str]]:
+    """What a module sets to O2/O3 as a setting: an argparse option's default
+    (``add_argument("--amp_level", default="O2")``), an assignment (``amp_level = "O2"``, a
+    dataclass field ``amp_level: str = "O2"``, ``cfg.amp_level = "O2"``) or a dict key
+    (``{"amp_level": "O2"}``); not an argument of a call (``amp.initialize(..., opt_level="O2")``
+    is one script's choice, not the option's)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if _level(default) and flags:
+                yield max(flags, key=len).lstrip("-"), node.lineno, _level(default)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _level(node.value):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else None
+                if name:
+                    yield name, node.lineno, _level(node.value)
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and _level(value):
+                    yield key.value, value.lineno, _level(value)
+
+
+def _level(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and node.value in _LEVELS else None
 
 
 def _configs(root: Path) -> list[tuple[Path, bytes]]:

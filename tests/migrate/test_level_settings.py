@@ -36,14 +36,15 @@ SETTINGS = {
                         "    p.add_argument('--amp-level', default='{level}')\n    return p.parse_args()\n"),
     "json": ("configs/base.json", '{{\n  "fp16": 1,\n  "amp_level": "{level}"\n}}\n'),
     "yaml": ("configs/base.yaml", "train:\n  amp_level: {level}\n"),
-    "dataclass": ("defaults.py", "from dataclasses import dataclass\n\n\n@dataclass\nclass Options:\n    amp_level: str = \"{level}\"\n"),
+    "dataclass": ("config.py", "from dataclasses import dataclass\n\n\n@dataclass\nclass Options:\n    amp_level: str = \"{level}\"\n\n\n"
+                  "def parse_args():\n    return Options()\n"),
 }
 
 
 def _project(tmp_path: Path, setting: str, level: str) -> Path:
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
     (tmp_path / "train.py").write_text(TRAIN)
-    if setting != "argparse" and setting != "argparse_dashes":
+    if SETTINGS[setting][0] != "config.py":
         (tmp_path / "config.py").write_text("import argparse\n\n\ndef parse_args():\n    return argparse.Namespace(amp_level='O1')\n")
     name, text = SETTINGS[setting]
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -64,8 +65,23 @@ def test_an_o2_set_in_another_file_makes_the_computed_level_unsafe(tmp_path, set
     assert "amp_level` to O2" in " ".join(unsafe.new_source.replace("#", " ").split())  # however the comment wraps
 
 
-@pytest.mark.parametrize("setting", ["argparse", "json"])
+@pytest.mark.parametrize("setting", ["argparse", "json", "unimported_module"])
 def test_a_project_setting_only_o1_keeps_the_run_time_check_safe(tmp_path, setting):
-    train = _project(tmp_path, setting, "O1")
+    """O1 everywhere; or O2 in a module the file does not import (another script's own option)."""
+    if setting == "unimported_module":
+        train = _project(tmp_path, "json", "O1")
+        (tmp_path / "other.py").write_text('import argparse\n\np = argparse.ArgumentParser()\np.add_argument("--amp_level", default="O2")\n')
+    else:
+        train = _project(tmp_path, setting, "O1")
+    [result] = [r for r in api.migrate_paths([str(train)], write=False) if r.filename.endswith("train.py")]
+    assert result.changed and "native torch.amp has no O2/O3" in result.new_source
+
+
+def test_another_scripts_own_literal_level_is_no_setting(tmp_path):
+    """``amp.initialize(model, opt, opt_level="O2")`` in another script is that script's choice:
+    the option this file reads is not set by it (a folder of unrelated scripts stays safe)."""
+    train = _project(tmp_path, "json", "O1")
+    (tmp_path / "other.py").write_text("from apex import amp\n\n\ndef setup(model, opt):\n"
+                                       "    return amp.initialize(model, opt,\n                          opt_level=\"O2\")\n")
     [result] = [r for r in api.migrate_paths([str(train)], write=False) if r.filename.endswith("train.py")]
     assert result.changed and "native torch.amp has no O2/O3" in result.new_source
