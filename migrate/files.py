@@ -137,19 +137,21 @@ def project_python_files(root: Path) -> tuple[Path, ...]:
     return tuple(path.resolve() for path in find([root]).files if path.suffix == ".py")[:_MOST_FILES_SEARCHED]
 
 
-def project_files_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, bytes]]:
-    """The ``.py`` files of the project at ``root`` whose bytes hold ``needle``, each with its bytes
-    (a file that cannot be read is passed over): what a search of the project parses."""
+def project_files_saying(root: Path, needle: bytes | tuple[bytes, ...]) -> Iterator[tuple[Path, bytes]]:
+    """The ``.py`` files of the project at ``root`` whose bytes hold ``needle`` (one of them, for a
+    tuple), each with its bytes (a file that cannot be read is passed over): what a search of the
+    project parses."""
+    needles = needle if isinstance(needle, tuple) else (needle,)
     for path in project_python_files(root):
         try:
             data = path.read_bytes()
         except OSError:
             continue
-        if needle in data:
+        if any(each in data for each in needles):
             yield path, data
 
 
-def project_trees_saying(root: Path, needle: bytes) -> Iterator[tuple[Path, ast.Module]]:
+def project_trees_saying(root: Path, needle: bytes | tuple[bytes, ...]) -> Iterator[tuple[Path, ast.Module]]:
     """The parsed ``.py`` files of the project at ``root`` whose bytes hold ``needle``; not those
     that do not parse, nor those of a project of its own inside this one."""
     for path, data in project_files_saying(root, needle):

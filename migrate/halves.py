@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -32,6 +32,7 @@ INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
+_INITIALIZE_CALL = re.compile(r"amp\s*\.\s*initialize\s*\(")
 _STATE_CALL = re.compile(r"amp\s*\.\s*(?:load_)?state_dict\s*\(")
 
 
@@ -210,13 +211,7 @@ def linked_scale_halves(path: Path, text: str) -> list[Half]:
     scales = [half for half in (*_halves_under(root), *_state_keepers_under(root))
               if half.role in (SCALE_LOSS, STATE) and half.path != path.resolve()]
     real = {half.path: half.path.resolve() for half in (me, *scales)}
-    linked = {}
-    for imported in imports:
-        for other, module in _imported_halves(me, imported, scales, real):
-            names = set(imported.names) - {"*"}
-            if module == imported.module and names == set(imported.names) and names and not names & _names_reaching(other):
-                continue  # `from engine import reduce_loss_dict`: nothing imported scales a loss or keeps its state
-            linked[other.path] = other
+    linked = {other.path: other for other in _imports_reaching(me, scales, real, _names_reaching)}
     for half in scales:  # imported by them
         if any(me.path in (found.path for found, _ in _imported_halves(half, imported, [me], real)) for imported in half.imports):
             linked.setdefault(half.path, half)
@@ -230,23 +225,55 @@ def linked_initializers(path: Path, text: str) -> list[Half]:
     file's own ``initialize``. Their ``line`` is their first ``initialize``."""
     if len(set(_HALF_CALL.findall(text))) != 2:
         return []
-    me = Half(path.resolve(), SCALE_LOSS, 0, ())
-    reaching = _names_reaching(me)
-    if not reaching:
+    me = path.resolve()
+    return [initializer for trainer, initializer in _trainer_links(project_root(path)) if trainer.path == me]
+
+
+def linked_trainers(path: Path, text: str) -> list[Half]:
+    """The files of ``path``'s project that initialize apex amp and scale their own losses, for which
+    ``text``, a file calling ``amp.initialize``, is one of the ``linked_initializers``: they stay on
+    apex, and need its ``initialize`` to scale the losses of the model it set up."""
+    if not _INITIALIZE_CALL.search(text):
         return []
-    others = [half for half in _initializers_under(project_root(path)) if half.path != me.path]
-    real = {half.path: half.path for half in (me, *others)}
+    me = path.resolve()
+    return [trainer for trainer, initializer in _trainer_links(project_root(path)) if initializer.path == me]
 
-    def imports_what_scales(other: Half) -> bool:
-        for imported in other.imports:
-            for _, module in _imported_halves(other, imported, [me], real):
-                names = set(imported.names)  # none: the module itself; else what it takes from it
-                if module != imported.module or not names or "*" in names or names & reaching:
-                    return True
-        return False
 
-    # and uses one of them: a star import in an inference script is no link
-    return [other for other in others if imports_what_scales(other) and _uses_any(other.path, reaching)]
+@lru_cache(maxsize=8)
+def _trainer_links(root: Path) -> tuple[tuple[Half, Half], ...]:
+    """The project's (trainer, initializer) links, each file read once: a trainer initializes apex
+    amp and scales its own losses (its ``line``: its first ``scale_loss``); an initializer is another
+    file that calls ``amp.initialize`` itself, then what scales the trainer's losses, imported
+    and used (a star import in an inference script is no link)."""
+    initializers = _initializers_under(root)
+    links = []
+    for path, data in project_files_saying(root, b"scale_loss("):
+        if len(set(_HALF_CALL.findall(data.decode("utf-8", "replace")))) != 2:
+            continue
+        try:
+            line = _first_amp_calls(quiet.parse(data), (SCALE_LOSS,)).get(SCALE_LOSS, 1)
+        except (SyntaxError, ValueError):
+            continue
+        trainer = Half(path, SCALE_LOSS, line, ())
+        reaching = _names_reaching(trainer)
+        others = [initializer for initializer in initializers if initializer.path != path] if reaching else []
+        real = {half.path: half.path for half in (trainer, *others)}
+        links += [(trainer, other) for other in others
+                  if next(_imports_reaching(other, [trainer], real, lambda _: reaching), None) is not None
+                  and _uses_any(other.path, reaching)]
+    return tuple(links)
+
+
+def _imports_reaching(importer: Half, others: list[Half], real: dict[Path, Path],
+                      reaching: Callable[[Half], set[str]]) -> Iterator[Half]:
+    """The halves of ``others`` that ``importer`` imports something of that makes their apex calls:
+    the module itself, a star, or one of ``reaching(other)``'s names (not ``from engine import
+    reduce_loss_dict``, where nothing imported scales a loss or keeps its state)."""
+    for imported in importer.imports:
+        for other, module in _imported_halves(importer, imported, others, real):
+            names = set(imported.names)  # none: the module itself; else what it takes from it
+            if module != imported.module or not names or "*" in names or names & reaching(other):
+                yield other
 
 
 def _uses_any(path: Path, names: set[str]) -> bool:
@@ -260,26 +287,6 @@ def _uses_any(path: Path, names: set[str]) -> bool:
     wanted = names | aliases
     return any((isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in wanted)
                or (isinstance(node, ast.Attribute) and node.attr in names) for node in ast.walk(tree))
-
-
-def linked_trainers(path: Path, text: str) -> list[Half]:
-    """The files of ``path``'s project that initialize apex amp and scale their own losses, for which
-    ``text``, a file calling ``amp.initialize``, is one of the ``linked_initializers``: they stay on
-    apex, and need its ``initialize`` to scale the losses of the model it set up."""
-    me = path.resolve()
-    if me not in {half.path for half in _initializers_under(project_root(path))}:
-        return []
-    found = []
-    for other, data in project_files_saying(project_root(path), b"scale_loss("):
-        other_text = data.decode("utf-8", "replace")
-        if other == me or not any(half.path == me for half in linked_initializers(other, other_text)):
-            continue
-        try:
-            line = _first_amp_calls(quiet.parse(other_text), (SCALE_LOSS,)).get(SCALE_LOSS, 1)
-        except (SyntaxError, ValueError):
-            continue
-        found.append(Half(other, SCALE_LOSS, line, ()))
-    return found
 
 
 @lru_cache(maxsize=8)

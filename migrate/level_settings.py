@@ -59,10 +59,9 @@ def _names_under(root: Path) -> tuple[tuple[str, str, str | None], ...]:
         place = f"{path.relative_to(root) if path.is_relative_to(root) else path}:{line}"
         names.setdefault((name.replace("-", "_"), module), f"{place}: {level}")
 
-    for needle in (b"O2", b"O3"):
-        for path, tree in project_trees_saying(root, needle):
-            for name, line, level in _python_settings(tree):
-                found(path, name, line, level, path.stem)
+    for path, tree in project_trees_saying(root, (b"O2", b"O3")):
+        for name, line, level in _python_settings(tree):
+            found(path, name, line, level, path.stem)
     for path, data in _configs(root):
         for match in _CONFIG_LINE.finditer(data):
             found(path, match.group(1).decode(), data.count(b"\n", 0, match.start(2)) + 1, match.group(2).decode(), None)

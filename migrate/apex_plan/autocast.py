@@ -22,6 +22,7 @@ from migrate.apex_plan.vocabulary import (
     ScaleLossSite,
     alias_present,
     as_bool,
+    attribute_set,
     grouped_text,
 )
 from migrate.flow.bindings import bound_value
@@ -304,8 +305,7 @@ class AutocastPlanning(Step):
         if self.setup.in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):
             # then there is no scaler, and apex was not on either.
-            owner, attribute = self.setup.scaler.split(".", 1)
-            enabled = f', enabled=getattr({owner}, "{attribute}", None) is not None and {self.setup.scaler}.is_enabled()'
+            enabled = f", enabled={attribute_set(self.setup.scaler)} and {self.setup.scaler}.is_enabled()"
         if id(scale.call) in self.sites.alias_of:
             enabled = ", enabled=" + self._alias_enabled(self.sites.alias_of[id(scale.call)])
 

@@ -6,8 +6,9 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.tree import FileTree
-from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, grouped_text, negated
+from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, alias_present, attribute_set, grouped_text, negated, normal
 from migrate.flow.bindings import bindings
+from migrate.step_model.vocabulary import joined_by
 from migrate.tree_walk import descendants
 
 
@@ -41,17 +42,27 @@ def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
 class StepConditions(Step):
     """The test under which a scaled backward ran, said again where its optimizer steps."""
 
-    def step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str) -> str | None:
+    def step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str,
+                       at: cst.CSTNode | None = None) -> str | None:
         """The test under which the scaled backward ran, when the step sits outside that ``if``.
 
         None when no test is needed: no branch, or the branch's test is the flag the scaler
-        was created with (a disabled scaler steps the optimizer plainly).
+        was created with (a disabled scaler steps the optimizer plainly). Tests that an ``if``
+        around the step ``at`` already makes are left out.
         """
         if self.setup.in_block:
             # The block that creates the scaler may not have run: there apex was off, and the
-            # optimizer steps plainly.
-            owner, attribute = self.setup.scaler.split(".", 1)
-            conditions = [*conditions, f'getattr({owner}, "{attribute}", None) is not None']
+            # optimizer steps plainly. Where the step goes through what received the scaler
+            # (`self.amp = self.scaler if use_amp else None`), that is what may be missing.
+            scaler = self.scaler_of(call)
+            conditions = [*conditions, attribute_set(scaler) if scaler == self.setup.scaler else alias_present(scaler)]
+        held = self._held_at(at) if at is not None else set()
+        kept: dict[str | None, str | None] = {}  # each test once, by how Python reads it
+        for condition in conditions:
+            key = None if condition is None else normal(condition)
+            if key not in held:
+                kept.setdefault(key, condition)
+        conditions = list(kept.values())
         if not conditions or (len(conditions) == 1 and conditions[0] in self.setup.guard_tests):
             return None
         if None in conditions:
@@ -65,6 +76,17 @@ class StepConditions(Step):
             conditions = [c for c in conditions if c is not None]
             conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
         return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
+
+    def _held_at(self, node: cst.CSTNode) -> set[str]:
+        """The tests (``normal``) that hold where ``node`` runs: those of each ``if`` whose body
+        holds it, and each part they join with ``and``."""
+        held: set[str] = set()
+        inner, above = node, self.tree.parent.get(id(node))
+        while above is not None:
+            if isinstance(above, cst.If) and above.body is inner:
+                held |= {normal(text) for text in joined_by(above.test, cst.And)}
+            inner, above = above, self.tree.parent.get(id(above))
+        return held
 
     def branch_condition(self, branch: cst.If | cst.Else) -> str | None:
         """When the body of ``branch`` runs: ``test``, ``not (a) and b`` for an elif, ``not (test)`` for else.

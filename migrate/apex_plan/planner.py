@@ -15,6 +15,7 @@ from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
+from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
@@ -377,19 +378,12 @@ class Planner:
     def _reaches_a_scale(self, init: InitializeSite, scales: list[ScaleLossSite]) -> bool:
         """Whether the function running ``init`` scales a loss, or calls one of the file's
         functions that does (or one that calls such a function)."""
-        todo, seen = [self.tree.function(init.statement)], set()
-        while todo:
-            function = todo.pop()
-            if function is None:
-                return True  # at module level: the script itself
-            if id(function) in seen:
-                continue
-            seen.add(id(function))
-            if any(self.tree.inside(scale.call, function) for scale in scales):
-                return True
-            todo += [helper for call in descendants(function) if type(call) is cst.Call
-                     if (helper := self.tree.helper(call)) is not None]
-        return False
+        function = self.tree.function(init.statement)
+        if function is None:
+            return True  # at module level: the script itself
+        # nothing skipped: every helper is followed, the scaling ones too
+        reached = [function, *helpers_reached(self.tree, function.body, frozenset())]
+        return any(self.tree.inside(scale.call, each) for each in reached for scale in scales)
 
     def _emit(self, writing: Context, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)

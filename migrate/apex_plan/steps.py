@@ -28,6 +28,7 @@ from migrate.apex_plan.vocabulary import (
     TRANSPARENT,
     ScaleLossSite,
     Unplannable,
+    attribute_set,
     either,
     normal,
 )
@@ -183,7 +184,7 @@ class StepPlanning(Step):
                 for guard in guards:
                     self._guard_updates(guard, scale, condition)
                 self.gradients.plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
-                return [(line, index, condition) for line, index in found]
+                return [(line, index, self.conditions.step_condition(conditions, scale.call, wanted, at=line)) for line, index in found]
             owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
                 conditions.append(self.conditions.branch_condition(owner))
@@ -219,7 +220,7 @@ class StepPlanning(Step):
             for guard in guards:
                 self._guard_updates(guard, scale, condition)
             self.gradients.plan_grad_readers(scale, wanted, [], container, [(line, index)], anywhere, guards=frozenset(map(id, guards)))
-        return [(line, index, condition) for line, index in anywhere]
+        return [(line, index, self.conditions.step_condition([], scale.call, wanted, at=line)) for line, index in anywhere]
 
     def _guard_updates(self, guard: cst.If, scale: ScaleLossSite, condition: str | None) -> None:
         """The scaler's ``update()`` after a gradient guard, under the test of the scaled backward
@@ -369,8 +370,7 @@ class StepPlanning(Step):
             loss = nodes.code(plain.func.value)
             scaled = f"{scaler}.scale({loss})"
             if self.setup.in_block:  # made in a block that may not have run: ask, as its steps do
-                owner, attribute = scaler.split(".", 1)
-                scaled = f'({scaled} if getattr({owner}, "{attribute}", None) is not None else {loss})'
+                scaled = f"({scaled} if {attribute_set(scaler)} else {loss})"
             self.draft.replace(plain, nodes.parse_expression(f"{scaled}.backward()", self.tree.module))
             self.draft.kind(plain, SCALE_LOSS, "a backward pass beside `amp.scale_loss` is not scaled",
                             f"Use `{scaler}.scale({loss}).backward()`: its step goes through the scaler")

@@ -72,10 +72,15 @@ def alias_present(alias: str) -> str:
     """The test that what received the scaler holds one: it may be None (``def run(...,
     amp=None)``, ``self.amp = amp if fp16 else None``), and an attribute of another object may
     never have been set (``args.amp = amp`` only under ``if args.fp16:``)."""
-    owner, _, attribute = alias.rpartition(".")
-    if owner and owner != "self":
-        return f'getattr({owner}, "{attribute}", None) is not None'
-    return f"{alias} is not None"
+    owner = alias.rpartition(".")[0]
+    return attribute_set(alias) if owner and owner != "self" else f"{alias} is not None"
+
+
+def attribute_set(name: str) -> str:
+    """The test that the attribute ``name`` (``self.scaler``) holds something: set in a block that
+    may not have run, reading it would raise."""
+    owner, _, attribute = name.rpartition(".")
+    return f'getattr({owner}, "{attribute}", None) is not None'
 
 
 COMPUTED_LEVEL = (

@@ -14,7 +14,8 @@ class OptimizerStepBesideScaler(TrainingStepRule):
     """What it does:
     Reports ``optimizer.step()`` where the step's backward pass was ``scaler.scale(loss).backward()``
     (in the same iteration, on a path that can run with it: ``if scaler: ... else: optimizer.step()``
-    is left alone).
+    is left alone, as is a plain step where the scaler was never made, ``else:`` of
+    ``if getattr(self, "scaler", None) is not None:``).
 
     Why is this bad?
     The gradients are still multiplied by the scale, so the update is 65,536 times too large,

@@ -8,6 +8,8 @@ values are the step's tensors.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
@@ -202,9 +204,13 @@ class Steps:
     @staticmethod
     def scaled_apart(step: Event, backward: Event) -> bool:
         """Whether ``step`` never runs where ``backward``'s loss was scaled: it sits in the other arm
-        of a test that decided the scaling (``if scaler is None: optimizer.step()``)."""
+        of a test that decided the scaling (``if scaler is None: optimizer.step()``), or where the
+        scaler is not there (``else:`` of ``if getattr(self, "scaler", None) is not None:``): a
+        backward scaled by it would have raised."""
+        scaler = re.sub(r"^self\.", "", backward.scaler) if backward.scaler else None
         return any(a.test == b.test and a.polarity != b.polarity and not a.modulo
-                   for a in step.arms() for b in backward.detail.get("scaled_under", ()))
+                   for a in step.arms() for b in backward.detail.get("scaled_under", ())) or any(
+            a.test == scaler and not a.polarity for a in step.arms())
 
     @staticmethod
     def exclusive(first: Event, second: Event) -> bool:

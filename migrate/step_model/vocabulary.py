@@ -237,10 +237,28 @@ def normalised_test(test: cst.BaseExpression) -> tuple[str, bool]:
                 test, polarity = test.left, polarity != negative
                 continue
         break
+    if (attribute := _attribute_tested(test)) is not None:
+        return re.sub(r"^self\.", "", attribute), polarity
     if getattr(test, "lpar", None):
         test = test.with_changes(lpar=[], rpar=[])  # `(a and b)` over two lines is `a and b`
     text = re.sub(r"\(\s+|\s+\)", lambda m: m.group().strip(), " ".join(nodes.code(test).split()))
     return re.sub(r"^self\.", "", text), polarity
+
+
+def _attribute_tested(test: cst.BaseExpression) -> str | None:
+    """``o.a`` for ``getattr(o, "a", None)`` and ``hasattr(o, "a")``: the test that an attribute set
+    only in some runs (``self.scaler``, made under ``if use_amp:``) holds something, spelled as
+    ``if self.scaler is not None:`` spells it."""
+    if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value in ("getattr", "hasattr")):
+        return None
+    wanted = 3 if test.func.value == "getattr" else 2
+    if len(test.args) != wanted or any(arg.keyword or arg.star for arg in test.args):
+        return None
+    name = test.args[1].value
+    if not (isinstance(name, cst.SimpleString) and name.value[1:-1].isidentifier()) or (
+            wanted == 3 and not nodes.is_none(test.args[2].value)):
+        return None
+    return f"{nodes.code(test.args[0].value)}.{name.value[1:-1]}"
 
 
 # Flags a trainer sets every n steps: `if self.control.should_log:`, `if log_now:`.

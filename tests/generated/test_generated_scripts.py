@@ -394,3 +394,18 @@ def test_nested_arms_of_one_test_step_each_optimizer_plainly_where_nothing_was_s
                      holder="method", optimizers="two", checkpoint=True, initialize_always=True, alternate=True)
     outcome = judge(drawn, tmp_path)
     assert_rewrites_hold(outcome)
+
+
+def test_a_step_in_an_arm_on_what_received_the_scaler(tmp_path):
+    """A trainer whose scaler is made in a block (``if use_amp: opt_level = "O1"``) and handed to
+    ``self.amp`` (None when off), its step under ``if self.amp is not None:``: the rewritten step
+    asks nothing twice (not whether ``self.scaler`` exists, where ``self.amp`` holds it) and trains
+    as before."""
+    drawn = Features(loss="helper", loop="range", accumulation="delay_unscale", boundary="plus_one",
+                     clip="parameters", clip_at="boundary", flag="on", import_guard=False, inner_fp32=True,
+                     names=("net", "optimizer", "train_loss"), holder="method", amp_via="attribute",
+                     native_beside=True, level_in_block=True)
+    outcome = judge(drawn, tmp_path)
+    assert_rewrites_hold(outcome)
+    assert 'getattr(self, "scaler", None) is not None) and (self.amp' not in migrate_source(
+        script(drawn), "train.py", unsafe_fixes=True).new_source
