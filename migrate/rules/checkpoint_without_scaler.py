@@ -8,12 +8,13 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import FixSafety, Invalid, Valid
+from migrate.rules._checkpoint_entries import entries_saved, optimizers_container, state_dicts
 from migrate.rules._scaler_in_checkpoint import one_per_line, scaler_in_reach, with_scaler_entry
 from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule, made_each_iteration
 from migrate.step_model import Kind, StepModel, Steps
-from migrate.step_model.shapes import parameters_of
+from migrate.step_model.shapes import parameters_given, parameters_of
 from migrate.step_model.vocabulary import makes_a_scaler, optimizer_like
 from migrate.tree_walk import descendants
 
@@ -164,6 +165,19 @@ class CheckpointWithoutScaler(TrainingStepRule):
             "        scaler.update()\n"
             "    state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict())\n"
             "    torch.save(state, 'model.pth')\n"
+        ),
+        Valid(  # the scaler's state handed to the helper that writes the checkpoint
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "\n"
+            "def save_checkpoint(model, optimizer, extra_state, path):\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'extra': extra_state}, path)\n"
+            "\n"
+            "def train(model, optimizer, loader):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(model(x)).backward()\n"
+            "        scaler.step(optimizer)\n"
+            "        scaler.update()\n"
+            "    save_checkpoint(model, optimizer, scaler.state_dict(), 'last.pt')\n"
         ),
         Valid(  # handed a scaler, but the checkpoint is written by a function that is not
             "def train_epoch(model, optimizer, scaler, loader):\n"
@@ -386,25 +400,47 @@ class CheckpointWithoutScaler(TrainingStepRule):
         for steps, event in model.each(Kind.SAVE):
             if not made and not factory_made and not self._handed_in(event.node, scalers):
                 continue  # the scaler is made in another file: only a save beside its use is this file's
-            entries = _entries(steps, event)
+            entries = entries_saved(steps, event)
             if entries is None:
                 continue
             values = [v for _, v in entries]
-            owners = [nodes.code(c.func.value) for v in values for c in _state_dicts(v)]
+            owners = [nodes.code(c.func.value) for v in values for c in state_dicts(v)]
             optimizers = [o for o in owners if optimizer_like(o) or o in model.facts.optimizers]
             models = [o for o in owners if o not in optimizers and "sched" not in o.lower() and o not in scalers]
             saved = any(o in scalers or "scaler" in o.lower() for o in owners) or any(
                 "scaler" in nodes.code(part).lower() for entry in entries for part in entry if part is not None)
-            optimizers += [k for k, v in entries if _optimizers_container(steps, k, v)]
+            optimizers += [k for k, v in entries if optimizers_container(steps, k, v)]
+            saved = saved or self._handed_a_scaler_state(event.node, values, model)
             if optimizers and models and not saved:
                 yield event.node, None, self._saving_scaler(model, steps, event)
+
+    def _handed_a_scaler_state(self, call: cst.Call, values: list[cst.BaseExpression], model: StepModel) -> bool:
+        """Whether an entry of the save is a parameter of its function that a call of the file
+        gives the scaler or its state (``save_checkpoint(model, opt, scaler.state_dict())``
+        saving ``{..., "amp": amp_state}``)."""
+        function = self._function_of(call)
+        if function is None:
+            return False
+        taken = {v.value for v in values if type(v) is cst.Name} & {p.name.value for p in parameters_of(function)}
+        if not taken:
+            return False
+        for node in descendants(model.module):
+            if type(node) is cst.Call and nodes.call_name(node) == function.name.value:
+                for parameter, argument in parameters_given(function, node):
+                    text = nodes.code(argument)
+                    if parameter in taken and ("scaler" in text.lower() or any(s in text for s in model.facts.scalers)):
+                        return True
+        return False
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return node
 
     def _handed_in(self, call: cst.Call, scalers: set[str]) -> bool:
         """Whether the function writing ``call`` is handed one of ``scalers``: as its parameter
         (``def train(model, optimizer, scaler, ...)``), or as ``self.scaler`` of its class."""
-        node = self.get_metadata(ParentNodeProvider, call, None)
-        while node is not None and not isinstance(node, cst.FunctionDef):
-            node = self.get_metadata(ParentNodeProvider, node, None)
+        node = self._function_of(call)
         if node is None:
             return False
         taken = {p.name.value for p in parameters_of(node)}
@@ -447,50 +483,3 @@ def _used(model: StepModel) -> bool:
         elif (kind is cst.Name or kind is cst.Attribute) and id(node) not in made and nodes.code(node) in model.facts.scalers:
             return True
     return False
-
-
-def _state_dicts(value: cst.BaseExpression) -> list[cst.Call]:
-    """The ``x.state_dict()`` calls an entry's value is: itself, or either arm of a conditional
-    (``model.module.state_dict() if ddp else model.state_dict()``)."""
-    if isinstance(value, cst.IfExp):
-        return _state_dicts(value.body) + _state_dicts(value.orelse)
-    if isinstance(value, cst.Call) and nodes.call_name(value) == "state_dict" and isinstance(value.func, cst.Attribute):
-        return [value]
-    return []
-
-
-def _dict_call(value: cst.BaseExpression) -> bool:
-    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict"
-            and all(arg.keyword is not None or arg.star == "**" for arg in value.args))
-
-
-def _optimizers_container(steps: Steps, key: cst.BaseExpression | None, value: cst.BaseExpression) -> bool:
-    """Whether an entry keyed as an optimizer's holds a dict the function fills: the optimizers'
-    states gathered by a loop (``state["optimizers"] = optimizer_states``)."""
-    if key is None or "optim" not in nodes.code(key).lower() or not isinstance(value, cst.Name):
-        return False
-    bound = steps.assigned(value.value)
-    return bool(bound) and isinstance(bound[-1].value, (cst.Dict, cst.DictComp))
-
-
-def _entries(steps: Steps, event) -> list[tuple[cst.BaseExpression | None, cst.BaseExpression]] | None:
-    """The ``(key, value)`` entries of the dictionary a save call writes, with those added to it
-    later (their key: the target's text, ``state['scaler']``); a ``**`` entry's key is None."""
-    call = event.node
-    first = call.args[0].value if call.args else None
-    name = None
-    if isinstance(first, (cst.Name, cst.Attribute)):
-        name = nodes.code(first)
-        bound = [a for a in steps.assigned(name) if isinstance(a.value, cst.Dict) or _dict_call(a.value)]
-        if not bound:
-            return None
-        first = bound[-1].value
-    if _dict_call(first):  # `dict(model=model.state_dict(), optimizer=optimizer.state_dict())`
-        found = [(cst.SimpleString(repr(arg.keyword.value)) if arg.keyword else None, arg.value) for arg in first.args]
-    elif isinstance(first, cst.Dict):
-        found = [(getattr(element, "key", None), element.value) for element in first.elements]
-    else:
-        return None
-    if name is not None:
-        found += [(cst.SimpleString(repr(target)), assignment.value) for assignment, target in steps.items_assigned(name)]
-    return found
