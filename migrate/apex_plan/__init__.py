@@ -38,7 +38,9 @@ dependence: no import cycle):
   of the function's sight, ``hidden_readers``: a helper, a closure, an object of the file's class
   or one made with the model;
   ``master_params``; ``optimizer_params``: the model's ``parameters()`` where the
-  optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it),
+  optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it;
+  ``step_sites``: where an optimizer steps, in a statement, the file, or the callers handing a
+  function the optimizer it scales for),
   ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
   another, ``migrate.forward_callers``, hands in what a forward pass made),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed

@@ -52,7 +52,7 @@ class AutocastPlanning(Step):
             self.setup.scope == "parameter"
             and all(self.tree.function(s) in self.setup.scaler_receivers or self.tree.inside(s, self.setup.scaler_maker)
                     for s, _ in callers))
-        if callers and visible and id(scale.call) not in self.sites.alias_of and not any(self.draft.touched(s) for s, _ in callers):
+        if callers and visible and id(scale.call) not in self.sites.alias_of and not any(id(s) in self.draft.replacements for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
                 return

@@ -8,6 +8,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, alias_present, attribute_set, grouped_text, negated, normal
 from migrate.flow.bindings import bindings
+from migrate.step_model.shapes import parameters_given, parameters_of
 from migrate.step_model.vocabulary import joined_by
 from migrate.tree_walk import descendants
 
@@ -17,11 +18,12 @@ def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
     value into, in the function holding that ``if``: ``self.fp16 = fp16`` where the class binds
     ``self.fp16`` nowhere else, ``use_amp = args.fp16`` where the function binds ``use_amp``
     nowhere else; in either case the flag itself is not bound again there. A test of a copy
-    (``if not self.fp16: loss.backward()`` in another method) is a test of the flag."""
+    (``if not self.fp16: loss.backward()`` in another method) is a test of the flag, as is one
+    of a parameter every call hands the flag (``_parameters_given``)."""
     text = nodes.code(test)
     function = tree.function(tree.parent.get(id(test)))
     if not isinstance(test, (cst.Name, cst.Attribute)) or function is None or bindings(function, text):
-        return frozenset({text})
+        return frozenset({text} | _parameters_given(tree, frozenset({text})))
     owner = tree.owner_class(function)
     found = {text}
     for node in descendants(function.body, nodes.not_a_definition):
@@ -36,7 +38,33 @@ def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
             continue
         if len(bindings(scope, copy, methods=True)) == 1:
             found.add(copy)
-    return frozenset(found)
+    return frozenset(found | _parameters_given(tree, frozenset(found)))
+
+
+def _parameters_given(tree: FileTree, spellings: frozenset[str]) -> set[str]:
+    """The parameters of the file's functions that every call of the file gives one of
+    ``spellings`` (``scaled_backward(loss, opt, use_amp)`` for ``def scaled_backward(loss,
+    optimizer, mixed=True)``), bound nowhere else in the function, and a parameter of no other
+    function: a test of the parameter there is a test of the flag."""
+    functions = [node for node in descendants(tree.module) if type(node) is cst.FunctionDef]
+    named: dict[str, int] = {}
+    for function in functions:
+        for param in parameters_of(function):
+            named[param.name.value] = named.get(param.name.value, 0) + 1
+    calls: dict[int, list[cst.Call]] = {}
+    for call in descendants(tree.module):
+        if type(call) is cst.Call and (helper := tree.helper(call)) is not None:
+            calls.setdefault(id(helper), []).append(call)
+    found = set()
+    for function in functions:
+        for param in parameters_of(function):
+            name = param.name.value
+            if named[name] != 1 or bindings(function, name) or not calls.get(id(function)):
+                continue
+            given = [dict(parameters_given(function, call)).get(name) for call in calls[id(function)]]
+            if all(value is not None and nodes.code(value) in spellings for value in given):
+                found.add(name)
+    return found
 
 
 class StepConditions(Step):

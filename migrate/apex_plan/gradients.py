@@ -332,9 +332,14 @@ class GradientPlanning(Step):
         return None
 
     def scales_again(self, statement: cst.CSTNode, scale: ScaleLossSite | None) -> bool:
-        """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or ``.backward()``)."""
+        """Whether ``statement`` holds a backward pass other than ``scale``'s (a ``scale_loss`` or
+        ``.backward()``), or calls a function of the file that scales one (``scaled_backward(loss, opt)``)."""
         others = [call for call in self.sites.calls["scale_loss"] if scale is None or call is not scale.call]
-        return any(self.tree.inside(call, statement) for call in others) or bool(backward_calls(statement))
+        if any(self.tree.inside(call, statement) for call in others) or backward_calls(statement):
+            return True
+        scaling = {id(function) for call in others if (function := self.tree.function(call)) is not None}
+        return bool(scaling) and any(type(node) is cst.Call and id(self.tree.helper(node)) in scaling
+                                     for node in descendants(statement, nodes.not_a_definition))
 
     def plan_master_params(self) -> None:
         # Blocks where `scaler.unscale_(opt)` is inserted, per optimizer: once per block, so that

@@ -11,6 +11,7 @@ from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
+from migrate.apex_plan.step_sites import steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
@@ -33,7 +34,7 @@ from migrate.apex_plan.vocabulary import (
     normal,
 )
 from migrate.rule import Replacement
-from migrate.tree_walk import descendants, walk
+from migrate.tree_walk import descendants
 
 
 class StepPlanning(Step):
@@ -170,7 +171,7 @@ class StepPlanning(Step):
             found: list[tuple[cst.SimpleStatementLine, int]] = []
             between: list[cst.BaseStatement] = []
             for sibling in body[body.index(current) + 1 :]:
-                found = self._steps_in(sibling, wanted)
+                found = steps_in(sibling, wanted)
                 if found:
                     break
                 between.append(sibling)
@@ -195,10 +196,16 @@ class StepPlanning(Step):
             ):
                 owner = self.tree.parent.get(id(owner))
             current = owner
-        anywhere = self._steps_in_file(wanted)
+        stepped = {wanted: steps_in_file(self.tree.module, wanted)}
+        if not stepped[wanted]:
+            # a helper handed the optimizer (`def loss_backwards(loss, optimizer)`): its callers step
+            # what they hand it (`loss_backwards(loss, opt)`, then `opt.step()`)
+            stepped = steps_of_callers(self.tree, self.tree.function(scale.statement), wanted)
+        anywhere = [hit for hits in stepped.values() for hit in hits]
         self._no_closure(anywhere)
         if not anywhere:
             raise Unplannable(scale.call, f"no `{wanted}.step()` follows `amp.scale_loss`, so the scaler cannot step the optimizer")
+        name_of = {id(line): name for name, hits in stepped.items() for line, _ in hits}
         # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
         # backward pass of the file skips the scaler while it is enabled.
         plains = self.plain_backwards()
@@ -211,16 +218,17 @@ class StepPlanning(Step):
                 self._scale_plain_backward(plain, scale)
         if any(self.tree.in_handler(line, scale.statement) for line, _ in anywhere):
             self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
-        if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, wanted) for line, _ in anywhere):
+        if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, name_of[id(line)]) for line, _ in anywhere):
             self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
-        condition = self.conditions.step_condition([], scale.call, wanted)
         for line, index in anywhere:
+            name = name_of[id(line)]
+            condition = self.conditions.step_condition([], scale.call, name)
             container = self.tree.function(line) or self.tree.module
             guards = self._gradient_guards(*self._top_statement(container, line), [(line, index)], scale)
             for guard in guards:
                 self._guard_updates(guard, scale, condition)
-            self.gradients.plan_grad_readers(scale, wanted, [], container, [(line, index)], anywhere, guards=frozenset(map(id, guards)))
-        return [(line, index, self.conditions.step_condition([], scale.call, wanted, at=line)) for line, index in anywhere]
+            self.gradients.plan_grad_readers(scale, name, [], container, [(line, index)], stepped[name], guards=frozenset(map(id, guards)))
+        return [(line, index, self.conditions.step_condition([], scale.call, name_of[id(line)], at=line)) for line, index in anywhere]
 
     def _guard_updates(self, guard: cst.If, scale: ScaleLossSite, condition: str | None) -> None:
         """The scaler's ``update()`` after a gradient guard, under the test of the scaled backward
@@ -401,49 +409,6 @@ class StepPlanning(Step):
             if line.body[index].value.args:
                 raise Unplannable(line, "`optimizer.step(closure)`: GradScaler does not support closures")
 
-    def _steps_in(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
-        if isinstance(statement, cst.SimpleStatementLine):
-            return [(statement, i) for i, small in enumerate(statement.body) if is_step(small, wanted)]
-        if self._steps_each(statement, wanted):
-            return [(statement, EACH)]
-        if not isinstance(statement, TRANSPARENT):
-            return []
-        found = []
-        for child in statement.children:
-            if isinstance(child, cst.IndentedBlock):
-                for inner in child.body:
-                    found += self._steps_in(inner, wanted)
-            elif isinstance(child, TRANSPARENT):
-                found += self._steps_in(child, wanted)
-        return found
-
-    def _steps_each(self, statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
-        """``for opt in optimizers: opt.step()`` over the list ``wanted``: the steps in its body."""
-        if not (isinstance(statement, cst.For) and isinstance(statement.target, cst.Name) and statement.orelse is None
-                and normal(nodes.code(statement.iter)) == normal(wanted)):
-            return []
-        return [hit for inner in statement.body.body for hit in self._steps_in(inner, statement.target.value)]
-
-    def _steps_in_file(self, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
-        """Every ``wanted.step()`` of the file, and every loop stepping each optimizer of the
-        list ``wanted`` (``for opt in self.optimizers: opt.step()``), as ``_steps_in`` finds them."""
-        found = []
-        steps_each = self._steps_each
-
-        class _Steps(cst.CSTVisitor):
-            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-                found.extend((node, i) for i, small in enumerate(node.body) if is_step(small, wanted))
-                return False
-
-            def visit_For(self, node: cst.For) -> bool:
-                if steps_each(node, wanted):
-                    found.append((node, EACH))
-                    return False
-                return True
-
-        walk(self.tree.module, _Steps())
-        return found
-
     def each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
         """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
         if condition is not None and HOLDS_GRADIENTS.format(optimizer=nodes.code(loop.iter)) in condition:
@@ -451,7 +416,7 @@ class StepPlanning(Step):
         # under the scaled backward's own test (`if self.amp is not None:`): each optimizer steps
         # through the scaler where it holds, plainly else, and the scaler updates once after them
         inner = {id(line): self.step_replacement(line, {index: False}, condition, scaler)
-                 for line, index in self._steps_each(loop, nodes.code(loop.iter))}
+                 for line, index in steps_each(loop, nodes.code(loop.iter))}
         new = loop.visit(ReplaceByIdentity(inner))
         if not update:
             return new

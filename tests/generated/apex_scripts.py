@@ -50,7 +50,9 @@ class Features:
     #                            calls `loss.backward()` and returns early) | update (a trainer's
     #                            `backward_from(output, x, y)` computes the loss from the output the loop's
     #                            forward pass made and hands it in, then scales it: apex cast that
-    #                            forward pass, a region in the method does not reach it)
+    #                            forward pass, a region in the method does not reach it) | function
+    #                            (a module-level `scaled_backward(loss, handed_optimizer, mixed)`: the
+    #                            optimizer handed in under another name, stepped by the caller)
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
@@ -111,6 +113,8 @@ def _coherent(f: Features) -> Features:
     if f.backward_in == "helper":  # a method of the trainer, on the module's `amp`, no delay to hand on
         f = replace(f, holder="method", amp_via="module",
                     accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
+    if f.backward_in == "function":  # a module-level function on the module's `amp`, no delay to hand on
+        f = replace(f, amp_via="module", accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
     if f.backward_in == "update":  # the loss is the method's own, from the output handed in
         f = replace(f, holder="method", amp_via="module", loss="inline", warmup=False,
                     accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
@@ -134,7 +138,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, grads_in="local")
     if f.import_in != "module":  # `amp` is bound once the initializing function runs
         f = replace(f, import_guard=False, register_half=False)
-    if f.flag == "none" or f.optimizers != "one" or f.backward_in == "update":
+    if f.flag == "none" or f.optimizers != "one" or f.backward_in in ("update", "function"):
         f = replace(f, native_beside=False)  # the other arm of the flag, one optimizer it steps
     if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
@@ -165,7 +169,7 @@ def features():
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
-        backward_in=st.sampled_from(["loop", "helper", "update"]),
+        backward_in=st.sampled_from(["loop", "helper", "update", "function"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -178,6 +182,17 @@ def features():
         native_beside=st.booleans(),
         level_in_block=st.booleans(),
     ).map(_coherent)
+
+
+_SCALED_BACKWARD = '''
+
+def scaled_backward(loss, handed_optimizer, mixed=True):
+    if not mixed:
+        loss.backward()
+        return
+    with amp.scale_loss(loss, handed_optimizer) as scaled_loss:
+        scaled_loss.backward()
+'''
 
 
 _HELPER = '''
@@ -331,6 +346,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         pass  # the method scaled it
     elif f.backward_in == "helper":
         body.append(f"self.backward({loss})")
+    elif f.backward_in == "function":  # the flag by position in a `range` loop, else by keyword
+        mixed = "" if not s.mixed else f", {s.mixed}" if f.loop == "range" else f", mixed={s.mixed}"
+        body.append(f"scaled_backward({loss}, {s.stepped}{mixed})")
     elif s.mixed:
         unscaled = f"native_scaler.scale({loss}).backward()" if f.native_beside else f"{loss}.backward()"
         body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"]
@@ -575,7 +593,7 @@ def script(f: Features) -> str:
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     if f.native_beside:
         constants += "\nnative_scaler = torch.cuda.amp.GradScaler()\n"
-    helpers = ((_HELPER if f.loss == "helper" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
+    helpers = ((_HELPER if f.loss == "helper" else "") + (_SCALED_BACKWARD if f.backward_in == "function" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
                + (_CHECKPOINTS if f.checkpoint else "") + _clip_helper(f) + (_GRAD_NORM_LR if f.grads_in != "none" else ""))
     evaluation = ""
     training = _main_and_training(f)

@@ -409,3 +409,19 @@ def test_a_step_in_an_arm_on_what_received_the_scaler(tmp_path):
     assert_rewrites_hold(outcome)
     assert 'getattr(self, "scaler", None) is not None) and (self.amp' not in migrate_source(
         script(drawn), "train.py", unsafe_fixes=True).new_source
+
+
+@pytest.mark.parametrize("holder", ["function", "method", "handed"])
+@pytest.mark.parametrize("flag", ["on", "off"])
+def test_a_backward_function_handed_the_optimizer(holder, flag, tmp_path):
+    """``scaled_backward(loss, optimizer, use_amp)``, a module-level function taking the optimizer
+    under another name and the flag: the caller's step goes through the scaler, its forward pass
+    under autocast, and the function's plain arm stays plain; run with the flag either way. Where
+    the flag is a parameter of the trainer's methods (``handed``), whether the function's flag is
+    the one the scaler was made with is not known: the rewrite is unsafe, and holds."""
+    drawn = Features(loss="inline", loop="range" if flag == "on" else "enumerate", accumulation="none",
+                     boundary="plus_one", clip="parameters", clip_at="boundary", flag=flag, import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), holder=holder, backward_in="function")
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe_complete == (holder != "handed"), outcome.summary
+    assert_rewrites_hold(outcome)
