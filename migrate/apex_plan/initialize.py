@@ -145,7 +145,9 @@ class InitializePlanning(Step):
                 self.draft.unsafe_at(call, "O0 with a dynamic loss scale: apex scaled the fp32 loss and skipped a step whose "
                                            "gradients overflowed; the rewrite's scaler is off for O0, so that step is taken")
         restore = None
-        values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if has_optimizers or optimizers is not None else "")
+        # apex hands back the models alone for `optimizers=None` (or none given), else both
+        handed_back = optimizers is not None and not nodes.is_none(optimizers.value)
+        values = nodes.code(models.value) + (f", {nodes.code(optimizers.value)}" if handed_back else "")
         if isinstance(small, cst.Assign):
             target = nodes.code(small.targets[0].target)
             if self._throwaway_optimizers(small.targets[0].target, optimizers):

@@ -34,6 +34,7 @@ from migrate.apex_plan.vocabulary import (
     normal,
 )
 from migrate.rule import Replacement
+from migrate.step_model.shapes import parameters_given, parameters_of
 from migrate.tree_walk import descendants
 
 
@@ -357,15 +358,53 @@ class StepPlanning(Step):
         return next(iter(self.plain_backwards(beside)), None)
 
     def plain_backwards(self, beside: cst.CSTNode | None = None) -> list[cst.Call]:
-        """Every ``plain_backward``, in the file's order."""
-        scope = self.tree.module if beside is None else self.tree.function(beside) or self.tree.module
+        """Every ``plain_backward``, in the file's order; with ``beside``, those in its function
+        and those in a function of the file it calls (``self._backward(aux)``), where the call can
+        run in the same pass."""
         withs = self.sites.scale_loss_statements
         candidates = self.tree.per_scope(
-            ("plain backwards", id(scope), withs, self.setup.guard_tests),
-            lambda: [call for call in self._backwards_in(scope)
+            ("plain backwards", withs, self.setup.guard_tests),
+            lambda: [call for call in self._backwards_in(self.tree.module)
                      if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)
-                     and not self._scales_within(call) and not _natively_scaled(call)])
-        return [call for call in candidates if beside is None or not self.tree.exclusive(call, beside)]
+                     and not self._scales_within(call) and not _natively_scaled(call)
+                     and not self._scaled_by_callers(call)])
+        if beside is None:
+            return candidates
+        scope = self.tree.function(beside) or self.tree.module
+        calls = [call for call in descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+                 if type(call) is cst.Call and not self.tree.exclusive(call, beside)]
+        called = {id(helper) for call in calls if (helper := self.tree.helper(call)) is not None}
+        return [call for call in candidates
+                if (self.tree.inside(call, scope) and not self.tree.exclusive(call, beside))
+                or id(self.tree.function(call)) in called]
+
+    def _scaled_by_callers(self, backward: cst.Call) -> bool:
+        """``scaled_loss.backward()`` on a parameter every call of its function hands the loss
+        ``amp.scale_loss`` scaled (``with amp.scale_loss(loss, opt) as scaled_loss:
+        self._backward(scaled_loss)``): the scaled one, not a plain backward to scale again."""
+        receiver = backward.func.value if isinstance(backward.func, cst.Attribute) else None
+        function = self.tree.function(backward)
+        if not isinstance(receiver, cst.Name) or function is None:
+            return False
+        if receiver.value not in {param.name.value for param in parameters_of(function)}:
+            return False
+        handed = [(call, dict(parameters_given(function, call)).get(receiver.value))
+                  for call in descendants(self.tree.module) if type(call) is cst.Call and self.tree.helper(call) is function]
+        scaled = [isinstance(value, cst.Name) and value.value in self._scaled_names_around(call) for call, value in handed]
+        if any(scaled) and not all(scaled):
+            raise Unplannable(backward, f"`{nodes.code(backward.func)}()` is handed the loss `amp.scale_loss` scaled by one "
+                                        "call and an unscaled one by another: one GradScaler cannot tell them apart")
+        return any(scaled)
+
+    def _scaled_names_around(self, node: cst.CSTNode) -> set[str]:
+        """The names ``with amp.scale_loss(...) as name:`` binds around ``node``."""
+        names = set()
+        for call in self.sites.calls["scale_loss"]:
+            statement = self.tree.statement(call)
+            if isinstance(statement, cst.With) and self.tree.inside(node, statement.body):
+                names |= {item.asname.name.value for item in statement.items
+                          if item.asname is not None and isinstance(item.asname.name, cst.Name)}
+        return names
 
     def _scale_plain_backward(self, plain: cst.Call, scale: ScaleLossSite) -> None:
         """``loss.backward()`` becomes ``scaler.scale(loss).backward()`` where the step after it goes

@@ -52,7 +52,9 @@ class Features:
     #                            forward pass made and hands it in, then scales it: apex cast that
     #                            forward pass, a region in the method does not reach it) | function
     #                            (a module-level `scaled_backward(loss, handed_optimizer, mixed)`: the
-    #                            optimizer handed in under another name, stepped by the caller)
+    #                            optimizer handed in under another name, stepped by the caller) |
+    #                            scaled_method (the `scale_loss` body hands the scaled loss to a
+    #                            trainer's `apply_backward(scaled)`, which calls its `backward()`)
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
@@ -115,6 +117,8 @@ def _coherent(f: Features) -> Features:
                     accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
     if f.backward_in == "function":  # a module-level function on the module's `amp`, no delay to hand on
         f = replace(f, amp_via="module", accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
+    if f.backward_in == "scaled_method":  # a method of the trainer takes the scaled loss
+        f = replace(f, holder="method")
     if f.backward_in == "update":  # the loss is the method's own, from the output handed in
         f = replace(f, holder="method", amp_via="module", loss="inline", warmup=False,
                     accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
@@ -169,7 +173,7 @@ def features():
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
-        backward_in=st.sampled_from(["loop", "helper", "update", "function"]),
+        backward_in=st.sampled_from(["loop", "helper", "update", "function", "scaled_method"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -340,7 +344,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  *(["    step += 1"] if f.loop == "while" else []), "    continue"]
     delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
-              "    scaled_loss.backward()"]
+              "    self.apply_backward(scaled_loss)" if f.backward_in == "scaled_method" else "    scaled_loss.backward()"]
     backward_from = len(body)
     if f.backward_in == "update":
         pass  # the method scaled it
@@ -463,6 +467,8 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
                 *_indent([f"loss = (F.mse_loss(output, y) + 0.01 * {model}(x).pow(2).mean()){divided}", *plain,
                           f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:", "    scaled_loss.backward()",
                           "return loss"])]
+    if f.backward_in == "scaled_method":
+        return ["", "def apply_backward(self, scaled):", "    scaled.backward()"]
     if f.backward_in != "helper":
         return []
     unscaled = "native_scaler.scale(loss).backward()" if f.native_beside else "loss.backward()"

@@ -11,6 +11,16 @@ pytestmark = pytest.mark.slow  # an end-to-end run: `-m slow`, and in CI
 
 MARKER = "TODO(ampmigrate)"
 
+
+def _trains_the_same(folder, source: str, rewritten: str, *runs: list[str]) -> None:
+    """The script and its rewrite, run with each of ``runs``' arguments, train the same."""
+    original, migrated = folder / "original.py", folder / "migrated.py"
+    original.write_text(source)
+    migrated.write_text(rewritten)
+    for args in runs:
+        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
+        assert comparison.verdict == SAME, (args, comparison.difference)
+
 # amp kept on the arguments object only when fp16 is asked, the step in a helper reading it there
 STORED_ON_ARGS = textwrap.dedent('''
     import argparse
@@ -233,12 +243,7 @@ INITIALIZED_IN_THE_EPOCH_LOOP = textwrap.dedent('''
 def test_an_unscale_inside_the_loop_a_stand_in_scaler_precedes(tmp_path):
     result = migrate_source(INITIALIZED_IN_THE_EPOCH_LOOP, filename="train.py", unsafe_fixes=True)
     assert result.new_source.count("scaler.unscale_(optimizer)") == 1, result.new_source
-    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
-    original.write_text(INITIALIZED_IN_THE_EPOCH_LOOP)
-    migrated.write_text(result.new_source)
-    for args in ([], ["--fp16"]):
-        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
-        assert comparison.verdict == SAME, (args, comparison.difference)
+    _trains_the_same(tmp_path, INITIALIZED_IN_THE_EPOCH_LOOP, result.new_source, [], ["--fp16"])
 
 
 # `initialize` in both arms of `if dynamic:` (options differ) under `if fp16:`: the scaler was
@@ -349,9 +354,72 @@ def test_of_two_entry_points_initializing_the_one_that_trains_makes_the_scaler(t
     there mixed-precision training ran in fp32 with no loss scaling, silently."""
     result = migrate_source(TWO_ENTRIES, filename="train.py", unsafe_fixes=True)
     assert MARKER in result.new_source  # the evaluation entry loses apex's casts, and says so
-    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
-    original.write_text(TWO_ENTRIES)
-    migrated.write_text(result.new_source)
-    for args in ([], ["--amp"]):
-        comparison = compare(Target(str(original)), Target(str(migrated)), args, device="cpu", steps=8, timeout=240)
-        assert comparison.verdict == SAME, (args, comparison.difference)
+    _trains_the_same(tmp_path, TWO_ENTRIES, result.new_source, [], ["--amp"])
+
+
+# a trainer whose `scale_loss` body hands the scaled loss to a backward method of its own, and
+# steps in another method; a teacher readied for inference with `amp.initialize(teacher, None)`
+SCALED_LOSS_HANDED_ON = textwrap.dedent('''
+    import sys
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    class Trainer:
+        def __init__(self, clip):
+            self.clip = clip
+            self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1", verbosity=0)
+            self.teacher = ready(nn.Linear(8, 1).cuda())
+
+        def _backward(self, scaled_loss):
+            scaled_loss.backward()
+
+        def _step(self):
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+        def train_step(self, x):
+            with torch.no_grad():
+                y = self.teacher(x).float()
+            loss = F.mse_loss(self.model(x).float(), y)
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                self._backward(scaled_loss)
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(amp.master_params(self.optimizer), 0.5)
+            self._step()
+            return loss
+
+
+    def ready(teacher):
+        teacher.eval()
+        teacher = amp.initialize(teacher, None, opt_level="O1", verbosity=0)
+        return teacher
+
+
+    def main():
+        torch.manual_seed(0)
+        trainer = Trainer(clip="--clip" in sys.argv)
+        x = torch.randn(32, 8, device="cuda")
+        for _ in range(8):
+            loss = trainer.train_step(x)
+        print(float(loss))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_a_scaled_loss_handed_to_a_backward_method_is_scaled_once(tmp_path):
+    """Scaled again in the method, the gradients came out 65,536 times too large; and
+    ``amp.initialize(teacher, None)`` became ``teacher = teacher, None``, a tuple called. The
+    teacher's lost casts make the rewrite unsafe: safe fixes leave the file alone."""
+    assert migrate_source(SCALED_LOSS_HANDED_ON, filename="train.py").new_source in (None, SCALED_LOSS_HANDED_ON)
+    result = migrate_source(SCALED_LOSS_HANDED_ON, filename="train.py", unsafe_fixes=True)
+    assert "scale(scaled_loss)" not in result.new_source and "= teacher, None" not in result.new_source
+    _trains_the_same(tmp_path, SCALED_LOSS_HANDED_ON, result.new_source, [], ["--clip"])
