@@ -242,7 +242,7 @@ class AutocastPlanning(Step):
             return []
         position = params.index(scale.loss.value) - (1 if self.tree.owner_class(function) is not None else 0)
         found = [(self.tree.statement(node), nodes.argument(node, position, scale.loss.value))
-                 for node in descendants(self.tree.module) if type(node) is cst.Call and self.tree.helper(node) is function]
+                 for node in self.tree.calls_of(function)]
         if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
             return []
         return [(statement, nodes.code(arg.value)) for statement, arg in found]

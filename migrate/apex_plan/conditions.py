@@ -51,17 +51,14 @@ def _parameters_given(tree: FileTree, spellings: frozenset[str]) -> set[str]:
     for function in functions:
         for param in parameters_of(function):
             named[param.name.value] = named.get(param.name.value, 0) + 1
-    calls: dict[int, list[cst.Call]] = {}
-    for call in descendants(tree.module):
-        if type(call) is cst.Call and (helper := tree.helper(call)) is not None:
-            calls.setdefault(id(helper), []).append(call)
     found = set()
     for function in functions:
+        calls = tree.calls_of(function)
         for param in parameters_of(function):
             name = param.name.value
-            if named[name] != 1 or bindings(function, name) or not calls.get(id(function)):
+            if named[name] != 1 or bindings(function, name) or not calls:
                 continue
-            given = [dict(parameters_given(function, call)).get(name) for call in calls[id(function)]]
+            given = [dict(parameters_given(function, call)).get(name) for call in calls]
             if all(value is not None and nodes.code(value) in spellings for value in given):
                 found.add(name)
     return found

@@ -10,7 +10,7 @@ from migrate.apex_plan.syntax import is_step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import EACH, TRANSPARENT, normal
 from migrate.step_model.shapes import parameters_given, parameters_of
-from migrate.tree_walk import descendants, walk
+from migrate.tree_walk import walk
 
 
 def steps_in(statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
@@ -68,11 +68,10 @@ def steps_of_callers(tree: FileTree, function: cst.FunctionDef | None,
     if function is None or wanted not in {param.name.value for param in parameters_of(function)}:
         return {}
     given: set[str] = set()
-    for call in descendants(tree.module):
-        if type(call) is cst.Call and tree.helper(call) is function:
-            argument = dict(parameters_given(function, call)).get(wanted)
-            if argument is None or not isinstance(argument, (cst.Name, cst.Attribute)):
-                return {}
-            given.add(nodes.code(argument))
+    for call in tree.calls_of(function):
+        argument = dict(parameters_given(function, call)).get(wanted)
+        if argument is None or not isinstance(argument, (cst.Name, cst.Attribute)):
+            return {}
+        given.add(nodes.code(argument))
     stepped = {name: steps_in_file(tree.module, name) for name in sorted(given)}
     return stepped if stepped and all(stepped.values()) else {}

@@ -388,8 +388,7 @@ class StepPlanning(Step):
             return False
         if receiver.value not in {param.name.value for param in parameters_of(function)}:
             return False
-        handed = [(call, dict(parameters_given(function, call)).get(receiver.value))
-                  for call in descendants(self.tree.module) if type(call) is cst.Call and self.tree.helper(call) is function]
+        handed = [(call, dict(parameters_given(function, call)).get(receiver.value)) for call in self.tree.calls_of(function)]
         scaled = [isinstance(value, cst.Name) and value.value in self._scaled_names_around(call) for call, value in handed]
         if any(scaled) and not all(scaled):
             raise Unplannable(backward, f"`{nodes.code(backward.func)}()` is handed the loss `amp.scale_loss` scaled by one "

@@ -56,6 +56,17 @@ class FileTree:
             self._answers[key] = compute()
         return self._answers[key]
 
+    def calls_of(self, function: cst.FunctionDef) -> list[cst.Call]:
+        """The file's calls of ``function`` (as ``helper`` resolves them), in the file's order;
+        the calls of every function are gathered in one walk, the first time one is asked."""
+        def gather() -> dict[int, list[cst.Call]]:
+            found: dict[int, list[cst.Call]] = {}
+            for node in descendants(self.module):
+                if type(node) is cst.Call and (called := self.helper(node)) is not None:
+                    found.setdefault(id(called), []).append(node)
+            return found
+        return self.per_scope(("calls by function",), gather).get(id(function), [])
+
     def import_anchor(self) -> cst.SimpleStatementLine | None:
         """The last top-level import line: module-level definitions of the rewrite go after it."""
         anchor = None
