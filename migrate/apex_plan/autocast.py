@@ -237,15 +237,13 @@ class AutocastPlanning(Step):
         function = self.tree.function(scale.statement)
         if function is None or not isinstance(scale.loss, cst.Name):
             return []
-        params = [param.name.value for param in function.params.params]
-        if scale.loss.value not in params:
+        if scale.loss.value not in {param.name.value for param in function.params.params}:
             return []
-        position = params.index(scale.loss.value) - (1 if self.tree.owner_class(function) is not None else 0)
-        found = [(self.tree.statement(node), nodes.argument(node, position, scale.loss.value))
+        found = [(self.tree.statement(node), self.tree.arguments(function, node).get(scale.loss.value))
                  for node in self.tree.calls_of(function)]
-        if not all(arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)) for _, arg in found):
+        if not all(isinstance(value, (cst.Name, cst.Attribute)) for _, value in found):
             return []
-        return [(statement, nodes.code(arg.value)) for statement, arg in found]
+        return [(statement, nodes.code(value)) for statement, value in found]
 
     def _widen_own_autocast(self, statements: list[cst.BaseStatement], enabled: str) -> bool:
         """A file with a native path beside apex's (``with torch.cuda.amp.autocast(enabled=native):``

@@ -8,7 +8,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, alias_present, attribute_set, grouped_text, negated, normal
 from migrate.flow.bindings import bindings
-from migrate.step_model.shapes import parameters_given, parameters_of
+from migrate.step_model.shapes import parameters_of
 from migrate.step_model.vocabulary import joined_by
 from migrate.tree_walk import descendants
 
@@ -58,7 +58,7 @@ def _parameters_given(tree: FileTree, spellings: frozenset[str]) -> set[str]:
             name = param.name.value
             if named[name] != 1 or bindings(function, name) or not calls:
                 continue
-            given = [dict(parameters_given(function, call)).get(name) for call in calls]
+            given = [tree.arguments(function, call).get(name) for call in calls]
             if all(value is not None and nodes.code(value) in spellings for value in given):
                 found.add(name)
     return found

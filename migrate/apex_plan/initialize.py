@@ -25,6 +25,7 @@ from migrate.apex_plan.vocabulary import (
     normal,
     operand,
     run_time_scale,
+    same_places,
 )
 from migrate.tree_walk import descendants
 
@@ -160,7 +161,7 @@ class InitializePlanning(Step):
                     target, values = model_target, model_given
                 elif normal(model_target) == normal(model_given) and level in ("O0", "O1") and "*" not in optimizer_target:
                     target, values = optimizer_target, optimizer_given  # (O3's `.half()` goes on the model's part)
-            if normal(target) != normal(values):
+            if not same_places(target, values):
                 restore = f"{target} = {values}"
         elif isinstance(small, cst.Return):
             restore = f"return {values}"  # under O1 initialize hands back what it was given

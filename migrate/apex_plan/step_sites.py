@@ -9,7 +9,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import is_step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import EACH, TRANSPARENT, normal
-from migrate.step_model.shapes import parameters_given, parameters_of
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import walk
 
 
@@ -69,7 +69,7 @@ def steps_of_callers(tree: FileTree, function: cst.FunctionDef | None,
         return {}
     given: set[str] = set()
     for call in tree.calls_of(function):
-        argument = dict(parameters_given(function, call)).get(wanted)
+        argument = tree.arguments(function, call).get(wanted)
         if argument is None or not isinstance(argument, (cst.Name, cst.Attribute)):
             return {}
         given.add(nodes.code(argument))

@@ -34,7 +34,7 @@ from migrate.apex_plan.vocabulary import (
     normal,
 )
 from migrate.rule import Replacement
-from migrate.step_model.shapes import parameters_given, parameters_of
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 
@@ -388,7 +388,7 @@ class StepPlanning(Step):
             return False
         if receiver.value not in {param.name.value for param in parameters_of(function)}:
             return False
-        handed = [(call, dict(parameters_given(function, call)).get(receiver.value)) for call in self.tree.calls_of(function)]
+        handed = [(call, self.tree.arguments(function, call).get(receiver.value)) for call in self.tree.calls_of(function)]
         scaled = [isinstance(value, cst.Name) and value.value in self._scaled_names_around(call) for call, value in handed]
         if any(scaled) and not all(scaled):
             raise Unplannable(backward, f"`{nodes.code(backward.func)}()` is handed the loss `amp.scale_loss` scaled by one "

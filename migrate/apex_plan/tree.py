@@ -16,6 +16,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import imports_apex, read_names
 from migrate.flow.control import Graph
 from migrate.names import qualified_names
+from migrate.step_model.shapes import parameters_given
 from migrate.tree_walk import descendants, is_node_type, walk
 
 
@@ -170,9 +171,16 @@ class FileTree:
         return isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation, cst.BooleanOperation))
 
     def helper(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The file's own function (``f(x)``, a closure too) or method of the caller's class (``self.f(x)``) called."""
-        func = call.func
-        caller = self.function(call)
+        """The file's own function (``f(x)``, a closure too) or method of the caller's class
+        (``self.f(x)``) called, directly or through a ``partial`` of it (``backwards(loss, opt)``
+        after ``backwards = partial(loss_backwards, fp16)``)."""
+        bound = self.partial_bound(call)
+        if bound is not None:
+            return self._function_named(bound.args[0].value, self.function(bound))
+        return self._function_named(call.func, self.function(call))
+
+    def _function_named(self, func: cst.BaseExpression, caller: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """The file's function or method of ``caller``'s class that ``func``, written in ``caller``, names."""
         if isinstance(func, cst.Name):
             # a function defined in the caller or a function around it (a closure), else at the top level
             enclosing = caller
@@ -186,6 +194,31 @@ class FileTree:
         if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None
         return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
+
+    def partial_bound(self, call: cst.Call) -> cst.Call | None:
+        """``partial(f, a)`` where ``call`` calls a name the file binds once, to that partial, in
+        the function making the call or at the top level."""
+        if type(call.func) is not cst.Name:
+            return None
+        values = self.assigned.get(call.func.value, ())
+        if len(values) != 1 or type(values[0]) is not cst.Call or nodes.call_name(values[0]) != "partial":
+            return None
+        made = values[0]
+        if not made.args or made.args[0].keyword is not None or made.args[0].star or any(arg.star for arg in made.args):
+            return None
+        where = self.function(made)
+        if (where is not None and where is not self.function(call)) or "functools.partial" not in qualified_names(self.provider, made.func):
+            return None
+        return made
+
+    def arguments(self, function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+        """What ``call`` gives each parameter of ``function``: through a ``partial``, the
+        arguments it bound first, then the call's own."""
+        bound = self.partial_bound(call)
+        if bound is not None:
+            given = [*bound.args[1:], *call.args]  # positional first, as a call must write them
+            call = cst.Call(func=bound.args[0].value, args=[*(a for a in given if a.keyword is None), *(a for a in given if a.keyword)])
+        return dict(parameters_given(function, call))
 
     def models_seen_from(self, statement: cst.CSTNode, model_codes: set[str]) -> set[str]:
         """The model codes, and the names the function around ``statement`` gives them in its

@@ -287,6 +287,21 @@ def normal(text: str) -> str:
         return "".join(text.split())
 
 
+def same_places(target: str, value: str) -> bool:
+    """Whether ``target = value`` binds each place to what it holds already: the same
+    expression, or tuples and lists of such, element by element (``(a, b) = [a, b]``)."""
+    try:
+        return _same_places(ast.parse(target.strip(), mode="eval").body, ast.parse(value.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        return normal(target) == normal(value)
+
+
+def _same_places(target: ast.expr, value: ast.expr) -> bool:
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)):
+        return len(target.elts) == len(value.elts) and all(map(_same_places, target.elts, value.elts))
+    return not isinstance(target, ast.Starred) and ast.dump(target) == ast.dump(value)
+
+
 def grouped(expression: cst.BaseExpression) -> str:
     text = nodes.code(expression)
     return text if isinstance(expression, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else f"({text})"

@@ -54,7 +54,10 @@ class Features:
     #                            (a module-level `scaled_backward(loss, handed_optimizer, mixed)`: the
     #                            optimizer handed in under another name, stepped by the caller) |
     #                            scaled_method (the `scale_loss` body hands the scaled loss to a
-    #                            trainer's `apply_backward(scaled)`, which calls its `backward()`)
+    #                            trainer's `apply_backward(scaled)`, which calls its `backward()`) |
+    #                            partial (the loop calls `backwards(loss, opt)`, a `functools.partial`
+    #                            of a module-level function made before it: binding the flag first by
+    #                            position, or by keyword, or, with no flag, the optimizer)
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
@@ -115,7 +118,7 @@ def _coherent(f: Features) -> Features:
     if f.backward_in == "helper":  # a method of the trainer, on the module's `amp`, no delay to hand on
         f = replace(f, holder="method", amp_via="module",
                     accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
-    if f.backward_in == "function":  # a module-level function on the module's `amp`, no delay to hand on
+    if f.backward_in in ("function", "partial"):  # a module-level function on the module's `amp`, no delay to hand on
         f = replace(f, amp_via="module", accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
     if f.backward_in == "scaled_method":  # a method of the trainer takes the scaled loss
         f = replace(f, holder="method")
@@ -142,7 +145,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, grads_in="local")
     if f.import_in != "module":  # `amp` is bound once the initializing function runs
         f = replace(f, import_guard=False, register_half=False)
-    if f.flag == "none" or f.optimizers != "one" or f.backward_in in ("update", "function"):
+    if f.flag == "none" or f.optimizers != "one" or f.backward_in in ("update", "function", "partial"):
         f = replace(f, native_beside=False)  # the other arm of the flag, one optimizer it steps
     if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
@@ -173,7 +176,7 @@ def features():
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
-        backward_in=st.sampled_from(["loop", "helper", "update", "function", "scaled_method"]),
+        backward_in=st.sampled_from(["loop", "helper", "update", "function", "scaled_method", "partial"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -197,6 +200,28 @@ def scaled_backward(loss, handed_optimizer, mixed=True):
     with amp.scale_loss(loss, handed_optimizer) as scaled_loss:
         scaled_loss.backward()
 '''
+
+
+_FLAGGED_BACKWARD = '''
+
+def flagged_backward(mixed, loss, handed_optimizer):
+    if mixed:
+        with amp.scale_loss(loss, handed_optimizer) as scaled_loss:
+            scaled_loss.backward()
+    else:
+        loss.backward()
+'''
+
+
+def _partial_binding(f: Features, s: "_Spelling") -> tuple[str, str, str]:
+    """For ``backward_in=partial``: the module-level function, the partial of it made before the
+    loop, and the loop's call of that partial."""
+    _, _, loss = f.names
+    if s.mixed and f.loop == "range":  # the flag first, by position
+        return _FLAGGED_BACKWARD, f"backwards = functools.partial(flagged_backward, {s.mixed})", f"backwards({loss}, {s.stepped})"
+    if s.mixed:
+        return _SCALED_BACKWARD, f"backwards = partial(scaled_backward, mixed={s.mixed})", f"backwards({loss}, {s.stepped})"
+    return _SCALED_BACKWARD, f"backwards = partial(scaled_backward, handed_optimizer={s.stepped})", f"backwards({loss})"
 
 
 _HELPER = '''
@@ -353,6 +378,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     elif f.backward_in == "function":  # the flag by position in a `range` loop, else by keyword
         mixed = "" if not s.mixed else f", {s.mixed}" if f.loop == "range" else f", mixed={s.mixed}"
         body.append(f"scaled_backward({loss}, {s.stepped}{mixed})")
+    elif f.backward_in == "partial":
+        body.append(_partial_binding(f, s)[2])
     elif s.mixed:
         unscaled = f"native_scaler.scale({loss}).backward()" if f.native_beside else f"{loss}.backward()"
         body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"]
@@ -480,6 +507,8 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
 def _training_prelude(f: Features, s: _Spelling) -> list[str]:
     """What the training function sets up before its loop: a local gradient tracker, a clip closure."""
     lines = [f"tracker = GradNormLR({s.model}, {s.first_optimizer})"] if f.grads_in == "local" else []
+    if f.backward_in == "partial":
+        lines.append(_partial_binding(f, s)[1])
     if f.clip_in == "closure":
         read = (f"{s.amp}.master_params({s.first_optimizer})" if f.clip == "master_params"
                 else f"{s.model}.parameters()")
@@ -587,6 +616,8 @@ def script(f: Features) -> str:
     f = _coherent(f)
     header = f'"""A generated apex script: {f.label()}."""\n'
     imports = "import argparse\n" + ("import io\n" if f.checkpoint else "") + ("import math\n" if f.finite_guard else "")
+    if f.backward_in == "partial":
+        imports += "import functools\nfrom functools import partial\n"
     imports += "\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
     if f.import_guard:
         imports += ("\ntry:\n    from apex import amp\n    has_apex = True\nexcept ImportError:\n"
@@ -599,7 +630,8 @@ def script(f: Features) -> str:
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     if f.native_beside:
         constants += "\nnative_scaler = torch.cuda.amp.GradScaler()\n"
-    helpers = ((_HELPER if f.loss == "helper" else "") + (_SCALED_BACKWARD if f.backward_in == "function" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
+    helpers = ((_HELPER if f.loss == "helper" else "") + (_SCALED_BACKWARD if f.backward_in == "function" else "")
+               + (_partial_binding(f, _Spelling(f))[0] if f.backward_in == "partial" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
                + (_CHECKPOINTS if f.checkpoint else "") + _clip_helper(f) + (_GRAD_NORM_LR if f.grads_in != "none" else ""))
     evaluation = ""
     training = _main_and_training(f)

@@ -425,3 +425,18 @@ def test_a_backward_function_handed_the_optimizer(holder, flag, tmp_path):
     outcome = judge(drawn, tmp_path)
     assert outcome.safe_complete == (holder != "handed"), outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize(("holder", "flag", "loop"), [("function", "on", "range"), ("method", "on", "range"),
+                                                      ("method", "off", "enumerate"), ("function", "none", "range")])
+def test_a_backward_function_called_through_a_partial(holder, flag, loop, tmp_path):
+    """``backwards = functools.partial(flagged_backward, use_amp)`` (by position in a ``range``
+    loop), ``partial(scaled_backward, mixed=use_amp)`` (by keyword), or, with no flag, the
+    optimizer bound: the partial's calls are the function's, its steps go through the scaler."""
+    drawn = Features(loss="inline", loop=loop, accumulation="none", boundary="plus_one", clip="none",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), holder=holder, backward_in="partial")
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe_complete == (flag != "none"), outcome.summary
+    assert outcome.unsafe == "same", outcome.summary
+    assert_rewrites_hold(outcome)

@@ -73,16 +73,19 @@ def _migrate(source: str, unsafe_fixes: bool = False):
 
 @pytest.mark.parametrize(("helper", "trainer"), list(itertools.product(HELPERS, TRAINERS)))
 def test_the_callers_step_goes_through_the_scaler(helper, trainer):
-    source = _script(helper, trainer)
-    output, diagnostics = _migrate(source)
-    opt = TRAINERS[trainer][1]
+    output, diagnostics = _migrate(_script(helper, trainer))
+    assert_stepped_through_the_scaler(output, diagnostics, TRAINERS[trainer][1])
+
+
+def assert_stepped_through_the_scaler(output: str, diagnostics, opt: str) -> None:
+    """All safe and no apex left: the caller's ``opt`` steps through the scaler, its forward pass
+    under autocast, the flag's plain backward stays plain."""
     assert "apex" not in output, output
-    assert f"{opt}.step()" not in output and output.count(".update()") == 1, output
-    assert "TODO(ampmigrate)" not in output, output
-    # the caller's forward pass is under autocast, the flag's plain backward stays plain
+    assert f"    {opt}.step()" not in output and f"scaler.step({opt})" in output, output
+    assert output.count(".update()") == 1 and "TODO(ampmigrate)" not in output, output
     lines = output.splitlines()
     forward = next(i for i, line in enumerate(lines) if "loss = " in line and ".sum()" in line)
-    assert "torch.autocast(" in lines[forward - 1] or "torch.autocast(" in " ".join(lines[forward - 3:forward]), output
+    assert any("torch.autocast(" in line for line in lines[forward - 3:forward]), output
     assert "        loss.backward()" in output, output
     assert all(d.fix is None or d.fix.applicability.name == "SAFE" for d in diagnostics), output
 

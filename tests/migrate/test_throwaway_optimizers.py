@@ -76,3 +76,34 @@ def test_only_the_part_initialize_renames_is_assigned(targets, models, optimizer
     expected = dict(values)
     exec(compile(f"{targets} = {models}, {optimizer}", "apex.py", "exec"), {}, expected)  # what O1 handed back
     assert namespace["setup"](**values) == tuple(expected[name] for name in names)
+
+
+@pytest.mark.parametrize(("targets", "models", "optimizer"), [
+    ("(encoder, model), (opt_a, opt_b)", "[encoder, model]", "[opt_a, opt_b]"),
+    ("[encoder, model], [opt_a, opt_b]", "(encoder, model)", "[opt_a, opt_b]"),
+    ("[model], optimizer", "[model]", "optimizer"),
+    ("(self.g, self.d), (self.g_opt, self.d_opt)", "[self.g, self.d]", "[self.g_opt, self.d_opt]"),
+])
+def test_an_initialize_handing_back_each_place_what_it_holds_goes(targets, models, optimizer):
+    """``(g, d), (g_opt, d_opt) = amp.initialize([g, d], [g_opt, d_opt])``: under O1 each name is
+    bound again to what it holds, so nothing is left to assign (not ``(g, d), ... = [g, d], ...``)."""
+    source = PASSED_THROUGH.format(params="self, encoder, model, optimizer, opt_a, opt_b", targets=targets,
+                                   models=models, optimizer=optimizer, returned="model")
+    fixed = migrate_source(source, "setup.py", unsafe_fixes=True).new_source
+    assert "amp.initialize" not in fixed and _assignments(fixed) == [], fixed
+
+
+@pytest.mark.parametrize(("targets", "models", "optimizer"), [
+    ("(model, encoder), (opt_a, opt_b)", "[encoder, model]", "[opt_a, opt_b]"),  # swapped
+    ("models, (opt_a, opt_b)", "[encoder, model]", "[opt_a, opt_b]"),  # the list itself
+    ("(encoder, *rest), (opt_a, opt_b)", "[encoder, model]", "[opt_a, opt_b]"),
+])
+def test_an_initialize_binding_other_places_keeps_its_assignment(targets, models, optimizer):
+    source = PASSED_THROUGH.format(params="encoder, model, opt_a, opt_b", targets=targets,
+                                   models=models, optimizer=optimizer, returned="model")
+    fixed = migrate_source(source, "setup.py", unsafe_fixes=True).new_source
+    assert "amp.initialize" not in fixed and _assignments(fixed) == [f"{targets} = {models}, {optimizer}"], fixed
+
+
+def _assignments(source: str) -> list[str]:
+    return [line.strip() for line in source.splitlines() if " = " in line and not line.strip().startswith("#")]
