@@ -411,13 +411,16 @@ class StepPlanning(Step):
         scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it."""
         scaler = self.scaler_of(scale.call)
         same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
-        if (isinstance(plain.func, cst.Attribute) and not plain.args and id(plain) not in self.draft.replacements
+        # a loss's own arguments are keywords (`retain_graph=True`, `**kwargs`); `engine.backward(loss)` is no tensor's
+        by_keyword = all(arg.keyword is not None or arg.star for arg in plain.args)
+        if (isinstance(plain.func, cst.Attribute) and by_keyword and id(plain) not in self.draft.replacements
                 and (not scaler.startswith("self.") or same_class)):
             loss = nodes.code(plain.func.value)
             scaled = f"{scaler}.scale({loss})"
             if self.setup.in_block:  # made in a block that may not have run: ask, as its steps do
                 scaled = f"({scaled} if {attribute_set(scaler)} else {loss})"
-            self.draft.replace(plain, nodes.parse_expression(f"{scaled}.backward()", self.tree.module))
+            # its arguments stay (`loss.backward(**kwargs)`, `retain_graph=True`)
+            self.draft.replace(plain, plain.with_changes(func=plain.func.with_changes(value=nodes.parse_expression(scaled, self.tree.module))))
             self.draft.kind(plain, SCALE_LOSS, "a backward pass beside `amp.scale_loss` is not scaled",
                             f"Use `{scaler}.scale({loss}).backward()`: its step goes through the scaler")
 

@@ -323,6 +323,8 @@ class Walk:
                 self.bind((parameter,), argument, call, frames, statements)
                 if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver(argument) in self.facts.scalers:
                     self.scaled_names[parameter] = _receiver(argument)  # `self._backward(scaler.scale(loss))`
+                elif _code(argument) in self.scaled_names:  # `scaled = scaler.scale(loss)`, then `self._backward(scaled)`
+                    self.scaled_names[parameter] = self.scaled_names[_code(argument)]
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
             self._block(body, frames + (Via(call, shapes.evaluates(helper)),), ())
             self._calls.pop()
@@ -355,7 +357,7 @@ class Walk:
         """Whether ``value`` calls a function of the file whose every return is on the host
         (``loss = self.fit_batch(batch)``, which returns ``loss.detach().cpu()``)."""
         helper = self._helper(value) if type(value) is cst.Call else None
-        return helper is not None and _returns_only_host_values(helper)
+        return helper is not None and shapes.returns_only_host_values(helper)
 
     def _helper(self, call: cst.Call) -> cst.FunctionDef | None:
         found = self._callee(call)
@@ -471,12 +473,6 @@ def _plain_names(test: cst.BaseExpression) -> list[str]:
     if isinstance(test, cst.BooleanOperation):
         return _plain_names(test.left) + _plain_names(test.right)
     return [nodes.code(test)] if isinstance(test, (cst.Name, cst.Attribute)) else []
-
-
-@tree_walk.kept_per_tree  # asked at each call of the function: a script's top level may call it thousands of times
-def _returns_only_host_values(function: cst.FunctionDef) -> bool:
-    returns = [node.value for node in tree_walk.descendants(function.body, nodes.not_a_definition) if type(node) is cst.Return]
-    return bool(returns) and all(returned is not None and shapes.on_the_host(returned) for returned in returns)
 
 
 _body = shapes.body

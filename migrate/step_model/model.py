@@ -224,7 +224,7 @@ class Steps:
                     return True
                 if a.node is not b.node and a.test == b.test and a.polarity != b.polarity and not a.modulo:
                     return True
-        return _conjunction_fails(first, second) or _conjunction_fails(second, first)
+        return _conjunction_fails(first, second) or _conjunction_fails(second, first) or _contradicted(first, second)
 
     @staticmethod
     def runs_whenever(event: Event, *given: Event) -> bool:
@@ -342,6 +342,19 @@ def _conjunction_fails(one: Event, other: Event) -> bool:
         if len(parts) > 1 and all(part in holds for part in parts):
             return True
     return False
+
+
+def _holds_where(event: Event) -> set[tuple[str, bool]]:
+    """The tests, with their polarity, that hold wherever ``event`` runs: its arms, and each part
+    of the conjunctions whose body it is in (``if scaler is not None and use_amp:``)."""
+    holds = {(arm.test, arm.polarity) for arm in event.arms() if not arm.modulo}
+    return holds | {part for arm in event.arms() if arm.body and not arm.modulo for part in words.conjuncts(arm.node.test)}
+
+
+def _contradicted(one: Event, other: Event) -> bool:
+    """Whether a test holds where ``one`` runs and fails where ``other`` runs (``else:`` of ``if
+    use_amp:`` against the body of ``if scaler is not None and use_amp:``)."""
+    return any((test, not polarity) in _holds_where(other) for test, polarity in _holds_where(one))
 
 
 def _is_lightning_step(root: cst.CSTNode) -> bool:

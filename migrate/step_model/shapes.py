@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.flow.bindings import bindings
-from migrate.tree_walk import descendants
+from migrate.tree_walk import descendants, kept_per_tree
 from migrate.step_model import vocabulary as words
 
 
@@ -171,3 +171,10 @@ def on_the_host(value: cst.BaseExpression) -> bool:
     if type(value) is cst.BinaryOperation:
         return on_the_host(value.left) or on_the_host(value.right)
     return False
+
+
+@kept_per_tree  # asked at each call of the function: a script's top level may call it thousands of times
+def returns_only_host_values(function: cst.FunctionDef) -> bool:
+    """Whether every ``return`` of ``function`` hands back a host value (``loss.item()``, a float)."""
+    returns = [node.value for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.Return]
+    return bool(returns) and all(returned is not None and on_the_host(returned) for returned in returns)
