@@ -282,7 +282,7 @@ class InitializePlanning(Step):
                 continue
             if name == "num_losses":
                 merges_losses = True
-                self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration")
+                self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated after the last step of each block of optimizer steps")
             elif name == "max_loss_scale":
                 self.draft.unsafe_at(call, f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:

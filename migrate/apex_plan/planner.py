@@ -255,7 +255,7 @@ class Planner:
         # updated once per scaled backward, after the last of its optimizers' steps (in each
         # branch, when the steps sit in different branches).
         # With apex's per-loss scalers (`loss_id`) merged into one GradScaler, the scale is
-        # updated once per iteration instead: after the last step of all the losses' optimizers.
+        # updated after the last step of all the losses' optimizers in each block instead.
         stepped: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
         step_scaler: dict[int, str] = {}
         found_by_scale = []

@@ -69,7 +69,7 @@ class StepPlanning(Step):
             raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
         merges_losses = False
         for name, why in (
-            ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated once per iteration"),
+            ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated after the last step of each block of optimizer steps"),
             ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
         ):
             arg = nodes.argument(call, None, name)

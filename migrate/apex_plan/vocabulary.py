@@ -247,7 +247,7 @@ class Setup:
     stand_in: str | None = None  # a disabled scaler made first, until initialize's code runs: "module", "init", "class", "local"
     in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
-    merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated once per iteration
+    merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated after the last step of each block of steps
     level_guarded: bool = False  # a computed opt level is checked at run time
     # the `if args.fp16:` that held initialize, whose test enables the scaler (hoisted before it,
     # or made in it after a disabled stand-in), and that test's spellings (`self.fp16 = fp16`)

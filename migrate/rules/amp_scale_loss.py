@@ -28,7 +28,7 @@ class AmpScaleLoss(PlannedApexRule):
     between the scaled backward and the step (clipping ``model.parameters()``, a gradient norm,
     ``p.grad``) were unscaled under apex: ``scaler.unscale_(optimizer)`` goes before the first
     read, in each branch that reads. Unsafe with ``loss_id`` (one GradScaler serves every loss and
-    is updated once per iteration, after the last optimizer step,
+    is updated after the last step of each block of optimizer steps,
     where apex kept one scaler per loss), ``delay_overflow_check``, gradients read where the step
     may not follow (apex unscaled them at every micro-batch), an unscaled backward pass with the
     step elsewhere, or no ``amp.initialize`` in the file (see AMP002) unless the run also holds the
@@ -117,7 +117,8 @@ for batch in loader:
             """import torch
 
 # TODO(ampmigrate): review, this rewrite is unsafe: one GradScaler serves every loss
-#   (apex keeps one scaler per loss), updated once per iteration
+#   (apex keeps one scaler per loss), updated after the last step of each block of
+#   optimizer steps
 scaler = torch.amp.GradScaler("cuda")
 for batch in loader:
     with torch.autocast("cuda", dtype=torch.float16):
