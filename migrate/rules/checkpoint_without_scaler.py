@@ -417,11 +417,15 @@ class CheckpointWithoutScaler(TrainingStepRule):
     def _handed_a_scaler_state(self, call: cst.Call, values: list[cst.BaseExpression], model: StepModel) -> bool:
         """Whether an entry of the save is a parameter of its function that a call of the file
         gives the scaler or its state (``save_checkpoint(model, opt, scaler.state_dict())``
-        saving ``{..., "amp": amp_state}``)."""
+        saving ``{..., "amp": amp_state}``), or the state of such a parameter given the scaler
+        (``save_checkpoint(model, opt, scaler)`` saving ``{..., "amp": amp.state_dict()}``)."""
         function = self._function_of(call)
         if function is None:
             return False
-        taken = {v.value for v in values if type(v) is cst.Name} & {p.name.value for p in parameters_of(function)}
+        # the entry itself (`amp_state`), or the state of what it names (`amp.state_dict()`)
+        named = [v.func.value if type(v) is cst.Call and nodes.call_name(v) == "state_dict" and type(v.func) is cst.Attribute else v
+                 for v in values]
+        taken = {v.value for v in named if type(v) is cst.Name} & {p.name.value for p in parameters_of(function)}
         if not taken:
             return False
         for node in descendants(model.module):

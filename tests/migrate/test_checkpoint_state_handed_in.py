@@ -57,3 +57,12 @@ def test_a_helper_handed_the_scalers_state_saves_it(helper, form, given):
 def test_a_helper_handed_something_else_is_still_reported(helper, form, given):
     source = _script(helper, form, given)
     assert _amp107(source) != [], source
+
+
+@pytest.mark.parametrize(("helper", "form"), list(itertools.product(HELPERS, (0, 1))))
+@pytest.mark.parametrize(("given", "saved"), [("scaler", True), ("lr_scheduler", False)])
+def test_a_helper_saving_the_state_of_what_it_is_handed(helper, form, given, saved):
+    """``save_checkpoint(model, optimizer, scaler)`` saving ``{..., "amp": amp.state_dict()}``: the
+    parameter (named for apex's module) is the scaler, its state is saved."""
+    source = _script(helper, form, given).replace("amp_state}", "amp_state.state_dict()}")
+    assert (_amp107(source) == []) == saved, source
