@@ -360,7 +360,8 @@ class StepPlanning(Step):
     def plain_backwards(self, beside: cst.CSTNode | None = None) -> list[cst.Call]:
         """Every ``plain_backward``, in the file's order; with ``beside``, those in its function
         and those in a function of the file it calls (``self._backward(aux)``), where the call can
-        run in the same pass."""
+        run in the same pass (not in another arm, nor where a test around ``beside`` fails:
+        ``else:`` of ``if scaler: ... elif use_apex:`` against a later ``elif use_apex:``)."""
         withs = self.sites.scale_loss_statements
         candidates = self.tree.per_scope(
             ("plain backwards", withs, self.setup.guard_tests),
@@ -372,10 +373,10 @@ class StepPlanning(Step):
             return candidates
         scope = self.tree.function(beside) or self.tree.module
         calls = [call for call in descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
-                 if type(call) is cst.Call and not self.tree.exclusive(call, beside)]
+                 if type(call) is cst.Call and not self.tree.never_together(call, beside)]
         called = {id(helper) for call in calls if (helper := self.tree.helper(call)) is not None}
         return [call for call in candidates
-                if (self.tree.inside(call, scope) and not self.tree.exclusive(call, beside))
+                if (self.tree.inside(call, scope) and not self.tree.never_together(call, beside))
                 or id(self.tree.function(call)) in called]
 
     def _scaled_by_callers(self, backward: cst.Call) -> bool:
