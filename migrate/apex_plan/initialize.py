@@ -172,6 +172,7 @@ class InitializePlanning(Step):
                 target = target.elements[0].value
             model_codes |= self._codes(target)
         model_codes |= self._stored_on_self(statement, model_codes)
+        model_codes |= self.tree.models_wrapped(self.tree.owner_class(self.tree.function(statement)), model_codes)
         on_self = any(code.startswith("self.") for code in model_codes)
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,

@@ -232,6 +232,23 @@ class FileTree:
                     models.add(small.targets[0].target.value)
         return models
 
+    def models_wrapped(self, owner: cst.ClassDef | None, models: set[str]) -> set[str]:
+        """The attributes a method of ``owner`` sets to one of ``models`` wrapped (``self.mnetwork =
+        nn.DataParallel(self.network) if multi_gpu else self.network``): what the other methods
+        run as the model."""
+        if owner is None:
+            return set()
+
+        def wraps(value: cst.BaseExpression) -> bool:
+            if type(value) is cst.IfExp:
+                return wraps(value.body) and wraps(value.orelse)
+            if type(value) is cst.Call and value.args and value.args[0].keyword is None and not value.args[0].star:
+                value = value.args[0].value  # `DataParallel(model, ...)`
+            return nodes.code(value) in models
+
+        return {nodes.code(target.target) for node in descendants(owner) if type(node) is cst.Assign and wraps(node.value)
+                for target in node.targets if nodes.code(target.target).startswith("self.")}
+
     def calls_model(self, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int], depth: int = 0) -> bool:
         """Whether ``statement`` runs the model: a call of it, of a helper of the file (a
         function, or a method of the same class) that calls it (``loss = self.run_batch(b)``), or

@@ -82,6 +82,9 @@ class Features:
     #                            `except ImportError` raises, `global amp` after the import)
     level_in_block: bool = False  # with a flag: its block sets `opt_level = "O1"`, which initialize reads
     #                               (the scaler is then made in the block, a disabled one before)
+    forward_via: str = "model"  # model | wrapper: with holder=method, `__init__` keeps `self.runner =
+    #                             nn.DataParallel(self.model) if torch.cuda.device_count() > 1 else
+    #                             self.model` before initializing, and the loop's forward passes run it
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -127,6 +130,8 @@ def _coherent(f: Features) -> Features:
                     accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
     if f.holder != "method" or f.flag == "none":
         f = replace(f, flag_copy=False)
+    if f.holder != "method" or f.backward_in == "update":
+        f = replace(f, forward_via="model")
     if f.holder != "function" or f.amp_via != "module":
         f = replace(f, loop_in="main")
     if f.loss == "arms_backward":  # the warm-up's plain backward needs the loss before the arms
@@ -187,6 +192,7 @@ def features():
         grads_in=st.sampled_from(["none", "local", "attribute"]),
         import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
         native_beside=st.booleans(),
+        forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
     ).map(_coherent)
 
@@ -312,6 +318,7 @@ class _Spelling:
         method = f.holder == "method"
         own = "self." if method else ""
         self.model, self.optimizer = own + model, own + optimizer
+        self.forward = "self.runner" if f.forward_via == "wrapper" else self.model  # what the loop's forward passes run
         self.optimizers = own + optimizer + "s"
         self.stepped = self.optimizers if f.optimizers == "two" else self.optimizer
         self.first_optimizer = f"{self.optimizers}[0]" if f.optimizers == "two" else self.optimizer
@@ -339,20 +346,20 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     elif f.overflow:
         body += ["if step == 3:", '    x = x * float("inf")']
     if f.backward_in == "update":
-        body += [f"output = {s.model}(x)", f"{loss} = self.backward_from(output, x, y)"]
+        body += [f"output = {s.forward}(x)", f"{loss} = self.backward_from(output, x, y)"]
     elif f.loss == "inline":
-        body.append(f"{loss} = F.mse_loss({s.model}(x), y)")
+        body.append(f"{loss} = F.mse_loss({s.forward}(x), y)")
     elif f.loss == "helper":
-        body.append(f"{loss} = compute_loss({s.model}, x, y)")
+        body.append(f"{loss} = compute_loss({s.forward}, x, y)")
     elif f.loss == "method":
         body.append(f"{loss} = self.compute_loss(x, y)")
     elif f.loss == "arms_backward":  # each arm computes the loss, then scales it (below)
-        body.append(f"output = {s.model}(x)")
+        body.append(f"output = {s.forward}(x)")
     elif f.loss == "dict":
-        body += [f'{loss}_dict = {{"mse": F.mse_loss({s.model}(x), y), "l1": 0.1 * F.l1_loss({s.model}(x), y)}}',
+        body += [f'{loss}_dict = {{"mse": F.mse_loss({s.forward}(x), y), "l1": 0.1 * F.l1_loss({s.forward}(x), y)}}',
                  f"{loss} = sum({loss}_dict.values())"]
     else:
-        body += [f"output = {s.model}(x)",
+        body += [f"output = {s.forward}(x)",
                  "if step % 2 == 0:",
                  f"    {loss} = F.mse_loss(output, y)",
                  "else:",
@@ -548,6 +555,8 @@ def _main_and_training(f: Features) -> str:
     if f.holder == "method":
         keep = [f"self.{model} = {model}", f"self.{optimizer}{'s' if f.optimizers == 'two' else ''} = "
                 f"{optimizer}{'s' if f.optimizers == 'two' else ''}"]
+        if f.forward_via == "wrapper":
+            keep.append(f"self.runner = nn.DataParallel(self.{model}) if torch.cuda.device_count() > 1 else self.{model}")
         init_flag = [f"self.use_amp = use_amp"] if s.use_amp else []
         set_up = _initialize(f, s, f"self.{model}", f"self.{optimizer}")
         if f.grads_in == "attribute":
