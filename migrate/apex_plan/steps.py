@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions
+from migrate.apex_plan.conditions import StepConditions, never_runs
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
@@ -366,7 +366,7 @@ class StepPlanning(Step):
         candidates = self.tree.per_scope(
             ("plain backwards", withs, self.setup.guard_tests),
             lambda: [call for call in self._backwards_in(self.tree.module)
-                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call)
+                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call) and not never_runs(self.tree, call)
                      and not self._scales_within(call) and not _natively_scaled(call)
                      and not self._scaled_by_callers(call)])
         if beside is None:

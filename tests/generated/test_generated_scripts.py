@@ -437,6 +437,6 @@ def test_a_backward_function_called_through_a_partial(holder, flag, loop, tmp_pa
                      clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False,
                      names=("model", "optimizer", "loss"), holder=holder, backward_in="partial")
     outcome = judge(drawn, tmp_path)
-    assert outcome.safe_complete == (flag != "none"), outcome.summary
+    assert outcome.safe_complete, outcome.summary  # with no flag, the function's plain arm never runs
     assert outcome.unsafe == "same", outcome.summary
     assert_rewrites_hold(outcome)
