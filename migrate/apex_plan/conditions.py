@@ -64,26 +64,40 @@ def _parameters_given(tree: FileTree, spellings: frozenset[str]) -> set[str]:
     return found
 
 
+def in_failing_arm(tree: FileTree, node: cst.CSTNode, flags: set[str] | frozenset[str], within: cst.CSTNode | None = None) -> bool:
+    """Whether ``node`` sits where one of ``flags`` fails: ``else:`` of ``if flag:``, or the body
+    of ``if not flag:`` (up to ``within``, when given)."""
+    child, parent = node, tree.parent.get(id(node))
+    while parent is not None and parent is not within:
+        if isinstance(parent, cst.If):
+            test = nodes.code(parent.test)
+            if (test in flags and child is parent.orelse) or (test.startswith("not ") and test[4:] in flags and child is parent.body):
+                return True
+        child, parent = parent, tree.parent.get(id(parent))
+    return False
+
+
 def never_runs(tree: FileTree, node: cst.CSTNode) -> bool:
     """Whether ``node`` sits where a parameter of its function fails (``if not mixed:``, or ``else:``
     of ``if mixed:``) that every call of the file leaves at a ``True`` default and the function
     never binds (``def scaled_backward(loss, opt, mixed=True)`` called as ``scaled_backward(loss,
     opt)``). A function the file never calls may be called from elsewhere: not assumed."""
     function = tree.function(node)
-    calls = tree.calls_of(function) if function is not None else []
-    if not calls:
+    if function is None:
         return False
-    on = {param.name.value for param in parameters_of(function)
-          if param.default is not None and nodes.code(param.default) == "True" and not bindings(function, param.name.value)
-          and all(param.name.value not in tree.arguments(function, call) for call in calls)}
-    child, parent = node, tree.parent.get(id(node))
-    while parent is not None and parent is not function:
-        if isinstance(parent, cst.If):
-            test = nodes.code(parent.test)
-            if (test in on and child is parent.orelse) or (test.startswith("not ") and test[4:] in on and child is parent.body):
-                return True
-        child, parent = parent, tree.parent.get(id(parent))
-    return False
+    on = tree.per_scope(("left on", id(function)), lambda: _left_on(tree, function))
+    return bool(on) and in_failing_arm(tree, node, on, within=function)
+
+
+def _left_on(tree: FileTree, function: cst.FunctionDef) -> frozenset[str]:
+    """The parameters of ``function`` defaulting to ``True`` that no call of the file gives and
+    the function never binds; none where the file never calls it."""
+    calls = tree.calls_of(function)
+    if not calls:
+        return frozenset()
+    return frozenset(param.name.value for param in parameters_of(function)
+                     if param.default is not None and nodes.code(param.default) == "True" and not bindings(function, param.name.value)
+                     and all(param.name.value not in tree.arguments(function, call) for call in calls))
 
 
 class StepConditions(Step):

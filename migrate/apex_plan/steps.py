@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions, never_runs
+from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_runs
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
@@ -366,7 +366,7 @@ class StepPlanning(Step):
         candidates = self.tree.per_scope(
             ("plain backwards", withs, self.setup.guard_tests),
             lambda: [call for call in self._backwards_in(self.tree.module)
-                     if not self.tree.inside_any(call, withs) and not self._scaler_disabled_at(call) and not never_runs(self.tree, call)
+                     if not self.tree.inside_any(call, withs) and not in_failing_arm(self.tree, call, self.setup.guard_tests) and not never_runs(self.tree, call)
                      and not self._scales_within(call) and not _natively_scaled(call)
                      and not self._scaled_by_callers(call)])
         if beside is None:
@@ -430,19 +430,6 @@ class StepPlanning(Step):
         the backward pass it makes is that one, scaled."""
         helper = self.tree.helper(call)
         return helper is not None and any(self.tree.inside(site, helper) for site in self.sites.calls["scale_loss"])
-
-    def _scaler_disabled_at(self, node: cst.CSTNode) -> bool:
-        """Inside ``else:`` of ``if fp16:`` (or ``if not fp16:``) where ``fp16`` disables the scaler."""
-        flags = self.setup.guard_tests
-        child, parent = node, self.tree.parent.get(id(node))
-        while parent is not None:
-            if isinstance(parent, cst.If):
-                test = nodes.code(parent.test)
-                negated = test.startswith("not ") and test[4:] in flags
-                if (test in flags and child is parent.orelse) or (negated and child is parent.body):
-                    return True
-            child, parent = parent, self.tree.parent.get(id(parent))
-        return False
 
     def _no_closure(self, found: list[tuple[cst.SimpleStatementLine, int]]) -> None:
         for line, index in found:

@@ -19,6 +19,8 @@ from migrate.names import qualified_names
 from migrate.step_model.shapes import parameters_given
 from migrate.tree_walk import descendants, is_node_type, walk
 
+COPIES = frozenset({"copy.deepcopy", "copy.copy"})
+
 
 class FileTree:
     """One file's syntax tree, walked once: parents, order, names and apex.amp references."""
@@ -204,7 +206,7 @@ class FileTree:
         if len(values) != 1 or type(values[0]) is not cst.Call or nodes.call_name(values[0]) != "partial":
             return None
         made = values[0]
-        if not made.args or made.args[0].keyword is not None or made.args[0].star or any(arg.star for arg in made.args):
+        if not made.args or made.args[0].keyword is not None or any(arg.star for arg in made.args):
             return None
         where = self.function(made)
         if (where is not None and where is not self.function(call)) or "functools.partial" not in qualified_names(self.provider, made.func):
@@ -243,6 +245,8 @@ class FileTree:
             if type(value) is cst.IfExp:
                 return wraps(value.body) and wraps(value.orelse)
             if type(value) is cst.Call and value.args and value.args[0].keyword is None and not value.args[0].star:
+                if qualified_names(self.provider, value.func) & COPIES:
+                    return False  # a copy (`deepcopy(model)`, an EMA) has its own parameters: not the model trained
                 value = value.args[0].value  # `DataParallel(model, ...)`
             return nodes.code(value) in models
 

@@ -62,3 +62,13 @@ def test_a_generated_trainer_running_a_wrapper(flag, tmp_path):
                      names=("model", "optimizer", "loss"), holder="method", forward_via="wrapper")
     outcome = judge(drawn, tmp_path)
     assert outcome.safe_complete, outcome.summary
+
+
+@pytest.mark.parametrize("copy_call", ["copy.deepcopy(self.model)", "deepcopy(self.model)", "copy.copy(self.model)"])
+def test_a_copy_of_the_model_is_no_wrapper_of_it(copy_call):
+    # a copy has parameters of its own (an EMA): its forward pass is not the trained model's
+    source = TRAINER.format(before="pass", after=f"self.runner = {copy_call}")
+    source = source.replace("import torch\n", "import copy\nfrom copy import deepcopy\nimport torch\n", 1)
+    result = migrate_source(source, "trainer.py")
+    assert not result.changed, result.new_source
+    assert any("forward call is not seen" in (d.fix.why_unsafe or "") for d in result.diagnostics if d.fix)
