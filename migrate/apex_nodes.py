@@ -273,6 +273,12 @@ def apex_imports(module: cst.Module) -> dict[str, list[ImportChange]]:
     return found
 
 
+def apex_imports_binding(module: cst.Module, name: str) -> list[cst.Import | cst.ImportFrom]:
+    """The import statements of ``module`` that bind ``name`` to something of apex's."""
+    return [node for node in _import_statements(module) if not isinstance(node.names, cst.ImportStar)
+            and any((found := apex_import(node, alias)) is not None and found[0] == name for alias in node.names)]
+
+
 def apex_import(statement: cst.Import | cst.ImportFrom, alias: cst.ImportAlias) -> tuple[str, ImportChange] | None:
     """The name ``alias`` of ``statement`` binds and the import change that removes it, when it
     imports from apex: ``("amp", ImportChange("apex", "amp"))`` for ``from apex import amp``."""

@@ -34,7 +34,7 @@ class Draft:
         self.unscale_covered: set[int] = set()  # gradient-reading statements (and helpers) an unscale covers
         self.unscale_refused: set[int] = set()  # those an unscale cannot precede: the step may not follow
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip
-        self.unsafe: list[str] = []  # why the rewrite may train differently
+        self.unsafe: list[str] = [tree.unbound_note] if tree.unbound_note else []  # why the rewrite may train differently
         self.unsafe_sites: dict[str, list[cst.CSTNode]] = {}  # a reason -> the nodes it is about (none: all)
         self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
         self.notes: list[str] = list(tree.fallback_notes)  # what a safe fix reads differently from the letter of the code

@@ -107,15 +107,21 @@ class Planner:
             self._rewrite(reading)
             self.draft.check_disjoint()
         except Unplannable as problem:
-            return ApexPlan(self._report_only(problem), half=HalfFacts(manual=problem.reason) if self._is_half() else None)
+            return ApexPlan(self._report_only(problem), handled=self._unbound_calls(),
+                            half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.sites.alias_of) | self.sites.stand_in_calls | {id(node) for _, node in self.sites.probes} | {id(node) for *_, node in self.sites.scale_pokes}
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
-        handled |= {id(call) for _, call in self.setup.receiver_calls}
+        handled |= {id(call) for _, call in self.setup.receiver_calls} | self._unbound_calls()
         half = HalfFacts(**(self.draft.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe)), handled=handled, half=half)
 
     def _is_half(self) -> bool:
         return bool(self.sites.calls["initialize"]) != bool(self.sites.calls["scale_loss"])
+
+    def _unbound_calls(self) -> frozenset[int]:
+        """The calls through an ``amp`` no import reaches that the plan reads as apex's (AMP016's else)."""
+        return frozenset(id(self.tree.parent[id(node)]) for node, _ in self.tree.refs
+                         if type(node) is cst.Attribute and id(node.value) in self.tree.unbound and id(node) in self.tree.parent)
 
     def _report_only(self, problem: Unplannable) -> list[Report]:
         line = self.tree.line(problem.node)

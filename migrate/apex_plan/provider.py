@@ -8,19 +8,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import libcst as cst
-from libcst.metadata import BatchableMetadataProvider, MetadataWrapper, PositionProvider, QualifiedNameProvider
+from libcst.metadata import BatchableMetadataProvider, MetadataWrapper, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate.apex_nodes import apex_imports
+from migrate.apex_plan.unbound import unbound_reads
 from migrate.apex_plan.vocabulary import ApexPlan
 
 
 class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
     """Attaches the file's ``ApexPlan`` to the ``Module`` node."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider, ScopeProvider)
 
     def visit_Module(self, node: cst.Module) -> bool:
-        if not apex_imports(node):  # nothing can name apex.amp (the planner's references all start at an apex import)
+        # nothing can name apex.amp: the planner's references start at an apex import, or at an
+        # `amp.scale_loss` no binding reaches (its import commented out)
+        if not apex_imports(node) and not unbound_reads(self.metadata[ScopeProvider], node):
             self.set_metadata(node, ApexPlan())
             return False
         from migrate.apex_plan.planner import Planner

@@ -10,10 +10,11 @@ import functools
 from collections.abc import Callable, Sequence
 
 import libcst as cst
-from libcst.metadata import PositionProvider
+from libcst.metadata import PositionProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import imports_apex, read_names
+from migrate.apex_plan.unbound import unbound_reads
 from migrate.flow.control import Graph
 from migrate.names import qualified_names
 from migrate.step_model.shapes import parameters_given
@@ -39,8 +40,22 @@ class FileTree:
         self.refs: list[tuple[cst.CSTNode, str]] = []  # each reference to apex.amp, and its qualified name
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.fallback_notes: list[str] = []  # `except ImportError: use_amp = False`: what the rewrite changes there
+        # `amp.scale_loss` where no import of `amp` reaches (NameError): read as apex's
+        self.unbound = unbound_reads(provider.metadata[ScopeProvider], module)
         self._answers: dict[tuple, object] = {}
         walk(module, _Collect(self))
+
+    @functools.cached_property
+    def unbound_note(self) -> str | None:
+        """Why a rewrite reading an unbound ``amp`` as apex's is unsafe; None where none is read."""
+        first = min(self.unbound.values(), key=lambda name: self.line(name), default=None)
+        if first is None:
+            return None
+        imported = [self.line(statement) for statement in nodes.apex_imports_binding(self.module, first.value)]
+        where = (f"apex's import at line {imported[0]} is local to another function" if imported
+                 else "the file imports it nowhere")
+        return (f"`{first.value}` is read at line {self.line(first)} where no import of it reaches ({where}): that raised "
+                "NameError, and the rewrite takes it as apex's amp")
 
     @functools.cached_property
     def line_limit(self) -> int:
@@ -374,6 +389,9 @@ class _Collect(cst.CSTVisitor):
                     tree.assigned.setdefault(target.target.value, []).append(node.value)
         elif node_type is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
             self._argument(node)
+        if node_type is cst.Attribute and id(node.value) in tree.unbound:
+            tree.refs.append((node, f"apex.amp.{node.attr.value}"))
+            return False
         # only a name an apex import binds resolves to apex.amp: the others need no scope lookup
         if (node_type is cst.Name or node_type is cst.Attribute) and nodes.root_name(node) in tree.imports \
                 and not self._binding(node):

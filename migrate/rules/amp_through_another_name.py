@@ -39,7 +39,9 @@ class AmpThroughAnotherName(Rule):
     in a file that still shows apex (an import, or another call only apex has): a GradScaler
     handed over in the module's place answers the first two, and ``cfg.amp.initialize()`` may be
     a project's own (one given an ``opt_level`` is apex's). Calls that the AMP002-AMP005 rewrite handles (the file hands the
-    module on, and the receiver has its name) are left to it.
+    module on, and the receiver has its name) are left to it, and so is an ``amp`` that no binding
+    reaches (its import local to another function, or commented out) where the file calls
+    ``scale_loss`` or ``master_params`` through it: ``--unsafe-fixes`` reads that one as apex's.
 
     Fix safety:
     No fix. Migrate them together with the place ``amp`` comes from (pass a ``GradScaler`` instead
