@@ -63,23 +63,23 @@ class _Classifier:
 
     def _find_scalers_calling_apex(self) -> None:
         """timm's ``ApexScaler()`` calls ``amp.scale_loss`` itself, unseen: with ``initialize``
-        rewritten away, that call raises. Such a file is left for a person (use timm's
-        ``NativeScaler`` there)."""
+        rewritten away, that call raises. Its calls, and the name timm's ``NativeScaler`` has
+        here, go to ``timm_scalers``."""
         if "ApexScaler" not in self.tree.module.code:
             return
-        local = set()
+        local: dict[str, str] = {}  # timm's class -> the name the file's import gives it
         for node in descendants(self.tree.module):
             if type(node) is cst.ImportFrom and node.module is not None and nodes.code(node.module).split(".")[0] == "timm":
                 if isinstance(node.names, cst.ImportStar):  # `from timm.utils import *`
-                    local.add("ApexScaler")
+                    local.update(ApexScaler="ApexScaler", NativeScaler="NativeScaler")
                 else:
-                    local |= {alias.asname.name.value if alias.asname else "ApexScaler"
-                              for alias in node.names if nodes.code(alias.name) == "ApexScaler"}
-        for node in descendants(self.tree.module):
-            if type(node) is cst.Call and isinstance(node.func, cst.Name) and node.func.value in local:
-                self.sites.blockers.append((node, "timm's `ApexScaler` calls apex's `amp.scale_loss` itself: "
-                                                  "use timm's `NativeScaler` (with `torch.autocast`) there first"))
-                return
+                    local.update((nodes.code(alias.name), alias.asname.name.value if alias.asname else nodes.code(alias.name))
+                                 for alias in node.names if nodes.code(alias.name) in ("ApexScaler", "NativeScaler"))
+        if "ApexScaler" not in local:
+            return
+        self.sites.timm_scalers = [node for node in descendants(self.tree.module)
+                                   if type(node) is cst.Call and isinstance(node.func, cst.Name) and node.func.value == local["ApexScaler"]]
+        self.sites.timm_native = local.get("NativeScaler")
 
     def _cast_edit(self, attr: str, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
         """``amp.register_*`` and ``amp.lists`` edits are rewritten on their own (AMP007); where

@@ -33,6 +33,8 @@ class Sites:
         self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used
         self.ids: frozenset[int] = frozenset()  # every site's call
         self.scale_loss_statements: frozenset[int] = frozenset()  # the statements holding `amp.scale_loss`
+        self.timm_scalers: list[cst.Call] = []  # timm's `ApexScaler()`: it calls `amp.scale_loss` itself
+        self.timm_native: str | None = None  # the name timm's `NativeScaler` has in the file, if imported
 
     def all_calls(self) -> list[cst.Call]:
         return [call for kind in CORE for call in self.calls[kind]]

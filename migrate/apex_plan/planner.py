@@ -22,6 +22,7 @@ from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
+from migrate.apex_plan.timm_scalers import TimmScalerPlanning
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -94,6 +95,8 @@ class Planner:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
             CrossFilePlanning(reading).check_partner(core[0])
+            if self.sites.timm_scalers:
+                return self._timm_scalers(reading)
             half = _model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
             if half is not None:  # a float16 model fed float32 outside autocast raises: not even an unsafe rewrite
                 raise Unplannable(half, f"`{nodes.code(half)}` casts a model to float16: after `amp.initialize` apex's casts "
@@ -117,6 +120,14 @@ class Planner:
 
     def _is_half(self) -> bool:
         return bool(self.sites.calls["initialize"]) != bool(self.sites.calls["scale_loss"])
+
+    def _timm_scalers(self, reading: Context) -> ApexPlan:
+        """timm's ``ApexScaler`` beside ``initialize`` becomes its ``NativeScaler`` (``timm_scalers``)."""
+        writing = self._decided(reading, Setup(level="O1", o0=False))
+        TimmScalerPlanning(writing).plan_timm_scalers(self.sites.timm_native)
+        self.draft.check_disjoint()
+        self._emit(writing, [])
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe)), handled=self._unbound_calls())
 
     def _unbound_calls(self) -> frozenset[int]:
         """The calls through an ``amp`` no import reaches that the plan reads as apex's (AMP016's else)."""
