@@ -5,7 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.syntax import subscript_key
+from migrate.apex_plan.syntax import ReplaceByIdentity, subscript_key
 from migrate.apex_plan.vocabulary import (
     HELPER_NAME,
     HELPER_SOURCE,
@@ -84,10 +84,20 @@ class CheckpointPlanning(Step):
                 line = f"{self.setup.scaler}.load_state_dict({converted})"
                 if self.tree.line_indent(statement) + 4 + len(line) > self.tree.line_limit:
                     line = f"{self.setup.scaler}.load_state_dict(\n        {converted},\n    )"
-            elif call in self.sites.calls["state_dict"] and isinstance(small, cst.Assign) and not call.args:
+            elif call in self.sites.calls["state_dict"] and not call.args:
                 node, native = self._state_dict_read(call)
-                if small.value is not node:
-                    raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
+                if not (isinstance(small, cst.Assign) and small.value is node):
+                    if not self._none_beside(node):
+                        raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
+                    # `"amp": amp.state_dict() if self.use_amp else None`: the file saves None for
+                    # a run without a scaler already, and so for a call that hands none
+                    given = nodes.parse_expression(f"({native} if {self.setup.scaler} is not None else None)", self.tree.module)
+                    # the statement is replaced as a whole, so that the marker can go on it
+                    written = self.draft.replacements.get(id(statement), (statement, statement))[1]
+                    self.draft.replace(statement, written.visit(ReplaceByIdentity({id(node): given})))
+                    self.draft.kind(statement, STATE_DICT, "apex's loss-scaler state is saved here",
+                                    f"Save the state of a GradScaler passed as `{self.setup.scaler}=`, else None")
+                    continue
                 line = " = ".join([*(nodes.code(t.target) for t in small.targets), native])
             else:
                 raise Unplannable(call, "apex's loss-scaler state is used inside an expression here, with no scaler in this file")
@@ -99,6 +109,14 @@ class CheckpointPlanning(Step):
             self.draft.leave_marker(statement, f"pass the GradScaler as `{self.setup.scaler}=` where `{function.name.value}` is called")
         if self.sites.calls["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
+
+    def _none_beside(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is an arm of ``x if test else None`` (or ``None if test else x``)."""
+        test = self.tree.parent.get(id(node))
+        if type(test) is not cst.IfExp or test.test is node:
+            return False
+        other = test.orelse if test.body is node else test.body
+        return type(other) is cst.Name and other.value == "None"
 
     def _take_scaler(self, function: cst.FunctionDef) -> None:
         params = function.params
