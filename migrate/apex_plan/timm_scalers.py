@@ -27,7 +27,6 @@ from migrate.types import ImportChange
 
 BY_HAND = "timm's `ApexScaler` calls apex's `amp.scale_loss` itself: use timm's `NativeScaler` (with `torch.autocast`) there first"
 AUTOCASTS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"})
-FLOAT16_AUTOCAST = 'functools.partial(torch.autocast, "cuda", dtype=torch.float16)'
 
 
 class TimmScalerPlanning(Step):
@@ -53,8 +52,9 @@ class TimmScalerPlanning(Step):
                             f"Use timm's `{name}`: a GradScaler")
         if native_name is None:
             self.draft.imports_added.append(ImportChange("timm.utils", "NativeScaler"))
-        self.draft.imports_added.append(ImportChange("functools"))
-        self.draft.replace(statement, nodes.parse_statements(f"{factory} = {FLOAT16_AUTOCAST}\n", self.tree.module)[0])
+        partial = self._partial_spelling()
+        autocast = f'{partial}(torch.autocast, "cuda", dtype=torch.float16)'
+        self.draft.replace(statement, nodes.parse_statements(f"{factory} = {autocast}\n", self.tree.module)[0])
         self.draft.kind(statement, INITIALIZE, "`amp.initialize` is apex mixed precision",
                         f"Set `{factory}` to float16 `torch.autocast`, as the native arm does")
         self.draft.unsafe.append(
@@ -63,6 +63,19 @@ class TimmScalerPlanning(Step):
         self.draft.unsafe.append(
             "timm's `NativeScaler` saves its state under `amp_scaler`, `ApexScaler` under `amp`: a checkpoint of the "
             "apex run resumes with a fresh loss scale")
+
+    def _partial_spelling(self) -> str:
+        """``partial`` where the module imports it from functools (timm's scripts do), else
+        ``functools.partial``, imported."""
+        for line in self.tree.module.body:
+            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                if (type(small) is cst.ImportFrom and small.module is not None and nodes.code(small.module) == "functools"
+                        and not isinstance(small.names, cst.ImportStar)):
+                    for alias in small.names:
+                        if nodes.code(alias.name) == "partial":
+                            return alias.asname.name.value if alias.asname else "partial"
+        self.draft.imports_added.append(ImportChange("functools"))
+        return "functools.partial"
 
     def _initialize(self) -> cst.Call:
         """The one O1 ``model, optimizer = amp.initialize(model, optimizer, opt_level="O1")``."""

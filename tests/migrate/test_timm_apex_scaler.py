@@ -95,9 +95,7 @@ LOOP = '''\
 
 SCRIPT = '''\
 import argparse
-import functools
-from contextlib import suppress
-from functools import partial
+{functools}from contextlib import suppress
 
 import torch
 import torch.nn as nn
@@ -148,9 +146,16 @@ def _names(imports: str) -> tuple[str, str]:
     return ("Scaler", "Native") if imports == "aliased" else ("ApexScaler", "NativeScaler")
 
 
+# what the factory needs of functools, and the partial the rewrite then writes
+FUNCTOOLS = {"cuda autocast": ("", "functools.partial"),
+             "partial, keywords": ("from functools import partial\n", "partial"),
+             "functools.partial": ("import functools\n", "functools.partial")}
+
+
 def _script(factory: str, imports: str, arms: str, helper: bool) -> str:
     apex, native = _names(imports)
     source = SCRIPT.format(
+        functools=FUNCTOOLS[factory][0],
         imports=IMPORTS[imports],
         arms=ARMS[arms].format(apex=apex, native=native, factory=FACTORIES[factory]),
         loop=HELPER_LOOP if helper else LOOP)
@@ -170,7 +175,7 @@ def test_the_apex_arm_becomes_the_native_one(factory, imports, arms, helper):
     apex, native = _names(imports)
     assert result.changed and not re.search(r"(?<![\w.])amp\.", fixed) and "from apex" not in fixed, fixed
     assert f"{apex}()" not in fixed and fixed.count(f"loss_scaler = {native}()") == 2, fixed
-    assert 'amp_autocast = functools.partial(torch.autocast, "cuda", dtype=torch.float16)' in fixed, fixed
+    assert f'amp_autocast = {FUNCTOOLS[factory][1]}(torch.autocast, "cuda", dtype=torch.float16)' in fixed, fixed
     assert "TODO(ampmigrate)" in fixed and "`amp_scaler`" in fixed, fixed
     if imports == "apex's only":
         assert "from timm.utils import NativeScaler" in fixed or "NativeScaler" in fixed.split("def main")[0], fixed
