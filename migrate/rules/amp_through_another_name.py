@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import libcst as cst
 from libcst.metadata import (
+    GlobalScope,
     ParentNodeProvider,
     PositionProvider,
     QualifiedNameProvider,
@@ -125,9 +126,9 @@ class AmpThroughAnotherName(Rule):
         if isinstance(receiver, cst.Attribute) and receiver.attr.value == "amp":
             if self._imported_elsewhere(receiver) or "apex.amp" in qualified_names(self, receiver):
                 return  # `mylib.amp`: a module of its own; `apex.amp` after `import apex`: resolved
-            where = "an attribute"
+            where = "an attribute here"
         elif isinstance(receiver, cst.Name) and receiver.value == "amp" and not self._imported(receiver):
-            where = "a parameter or local variable"
+            where = self._binding_of(receiver)
         else:
             return
         apex_shaped = func.attr.value == "initialize" and "opt_level" in nodes.keyword_names(node)
@@ -151,8 +152,18 @@ class AmpThroughAnotherName(Rule):
                             "running on ampshim")
 
     def _report_through(self, node: cst.Call, where: str) -> None:
-        self.report(node, f"{self.MESSAGE}: `amp` is {where} here; migrate this call together with where `amp` "
+        self.report(node, f"{self.MESSAGE}: `amp` is {where}; migrate this call together with where `amp` "
                     "comes from (hand a GradScaler over instead), or keep the file running on ampshim")
+
+    def _binding_of(self, name: cst.Name) -> str:
+        """What binds ``name`` where it is read, as the finding says it."""
+        scope = self.get_metadata(ScopeProvider, name, None)
+        assignments = scope[name.value] if scope is not None else ()
+        if scope is not None and not assignments:
+            return "bound by nothing in this file where it is read (no import reaches it; a star import may bring it)"
+        if assignments and all(isinstance(assignment.scope, GlobalScope) for assignment in assignments):
+            return "a module-level name set at run time, not by an import"
+        return "a parameter or local variable here"
 
     def _imported_elsewhere(self, node: cst.BaseExpression) -> bool:
         found = self.get_metadata(QualifiedNameProvider, node, set())

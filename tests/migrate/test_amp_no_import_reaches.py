@@ -86,19 +86,21 @@ def test_the_safe_run_leaves_it_and_gives_the_reason(holder, imports):
     assert "AMP016" not in {d.code for d in result.diagnostics}
 
 
-@pytest.mark.parametrize("change", [
-    # a parameter binds it: what the caller hands over is not seen here (AMP016 says so)
-    ("def train(model, optimizer, batches, fp16):", "def train(model, optimizer, batches, fp16, amp=None):"),
+@pytest.mark.parametrize(("change", "said"), [
+    # a parameter binds it: what the caller hands over is not seen here
+    (("def train(model, optimizer, batches, fp16):", "def train(model, optimizer, batches, fp16, amp=None):"),
+     "`amp` is a parameter or local variable here"),
     # a star import may bind it
-    ("import torch\n", "import torch\nfrom helpers import *\n"),
+    (("import torch\n", "import torch\nfrom helpers import *\n"), "`amp` is bound by nothing in this file where it is read"),
     # bound at module level: that binding is what the reads see
-    ("import torch\n", "import torch\n\namp = None\n"),
+    (("import torch\n", "import torch\n\namp = None\n"), "`amp` is a module-level name set at run time, not by an import"),
 ])
-def test_a_name_something_binds_is_not_taken(change):
+def test_a_name_something_binds_is_not_taken_and_amp016_says_what_binds_it(change, said):
     source = _source("functions", "from-import", "no clip").replace(*change, 1)
     result = migrate_source(source, filename="train.py", unsafe_fixes=True)
     assert "where no import of it reaches" not in (result.new_source or ""), result.new_source
     assert not any("where no import of it reaches" in (d.fix.why_unsafe or "") for d in result.diagnostics if d.fix)
+    assert any(said in d.message for d in result.diagnostics if d.code == "AMP016"), result.diagnostics
 
 
 def test_an_unbound_name_with_no_apex_only_call_is_not_taken():
