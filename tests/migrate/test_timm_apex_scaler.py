@@ -223,3 +223,20 @@ def test_the_rewrite_trains_as_the_original(factory, helper, tmp_path):
         comparison = compare(Target(str(tmp_path / "original.py")), Target(str(tmp_path / "rewritten.py")), args,
                              device="cpu", steps=30, parallel=True, timeout=240)
         assert comparison.verdict == SAME, " ".join(args) + "\n" + as_text(comparison)
+
+
+def test_a_native_arm_that_tries_one_factory_then_another():
+    # newer timm: `partial(torch.autocast, ...)` in a `try`, `torch.cuda.amp.autocast` where that fails,
+    # and the apex arm asserting CUDA first
+    source = _script("partial, keywords", "both", "apex first", True).replace(
+        '        amp_autocast = partial(torch.autocast, device_type="cuda", dtype=torch.float16)\n',
+        '        try:\n'
+        '            amp_autocast = partial(torch.autocast, device_type="cuda", dtype=torch.float16)\n'
+        '        except (AttributeError, TypeError):\n'
+        '            amp_autocast = torch.cuda.amp.autocast\n', 1).replace(
+        '    if args.amp == "apex":\n', '    if args.amp == "apex":\n        assert torch.cuda.is_available()\n', 1)
+    assert "except (AttributeError, TypeError)" in source and "assert torch.cuda" in source
+    fixed = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
+    assert 'amp_autocast = partial(torch.autocast, "cuda", dtype=torch.float16)' in fixed, fixed
+    assert "ApexScaler()" not in fixed and "amp.initialize" not in fixed, fixed
+    compile(fixed, "train.py", "exec")
