@@ -20,18 +20,17 @@ _APEX_ONLY = frozenset({"scale_loss", "master_params"})
 def unbound_reads(scopes: Mapping[cst.CSTNode, object], module: cst.Module) -> dict[int, cst.Name]:
     """The receivers ``amp`` of ``amp.<attr>`` that no binding reaches (by id), where the file
     calls an apex-only API through such an unbound name. None in a file with a star import: it
-    may bind anything."""
-    receivers, calls = [], []
+    may bind anything. Scopes are asked only of the names an apex-only call goes through."""
+    receivers, apex_only = [], []
     for node in descendants(module):
         if type(node) is cst.ImportFrom and type(node.names) is cst.ImportStar:
             return {}
         if type(node) is cst.Attribute and type(node.value) is cst.Name:
             receivers.append(node.value)
-        elif type(node) is cst.Call and type(node.func) is cst.Attribute:
-            calls.append(node)
-    unbound = {id(name): name for name in receivers if not _reachable(scopes, name)}
-    apex_names = {call.func.value.value for call in calls if id(call.func.value) in unbound and _apex_only(call)}
-    return {key: name for key, name in unbound.items() if name.value in apex_names}
+        elif type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name and _apex_only(node):
+            apex_only.append(node.func.value)
+    apex_names = {name.value for name in apex_only if not _reachable(scopes, name)}
+    return {id(name): name for name in receivers if name.value in apex_names and not _reachable(scopes, name)}
 
 
 def _reachable(scopes: Mapping[cst.CSTNode, object], name: cst.Name) -> bool:
