@@ -34,6 +34,8 @@ dependence: no import cycle):
   and the ``Setup`` and writing the ``Draft``:
   ``stand_ins`` (the disabled GradScaler that stands in until the code making it has run),
   ``initialize`` (the GradScaler, its options and where it is made),
+  ``per_loss`` (apex's per-loss scalers, ``loss_id``: one GradScaler per loss id where each
+  optimizer takes one loss id's gradients, else one for all, unsafely),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
   others are: a repeat, models joined to it, an inference-only copy),
   ``conditions`` (the test a scaled backward ran under, said again at its step),

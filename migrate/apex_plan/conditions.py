@@ -116,7 +116,7 @@ class StepConditions(Step):
             # optimizer steps plainly. Where the step goes through what received the scaler
             # (`self.amp = self.scaler if use_amp else None`), that is what may be missing.
             scaler = self.scaler_of(call)
-            conditions = [*conditions, attribute_set(scaler) if scaler == self.setup.scaler else alias_present(scaler)]
+            conditions = [*conditions, attribute_set(scaler) if scaler in (self.setup.scaler, *self.setup.extra_scalers) else alias_present(scaler)]
         held = self._held_at(at) if at is not None else set()
         kept: dict[str | None, str | None] = {}  # each test once, by how Python reads it
         for condition in conditions:

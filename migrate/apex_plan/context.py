@@ -61,8 +61,8 @@ class Step:
         self.handed_elsewhere = context.handed_elsewhere
 
     def scaler_of(self, call: cst.Call) -> str:
-        """The scaler a site uses: the plan's, or what received the handed-on module."""
-        return self.sites.alias_of.get(id(call), self.setup.scaler)
+        """The scaler a site uses: what received the handed-on module, the one of its loss id, or the plan's."""
+        return self.sites.alias_of.get(id(call)) or self.setup.loss_scalers.get(id(call), self.setup.scaler)
 
     def fitted(self, replaced: cst.CSTNode, new: cst.Call) -> cst.Call:
         """``new``, to stand where ``replaced`` stood, laid out one argument a line where its

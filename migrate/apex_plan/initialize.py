@@ -282,8 +282,7 @@ class InitializePlanning(Step):
             if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
                 continue
             if name == "num_losses":
-                merges_losses = True
-                self.draft.unsafe.append("one GradScaler serves every loss (apex keeps one scaler per loss), updated after the last step of each block of optimizer steps")
+                merges_losses = True  # the planner decides whether one GradScaler per loss keeps it (`per_loss`)
             elif name == "max_loss_scale":
                 self.draft.unsafe_at(call, f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
             else:
@@ -311,6 +310,7 @@ class InitializePlanning(Step):
                     options[-1] = "enabled=" + fitted_conjunction(parts, room - len("    enabled=,"), depth=4)
                 line = f"{self.setup.scaler} = torch.amp.GradScaler(\n" + "".join(f"    {option},\n" for option in options) + ")"
             lines.append(line)
+            lines += [extra + line[len(self.setup.scaler):] for extra in self.setup.extra_scalers]  # one per loss id
         elif self.setup.scaler is not None:
             if self.setup.scope == "global" and not reinitialize:
                 lines.append(f"global {self.setup.scaler}")

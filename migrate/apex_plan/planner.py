@@ -18,6 +18,7 @@ from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.module_reads import ModuleReadPlanning
+from migrate.apex_plan.per_loss import LOSSES_MERGED, LossesShareAStep, scalers_per_loss
 from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
@@ -82,8 +83,17 @@ class Planner:
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
+        self.keep_losses = True  # apex's per-loss scalers become one GradScaler per loss id, where they can
 
     def plan(self) -> ApexPlan:
+        try:
+            return self._plan()
+        except LossesShareAStep:
+            # planned again from the start, apex's per-loss scalers merged into one GradScaler
+            self.draft, self.findings, self.setup, self.keep_losses = Draft(self.tree), [], None, False
+            return self._plan()
+
+    def _plan(self) -> ApexPlan:
         self.sites = classify(self.tree, self.draft)
         reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner, self.handed_elsewhere,
                           self.levels_elsewhere)
@@ -239,6 +249,13 @@ class Planner:
         guard = hoist if hoist is not None else (
             disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
             if init is not None and stand_in is not None and not in_block else None)
+        names = scalers_per_loss(self.sites, inits, scales, scaler, self.tree.module.code) if (
+            self.keep_losses and init is not None and not o0 and stand_in is None and receivers is None
+            and scope in ("self", "local", "module")) else None
+        if names is not None:
+            scaler, *extra_scalers = dict.fromkeys(names.values())
+        elif not o0 and any(site.merges_losses for site in (*inits, *scales)):
+            self.draft.unsafe.append(LOSSES_MERGED)
         writing = self._decided(reading, Setup(
             level=level,
             o0=o0,
@@ -249,7 +266,9 @@ class Planner:
             may_be_disabled=not in_block and (
                 hoist is not None or stand_in is not None
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
-            merged_losses=any(site.merges_losses for site in (*inits, *scales)),
+            merged_losses=names is None and any(site.merges_losses for site in (*inits, *scales)),
+            extra_scalers=tuple(extra_scalers) if names is not None else (),
+            loss_scalers=names or {},
             level_guarded=init is not None and init.guard_level,
             guard=guard,
             guard_tests=flag_spellings(self.tree, guard.test) if guard is not None else frozenset(),
@@ -288,7 +307,11 @@ class Planner:
                 )
             found = [hit for optimizer in scale.optimizers for hit in steps.plan_steps(scale, optimizer)]
             found_by_scale.append(found)
-            step_scaler.update((id(line), steps.scaler_of(scale.call)) for line, _, _ in found)
+            for line, _, _ in found:
+                named = steps.scaler_of(scale.call)
+                if step_scaler.setdefault(id(line), named) != named and self.setup.extra_scalers:
+                    raise LossesShareAStep()
+                step_scaler[id(line)] = named
         if self.setup.merged_losses:
             found_by_scale = [[hit for found in found_by_scale for hit in found]]
         for found in found_by_scale:
@@ -342,6 +365,8 @@ class Planner:
     def _hand_off(self, reading: Context, inits: list[InitializeSite], others: list[cst.Call]) -> None:
         """``amp.initialize`` with the scaled backward in another file (``cross_file``)."""
         writing = self._decided(reading, CrossFilePlanning(reading).hand_off_setup(inits, others))
+        if not writing.setup.o0 and any(site.merges_losses for site in inits):
+            self.draft.unsafe.append(LOSSES_MERGED)
         CrossFilePlanning(writing).plan_hand_off(inits)
         if others:
             CheckpointPlanning(writing).plan_state_dicts()
@@ -417,7 +442,8 @@ class Planner:
         removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
         adds = (*(() if self.setup.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
         for scale in scales:
-            fix = f"Use `{self.setup.scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"
+            scaler = self.setup.loss_scalers.get(id(scale.call), self.setup.scaler)
+            fix = f"Use `{scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"
             self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.draft.replacements.values():
             code, message, fix = self.draft.kinds[id(node)]

@@ -67,15 +67,12 @@ class StepPlanning(Step):
         optimizers = nodes.argument(call, 1, "optimizers")
         if loss is None or optimizers is None:
             raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
-        merges_losses = False
-        for name, why in (
-            ("loss_id", "one GradScaler serves every loss (apex keeps one scaler per loss), updated after the last step of each block of optimizer steps"),
-            ("delay_overflow_check", "`delay_overflow_check` has no native equivalent"),
-        ):
-            arg = nodes.argument(call, None, name)
-            if arg is not None and nodes.code(arg.value) not in ("False", "0"):
-                self.draft.unsafe.append(why)
-                merges_losses = merges_losses or name == "loss_id"
+        # a loss id but 0: apex's per-loss scalers, kept or merged by the planner (`per_loss`)
+        loss_id = nodes.argument(call, 2, "loss_id")
+        merges_losses = loss_id is not None and nodes.code(loss_id.value) not in ("False", "0")
+        delay_check = nodes.argument(call, None, "delay_overflow_check")
+        if delay_check is not None and nodes.code(delay_check.value) not in ("False", "0"):
+            self.draft.unsafe.append("`delay_overflow_check` has no native equivalent")
         value = optimizers.value
         listed = [e.value for e in value.elements] if isinstance(value, (cst.List, cst.Tuple)) else [value]
         scaled = item.asname.name.value

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import libcst as cst
@@ -219,7 +220,7 @@ class InitializeSite(NamedTuple):
     model_codes: set[str]
     on_self: bool
     inference: bool = False  # no optimizers: the models only ran forward under apex's casts
-    merges_losses: bool = False  # `num_losses=2`: apex's per-loss scalers become one GradScaler
+    merges_losses: bool = False  # `num_losses=2`: apex kept one scaler per loss (``per_loss``)
     dynamic_o0: str | None = None  # beside a run-time level, a loss_scale that may be "dynamic" ("" where it is): O0 stops
 
 
@@ -231,7 +232,7 @@ class ScaleLossSite(NamedTuple):
     scaled_name: str
     backward_args: list[cst.Arg] | None  # set when the body is only ``scaled.backward(...)``
     body: list[cst.BaseStatement]
-    merges_losses: bool = False  # `loss_id=1`: apex's per-loss scalers become one GradScaler
+    merges_losses: bool = False  # `loss_id=1`: apex kept one scaler per loss (``per_loss``)
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,10 @@ class Setup:
     in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
     merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated after the last step of each block of steps
+    # apex's per-loss scalers kept (``per_loss``): the GradScalers made beside ``scaler``, and the
+    # one each `scale_loss` and `master_params` call uses, by id of the call (else ``scaler``)
+    extra_scalers: tuple[str, ...] = ()
+    loss_scalers: Mapping[int, str] = field(default_factory=dict)
     level_guarded: bool = False  # a computed opt level is checked at run time
     # the `if args.fp16:` that held initialize, whose test enables the scaler (hoisted before it,
     # or made in it after a disabled stand-in), and that test's spellings (`self.fp16 = fp16`)

@@ -27,9 +27,11 @@ class AmpScaleLoss(PlannedApexRule):
     in the file when no backward pass of the file skips the scaler while it is on. Gradients read
     between the scaled backward and the step (clipping ``model.parameters()``, a gradient norm,
     ``p.grad``) were unscaled under apex: ``scaler.unscale_(optimizer)`` goes before the first
-    read, in each branch that reads. Unsafe with ``loss_id`` (one GradScaler serves every loss and
-    is updated after the last step of each block of optimizer steps,
-    where apex kept one scaler per loss), ``delay_overflow_check``, gradients read where the step
+    read, in each branch that reads. Safe with ``loss_id`` where each optimizer is scaled for one
+    loss id (a GAN's ``optD`` and ``optG``): one GradScaler per loss id, as apex kept one scaler per
+    loss. Unsafe where an optimizer is scaled for two loss ids or the id is computed (one GradScaler
+    serves every loss and is updated after the last step of each block of optimizer steps),
+    ``delay_overflow_check``, gradients read where the step
     may not follow (apex unscaled them at every micro-batch), an unscaled backward pass with the
     step elsewhere, or no ``amp.initialize`` in the file (see AMP002) unless the run also holds the
     file that initializes, paired through their imports (then the GradScaler is made here, at the
@@ -129,5 +131,40 @@ for batch in loader:
     scaler.update()
 """,
             unsafe_fixes=True,
+        ),
+        Invalid(
+            """from apex import amp
+
+[netD, netG], [optD, optG] = amp.initialize([netD, netG], [optD, optG], opt_level="O1", num_losses=2)
+for real, noise in loader:
+    lossD = netD(real).mean() - netD(netG(noise).detach()).mean()
+    optD.zero_grad()
+    with amp.scale_loss(lossD, optD, loss_id=0) as scaled_loss:
+        scaled_loss.backward()
+    optD.step()
+    lossG = -netD(netG(noise)).mean()
+    optG.zero_grad()
+    with amp.scale_loss(lossG, optG, loss_id=1) as scaled_loss:
+        scaled_loss.backward()
+    optG.step()
+""",
+            """import torch
+
+scaler_0 = torch.amp.GradScaler("cuda")
+scaler_1 = torch.amp.GradScaler("cuda")
+for real, noise in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        lossD = netD(real).mean() - netD(netG(noise).detach()).mean()
+    optD.zero_grad()
+    scaler_0.scale(lossD).backward()
+    scaler_0.step(optD)
+    scaler_0.update()
+    with torch.autocast("cuda", dtype=torch.float16):
+        lossG = -netD(netG(noise)).mean()
+    optG.zero_grad()
+    scaler_1.scale(lossG).backward()
+    scaler_1.step(optG)
+    scaler_1.update()
+""",
         ),
     ]

@@ -556,17 +556,18 @@ def test_a_forward_pass_the_rewrite_cannot_see_stays_reported_after_the_fix():
 
 
 def test_loss_ids_merged_into_one_scaler_update_it_once_per_iteration():
+    # both loss ids step both optimizers: no GradScaler per loss id can unscale them (``per_loss``)
     source = """\
         from apex import amp
 
         [netD, netG], [optD, optG] = amp.initialize([netD, netG], [optD, optG], opt_level="O1", num_losses=2)
         for real, noise in loader:
             lossD = netD(real).mean() - netD(netG(noise).detach()).mean()
-            with amp.scale_loss(lossD, optD, loss_id=0) as scaled:
+            with amp.scale_loss(lossD, [optD, optG], loss_id=0) as scaled:
                 scaled.backward()
             optD.step()
             lossG = -netD(netG(noise)).mean()
-            with amp.scale_loss(lossG, optG, loss_id=1) as scaled:
+            with amp.scale_loss(lossG, [optG, optD], loss_id=1) as scaled:
                 scaled.backward()
             optG.step()
         """
