@@ -1,6 +1,8 @@
 """The test under which a scaled backward ran, said again where its optimizer steps."""
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -206,3 +208,46 @@ def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_c
     parameter of its function, whose value may differ from call to call."""
     owner = flag_if(tree, initialize_statement, initialize_calls)
     return None if owner is None or tests_a_parameter(tree, owner) else owner
+
+
+def unscaled_there(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs only where ``amp.scale_loss`` ``call`` unscaled the gradients: in the
+    body of an ``if`` after it testing the opposite of its ``delay_unscale`` (``if backward_now:``
+    beside ``delay_unscale=not backward_now``), on names nothing binds again between the two."""
+    delay = nodes.argument(call, 4, "delay_unscale")
+    if delay is None or nodes.code(delay.value).strip() in ("False", "0", "None"):
+        return True
+    statement, function = tree.statement(call), tree.function(call)
+    delayed = normal(nodes.code(delay.value))
+    for test_if in tree.ancestors(node):
+        if not (isinstance(test_if, cst.If) and tree.inside(node, test_if.body) and nodes.is_pure(test_if.test)):
+            continue
+        if delayed not in _opposites(nodes.code(test_if.test)):
+            continue
+        if function is None or tree.function(test_if) is not function or tree.order[id(statement)] > tree.order[id(test_if)]:
+            return False
+        names = {nodes.code(n) for n in descendants(test_if.test) if isinstance(n, (cst.Name, cst.Attribute))}
+        between = range(tree.order[id(statement)], tree.order[id(test_if)])
+        return not any(tree.order[id(tree.statement(binding))] in between
+                       for name in names for binding in bindings(function, name))
+    return False
+
+
+_FLIPPED = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
+            ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+
+
+def _opposites(test: str) -> set[str]:
+    """The ``normal`` forms of what is true exactly where ``test`` is false: ``not (test)``, and
+    for ``not x`` the ``x``, for one comparison the other operator (``i % n != 0`` for ``i % n == 0``)."""
+    forms = {normal(f"not ({test})")}
+    try:
+        expression = ast.parse(test.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return forms
+    if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.Not):
+        forms.add(ast.dump(expression.operand))
+    elif isinstance(expression, ast.Compare) and len(expression.ops) == 1 and type(expression.ops[0]) in _FLIPPED:
+        forms.add(ast.dump(ast.Compare(expression.left, [_FLIPPED[type(expression.ops[0])]()], expression.comparators)))
+    return forms
+

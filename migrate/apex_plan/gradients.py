@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions
+from migrate.apex_plan.conditions import StepConditions, unscaled_there
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
@@ -126,7 +126,7 @@ class GradientPlanning(Step):
                 return  # every clip is in an arm the scaled backward never runs with
             if all(clips):
                 delayed = None
-                if self._may_delay_unscale(scale):
+                if self._may_delay_unscale(scale) and not all(unscaled_there(self.tree, scale.call, clip) for calls in clips for clip in calls):
                     # apex left the gradients scaled on a `delay_unscale=True` pass: a clip there
                     # cut the scaled gradients at the bare threshold (all but erasing them); the
                     # scale-aware clip cuts the true ones, as was surely meant, but not as it ran

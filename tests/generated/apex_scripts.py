@@ -81,6 +81,10 @@ class Features:
     #                            `global amp` first) | guarded (under the flag, in a `try` whose
     #                            `except ImportError` raises, `global amp` after the import)
     level_in_block: bool = False  # with a flag: its block sets `opt_level = "O1"`, which initialize reads
+    # with delay_unscale, how it is spelled against the boundary's test: not_flag (`delay_unscale=not
+    # boundary`, `if boundary:`) | accumulating (`delay_unscale=accumulating`, `if not accumulating:`) |
+    # comparison (`delay_unscale=(step + 1) % ACCUMULATION != 0`, `if (step + 1) % ACCUMULATION == 0:`)
+    delay_spelling: str = "not_flag"
     #                               (the scaler is then made in the block, a disabled one before)
     forward_via: str = "model"  # model | wrapper: with holder=method, `__init__` keeps `self.runner =
     #                             nn.DataParallel(self.model) if torch.cuda.device_count() > 1 else
@@ -194,7 +198,19 @@ def features():
         native_beside=st.booleans(),
         forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
+        delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
     ).map(_coherent)
+
+
+def _boundary(f: Features) -> tuple[list[str], str, str]:
+    """The lines defining the accumulation boundary, ``delay_unscale``'s value and the boundary's test."""
+    at = "(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one" else "step % ACCUMULATION == ACCUMULATION - 1"
+    away = "(step + 1) % ACCUMULATION != 0" if f.boundary == "plus_one" else "step % ACCUMULATION != ACCUMULATION - 1"
+    if f.accumulation != "delay_unscale" or f.delay_spelling == "not_flag":
+        return [f"boundary = {at}"], "not boundary", "boundary"
+    if f.delay_spelling == "accumulating":
+        return [f"accumulating = {away}"], "accumulating", "not accumulating"
+    return [], away, at
 
 
 _SCALED_BACKWARD = '''
@@ -366,15 +382,15 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    {loss} = F.smooth_l1_loss(output, y)"]
     if accumulate and f.backward_in != "update" and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
+    defined, delayed, at_boundary = _boundary(f)
     if accumulate and not inner:
-        body.append("boundary = " + ("(step + 1) % ACCUMULATION == 0" if f.boundary == "plus_one"
-                                     else "step % ACCUMULATION == ACCUMULATION - 1"))
+        body += defined
     if f.warmup:  # a plain step that ends the iteration, before the scaled path
         plain_step = ([f"for {f.names[1]} in {s.optimizers}:", f"    {f.names[1]}.step()", f"    {f.names[1]}.zero_grad()"]
                       if f.optimizers == "two" else [f"{s.optimizer}.step()", f"{s.optimizer}.zero_grad()"])
         body += ["if step < 2:", f"    {loss}.backward()", *_indent(plain_step), f"    losses.append(float({loss}))",
                  *(["    step += 1"] if f.loop == "while" else []), "    continue"]
-    delay = ", delay_unscale=not boundary" if f.accumulation == "delay_unscale" else ""
+    delay = f", delay_unscale={delayed}" if f.accumulation == "delay_unscale" else ""
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    self.apply_backward(scaled_loss)" if f.backward_in == "scaled_method" else "    scaled_loss.backward()"]
     backward_from = len(body)
@@ -435,7 +451,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         update += ["if math.isfinite(norm):", *_indent(stepping), "else:", *_indent(zeroing)]
     else:
         update += stepping
-    body += ["if boundary:", *_indent(update)] if accumulate and not inner else update
+    body += [f"if {at_boundary}:", *_indent(update)] if accumulate and not inner else update
     if f.checkpoint:
         state = f"{s.amp}.state_dict()" + (f" if {s.mixed} else None" if s.mixed else "")
         handed = s.amp + (f" if {s.mixed} else None" if s.mixed and f.amp_via != "attribute" else "")

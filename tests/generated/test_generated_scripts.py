@@ -113,6 +113,21 @@ def test_a_clip_after_a_delayed_pass(clip, tmp_path):
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize(("delay_spelling", "clip", "boundary"), [
+    ("not_flag", "master_params", "minus_one"), ("accumulating", "parameters", "plus_one"),
+    ("comparison", "master_params", "plus_one")])
+def test_a_clip_at_the_boundary_of_delayed_passes_beside_a_native_path(delay_spelling, clip, boundary, tmp_path):
+    """A clip under the boundary's test (``if boundary:`` beside ``delay_unscale=not boundary``, in
+    each spelling) runs only where apex unscaled: the scale-aware clip a native path beside the
+    step calls for is then exact, a safe rewrite."""
+    drawn = Features(loss="inline", loop="range", accumulation="delay_unscale", boundary=boundary,
+                     clip=clip, clip_at="boundary", flag="on", import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), native_beside=True, delay_spelling=delay_spelling)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 def test_a_clip_of_scaled_gradients_through_an_attribute_that_is_none_when_off(tmp_path):
     """Found by the bench (1,000 scripts, seed 0, #762): `self.amp` is None when fp16 is off, and a
     clip on every micro-batch (the step may not follow, so it clips the scaled gradients at the
