@@ -250,8 +250,8 @@ class Planner:
             disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
             if init is not None and stand_in is not None and not in_block else None)
         names = scalers_per_loss(self.sites, inits, scales, scaler, self.tree.module.code) if (
-            self.keep_losses and init is not None and not o0 and stand_in is None and receivers is None
-            and scope in ("self", "local", "module")) else None
+            self.keep_losses and init is not None and not o0 and stand_in is None
+            and scope in ("self", "local", "module", "parameter")) else None
         if names is not None:
             scaler, *extra_scalers = dict.fromkeys(names.values())
         elif not o0 and any(site.merges_losses for site in (*inits, *scales)):

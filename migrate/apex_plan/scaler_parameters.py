@@ -61,22 +61,30 @@ class ScalerParameterPlanning(Step):
         return node is maker
 
     def plan_parameters(self) -> None:
-        scaler = self.setup.scaler
+        scalers = (self.setup.scaler, *self.setup.extra_scalers)  # apex's per-loss scalers: one per loss id
+        taken = ", ".join(f"{scaler}: torch.amp.GradScaler" for scaler in scalers)
+        given = ", ".join(f"{scaler}={scaler}" for scaler in scalers)
         for user in self.setup.scaler_receivers:
-            parameter = cst.Param(cst.Name(scaler), annotation=cst.Annotation(cst.parse_expression("torch.amp.GradScaler"),
-                                                                           whitespace_before_indicator=_NO_SPACE))
-            positional = [*user.params.posonly_params, *user.params.params]
-            separator = self._separator(positional, len(f", *, {scaler}: torch.amp.GradScaler):"))
-            self.draft.replace(user.params, _with_parameter(user.params, parameter, separator))
+            params = user.params
+            separator = self._separator([*params.posonly_params, *params.params], len(f", *, {taken}):"))
+            for scaler in scalers:
+                parameter = cst.Param(cst.Name(scaler), annotation=cst.Annotation(
+                    cst.parse_expression("torch.amp.GradScaler"), whitespace_before_indicator=_NO_SPACE))
+                params = _with_parameter(params, parameter, separator)
+            self.draft.replace(user.params, params)
             self.draft.kind(user.params, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler that replaces `amp.initialize`",
-                            f"Take it as the parameter `{scaler}`")
+                            f"Take it as the parameter `{scalers[0]}`" if len(scalers) == 1 else
+                            f"Take them as the parameters {', '.join(f'`{scaler}`' for scaler in scalers)}")
             for call in self._references(user.name.value, self.tree.module):
-                argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
-                                   equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
-                separator = self._separator(list(call.args), len(f", {scaler}={scaler})"))
-                self.draft.replace(call, call.with_changes(args=_appended(list(call.args), argument, separator)))
+                separator = self._separator(list(call.args), len(f", {given})"))
+                args = list(call.args)
+                for scaler in scalers:
+                    argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
+                                       equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
+                    args = _appended(args, argument, separator)
+                self.draft.replace(call, call.with_changes(args=args))
                 self.draft.kind(call, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler made here",
-                                f"Pass it on: `{scaler}={scaler}`")
+                                f"Pass it on: `{given}`")
 
     def _separator(self, items: list, added: int) -> cst.Comma:
         """The comma after the last of ``items`` (arguments or parameters) where something is

@@ -2,7 +2,7 @@
 optimizer takes one loss id's gradients (a GAN): one GradScaler per loss id, a safe rewrite.
 
 Generated over the ways a script spells it: where the loop lives (the script, a function, a
-trainer's method), how the loss id is given (keyword, position, left to its default), the
+function handed the models by the one initializing, a trainer's method), how the loss id is given (keyword, position, left to its default), the
 optimizer alone or in a list, which loss takes id 0, a clip through ``amp.master_params`` and
 ``num_losses`` above the ids used. Run, the rewrite trains as apex did, where the discriminator's
 loss alone overflows once: apex halved that loss's scale only."""
@@ -15,7 +15,7 @@ import pytest
 
 from migrate.api import migrate_source
 
-HOLDERS = ("script", "function", "method")
+HOLDERS = ("script", "function", "handed", "method")
 SPELLINGS = ("keyword", "positional", "default")
 ORDERS = ("D first", "G first")
 
@@ -94,6 +94,10 @@ def _script(holder: str, spelling: str, listed: bool, order: str, clip: bool, nu
         return PRELUDE + MODELS + initialize + loop
     if holder == "function":
         return PRELUDE + "\n\ndef main():\n" + _indent(MODELS + initialize + loop, 4) + "\n\nmain()\n"
+    if holder == "handed":  # `main` initializes, `train` is handed the models and optimizers
+        train = "def train(netD, netG, optD, optG):\n" + _indent(loop, 4)
+        main = "def main():\n" + _indent(MODELS + initialize + "train(netD, netG, optD, optG)\n", 4)
+        return PRELUDE + "\n\n" + train + "\n\n" + main + "\n\nmain()\n"
     trainer = (
         "class GanTrainer:\n"
         "    def __init__(self, netD, netG, optD, optG):\n"
@@ -166,6 +170,7 @@ def test_where_one_grad_scaler_per_loss_cannot_do_it_one_serves_all_unsafely(cas
 @pytest.mark.slow
 @pytest.mark.parametrize(("holder", "spelling", "listed", "order", "clip"), [
     ("script", "keyword", False, "D first", False),
+    ("handed", "default", False, "D first", True),
     ("method", "positional", True, "G first", True),
 ])
 def test_the_rewrite_trains_as_apex_did_and_one_scaler_would_not(holder, spelling, listed, order, clip, tmp_path, monkeypatch):
