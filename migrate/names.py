@@ -7,7 +7,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from migrate.tree_walk import analysing, memo_per_tree
+from migrate.tree_walk import analysing, descendants, memo_per_tree
 from migrate.types import ImportChange
 
 _RESOLVED = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
@@ -82,3 +82,26 @@ def import_binding(visitor: cst.MetadataDependent, name: cst.Name) -> ImportChan
             module = get_full_name_for_node(statement.module)
             return ImportChange(module, alias.evaluated_name, alias.evaluated_alias)
     return None
+
+
+def imported_as(module: cst.Module, package: str, objects: Collection[str], *, top_level: bool = False) -> dict[str, str]:
+    """The name each of ``objects`` has in ``module`` through ``from <package> import obj [as name]``
+    (``package`` or a submodule of it); a star import gives each its own name. ``top_level``: only
+    the module's own imports, not one inside a function or a block (which binds the name there only)."""
+    found: dict[str, str] = {}
+    statements = ([small for line in module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
+                  if top_level else descendants(module))
+    for node in statements:
+        if type(node) is not cst.ImportFrom or node.module is None or node.relative:
+            continue
+        name = get_full_name_for_node(node.module) or ""
+        if name != package and not name.startswith(package + "."):
+            continue
+        if isinstance(node.names, cst.ImportStar):
+            found.update((obj, obj) for obj in objects)
+            continue
+        for alias in node.names:
+            if alias.evaluated_name in objects:
+                found[alias.evaluated_name] = alias.evaluated_alias or alias.evaluated_name
+    return found
+

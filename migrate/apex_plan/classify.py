@@ -11,7 +11,7 @@ from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import CAST_API, CORE
 from migrate.flow.receivers import parameter_taking
-from migrate.names import qualified_names
+from migrate.names import imported_as, qualified_names
 from migrate.native_casts import registered_natively
 from migrate.tree_walk import descendants, walk
 from migrate.unread import Unparsed
@@ -67,14 +67,7 @@ class _Classifier:
         here, go to ``timm_scalers``."""
         if "ApexScaler" not in self.tree.module.code:
             return
-        local: dict[str, str] = {}  # timm's class -> the name the file's import gives it
-        for node in descendants(self.tree.module):
-            if type(node) is cst.ImportFrom and node.module is not None and nodes.code(node.module).split(".")[0] == "timm":
-                if isinstance(node.names, cst.ImportStar):  # `from timm.utils import *`
-                    local.update(ApexScaler="ApexScaler", NativeScaler="NativeScaler")
-                else:
-                    local.update((nodes.code(alias.name), alias.asname.name.value if alias.asname else nodes.code(alias.name))
-                                 for alias in node.names if nodes.code(alias.name) in ("ApexScaler", "NativeScaler"))
+        local = imported_as(self.tree.module, "timm", ("ApexScaler", "NativeScaler"))  # timm's class -> its name here
         if "ApexScaler" not in local:
             return
         self.sites.timm_scalers = [node for node in descendants(self.tree.module)

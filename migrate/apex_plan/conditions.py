@@ -211,43 +211,78 @@ def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_c
 
 
 def unscaled_there(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
-    """Whether ``node`` runs only where ``amp.scale_loss`` ``call`` unscaled the gradients: in the
-    body of an ``if`` after it testing the opposite of its ``delay_unscale`` (``if backward_now:``
-    beside ``delay_unscale=not backward_now``), on names nothing binds again between the two."""
+    """Whether ``node`` runs only where ``amp.scale_loss`` ``call`` unscaled the gradients: after it,
+    in the body of an ``if`` testing the opposite of its ``delay_unscale`` (``if backward_now:`` beside
+    ``delay_unscale=not backward_now``), or after an ``if`` testing ``delay_unscale``'s value whose
+    body leaves (``if not backward_now: return``); on names nothing binds again between the two."""
     delay = nodes.argument(call, 4, "delay_unscale")
     if delay is None or nodes.code(delay.value).strip() in ("False", "0", "None"):
         return True
+    delayed = _forms(nodes.code(delay.value))
+    guard = None
+    child = node
+    for ancestor in tree.ancestors(node):
+        if isinstance(ancestor, cst.If) and tree.inside(node, ancestor.body) and delayed & _forms(f"not ({nodes.code(ancestor.test)})"):
+            guard = ancestor
+        elif isinstance(ancestor, (cst.IndentedBlock, cst.Module)) and child in ancestor.body:
+            guard = next((s for s in ancestor.body[:ancestor.body.index(child)] if _leaves_when(s, delayed)), None)
+        if guard is not None:
+            break
+        child = ancestor
+    return guard is not None and nodes.is_pure(guard.test) and _same_value_at(tree, nodes.code(delay.value), call, guard)
+
+
+def on_delayed_passes(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs only where ``amp.scale_loss`` ``call`` delayed unscaling: in the body of
+    an ``if`` testing its ``delay_unscale`` value (``if not backward_now: return``), after it. There
+    apex neither unscaled nor checked for overflow: ending the iteration there loses no update."""
+    delay = nodes.argument(call, 4, "delay_unscale")
+    if delay is None:
+        return False
+    delayed = _forms(nodes.code(delay.value))
+    guard = next((ancestor for ancestor in tree.ancestors(node) if isinstance(ancestor, cst.If)
+                  and tree.inside(node, ancestor.body) and delayed & _forms(nodes.code(ancestor.test))), None)
+    return guard is not None and nodes.is_pure(guard.test) and _same_value_at(tree, nodes.code(delay.value), call, guard)
+
+
+def _leaves_when(statement: cst.CSTNode, delayed: set[str]) -> bool:
+    """``if <delayed>: ... return`` (or ``continue``, ``break``, ``raise``) with no ``else``."""
+    if not (isinstance(statement, cst.If) and statement.orelse is None and delayed & _forms(nodes.code(statement.test))):
+        return False
+    last = statement.body.body[-1] if isinstance(statement.body, cst.IndentedBlock) else statement.body
+    smalls = last.body if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else ()
+    return bool(smalls) and isinstance(smalls[-1], (cst.Return, cst.Continue, cst.Break, cst.Raise))
+
+
+def _same_value_at(tree: FileTree, expression: str, call: cst.Call, test_if: cst.If) -> bool:
+    """Whether ``expression``'s names hold at ``test_if`` what they held at ``call``: one function,
+    the ``if`` after the call, and no binding of them between."""
     statement, function = tree.statement(call), tree.function(call)
-    delayed = normal(nodes.code(delay.value))
-    for test_if in tree.ancestors(node):
-        if not (isinstance(test_if, cst.If) and tree.inside(node, test_if.body) and nodes.is_pure(test_if.test)):
-            continue
-        if delayed not in _opposites(nodes.code(test_if.test)):
-            continue
-        if function is None or tree.function(test_if) is not function or tree.order[id(statement)] > tree.order[id(test_if)]:
-            return False
-        names = {nodes.code(n) for n in descendants(test_if.test) if isinstance(n, (cst.Name, cst.Attribute))}
-        between = range(tree.order[id(statement)], tree.order[id(test_if)])
-        return not any(tree.order[id(tree.statement(binding))] in between
-                       for name in names for binding in bindings(function, name))
-    return False
+    if function is None or tree.function(test_if) is not function or tree.order[id(statement)] > tree.order[id(test_if)]:
+        return False
+    names = {nodes.code(n) for n in descendants(nodes.parse_expression(expression, tree.module))
+             if isinstance(n, (cst.Name, cst.Attribute))}
+    between = range(tree.order[id(statement)], tree.order[id(test_if)])
+    return not any(tree.order[id(tree.statement(binding))] in between for name in names for binding in bindings(function, name))
 
 
 _FLIPPED = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
             ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
 
 
-def _opposites(test: str) -> set[str]:
-    """The ``normal`` forms of what is true exactly where ``test`` is false: ``not (test)``, and
-    for ``not x`` the ``x``, for one comparison the other operator (``i % n != 0`` for ``i % n == 0``)."""
-    forms = {normal(f"not ({test})")}
+def _forms(test: str) -> set[str]:
+    """The ways of writing what ``test`` says, as Python reads them: double negations dropped
+    (``not (not x)`` is ``x``), and for ``not`` of one comparison the other operator
+    (``i % n != 0`` for ``not (i % n == 0)``)."""
     try:
         expression = ast.parse(test.strip(), mode="eval").body
     except (SyntaxError, ValueError, RecursionError):
-        return forms
-    if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.Not):
-        forms.add(ast.dump(expression.operand))
-    elif isinstance(expression, ast.Compare) and len(expression.ops) == 1 and type(expression.ops[0]) in _FLIPPED:
-        forms.add(ast.dump(ast.Compare(expression.left, [_FLIPPED[type(expression.ops[0])]()], expression.comparators)))
+        return set()
+    while isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.Not) \
+            and isinstance(expression.operand, ast.UnaryOp) and isinstance(expression.operand.op, ast.Not):
+        expression = expression.operand.operand
+    forms = {ast.dump(expression)}
+    inner = expression.operand if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.Not) else None
+    if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and type(inner.ops[0]) in _FLIPPED:
+        forms.add(ast.dump(ast.Compare(inner.left, [_FLIPPED[type(inner.ops[0])]()], inner.comparators)))
     return forms
-

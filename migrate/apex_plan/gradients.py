@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions, unscaled_there
+from migrate.apex_plan.conditions import StepConditions, on_delayed_passes, unscaled_there
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
@@ -106,7 +106,7 @@ class GradientPlanning(Step):
             readers.append((container, condition, False))
         # an iteration ended by a jump (not by an exception: apex kept no scale for that either)
         leaving = self._leaves_before_the_step(self.tree.control_flow(steps[0][0], exceptions=False), scale, targets) if passed else None
-        if leaving is not None:
+        if leaving is not None and not on_delayed_passes(self.tree, scale.call, leaving):
             self.draft.unsafe.append(
                 f"the iteration may end at line {self.tree.line(leaving)} (`{nodes.code(leaving).strip()}`), after the scaled backward and before "
                 f"`{optimizer}.step()`: apex lowered the loss scale after an overflow as `amp.scale_loss` exited; "

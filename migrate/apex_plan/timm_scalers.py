@@ -21,7 +21,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE, Unplannable, same_places
-from migrate.names import qualified_names
+from migrate.names import imported_as, qualified_names
 from migrate.tree_walk import descendants
 from migrate.types import ImportChange
 
@@ -67,13 +67,9 @@ class TimmScalerPlanning(Step):
     def _partial_spelling(self) -> str:
         """``partial`` where the module imports it from functools (timm's scripts do), else
         ``functools.partial``, imported."""
-        for line in self.tree.module.body:
-            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
-                if (type(small) is cst.ImportFrom and small.module is not None and nodes.code(small.module) == "functools"
-                        and not isinstance(small.names, cst.ImportStar)):
-                    for alias in small.names:
-                        if nodes.code(alias.name) == "partial":
-                            return alias.asname.name.value if alias.asname else "partial"
+        local = imported_as(self.tree.module, "functools", ("partial",), top_level=True).get("partial")
+        if local is not None:
+            return local
         self.draft.imports_added.append(ImportChange("functools"))
         return "functools.partial"
 
