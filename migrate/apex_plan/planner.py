@@ -364,9 +364,8 @@ class Planner:
 
     def _hand_off(self, reading: Context, inits: list[InitializeSite], others: list[cst.Call]) -> None:
         """``amp.initialize`` with the scaled backward in another file (``cross_file``)."""
+        # no scaler is made here: the other half's `scale_loss` says whether apex's per-loss scalers merge
         writing = self._decided(reading, CrossFilePlanning(reading).hand_off_setup(inits, others))
-        if not writing.setup.o0 and any(site.merges_losses for site in inits):
-            self.draft.unsafe.append(LOSSES_MERGED)
         CrossFilePlanning(writing).plan_hand_off(inits)
         if others:
             CheckpointPlanning(writing).plan_state_dicts()

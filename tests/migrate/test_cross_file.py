@@ -292,3 +292,20 @@ def test_a_scale_halfs_arm_test_enables_autocast_as_a_bool(tmp_path, test, enabl
                                   for spelling in (enabled, f"({enabled})")), migrated
     cfg = types.SimpleNamespace(fp16=1, cpu=0, fp32=0)
     assert type(eval(enabled, {"cfg": cfg})) is bool
+
+
+def test_num_losses_in_the_initialize_half_is_read_where_the_losses_are_scaled(tmp_path):
+    """``num_losses=2`` beside ``initialize``: apex made two scalers, but a file scaling every loss
+    with id 0 used one, which one GradScaler is. Where the scale half uses two ids, one GradScaler
+    serves both (the scale half makes it, with no ``initialize`` of its own): unsafe, said there."""
+    train = TRAIN.format(options=", num_losses=2")
+    one = _project(tmp_path / "one", {"engine.py": ENGINE, "train.py": train})
+    migrate_paths([one])
+    assert "from apex" not in (one / "engine.py").read_text() + (one / "train.py").read_text()
+    assert "TODO(ampmigrate)" not in (one / "engine.py").read_text()
+    two_ids = ENGINE.replace("amp.scale_loss(loss, optimizer)", "amp.scale_loss(loss, optimizer, loss_id=1)")
+    two = _project(tmp_path / "two", {"engine.py": two_ids, "train.py": train})
+    migrate_paths([two])
+    assert (two / "engine.py").read_text() == two_ids and (two / "train.py").read_text() == train
+    results = _by_name(migrate_paths([two], unsafe_fixes=True, fix=False))
+    assert "one GradScaler serves every loss" in _reasons(results["engine.py"])
