@@ -121,7 +121,8 @@ class CheckpointWithoutScaler(TrainingStepRule):
     Safe: where the dictionary is written in the save call and one GradScaler is certain to exist
     there (made before it in the same function, at the top of the module, or in ``__init__`` for
     ``self.scaler``, or a parameter annotated as a GradScaler with no default),
-    ``"scaler": scaler.state_dict()`` is added to it. A scaler handed in otherwise may be
+    ``"scaler": scaler.state_dict()`` is added to it; of several (one per loss), the one that steps
+    the optimizer saved there, where one does. A scaler handed in otherwise may be
     ``None`` on runs without mixed precision: reported, no fix. Training is unchanged;
     the checkpoint gains one entry. Loading it is left to you, since a resumed run then continues
     at the saved scale where it used to start again: add
@@ -412,7 +413,7 @@ class CheckpointWithoutScaler(TrainingStepRule):
             optimizers += [k for k, v in entries if optimizers_container(steps, k, v)]
             saved = saved or self._handed_a_scaler_state(event.node, values, model)
             if optimizers and models and not saved:
-                yield event.node, None, self._saving_scaler(model, steps, event)
+                yield event.node, None, self._saving_scaler(model, steps, event, optimizers)
 
     def _handed_a_scaler_state(self, call: cst.Call, values: list[cst.BaseExpression], model: StepModel) -> bool:
         """Whether an entry of the save is a parameter of its function that a call of the file
@@ -450,15 +451,18 @@ class CheckpointWithoutScaler(TrainingStepRule):
         taken = {p.name.value for p in parameters_of(node)}
         return bool(taken & scalers) or ("self" in taken and any(s.startswith("self.") for s in scalers))
 
-    def _saving_scaler(self, model: StepModel, steps: Steps, event) -> dict:
-        """The fix: the save call with the scaler's state added to its dictionary."""
+    def _saving_scaler(self, model: StepModel, steps: Steps, event, optimizers: list[str]) -> dict:
+        """The fix: the save call with the scaler's state added to its dictionary. Of several
+        scalers (one per loss), the one that steps the optimizers saved there."""
         call = event.node
         saved = call.args[0].value if call.args else None
         if not isinstance(saved, cst.Dict):
             return {}
         used = sorted({b.scaler for b in steps.of(Kind.BACKWARD) if b.scaler})
         parent_of = functools.partial(self.get_metadata, ParentNodeProvider, default=None)
-        scaler = scaler_in_reach(call, parent_of, used or sorted(model.facts.scalers))
+        candidates = used or sorted(model.facts.scalers)
+        stepping = {e.scaler for e in model.all_events(Kind.SCALER_STEP) if e.subject in optimizers} & set(candidates)
+        scaler = scaler_in_reach(call, parent_of, sorted(stepping) if len(candidates) > 1 and len(stepping) == 1 else candidates)
         if scaler is None:
             return {}
         grown = with_scaler_entry(saved, scaler, model.module)

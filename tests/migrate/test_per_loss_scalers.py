@@ -191,3 +191,47 @@ def test_the_rewrite_trains_as_apex_did_and_one_scaler_would_not(holder, spellin
     assert kept.verdict == SAME, as_text(kept)
     one = compare(original, Target(str(tmp_path / "merged.py")), [], device="cpu", steps=30, parallel=True, timeout=240)
     assert one.verdict != SAME, as_text(one)
+
+
+TRAINER_SAVING = """\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, netD, netG, optD, optG):
+        [self.netD, self.netG], [self.optD, self.optG] = amp.initialize([netD, netG], [optD, optG], opt_level="O1", num_losses=2)
+
+    def step(self, real, noise):
+        lossD = self.netD(real).mean() - self.netD(self.netG(noise).detach()).mean()
+        self.optD.zero_grad()
+        with amp.scale_loss(lossD, self.optD, loss_id=0) as scaled:
+            scaled.backward()
+        self.optD.step()
+        lossG = -self.netD(self.netG(noise)).mean()
+        self.optG.zero_grad()
+        with amp.scale_loss(lossG, self.optG, loss_id=1) as scaled:
+            scaled.backward()
+        self.optG.step()
+
+    def save(self, path):
+{saves}"""
+
+
+def test_each_checkpoint_saves_the_scaler_that_steps_its_optimizer():
+    saves = ('        torch.save({"g_model": self.netG.state_dict(), "g_opt": self.optG.state_dict()}, path + "_g.pt")\n'
+             '        torch.save({"d_model": self.netD.state_dict(), "d_opt": self.optD.state_dict()}, path + "_d.pt")\n')
+    fixed = migrate_source(TRAINER_SAVING.format(saves=saves), filename="train.py").new_source
+    save = fixed[fixed.index("    def save"):]
+    assert save.index('"g_opt"') < save.index('"scaler": self.scaler_1.state_dict()') < save.index('"d_opt"'), save
+    assert save.index('"d_opt"') < save.index('"scaler": self.scaler_0.state_dict()'), save
+
+
+def test_a_checkpoint_of_both_optimizers_is_left_to_the_user():
+    # two scalers, one dict: which goes under "scaler" is the user's to say (AMP107 reports it)
+    saves = ('        torch.save({"g": self.netG.state_dict(), "opts": [self.optD.state_dict(), self.optG.state_dict()],\n'
+             '                    "g_opt": self.optG.state_dict(), "d_opt": self.optD.state_dict()}, path)\n')
+    result = migrate_source(TRAINER_SAVING.format(saves=saves), filename="train.py")
+    assert "scaler_0" in result.new_source and ".state_dict()}, path)" in result.new_source
+    again = migrate_source(result.new_source, filename="train.py")
+    assert again.new_source == result.new_source and [d.code for d in again.diagnostics] == ["AMP107"], again.diagnostics
