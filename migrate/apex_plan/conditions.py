@@ -215,10 +215,10 @@ def unscaled_there(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
     in the body of an ``if`` testing the opposite of its ``delay_unscale`` (``if backward_now:`` beside
     ``delay_unscale=not backward_now``), or after an ``if`` testing ``delay_unscale``'s value whose
     body leaves (``if not backward_now: return``); on names nothing binds again between the two."""
-    delay = nodes.argument(call, 4, "delay_unscale")
-    if delay is None or nodes.code(delay.value).strip() in ("False", "0", "None"):
+    delay = delayed_unscale(call)
+    if delay is None:
         return True
-    delayed = _forms(nodes.code(delay.value))
+    delayed = _forms(nodes.code(delay))
     guard = None
     child = node
     for ancestor in tree.ancestors(node):
@@ -229,20 +229,27 @@ def unscaled_there(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
         if guard is not None:
             break
         child = ancestor
-    return guard is not None and nodes.is_pure(guard.test) and _same_value_at(tree, nodes.code(delay.value), call, guard)
+    return guard is not None and _same_value_at(tree, delay, call, guard)
 
 
 def on_delayed_passes(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:
     """Whether ``node`` runs only where ``amp.scale_loss`` ``call`` delayed unscaling: in the body of
     an ``if`` testing its ``delay_unscale`` value (``if not backward_now: return``), after it. There
     apex neither unscaled nor checked for overflow: ending the iteration there loses no update."""
-    delay = nodes.argument(call, 4, "delay_unscale")
+    delay = delayed_unscale(call)
     if delay is None:
         return False
-    delayed = _forms(nodes.code(delay.value))
+    delayed = _forms(nodes.code(delay))
     guard = next((ancestor for ancestor in tree.ancestors(node) if isinstance(ancestor, cst.If)
                   and tree.inside(node, ancestor.body) and delayed & _forms(nodes.code(ancestor.test))), None)
-    return guard is not None and nodes.is_pure(guard.test) and _same_value_at(tree, nodes.code(delay.value), call, guard)
+    return guard is not None and _same_value_at(tree, delay, call, guard)
+
+
+def delayed_unscale(call: cst.Call) -> cst.BaseExpression | None:
+    """``amp.scale_loss``'s ``delay_unscale`` value where it may keep the gradients scaled on
+    leaving; None where it is absent or plainly off."""
+    delay = nodes.argument(call, 4, "delay_unscale")
+    return None if delay is None or nodes.code(delay.value).strip() in ("False", "0", "None") else delay.value
 
 
 def _leaves_when(statement: cst.CSTNode, delayed: set[str]) -> bool:
@@ -254,14 +261,14 @@ def _leaves_when(statement: cst.CSTNode, delayed: set[str]) -> bool:
     return bool(smalls) and isinstance(smalls[-1], (cst.Return, cst.Continue, cst.Break, cst.Raise))
 
 
-def _same_value_at(tree: FileTree, expression: str, call: cst.Call, test_if: cst.If) -> bool:
-    """Whether ``expression``'s names hold at ``test_if`` what they held at ``call``: one function,
-    the ``if`` after the call, and no binding of them between."""
+def _same_value_at(tree: FileTree, delay: cst.BaseExpression, call: cst.Call, test_if: cst.If) -> bool:
+    """Whether ``test_if`` (a test of ``delay``'s value) reads what ``delay`` read at ``call``: no
+    call in it, one function, the ``if`` after the call, and no binding of its names between."""
     statement, function = tree.statement(call), tree.function(call)
-    if function is None or tree.function(test_if) is not function or tree.order[id(statement)] > tree.order[id(test_if)]:
+    if not nodes.is_pure(test_if.test) or function is None or tree.function(test_if) is not function \
+            or tree.order[id(statement)] > tree.order[id(test_if)]:
         return False
-    names = {nodes.code(n) for n in descendants(nodes.parse_expression(expression, tree.module))
-             if isinstance(n, (cst.Name, cst.Attribute))}
+    names = {nodes.code(n) for n in descendants(delay) if isinstance(n, (cst.Name, cst.Attribute))}
     between = range(tree.order[id(statement)], tree.order[id(test_if)])
     return not any(tree.order[id(tree.statement(binding))] in between for name in names for binding in bindings(function, name))
 

@@ -7,7 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions, on_delayed_passes, unscaled_there
+from migrate.apex_plan.conditions import StepConditions, delayed_unscale, on_delayed_passes, unscaled_there
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
@@ -126,7 +126,7 @@ class GradientPlanning(Step):
                 return  # every clip is in an arm the scaled backward never runs with
             if all(clips):
                 delayed = None
-                if self._may_delay_unscale(scale) and not all(unscaled_there(self.tree, scale.call, clip) for calls in clips for clip in calls):
+                if delayed_unscale(scale.call) is not None and not all(unscaled_there(self.tree, scale.call, clip) for calls in clips for clip in calls):
                     # apex left the gradients scaled on a `delay_unscale=True` pass: a clip there
                     # cut the scaled gradients at the bare threshold (all but erasing them); the
                     # scale-aware clip cuts the true ones, as was surely meant, but not as it ran
@@ -222,12 +222,6 @@ class GradientPlanning(Step):
                 parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) == first else part
                          for part in entry[1].nodes]
                 self.draft.replace(scale.statement, cst.FlattenSentinel(parts))
-
-    @staticmethod
-    def _may_delay_unscale(scale: ScaleLossSite) -> bool:
-        """Whether ``scale_loss`` may keep the gradients scaled on leaving (``delay_unscale`` not plainly off)."""
-        delay = nodes.argument(scale.call, 4, "delay_unscale")
-        return delay is not None and nodes.code(delay.value).strip() not in ("False", "0", "None")
 
     def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[tuple[cst.Call, str | None]], marker: str | None = None) -> None:
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);

@@ -33,6 +33,8 @@ def loss_id_of(call: cst.Call) -> int | None:
     if arg is None:
         return 0
     value = arg.value
+    if isinstance(value, cst.Name) and value.value == "False":  # an index like 0
+        return 0
     return int(value.value) if isinstance(value, cst.Integer) else None
 
 
@@ -53,12 +55,11 @@ def loss_ids_by_call(inits: list[InitializeSite], scales: list[ScaleLossSite], m
     ids: dict[int, int] = {}
     id_of_optimizer: dict[str, int] = {}
     for scale in scales:
-        loss_id = loss_id_of(scale.call)
-        if loss_id is None:
+        if scale.loss_id is None:
             return None
-        ids[id(scale.call)] = loss_id
+        ids[id(scale.call)] = scale.loss_id
         for optimizer in scale.optimizers:
-            if id_of_optimizer.setdefault(normal(nodes.code(optimizer)), loss_id) != loss_id:
+            if id_of_optimizer.setdefault(normal(nodes.code(optimizer)), scale.loss_id) != scale.loss_id:
                 return None
     for call in master_params:
         optimizer = nodes.argument(call, 0, "optimizer")

@@ -249,12 +249,13 @@ class Planner:
         guard = hoist if hoist is not None else (
             disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
             if init is not None and stand_in is not None and not in_block else None)
+        merges = any(site.merges_losses for site in (*inits, *scales))  # apex kept one scaler per loss
         names = scalers_per_loss(self.sites, inits, scales, scaler, self.tree.module.code) if (
             self.keep_losses and init is not None and not o0 and stand_in is None
             and scope in ("self", "local", "module", "parameter")) else None
         if names is not None:
             scaler, *extra_scalers = dict.fromkeys(names.values())
-        elif not o0 and any(site.merges_losses for site in (*inits, *scales)):
+        elif not o0 and merges:
             self.draft.unsafe.append(LOSSES_MERGED)
         writing = self._decided(reading, Setup(
             level=level,
@@ -266,7 +267,7 @@ class Planner:
             may_be_disabled=not in_block and (
                 hoist is not None or stand_in is not None
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
-            merged_losses=names is None and any(site.merges_losses for site in (*inits, *scales)),
+            merged_losses=names is None and merges,
             extra_scalers=tuple(extra_scalers) if names is not None else (),
             loss_scalers=names or {},
             level_guarded=init is not None and init.guard_level,

@@ -11,6 +11,7 @@ from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_r
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
+from migrate.apex_plan.per_loss import loss_id_of
 from migrate.apex_plan.step_sites import steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
@@ -67,9 +68,6 @@ class StepPlanning(Step):
         optimizers = nodes.argument(call, 1, "optimizers")
         if loss is None or optimizers is None:
             raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
-        # a loss id but 0: apex's per-loss scalers, kept or merged by the planner (`per_loss`)
-        loss_id = nodes.argument(call, 2, "loss_id")
-        merges_losses = loss_id is not None and nodes.code(loss_id.value) not in ("False", "0")
         delay_check = nodes.argument(call, None, "delay_overflow_check")
         if delay_check is not None and nodes.code(delay_check.value) not in ("False", "0"):
             self.draft.unsafe.append("`delay_overflow_check` has no native equivalent")
@@ -98,7 +96,7 @@ class StepPlanning(Step):
                 and not self._read_elsewhere(scaled, statement)
             ):
                 backward_args = list(call_node.args)
-        return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements, merges_losses)
+        return ScaleLossSite(call, statement, loss.value, listed, scaled, backward_args, statements, loss_id_of(call))
 
     def _read_elsewhere(self, name: str, statement: cst.With) -> bool:
         """Whether ``name`` (the scaled loss) is used outside every ``with amp.scale_loss`` of its function."""

@@ -232,7 +232,12 @@ class ScaleLossSite(NamedTuple):
     scaled_name: str
     backward_args: list[cst.Arg] | None  # set when the body is only ``scaled.backward(...)``
     body: list[cst.BaseStatement]
-    merges_losses: bool = False  # `loss_id=1`: apex kept one scaler per loss (``per_loss``)
+    loss_id: int | None = 0  # apex's `loss_id`; None where computed at run time
+
+    @property
+    def merges_losses(self) -> bool:
+        """A loss id but 0: apex kept one scaler per loss (``per_loss``)."""
+        return self.loss_id != 0
 
 
 @dataclass(frozen=True)
