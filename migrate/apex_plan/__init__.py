@@ -33,7 +33,8 @@ dependence: no import cycle):
 - Families of planning steps, each an object given a ``Context``, reading the tree, the sites
   and the ``Setup`` and writing the ``Draft``:
   ``stand_ins`` (the disabled GradScaler that stands in until the code making it has run),
-  ``initialize`` (the GradScaler, its options and where it is made),
+  ``initialize`` (the GradScaler and where it is made; ``scaler_options``: its arguments for
+  apex's options, and the floor and cap apex kept the scale within, kept after each update),
   ``per_loss`` (apex's per-loss scalers, ``loss_id``: one GradScaler per loss id where each
   optimizer takes one loss id's gradients, else one for all, unsafely),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the
@@ -47,7 +48,8 @@ dependence: no import cycle):
   ``step_sites``: where an optimizer steps, in a statement, the file, or the callers handing a
   function the optimizer it scales for),
   ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
-  another, ``migrate.forward_callers``, hands in what a forward pass made),
+  another, ``migrate.forward_callers``, hands in what a forward pass made), ``warm_ups`` (a
+  backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
   handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global), ``module_reads`` (apex's

@@ -58,7 +58,7 @@ class AutocastPlanning(Step):
                 return
         block = self.tree.parent.get(id(scale.statement))
         window = self.draft.window(block, scale.statement)
-        start = self._slice_start(window, scale.loss)
+        start = self.slice_start(window, scale.loss)
         if start is not None:
             self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
             self._wrap(window[start:], scale, loss)
@@ -153,7 +153,7 @@ class AutocastPlanning(Step):
                    for node in binding_nodes(binding, value.value))
 
     @staticmethod
-    def _slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
+    def slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
         """The first statement of ``window`` in the backward slice of ``loss``: what the loss is
         computed from, through the names each statement binds (``out = {"l": f(self.model(x))}``
         then ``loss = sum(out.values())``). apex cast everything after ``initialize``; the region
@@ -183,7 +183,7 @@ class AutocastPlanning(Step):
             if start is not None:
                 # and what the loss is computed from before it (a teacher's forward, a model the
                 # file reaches under another name): apex cast all of it
-                sliced = self._slice_start(window, nodes.parse_expression(loss, self.tree.module), forward_only=True)
+                sliced = self.slice_start(window, nodes.parse_expression(loss, self.tree.module), forward_only=True)
                 self._wrap(window[min(start, sliced if sliced is not None else start):], scale, loss)
                 self._wrap_inner_slices(inner, scale, loss)
                 return True
@@ -208,7 +208,7 @@ class AutocastPlanning(Step):
         the loss computation too (cross-entropy in float32)."""
         handed = nodes.parse_expression(loss, self.tree.module)  # as the caller names it (`self.backward(objective)`)
         for window in windows:
-            start = self._slice_start(window, handed)
+            start = self.slice_start(window, handed)
             if start is not None:
                 self._wrap(window[start:], scale, loss)
 
@@ -308,9 +308,9 @@ class AutocastPlanning(Step):
             enabled = ", enabled=" + self._alias_enabled(self.sites.alias_of[id(scale.call)])
 
         first = statements[0]
-        self.draft.replace(first, self._under_autocast(statements, enabled))
+        self.draft.replace(first, self.under_autocast(statements, enabled))
         self.draft.kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
-        self._move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
+        self.move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
         self.draft.regions.add(id(first))
 
     def _arms_condition(self, scale: ScaleLossSite, statements: list[cst.BaseStatement]) -> str | None:
@@ -344,7 +344,7 @@ class AutocastPlanning(Step):
             return None
         return " and ".join(grouped_text(test) for test in reversed(tests))
 
-    def _under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
+    def under_autocast(self, statements: list[cst.BaseStatement], enabled: str = "") -> cst.With:
         """``with torch.autocast(...):`` holding ``statements``, with the lines that stood above the first."""
         head = nodes.parse_statements(f"with {AUTOCAST.format(enabled=enabled)}:\n    pass\n", self.tree.module)[0]
         if self.tree.line_indent(statements[0]) + len(nodes.code(head).splitlines()[0]) > self.tree.line_limit:
@@ -359,7 +359,7 @@ class AutocastPlanning(Step):
         body = [nodes.with_leading(statements[0], cst.SimpleStatementLine([])), *statements[1:]]
         return head.with_changes(body=head.body.with_changes(body=body), leading_lines=statements[0].leading_lines)
 
-    def _move_into_region(self, statements: list[cst.BaseStatement], message: str) -> None:
+    def move_into_region(self, statements: list[cst.BaseStatement], message: str) -> None:
         """``statements`` leave their place: the autocast block that holds them replaces another."""
         for statement in statements:
             self.draft.replace(statement, cst.RemoveFromParent())
@@ -423,7 +423,7 @@ class AutocastPlanning(Step):
         """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
         the call goes (its models are the ones passed in, as under O1)."""
         anchor, rest, enabled = tail
-        region = self._under_autocast(rest, enabled)
+        region = self.under_autocast(rest, enabled)
         placed = [*nodes.parse_statements(init.restore + "\n", self.tree.module), region] if init.restore else [region]
         if anchor is not init.statement:  # the `if` keeps what else it holds
             kept = [statement for statement in anchor.body.body if statement is not init.statement]
@@ -436,7 +436,7 @@ class AutocastPlanning(Step):
         self.draft.replace(anchor, cst.FlattenSentinel(placed))
         self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
                    "Run the lines after it under `torch.autocast`: apex cast every op from there on")
-        self._move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+        self.move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
 
 
 def _slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:

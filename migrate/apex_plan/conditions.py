@@ -7,6 +7,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.syntax import backward_calls, calls
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, alias_present, attribute_set, grouped_text, negated, normal
 from migrate.flow.bindings import bindings
@@ -131,14 +132,44 @@ class StepConditions(Step):
         if None in conditions:
             # `if torch.isnan(loss).any(): skip` cannot be asked again at the step. Whether the
             # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
-            # where `scaler.step` would find nothing scaled and fail.
-            self.draft.unsafe.append(
-                f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
-                f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
-            )
+            # where `scaler.step` would find nothing scaled and fail. That is the same question
+            # where nothing else gives the optimizer gradients.
+            if not self.tree.per_scope(("only scaled gradients", self.setup.guard_tests), self._only_scaled_gradients):
+                self.draft.unsafe.append(
+                    f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
+                    f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
+                )
             conditions = [c for c in conditions if c is not None]
             conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
         return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
+
+    def clearers(self) -> set[str]:
+        """What a ``zero_grad()`` is called on to clear the gradients the scaler steps: a model
+        ``initialize`` was given, or an optimizer a loss is scaled for."""
+        return set(self.setup.model_codes) | {nodes.code(optimizer.value) for call in self.sites.calls["scale_loss"]
+                                              if (optimizer := nodes.argument(call, 1, "optimizers")) is not None}
+
+    def _only_scaled_gradients(self) -> bool:
+        """Whether an optimizer holds gradients at its step exactly where a scaled backward ran
+        since they were cleared: every ``zero_grad()`` of the file leaves None, one clears what
+        ``initialize`` was given, and every backward pass that can run while the scaler is on is
+        apex's scaled one, or a warm-up pass whose gradients are cleared right after it."""
+        clearers = self.clearers()
+        zero_grads = calls(self.tree.module, lambda name: name == "zero_grad", nested=True)
+        if not any(_receiver(call) in clearers for call in zero_grads) or not all(map(leaves_none, zero_grads)):
+            return False
+        withs = self.sites.scale_loss_statements
+        return all(self.tree.inside_any(backward, withs) or in_failing_arm(self.tree, backward, self.setup.guard_tests)
+                   or never_runs(self.tree, backward) or self.warm_up(backward)
+                   for backward in backward_calls(self.tree.module, nested=True))
+
+    def warm_up(self, backward: cst.Call) -> bool:
+        """A warm-up backward pass (``cleared_right_after``) in the function of ``initialize``:
+        no step sees its gradients; where it runs after ``initialize``, its forward pass goes
+        under autocast (``AutocastPlanning.plan_warm_up``), as apex cast it."""
+        function = self.tree.function(backward)
+        return (any(self.tree.function(call) is function for call in self.sites.calls["initialize"])
+                and cleared_right_after(self.tree, backward, self.clearers()))
 
     def _held_at(self, node: cst.CSTNode) -> set[str]:
         """The tests (``normal``) that hold where ``node`` runs: those of each ``if`` whose body
@@ -170,6 +201,38 @@ class StepConditions(Step):
             return None
         parts = [negated(t) for t in earlier] + ([nodes.code(own)] if own is not None else [])
         return " and ".join(grouped_text(p) if len(parts) > 1 else p for p in parts)
+
+
+def leaves_none(zero_grad: cst.Call) -> bool:
+    """Whether ``zero_grad(...)`` sets the gradients to None (torch's default), not to zeros."""
+    given = nodes.argument(zero_grad, 0, "set_to_none")
+    return given is None or nodes.code(given.value) == "True"
+
+
+def _receiver(call: cst.Call) -> str | None:
+    return nodes.code(call.func.value) if isinstance(call.func, cst.Attribute) else None
+
+
+def cleared_right_after(tree: FileTree, backward: cst.Call, clearers: set[str]) -> bool:
+    """Whether the gradients of the backward pass ``backward`` are cleared before anything reads
+    them: ``loss.backward()`` on a line of its own, followed in its block, past lines that neither
+    step, clip, read gradients nor pass backward again, by ``model.zero_grad()`` of one of
+    ``clearers`` (a warm-up pass that allocates memory). No step ever sees them."""
+    line = tree.statement(backward)
+    block = tree.parent.get(id(line))
+    if not isinstance(line, cst.SimpleStatementLine) or not hasattr(block, "body") or not isinstance(block.body, (list, tuple)):
+        return False
+    following = list(block.body)[list(block.body).index(line) + 1:]
+    for statement in following:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        cleared = [call for call in calls(statement, lambda name: name == "zero_grad")]
+        if any(_receiver(call) in clearers and leaves_none(call) for call in cleared) and len(statement.body) == 1:
+            return True
+        touches = calls(statement, lambda name: name in ("step", "backward", "unscale_") or "clip" in name, nested=True)
+        if touches or any(type(node) is cst.Attribute and node.attr.value == "grad" for node in descendants(statement)):
+            return False
+    return False
 
 
 def tests_a_parameter(tree: FileTree, test_of: cst.If) -> bool:

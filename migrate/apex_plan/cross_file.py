@@ -14,6 +14,7 @@ from migrate.apex_plan.vocabulary import (
     AUTOCAST,
     INITIALIZE,
     InitializeSite,
+    ScaleBounds,
     Setup,
     Unplannable,
     normal,
@@ -83,6 +84,9 @@ class CrossFilePlanning(Step):
         static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
         self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
         SeveralInitializePlanning(self.context).note_inference(inits)
+        if any(init.scale_bounds != ScaleBounds() for init in inits):
+            self.draft.unsafe.append("`min_loss_scale`/`max_loss_scale` bound apex's scale here; the GradScaler made "
+                                     "in the file that scales the loss does not keep them")
         if all(init.level != "O0" for init in inits):
             if paired:
                 self.draft.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")

@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.scaler_options import scaler_options
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, read_names
 from migrate.apex_plan.vocabulary import (
@@ -13,9 +14,6 @@ from migrate.apex_plan.vocabulary import (
     COMPUTED_LEVEL,
     INITIALIZE,
     INITIALIZE_KEYWORDS,
-    NEVER,
-    NO_NATIVE_OPTION,
-    O2_O3_OPTIONS,
     SCALER_NAMES,
     InitializeSite,
     Unplannable,
@@ -24,7 +22,6 @@ from migrate.apex_plan.vocabulary import (
     fitted_conjunction,
     normal,
     operand,
-    run_time_scale,
     same_places,
 )
 from migrate.tree_walk import descendants
@@ -134,7 +131,10 @@ class InitializePlanning(Step):
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
             enabled = None
-        scaler_args, merges_losses = self._scaler_options(call, level in ("O0", "O1") or guard_level)
+        options = scaler_options(call, level in ("O0", "O1") or guard_level)
+        for reason in options.unsafe:
+            self.draft.unsafe_at(call, reason)
+        scaler_args, merges_losses, bounds = options.arguments, options.merges_losses, options.bounds
         dynamic_o0 = None
         if self._o0_scaled_dynamically(call, level, level_arg):
             loss_scale = nodes.argument(call, None, "loss_scale").value
@@ -177,7 +177,7 @@ class InitializePlanning(Step):
         level_expression = level_arg.value if level is None and level_arg is not None else None
         return InitializeSite(call, statement, level, level_expression, guard_level, enabled, scaler_args, restore,
                            model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses,
-                           dynamic_o0=dynamic_o0)
+                           dynamic_o0=dynamic_o0, scale_bounds=bounds)
 
     def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
@@ -242,52 +242,6 @@ class InitializePlanning(Step):
         if isinstance(expression, (cst.List, cst.Tuple)):
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
-
-    def _scaler_options(self, call: cst.Call, o0_or_o1: bool) -> tuple[list[str], bool]:
-        """GradScaler's arguments for apex's options, and whether apex kept one scaler per loss
-        (``num_losses``); an option with no native form makes it unsafe.
-
-        Dropping one is safe where it changes nothing: ``max_loss_scale`` of 2**24 or more (apex's
-        default cap; GradScaler has none) or beside a static scale (which never grows), and, for
-        O0/O1, the options apex only applies under O2/O3 (under O1 it refuses them outright). A
-        lower cap is dropped unsafely; below 2**16 the scaler starts at it, as apex's did. A ``loss_scale`` known
-        only at run time (``args.loss_scale``, a config value) picks the scaler's start and growth
-        at run time: dynamic as GradScaler's defaults, a static value as a scale that never grows.
-        """
-        options, merges_losses = [], False
-        harmless = set(O2_O3_OPTIONS if o0_or_o1 else ())
-        cap = nodes.argument(call, None, "max_loss_scale")
-        cap_number = nodes.number_value(cap.value) if cap is not None else None
-        if cap_number is not None and cap_number >= 2**24:
-            harmless.add("max_loss_scale")
-        loss_scale = nodes.argument(call, None, "loss_scale")
-        if loss_scale is not None and nodes.literal_string(loss_scale.value) != "dynamic":
-            number = nodes.number_text(loss_scale.value)
-            if number is not None:
-                # A static scale: GradScaler starts there and never grows. It still skips a step whose
-                # gradients overflowed and halves, where apex would have stepped with inf/NaN.
-                options += [f"init_scale={number}", f"growth_interval={NEVER}"]
-                harmless |= {"min_loss_scale", "max_loss_scale"}  # apex bounds only a dynamic scale
-            elif o0_or_o1 and nodes.is_pure(loss_scale.value):
-                init, growth = run_time_scale(loss_scale.value)
-                options += [f"init_scale={init}", f"growth_interval={growth}"]
-            else:
-                self.draft.unsafe_at(call, f"loss_scale={nodes.code(loss_scale.value)} may be static; GradScaler is always dynamic (init 2**16)")
-        if "max_loss_scale" not in harmless and not options and cap_number is not None and 0 < cap_number < 2**16:
-            options.append(f"init_scale={nodes.code(cap.value)}")  # apex's dynamic scale starts at min(2**16, cap)
-        for name in ("min_loss_scale", "max_loss_scale", "num_losses", *NO_NATIVE_OPTION):
-            arg = nodes.argument(call, None, name)
-            if arg is None or nodes.is_none(arg.value):
-                continue
-            if (name == "num_losses" and nodes.code(arg.value) == "1") or name in harmless:
-                continue
-            if name == "num_losses":
-                merges_losses = True  # the planner decides whether one GradScaler per loss keeps it (`per_loss`)
-            elif name == "max_loss_scale":
-                self.draft.unsafe_at(call, f"GradScaler's scale has no cap: it grows past max_loss_scale={nodes.code(arg.value)}")
-            else:
-                self.draft.unsafe_at(call, f"`{name}` has no native equivalent and is dropped")
-        return options, merges_losses
 
     def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
         lines: list[str] = []

@@ -24,6 +24,7 @@ from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.timm_scalers import TimmScalerPlanning
+from migrate.apex_plan.warm_ups import WarmUpPlanning
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -44,6 +45,7 @@ from migrate.apex_plan.vocabulary import (
     ApexPlan,
     HalfFacts,
     InitializeSite,
+    ScaleBounds,
     ScaleLossSite,
     Setup,
     Unplannable,
@@ -278,6 +280,7 @@ class Planner:
             receiver_calls=receiver_calls or (),
             scaler_receivers=receivers or (),
             scaler_maker=self.tree.function(init.statement) if receivers else None,
+            scale_bounds=init.scale_bounds if init is not None else ScaleBounds(),
         ))
         initialize, steps, gradients = InitializePlanning(writing), StepPlanning(writing), GradientPlanning(writing)
         module_reads = ModuleReadPlanning(writing)
@@ -355,6 +358,7 @@ class Planner:
             autocast = AutocastPlanning(writing)
             for scale in scales:
                 autocast.plan_autocast(scale)
+            WarmUpPlanning(writing).plan_warm_ups()
         self._plan_after_imports()
         self._emit(writing, scales)
 

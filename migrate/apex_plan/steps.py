@@ -33,6 +33,7 @@ from migrate.apex_plan.vocabulary import (
     attribute_set,
     either,
     normal,
+    update_lines,
 )
 from migrate.rule import Replacement
 from migrate.step_model.shapes import parameters_of
@@ -305,8 +306,7 @@ class StepPlanning(Step):
     def plan_gradient_guards(self) -> None:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.draft.gradient_guards.values():
-            update = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
-            self.draft.replace(guard, cst.FlattenSentinel([guard, nodes.parse_statements(update, self.tree.module)[0]]))
+            self.draft.replace(guard, cst.FlattenSentinel([guard, *self._updates(scaler, condition)]))
             self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
                        f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
             # apex armed a skip of the next `step()` on an overflow; where this test skipped the
@@ -363,7 +363,7 @@ class StepPlanning(Step):
             lambda: [call for call in self._backwards_in(self.tree.module)
                      if not self.tree.inside_any(call, withs) and not in_failing_arm(self.tree, call, self.setup.guard_tests) and not never_runs(self.tree, call)
                      and not self._scales_within(call) and not _natively_scaled(call)
-                     and not self._scaled_by_callers(call)])
+                     and not self._scaled_by_callers(call) and not self.conditions.warm_up(call)])
         if beside is None:
             return candidates
         scope = self.tree.function(beside) or self.tree.module
@@ -444,8 +444,13 @@ class StepPlanning(Step):
         new = loop.visit(ReplaceByIdentity(inner))
         if not update:
             return new
-        text = f"{scaler}.update()\n" if condition is None else f"if {condition}:\n    {scaler}.update()\n"
-        return cst.FlattenSentinel([new, nodes.parse_statements(text, self.tree.module)[0]])
+        return cst.FlattenSentinel([new, *self._updates(scaler, condition)])
+
+    def _updates(self, scaler: str, condition: str | None) -> list[cst.BaseStatement]:
+        """``scaler.update()`` (and apex's bounds of the scale after it), under ``condition`` when given."""
+        lines = update_lines(scaler, self.setup.scale_bounds)
+        text = "".join(f"{line}\n" for line in lines) if condition is None else f"if {condition}:\n" + "".join(f"    {line}\n" for line in lines)
+        return nodes.parse_statements(text, self.tree.module)
 
     def step_replacement(self, line: cst.SimpleStatementLine, updates: dict[int, bool], condition: str | None, scaler: str) -> Replacement:
         smalls: list[cst.BaseSmallStatement] = []
@@ -456,20 +461,19 @@ class StepPlanning(Step):
             call = small.value
             args = "".join(f", {nodes.code(arg)}" for arg in call.args)
             optimizer = nodes.code(call.func.value)
-            new = [cst.Expr(nodes.parse_expression(f"{scaler}.step({optimizer}{args})", self.tree.module))]
-            if updates[i]:
-                new.append(cst.Expr(nodes.parse_expression(f"{scaler}.update()", self.tree.module)))
+            new = [f"{scaler}.step({optimizer}{args})", *(update_lines(scaler, self.setup.scale_bounds) if updates[i] else [])]
             if condition is not None and len(line.body) == 1:
-                body = "".join(f"    {nodes.code(statement)}\n" for statement in new)
+                body = "".join(f"    {text}\n" for text in new)
                 plain = nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
                 if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition:  # not a test on the backward's own flag
                     plain = f"{PLAIN_STEP_REASON}\n    {plain}  {PLAIN_STEP_MARK}"
                 text = f"if {condition}:\n{body}else:\n    {plain}\n"
                 return nodes.with_leading(nodes.parse_statements(text, self.tree.module)[0], line)
-            smalls += new
-        if len(line.body) == 1:
-            first = line.with_changes(body=[smalls[0]])
-            return cst.FlattenSentinel([first, *(cst.SimpleStatementLine([small]) for small in smalls[1:])]) if len(smalls) > 1 else first
+            if len(line.body) == 1:  # the line keeps its comments; what follows it, its own lines
+                statements = nodes.parse_statements("".join(f"{text}\n" for text in new), self.tree.module)
+                first = line.with_changes(body=statements[0].body)
+                return cst.FlattenSentinel([first, *statements[1:]]) if len(statements) > 1 else first
+            smalls += [cst.Expr(nodes.parse_expression(text, self.tree.module)) for text in new if not text.startswith("#")]
         return line.with_changes(body=smalls)
 
 

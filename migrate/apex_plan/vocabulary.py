@@ -11,6 +11,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Report
+from migrate.tree_walk import descendants
 from migrate.types import ImportChange
 
 CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
@@ -208,6 +209,39 @@ class Unplannable(Exception):
         self.reason = reason
 
 
+class ScaleBounds(NamedTuple):
+    """The floor (``min_loss_scale``) and cap (``max_loss_scale``) apex kept a dynamic scale
+    within, as float literals; GradScaler has neither, so each ``update()`` is followed by one
+    putting the scale back within them (``update_lines``)."""
+
+    floor: str | None = None
+    cap: str | None = None
+
+
+def float_text(value: cst.BaseExpression) -> str:
+    """A number of the source as a float literal (``512.0``, ``1e3``, ``1`` as ``1.0``), else
+    wrapped in ``float()``: ``GradScaler.update`` takes a float, never an int."""
+    text = nodes.code(value)
+    parts = [value, *descendants(value)]
+    if any(isinstance(part, (cst.Float, cst.Divide)) for part in parts) and not any(isinstance(part, cst.SimpleString) for part in parts):
+        return text  # `512.0`, `2.0**20`, `2**24 / 8`: Python's arithmetic makes a float of it
+    return f"{text}.0" if isinstance(value, cst.Integer) and text.isdigit() else f"float({text})"
+
+
+def update_lines(scaler: str, bounds: ScaleBounds) -> list[str]:
+    """``scaler.update()``, then, where apex bounded the scale, the scale put back within its
+    bounds, as apex's ``min(cap, scale * 2)`` and ``max(floor, scale / 2)`` kept it."""
+    if bounds == ScaleBounds():
+        return [f"{scaler}.update()"]
+    scale = f"{scaler}.get_scale()"
+    if bounds.floor is not None:
+        scale = f"max({scale}, {bounds.floor})"
+    if bounds.cap is not None:
+        scale = f"min({scale}, {bounds.cap})"
+    named = " and ".join(f"{name}={value}" for name, value in (("min_loss_scale", bounds.floor), ("max_loss_scale", bounds.cap)) if value)
+    return [f"{scaler}.update()", f"# apex's {named}", f"{scaler}.update({scale})"]
+
+
 class InitializeSite(NamedTuple):
     call: cst.Call
     statement: cst.SimpleStatementLine
@@ -222,6 +256,7 @@ class InitializeSite(NamedTuple):
     inference: bool = False  # no optimizers: the models only ran forward under apex's casts
     merges_losses: bool = False  # `num_losses=2`: apex kept one scaler per loss (``per_loss``)
     dynamic_o0: str | None = None  # beside a run-time level, a loss_scale that may be "dynamic" ("" where it is): O0 stops
+    scale_bounds: ScaleBounds = ScaleBounds()  # `min_loss_scale`/`max_loss_scale` of a dynamic scale
 
 
 class ScaleLossSite(NamedTuple):
@@ -269,6 +304,7 @@ class Setup:
     # scope "parameter": the functions the one making the scaler hands it to (`train(..., scaler=scaler)`)
     scaler_receivers: tuple[cst.FunctionDef, ...] = ()
     scaler_maker: cst.FunctionDef | None = None  # and the function that makes it
+    scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:

@@ -34,7 +34,10 @@ class AmpInitialize(PlannedApexRule):
     ``opt_level='01'`` (apex refused it, so no working run changes) is read as O1, and the fix
     says so.
     Options apex only applies under O2/O3 (``keep_batchnorm_fp32``, ``master_weights``,
-    ``cast_model_type``) are dropped there, and ``max_loss_scale`` always (GradScaler has no cap).
+    ``cast_model_type``) are dropped there. A floor or cap of a dynamic scale given as a number
+    (``min_loss_scale=1.0``, ``max_loss_scale=512.0``) is kept: after each ``scaler.update()``,
+    ``scaler.update(min(max(scaler.get_scale(), 1.0), 512.0))`` (GradScaler has neither bound),
+    and a cap under 2**16 is also where the scaler starts, as apex's did.
     With ``amp.scale_loss`` in another file that imports this one or is imported by it, both
     given to one run, the call goes and that file makes the GradScaler with these options; this
     file imports it for ``amp.state_dict``. Safe when the call runs unconditionally with a literal
@@ -46,7 +49,8 @@ class AmpInitialize(PlannedApexRule):
     receivers are found by name.
     Unsafe when the rewrite may change numbers: O2/O3 (fp16 weights and fp32 master copies become
     fp32 weights under autocast); an opt level computed by a call, or one the file shows may be
-    O2/O3 (O2/O3 become O1); ``min_loss_scale`` with a dynamic scale (GradScaler has no floor); a ``loss_scale`` that
+    O2/O3 (O2/O3 become O1); a floor or cap known only at run time, beside a ``loss_scale`` chosen
+    at run time, or a floor above the cap (GradScaler has neither bound); a ``loss_scale`` that
     is neither a number nor a name; several losses or ``initialize`` calls sharing one scaler; an
     autocast region that could only be guessed; a model readied for inference only (no
     optimizers), unless the training ``initialize`` of its function, with the same options, runs

@@ -72,8 +72,8 @@ from apex import amp
 
 
 class Trainer:
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=1.0)
+    def __init__(self, model, optimizer, min_scale):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1", min_loss_scale=min_scale)
 
     def step(self, x):
         loss = self.model(x)
@@ -86,9 +86,10 @@ class Trainer:
 
 
 class Trainer:
-    def __init__(self, model, optimizer):
-        # TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale` has no
-        #   native equivalent and is dropped
+    def __init__(self, model, optimizer, min_scale):
+        # TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale=min_scale`
+        #   is known only at run time: GradScaler's scale, with no floor of its own, may
+        #   halve below it
         self.scaler = torch.amp.GradScaler("cuda")
         self.model, self.optimizer = model, optimizer
 

@@ -72,7 +72,7 @@ def save(path):
             """import torch
 from apex import amp
 
-model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale="dynamic", min_loss_scale=8.0)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale="dynamic", min_loss_scale=args.min_scale)
 step = 0
 while step < total_steps:
     loss = model(next(batches))
@@ -84,8 +84,9 @@ checkpoint = {"step": step, "amp": amp.state_dict()}
 """,
             """import torch
 
-# TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale` has no native
-#   equivalent and is dropped
+# TODO(ampmigrate): review, this rewrite is unsafe: `min_loss_scale=args.min_scale` is
+#   known only at run time: GradScaler's scale, with no floor of its own, may halve
+#   below it
 scaler = torch.amp.GradScaler("cuda")
 step = 0
 while step < total_steps:

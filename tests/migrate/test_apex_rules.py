@@ -282,12 +282,12 @@ def test_the_opt_level_setting_makes_a_computed_opt_level_safe():
 
 @pytest.mark.parametrize("options, safe", [
     ('opt_level="O1", max_loss_scale=2.**24', True),  # apex's default cap: GradScaler has none, and never gets there
-    ('opt_level="O1", max_loss_scale=2.0**20', False),  # a lower cap: the native scale grows past it
+    ('opt_level="O1", max_loss_scale=args.max_scale', False),  # a cap known at run time: no bound to write
     ('opt_level="O1", loss_scale=128.0, max_loss_scale=64.0', True),  # a static scale never grows: no cap to keep
     ("opt_level=args.opt_level, keep_batchnorm_fp32=args.keep_bn", True),  # O2/O3 only; they stop at run time
     ('opt_level="O0", master_weights=True', True),
     ('opt_level="O2", keep_batchnorm_fp32=True', False),
-    ('opt_level="O1", min_loss_scale=128.0', False),  # a floor changes what repeated overflows do
+    ('opt_level="O1", min_loss_scale=args.floor', False),  # a floor known at run time, maybe None
 ])
 def test_options_dropped_only_where_they_change_nothing(options, safe):
     source = textwrap.dedent(CANONICAL.replace('opt_level="{level}"', options))
@@ -297,14 +297,13 @@ def test_options_dropped_only_where_they_change_nothing(options, safe):
     assert fixes == ({"safe"} if safe else {"unsafe"})
 
 
-def test_a_cap_below_the_start_starts_the_scaler_there_and_is_unsafe():
+def test_a_cap_below_the_start_starts_the_scaler_there_and_bounds_each_update():
     # apex's dynamic scale starts at min(2**16, max_loss_scale) and never grows past the cap
     source = CANONICAL.replace('opt_level="{level}"', 'opt_level="O1", max_loss_scale=512.0')
-    output, diagnostics = _migrate(source, unsafe_fixes=True)
+    output, diagnostics = _migrate(source)
     assert 'scaler = torch.amp.GradScaler("cuda", init_scale=512.0)' in output
-    initialize = next(d for d in diagnostics if d.code == "AMP002" and "GradScaler" in d.fix.message)
-    assert initialize.fix.applicability.value == "unsafe"
-    assert "grows past max_loss_scale=512.0" in initialize.fix.why_unsafe
+    assert "scaler.update()\n    # apex's max_loss_scale=512.0\n    scaler.update(min(scaler.get_scale(), 512.0))\n" in output
+    assert all(d.fix.applicability.value == "safe" for d in diagnostics if d.fix)
 
 
 def test_a_run_time_loss_scale_picks_the_scalers_start_and_growth_at_run_time():
@@ -489,11 +488,19 @@ def test_min_loss_scale_beside_a_static_scale_is_dropped_safely():
     assert all(d.applied for d in diagnostics)
 
 
-def test_min_loss_scale_with_a_dynamic_scale_is_unsafe():
-    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", min_loss_scale=1.0')
+def test_a_floor_known_only_at_run_time_is_unsafe():
+    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", min_loss_scale=args.floor')
     output, diagnostics = _migrate(source)
     assert output == textwrap.dedent(source)
-    assert any("min_loss_scale" in d.fix.why_unsafe for d in diagnostics if d.fix)
+    assert any("`min_loss_scale=args.floor` is known only at run time" in d.fix.why_unsafe for d in diagnostics if d.fix)
+
+
+def test_a_floor_beside_a_loss_scale_chosen_at_run_time_is_unsafe():
+    # a static scale chosen at run time: apex left it unbounded, the bound would change it
+    source = CANONICAL.format(level="O1").replace('opt_level="O1"', 'opt_level="O1", loss_scale=args.loss_scale, min_loss_scale=1.0')
+    output, diagnostics = _migrate(source)
+    assert output == textwrap.dedent(source)
+    assert any("kept only beside a dynamic scale" in d.fix.why_unsafe for d in diagnostics if d.fix)
 
 
 def test_opt_level_zero_one_is_read_as_o1_and_says_so():

@@ -574,8 +574,8 @@ APEX_WITH_OPTIONS = '''import torch
 from apex import amp
 
 
-def train(model, optimizer, loader):
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", min_loss_scale=1.0)
+def train(model, optimizer, loader, floor):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", min_loss_scale=floor)
     for x, y in loader:
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
@@ -598,7 +598,7 @@ def test_each_unsafe_fix_gives_the_reasons_about_it_and_names_the_lines_it_goes_
             where = next(lines[i] for i in range(index, -1, -1) if ": AMP" in lines[i])
             why.setdefault(int(where.split(":")[1]), []).append(line.strip()[len("why unsafe: "):])
     said = {row: " ".join(reasons) for row, reasons in why.items()}
-    assert "`min_loss_scale` has no native equivalent" in said[6] and "master_params" not in said[6]
+    assert "`min_loss_scale=floor` is known only at run time" in said[6] and "master_params" not in said[6]
     assert "together with the unsafe fix at line 12" in said[6]
     assert "fp32 copies" in said[12] and "min_loss_scale" not in said[12]
     assert "together with the unsafe fix at line 6" in said[12]

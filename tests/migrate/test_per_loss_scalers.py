@@ -13,27 +13,14 @@ import itertools
 
 import pytest
 
+from generated.small_scripts import compared, script_head
 from migrate.api import migrate_source
 
 HOLDERS = ("script", "function", "handed", "method")
 SPELLINGS = ("keyword", "positional", "default")
 ORDERS = ("D first", "G first")
 
-PRELUDE = """\
-import argparse
-
-import torch
-import torch.nn.functional as F
-from apex import amp
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=30)
-args = parser.parse_args()
-
-torch.manual_seed(0)
-device = "cuda"
-real = torch.randn(64, 8, device=device) * 0.5 + 1.0
-"""
+PRELUDE = script_head() + "real = torch.randn(64, 8, device=device) * 0.5 + 1.0\n"
 
 MODELS = """\
 netG = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)).to(device)
@@ -174,22 +161,18 @@ def test_where_one_grad_scaler_per_loss_cannot_do_it_one_serves_all_unsafely(cas
     ("method", "positional", True, "G first", True),
 ])
 def test_the_rewrite_trains_as_apex_did_and_one_scaler_would_not(holder, spelling, listed, order, clip, tmp_path, monkeypatch):
-    from ampshim.compare import SAME, Target, compare
+    from ampshim.compare import SAME
     from ampshim.compare.report import as_text
     from migrate.apex_plan import planner
 
     source = _script(holder, spelling, listed, order, clip)
-    (tmp_path / "original.py").write_text(source)
-    (tmp_path / "rewritten.py").write_text(migrate_source(source, filename="train.py").new_source)
     with monkeypatch.context() as patched:  # the rewrite before: one GradScaler for both losses
         patched.setattr(planner, "scalers_per_loss", lambda *_: None)
         merged = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
     assert "one GradScaler serves every loss" in _comments(merged)
-    (tmp_path / "merged.py").write_text(merged)
-    original = Target(str(tmp_path / "original.py"))
-    kept = compare(original, Target(str(tmp_path / "rewritten.py")), [], device="cpu", steps=30, parallel=True, timeout=240)
+    kept = compared(tmp_path, source, migrate_source(source, filename="train.py").new_source, "rewritten")
     assert kept.verdict == SAME, as_text(kept)
-    one = compare(original, Target(str(tmp_path / "merged.py")), [], device="cpu", steps=30, parallel=True, timeout=240)
+    one = compared(tmp_path, source, merged, "merged")
     assert one.verdict != SAME, as_text(one)
 
 
