@@ -8,7 +8,8 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite
+from migrate.apex_plan.vocabulary import CORE, INITIALIZE, InitializeSite, normal
+from migrate.step_model.vocabulary import joined_by
 from migrate.tree_walk import walk
 
 
@@ -47,11 +48,38 @@ class StandInPlanning(Step):
         self.draft.insert_before.setdefault(id(anchor), (anchor, []))[1].append(line)
         self.draft.kind(anchor, INITIALIZE, "the scaler that replaces `amp.initialize` must exist wherever it is used",
                    "Create it disabled before the block that makes it")
-        if not self._flag_block_runs_first(init, anchor):
+        if self._scaled_only_under_its_flag(init):
+            self.draft.notes.append("before the block that creates it runs, apex raised at `amp.scale_loss` "
+                                    "(not initialized); the disabled scaler trains in fp32 there")
+        elif not self._flag_block_runs_first(init, anchor):
             self.draft.unsafe.append(
                 "the scaler is created where `amp.initialize` ran, inside a block; before that block runs, a disabled "
                 "one stands in and the step trains in fp32 (apex refused to scale a loss before `initialize`)"
             )
+
+    def _scaled_only_under_its_flag(self, init: InitializeSite) -> bool:
+        """Whether ``initialize`` is the file's only one, in an ``if flag:`` (``if args.fp16:``)
+        that does not change its test, and each ``amp.scale_loss`` sits under a test of that flag
+        (``if args.fp16 and use_apex:``). Where the flag is off, neither ran. Where it is on, a
+        ``scale_loss`` before the block ran raised under apex (no other file initializes for
+        this one: the planner refuses that): only runs that failed meet the disabled stand-in.
+        Before the block apex cast nothing and stepped plainly, as the stand-in does."""
+        block = self.tree.parent.get(id(init.statement))
+        owner = self.tree.parent.get(id(block))
+        if (len(self.sites.calls["initialize"]) != 1 or not isinstance(owner, cst.If) or owner.body is not block
+                or not nodes.is_pure(owner.test) or self.tree.changes_its_test(owner)):
+            return False
+        flag = normal(nodes.code(owner.test))
+        return all(self._under_test(site, flag) for site in self.sites.calls["scale_loss"])
+
+    def _under_test(self, node: cst.CSTNode, flag: str) -> bool:
+        """Whether ``node`` sits in the body of an ``if`` testing ``flag`` (alone or joined by ``and``)."""
+        child, parent = node, self.tree.parent.get(id(node))
+        while parent is not None:
+            if isinstance(parent, cst.If) and child is parent.body and flag in {normal(part) for part in joined_by(parent.test, cst.And)}:
+                return True
+            child, parent = parent, self.tree.parent.get(id(parent))
+        return False
 
     def _flag_block_runs_first(self, init: InitializeSite, anchor: cst.CSTNode) -> bool:
         """``if use_amp: opt_level = "O1"; amp.initialize(...)`` at the top of the function,

@@ -925,34 +925,52 @@ def test_a_scaler_made_late_with_self_amp_also_set_elsewhere_has_the_class_stand
             assert not torch.equal(before, trainer.net.weight)
 
 
-def test_a_local_scaler_made_in_a_run_once_block_of_the_epoch_loop_has_a_disabled_stand_in_before():
-    result = _migrate("""\
-        import torch
-        from apex import amp
+RUN_ONCE_BLOCK = """\
+    import torch
+    from apex import amp
 
-        def train(args, model, loader):
-            for epoch in range(args.epochs):
-                if epoch == args.start_epoch:
-                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-                    if args.fp16:
-                        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
-                for x in loader:
-                    loss = model(x)
-                    if args.fp16:
-                        with amp.scale_loss(loss, optimizer) as scaled_loss:
-                            scaled_loss.backward()
-                    else:
-                        loss.backward()
-                    optimizer.step()
-    """, unsafe_fixes=True)
+    def train(args, model, loader):
+        for epoch in range(args.epochs):
+            if epoch == args.start_epoch:
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                if args.fp16:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x in loader:
+                loss = model(x)
+                if {scaled_under}:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+{extra}"""
+
+
+def test_a_local_scaler_made_in_a_run_once_block_of_the_epoch_loop_has_a_disabled_stand_in_before():
+    # Scaled only under initialize's flag: where it is off neither ran; where on, a scale_loss
+    # before the block raised under apex (not initialized). So the stand-in is safe, with a note.
+    result = _migrate(RUN_ONCE_BLOCK.format(scaled_under="args.fp16", extra=""))
     new = result.new_source
-    assert {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"unsafe"}
+    assert new and {d.fix.applicability.value for d in result.diagnostics if d.fix} == {"safe"}
+    assert any("apex raised at `amp.scale_loss`" in d.fix.message for d in result.diagnostics if d.fix)
     # Defined on every path where it is read, off until the block has run, as apex was.
     stand_in = new.index('scaler = torch.amp.GradScaler("cuda", enabled=False)')
     assert stand_in < new.index("for epoch in range") < new.index('scaler = torch.amp.GradScaler("cuda")\n')
     assert 'torch.autocast(' in new and '"cuda", dtype=torch.float16, enabled=scaler.is_enabled()' in new
     assert "scaler.step(optimizer)" in new
     compile(new, "train.py", "exec")
+
+
+@pytest.mark.parametrize(("scaled_under", "extra"), [
+    ("args.fp16 and x.numel()", ""),  # still the flag, joined: safe
+    ("x.numel()", ""),  # scaled whatever the flag: where it is off apex always raised, the rewrite trains
+    ("args.fp16", "    teacher = amp.initialize(torch.nn.Linear(2, 2), opt_level='O1')\n"),  # apex initialized before
+])
+def test_the_run_once_stand_in_is_safe_only_where_every_scaled_backward_is_under_initializes_flag(scaled_under, extra):
+    result = _migrate(RUN_ONCE_BLOCK.format(scaled_under=scaled_under, extra=extra), unsafe_fixes=True)
+    reasons = " ".join(d.fix.why_unsafe or "" for d in result.diagnostics if d.fix)
+    stands_in = "a disabled one stands in" in reasons
+    assert stands_in == (scaled_under != "args.fp16 and x.numel()"), reasons
 
 
 def test_a_step_after_a_nan_skip_goes_through_the_scaler_where_the_optimizer_holds_gradients():
