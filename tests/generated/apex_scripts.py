@@ -89,6 +89,10 @@ class Features:
     forward_via: str = "model"  # model | wrapper: with holder=method, `__init__` keeps `self.runner =
     #                             nn.DataParallel(self.model) if torch.cuda.device_count() > 1 else
     #                             self.model` before initializing, and the loop's forward passes run it
+    scale_bounds: str = "none"  # none | floor | cap | both: apex's `min_loss_scale`/`max_loss_scale` (a
+    #                             floor at the start scale, which one overflow reaches; a cap under
+    #                             2**16, where the scale starts)
+    nan_skip: bool = False  # the scaled backward in the `else:` of `if torch.isnan(loss).any():`
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -159,6 +163,8 @@ def _coherent(f: Features) -> Features:
     if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
         f = replace(f, import_in="function")  # apex's `amp` is read where the flag is off
+    if f.backward_in != "loop" or f.loss == "arms_backward":
+        f = replace(f, nan_skip=False)  # the test sits around the loop's own scaled backward
     return f
 
 
@@ -199,6 +205,8 @@ def features():
         forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
         delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
+        scale_bounds=st.sampled_from(["none", "floor", "cap", "both"]),
+        nan_skip=st.booleans(),
     ).map(_coherent)
 
 
@@ -405,9 +413,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body.append(_partial_binding(f, s)[2])
     elif s.mixed:
         unscaled = f"native_scaler.scale({loss}).backward()" if f.native_beside else f"{loss}.backward()"
-        body += [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"]
+        body += _skipping_nan(f, loss, [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"])
     else:
-        body += scaled
+        body += _skipping_nan(f, loss, scaled)
     if f.loss == "arms_backward":
         backward, body[backward_from:] = body[backward_from:], []
         divided = " / ACCUMULATION" if accumulate else ""
@@ -462,6 +470,13 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     return body
 
 
+def _skipping_nan(f: Features, loss: str, backward: list[str]) -> list[str]:
+    """The backward pass, in the ``else:`` of a test for a NaN loss where ``Features.nan_skip``."""
+    if not f.nan_skip:
+        return backward
+    return [f"if torch.isnan({loss}).any():", "    pass  # a bad batch: no backward pass", "else:", *_indent(backward)]
+
+
 def _between(f: Features, s: _Spelling) -> list[str]:
     """What runs after the clip, before the step (``Features.between``)."""
     if f.between == "parameter_loop":
@@ -499,7 +514,9 @@ def _made(f: Features, model: str, optimizer: str) -> list[str]:
 def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[str]:
     """``amp.initialize``, under the flag when there is one."""
     held = optimizer + ("s" if f.optimizers == "two" else "")
-    initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\", verbosity=0)"
+    bounds = {"none": "", "floor": ", min_loss_scale=65536.0", "cap": ", max_loss_scale=2.0**15",
+              "both": ", min_loss_scale=32768.0, max_loss_scale=2.0**15"}[f.scale_bounds]
+    initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\"{bounds}, verbosity=0)"
     flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
     lines = [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
     if f.level_in_block and len(lines) == 2:  # the block sets the level the call reads

@@ -46,6 +46,22 @@ def test_generated_scripts_keep_training_the_same(drawn, tmp_path):
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("drawn", [
+    # a floor at the start scale that an overflow reaches, and NaN batches skipped before the backward
+    Features(loss="inline", loop="range", accumulation="none", boundary="plus_one", clip="parameters",
+             clip_at="boundary", flag="none", import_guard=False, inner_fp32=False,
+             names=("model", "optimizer", "loss"), overflow=True, scale_bounds="floor", nan_skip=True),
+    # both bounds, a trainer's method, accumulation, the flag on
+    Features(loss="helper", loop="while", accumulation="plain", boundary="minus_one", clip="master_params",
+             clip_at="boundary", flag="on", import_guard=False, inner_fp32=False, names=("net", "opt", "objective"),
+             holder="method", scale_bounds="both", nan_skip=True),
+], ids=["floor-overflow-nan_skip", "both-method-accumulation"])
+def test_apexs_scale_bounds_and_a_nan_skip_are_safe_and_train_the_same(drawn, tmp_path):
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("accumulation", ["none", "plain"])
 @pytest.mark.parametrize("between", ["aux_backward", "parameter_loop"])
 def test_what_runs_between_the_clip_and_the_step(accumulation, between, tmp_path):
