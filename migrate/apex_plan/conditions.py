@@ -153,11 +153,15 @@ class StepConditions(Step):
         """Whether an optimizer holds gradients at its step exactly where a scaled backward ran
         since they were cleared: every ``zero_grad()`` of the file leaves None, one clears what
         ``initialize`` was given, and every backward pass that can run while the scaler is on is
-        apex's scaled one, or a warm-up pass whose gradients are cleared right after it."""
+        apex's scaled one, or a warm-up pass whose gradients are cleared right after it; and none
+        is written by hand."""
         clearers = self.clearers()
         zero_grads = calls(self.tree.module, lambda name: name == "zero_grad", nested=True)
         if not any(_receiver(call) in clearers for call in zero_grads) or not all(map(leaves_none, zero_grads)):
             return False
+        if any(type(node) in (cst.AssignTarget, cst.AugAssign) and isinstance(node.target, cst.Attribute)
+               and node.target.attr.value == "grad" for node in descendants(self.tree.module)):
+            return False  # gradients written by hand (`p.grad = g`)
         withs = self.sites.scale_loss_statements
         return all(self.tree.inside_any(backward, withs) or in_failing_arm(self.tree, backward, self.setup.guard_tests)
                    or never_runs(self.tree, backward) or self.warm_up(backward)
