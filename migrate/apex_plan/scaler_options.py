@@ -72,7 +72,10 @@ def scaler_options(call: cst.Call, o0_or_o1: bool) -> ScalerOptions:
             unsafe.append(f"`{name}={nodes.code(arg.value)}` is {known}: GradScaler's scale, with no {bound} it")
         else:
             unsafe.append(f"`{name}` has no native equivalent and is dropped")
-    if bounds.floor is not None and bounds.cap is not None and nodes.number_value(floor_arg := nodes.argument(call, None, "min_loss_scale").value) > cap_number:
+    if bounds.floor is not None and bounds.cap is None and (cap is None or (cap_number is not None and cap_number >= 2**24)):
+        # apex capped the scale at max_loss_scale, 2**24 by default: the one bound line keeps both
+        bounds = bounds._replace(cap="2.0**24" if cap is None else float_text(cap.value))
+    elif bounds.floor is not None and nodes.number_value(floor_arg := nodes.argument(call, None, "min_loss_scale").value) > cap_number:
         # apex raised an overflowing scale to the floor and capped only a growing one: no one bound holds both
         unsafe.append(f"`min_loss_scale={nodes.code(floor_arg)}` is above `max_loss_scale={nodes.code(cap.value)}`: "
                       "apex raised the scale to the floor after an overflow, past the cap")

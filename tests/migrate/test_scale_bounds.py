@@ -96,8 +96,7 @@ def _bound_expression(bounds: str, spelled: str, scaler: str) -> str:
     scale = f"{scaler}.get_scale()"
     if bounds in ("floor", "both"):
         scale = f"max({scale}, {floor})"
-    if bounds in ("cap", "both"):
-        scale = f"min({scale}, {cap})"
+    scale = f"min({scale}, {cap if bounds != 'floor' else '2.0**24'})"  # a floor alone keeps apex's default cap
     return f"{scaler}.update({scale})"
 
 
@@ -146,6 +145,19 @@ def test_bounds_that_never_apply_are_dropped(options):
     source = _script("script", "floor", "float", "every", False, False).replace("min_loss_scale=2.0**12", options)
     fixed = migrate_source(source, filename="train.py").new_source
     assert fixed and "TODO(ampmigrate)" not in fixed and "get_scale()" not in fixed.split("final scale")[0], fixed
+
+
+@pytest.mark.parametrize(("options", "bound"), [
+    ("min_loss_scale=2.0**12", "min(max(scaler.get_scale(), 2.0**12), 2.0**24)"),  # apex's default cap kept beside
+    ("min_loss_scale=2.0**12, max_loss_scale=2.0**30", "min(max(scaler.get_scale(), 2.0**12), 2.0**30)"),
+    ("max_loss_scale=2.0**30", None),  # above apex's default: alone, dropped as the default is
+])
+def test_a_floor_keeps_the_cap_apex_had_beside_it(options, bound):
+    source = _script("script", "floor", "float", "every", False, False).replace("min_loss_scale=2.0**12", options)
+    fixed = migrate_source(source, filename="train.py").new_source
+    assert fixed and "TODO(ampmigrate)" not in fixed, fixed
+    updates = [line.strip() for line in fixed.splitlines() if "get_scale()" in line and "final scale" not in line]
+    assert updates == ([f"scaler.update({bound})"] if bound else []), fixed
 
 
 def test_a_bound_given_where_the_scale_is_made_in_another_file_is_unsafe(tmp_path):
