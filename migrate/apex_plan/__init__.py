@@ -50,6 +50,7 @@ dependence: no import cycle):
   ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
   another, ``migrate.forward_callers``, hands in what a forward pass made), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
+  ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
   ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
   handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global), ``module_reads`` (apex's
@@ -62,6 +63,7 @@ dependence: no import cycle):
   initializes apex and calls what scales its losses (``migrate.scale_kept``), or where it
   initializes in arms that exclude each other. A computed opt level is unsafe where the project
   sets its option to O2/O3 in another file (``migrate.level_settings``).
+- ``report_only``: the findings of a file that cannot be planned, each call with the reason.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 """
 from migrate.apex_plan.provider import ApexPlanProvider, plan_of

@@ -24,7 +24,9 @@ from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
 from migrate.apex_plan.timm_scalers import TimmScalerPlanning
+from migrate.apex_plan.version_gated import VersionGatedPlanning, holds_only_dead_apex
 from migrate.apex_plan.warm_ups import WarmUpPlanning
+from migrate.apex_plan.report_only import report_only
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -102,6 +104,8 @@ class Planner:
         core = self.sites.all_calls()
         if not core:
             return ApexPlan()
+        if (arms := holds_only_dead_apex(self.tree.module, core, self.tree.inside)) is not None:
+            return self._without_dead_arms(reading, arms)  # apex only for a torch older than native amp
         try:
             if self.sites.blockers:
                 node, reason = self.sites.blockers[0]
@@ -122,7 +126,7 @@ class Planner:
             self._rewrite(reading)
             self.draft.check_disjoint()
         except Unplannable as problem:
-            return ApexPlan(self._report_only(problem), handled=self._unbound_calls(),
+            return ApexPlan(report_only(self.tree, self.sites, problem), handled=self._unbound_calls(),
                             half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.sites.alias_of) | self.sites.stand_in_calls | {id(node) for _, node in self.sites.probes} | {id(node) for *_, node in self.sites.scale_pokes}
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
@@ -141,28 +145,18 @@ class Planner:
         self._emit(writing, [])
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe)), handled=self._unbound_calls())
 
+    def _without_dead_arms(self, reading: Context, arms: list[cst.If]) -> ApexPlan:
+        """The arms of apex amp that never run on current torch go (``version_gated``)."""
+        writing = self._decided(reading, Setup())
+        VersionGatedPlanning(writing).plan_removal(arms)
+        self.draft.check_disjoint()
+        self._emit(writing, [])
+        return ApexPlan(self.findings, (), handled=self._unbound_calls())
+
     def _unbound_calls(self) -> frozenset[int]:
         """The calls through an ``amp`` no import reaches that the plan reads as apex's (AMP016's else)."""
         return frozenset(id(self.tree.parent[id(node)]) for node, _ in self.tree.refs
                          if type(node) is cst.Attribute and id(node.value) in self.tree.unbound and id(node) in self.tree.parent)
-
-    def _report_only(self, problem: Unplannable) -> list[Report]:
-        line = self.tree.line(problem.node)
-        where = f" (line {line})" if line else ""
-        reason = f"not rewritten: {problem.reason}{where}; migrate this file by hand or keep it running on ampshim"
-        messages = {
-            "initialize": (INITIALIZE, "`amp.initialize`"),
-            "scale_loss": (SCALE_LOSS, "`amp.scale_loss`"),
-            "master_params": (MASTER_PARAMS, "`amp.master_params`"),
-            "state_dict": (STATE_DICT, "`amp.state_dict`"),
-            "load_state_dict": (STATE_DICT, "`amp.load_state_dict`"),
-        }
-        findings = []
-        for kind in CORE:
-            code, what = messages[kind]
-            for call in self.sites.calls[kind]:
-                findings.append(Report(code, call, f"{what} is apex mixed precision; {reason}"))
-        return findings
 
     def _rewrite(self, reading: Context) -> None:
         initialize, steps, several = InitializePlanning(reading), StepPlanning(reading), SeveralInitializePlanning(reading)
