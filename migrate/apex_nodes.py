@@ -103,6 +103,11 @@ def call_name(call: cst.Call) -> str:
     return ""
 
 
+def receiver(call: cst.Call) -> str | None:
+    """``opt`` in ``opt.zero_grad()``; None where the call is not on an attribute."""
+    return code(call.func.value) if isinstance(call.func, cst.Attribute) else None
+
+
 def argument(call: cst.Call, position: int | None, keyword: str) -> cst.Arg | None:
     """The argument bound to a parameter given by position (None: keyword-only) and keyword."""
     for arg in call.args:

@@ -143,11 +143,12 @@ class StepConditions(Step):
             conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
         return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
 
-    def clearers(self) -> set[str]:
+    def clearers(self) -> frozenset[str]:
         """What a ``zero_grad()`` is called on to clear the gradients the scaler steps: a model
         ``initialize`` was given, or an optimizer a loss is scaled for."""
-        return set(self.setup.model_codes) | {nodes.code(optimizer.value) for call in self.sites.calls["scale_loss"]
-                                              if (optimizer := nodes.argument(call, 1, "optimizers")) is not None}
+        return self.tree.per_scope(("clearers", id(self.sites), self.setup.model_codes), lambda: frozenset(self.setup.model_codes) | {
+            nodes.code(optimizer.value) for call in self.sites.calls["scale_loss"]
+            if (optimizer := nodes.argument(call, 1, "optimizers")) is not None})
 
     def _only_scaled_gradients(self) -> bool:
         """Whether an optimizer holds gradients at its step exactly where a scaled backward ran
@@ -157,7 +158,7 @@ class StepConditions(Step):
         is written by hand."""
         clearers = self.clearers()
         zero_grads = calls(self.tree.module, lambda name: name == "zero_grad", nested=True)
-        if not any(_receiver(call) in clearers for call in zero_grads) or not all(map(leaves_none, zero_grads)):
+        if not any(nodes.receiver(call) in clearers for call in zero_grads) or not all(map(leaves_none, zero_grads)):
             return False
         if any(type(node) in (cst.AssignTarget, cst.AugAssign) and isinstance(node.target, cst.Attribute)
                and node.target.attr.value == "grad" for node in descendants(self.tree.module)):
@@ -213,11 +214,7 @@ def leaves_none(zero_grad: cst.Call) -> bool:
     return given is None or nodes.code(given.value) == "True"
 
 
-def _receiver(call: cst.Call) -> str | None:
-    return nodes.code(call.func.value) if isinstance(call.func, cst.Attribute) else None
-
-
-def cleared_right_after(tree: FileTree, backward: cst.Call, clearers: set[str]) -> bool:
+def cleared_right_after(tree: FileTree, backward: cst.Call, clearers: frozenset[str]) -> bool:
     """Whether the gradients of the backward pass ``backward`` are cleared before anything reads
     them: ``loss.backward()`` on a line of its own, followed in its block, past lines that neither
     step, clip, read gradients nor pass backward again, by ``model.zero_grad()`` of one of
@@ -230,8 +227,8 @@ def cleared_right_after(tree: FileTree, backward: cst.Call, clearers: set[str]) 
     for statement in following:
         if not isinstance(statement, cst.SimpleStatementLine):
             return False
-        cleared = [call for call in calls(statement, lambda name: name == "zero_grad")]
-        if any(_receiver(call) in clearers and leaves_none(call) for call in cleared) and len(statement.body) == 1:
+        cleared = calls(statement, lambda name: name == "zero_grad")
+        if any(nodes.receiver(call) in clearers and leaves_none(call) for call in cleared) and len(statement.body) == 1:
             return True
         touches = calls(statement, lambda name: name in ("step", "backward", "unscale_") or "clip" in name, nested=True)
         if touches or any(type(node) is cst.Attribute and node.attr.value == "grad" for node in descendants(statement)):

@@ -8,13 +8,11 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.vocabulary import INITIALIZE, MASTER_PARAMS, SCALE_LOSS, STATE_DICT
+from migrate.apex_plan.vocabulary import CORE, CORE_FINDINGS
 from migrate.tree_walk import descendants
 
 NATIVE_FROM = (2, 0)  # every torch the rewrite's `torch.amp` runs on is at least this
 _VERSION_CALLS = frozenset({"parse", "LooseVersion", "StrictVersion", "Version"})
-_KINDS = {"initialize": INITIALIZE, "scale_loss": SCALE_LOSS, "master_params": MASTER_PARAMS,
-          "state_dict": STATE_DICT, "load_state_dict": STATE_DICT}
 
 
 def _version_of(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -103,7 +101,7 @@ class VersionGatedPlanning(Step):
 
     def plan_removal(self, arms: list[cst.If]) -> None:
         for arm in arms:
-            held = [kind for kind in _KINDS for call in self.sites.calls[kind] if self.tree.inside(call, arm.body)]
+            held = [kind for kind in CORE for call in self.sites.calls[kind] if self.tree.inside(call, arm.body)]
             if not held:
                 continue
             parent = self.tree.parent.get(id(arm))
@@ -116,7 +114,7 @@ class VersionGatedPlanning(Step):
             else:
                 replacement = cst.RemoveFromParent()
             self.draft.replace(arm, replacement)
-            self.draft.kind(arm, _KINDS[held[0]], "apex amp here runs only on a torch older than native amp (1.6)",
+            self.draft.kind(arm, CORE_FINDINGS[held[0]][0], "apex amp here runs only on a torch older than native amp (1.6)",
                             "Remove the arm: it never runs on the torch `torch.amp` needs")
 
 

@@ -35,6 +35,14 @@ CAST_API = frozenset(
 
 
 INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
+# each core call of apex amp: the rule that reports it, and how a finding names it
+CORE_FINDINGS = {
+    "initialize": (INITIALIZE, "`amp.initialize`"),
+    "scale_loss": (SCALE_LOSS, "`amp.scale_loss`"),
+    "master_params": (MASTER_PARAMS, "`amp.master_params`"),
+    "state_dict": (STATE_DICT, "`amp.state_dict`"),
+    "load_state_dict": (STATE_DICT, "`amp.load_state_dict`"),
+}
 
 
 HELPER_NAME = "_scaler_state_from_apex"

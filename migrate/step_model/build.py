@@ -188,7 +188,7 @@ class Walk:
                 self._add(Kind.SCALER_NEW, made, frames, statements,
                           detail={"enabled": words.made_scaler_enabled(made), "factory": True})
             if isinstance(value, cst.Call) and nodes.call_name(value) == "scale":
-                scaler = _receiver(value)
+                scaler = _receiver_text(value)
                 for target in targets:
                     self.scaled_names[target] = scaler
                     self.scaled_under[target] = tuple(frame for frame in frames if isinstance(frame, Arm))
@@ -227,7 +227,7 @@ class Walk:
     def _call(self, call: cst.Call, frames: tuple, statements: tuple) -> None:
         name = nodes.call_name(call)
         func = call.func
-        receiver = _receiver(call)
+        receiver = _receiver_text(call)
         first = call.args[0].value if call.args else None
         if words.calls_a_loss_scaler(call, self.facts.scalers):
             # timm's NativeScaler: `loss_scaler(loss, optimizer, clip_grad=..., parameters=...)` scales
@@ -321,8 +321,8 @@ class Walk:
             self._off.append(shapes.flags_off(helper, call))
             for parameter, argument in shapes.parameters_given(helper, call):
                 self.bind((parameter,), argument, call, frames, statements)
-                if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver(argument) in self.facts.scalers:
-                    self.scaled_names[parameter] = _receiver(argument)  # `self._backward(scaler.scale(loss))`
+                if isinstance(argument, cst.Call) and nodes.call_name(argument) == "scale" and _receiver_text(argument) in self.facts.scalers:
+                    self.scaled_names[parameter] = _receiver_text(argument)  # `self._backward(scaler.scale(loss))`
                 elif _code(argument) in self.scaled_names:  # `scaled = scaler.scale(loss)`, then `self._backward(scaled)`
                     self.scaled_names[parameter] = self.scaled_names[_code(argument)]
             body = helper.body.body if isinstance(helper.body, cst.IndentedBlock) else [helper.body]
@@ -335,9 +335,9 @@ class Walk:
         target = call.func.value
         scaler, scaled_under = None, ()
         first = call.args[0].value if call.args else None
-        if isinstance(target, cst.Call) and nodes.call_name(target) == "scale" and _receiver(target) in self.facts.scalers:
+        if isinstance(target, cst.Call) and nodes.call_name(target) == "scale" and _receiver_text(target) in self.facts.scalers:
             taken = target.args[0].value if target.args else None
-            how, scaler, loss = Backward.SCALED, _receiver(target), _text(taken)
+            how, scaler, loss = Backward.SCALED, _receiver_text(target), _text(taken)
         elif _code(target) in self.scaled_names:
             taken = target
             how, scaler, loss = Backward.SCALED, self.scaled_names[_code(target)], _code(target)
@@ -460,14 +460,6 @@ def _manager(target: cst.BaseExpression, call: cst.Call, walk: Walk) -> bool:
     return any(arg.keyword is None for arg in call.args) and words.runs_backward_itself(target)
 
 
-
-
-
-
-
-
-
-
 def _plain_names(test: cst.BaseExpression) -> list[str]:
     """``log_now`` in ``if log_now:`` / ``if rank == 0 and log_now:``: flags a test reads directly."""
     if isinstance(test, cst.BooleanOperation):
@@ -478,8 +470,8 @@ def _plain_names(test: cst.BaseExpression) -> list[str]:
 _body = shapes.body
 
 
-def _receiver(call: cst.Call) -> str:
-    return nodes.code(call.func.value) if isinstance(call.func, cst.Attribute) else ""
+def _receiver_text(call: cst.Call) -> str:
+    return nodes.receiver(call) or ""
 
 
 def _text(node: cst.CSTNode | None) -> str | None:
