@@ -108,6 +108,16 @@ def receiver(call: cst.Call) -> str | None:
     return code(call.func.value) if isinstance(call.func, cst.Attribute) else None
 
 
+def is_main_guard(node: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":`` with no ``else``: the body runs whenever the file runs as a script."""
+    if not (isinstance(node, cst.If) and node.orelse is None and isinstance(node.test, cst.Comparison)
+            and len(node.test.comparisons) == 1 and isinstance(node.test.comparisons[0].operator, cst.Equal)):
+        return False
+    sides = {code(node.test.left), code(node.test.comparisons[0].comparator)}
+    return "__name__" in sides and any(literal_string(side) == "__main__" for side in (
+        node.test.left, node.test.comparisons[0].comparator))
+
+
 def argument(call: cst.Call, position: int | None, keyword: str) -> cst.Arg | None:
     """The argument bound to a parameter given by position (None: keyword-only) and keyword."""
     for arg in call.args:

@@ -26,7 +26,7 @@ from migrate.files import project_files_saying, project_root
 from migrate.module_paths import is_module
 from migrate.types import ImportChange
 
-__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "linked_scale_halves", "on_disk", "pair", "partners"]
+__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "linked_scale_halves", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
@@ -102,8 +102,8 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
 
 def find_half(path: Path, text: str) -> Half | None:
     """The half of apex amp ``text`` holds, or None when it holds both or neither (or does not parse)."""
-    if "apex" not in text or len(set(_HALF_CALL.findall(text))) != 1:
-        return None  # neither call, or both: nothing to pair
+    if "apex" not in text or not _HALF_CALL.search(text):
+        return None  # neither call (as text); the calls of the tree decide the rest
     try:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
@@ -118,14 +118,27 @@ def find_half(path: Path, text: str) -> Half | None:
 def find_state_keeper(path: Path, text: str) -> Half | None:
     """A checkpoint utility: ``text`` saves or loads apex amp's state (``amp.state_dict()``,
     ``amp.load_state_dict(...)``) and neither initializes nor scales; its role is ``STATE``."""
-    if "apex" not in text or _HALF_CALL.search(text) or not _STATE_CALL.search(text):
+    if "apex" not in text or not _STATE_CALL.search(text):
         return None
     try:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError):
         return None
+    if _first_amp_calls(tree, (INITIALIZE, SCALE_LOSS)):
+        return None  # a half itself (calls in comments or strings do not count)
     first = _first_amp_calls(tree, STATE_CALLS)
     return Half(path, STATE, min(first.values()), _imports_of(tree)) if first else None
+
+
+def halves_called(text: str) -> set[str]:
+    """Which of ``amp.initialize`` and ``amp.scale_loss`` ``text`` calls (not in a comment or a
+    string); none where it does not parse."""
+    if not _HALF_CALL.search(text):
+        return set()
+    try:
+        return set(_first_amp_calls(quiet.parse(text), (INITIALIZE, SCALE_LOSS)))
+    except (SyntaxError, ValueError):
+        return set()
 
 
 def _first_amp_calls(tree: ast.Module, wanted: tuple[str, ...]) -> dict[str, int]:
@@ -251,9 +264,12 @@ def _trainer_links(root: Path) -> tuple[tuple[Half, Half], ...]:
         if len(set(_HALF_CALL.findall(data.decode("utf-8", "replace")))) != 2:
             continue
         try:
-            line = _first_amp_calls(quiet.parse(data), (SCALE_LOSS,)).get(SCALE_LOSS, 1)
+            first = _first_amp_calls(quiet.parse(data), (INITIALIZE, SCALE_LOSS))
         except (SyntaxError, ValueError):
             continue
+        if len(first) != 2:
+            continue  # one of the two is only in a comment or a string
+        line = first[SCALE_LOSS]
         trainer = Half(path, SCALE_LOSS, line, ())
         reaching = _names_reaching(trainer)
         others = [initializer for initializer in initializers if initializer.path != path] if reaching else []

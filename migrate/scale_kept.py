@@ -25,7 +25,6 @@ from migrate.files import project_root
 __all__ = ["INITIALIZED_SETTING", "SETTING", "initialized_elsewhere", "scaled_elsewhere"]
 
 _INITIALIZES = re.compile(r"amp\s*\.\s*initialize\s*\(")
-_SCALES = re.compile(r"amp\s*\.\s*scale_loss\s*\(")
 _CALLS = {halves.SCALE_LOSS: "`amp.scale_loss`", halves.STATE: "apex's `amp.state_dict`/`load_state_dict`"}
 
 
@@ -41,7 +40,7 @@ def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Map
         if path not in partners and _INITIALIZES.search(text):
             root = project_root(path)
             # (a file that only initializes is a half: ``halves`` pairs it, or names its other half)
-            linked = halves.linked_scale_halves(path, text) if _SCALES.search(text) else []
+            linked = halves.linked_scale_halves(path, text) if halves.SCALE_LOSS in halves.halves_called(text) else []
             places = tuple(f"{_CALLS[half.role]} at {place}" for half in linked
                            for place in kept_places([(half.path, half.line)], root, run, settings, unsafe_fixes, migrated))
             # a file that also initializes for itself stays on apex, left alone for this one (below)

@@ -161,7 +161,11 @@ class CrossFilePlanning(Step):
         if not static:
             self.draft.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
         block = self.tree.parent.get(id(init.statement))
-        if not (isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)):
+        holder = self.tree.parent.get(id(block))
+        # a script's `if __name__ == "__main__":` runs whenever the script does, as its top level would
+        runs_always = isinstance(block, cst.Module) or isinstance(holder, cst.FunctionDef) or (
+            nodes.is_main_guard(holder) and isinstance(self.tree.parent.get(id(holder)), cst.Module))
+        if not runs_always:
             self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s GradScaler and autocast are on whether or not it ran")
 
 
