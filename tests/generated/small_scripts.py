@@ -5,6 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 
+# one half of a pair: a module whose loop scales losses for an optimizer `amp.initialize`d elsewhere
+SCALE_HALF = """import torch
+from apex import amp
+
+
+def train_epoch(model, optimizer, loader):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
 def script_head(arguments: str = "", imports: tuple[str, ...] = ()) -> str:
     """argparse's ``--steps`` (and the ``add_argument`` lines ``arguments``), torch, apex's amp (and
     ``imports``), a fixed seed, ``device = "cuda"`` (compare runs it on the CPU)."""

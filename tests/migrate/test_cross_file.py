@@ -6,22 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from generated.small_scripts import SCALE_HALF
 from migrate import halves
 from migrate.api import migrate_paths
 from migrate.types import ERROR_CODE
 
-ENGINE = """import torch
-from apex import amp
-
-
-def train_epoch(model, optimizer, loader):
-    for x, y in loader:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        with amp.scale_loss(loss, optimizer) as scaled_loss:
-            scaled_loss.backward()
-        optimizer.step()
-"""
+ENGINE = SCALE_HALF
 
 TRAIN = """import torch
 from apex import amp

@@ -9,21 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from generated.small_scripts import SCALE_HALF
 from migrate import halves
 from migrate.api import migrate_paths
-
-LOOP = """import torch
-from apex import amp
-{aside}
-
-def train_epoch(model, optimizer, batches):
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        with amp.scale_loss(loss, optimizer) as scaled_loss:
-            scaled_loss.backward()
-        optimizer.step()
-"""
 
 SCRIPT = """import argparse
 
@@ -54,7 +42,7 @@ ASIDES = ("", "# model, optimizer = amp.initialize(model, optimizer)  (kept from
 
 def _project(root: Path, guard: str, aside: str = "", initialize: str = INITIALIZE) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "loop.py").write_text(LOOP.format(aside=aside))
+    (root / "loop.py").write_text(SCALE_HALF.replace("from apex import amp\n", "from apex import amp\n" + aside))
     (root / "train.py").write_text(SCRIPT.format(guard=guard, initialize=initialize))
     return root
 
@@ -102,7 +90,7 @@ def test_an_initialize_nested_in_the_main_guard_keeps_the_pair_unsafe(tmp_path):
 
 @pytest.mark.parametrize("aside", ASIDES[1:])
 def test_a_call_only_spelled_in_a_file_decides_no_half(tmp_path, aside):
-    both = LOOP.format(aside=aside)
+    both = SCALE_HALF.replace("from apex import amp\n", "from apex import amp\n" + aside)
     assert halves.halves_called(both) == {halves.SCALE_LOSS}
     found = halves.find_half(tmp_path / "loop.py", both)
     assert found is not None and found.role == halves.SCALE_LOSS
