@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from migrate import quiet
 from migrate.files import project_files_saying, project_root
-from migrate.module_paths import is_module
+from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
 
 __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "linked_scale_halves", "on_disk", "pair", "partners"]
@@ -31,6 +31,7 @@ __all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_c
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
+_FOLDERS_UP = 3  # an absolute import's package is looked for this many folders up from the importer
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
 _INITIALIZE_CALL = re.compile(r"amp\s*\.\s*initialize\s*\(")
 _STATE_CALL = re.compile(r"amp\s*\.\s*(?:load_)?state_dict\s*\(")
@@ -401,18 +402,50 @@ def _shown(path: Path) -> str:
 
 def _imported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:
     """The halves ``imported`` may load, with the module name (as spelled there) each one is;
-    ``real``: each half's resolved path."""
+    ``real``: each half's resolved path. A package's ``__init__.py`` that re-exports a half's
+    names (``from .train import train_epoch``) loads that half for whoever imports them from it."""
     candidates = [(imported.module, imported.module.split(".") if imported.module else [])]
     candidates += [(f"{imported.module}.{name}" if imported.module else name, [*candidates[0][1], name]) for name in imported.names]
     for module, parts in candidates:
         if not parts:
             continue
         matching = [other for other in others if is_module(real[other.path], real[half.path], imported.level, parts)]
+        if not matching and module == imported.module:
+            yield from _re_exported_halves(half, imported, others, real)
+            continue
         # The one nearest the importer: several projects in a tree may have a `utils.py`.
         shared = {other.path: len(os.path.commonpath([real[half.path], real[other.path]])) for other in matching}
         closest = [other for other in matching if shared[other.path] == max(shared.values())]
         if len(closest) == 1:
             yield closest[0], module
+
+
+def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:
+    """The halves whose names the package ``imported`` names re-exports in its ``__init__.py``
+    (``from .train import train_epoch``) where ``imported`` takes the package itself, all of
+    it, or one of those names: each with its module spelled from the importer (``utils.train``)."""
+    package = find_on_disk(real[half.path], imported.level, imported.module.split("."), folders_up=_FOLDERS_UP)
+    if package is None or package.name != "__init__.py":
+        return
+    wanted = set(imported.names)
+    for re_export in _relative_imports_of(package.resolve()):
+        taken = set(re_export.names)
+        if wanted and "*" not in wanted and "*" not in taken and not wanted & taken:
+            continue
+        parts = re_export.module.split(".")
+        for other in others:
+            if is_module(real[other.path], package.resolve(), re_export.level, parts):
+                yield other, f"{imported.module}.{re_export.module}"
+
+
+@lru_cache(maxsize=64)
+def _relative_imports_of(package: Path) -> tuple[Import, ...]:
+    """A package's ``from .module import names`` lines, one level down (its own modules)."""
+    try:
+        tree = quiet.parse(_read(package) or "")
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(found for found in _imports_of(tree) if found.level == 1 and found.module)
 
 
 def _scaler_import(imported: Import, module: str) -> ImportChange:

@@ -112,3 +112,57 @@ def test_a_script_pair_migrated_safely_trains_the_same(tmp_path):
     result = compare(Target(str(original / "train.py")), Target(str(migrated / "train.py")), [], device="cpu",
                      steps=20, parallel=True, timeout=600)
     assert result.verdict == SAME, as_text(result)
+
+
+# how the script reaches `train_epoch` through the package `utils`, whose `__init__.py` re-exports it
+THROUGH_THE_PACKAGE = {
+    "import utils": "utils.train_epoch",
+    "from utils import train_epoch": "train_epoch",
+    "from utils import *": "train_epoch",
+    "from utils import train_epoch as run_epoch": "run_epoch",
+    "import utils as u": "u.train_epoch",
+}
+RE_EXPORTS = ("from .loop import train_epoch\nfrom .data import make_batches\n", "from .data import *\nfrom .loop import *\n",
+              "from .loop import (\n    train_epoch,\n)\n")
+
+
+def _package_project(root: Path, spelled: str, called: str, re_export: str, guard: str = GUARDS[0]) -> Path:
+    (root / "utils").mkdir(parents=True)
+    (root / "utils" / "__init__.py").write_text(re_export)
+    (root / "utils" / "data.py").write_text("def make_batches(n):\n    return list(range(n))\n")
+    (root / "utils" / "loop.py").write_text(SCALE_HALF)
+    script = SCRIPT.format(guard=guard, initialize=INITIALIZE).replace("from loop import train_epoch", spelled)
+    (root / "train.py").write_text(script.replace("    train_epoch(model", f"    {called}(model"))
+    return root
+
+
+@pytest.mark.parametrize("spelled, re_export", list(itertools.product(THROUGH_THE_PACKAGE, RE_EXPORTS)))
+def test_a_half_reached_through_a_package_that_re_exports_it_is_paired(tmp_path, spelled, re_export):
+    root = _package_project(tmp_path / "p", spelled, THROUGH_THE_PACKAGE[spelled], re_export)
+    results = _by_name(migrate_paths([root]))
+    assert results["train.py"].changed and results["loop.py"].changed, _reasons(results["train.py"])
+    script, loop = (root / "train.py").read_text(), (root / "utils" / "loop.py").read_text()
+    assert "from apex" not in script + loop and "GradScaler(" in loop
+    assert "from utils.loop import scaler" not in script  # the script saves no state: it needs no scaler
+    assert not any(result.changed for result in migrate_paths([root]))
+
+
+def test_a_package_name_that_is_not_re_exported_pairs_nothing(tmp_path):
+    root = _package_project(tmp_path / "p", "from utils import make_batches", "make_batches", RE_EXPORTS[0])
+    results = _by_name(migrate_paths([root]))
+    assert not results["train.py"].changed and not results["loop.py"].changed
+    assert "not in this file" in _reasons(results["train.py"])
+
+
+@pytest.mark.slow
+def test_a_pair_through_a_package_migrated_safely_trains_the_same(tmp_path):
+    from ampshim.compare import SAME, Target, compare
+    from ampshim.compare.report import as_text
+
+    original = _package_project(tmp_path / "original", "import utils", "utils.train_epoch", RE_EXPORTS[1])
+    migrated = tmp_path / "migrated"
+    shutil.copytree(original, migrated)
+    migrate_paths([migrated])
+    result = compare(Target(str(original / "train.py")), Target(str(migrated / "train.py")), [], device="cpu",
+                     steps=20, parallel=True, timeout=600)
+    assert result.verdict == SAME, as_text(result)
