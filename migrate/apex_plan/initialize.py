@@ -243,9 +243,11 @@ class InitializePlanning(Step):
             return {nodes.code(element.value) for element in expression.elements}
         return {nodes.code(expression)}
 
-    def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False) -> None:
+    def plan_initialize(self, init: InitializeSite, hoist: cst.If | None, reinitialize: bool = False, again: bool = False) -> None:
+        """The scaler made where ``init`` was (before ``hoist``, enabled by its test); ``reinitialize``:
+        made afresh later in its function; ``again``: in another function, its stand-in made once."""
         lines: list[str] = []
-        if (self.setup.stand_in == "module") and not reinitialize:
+        if (self.setup.stand_in == "module") and not reinitialize and not again:
             line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)'
             until = f"# {StandInPlanning(self.context).until(init)}"
             fits = len(line) + 2 + len(until) <= self.tree.line_limit

@@ -206,8 +206,6 @@ class Planner:
         if apart:  # the scaler is made where `init` was: a run training through the other arm would have none
             raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
                               "that exclude each other: the GradScaler would be made in one only")
-        if len(inits) > 1 + len(repeats) + len(joined):
-            self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         o0 = level == "O0"
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.sites.alias_of]
         scaler_sites += [call for call in others if id(call) not in self.sites.alias_of] + [node for node, _ in self.sites.escapes]
@@ -240,6 +238,9 @@ class Planner:
                 if self.tree.import_anchor() is None:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
                 stand_in = "module"
+        elsewhere = several.elsewhere(init, [e for e in others_inits if e not in repeats + joined], hoist, scope) if init else {}
+        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere):
+            self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
         # it is made in after a disabled stand-in
         guard = hoist if hoist is not None else (
@@ -338,6 +339,8 @@ class Planner:
         for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.setup.o0:
                 initialize.plan_initialize(extra, None, reinitialize=True)
+            elif id(extra) in elsewhere and not self.setup.o0:
+                initialize.plan_initialize(extra, elsewhere[id(extra)], again=True)
             else:
                 initialize.plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:

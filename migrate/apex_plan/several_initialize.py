@@ -32,6 +32,40 @@ class SeveralInitializePlanning(Step):
         at_top = isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)
         return same and at_top and self.tree.function(first.statement) is self.tree.function(again.statement)
 
+    def elsewhere(self, first: InitializeSite, others: list[InitializeSite], hoist: cst.If | None,
+                  scope: str) -> dict[int, cst.If | None]:
+        """Of ``others``, the calls with ``first``'s options in another function, each with the
+        ``if`` its scaler is hoisted out of (or None): placed as ``first`` is, at the top of its
+        function or alone under an ``if`` of the same test there (``hoist``'s), and the scaler one
+        every function sees (a module global, or ``self``'s in methods). apex started a fresh loss
+        scaler at each call, as a GradScaler made there again does."""
+        mine, function = self._options(first), self.tree.function(first.statement)
+        if mine is None or function is None or first.inference or scope not in ("global", "self"):
+            return {}
+        if not self._at_top(hoist or first.statement, function) or (scope == "self" and not self._method(function)):
+            return {}
+        found: dict[int, cst.If | None] = {}
+        for again in others:
+            theirs = self.tree.function(again.statement)
+            if (again.inference or self._options(again) != mine or theirs is None or theirs is function
+                    or (scope == "self" and not self._method(theirs))):
+                continue
+            if hoist is None and self._at_top(again.statement, theirs):
+                found[id(again)] = None
+                continue
+            around = self.tree.parent.get(id(self.tree.parent.get(id(again.statement))))
+            if (hoist is not None and isinstance(around, cst.If) and around.orelse is None and self._at_top(around, theirs)
+                    and normal(nodes.code(around.test)) == normal(nodes.code(hoist.test))
+                    and (nodes.is_pure(around.test) or len(around.body.body) == 1)):
+                found[id(again)] = around
+        return found
+
+    def _at_top(self, statement: cst.CSTNode, function: cst.FunctionDef) -> bool:
+        return self.tree.parent.get(id(self.tree.parent.get(id(statement)))) is function
+
+    def _method(self, function: cst.FunctionDef) -> bool:
+        return isinstance(self.tree.parent.get(id(self.tree.parent.get(id(function)))), cst.ClassDef)
+
     def note_inference(self, inits: list[InitializeSite]) -> None:
         if any(init.inference and init.level != "O0" for init in inits):
             self.draft.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
