@@ -301,8 +301,9 @@ class GradientPlanning(Step):
         if not graph.holds(reader) or not targets:
             return False
         within = graph.shared_loop(reader, targets[0])
+        # the scaled backward's own `with` met again on the way: a loop of micro-batches inside the iteration
         return graph.always_reaches(reader, targets, within) and not graph.may_pass(
-            reader, targets, lambda node: self._scales_at(node, scale), within)
+            reader, targets, lambda node: node is scale.statement or self._scales_at(node, scale), within)
 
     def _scales_at(self, node: cst.CSTNode, scale: ScaleLossSite) -> bool:
         """Whether the graph's ``node`` runs a backward pass other than ``scale``'s: a line, or a

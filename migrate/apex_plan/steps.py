@@ -306,7 +306,14 @@ class StepPlanning(Step):
     def plan_gradient_guards(self) -> None:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.draft.gradient_guards.values():
-            self.draft.replace(guard, cst.FlattenSentinel([guard, *self._updates(scaler, condition)]))
+            before: list[cst.BaseStatement] = []
+            if condition is not None and "p.grad is not None" in condition and any(
+                    type(node) is cst.Call and nodes.call_name(node) == "zero_grad" for node in descendants(guard)):
+                # a `zero_grad()` under the guard clears what the test reads: asked after it, the
+                # update would be skipped where the step was taken (and the next `unscale_` raise)
+                name = next(n for n in ("scaled_this_step", "scaled_this_step_") if n not in self.tree.names)
+                before, condition = nodes.parse_statements(f"{name} = {condition}\n", self.tree.module), name
+            self.draft.replace(guard, cst.FlattenSentinel([*before, guard, *self._updates(scaler, condition)]))
             self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
                        f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
             # apex armed a skip of the next `step()` on an overflow; where this test skipped the
