@@ -349,10 +349,11 @@ def guarding_if(statement: cst.CSTNode, parent_of) -> cst.If | None:
 
 
 def import_error_fallback(node: cst.Try) -> str | None:
-    """The assignments (``use_amp = False``) that ``node``'s ``except ImportError:`` branches make,
+    """The assignments (``use_amp = False``) that ``node``'s ``except ImportError:`` branches make
+    (or a bare ``except:``'s, an ``except Exception:``'s),
     as one line of code; None when they make none."""
     assignments = []
-    for handler in filter(catches_import_error, node.handlers):
+    for handler in filter(_catches_a_failed_import, node.handlers):
         for line in handler.body.body:
             if isinstance(line, cst.SimpleStatementLine):
                 assignments += [code(small) for small in line.body if isinstance(small, (cst.Assign, cst.AnnAssign))]
@@ -362,6 +363,13 @@ def import_error_fallback(node: cst.Try) -> str | None:
 def catches_import_error(handler: cst.ExceptHandler) -> bool:
     """``except ImportError:`` or ``except (ModuleNotFoundError, X):``; a bare ``except:`` is not one."""
     return any(name in ("ImportError", "ModuleNotFoundError") for name in _caught(handler))
+
+
+def _catches_a_failed_import(handler: cst.ExceptHandler) -> bool:
+    """``except ImportError:``, or a handler that catches it among others (a bare ``except:``,
+    ``except Exception:``)."""
+    return handler.type is None or catches_import_error(handler) or any(
+        name in ("Exception", "BaseException") for name in _caught(handler))
 
 
 def guards_an_import(handler: cst.ExceptHandler) -> bool:

@@ -37,8 +37,10 @@ class ApexDistributedDataParallel(ApexRename):
     the first backward pass reached, so a parameter that never gets a gradient (a pooler the loss
     does not use) was fine, where torch's DDP raises at the next iteration unless told to look
     for one. Where every parameter gets a gradient each step, it can be dropped by hand: it costs
-    a walk of the graph each iteration. Buffers: torch's DDP copies rank 0's before each forward
-    where apex left each rank its own; rank 0's, which checkpoints save, are the same either way.
+    a walk of the graph each iteration. It is given ``broadcast_buffers=False`` too: apex never
+    synchronised buffers (each rank kept its own BatchNorm statistics), where torch's DDP copies
+    rank 0's before each forward pass; a forward pass only rank 0 runs through the wrapper (an
+    evaluation) would then wait for ranks that never join the copy.
     Reported with options that change the maths or the buffers
     (``gradient_predivide_factor``, ``allreduce_always_fp32``, ``shared_param``,
     ``retain_allreduce_buffers``, ...), and where the file uses what only apex's class has
@@ -62,11 +64,12 @@ class ApexDistributedDataParallel(ApexRename):
     INVALID = [
         Invalid(
             "from apex.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(model)\n",
-            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\n",
+            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(\n    model, find_unused_parameters=True, broadcast_buffers=False\n)\n",
         ),
         Invalid(
             "import apex\n\nmodel = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)\nassert isinstance(model, apex.parallel.DistributedDataParallel)\n",
-            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\nassert isinstance(model, torch.nn.parallel.DistributedDataParallel)\n",
+            "import torch\n\nmodel = torch.nn.parallel.DistributedDataParallel(\n    model, find_unused_parameters=True, broadcast_buffers=False\n)\n"
+            "assert isinstance(model, torch.nn.parallel.DistributedDataParallel)\n",
         ),
         Invalid("from apex.parallel import DistributedDataParallel\n\nmodel = DistributedDataParallel(model, gradient_predivide_factor=8.0)\n"),
         Invalid(  # apex's own switch for accumulation: torch's class has `no_sync()` instead
@@ -95,7 +98,8 @@ class ApexDistributedDataParallel(ApexRename):
         # apex bucketed only the parameters the first backward pass reached (with
         # `delay_allreduce`, whatever got a gradient), so parameters that never get one were
         # fine, where torch's DDP raises at the next iteration unless told to look for them.
-        return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=("find_unused_parameters=True",)))
+        # apex never synchronised buffers; torch's DDP broadcasts rank 0's at each forward pass
+        return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=("find_unused_parameters=True", "broadcast_buffers=False")))
 
     def _apex_only_uses(self) -> list[str]:
         """The attributes only apex's class has that the file reads, calls or sets, in order."""

@@ -921,7 +921,8 @@ def test_apex_ddp_overlap_options_go_and_unused_parameters_stay_tolerated(option
     output, diagnostics = _migrate(f"import apex\nmodel = apex.parallel.DistributedDataParallel(model, {options})\n")
     [ddp] = [d for d in diagnostics if d.code == "AMP010"]
     assert ddp.fix.applicability is Safety.SAFE and ddp.applied
-    assert "model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)\n" in output
+    # and buffers stay each rank's own, as apex left them (wrapped past 88 characters)
+    assert "model = torch.nn.parallel.DistributedDataParallel(\n    model, find_unused_parameters=True, broadcast_buffers=False\n)\n" in output
 
 
 _UNUSED_PARAMETER = """

@@ -5,6 +5,8 @@ import re
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from migrate.api import migrate_source
 from migrate.apex_plan import HELPER_SOURCE
 
@@ -86,32 +88,37 @@ def test_the_emitted_helper_names_no_apex_call():
     assert not site.search(HELPER_SOURCE)
 
 
-def test_an_import_fallback_made_dead_is_announced():
+HANDLERS = ("except ImportError:", "except:", "except Exception:", "except (ImportError, AttributeError):",
+            "except BaseException as error:", "except ModuleNotFoundError:")
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+@pytest.mark.parametrize("flag", ["APEX_AVAILABLE", "apex_support", "IS_AMP_AVAILABLE"])
+def test_an_import_fallback_made_dead_is_announced(handler, flag):
     source = """\
         import torch
         try:
             from apex import amp
-            APEX_AVAILABLE = True
-        except ImportError:
-            APEX_AVAILABLE = False
+            {flag} = True
+        {handler}
+            {flag} = False
 
         def train(model, optimizer, loader, args):
-            if args.fp16 and APEX_AVAILABLE:
+            if args.fp16 and {flag}:
                 model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
             for x, y in loader:
                 loss = criterion(model(x), y)
-                if args.fp16 and APEX_AVAILABLE:
+                if args.fp16 and {flag}:
                     with amp.scale_loss(loss, optimizer) as scaled_loss:
                         scaled_loss.backward()
                 else:
                     loss.backward()
                 optimizer.step()
-    """
+    """.replace("{flag}", flag).replace("{handler}", handler)
     result = _migrate(source)
-    assert "except ImportError" not in result.new_source
-    assert "APEX_AVAILABLE" not in result.new_source  # folded: `if args.fp16:` (AMP018)
+    assert handler not in result.new_source
     fixes = [d.fix.message for d in _core(result)]
-    assert fixes and all("behaviour change" in fix and "`APEX_AVAILABLE = False`" in fix for fix in fixes)
+    assert fixes and all("behaviour change" in fix and f"`{flag} = False`" in fix for fix in fixes)
     # A guard whose import an earlier run removed says the same when it goes.
     left = _migrate("import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    APEX_AVAILABLE = False\n")
     assert left.new_source == "import torch\n"  # the flag, now always True and never read, goes too (AMP018)
