@@ -424,18 +424,26 @@ def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: 
     """The halves whose names the package ``imported`` names re-exports in its ``__init__.py``
     (``from .train import train_epoch``) where ``imported`` takes the package itself, all of
     it, or one of those names: each with its module spelled from the importer (``utils.train``)."""
-    package = find_on_disk(real[half.path], imported.level, imported.module.split("."), folders_up=_FOLDERS_UP)
-    if package is None or package.name != "__init__.py":
+    package = _package_of(real[half.path].parent, imported.level, imported.module)
+    if package is None:
         return
     wanted = set(imported.names)
-    for re_export in _relative_imports_of(package.resolve()):
+    for re_export in _relative_imports_of(package):
         taken = set(re_export.names)
         if wanted and "*" not in wanted and "*" not in taken and not wanted & taken:
             continue
         parts = re_export.module.split(".")
         for other in others:
-            if is_module(real[other.path], package.resolve(), re_export.level, parts):
+            if is_module(real[other.path], package, re_export.level, parts):
                 yield other, f"{imported.module}.{re_export.module}"
+
+
+@lru_cache(maxsize=1024)
+def _package_of(folder: Path, level: int, module: str) -> Path | None:
+    """The resolved ``__init__.py`` of the package ``module`` as a file in ``folder`` imports it;
+    None where it is a plain module or not on disk (asked for every import of every half)."""
+    found = find_on_disk(folder / "_", level, module.split("."), folders_up=_FOLDERS_UP)
+    return found.resolve() if found is not None and found.name == "__init__.py" else None
 
 
 @lru_cache(maxsize=64)

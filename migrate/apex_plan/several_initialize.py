@@ -28,9 +28,10 @@ class SeveralInitializePlanning(Step):
         its function, outside any block that could make the scaler's flag differ: apex started
         a fresh loss scaler there, as a fresh GradScaler does."""
         same = normal(nodes.code(first.call)) == normal(nodes.code(again.call)) and first.restore == again.restore
-        block = self.tree.parent.get(id(first.statement))
-        at_top = isinstance(block, cst.Module) or isinstance(self.tree.parent.get(id(block)), cst.FunctionDef)
-        return same and at_top and self.tree.function(first.statement) is self.tree.function(again.statement)
+        function = self.tree.function(first.statement)
+        at_top = isinstance(self.tree.parent.get(id(first.statement)), cst.Module) or (
+            function is not None and self._at_top(first.statement, function))
+        return same and at_top and function is self.tree.function(again.statement)
 
     def elsewhere(self, first: InitializeSite, others: list[InitializeSite], hoist: cst.If | None,
                   scope: str) -> dict[int, cst.If | None]:

@@ -307,11 +307,12 @@ class StepPlanning(Step):
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.draft.gradient_guards.values():
             before: list[cst.BaseStatement] = []
-            if condition is not None and "p.grad is not None" in condition and any(
+            if condition is not None and HOLDS_GRADIENTS.partition("{optimizer}")[0] in condition and any(
                     type(node) is cst.Call and nodes.call_name(node) == "zero_grad" for node in descendants(guard)):
                 # a `zero_grad()` under the guard clears what the test reads: asked after it, the
                 # update would be skipped where the step was taken (and the next `unscale_` raise)
-                name = next(n for n in ("scaled_this_step", "scaled_this_step_") if n not in self.tree.names)
+                name = next(n for n in ("scaled_this_step", *(f"scaled_this_step_{i}" for i in range(2, 99)), "scaled_this_step_")
+                            if n not in self.tree.names)
                 before, condition = nodes.parse_statements(f"{name} = {condition}\n", self.tree.module), name
             self.draft.replace(guard, cst.FlattenSentinel([*before, guard, *self._updates(scaler, condition)]))
             self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
