@@ -134,7 +134,15 @@ class StepConditions(Step):
             # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
             # where `scaler.step` would find nothing scaled and fail. That is the same question
             # where nothing else gives the optimizer gradients.
-            if not self.tree.per_scope(("only scaled gradients", self.setup.guard_tests), self._only_scaled_gradients):
+            if any(delayed_unscale(scale) is not None for scale in self.sites.calls["scale_loss"]):
+                # a skipped last micro-batch: apex stepped with the gradients a `delay_unscale`
+                # pass left scaled; the scaler unscales them
+                self.draft.unsafe.append(
+                    f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}) and "
+                    "`delay_unscale` keeps gradients scaled: where the pass before the step is skipped, apex stepped "
+                    "with the scaled gradients of the passes before it; the scaler unscales them"
+                )
+            elif not self.tree.per_scope(("only scaled gradients", self.setup.guard_tests), self._only_scaled_gradients):
                 self.draft.unsafe.append(
                     f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
                     f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"

@@ -37,6 +37,7 @@ class Draft:
         self.unsafe: list[str] = [tree.unbound_note] if tree.unbound_note else []  # why the rewrite may train differently
         self.unsafe_sites: dict[str, list[cst.CSTNode]] = {}  # a reason -> the nodes it is about (none: all)
         self.marked_reasons: list[str] = []  # unsafe reasons a marker at their own line already states
+        self.marks: list[tuple[cst.CSTNode, str]] = []  # statements to mark, fixed or not, once all fixes are planned
         self.notes: list[str] = list(tree.fallback_notes)  # what a safe fix reads differently from the letter of the code
         self.after_imports: list[str] = []  # module-level definitions the rewrite adds
         self.imports_added: list[ImportChange] = []  # imports the rewrite needs besides torch
@@ -106,6 +107,23 @@ class Draft:
         comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
         placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
         self.replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
+
+    def mark(self, statement: cst.BaseStatement, reason: str, step: str) -> None:
+        """``reason`` makes the rewrite unsafe at ``statement``, which reads differently from how it
+        ran on apex whether or not a fix touches it: a marker there says ``step`` (``place_marks``)."""
+        self.unsafe.append(reason)
+        self.marked_reasons.append(reason)
+        self.unsafe_sites.setdefault(reason, []).append(statement)
+        self.marks.append((statement, step))
+
+    def place_marks(self) -> None:
+        """The markers ``mark`` asked for, on the statement's fix (its inner fixes are composed
+        into it later), or on the statement as it is, reported as what to do there."""
+        for statement, step in dict.fromkeys(self.marks):  # once, where two scaled backward passes ask
+            if id(statement) not in self.replacements:
+                self.replace(statement, statement)
+                self.kind(statement, SCALE_LOSS, "gradients read here were unscaled by apex", step)
+            self.leave_marker(statement, step)
 
     def place_insertions(self, scaler: str | None) -> None:
         """Put the planned lines (``scaler.unscale_``, a disabled scaler in ``__init__``) before their

@@ -28,6 +28,8 @@ from migrate.step_model.vocabulary import reads_gradients_in
 from migrate.tree_walk import descendants
 
 
+_COMPOUND = (cst.For, cst.While, cst.With, cst.If)  # statements whose blocks a marker may go into
+
 class GradientPlanning(Step):
     """Gradients read between the scaled backward and the step, and ``amp.master_params``.
 
@@ -136,15 +138,19 @@ class GradientPlanning(Step):
                     self.draft.marked_reasons.append(reason)
                 self._plan_scale_aware(scale, [(call, condition) for calls, condition in zip(clips, conditions) for call in calls], delayed)
                 return
-            self.draft.unsafe.append(
-                f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
-                f"call `{self.setup.scaler}.unscale_({optimizer})` by hand where they are final"
-            )
+            reason = (f"gradients are read where `{optimizer}.step()` does not always follow (apex had unscaled them): "
+                      f"call `{self.setup.scaler}.unscale_({optimizer})` by hand where they are final")
             # where the step does follow (a clip at the accumulation boundary, in a block holding the
             # step), `amp.master_params` still unscales
-            self.draft.unscale_refused.update(self._reached(
-                reader for reader, _, follows in readers
-                if not follows and not any(self.tree.inside(step, reader) for step, _ in steps)))
+            refused = [reader for reader, _, follows in readers
+                       if not follows and not any(self.tree.inside(step, reader) for step, _ in steps)]
+            self.draft.unscale_refused.update(self._reached(refused))
+            for reader in (line for refused_reader in refused for line in self._reading_statements(refused_reader, reads)):
+                self.draft.mark(reader, reason, f"this reads gradients still scaled by the loss scale (apex had unscaled them; "
+                                f"`{optimizer}.step()` may not follow): call `{self.setup.scaler}.unscale_({optimizer})` by hand "
+                                "where they are final")
+            if not refused:
+                self.draft.unsafe.append(reason)
             return
         first, condition, _ = readers[0]
         line = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
@@ -157,6 +163,33 @@ class GradientPlanning(Step):
             if line not in lines:
                 _add_or_join(lines, line)
         self.draft.unscale_covered.update(self._reached(reader for reader, _, _ in readers))
+
+    def _reading_statements(self, reader: cst.BaseStatement, reads) -> list[cst.BaseStatement]:
+        """Where markers about ``reader`` go: in each arm of an ``if``, and in the body of a loop
+        of micro-batches (or a ``with``), the first statement that reads gradients after a
+        backward pass (and so on inward); else ``reader`` itself."""
+        return self._readers_inside(reader, reads) or [reader]
+
+    def _readers_inside(self, statement: cst.BaseStatement, reads) -> list[cst.BaseStatement]:
+        if not isinstance(statement, _COMPOUND):
+            return []
+        blocks, arm = [statement.body], getattr(statement, "orelse", None)
+        while isinstance(arm, (cst.If, cst.Else)):
+            blocks.append(arm.body)
+            arm = getattr(arm, "orelse", None) if isinstance(arm, cst.If) else None
+        found = []
+        for block in blocks:
+            for inner in block.body if isinstance(block, cst.IndentedBlock) else ():
+                if self.scales_again(inner, None):  # a loop of micro-batches reads inside, after its backward
+                    deeper = self._readers_inside(inner, reads)
+                elif reads(inner, after_a_backward=True):
+                    deeper = self._readers_inside(inner, reads) or [inner]
+                else:
+                    continue
+                if deeper:
+                    found += deeper
+                    break
+        return found
 
     def _reads_before_another_backward(self, statement: cst.CSTNode, scale: ScaleLossSite, reads) -> bool:
         """Whether ``statement``, which may hold another backward pass, reads gradients before

@@ -97,7 +97,8 @@ class InitializePlanning(Step):
             level = nodes.literal_string(level_arg.value)
             possible = self._possible_levels(level_arg.value)
             if level is None and possible is not None and possible <= self.exact_levels:
-                pass  # only O0 or O1 can reach this call: both keep their meaning
+                # only O0 or O1 can reach this call: both keep their meaning (`opt_level = "O1"` just before it is O1)
+                level = next(iter(possible)) if len(possible) == 1 else None
             elif level is None and self._default_level(level_arg.value) in {"O2", "O3"} - self.exact_levels:
                 # A run-time check would stop the run people make most; O2/O3 are not exact natively.
                 self.draft.unsafe.append(f"the opt level defaults to {self._default_level(level_arg.value)}, and " + COMPUTED_LEVEL)
@@ -105,9 +106,11 @@ class InitializePlanning(Step):
                 # the project's default or its shipped configs: the same, from another file
                 place, set_to = self._set_elsewhere(level_arg.value).rsplit(": ", 1)
                 self.draft.unsafe.append(f"the project sets `{level_arg.value.attr.value}` to {set_to} (at {place}), and " + COMPUTED_LEVEL)
-            elif level is None and possible is None and nodes.is_pure(level_arg.value):
-                # Unknown until run time: O0/O1 keep their meaning, O2/O3 stop with an error (the
-                # rewrite adds that check), so no run silently trains differently.
+            elif level is None and nodes.is_pure(level_arg.value) and (
+                    possible is None or self._default_level(level_arg.value) in self.exact_levels):
+                # Unknown until run time (or `choices=["O0", "O1", "O2"]` with an O0 or O1 default):
+                # O0/O1 keep their meaning, O2/O3 stop with an error (the rewrite adds that check),
+                # so no run silently trains differently.
                 guard_level = True
                 if "O2" in self.exact_levels:
                     self.draft.notes.append(f"O2 as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")

@@ -239,6 +239,8 @@ class Planner:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
                 stand_in = "module"
         elsewhere = several.elsewhere(init, [e for e in others_inits if e not in repeats + joined], hoist, scope) if init else {}
+        if scope == "global" and receivers is None and several.each_its_own(init, [e for e in inits if id(e) in elsewhere], scaler_sites):
+            scope, stand_in = "local", None  # `train()` and `finetune()` each make theirs
         if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
@@ -432,6 +434,7 @@ class Planner:
         self._mark_unsafe(scales)
         GradientPlanning(writing).mark_scaled_readers(scales)
         self.draft.place_insertions(self.setup.scaler)
+        self.draft.place_marks()
         self.draft.compose_nested()
         if not self.setup.o0:
             for name, scope in self.tree.torch_shadowed:

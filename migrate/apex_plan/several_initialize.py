@@ -61,6 +61,13 @@ class SeveralInitializePlanning(Step):
                 found[id(again)] = around
         return found
 
+    def each_its_own(self, first: InitializeSite, again: list[InitializeSite], sites: list[cst.CSTNode]) -> bool:
+        """Every use of the scaler (``sites``) is in a function that makes one (``first``'s, or
+        one of ``again``, the calls ``elsewhere`` found): each makes a local scaler of its own,
+        as a person would write it, not a module global assigned through ``global``."""
+        makers = {id(self.tree.function(site.statement)) for site in (first, *again)}
+        return bool(again) and all(id(self.tree.function(site)) in makers for site in sites)
+
     def _at_top(self, statement: cst.CSTNode, function: cst.FunctionDef) -> bool:
         return self.tree.parent.get(id(self.tree.parent.get(id(statement)))) is function
 

@@ -93,6 +93,10 @@ class Features:
     #                             floor at the start scale, which one overflow reaches; a cap under
     #                             2**16, where the scale starts)
     nan_skip: bool = False  # the scaled backward in the `else:` of `if torch.isnan(loss).any():`
+    clip_or_norm: bool = False  # with a clip in the loop: `if CLIP_GRAD:` clips, `else:` only measures the
+    #                             norm with a module-level `grad_norm(parameters)` (both arms read gradients)
+    entry: str = "main"  # main (a `def main()` that `if __name__ == "__main__":` calls) | guard (main's
+    #                      body directly under that `if`: its model, optimizer and flags are module globals)
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -165,6 +169,10 @@ def _coherent(f: Features) -> Features:
         f = replace(f, import_in="function")  # apex's `amp` is read where the flag is off
     if f.backward_in != "loop" or f.loss == "arms_backward":
         f = replace(f, nan_skip=False)  # the test sits around the loop's own scaled backward
+    if f.import_in != "module":
+        f = replace(f, entry="main")  # `global amp` belongs in a function
+    if f.clip == "none" or f.clip_in != "loop" or f.finite_guard:
+        f = replace(f, clip_or_norm=False)  # the arms replace the loop's own clip line (the guard tests its norm)
     return f
 
 
@@ -207,6 +215,8 @@ def features():
         delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
         scale_bounds=st.sampled_from(["none", "floor", "cap", "both"]),
         nan_skip=st.booleans(),
+        entry=st.sampled_from(["main", "guard"]),
+        clip_or_norm=st.booleans(),
     ).map(_coherent)
 
 
@@ -428,12 +438,13 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         clip.append(f"clip_grads({s.first_optimizer if f.clip == 'master_params' else s.model}, 0.5)")
     elif f.clip_in == "closure":
         clip.append("limit_norm(0.5)")
-    elif f.clip == "master_params":
+    elif f.clip in ("master_params", "parameters"):
         # `self.amp` may be None: the module's own master_params serves either way
         holder = "amp" if f.amp_via == "attribute" and s.mixed else s.amp
-        clip.append(f"torch.nn.utils.clip_grad_norm_({holder}.master_params({s.first_optimizer}), 0.5)")
-    elif f.clip == "parameters":
-        clip.append(f"torch.nn.utils.clip_grad_norm_({s.model}.parameters(), 0.5)")
+        params = f"{holder}.master_params({s.first_optimizer})" if f.clip == "master_params" else f"{s.model}.parameters()"
+        clip.append(f"torch.nn.utils.clip_grad_norm_({params}, 0.5)")
+        if f.clip_or_norm:
+            clip = ["if CLIP_GRAD:", f"    norm = {clip[0]}", "else:", f"    norm = grad_norm({params})"]
     at_micro_batch = accumulate and f.clip_at == "micro_batch"
     body += clip if at_micro_batch else []
     if inner:
@@ -672,6 +683,9 @@ def script(f: Features) -> str:
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     if f.native_beside:
         constants += "\nnative_scaler = torch.cuda.amp.GradScaler()\n"
+    if f.clip_or_norm:
+        constants += ("\nCLIP_GRAD = 0.5\n\n\ndef grad_norm(parameters):\n"
+                      "    return torch.norm(torch.stack([p.grad.norm() for p in parameters if p.grad is not None]))\n")
     helpers = ((_HELPER if f.loss == "helper" else "") + (_SCALED_BACKWARD if f.backward_in == "function" else "")
                + (_partial_binding(f, _Spelling(f))[0] if f.backward_in == "partial" else "") + (_net(f) if f.inner_fp32 or f.register_half else "")
                + (_CHECKPOINTS if f.checkpoint else "") + _clip_helper(f) + (_GRAD_NORM_LR if f.grads_in != "none" else ""))
@@ -680,5 +694,8 @@ def script(f: Features) -> str:
     if f.half_evaluation:  # main's last line is in main in every layout: the evaluation follows it
         evaluation = _HALF_EVALUATION
         training += f"\n    evaluate({f.names[0]}, batches)"
+    if f.entry == "guard":
+        return header + imports + constants + helpers + evaluation + "\n\n" + training.replace(
+            "def main():\n", 'if __name__ == "__main__":\n', 1) + "\n"
     return (header + imports + constants + helpers + evaluation + "\n\n" + training
             + '\n\n\nif __name__ == "__main__":\n    main()\n')

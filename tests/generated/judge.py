@@ -13,6 +13,17 @@ from generated.apex_scripts import Features, script
 
 APEX_IMPORT = re.compile(r"^\s*(from|import)\s+apex\b", re.M)
 MARKER = "TODO(ampmigrate)"
+# A marker's comment block and the two lines after it: where it says what differs there.
+MARKED_LINES = re.compile(r"#\s*TODO\(ampmigrate\).*\n(?:\s*#.*\n)*(?P<lines>.*\n.*)")
+READS_GRADIENTS = re.compile(r"clip|norm|grad|tracker")  # the generator's gradient readers
+
+
+def marked_where_it_differs(source: str, verdict: str) -> bool:
+    """A difference the compare places (gradients clipped while still scaled) needs its marker
+    at a line reading gradients; any other, a marker anywhere."""
+    if verdict != "differs: clip-scaled":
+        return MARKER in source
+    return any(READS_GRADIENTS.search(found.group("lines")) for found in MARKED_LINES.finditer(source))
 
 
 @dataclass
@@ -76,7 +87,7 @@ def judge(features: Features, folder: Path, *, fork: bool = False) -> Outcome:
     safe_wrong = verdicts["safe"] not in ("same", "unchanged")
     unsafe_crash = verdicts["unsafe"].startswith(("differs: crash", "could not run", "error"))
     unsafe_unmarked = (verdicts["unsafe"].startswith("differs") and not unsafe_crash
-                       and MARKER not in sources["unsafe"])
+                       and not marked_where_it_differs(sources["unsafe"], verdicts["unsafe"]))
     return Outcome(verdicts["safe"], verdicts["unsafe"],
                    safe_complete=verdicts["safe"] == "same" and not APEX_IMPORT.search(sources["safe"]),
                    safe_wrong=safe_wrong, unsafe_crash=unsafe_crash,

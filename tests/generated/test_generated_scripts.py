@@ -39,6 +39,13 @@ def assert_rewrites_hold(outcome):
     assert not found, f"{found}: {outcome.summary}\n" + "\n".join(outcome.reports.values())
 
 
+def assert_migrated_and_the_same(drawn, tmp_path):
+    """The safe rewrite migrates the whole script and trains the same; the unsafe one holds too."""
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("drawn", SAMPLE, ids=lambda f: f.label().replace(", ", "/"))
 def test_generated_scripts_keep_training_the_same(drawn, tmp_path):
     outcome = judge(drawn, tmp_path)
@@ -57,9 +64,7 @@ def test_generated_scripts_keep_training_the_same(drawn, tmp_path):
              holder="method", scale_bounds="both", nan_skip=True),
 ], ids=["floor-overflow-nan_skip", "both-method-accumulation"])
 def test_apexs_scale_bounds_and_a_nan_skip_are_safe_and_train_the_same(drawn, tmp_path):
-    outcome = judge(drawn, tmp_path)
-    assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
-    assert_rewrites_hold(outcome)
+    assert_migrated_and_the_same(drawn, tmp_path)
 
 
 @pytest.mark.parametrize("accumulation", ["none", "plain"])
@@ -470,4 +475,36 @@ def test_a_backward_function_called_through_a_partial(holder, flag, loop, tmp_pa
     outcome = judge(drawn, tmp_path)
     assert outcome.safe_complete, outcome.summary  # with no flag, the function's plain arm never runs
     assert outcome.unsafe == "same", outcome.summary
+    assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("drawn", [
+    Features(loss="inline", loop="range", accumulation="none", boundary="plus_one", clip="none", clip_at="boundary",
+             flag="on", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+             loop_in="function", entry="guard"),
+    Features(loss="helper", loop="enumerate", accumulation="plain", boundary="plus_one", clip="parameters",
+             clip_at="boundary", flag="off", import_guard=False, inner_fp32=False, names=("net", "opt", "objective"),
+             holder="method", checkpoint=True, entry="guard"),
+], ids=["function-flag_on", "method-checkpoint"])
+def test_initialize_directly_under_the_main_guard_is_safe_and_trains_the_same(drawn, tmp_path):
+    """``if __name__ == "__main__":`` holding main's body: the scaler is made there, a module
+    global that a disabled one stands in for until then (a script runs that block whenever it runs)."""
+    assert_migrated_and_the_same(drawn, tmp_path)
+
+
+@pytest.mark.parametrize("clip", ["master_params", "none"])
+@pytest.mark.parametrize("delay_spelling", ["accumulating", "not_flag"])
+def test_a_nan_batch_skipped_at_the_boundary_after_a_delayed_pass_stays_unsafe(clip, delay_spelling, tmp_path):
+    """The last micro-batch's loss is NaN (a batch of infinities) and skipped before its scaled
+    backward: apex then stepped with the gradients the ``delay_unscale`` pass before it left
+    scaled, where the scaler unscales them (bench seed 73, scripts 258 and 259). The safe
+    rewrite leaves it; the unsafe one says why."""
+    drawn = Features(loss="helper", loop="while", accumulation="delay_unscale", boundary="minus_one", clip=clip,
+                     clip_at="boundary", flag="none", import_guard=False, inner_fp32=True, names=("net", "optimizer", "train_loss"),
+                     loop_in="function", overflow=True, grads_in="local", delay_spelling=delay_spelling,
+                     scale_bounds="both", nan_skip=True)
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "unchanged", outcome.summary
+    said = " ".join(line.strip().lstrip("#").strip() for line in (tmp_path / "unsafe.py").read_text().splitlines())
+    assert "`delay_unscale` keeps gradients scaled" in said
     assert_rewrites_hold(outcome)

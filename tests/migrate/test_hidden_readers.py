@@ -274,7 +274,11 @@ def test_a_read_before_another_backward_in_the_same_statement_is_not_unscaled(sh
     assert migrate_source(source, filename="trainer.py").new_source == source
     result = migrate_source(source, filename="trainer.py", unsafe_fixes=True)
     said = " ".join(line.strip().lstrip("#").strip() for line in result.new_source.splitlines())
-    assert "gradients are read where `self.optimizer.step()` does not always follow" in said, result.new_source
+    # said at the statement that reads them (the regulariser's update, in its arm)
+    assert ("this reads gradients still scaled by the loss scale (apex had unscaled them; "
+            "`self.optimizer.step()` may not follow)") in said, result.new_source
+    marked = result.new_source.split("this reads gradients still scaled")[1].split("\n")
+    assert next(line for line in marked[1:] if not line.lstrip().startswith("#")).strip() == "self.regularizer.update()", result.new_source
     called = [line for line in result.new_source.splitlines() if ".unscale_(" in line and not line.lstrip().startswith("#")]
     assert not called, result.new_source
 

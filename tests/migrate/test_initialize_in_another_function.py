@@ -96,6 +96,7 @@ def test_the_same_initialize_in_another_function_is_migrated_safely(holder, flag
     new = result.new_source
     assert "apex" not in new, "\n".join(d.message + " " + (d.fix.why_unsafe if d.fix else "") for d in result.diagnostics)
     assert new.count("= torch.amp.GradScaler(") >= 2  # made afresh where each `initialize` was
+    assert "global " not in new  # each function's own, or `self`'s: no module global assigned through `global`
     compile(new, "train.py", "exec")
     assert migrate_source(new, filename="train.py").new_source == new  # idempotent
 
@@ -122,3 +123,15 @@ def test_a_rewrite_of_the_same_initialize_in_another_function_trains_the_same(tm
     source = _on_self(flag, run) if holder == "self" else _script(holder, flag, run, True)
     result = compared(tmp_path, source, migrate_source(source, filename="train.py").new_source, "rewritten", steps=20)
     assert result.verdict == SAME, as_text(result)
+
+
+def test_a_scaler_read_by_a_third_function_stays_a_module_global():
+    """Both functions call ``save()``, which reads the scaler: it stays one module global both reach."""
+    source = _script("functions", "none", "both", True)
+    source = source.replace("        losses.append(float(loss))\n", "        losses.append(float(loss))\n    save()\n")
+    source = source.replace("losses = []\n", "losses = []\nstates = []\n\n\ndef save():\n    states.append(amp.state_dict())\n", 1)
+    assert source.count("    save()\n") == 2
+    new = migrate_source(source, filename="train.py").new_source
+    assert "apex" not in new and new.count("global scaler") == 2
+    assert "states.append(scaler.state_dict())" in new
+    compile(new, "train.py", "exec")

@@ -1,0 +1,90 @@
+"""Gradients read where the optimizer step may not follow (after each micro-batch of an
+accumulation) cannot be unscaled there: ``unscale_`` may run once per step. apex had unscaled
+them; natively they stay multiplied by the loss scale. The unsafe rewrite keeps them so and
+leaves its ``TODO(ampmigrate)`` marker on the statement that reads them, not only where apex was
+set up, so the line that trains differently says so.
+
+Generated over: how the gradients are read (a clip in one arm and a norm in the other, a
+module-level norm helper, a norm helper called through the trainer), which parameters are
+named (``amp.master_params(optimizer)``, the model's), and how the accumulation boundary is
+spelled."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from generated.judge import marked_where_it_differs
+from generated.small_scripts import compared, script_head
+from migrate.api import migrate_source
+
+READERS = ("arms", "helper", "nested_helper")
+PARAMETERS = {"master": "amp.master_params(optimizer)", "model": "model.parameters()"}
+BOUNDARIES = {"plus_one": "(step + 1) % 2 == 0", "minus_one": "step % 2 == 1"}
+HELPER = '''
+
+def grad_norm(parameters):
+    return torch.norm(torch.stack([p.grad.norm() for p in parameters if p.grad is not None]))
+'''
+
+
+def _reader(reader: str, parameters: str) -> list[str]:
+    if reader == "arms":
+        return ["if args.clip:", f"    norm = torch.nn.utils.clip_grad_norm_({parameters}, 0.5)",
+                "else:", f"    norm = grad_norm({parameters})"]
+    if reader == "helper":
+        return [f"norm = grad_norm({parameters})"]
+    return [f"norm = measure({parameters})"]
+
+
+def _script(reader: str, parameters: str, boundary: str) -> str:
+    head = script_head('parser.add_argument("--clip", type=int, default=1)\n')
+    nested = "\n\ndef measure(parameters):\n    return grad_norm(parameters)\n" if reader == "nested_helper" else ""
+    lines = ["model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)",
+             "optimizer = torch.optim.SGD(model.parameters(), lr=0.05)",
+             "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')",
+             "norms = []",
+             "for step in range(args.steps):",
+             "    x = torch.randn(16, 8, device=device)",
+             "    loss = model(x).pow(2).mean() / 2",
+             "    with amp.scale_loss(loss, optimizer) as scaled_loss:",
+             "        scaled_loss.backward()",
+             *("    " + line for line in _reader(reader, PARAMETERS[parameters])),
+             "    norms.append(float(norm))",
+             f"    if {BOUNDARIES[boundary]}:",
+             "        optimizer.step()",
+             "        optimizer.zero_grad()",
+             "print(norms[-1])"]
+    return head + HELPER + nested + "\n\n" + "\n".join(lines) + "\n"
+
+
+VARIANTS = list(itertools.product(READERS, PARAMETERS, BOUNDARIES))
+
+
+@pytest.mark.parametrize("reader, parameters, boundary", VARIANTS)
+def test_a_read_of_still_scaled_gradients_is_marked_where_it_reads(reader, parameters, boundary):
+    source = _script(reader, parameters, boundary)
+    assert migrate_source(source, filename="train.py").new_source == source  # safe: left alone
+    new = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
+    assert "from apex" not in new and not re.search(r"(?<!torch\.)\bamp\.", new), new
+    marked = re.search(r"# TODO\(ampmigrate\): this reads gradients still scaled.*\n(?:\s*#.*\n)*(.*)", new)
+    assert marked is not None, new
+    assert marked.group(1).strip().startswith(("if args.clip:", "norm = ")), new
+    assert marked_where_it_differs(new, "differs: clip-scaled")
+    compile(new, "train.py", "exec")
+    assert migrate_source(new, filename="train.py", unsafe_fixes=True).new_source == new  # idempotent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader, parameters, boundary", [("arms", "master", "plus_one"), ("nested_helper", "model", "minus_one")])
+def test_the_marked_rewrite_runs(tmp_path, reader, parameters, boundary):
+    """It trains differently (the clip cuts scaled gradients), as its marker says; it never crashes."""
+    from ampshim.compare import COULD_NOT_RUN, DIFFERS
+    from ampshim.compare.report import as_text
+
+    source = _script(reader, parameters, boundary)
+    new = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
+    result = compared(tmp_path, source, new, "unsafe", steps=12)
+    assert result.verdict != COULD_NOT_RUN, as_text(result)
+    assert not (result.verdict == DIFFERS and result.difference.cause == "crash"), as_text(result)
