@@ -101,12 +101,28 @@ class Draft:
         if isinstance(replacement, cst.RemovalSentinel):
             replacement = nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement)
         placed = list(replacement.nodes) if isinstance(replacement, cst.FlattenSentinel) else [replacement]
-        indent = self.tree.line_indent(statement)
+        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *self._marker_lines(statement, step)])
+        self.replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
+
+    def _marker_lines(self, statement: cst.CSTNode, step: str, deeper: int = 0) -> list[cst.EmptyLine]:
+        indent = self.tree.line_indent(statement) + deeper
         # within 88 columns with the indent and `#   ` (a continuation's prefix, the longer one)
         lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 4), break_on_hyphens=False)
-        comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
-        placed[0] = placed[0].with_changes(leading_lines=[*placed[0].leading_lines, *comments])
-        self.replace(node, cst.FlattenSentinel(placed) if len(placed) > 1 else placed[0])
+        return [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
+
+    def _mark_where_moved(self, statement: cst.BaseStatement, step: str) -> bool:
+        """``statement``, removed from its place, kept in another fix (an autocast region that
+        took it in): the marker goes on it there."""
+        for node, replacement in list(self.replacements.values()):
+            parts = replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else (
+                () if isinstance(replacement, cst.RemovalSentinel) else (replacement,))
+            if node is statement or not any(inner is statement for part in parts for inner in descendants(part)):
+                continue
+            commented = statement.with_changes(leading_lines=[*statement.leading_lines, *self._marker_lines(statement, step, 4)])
+            new = [part.deep_replace(statement, commented) for part in parts]
+            self.replace(node, cst.FlattenSentinel(new) if isinstance(replacement, cst.FlattenSentinel) else new[0])
+            return True
+        return False
 
     def mark(self, statement: cst.BaseStatement, reason: str, step: str) -> None:
         """``reason`` makes the rewrite unsafe at ``statement``, which reads differently from how it
@@ -123,6 +139,8 @@ class Draft:
             if id(statement) not in self.replacements:
                 self.replace(statement, statement)
                 self.kind(statement, SCALE_LOSS, "gradients read here were unscaled by apex", step)
+            elif isinstance(self.replacements[id(statement)][1], cst.RemovalSentinel) and self._mark_where_moved(statement, step):
+                continue
             self.leave_marker(statement, step)
 
     def place_insertions(self, scaler: str | None) -> None:

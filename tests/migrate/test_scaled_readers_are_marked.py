@@ -88,3 +88,21 @@ def test_the_marked_rewrite_runs(tmp_path, reader, parameters, boundary):
     result = compared(tmp_path, source, new, "unsafe", steps=12)
     assert result.verdict != COULD_NOT_RUN, as_text(result)
     assert not (result.verdict == DIFFERS and result.difference.cause == "crash"), as_text(result)
+
+
+
+@pytest.mark.parametrize("clip_in, grads_in", [("helper", "local"), ("loop", "local"), ("helper", "none")])
+def test_a_read_an_autocast_region_takes_in_is_marked_inside_it(clip_in, grads_in):
+    """A trainer's loss computed from the loop's forward in ``backward_from`` (its own backward),
+    then a gradient tracker and a clip, then an auxiliary loss's forward and scaled backward: the
+    autocast region made for the auxiliary loss takes the reads in, and their markers go with
+    them, on the lines that read (bench seed 74, scripts 82-88). (A clip alone in the loop is made
+    scale-aware instead: nothing to mark.)"""
+    from generated.apex_scripts import Features, script
+
+    drawn = Features(loss="inline", loop="range", accumulation="none", boundary="plus_one", clip="parameters",
+                     clip_at="boundary", flag="none", import_guard=False, inner_fp32=False, names=("model", "optimizer", "loss"),
+                     holder="method", between="aux_backward", backward_in="update", clip_in=clip_in, grads_in=grads_in)
+    new = migrate_source(script(drawn), filename="train.py", unsafe_fixes=True).new_source
+    assert marked_where_it_differs(new, "differs: clip-scaled"), new
+    compile(new, "train.py", "exec")
