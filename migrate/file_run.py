@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from migrate import files, quiet
-from migrate.prefilter import may_apply, needs_parsing, step_words, trigger_words
+from migrate.prefilter import may_apply, needs_parsing, sets_apex_flag, step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
@@ -74,7 +74,8 @@ def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) 
         return (source, None) if may_apply(notebook.searchable(text), words) else FileResult(str(path))
     if not needs_parsing(text, words, stepping):  # the whole check here, so that a run of such files never imports a rule
         return FileResult(str(path))
-    return source, text if "apex" in text else None
+    # a flag left once apex went (`HAS_APEX = True`) is asked about too: whether other modules import it
+    return source, text if "apex" in text or sets_apex_flag(text) else None
 
 
 def triage_in_worker(paths: list[Path], words: tuple[str, ...] | None, stepping: frozenset[str]) -> list[tuple[Path, object]]:

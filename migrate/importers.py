@@ -21,6 +21,7 @@ from pathlib import Path
 from migrate import quiet
 from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
+from migrate.prefilter import APEX_FLAG_NAME, sets_apex_flag
 
 __all__ = ["SETTING", "apex_bound_names", "imported_elsewhere"]
 
@@ -47,8 +48,9 @@ def imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
 def apex_bound_names(text: str) -> frozenset[str]:
     """The names an apex import binds at the top level of ``text`` (inside ``if``/``try`` too,
     not in functions or classes): ``LayerNorm`` for ``from apex.normalization import
-    FusedLayerNorm as LayerNorm``."""
-    if "apex" not in text:
+    FusedLayerNorm as LayerNorm``; and the apex-availability flags it sets there (``HAS_APEX``),
+    which AMP018 removes once the file itself no longer reads them."""
+    if "apex" not in text and not sets_apex_flag(text):
         return frozenset()
     try:
         tree = quiet.parse(text)
@@ -60,6 +62,9 @@ def apex_bound_names(text: str) -> frozenset[str]:
             names.update(alias.asname or alias.name for alias in node.names if alias.name != "*")
         elif isinstance(node, ast.Import):
             names.update(alias.asname or alias.name.split(".")[0] for alias in node.names if _is_apex(alias.name))
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets
+                         if isinstance(target, ast.Name) and APEX_FLAG_NAME.match(target.id))
     return frozenset(names)
 
 
@@ -113,8 +118,8 @@ def _imports_from(importer: Path, exporters: Mapping[Path, frozenset[str]], want
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 exporter = _exporter(importer, 0, alias.name.split("."), exporters)
-                if exporter is not None and exporter != importer and alias.asname:
-                    modules_bound[alias.asname] = exporter
+                if exporter is not None and exporter != importer and (alias.asname or "." not in alias.name):
+                    modules_bound[alias.asname or alias.name] = exporter  # `import utils` then `utils.HAS_APEX`
     if modules_bound:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules_bound:

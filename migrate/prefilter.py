@@ -43,7 +43,7 @@ from typing import Sequence
 from migrate import quiet
 from migrate.types import holds_trigger, holds_word
 
-__all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "step_words", "trigger_words"]
+__all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "sets_apex_flag", "step_words", "trigger_words"]
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
@@ -65,8 +65,8 @@ _AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 # An apex-availability flag (AMP018 folds one that is always True): has_apex, APEX_AVAILABLE...
-APEX_FLAG_NAME = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)$", re.I)
-_APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?available)\s*=\s*True\b", re.I | re.M)
+APEX_FLAG_NAME = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?(available|imported|installed|loaded))$", re.I)
+_APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?(available|imported|installed|loaded))\s*=\s*True\b", re.I | re.M)
 _APEX_FLAG_SET_BYTES = re.compile(_APEX_FLAG_SET.pattern.encode(), re.I | re.M)
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
 _STEP_CALLS = frozenset({"backward", "step", "train_batch"})  # DeepSpeed pipeline: one call
@@ -144,6 +144,12 @@ def needs_parsing(content: bytes | str, words: tuple[str, ...] | None, stepping:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return True
     return _has_amp_shape(tree, casts)
+
+
+def sets_apex_flag(text: str) -> bool:
+    """Whether ``text`` sets an apex-availability flag to ``True`` on a line of its own
+    (``HAS_APEX = True``): what a run leaves where another module imports the flag."""
+    return _APEX_FLAG_SET.search(text) is not None
 
 
 def _may_hold_a_shape(content: bytes | str) -> bool:

@@ -7,6 +7,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.prefilter import APEX_FLAG_NAME
 from migrate.rule import Invalid, Rule, Valid
 from migrate.tree_walk import descendants
@@ -33,7 +34,8 @@ class ApexFlagConstant(Rule):
     the flag may be set from elsewhere: a package's ``__init__.py``, a name in ``__all__``, a
     function that declares it ``global``, or any binding that is not the constant ``True`` (a
     ``False`` written just before, as a default, is dropped with it). A parameter or local of
-    the same name is another variable, and left alone.
+    the same name is another variable, and left alone. A flag another module of the project
+    imports (``from train import HAS_APEX``, ``train.HAS_APEX``) is folded here but stays set.
     """
 
     CODE = "AMP018"
@@ -172,10 +174,15 @@ class ApexFlagConstant(Rule):
                             fix_message="Remove the stand-in")
             self.report(node, f"`{name}` is always True here, so this test has one outcome",
                         replacement=replacement, fix_message=f"Fold `{name}`, which is always True")
-        if not reads:
-            for line in lines:
-                self.report(line, f"`{name}` is set and never read", replacement=cst.RemoveFromParent(),
-                            fix_message=f"Remove `{name}`")
+        if reads:
+            return
+        # Another module importing it (`from train import HAS_APEX`) sees it once this one has run:
+        # its last line, `= True`, stays; a `False` default before it goes.
+        kept = lines[-1:] if name in self.context.settings.get(IMPORTED_ELSEWHERE, ()) else []
+        for line in lines:
+            if line not in kept:
+                self.report(line, f"`{name}` is set and never read" + (" here" if kept else ""),
+                            replacement=cst.RemoveFromParent(), fix_message=f"Remove `{name}`")
 
     def _foldable(self, read: cst.Name) -> tuple[cst.CSTNode, object] | None:
         """The node that reading the constant lets go, and what replaces it."""
