@@ -21,7 +21,7 @@ from pathlib import Path
 
 from migrate.files import project_root, project_trees_saying
 
-__all__ = ["SETTING", "kept_elsewhere", "kept_places"]
+__all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 _DECORATORS = re.compile(r"\b(?:half|float|bfloat16)_function\b")
@@ -56,14 +56,15 @@ def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Pat
     for file, line in candidates:
         if file in run:
             if file not in migrated:
-                migrated[file] = _migrates(*run[file], settings, unsafe_fixes)
+                migrated[file] = migrates(*run[file], settings, unsafe_fixes)
             if migrated[file]:
                 continue
         places.append(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
     return tuple(places)
 
 
-def _migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes: bool) -> bool:
+def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes: bool) -> bool:
+    """Whether a run in this mode (``unsafe_fixes``) rewrites every apex site of ``text``."""
     from migrate.apex_plan.provider import plan_text
     from migrate.apex_plan.vocabulary import PARTNER
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from migrate import files, run_in_workers
-from migrate.file_run import Options, error_result, migrate_file, migrate_one, migrate_path, triage, triage_in_worker
+from migrate.file_run import (Options, error_result, file_settings, migrate_file, migrate_one, migrate_path, triage,
+                              triage_in_worker)
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import step_words, trigger_words
 from migrate.rules import select_rules
@@ -198,7 +199,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     if not apex_texts:
         return options
     from migrate import (apex_kept, cast_registrations, forward_callers, halves, importers, level_settings, optimizer_resumes,
-                         scale_kept)
+                         scale_kept, state_helpers)
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
@@ -206,10 +207,9 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     resumes = optimizer_resumes.loads(apex_texts)
     handed = forward_callers.handed_elsewhere(apex_texts)
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
-    scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     initialized = scale_kept.initialized_elsewhere(apex_texts)
     levels = level_settings.set_elsewhere(apex_texts)
-    return replace(
+    options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         imported_elsewhere={str(path): names for path, names in exported.items()},
@@ -217,9 +217,18 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         optimizer_state_loads={str(path): places for path, places in resumes.items()},
         handed_elsewhere={str(path): calls for path, calls in handed.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
-        scale_loss_kept_elsewhere={str(path): places for path, places in scaled.items()},
         initialized_elsewhere={str(path): places for path, places in initialized.items()},
         levels_elsewhere={str(path): names for path, names in levels.items()},
+    )
+    passing, helpers = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
+    # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex
+    scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes,
+                                         {path.resolve(): True for path in passing})
+    return replace(
+        options,
+        scale_loss_kept_elsewhere={str(path): places for path, places in scaled.items()},
+        state_callers_pass={str(path): functions for path, functions in passing.items()},
+        state_helpers={str(path): calls for path, calls in helpers.items()},
     )
 
 

@@ -39,6 +39,8 @@ class Options:
     scale_loss_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.scale_kept``' places
     initialized_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``scale_kept.initialized_elsewhere``'s places
     levels_elsewhere: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # path -> ``migrate.level_settings``' names
+    state_callers_pass: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' functions
+    state_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' calls
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -53,6 +55,8 @@ _PROJECT_FACTS = (
     ("scale_loss_kept_elsewhere", "apex-scale-loss-kept"),
     ("initialized_elsewhere", "apex-initialized-elsewhere"),
     ("levels_elsewhere", "apex-level-set-elsewhere"),
+    ("state_callers_pass", "apex-state-callers-pass"),
+    ("state_helpers", "apex-state-helpers"),
 )
 
 
@@ -111,12 +115,18 @@ def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool)
     return migrate_file(path, source, rules, options, write)
 
 
-def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
+def file_settings(options: Options, path: Path) -> dict:
+    """The settings ``path`` is planned with: the run's, and what the run found in other files for it."""
     settings = dict(options.settings)
-    for field_name, setting in _PROJECT_FACTS:  # what the run found in other files, for this one
+    for field_name, setting in _PROJECT_FACTS:
         found = getattr(options, field_name).get(str(path))
         if found:
             settings[setting] = found
+    return settings
+
+
+def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
+    settings = file_settings(options, path)
     if len(settings) != len(options.settings):
         options = replace(options, settings=settings)
     result = migrate_one(str(path), source.data, None, rules, options, triaged=True)

@@ -144,6 +144,14 @@ def halves_called(text: str) -> set[str]:
 
 def _first_amp_calls(tree: ast.Module, wanted: tuple[str, ...]) -> dict[str, int]:
     """The first line of each of ``wanted``'s calls on apex's ``amp`` in ``tree``, by name."""
+    first: dict[str, int] = {}
+    for node in amp_calls(tree, wanted):
+        first[node.func.attr] = min(first.get(node.func.attr, node.lineno), node.lineno)
+    return first
+
+
+def amp_calls(tree: ast.Module, wanted: tuple[str, ...]) -> Iterator[ast.Call]:
+    """The calls of ``wanted`` (``initialize``, ``state_dict``...) on apex's ``amp`` in ``tree``."""
     amp_names, apex_names = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -155,15 +163,13 @@ def _first_amp_calls(tree: ast.Module, wanted: tuple[str, ...]) -> dict[str, int
                     amp_names.add(alias.asname)
                 elif alias.name.split(".")[0] == "apex":
                     apex_names.add(alias.asname or "apex")
-    first: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in wanted:
             owner = node.func.value
             if (isinstance(owner, ast.Name) and owner.id in amp_names) or (
                 isinstance(owner, ast.Attribute) and owner.attr == "amp" and isinstance(owner.value, ast.Name) and owner.value.id in apex_names
             ):
-                first[node.func.attr] = min(first.get(node.func.attr, node.lineno), node.lineno)
-    return first
+                yield node
 
 
 def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:

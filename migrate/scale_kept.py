@@ -29,13 +29,14 @@ _CALLS = {halves.SCALE_LOSS: "`amp.scale_loss`", halves.STATE: "apex's `amp.stat
 
 
 def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
-                     unsafe_fixes: bool) -> dict[Path, tuple[str, ...]]:
+                     unsafe_fixes: bool, migrated: Mapping[Path, bool] | None = None) -> dict[Path, tuple[str, ...]]:
     """For each file in ``texts`` that calls ``amp.initialize`` and is no half of a pair (``partners``
     plans those), the places (``path:line``, relative to its project) of the scale halves it is
-    linked to by an import that will keep calling apex's ``amp.scale_loss``."""
+    linked to by an import that will keep calling apex's ``amp.scale_loss``; ``migrated``: files
+    (resolved) already known to migrate or not."""
     found: dict[Path, tuple[str, ...]] = {}
     run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
-    migrated: dict[Path, bool] = {}
+    migrated = dict(migrated or {})
     for path, text in texts.items():
         if path not in partners and _INITIALIZES.search(text):
             root = project_root(path)

@@ -51,9 +51,12 @@ dependence: no import cycle):
   another, ``migrate.forward_callers``, hands in what a forward pass made), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
-  ``checkpoints`` (``state_dict``/``load_state_dict``), ``handed_on`` (the amp module passed
+  ``checkpoints`` (``state_dict``/``load_state_dict``; a checkpoint utility's functions take the
+  GradScaler as ``scaler=None``, without a doubt where every caller passes it,
+  ``migrate.state_helpers``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
-  handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global), ``module_reads`` (apex's
+  handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global, and
+  to another file's checkpoint helpers, ``save_checkpoint(..., scaler=scaler)``), ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
   ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
   of apex amp, planned with the facts of the other half, ``migrate.halves``).
@@ -63,7 +66,8 @@ dependence: no import cycle):
   initializes apex and calls what scales its losses (``migrate.scale_kept``), or where it
   initializes in arms that exclude each other. A computed opt level is unsafe where the project
   sets its option to O2/O3 in another file (``migrate.level_settings``).
-- ``report_only``: the findings of a file that cannot be planned, each call with the reason.
+- ``report_only``: the findings of a file that cannot be planned, each call with the reason;
+  ``half_model``: a model the file casts to float16 itself, which stops the plan.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.
 """
 from migrate.apex_plan.provider import ApexPlanProvider, plan_of

@@ -8,6 +8,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import ReplaceByIdentity, subscript_key
 from migrate.apex_plan.vocabulary import (
     HELPER_NAME,
+    HELPER_SCALER,
     HELPER_SOURCE,
     STATE_DICT,
     Unplannable,
@@ -64,10 +65,16 @@ class CheckpointPlanning(Step):
         calls = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         if self.setup.scaler is None:
             raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
-        self.draft.unsafe.append(
-            f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "
-            f"`{self.setup.scaler}=None` and save or load its state only when given one; pass it from the callers"
-        )
+        passed = self.setup.callers_pass  # `migrate.state_helpers`: every caller, migrated in this run, passes it
+        if passed and self.setup.scaler != HELPER_SCALER:
+            raise Unplannable(calls[0], f"its callers pass the GradScaler as `{HELPER_SCALER}=`, a name this file uses already")
+        if passed:
+            self.draft.notes.append(f"each caller of its functions passes the GradScaler as `{HELPER_SCALER}=`, migrated in this run")
+        else:
+            self.draft.unsafe.append(
+                f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "
+                f"`{self.setup.scaler}=None` and save or load its state only when given one; pass it from the callers"
+            )
         functions: dict[int, tuple[cst.FunctionDef, cst.CSTNode]] = {}
         for call in calls:
             function = self.tree.function(call)
@@ -106,7 +113,8 @@ class CheckpointPlanning(Step):
             self.draft.kind(statement, STATE_DICT, "apex's loss-scaler state is saved or loaded here", f"Save or load the state of a GradScaler passed as `{self.setup.scaler}=`")
         for function, statement in functions.values():
             self._take_scaler(function)
-            self.draft.leave_marker(statement, f"pass the GradScaler as `{self.setup.scaler}=` where `{function.name.value}` is called")
+            if function.name.value not in passed:
+                self.draft.leave_marker(statement, f"pass the GradScaler as `{self.setup.scaler}=` where `{function.name.value}` is called")
         if self.sites.calls["load_state_dict"] and HELPER_NAME not in self.tree.names:
             self.draft.after_imports.append(HELPER_SOURCE)
 

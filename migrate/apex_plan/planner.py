@@ -1,7 +1,6 @@
 """The planner: classifies the file's apex.amp references, then plans every rewrite or none."""
 from __future__ import annotations
 
-import re
 
 import libcst as cst
 
@@ -27,6 +26,7 @@ from migrate.apex_plan.timm_scalers import TimmScalerPlanning
 from migrate.apex_plan.version_gated import VersionGatedPlanning, holds_only_dead_apex
 from migrate.apex_plan.warm_ups import WarmUpPlanning
 from migrate.apex_plan.report_only import report_only
+from migrate.apex_plan.half_model import model_made_half
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -43,7 +43,9 @@ from migrate.apex_plan.vocabulary import (
     SCALE_LOSS,
     SCALE_LOSS_KEPT,
     SCALER_NAMES,
+    STATE_CALLERS_PASS,
     STATE_DICT,
+    STATE_HELPERS,
     ApexPlan,
     HalfFacts,
     InitializeSite,
@@ -56,8 +58,6 @@ from migrate.apex_plan.vocabulary import (
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.rule import ImportChange, Report
-from migrate.step_model.vocabulary import dtype_of, model_like
-from migrate.tree_walk import children, descendants
 from migrate.types import Safety
 
 
@@ -84,6 +84,8 @@ class Planner:
         self.scaled_elsewhere = settings.get(SCALE_LOSS_KEPT, ())  # linked files that keep apex's scale_loss
         self.initialized_elsewhere = settings.get(INITIALIZED_ELSEWHERE, ())  # other files initializing for its scale_loss
         self.levels_elsewhere = settings.get(LEVELS_ELSEWHERE, {})  # option names the project sets to O2/O3
+        self.state_helpers = dict(settings.get(STATE_HELPERS, ()))  # another file's checkpoint helpers, handed the scaler
+        self.callers_pass = frozenset(settings.get(STATE_CALLERS_PASS, ()))  # this file's helpers, each caller handing it
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -113,7 +115,7 @@ class Planner:
             CrossFilePlanning(reading).check_partner(core[0])
             if self.sites.timm_scalers:
                 return self._timm_scalers(reading)
-            half = _model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
+            half = model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
             if half is not None:  # a float16 model fed float32 outside autocast raises: not even an unsafe rewrite
                 raise Unplannable(half, f"`{nodes.code(half)}` casts a model to float16: after `amp.initialize` apex's casts "
                                         "let it take float32 inputs in any forward pass (an evaluation pass too); native "
@@ -208,7 +210,8 @@ class Planner:
                               "that exclude each other: the GradScaler would be made in one only")
         o0 = level == "O0"
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.sites.alias_of]
-        scaler_sites += [call for call in others if id(call) not in self.sites.alias_of] + [node for node, _ in self.sites.escapes]
+        helpers = ScalerParameterPlanning(reading).helper_calls(self.state_helpers)
+        scaler_sites += [call for call in others if id(call) not in self.sites.alias_of] + [node for node, _ in self.sites.escapes] + helpers
         receiver_calls = HandedOnPlanning(reading).receiver_calls() if self.sites.escapes else ()
         if self.sites.escapes and receiver_calls is None:
             # what receives it is not all seen: a GradScaler in its place may be handed apex's
@@ -336,6 +339,7 @@ class Planner:
         gradients.plan_master_params()
         CheckpointPlanning(writing).plan_state_dicts()
         HandedOnPlanning(writing).plan_escapes()
+        ScalerParameterPlanning(writing).plan_helper_arguments(helpers, self.state_helpers)
         module_reads.plan_probes()
         module_reads.plan_module_reads(inits)
         for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
@@ -381,7 +385,7 @@ class Planner:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
         states = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None) if states else None
-        writing = self._decided(reading, Setup(level=None, o0=True, scaler=scaler))
+        writing = self._decided(reading, Setup(level=None, o0=True, scaler=scaler, callers_pass=self.callers_pass))
         if states:
             CheckpointPlanning(writing).plan_state_alone()
         gradients = GradientPlanning(writing)
@@ -471,28 +475,3 @@ class Planner:
         if anchor is not None:
             self.draft.leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))
 
-
-def _model_made_half(module: cst.Module) -> cst.Call | None:
-    """The first ``model.half()`` (or ``net.to(torch.float16)``) of the file that no option asks
-    for: a float16 model that apex's O1 casts fed float32 inputs wherever it ran (an evaluation
-    pass too). One under an ``if`` on a float16 option (``if args.fp16_full_eval:``) is the
-    option's own choice, made for inputs it suits."""
-    return next(_half_casts(module, optioned=False), None)
-
-
-_PRECISION_OPTION = re.compile(r"fp16|half|float16|bf16", re.IGNORECASE)
-
-
-def _half_casts(node: cst.CSTNode, optioned: bool):
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not optioned:
-        name, receiver = node.func.attr.value, node.func.value
-        to_half = name == "half" or (name == "to" and any(dtype_of(arg.value) == "float16" for arg in node.args))
-        if to_half and isinstance(receiver, (cst.Name, cst.Attribute)) and model_like(nodes.code(receiver), set()):
-            yield node
-    if isinstance(node, cst.If) and _PRECISION_OPTION.search(nodes.code(node.test)):
-        yield from _half_casts(node.body, True)
-        if node.orelse is not None:
-            yield from _half_casts(node.orelse, optioned)
-        return
-    for child in children(node):
-        yield from _half_casts(child, optioned)

@@ -12,11 +12,14 @@ sees the scaler already, defined or called there after it is made. Anything else
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.vocabulary import SCALE_LOSS
+from migrate.apex_plan.vocabulary import HELPER_SCALER, SCALE_LOSS, STATE_DICT, Unplannable
 from migrate.tree_walk import descendants
 
 _NO_SPACE = cst.SimpleWhitespace("")
@@ -85,6 +88,28 @@ class ScalerParameterPlanning(Step):
                 self.draft.replace(call, call.with_changes(args=args))
                 self.draft.kind(call, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler made here",
                                 f"Pass it on: `{given}`")
+
+    def helper_calls(self, spellings: Mapping[str, str]) -> list[cst.Call]:
+        """The calls of another file's checkpoint helpers that take the scaler (``migrate.state_helpers``:
+        ``save_checkpoint(...)``, ``utils.load_checkpoint(...)``, as this file spells them)."""
+        if not spellings:
+            return []
+        return [node for node in descendants(self.tree.module) if isinstance(node, cst.Call) and nodes.code(node.func) in spellings]
+
+    def plan_helper_arguments(self, calls: list[cst.Call], spellings: Mapping[str, str]) -> None:
+        """Each call of another file's checkpoint helper passes the GradScaler, whose state the
+        helper saves or loads where apex's was: ``save_checkpoint(..., scaler=scaler)``."""
+        if calls and (self.setup.o0 or self.setup.scaler is None or self.setup.extra_scalers):
+            raise Unplannable(calls[0], f"`{nodes.code(calls[0].func)}` in {spellings[nodes.code(calls[0].func)]} keeps "
+                              "apex's loss-scaler state, and this file has no single GradScaler to hand it")
+        given = f"{HELPER_SCALER}={self.setup.scaler}"
+        for call in calls:
+            argument = cst.Arg(nodes.parse_expression(self.setup.scaler, self.tree.module), keyword=cst.Name(HELPER_SCALER),
+                               equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
+            args = _appended(list(call.args), argument, self._separator(list(call.args), len(f", {given})")))
+            self.draft.replace(call, call.with_changes(args=args))
+            self.draft.kind(call, STATE_DICT, f"`{nodes.code(call.func)}` in {spellings[nodes.code(call.func)]} saves or "
+                            "loads apex's loss-scaler state", f"Pass it the GradScaler: `{given}`")
 
     def _separator(self, items: list, added: int) -> cst.Comma:
         """The comma after the last of ``items`` (arguments or parameters) where something is

@@ -148,6 +148,10 @@ PARTNER = "apex-partner"  # the setting that hands a half's plan its ``Partner``
 SCALE_LOSS_KEPT = "apex-scale-loss-kept"  # hands a plan ``migrate.scale_kept``'s places (not a user setting)
 LEVELS_ELSEWHERE = "apex-level-set-elsewhere"  # ``migrate.level_settings``' option names (not a user setting)
 INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.initialized_elsewhere``'s places (not a user setting)
+# ``migrate.state_helpers``: a checkpoint utility's functions whose every caller passes the scaler,
+# and a training file's calls of them (spelling, the utility's place) (not user settings)
+STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"
+HELPER_SCALER = "scaler"  # the parameter those functions take, and the keyword the calls pass
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
 
@@ -313,6 +317,7 @@ class Setup:
     scaler_receivers: tuple[cst.FunctionDef, ...] = ()
     scaler_maker: cst.FunctionDef | None = None  # and the function that makes it
     scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
+    callers_pass: frozenset[str] = frozenset()  # a checkpoint utility's functions every caller hands the scaler
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
