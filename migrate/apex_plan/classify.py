@@ -54,7 +54,7 @@ class _Classifier:
                     self.sites.blockers.append((node, "`amp` is passed on or stored here, so its use elsewhere cannot be seen"))
                 else:
                     self.sites.escapes.append((node, alias))
-            elif not self._scale_poke(attr, node) and not self._module_read(attr, node):
+            elif not self._scale_poke(attr, node) and not self._scale_read(attr, node) and not self._module_read(attr, node):
                 self.sites.blockers.append((node, f"`amp.{attr}` (apex internals or the legacy handle) depends on apex's state"))
         self._find_stand_ins()
         if self.sites.escapes:
@@ -190,6 +190,26 @@ class _Classifier:
                 and len(assign.targets) == 1 and nodes.is_pure(assign.value)):
             return False
         self.sites.scale_pokes.append((self.tree.statement(assign), assign.value, node))
+        return True
+
+    def _scale_read(self, attr: str, node: cst.CSTNode) -> bool:
+        """``amp._amp_state.loss_scalers[0]._loss_scale`` read (or ``.loss_scale()`` called): the
+        current loss scale of apex's one loss scaler."""
+        subscript = self.tree.parent.get(id(node))
+        attribute = self.tree.parent.get(id(subscript))
+        if not (attr == "_amp_state.loss_scalers" and isinstance(subscript, cst.Subscript) and subscript.value is node
+                and len(subscript.slice) == 1 and isinstance(subscript.slice[0].slice, cst.Index)
+                and nodes.code(subscript.slice[0].slice.value) == "0"
+                and isinstance(attribute, cst.Attribute) and attribute.value is subscript):
+            return False
+        read: cst.BaseExpression = attribute
+        if attribute.attr.value == "loss_scale":
+            read = self.tree.parent.get(id(attribute))
+            if not (isinstance(read, cst.Call) and read.func is attribute and not read.args):
+                return False
+        elif attribute.attr.value != "_loss_scale" or self._assigned(attribute):
+            return False
+        self.sites.scale_reads.append((read, node))
         return True
 
     def _probe(self, node: cst.CSTNode) -> None:

@@ -28,6 +28,7 @@ class Sites:
         self.stand_in_assignments: list[cst.CSTNode] = []  # `self.amp = amp` where `self.amp` only stands in for the module
         self.stand_ins_assigned_once = True  # no stand-in is assigned anywhere else (but `None`)
         self.scale_pokes: list[tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]] = []  # statement, scale, `amp._amp_state...`
+        self.scale_reads: list[tuple[cst.BaseExpression, cst.CSTNode]] = []  # `amp._amp_state.loss_scalers[0]._loss_scale`, and its ref
         self.probes: list[tuple[cst.If, cst.CSTNode]] = []  # `if "state_dict" in amp.__dict__:` tests that go, and `amp.__dict__`
         self.module_reads: list[cst.CSTNode] = []  # statements that only touch apex's module (`amp.init()` unused, a log line)
         self.legacy_handles: list[cst.Call] = []  # `amp.init()` calls whose handle is never used

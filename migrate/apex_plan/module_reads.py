@@ -10,10 +10,12 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.vocabulary import (
     INITIALIZE,
+    SCALE_LOSS,
     STATE_DICT,
     InitializeSite,
     Unplannable,
 )
+from migrate.tree_walk import descendants
 
 _ABOUT_THE_MODULE = frozenset({"__path__", "__file__", "__version__"})
 _LOGGERS = frozenset({"print", "info", "debug", "warning", "warn", "log"})
@@ -43,6 +45,32 @@ class ModuleReadPlanning(Step):
             self.draft.kind(statement, INITIALIZE, "apex's loss scale is set through its internals", "Start the GradScaler at that scale")
         return inits
 
+    def plan_scale_reads(self) -> None:
+        """apex's current loss scale, read through its internals, is the scaler's ``get_scale()``.
+        apex lowered it as the scaled backward pass overflowed, GradScaler does at ``update()``,
+        after the step: a read that no step of the iteration comes before differs on that step."""
+        for read, _ in self.sites.scale_reads:
+            if self.setup.o0 or self.setup.scaler is None or self.setup.extra_scalers:
+                raise Unplannable(read, "apex's loss scale is read here, and this file has no single GradScaler to read it from")
+            statement = self.tree.statement(read)
+            if not self._after_a_step(statement):
+                self.draft.mark(statement, f"apex's loss scale is read at line {self.tree.line(read)} where no optimizer step "
+                                "comes before it", "this reads the loss scale before the step: apex had lowered it already "
+                                "when the backward pass overflowed, GradScaler lowers it at `update()`, after the step")
+            self.draft.replace(read, nodes.parse_expression(f"{self.setup.scaler}.get_scale()", self.tree.module))
+            self.draft.kind(read, SCALE_LOSS, "apex's loss scale is read through its internals", f"Use `{self.setup.scaler}.get_scale()`")
+
+    def _after_a_step(self, statement: cst.CSTNode) -> bool:
+        """Whether an ``optimizer.step()`` runs before ``statement`` in its block, or in a block around it."""
+        node = statement
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            block = self.tree.parent.get(id(node))
+            body = list(getattr(block, "body", ())) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+            if node in body and any(_steps(earlier) for earlier in body[: body.index(node)]):
+                return True
+            node = block
+        return False
+
     def plan_probes(self) -> None:
         for branch, _ in self.sites.probes:
             body = list(branch.body.body)
@@ -64,3 +92,9 @@ class ModuleReadPlanning(Step):
             alone = isinstance(block, cst.IndentedBlock) and len(block.body) == 1
             self.draft.replace(statement, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement) if alone else cst.RemoveFromParent())
             self.draft.kind(statement, INITIALIZE, "this statement only touches apex's module", "Remove it with apex")
+
+
+def _steps(statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` calls an optimizer's ``step()`` (``optimizer.step()``, ``opt_d.step()``)."""
+    return any(isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"
+               and not node.args for node in descendants(statement))

@@ -131,6 +131,7 @@ class Planner:
             return ApexPlan(report_only(self.tree, self.sites, problem), handled=self._unbound_calls(),
                             half=HalfFacts(manual=problem.reason) if self._is_half() else None)
         handled = frozenset(self.sites.alias_of) | self.sites.stand_in_calls | {id(node) for _, node in self.sites.probes} | {id(node) for *_, node in self.sites.scale_pokes}
+        handled |= {id(node) for _, node in self.sites.scale_reads}
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
         handled |= {id(call) for _, call in self.setup.receiver_calls} | self._unbound_calls()
         half = HalfFacts(**(self.draft.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
@@ -212,6 +213,7 @@ class Planner:
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.sites.alias_of]
         helpers = ScalerParameterPlanning(reading).helper_calls(self.state_helpers)
         scaler_sites += [call for call in others if id(call) not in self.sites.alias_of] + [node for node, _ in self.sites.escapes] + helpers
+        scaler_sites += [read for read, _ in self.sites.scale_reads]
         receiver_calls = HandedOnPlanning(reading).receiver_calls() if self.sites.escapes else ()
         if self.sites.escapes and receiver_calls is None:
             # what receives it is not all seen: a GradScaler in its place may be handed apex's
@@ -341,6 +343,7 @@ class Planner:
         HandedOnPlanning(writing).plan_escapes()
         ScalerParameterPlanning(writing).plan_helper_arguments(helpers, self.state_helpers)
         module_reads.plan_probes()
+        module_reads.plan_scale_reads()
         module_reads.plan_module_reads(inits)
         for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
             if extra in repeats and not self.setup.o0:
