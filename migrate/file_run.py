@@ -41,6 +41,7 @@ class Options:
     levels_elsewhere: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # path -> ``migrate.level_settings``' names
     state_callers_pass: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' functions
     state_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' calls
+    state_callers_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> callers left on apex
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -57,6 +58,7 @@ _PROJECT_FACTS = (
     ("levels_elsewhere", "apex-level-set-elsewhere"),
     ("state_callers_pass", "apex-state-callers-pass"),
     ("state_helpers", "apex-state-helpers"),
+    ("state_callers_kept", "apex-state-callers-kept"),
 )
 
 

@@ -33,10 +33,12 @@ __all__ = ["CALLER_SETTING", "KEEPER_SETTING", "KEYWORD", "handed"]
 _FOLDERS_UP = 3  # as ``halves``: an absolute import's module is looked for this many folders up
 
 
-def handed(texts: Mapping[Path, str], file_settings: Callable[[Path], dict],
-           unsafe_fixes: bool) -> tuple[dict[Path, frozenset[str]], dict[Path, tuple[tuple[str, str], ...]]]:
+def handed(texts: Mapping[Path, str], file_settings: Callable[[Path], dict], unsafe_fixes: bool
+           ) -> tuple[dict[Path, frozenset[str]], dict[Path, tuple[tuple[str, str], ...]], dict[Path, tuple[str, ...]]]:
     """The utilities of ``texts`` whose functions' callers all pass the scaler (path -> the
-    functions), and those callers (path -> each call's spelling and the utility's place);
+    functions), and those callers (path -> each call's spelling and the utility's place); and the
+    utilities whose callers, all in the run, include one it leaves on apex (path -> those callers'
+    names: rewritten alone, the utility would stop keeping apex's state for them).
     ``file_settings(path)``: the settings a file of the run is planned with."""
     by_real = {path.resolve(): path for path in texts}
     keepers: dict[Path, tuple[frozenset[str], dict[Path, frozenset[str]]]] = {}
@@ -47,20 +49,24 @@ def handed(texts: Mapping[Path, str], file_settings: Callable[[Path], dict],
         callers = _callers(path.resolve(), functions) if functions else None
         if callers and all(caller in by_real for caller in callers):
             keepers[path] = (functions, {by_real[caller]: spelled for caller, spelled in callers.items()})
+    left_on_apex: dict[Path, tuple[str, ...]] = {}
     while keepers:  # a file that would not migrate takes the utilities it calls out, and so on
         callers = _caller_settings(keepers, texts)
         kept = {path.resolve() for path in keepers}
         failing = {caller for caller, spelled in callers.items()
                    if not _caller_migrates(caller, texts[caller], kept, {**file_settings(caller), CALLER_SETTING: spelled},
                                            unsafe_fixes)}
-        dropped = [keeper for keeper, (functions, calling) in keepers.items()
-                   if failing & set(calling) or not migrates(texts[keeper], None, {**file_settings(keeper),
+        for keeper, (_, calling) in keepers.items():
+            if failing & set(calling):
+                left_on_apex[keeper] = tuple(sorted(caller.name for caller in failing & set(calling)))
+        dropped = [keeper for keeper, (functions, _) in keepers.items()
+                   if keeper in left_on_apex or not migrates(texts[keeper], None, {**file_settings(keeper),
                                                                                    KEEPER_SETTING: functions}, unsafe_fixes)]
         if not dropped:
-            return {keeper: functions for keeper, (functions, _) in keepers.items()}, callers
+            return {keeper: functions for keeper, (functions, _) in keepers.items()}, callers, left_on_apex
         for keeper in dropped:
             del keepers[keeper]
-    return {}, {}
+    return {}, {}, left_on_apex
 
 
 def _caller_settings(keepers, texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str], ...]]:

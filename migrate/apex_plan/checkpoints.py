@@ -5,6 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.scaler_parameters import appended
 from migrate.apex_plan.syntax import ReplaceByIdentity, subscript_key
 from migrate.apex_plan.vocabulary import (
     HELPER_NAME,
@@ -65,6 +66,9 @@ class CheckpointPlanning(Step):
         calls = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         if self.setup.scaler is None:
             raise Unplannable(calls[0], "neither `amp.initialize` nor `amp.scale_loss` is in this file, so the scaler lives elsewhere")
+        if self.setup.callers_kept:  # rewritten alone, it would stop saving the state apex keeps for them
+            raise Unplannable(calls[0], f"its callers ({', '.join(self.setup.callers_kept)}) stay on apex amp in this run and "
+                              "save or load apex's loss-scaler state through it: migrate them together")
         passed = self.setup.callers_pass  # `migrate.state_helpers`: every caller, migrated in this run, passes it
         if passed and self.setup.scaler != HELPER_SCALER:
             raise Unplannable(calls[0], f"its callers pass the GradScaler as `{HELPER_SCALER}=`, a name this file uses already")
@@ -129,10 +133,11 @@ class CheckpointPlanning(Step):
     def _take_scaler(self, function: cst.FunctionDef) -> None:
         params = function.params
         param = nodes.parse_statements(f"def f({self.setup.scaler}=None): pass\n", self.tree.module)[0].params.params[0]
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         if isinstance(params.star_arg, cst.Param) or isinstance(params.star_arg, cst.ParamStar):
-            new = params.with_changes(kwonly_params=[*params.kwonly_params, param])
+            new = params.with_changes(kwonly_params=appended(list(params.kwonly_params), param, separator))
         else:
-            new = params.with_changes(params=[*params.params, param])
+            new = params.with_changes(params=appended(list(params.params), param, separator))
         self.draft.replace(params, new)
         self.draft.kind(params, STATE_DICT, "apex's loss-scaler state is saved or loaded in this function",
                    f"Take the GradScaler as `{self.setup.scaler}=None`")

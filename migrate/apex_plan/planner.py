@@ -43,6 +43,7 @@ from migrate.apex_plan.vocabulary import (
     SCALE_LOSS,
     SCALE_LOSS_KEPT,
     SCALER_NAMES,
+    STATE_CALLERS_KEPT,
     STATE_CALLERS_PASS,
     STATE_DICT,
     STATE_HELPERS,
@@ -86,6 +87,7 @@ class Planner:
         self.levels_elsewhere = settings.get(LEVELS_ELSEWHERE, {})  # option names the project sets to O2/O3
         self.state_helpers = dict(settings.get(STATE_HELPERS, ()))  # another file's checkpoint helpers, handed the scaler
         self.callers_pass = frozenset(settings.get(STATE_CALLERS_PASS, ()))  # this file's helpers, each caller handing it
+        self.callers_kept = tuple(settings.get(STATE_CALLERS_KEPT, ()))  # or callers left on apex
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -388,7 +390,8 @@ class Planner:
         """``amp.master_params`` in a file with no other amp: its parameters, when no gradient is read."""
         states = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None) if states else None
-        writing = self._decided(reading, Setup(level=None, o0=True, scaler=scaler, callers_pass=self.callers_pass))
+        writing = self._decided(reading, Setup(level=None, o0=True, scaler=scaler, callers_pass=self.callers_pass,
+                                                  callers_kept=self.callers_kept))
         if states:
             CheckpointPlanning(writing).plan_state_alone()
         gradients = GradientPlanning(writing)

@@ -84,7 +84,7 @@ class ScalerParameterPlanning(Step):
                 for scaler in scalers:
                     argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
                                        equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
-                    args = _appended(args, argument, separator)
+                    args = appended(args, argument, separator)
                 self.draft.replace(call, call.with_changes(args=args))
                 self.draft.kind(call, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler made here",
                                 f"Pass it on: `{given}`")
@@ -106,7 +106,7 @@ class ScalerParameterPlanning(Step):
         for call in calls:
             argument = cst.Arg(nodes.parse_expression(self.setup.scaler, self.tree.module), keyword=cst.Name(HELPER_SCALER),
                                equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
-            args = _appended(list(call.args), argument, self._separator(list(call.args), len(f", {given})")))
+            args = appended(list(call.args), argument, self._separator(list(call.args), len(f", {given})")))
             self.draft.replace(call, call.with_changes(args=args))
             self.draft.kind(call, STATE_DICT, f"`{nodes.code(call.func)}` in {spellings[nodes.code(call.func)]} saves or "
                             "loads apex's loss-scaler state", f"Pass it the GradScaler: `{given}`")
@@ -188,7 +188,7 @@ def _with_parameter(params: cst.Parameters, new: cst.Param, separator: cst.Comma
     return params.with_changes(kwonly_params=[*params.kwonly_params, new])
 
 
-def _appended(items: list, new, separator: cst.Comma) -> list:
+def appended(items: list, new, separator: cst.Comma) -> list:
     """``items`` (arguments or parameters) with ``new`` last, after ``separator``; a trailing
     comma (one item a line) stays last."""
     if not items:
@@ -197,4 +197,7 @@ def _appended(items: list, new, separator: cst.Comma) -> list:
     if isinstance(last.comma, cst.Comma):
         between = items[-2].comma if len(items) > 1 and isinstance(items[-2].comma, cst.Comma) else last.comma
         return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
-    return [*items[:-1], last.with_changes(comma=separator), new]
+    # the space or line break before the closing parenthesis moves after the new item
+    after = "whitespace_after_arg" if isinstance(last, cst.Arg) else "whitespace_after_param"
+    closing = getattr(last, after)
+    return [*items[:-1], last.with_changes(comma=separator, **{after: cst.SimpleWhitespace("")}), new.with_changes(**{after: closing})]

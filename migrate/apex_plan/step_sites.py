@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import is_step
+from migrate.apex_plan.syntax import calls, is_step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import EACH, TRANSPARENT, normal
 from migrate.step_model.shapes import parameters_of
@@ -29,6 +29,56 @@ def steps_in(statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatem
         elif isinstance(child, TRANSPARENT):
             found += steps_in(child, wanted)
     return found
+
+
+def steps_after(body: list[cst.BaseStatement], sibling: cst.BaseStatement,
+                wanted: str) -> tuple[list[tuple[cst.SimpleStatementLine, int]], bool]:
+    """The steps of ``wanted`` in the statements of ``body`` after ``sibling``, an ``if`` holding
+    one, up to the next backward pass (``if accumulating and boundary: opt.step()``, then ``if not
+    accumulating: opt.step()``); and whether only one of them can run in a pass: each in an ``if``
+    whose test contradicts the tests of those before it."""
+    if not isinstance(sibling, cst.If):
+        return [], True
+    found: list[tuple[cst.SimpleStatementLine, int]] = []
+    tests, alone = [sibling], True
+    for later in body[body.index(sibling) + 1 :]:
+        if calls(later, lambda name: name in ("backward", "scale_loss")):
+            break  # the next backward pass: its own step
+        hits = steps_in(later, wanted)
+        if hits:
+            alone = alone and isinstance(later, cst.If) and all(_contradict(test, later) for test in tests)
+            found += hits
+            tests.append(later)
+    return found, alone
+
+
+_OPPOSITE = {"GreaterThan": "LessThanEqual", "LessThan": "GreaterThanEqual", "Equal": "NotEqual", "Is": "IsNot", "In": "NotIn"}
+_OPPOSITE.update({value: key for key, value in _OPPOSITE.items()})
+
+
+def _contradict(first: cst.If, second: cst.If) -> bool:
+    """Whether the two ``if`` statements (no ``else``) never both run their bodies: a part of one
+    test (``a and b``) is the negation of a part of the other (``x > 1`` and ``x <= 1``, ``f`` and ``not f``)."""
+    if first.orelse is not None or second.orelse is not None or not (nodes.is_pure(first.test) and nodes.is_pure(second.test)):
+        return False
+    return any(_negates(one, other) or _negates(other, one) for one in _conjuncts(first.test) for other in _conjuncts(second.test))
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _conjuncts(test.left) + _conjuncts(test.right)
+    return [test]
+
+
+def _negates(one: cst.BaseExpression, other: cst.BaseExpression) -> bool:
+    if isinstance(one, cst.UnaryOperation) and isinstance(one.operator, cst.Not):
+        return nodes.code(one.expression) == nodes.code(other)
+    if not (isinstance(one, cst.Comparison) and isinstance(other, cst.Comparison)
+            and len(one.comparisons) == len(other.comparisons) == 1):
+        return False
+    (mine,), (theirs,) = one.comparisons, other.comparisons
+    return (nodes.code(one.left) == nodes.code(other.left) and nodes.code(mine.comparator) == nodes.code(theirs.comparator)
+            and _OPPOSITE.get(type(mine.operator).__name__) == type(theirs.operator).__name__)
 
 
 def steps_each(statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:

@@ -12,7 +12,7 @@ from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
 from migrate.apex_plan.per_loss import loss_id_of
-from migrate.apex_plan.step_sites import steps_each, steps_in, steps_in_file, steps_of_callers
+from migrate.apex_plan.step_sites import steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
@@ -182,7 +182,12 @@ class StepPlanning(Step):
                 for guard in guards:
                     self._guard_updates(guard, scale, condition)
                 self.gradients.plan_grad_readers(scale, wanted, passed, sibling, found, guards=frozenset(map(id, guards)))
-                return [(line, index, self.conditions.step_condition(conditions, scale.call, wanted, at=line)) for line, index in found]
+                later, alone = steps_after(body, sibling, wanted)  # `if accumulating and boundary:` step, then `if not accumulating:`
+                if not alone:
+                    self.draft.unsafe.append(f"`{wanted}.step()` runs again at line {self.tree.line(later[0][0])}: where both steps run "
+                                             "after one backward pass, the second unscales the gradients again")
+                self._no_closure(later)
+                return [(line, index, self.conditions.step_condition(conditions, scale.call, wanted, at=line)) for line, index in found + later]
             owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
                 conditions.append(self.conditions.branch_condition(owner))

@@ -151,6 +151,7 @@ INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.ini
 # ``migrate.state_helpers``: a checkpoint utility's functions whose every caller passes the scaler,
 # and a training file's calls of them (spelling, the utility's place) (not user settings)
 STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"
+STATE_CALLERS_KEPT = "apex-state-callers-kept"  # a checkpoint utility's callers the run leaves on apex (not a user setting)
 HELPER_SCALER = "scaler"  # the parameter those functions take, and the keyword the calls pass
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
@@ -318,6 +319,7 @@ class Setup:
     scaler_maker: cst.FunctionDef | None = None  # and the function that makes it
     scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
     callers_pass: frozenset[str] = frozenset()  # a checkpoint utility's functions every caller hands the scaler
+    callers_kept: tuple[str, ...] = ()  # a checkpoint utility's callers that stay on apex amp in this run
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:

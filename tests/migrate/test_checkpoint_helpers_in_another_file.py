@@ -229,6 +229,18 @@ def test_a_caller_the_run_leaves_on_apex_keeps_the_utility_on_apex(tmp_path):
     _unchanged(root)
 
 
+def test_a_caller_no_run_migrates_keeps_the_utility_on_apex_with_unsafe_fixes_too(tmp_path):
+    root = _base(tmp_path / "p")  # a model cast to float16 by hand: the training file is not planned at all
+    text = (root / "train.py").read_text().replace("    model, optimizer = amp.initialize", "    model = model.half()\n"
+                                                   "    model, optimizer = amp.initialize")
+    (root / "train.py").write_text(text)
+    before = (root / "utils.py").read_text()
+    results = migrate_paths([root], unsafe_fixes=True)
+    assert (root / "utils.py").read_text() == before
+    reasons = " ".join(d.message for r in results if r.filename.endswith("utils.py") for d in r.diagnostics)
+    assert "its callers (train.py) stay on apex amp" in reasons, reasons
+
+
 def test_a_helper_of_the_same_name_in_another_file_is_not_taken_for_it(tmp_path):
     root = _base(tmp_path / "p")
     (root / "other").mkdir()
@@ -253,3 +265,27 @@ def test_a_project_migrated_with_its_utility_trains_and_resumes_the_same(tmp_pat
     result = compare(Target(str(original / "train.py")), Target(str(migrated / "train.py")), [], device="cpu",
                      steps=12, parallel=False, timeout=600)
     assert result.verdict == SAME, as_text(result)
+
+
+# how the helper's parameters and a call's arguments are laid out: {items} holds them
+LAYOUTS_OF_ITEMS = ["({items})", "(\n    {items}\n)", "(\n    {items},\n)", "({items},\n)"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS_OF_ITEMS)
+def test_the_new_parameter_and_argument_keep_the_layout_they_join(tmp_path, layout):
+    root = _base(tmp_path / "p")
+    utility = (root / "utils.py").read_text().replace(
+        "def save_checkpoint(config, epoch, model, optimizer, path):",
+        "def save_checkpoint" + layout.format(items="config, epoch, model, optimizer, path") + ":")
+    (root / "utils.py").write_text(utility)
+    call = layout.format(items="config, epoch, model, optimizer, config.path").replace("\n", "\n        ")
+    training = (root / "train.py").read_text().replace("save_checkpoint(config, epoch, model, optimizer, config.path)",
+                                                       "save_checkpoint" + call)
+    (root / "train.py").write_text(training)
+    migrate_paths([root])
+    for name in ("utils.py", "train.py"):
+        text = (root / name).read_text()
+        compile(text, name, "exec")
+        assert not any(line and not line.strip() for line in text.splitlines()), text  # no line of spaces only
+        assert "\nscaler" not in text and "\n    scaler=None" not in text.replace("\n    scaler=None,\n)", ""), text
+    assert "scaler=scaler" in (root / "train.py").read_text()
