@@ -23,12 +23,13 @@ from pathlib import Path
 from migrate import halves, quiet
 from migrate.apex_kept import migrates
 from migrate.apex_plan.vocabulary import HELPER_SCALER as KEYWORD
+from migrate.apex_plan.vocabulary import STATE_CALLERS_KEPT as KEPT_SETTING
 from migrate.apex_plan.vocabulary import STATE_CALLERS_PASS as KEEPER_SETTING
 from migrate.apex_plan.vocabulary import STATE_HELPERS as CALLER_SETTING
 from migrate.files import project_python_files, project_root
 from migrate.module_paths import find_on_disk, is_module
 
-__all__ = ["CALLER_SETTING", "KEEPER_SETTING", "KEYWORD", "handed"]
+__all__ = ["CALLER_SETTING", "KEEPER_SETTING", "KEPT_SETTING", "KEYWORD", "handed"]
 
 _FOLDERS_UP = 3  # as ``halves``: an absolute import's module is looked for this many folders up
 
