@@ -327,7 +327,10 @@ class InitializePlanning(Step):
             first, applied = f'f"opt_level {{{level}!r}}{after}"', ""
         levels = ", ".join(f'"{name}"' for name in exact)
         room = self.tree.line_limit - self.tree.line_indent(hoist or init.statement)
-        condition = fitted_conjunction([*self._flags(init, hoist), f"{level} not in ({levels})"], room - len("if :"))
+        # `level != "O0"` around `initialize` goes without saying beside `level not in ("O0", "O1")`
+        implied = {f'{level}!="O0"', f"{level}!='O0'", f'"O0"!={level}', f"'O0'!={level}"}
+        flags = [flag for flag in self._flags(init, hoist) if flag.replace(" ", "") not in {c.replace(" ", "") for c in implied}]
+        condition = fitted_conjunction([*flags, f"{level} not in ({levels})"], room - len("if :"))
         line = f"    raise RuntimeError({first[:-1]}{last[1:]}{applied})"
         if len(line) <= room:
             lines = [f"if {condition}:", line]

@@ -79,3 +79,13 @@ def test_choices_that_hold_o2_beside_an_exact_default(default, safe):
     assert "raise RuntimeError(" in result.new_source and "from apex import" not in result.new_source
     assert 'scaler = torch.amp.GradScaler("cuda", enabled=args.opt_level != "O0")' in result.new_source
     compile(result.new_source, "train.py", "exec")
+
+
+@pytest.mark.parametrize("test", ['args.opt_level != "O0"', "args.opt_level != 'O0'", '"O0" != args.opt_level'])
+def test_the_check_that_stops_o2_does_not_repeat_the_test_around_initialize(test):
+    source = CANONICAL.format(argument='parser.add_argument("--opt-level", default="O1")\nparser.add_argument("--amp")\n')
+    source = source.replace("model, optimizer = amp.initialize(", f"if {test}:\n    model, optimizer = amp.initialize(")
+    result = migrate_source(source, filename="train.py")
+    assert "from apex import" not in result.new_source, result.new_source
+    guard = next(line for line in result.new_source.splitlines() if "not in (" in line)
+    assert guard == 'if args.opt_level not in ("O0", "O1"):', result.new_source
