@@ -9,7 +9,17 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import backward_calls, calls
 from migrate.apex_plan.tree import FileTree
-from migrate.apex_plan.vocabulary import HOLDS_GRADIENTS, alias_present, attribute_set, grouped_text, negated, normal
+from migrate.apex_plan.step_sites import steps_in_file
+from migrate.apex_plan.vocabulary import (
+    EACH,
+    HOLDS_GRADIENTS,
+    HOLDS_GRADIENTS_EACH,
+    alias_present,
+    attribute_set,
+    grouped_text,
+    negated,
+    normal,
+)
 from migrate.flow.bindings import bindings
 from migrate.step_model.shapes import parameters_of
 from migrate.step_model.vocabulary import joined_by
@@ -148,7 +158,8 @@ class StepConditions(Step):
                     f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
                 )
             conditions = [c for c in conditions if c is not None]
-            conditions.insert(0, HOLDS_GRADIENTS.format(optimizer=optimizer))
+            listed = any(index == EACH for _, index in steps_in_file(self.tree.module, optimizer))  # a list, stepped in a loop
+            conditions.insert(0, (HOLDS_GRADIENTS_EACH if listed else HOLDS_GRADIENTS).format(optimizer=optimizer))
         return " and ".join(f"({c})" if " " in c and len(conditions) > 1 and not c.startswith("any(") else c for c in reversed(conditions))
 
     def clearers(self) -> frozenset[str]:

@@ -23,6 +23,7 @@ from migrate.apex_plan.syntax import (
 from migrate.apex_plan.vocabulary import (
     EACH,
     HOLDS_GRADIENTS,
+    HOLDS_GRADIENTS_EACH,
     PLAIN_STEP_MARK,
     PLAIN_STEP_REASON,
     SCALE_LOSS,
@@ -312,7 +313,7 @@ class StepPlanning(Step):
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
         for guard, scaler, condition in self.draft.gradient_guards.values():
             before: list[cst.BaseStatement] = []
-            if condition is not None and HOLDS_GRADIENTS.partition("{optimizer}")[0] in condition and any(
+            if condition is not None and HOLDS_GRADIENTS.partition(" for group")[0] in condition and any(
                     type(node) is cst.Call and nodes.call_name(node) == "zero_grad" for node in descendants(guard)):
                 # a `zero_grad()` under the guard clears what the test reads: asked after it, the
                 # update would be skipped where the step was taken (and the next `unscale_` raise)
@@ -448,7 +449,8 @@ class StepPlanning(Step):
 
     def each_step_replacement(self, loop: cst.For, update: bool, condition: str | None, scaler: str) -> Replacement:
         """The loop stepping each optimizer through the scaler, and one ``update()`` after it."""
-        if condition is not None and HOLDS_GRADIENTS.format(optimizer=nodes.code(loop.iter)) in condition:
+        if condition is not None and any(test.format(optimizer=nodes.code(loop.iter)) in condition
+                                         for test in (HOLDS_GRADIENTS, HOLDS_GRADIENTS_EACH)):
             raise Unplannable(loop, "the optimizers are stepped in a loop under a condition the scaler cannot test again")
         # under the scaled backward's own test (`if self.amp is not None:`): each optimizer steps
         # through the scaler where it holds, plainly else, and the scaler updates once after them

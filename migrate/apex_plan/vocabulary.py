@@ -457,6 +457,8 @@ def _is_boolean(expression: cst.BaseExpression) -> bool:
 SCALED_READER_MARK = "# noqa: AMP101 reads scaled gradients, as apex did inside amp.scale_loss"
 # Whether an optimizer holds gradients: after `zero_grad()`, whether a backward pass ran since.
 HOLDS_GRADIENTS = 'any(p.grad is not None for group in {optimizer}.param_groups for p in group["params"])'
+# the same of a list of optimizers stepped in a loop (`for optim in self.optimizers: optim.step()`)
+HOLDS_GRADIENTS_EACH = 'any(p.grad is not None for each in {optimizer} for group in each.param_groups for p in group["params"])'
 # Put on the plain step of `if <that test>: scaler.step(opt) else: opt.step()`: on that path
 # nothing was scaled, so AMP102 (a step that skips the scaler) must not send it through.
 PLAIN_STEP_MARK = "# noqa: AMP102"  # on the step, its reason on the line above:

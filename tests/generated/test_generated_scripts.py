@@ -508,3 +508,18 @@ def test_a_nan_batch_skipped_at_the_boundary_after_a_delayed_pass_stays_unsafe(c
     said = " ".join(line.strip().lstrip("#").strip() for line in (tmp_path / "unsafe.py").read_text().splitlines())
     assert "`delay_unscale` keeps gradients scaled" in said
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("clip", ["master_params", "parameters"])
+def test_two_optimizers_in_a_list_under_a_nan_skip_keep_the_unsafe_rewrite_running(clip, tmp_path):
+    """Two optimizers in a list, stepped in a loop, the scaled backward under a test that calls
+    something (a NaN skip), a clip at the boundary: the scale-aware clip asked whether the list
+    itself held gradients (``self.optims.param_groups``) and the unsafe rewrite raised (bench seed
+    75, scripts 936-940). It asks each optimizer of the list now."""
+    drawn = Features(loss="arms", loop="while", accumulation="none", boundary="minus_one", clip=clip, clip_at="boundary",
+                     flag="off", import_guard=False, inner_fp32=False, names=("network", "optims", "loss"), holder="method",
+                     amp_via="attribute", optimizers="two", between="aux_backward", trainer_init="base", import_in="function",
+                     forward_via="wrapper", nan_skip=True)
+    outcome = judge(drawn, tmp_path)
+    assert not outcome.unsafe_crash, outcome.summary
+    assert_rewrites_hold(outcome)
