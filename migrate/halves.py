@@ -26,12 +26,12 @@ from migrate.files import project_files_saying, project_root
 from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
 
-__all__ = ["INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "linked_scale_halves", "on_disk", "pair", "partners"]
+__all__ = ["FOLDERS_UP", "INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "linked_scale_halves", "on_disk", "pair", "partners"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
 SCALER = "scaler"  # the module-level name the scale half's GradScaler gets
-_FOLDERS_UP = 3  # an absolute import's package is looked for this many folders up from the importer
+FOLDERS_UP = 3  # an absolute import's package is looked for this many folders up from the importer
 _HALF_CALL = re.compile(r"amp\s*\.\s*(initialize|scale_loss)\s*\(")  # `amp.`, `apex.amp.`, `apex_amp.`
 _INITIALIZE_CALL = re.compile(r"amp\s*\.\s*initialize\s*\(")
 _STATE_CALL = re.compile(r"amp\s*\.\s*(?:load_)?state_dict\s*\(")
@@ -448,7 +448,7 @@ def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: 
 def _package_of(folder: Path, level: int, module: str) -> Path | None:
     """The resolved ``__init__.py`` of the package ``module`` as a file in ``folder`` imports it;
     None where it is a plain module or not on disk (asked for every import of every half)."""
-    found = find_on_disk(folder / "_", level, module.split("."), folders_up=_FOLDERS_UP)
+    found = find_on_disk(folder / "_", level, module.split("."), folders_up=FOLDERS_UP)
     return found.resolve() if found is not None and found.name == "__init__.py" else None
 
 

@@ -31,7 +31,6 @@ from migrate.module_paths import find_on_disk, is_module
 
 __all__ = ["CALLER_SETTING", "KEEPER_SETTING", "KEPT_SETTING", "KEYWORD", "handed"]
 
-_FOLDERS_UP = 3  # as ``halves``: an absolute import's module is looked for this many folders up
 
 
 def handed(texts: Mapping[Path, str], file_settings: Callable[[Path], dict], unsafe_fixes: bool
@@ -183,5 +182,5 @@ def _which(importer: Path, level: int, parts: list[str], keeper: Path) -> bool |
         return False
     if level:
         return True
-    found = find_on_disk(importer, 0, parts, _FOLDERS_UP)
+    found = find_on_disk(importer, 0, parts, halves.FOLDERS_UP)
     return found is not None and found.resolve() == keeper or None

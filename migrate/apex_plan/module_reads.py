@@ -8,6 +8,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.syntax import calls
 from migrate.apex_plan.vocabulary import (
     INITIALIZE,
     SCALE_LOSS,
@@ -15,7 +16,6 @@ from migrate.apex_plan.vocabulary import (
     InitializeSite,
     Unplannable,
 )
-from migrate.tree_walk import descendants
 
 _ABOUT_THE_MODULE = frozenset({"__path__", "__file__", "__version__"})
 _LOGGERS = frozenset({"print", "info", "debug", "warning", "warn", "log"})
@@ -96,5 +96,4 @@ class ModuleReadPlanning(Step):
 
 def _steps(statement: cst.CSTNode) -> bool:
     """Whether ``statement`` calls an optimizer's ``step()`` (``optimizer.step()``, ``opt_d.step()``)."""
-    return any(isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"
-               and not node.args for node in descendants(statement))
+    return any(not call.args for call in calls(statement, lambda name: name == "step"))
