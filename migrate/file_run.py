@@ -42,6 +42,7 @@ class Options:
     state_callers_pass: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' functions
     state_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' calls
     state_callers_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> callers left on apex
+    gradient_norms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.grad_norms``' names
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -59,6 +60,7 @@ _PROJECT_FACTS = (
     ("state_callers_pass", "apex-state-callers-pass"),
     ("state_helpers", "apex-state-helpers"),
     ("state_callers_kept", "apex-state-callers-kept"),
+    ("gradient_norms", "gradient-norm-helpers"),
 )
 
 

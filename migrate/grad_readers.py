@@ -6,7 +6,9 @@ which may run once per step. Where the step may not follow the read (a clip at e
 micro-batch, the step every fourth), ``unscale_`` cannot go there; a clip can still be exact on
 the scaled gradients: their norm is the true norm times the scale, so clipping them at
 ``max_norm * scale`` multiplies them by the same factor as clipping the true ones at ``max_norm``
-(and the scale, a power of two, divides back exactly). ``clip_grad_value_`` likewise.
+(and the scale, a power of two, divides back exactly). ``clip_grad_value_`` likewise; and a
+function of the project returning the gradients' norm (``migrate.grad_norms``) is exact divided
+by the scale.
 """
 from __future__ import annotations
 
@@ -93,39 +95,64 @@ def _given_to_an_optimizer(function: cst.CSTNode, name: str) -> bool:
     return False
 
 
-def scale_aware_clips(statement: cst.CSTNode, reads: Callable[[cst.CSTNode], bool] | None = None) -> list[cst.Call] | None:
-    """The clip calls of ``statement`` when clips are all it reads gradients with; else None.
+def scale_aware_clips(statement: cst.CSTNode, reads: Callable[[cst.CSTNode], bool] | None = None,
+                      norms: frozenset[str] = frozenset()) -> list[cst.Call] | None:
+    """The clip calls of ``statement``, and its calls of ``norms`` (functions returning the
+    gradients' norm), when those are all it reads gradients with; else None.
 
     ``reads``, if given, also says which of a compound statement's lines read gradients out of
     sight (``if clip: clip_grad_norm_(...)`` / ``else: norm = total_norm(amp.master_params(opt))``,
     a helper of the file reading ``p.grad``): a clip aware of the scale does not cover such a line.
     """
     if reads is not None and not isinstance(statement, cst.SimpleStatementLine) and any(
-            reads(line) and not scale_aware_clips(line) for line in descendants(statement)
+            reads(line) and not scale_aware_clips(line, norms=norms) for line in descendants(statement)
             if isinstance(line, cst.SimpleStatementLine)):
         return None
     clips = [call for call in _grad_calls(statement) if nodes.call_name(call) in _CLIPS]
-    if not clips or any(nodes.argument(call, _CLIPS[nodes.call_name(call)][0], _CLIPS[nodes.call_name(call)][1]) is None
-                        or nodes.has_star(call) for call in clips):
+    if any(nodes.argument(call, _CLIPS[nodes.call_name(call)][0], _CLIPS[nodes.call_name(call)][1]) is None
+           or nodes.has_star(call) for call in clips):
+        return None
+    clips += [call for call in _outside_definitions(statement, cst.Call) if _norm_call(call, norms)]
+    if not clips:
         return None
     inside = {id(node) for call in clips for node in _subtree(call)}
     others = [node for node in (*_grad_calls(statement), *_grad_attributes(statement)) if id(node) not in inside]
     return None if others else clips
 
 
+def _norm_call(call: cst.Call, norms: frozenset[str]) -> bool:
+    """A call of a gradient norm (``get_grad_norm(params)``, ``get_grad_norm(params, 2)``): the
+    parameters first, and only positive numbers (or ``inf``) beside them, as a norm's order."""
+    if type(call.func) is not cst.Name or call.func.value not in norms or not call.args or call.args[0].keyword is not None:
+        return False
+    return not nodes.has_star(call) and all(_positive_order(arg.value) for arg in call.args[1:])
+
+
+def _positive_order(value: cst.BaseExpression) -> bool:
+    if isinstance(value, (cst.Integer, cst.Float)):
+        return float(value.value.replace("_", "")) > 0
+    return nodes.code(value) in ("inf", "math.inf", "float('inf')", 'float("inf")', "torch.inf", "np.inf")
+
+
+def is_clip(call: cst.Call) -> bool:
+    """Whether ``call`` clips (``scale_aware`` scales its threshold) rather than takes a norm."""
+    return nodes.call_name(call) in _CLIPS
+
+
 def scale_aware(call: cst.Call, scale: str, parent: cst.CSTNode | None, params: cst.BaseExpression | None,
                 module: cst.Module) -> cst.BaseExpression:
     """``call`` clipping scaled gradients at its threshold times ``scale`` (an expression), its
-    returned norm divided by ``scale`` where it is read. ``params``, if given, replaces the
-    parameters argument."""
-    position, keyword, returns_norm = _CLIPS[nodes.call_name(call)]
-    threshold = nodes.argument(call, position, keyword)
-    limit = nodes.code(threshold.value)
-    if not isinstance(threshold.value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call, cst.Integer, cst.Float)):
-        limit = f"({limit})"
+    returned norm divided by ``scale`` where it is read; or, for a gradient norm (not a clip),
+    that norm divided by ``scale``. ``params``, if given, replaces the parameters argument."""
+    position, keyword, returns_norm = _CLIPS.get(nodes.call_name(call), (None, None, True))
+    threshold = nodes.argument(call, position, keyword) if position is not None else None
+    if threshold is not None:
+        limit = nodes.code(threshold.value)
+        if not isinstance(threshold.value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call, cst.Integer, cst.Float)):
+            limit = f"({limit})"
     args = []
     for arg in call.args:
-        if arg is threshold:
+        if threshold is not None and arg is threshold:
             arg = arg.with_changes(value=nodes.parse_expression(f"{limit} * {scale}", module))
         elif params is not None and arg is call.args[0]:
             arg = arg.with_changes(value=params)

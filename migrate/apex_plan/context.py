@@ -50,6 +50,7 @@ class Context(NamedTuple):
     partner: Partner | None  # the other half of apex amp, in another file
     handed_elsewhere: tuple = ()  # ``migrate.forward_callers.Handed``: what other files hand the file's functions
     levels_elsewhere: Mapping[str, str] = {}  # ``migrate.level_settings``: option names the project sets to O2/O3, with where
+    gradient_norms: frozenset[str] = frozenset()  # ``migrate.grad_norms``: names the file calls that return a gradient norm
 
 
 class Step:

@@ -16,6 +16,7 @@ from migrate.apex_plan.vocabulary import (
     EACH,
     MASTER_COPIES,
     MASTER_PARAMS,
+    NORM_OF_SCALED_MARK,
     SCALE_AWARE_MARK,
     SCALE_LOSS,
     SCALED_READER_MARK,
@@ -119,7 +120,7 @@ class GradientPlanning(Step):
         if not all(follows for _, _, follows in readers):
             # a clip in an arm that never runs with the scaled backward (the native or fp32 arm of
             # `if native: ... elif apex: ... else: ...` after the same test) reads what it always read
-            found_clips = [grad_readers.scale_aware_clips(reader, reads) for reader, _, _ in readers]
+            found_clips = [grad_readers.scale_aware_clips(reader, reads, self.context.gradient_norms) for reader, _, _ in readers]
             clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
                      for found in found_clips]
             conditions = [condition for (_, condition, _), kept, found in zip(readers, clips, found_clips) if found is None or kept]
@@ -278,14 +279,18 @@ class GradientPlanning(Step):
             new = self._laid_out(clip, grad_readers.scale_aware(clip, factor, self.tree.parent.get(id(clip)), generator, self.tree.module))
             # Marked `# noqa: AMP101`: it reads scaled gradients, and rightly (AMP101 offers no fix
             # there, as no step may follow). One mark per statement.
+            clips_them = grad_readers.is_clip(clip)
             node, statement = clip, self.tree.statement(clip)
             if id(statement) not in self.draft.replacements:
-                node, new = statement, with_first_line_comment(statement.deep_replace(clip, new), SCALE_AWARE_MARK)
+                mark = SCALE_AWARE_MARK if clips_them else NORM_OF_SCALED_MARK
+                node, new = statement, with_first_line_comment(statement.deep_replace(clip, new), mark)
             self.draft.replace(node, new)
             if marker is not None:
                 self.draft.leave_marker(node if node is statement else scale.statement, marker)
+            done = (f"Clip the scaled gradients at the threshold times `{factor}`" if clips_them
+                    else f"Divide the scaled gradients' norm by `{factor}`")
             self.draft.kind(node, SCALE_LOSS, "gradients read after `amp.scale_loss` were unscaled by apex",
-                       f"Clip the scaled gradients at the threshold times `{factor}`: the step may not follow, so they cannot be unscaled here")
+                            f"{done}: the step may not follow, so they cannot be unscaled here")
 
     def _first_readers(self, statement: cst.BaseStatement, scaled: cst.CSTNode) -> list[cst.BaseStatement]:
         """Where gradients are first read in each branch of ``statement`` (itself, unless it is an

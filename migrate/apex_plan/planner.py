@@ -44,6 +44,7 @@ from migrate.apex_plan.vocabulary import (
     SCALE_LOSS_KEPT,
     SCALER_NAMES,
     STATE_CALLERS_KEPT,
+    GRADIENT_NORMS,
     STATE_CALLERS_PASS,
     STATE_DICT,
     STATE_HELPERS,
@@ -88,6 +89,7 @@ class Planner:
         self.state_helpers = dict(settings.get(STATE_HELPERS, ()))  # another file's checkpoint helpers, handed the scaler
         self.callers_pass = frozenset(settings.get(STATE_CALLERS_PASS, ()))  # this file's helpers, each caller handing it
         self.callers_kept = tuple(settings.get(STATE_CALLERS_KEPT, ()))  # or callers left on apex
+        self.gradient_norms = frozenset(settings.get(GRADIENT_NORMS, ()))  # names it calls returning a gradient norm
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -104,7 +106,7 @@ class Planner:
     def _plan(self) -> ApexPlan:
         self.sites = classify(self.tree, self.draft)
         reading = Context(self.tree, self.sites, self.draft, None, self.exact_levels, self.partner, self.handed_elsewhere,
-                          self.levels_elsewhere)
+                          self.levels_elsewhere, self.gradient_norms)
         core = self.sites.all_calls()
         if not core:
             return ApexPlan()

@@ -152,6 +152,7 @@ INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.ini
 # and a training file's calls of them (spelling, the utility's place) (not user settings)
 STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"
 STATE_CALLERS_KEPT = "apex-state-callers-kept"  # a checkpoint utility's callers the run leaves on apex (not a user setting)
+GRADIENT_NORMS = "gradient-norm-helpers"  # names a file calls that return a gradient norm (``migrate.grad_norms``; not a user setting)
 HELPER_SCALER = "scaler"  # the parameter those functions take, and the keyword the calls pass
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
@@ -465,3 +466,4 @@ PLAIN_STEP_MARK = "# noqa: AMP102"  # on the step, its reason on the line above:
 PLAIN_STEP_REASON = "# nothing was scaled on this path: a plain step, as apex did"
 # Put on a clip made scale-aware (threshold times the scale): it works on scaled gradients, rightly.
 SCALE_AWARE_MARK = "# noqa: AMP101 clips the scaled gradients at the threshold times the scale"
+NORM_OF_SCALED_MARK = "# noqa: AMP101 the scaled gradients' norm, divided by the scale"
