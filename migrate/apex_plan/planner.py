@@ -210,9 +210,6 @@ class Planner:
         several.note_inference([extra for extra in inits if extra not in joined])
         apart = [extra for extra in others_inits if extra not in repeats + joined and not extra.inference
                  and self.tree.exclusive(init.statement, extra.statement)]
-        if apart:  # the scaler is made where `init` was: a run training through the other arm would have none
-            raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
-                              "that exclude each other: the GradScaler would be made in one only")
         o0 = level == "O0"
         scaler_sites: list[cst.CSTNode] = [s.statement for s in scales if id(s.call) not in self.sites.alias_of]
         helpers = ScalerParameterPlanning(reading).helper_calls(self.state_helpers)
@@ -227,14 +224,22 @@ class Planner:
                               "its old checkpoint state")
         scaler, scope, stand_in = initialize.scaler_name(init, scaler_sites)
         hoist, in_block = None, False
-        if init is not None and not o0:  # O0: no scaler
+        # `initialize` in each arm of an `if`/`else`, alike: the scaler is made in every arm
+        mirrored = (several.mirrored(init, apart, None) or {}) if apart else {}
+        if init is not None and not o0 and not mirrored:  # O0: no scaler
             hoist, stand_in, in_block = initialize.hoist_guard(init, scaler_sites, scaler, scope, stand_in)
+            # or under the same `if flag:` in each arm, hoisted out of it there
+            mirrored = (several.mirrored(init, apart, hoist) or {}) if apart and hoist is not None else mirrored
+        if any(id(extra) not in mirrored for extra in apart):  # a run training through that arm would have none
+            extra = next(extra for extra in apart if id(extra) not in mirrored)
+            raise Unplannable(extra.call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
+                              "that exclude each other: the GradScaler would be made in one only")
         # The function making the scaler hands it to the functions using it, where it can;
         # else a scaler assigned through `global` exists only once its function ran: a disabled
         # one stands in at module level until then, as apex did nothing before `initialize`.
         receivers = None
         if scope == "global" and not o0 and stand_in is None:
-            made_at = hoist if hoist is not None else init.statement
+            made_at = several.chain_made_in(init, hoist) if mirrored else hoist if hoist is not None else init.statement
             receivers = ScalerParameterPlanning(reading).receivers(self.tree.function(init.statement), made_at, scaler_sites)
         if receivers is not None:
             scope = "parameter"
@@ -247,10 +252,14 @@ class Planner:
                 if self.tree.import_anchor() is None:
                     raise Unplannable(init.call, "the scaler would be created in a block at module level, with no import line to declare it after")
                 stand_in = "module"
-        elsewhere = several.elsewhere(init, [e for e in others_inits if e not in repeats + joined], hoist, scope) if init else {}
+        elsewhere = several.elsewhere(init, [e for e in others_inits if e not in repeats + joined + apart], hoist, scope) if init else {}
         if scope == "global" and receivers is None and several.each_its_own(init, [e for e in inits if id(e) in elsewhere], scaler_sites):
             scope, stand_in = "local", None  # `train()` and `finetune()` each make theirs
-        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere):
+        if mirrored and (scope == "global" or stand_in is not None):  # one `global` line, or a stand-in, would not serve every arm
+            raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
+                              "that exclude each other, and the scaler would be a global or stand in before them: "
+                              "made in each arm, it would not be")
+        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere) + len(mirrored):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
         # it is made in after a disabled stand-in
@@ -354,6 +363,8 @@ class Planner:
                 initialize.plan_initialize(extra, None, reinitialize=True)
             elif id(extra) in elsewhere and not self.setup.o0:
                 initialize.plan_initialize(extra, elsewhere[id(extra)], again=True)
+            elif id(extra) in mirrored and not self.setup.o0:
+                initialize.plan_initialize(extra, mirrored[id(extra)], again=True)
             else:
                 initialize.plan_initialize_removal(extra, with_guard=extra in joined)
         if init is not None:

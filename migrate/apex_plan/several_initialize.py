@@ -61,6 +61,64 @@ class SeveralInitializePlanning(Step):
                 found[id(again)] = around
         return found
 
+    def mirrored(self, first: InitializeSite, apart: list[InitializeSite], hoist: cst.If | None) -> dict[int, cst.If | None] | None:
+        """Where ``first`` and the calls ``apart`` from it sit in the arms of one ``if``/``elif``/
+        ``else`` chain at the top of their function (``if multi_gpu: initialize; DDP(...) else:
+        initialize``), one in each arm, with the same options and placed alike (in the arm, or
+        alone under an ``if`` of ``hoist``'s test there): each of ``apart``, with the ``if`` its
+        scaler is hoisted out of. The scaler is then made in every arm, so it exists after the
+        chain whichever ran, as apex's loss scaler did. None where they are not so."""
+        mine, function = self._options(first), self.tree.function(first.statement)
+        if mine is None or function is None or first.inference:
+            return None
+        chain = self._arm_chain(hoist or first.statement, function)
+        if chain is None:
+            return None
+        found: dict[int, cst.If | None] = {}
+        for again in apart:
+            if again.inference or self._options(again) != mine or self.tree.function(again.statement) is not function:
+                return None
+            placed: cst.CSTNode = again.statement
+            if hoist is not None:
+                placed = self.tree.parent.get(id(self.tree.parent.get(id(again.statement))))
+                if not (isinstance(placed, cst.If) and placed.orelse is None
+                        and normal(nodes.code(placed.test)) == normal(nodes.code(hoist.test))
+                        and (nodes.is_pure(placed.test) or len(placed.body.body) == 1)):
+                    return None
+            if self._arm_chain(placed, function) != chain:
+                return None
+            found[id(again)] = placed if hoist is not None else None
+        arms_held = {id(self.tree.parent.get(id(placed))) for placed in (hoist or first.statement, *(
+            value if value is not None else next(a.statement for a in apart if id(a) == key) for key, value in found.items()))}
+        return found if len(arms_held) == len(chain) == 1 + len(found) else None
+
+    def _arm_chain(self, statement: cst.CSTNode, function: cst.FunctionDef) -> tuple[int, ...] | None:
+        """The blocks of the ``if``/``elif``/``else`` chain whose arm holds ``statement`` directly
+        (as ids), the chain at the top of ``function`` and ending in ``else``; None otherwise."""
+        block = self.tree.parent.get(id(statement))
+        owner = self.tree.parent.get(id(block))
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(owner, (cst.If, cst.Else)):
+            return None
+        top = owner
+        while isinstance(self.tree.parent.get(id(top)), cst.If) and self.tree.parent.get(id(top)).orelse is top:
+            top = self.tree.parent.get(id(top))
+        if not isinstance(top, cst.If) or not self._at_top(top, function):
+            return None
+        blocks, arm = [], top
+        while isinstance(arm, cst.If):
+            blocks.append(id(arm.body))
+            arm = arm.orelse
+        if not isinstance(arm, cst.Else):
+            return None  # a way through no arm would make no scaler
+        return (*blocks, id(arm.body))
+
+    def chain_made_in(self, first: InitializeSite, hoist: cst.If | None) -> cst.If:
+        """The ``if`` chain whose arms ``mirrored`` found making the scaler: it exists after it."""
+        node = self.tree.parent.get(id(self.tree.parent.get(id(hoist or first.statement))))
+        while isinstance(self.tree.parent.get(id(node)), (cst.If, cst.Else)) or isinstance(node, cst.Else):
+            node = self.tree.parent.get(id(node))
+        return node
+
     def each_its_own(self, first: InitializeSite, again: list[InitializeSite], sites: list[cst.CSTNode]) -> bool:
         """Every use of the scaler (``sites``) is in a function that makes one (``first``'s, or
         one of ``again``, the calls ``elsewhere`` found): each makes a local scaler of its own,
