@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.activation_checkpoints import reentrant_in_project
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.tree_walk import descendants
@@ -45,7 +46,12 @@ class ApexDistributedDataParallel(ApexRename):
     (``gradient_predivide_factor``, ``allreduce_always_fp32``, ``shared_param``,
     ``retain_allreduce_buffers``, ...), and where the file uses what only apex's class has
     (``model.disable_allreduce()`` between micro-batches, ``model.needs_reduction = False``):
-    torch's class would raise there; its ``with model.no_sync():`` does that job.
+    torch's class would raise there; its ``with model.no_sync():`` does that job. Reported, too, where
+    the project checkpoints activations reentrantly (``checkpoint.checkpoint(blk, x)`` without
+    ``use_reentrant=False``, in any of its files): torch's DDP finding unused parameters raises at
+    the first backward pass there ("Expected to mark a variable ready only once"), where apex's
+    all-reduce after the backward pass did not care; ``static_graph=True`` (or
+    ``find_unused_parameters=False`` where every parameter gets a gradient) is a choice made by hand.
 
     Options:
     None.
@@ -91,6 +97,11 @@ class ApexDistributedDataParallel(ApexRename):
         if apex_only:
             return NoFix(f"the file uses `.{apex_only[0]}`, which only apex's class has (torch's skips the all-reduce "
                          "with `with model.no_sync():` instead)")
+        reentrant = reentrant_in_project(self.context.filename)
+        if reentrant is not None:
+            return NoFix(f"the project checkpoints activations reentrantly ({reentrant}): torch's DDP finding unused "
+                         "parameters (as apex's tolerated them) raises at the first backward pass there; wrap it by hand "
+                         "with `static_graph=True`, or `find_unused_parameters=False` where every parameter gets a gradient")
         options = nodes.keyword_names(call) - {"module"}
         other = options - set(_OVERLAP_ONLY)
         if other:
