@@ -192,7 +192,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     """``options`` with the other half of each file holding one half of apex amp, the names
     other files import from each file that imports apex (``migrate.importers``), the apex
     cast registrations of other files of its project (``migrate.cast_registrations``), and where
-    its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it calls
+    its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it imports
     that return a gradient norm (``migrate.grad_norms``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), and for one initializing

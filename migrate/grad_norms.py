@@ -24,10 +24,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.apex_plan.vocabulary import GRADIENT_NORMS as SETTING
 from migrate.module_paths import find_on_disk
 
 __all__ = ["SETTING", "defined_norms", "elsewhere", "is_gradient_norm"]
+
+SETTING = "gradient-norm-helpers"  # the names a file imports that return a gradient norm (not a user setting)
 
 _FOLDERS_UP = 8  # how far above the file a module of its project is looked for (as ``imported_helpers``)
 _LARGEST_FILE = 2_000_000
@@ -342,13 +343,14 @@ def _norms_of(file: str) -> frozenset[str]:
 
 
 def _norms_for(path: Path, text: str) -> tuple[str, ...]:
-    """The names ``path`` binds to a gradient norm: its own functions, and those it imports by
-    name from a module of its project found on disk (``from utils import get_grad_norm``)."""
+    """The names ``path`` imports by name from a module of its project found on disk that are
+    functions returning a gradient norm (``from utils import get_grad_norm``); its own functions
+    are the planner's to read (``FileTree.gradient_norms``)."""
     try:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
-    found = set(defined_norms(tree))
+    found: set[str] = set()
     for node in tree.body:
         for inner in (node, *getattr(node, "body", ()), *getattr(node, "orelse", ())) if isinstance(node, (ast.Try, ast.If)) else (node,):
             if isinstance(inner, ast.ImportFrom) and inner.module is not None:
@@ -361,8 +363,8 @@ def _norms_for(path: Path, text: str) -> tuple[str, ...]:
 
 
 def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
-    """For each file of ``texts`` (those that say apex), the names bound in it to a function
-    returning a gradient norm; files with none left out."""
+    """For each file of ``texts`` (those that say apex), the names it imports from another file
+    of its project that return a gradient norm; files with none left out."""
     found = {}
     for path, text in texts.items():
         if "norm" not in text:

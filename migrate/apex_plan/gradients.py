@@ -120,7 +120,7 @@ class GradientPlanning(Step):
         if not all(follows for _, _, follows in readers):
             # a clip in an arm that never runs with the scaled backward (the native or fp32 arm of
             # `if native: ... elif apex: ... else: ...` after the same test) reads what it always read
-            found_clips = [grad_readers.scale_aware_clips(reader, reads, self.context.gradient_norms) for reader, _, _ in readers]
+            found_clips = [grad_readers.scale_aware_clips(reader, reads, self.context.gradient_norms | self.tree.gradient_norms) for reader, _, _ in readers]
             clips = [None if found is None else [clip for clip in found if not self.tree.never_together(clip, scale.statement)]
                      for found in found_clips]
             conditions = [condition for (_, condition, _), kept, found in zip(readers, clips, found_clips) if found is None or kept]

@@ -44,7 +44,6 @@ from migrate.apex_plan.vocabulary import (
     SCALE_LOSS_KEPT,
     SCALER_NAMES,
     STATE_CALLERS_KEPT,
-    GRADIENT_NORMS,
     STATE_CALLERS_PASS,
     STATE_DICT,
     STATE_HELPERS,
@@ -59,6 +58,7 @@ from migrate.apex_plan.vocabulary import (
 )
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
+from migrate.grad_norms import SETTING as GRADIENT_NORMS
 from migrate.rule import ImportChange, Report
 from migrate.types import Safety
 

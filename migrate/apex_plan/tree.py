@@ -6,6 +6,7 @@ A ``FileTree`` is built once per file and only read after that: every planning s
 """
 from __future__ import annotations
 
+import ast
 import functools
 from collections.abc import Callable, Sequence
 
@@ -16,6 +17,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import imports_apex, read_names
 from migrate.apex_plan.unbound import unbound_reads
 from migrate.flow.control import Graph
+from migrate.grad_norms import defined_norms
 from migrate.names import qualified_names
 from migrate.step_model.shapes import parameters_given
 from migrate.tree_walk import descendants, is_node_type, walk
@@ -44,6 +46,15 @@ class FileTree:
         self.unbound = unbound_reads(provider.metadata[ScopeProvider], module)
         self._answers: dict[tuple, object] = {}
         walk(module, _Collect(self))
+
+    @functools.cached_property
+    def gradient_norms(self) -> frozenset[str]:
+        """The file's own functions returning a gradient norm (``migrate.grad_norms``): read
+        only where a gradient is read at a micro-batch."""
+        try:
+            return defined_norms(ast.parse(self.module.code))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return frozenset()
 
     @functools.cached_property
     def unbound_note(self) -> str | None:

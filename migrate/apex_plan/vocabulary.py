@@ -152,7 +152,6 @@ INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.ini
 # and a training file's calls of them (spelling, the utility's place) (not user settings)
 STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"
 STATE_CALLERS_KEPT = "apex-state-callers-kept"  # a checkpoint utility's callers the run leaves on apex (not a user setting)
-GRADIENT_NORMS = "gradient-norm-helpers"  # names a file calls that return a gradient norm (``migrate.grad_norms``; not a user setting)
 HELPER_SCALER = "scaler"  # the parameter those functions take, and the keyword the calls pass
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 

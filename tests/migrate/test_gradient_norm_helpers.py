@@ -243,3 +243,13 @@ def test_the_rewrite_trains_the_same_and_logs_the_same_norms(tmp_path, use, clip
     assert len(logged[0]) == len(logged[1]) > 0
     for before, after in zip(*logged):
         assert after == pytest.approx(before, rel=0.02), textwrap.shorten(str(logged), 300)
+
+
+@pytest.mark.parametrize("use", USES)
+def test_the_files_own_norm_is_read_in_a_run_of_that_file_alone(use):
+    from migrate.api import migrate_source
+
+    source = _training("same_file", use, BOUNDARIES[0], "amp.master_params(optimizer)", "")
+    fixed = migrate_source(source, filename="train.py").new_source
+    assert "from apex" not in fixed and "TODO(ampmigrate)" not in fixed, fixed
+    assert all(isinstance(read, ast.BinOp) for read in _norm_reads(fixed, "get_grad_norm")), fixed
