@@ -7,7 +7,9 @@ Rewritten alone that is unsafe (no caller passes one, so the scaler's state is n
 the training files calling them stay on apex while it keeps apex's state (``scale_kept``).
 
 Where every use of those functions in the project is a call from a file of this run that
-initializes and scales its own losses, and the run migrates each such file, each call passes its
+initializes and scales its own losses, and the run migrates each such file (or from a script
+that never runs with apex's state: it says nothing of apex, and no file saying apex imports it;
+there apex's lines raised or did not run, as they do not with no scaler), each call passes its
 GradScaler (``scaler=scaler``; ``CALLER_SETTING``) and the utility takes it without a doubt
 (``KEEPER_SETTING``): the files are migrated together. Anything else (a call from a file not in
 the run, the function handed on as a value, an import that may name another file of the same
@@ -17,6 +19,7 @@ once per round to know that the run migrates it.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -47,8 +50,9 @@ def handed(texts: Mapping[Path, str], file_settings: Callable[[Path], dict], uns
             continue
         functions = _state_functions(text)
         callers = _callers(path.resolve(), functions) if functions else None
-        if callers and all(caller in by_real for caller in callers):
-            keepers[path] = (functions, {by_real[caller]: spelled for caller, spelled in callers.items()})
+        apart = {caller for caller in callers or () if _never_on_apex(caller, texts.values())}
+        if callers and len(apart) < len(callers) and all(caller in by_real or caller in apart for caller in callers):
+            keepers[path] = (functions, {by_real[caller]: spelled for caller, spelled in callers.items() if caller not in apart})
     left_on_apex: dict[Path, tuple[str, ...]] = {}
     while keepers:  # a file that would not migrate takes the utilities it calls out, and so on
         callers = _caller_settings(keepers, texts)
@@ -76,6 +80,25 @@ def _caller_settings(keepers, texts: Mapping[Path, str]) -> dict[Path, tuple[tup
         for caller, spelled in calling.items():
             found.setdefault(caller, {}).update(dict.fromkeys(spelled, place))
     return {caller: tuple(sorted(spelled.items())) for caller, spelled in found.items()}
+
+
+def _never_on_apex(caller: Path, apex_texts) -> bool:
+    """A caller that never runs with apex's state: a script of the project (``evaluate.py``, a
+    variant of the training script without mixed precision, apex left in its comments) that
+    imports nothing of apex nor reads a name ``amp``, and that no file saying apex imports. There
+    the utility's apex lines raised (no loss scaler before ``amp.initialize``) or did not run, as
+    they do not with no scaler passed."""
+    try:
+        tree = quiet.parse(caller.read_bytes())
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    if caller.name == "__init__.py" or any(
+            isinstance(node, (ast.Import, ast.ImportFrom)) and "apex" in ast.dump(node)
+            or isinstance(node, ast.Name) and node.id == "amp" for node in ast.walk(tree)):
+        return False
+    module = re.escape(caller.stem)
+    imported = re.compile(rf"^\s*(from\s+[\w.]*\b{module}\b|import\s+.*\b{module}\b|from\s+[\w.]+\s+import\s+.*\b{module}\b)", re.M)
+    return not any(imported.search(text) for text in apex_texts)
 
 
 def _caller_migrates(path: Path, text: str, keepers: set[Path], settings: Mapping, unsafe_fixes: bool) -> bool:

@@ -73,7 +73,7 @@ class CheckpointPlanning(Step):
         if passed and self.setup.scaler != HELPER_SCALER:
             raise Unplannable(calls[0], f"its callers pass the GradScaler as `{HELPER_SCALER}=`, a name this file uses already")
         if passed:
-            self.draft.notes.append(f"each caller of its functions passes the GradScaler as `{HELPER_SCALER}=`, migrated in this run")
+            self.draft.notes.append(f"each caller of its functions that ran with apex passes the GradScaler as `{HELPER_SCALER}=`, migrated in this run")
         else:
             self.draft.unsafe.append(
                 f"neither `amp.initialize` nor `amp.scale_loss` is in this file: its functions take the GradScaler as "

@@ -200,17 +200,39 @@ def _unchanged(root: Path, given=None) -> None:
     assert after == before
 
 
-def test_a_caller_outside_the_run_keeps_both_as_they_were(tmp_path):
+_EVALUATE = "from utils import load_checkpoint\n\n\ndef run(config, model, optimizer):\n    return load_checkpoint(config, model, optimizer)\n"
+
+
+def test_a_caller_on_apex_outside_the_run_keeps_both_as_they_were(tmp_path):
     root = _base(tmp_path / "p")
-    (root / "evaluate.py").write_text("from utils import load_checkpoint\n\n\ndef run(config, model, optimizer):\n"
-                                      "    return load_checkpoint(config, model, optimizer)\n")
+    (root / "evaluate.py").write_text("from apex import amp\n" + _EVALUATE + "\n\nSTATE = amp.state_dict\n")
     _unchanged(root, [root / "train.py", root / "utils.py"])
 
 
-def test_a_caller_without_apex_keeps_both_as_they_were(tmp_path):
-    root = _base(tmp_path / "p")  # it never made a scaler to pass: the utility's state goes unsaved there
-    (root / "evaluate.py").write_text("from utils import load_checkpoint\n\n\ndef run(config, model, optimizer):\n"
-                                      "    return load_checkpoint(config, model, optimizer)\n")
+# a script that never ran with apex's state: there apex's lines raised (no loss scaler before
+# `amp.initialize`) or did not run, as they do not with no scaler passed
+NEVER_ON_APEX = {
+    "plain": _EVALUATE,
+    "apex_in_comments": "# from apex import amp  (mixed precision was dropped here)\n" + _EVALUATE,
+}
+
+
+@pytest.mark.parametrize("text", sorted(NEVER_ON_APEX))
+@pytest.mark.parametrize("in_run", [True, False])
+def test_a_script_that_never_ran_on_apex_calls_the_migrated_utility_as_before(tmp_path, text, in_run):
+    root = _base(tmp_path / "p")
+    (root / "evaluate.py").write_text(NEVER_ON_APEX[text])
+    migrate_paths([root] if in_run else [root / "train.py", root / "utils.py"])
+    assert (root / "evaluate.py").read_text() == NEVER_ON_APEX[text]
+    training, utility = (root / "train.py").read_text(), (root / "utils.py").read_text()
+    assert not _apex_left(training) and not _apex_left(utility), training + utility
+    assert "scaler=None" in utility and "TODO(ampmigrate)" not in training + utility, utility
+
+
+def test_a_script_the_training_file_imports_keeps_both_as_they_were(tmp_path):
+    root = _base(tmp_path / "p")  # it may run after `amp.initialize`, in the training file's process
+    (root / "evaluate.py").write_text(_EVALUATE)
+    (root / "train.py").write_text("import evaluate\n" + (root / "train.py").read_text())
     _unchanged(root)
 
 
