@@ -75,7 +75,8 @@ class _Reading:
     """One function's body, read once: which names hold the parameters, one parameter, a
     gradient-derived value (and how it grows), or a symbol usable as an exponent."""
 
-    def __init__(self, function: ast.FunctionDef) -> None:
+    def __init__(self, function: ast.FunctionDef, norms: frozenset[str] = frozenset()) -> None:
+        self.norms = norms  # the module's functions known to be norms (`def measure(p): return grad_norm(p)`)
         arguments = [*function.args.posonlyargs, *function.args.args]
         if not arguments:
             raise _NotANorm
@@ -223,6 +224,9 @@ class _Reading:
     def call(self, node: ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if isinstance(func, ast.Name) and name in self.norms and node.args and self.is_collection(node.args[0]):
+            self.constants(node.args[1:], node.keywords)
+            return _ONE
         if name == "isinstance" or name == "len" and isinstance(func, ast.Name) and len(node.args) == 1 \
                 and self.is_collection(node.args[0]):
             return None
@@ -312,13 +316,14 @@ def _is_module(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in ("torch", "math", "np", "numpy")
 
 
-def is_gradient_norm(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def is_gradient_norm(function: ast.FunctionDef | ast.AsyncFunctionDef, norms: frozenset[str] = frozenset()) -> bool:
     """Whether ``function`` returns a value that grows exactly as the gradients of the
-    parameters handed as its first argument (see the module's docstring)."""
+    parameters handed as its first argument (see the module's docstring); ``norms``: other
+    functions of its module known to."""
     if isinstance(function, ast.AsyncFunctionDef) or function.decorator_list:
         return False
     try:
-        reading = _Reading(function)
+        reading = _Reading(function, norms)
     except (_NotANorm, RecursionError):
         return False
     grown = set(reading.returned) - {_ZERO}
@@ -326,8 +331,14 @@ def is_gradient_norm(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 
 def defined_norms(tree: ast.Module) -> frozenset[str]:
-    """The top-level functions of ``tree`` that return a gradient norm."""
-    return frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and is_gradient_norm(node))
+    """The top-level functions of ``tree`` that return a gradient norm, also through one another."""
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    found: frozenset[str] = frozenset()
+    while True:
+        more = frozenset(function.name for function in functions if is_gradient_norm(function, found))
+        if more == found:
+            return found
+        found = more
 
 
 @lru_cache(maxsize=256)

@@ -2,12 +2,15 @@
 accumulation) cannot be unscaled there: ``unscale_`` may run once per step. apex had unscaled
 them; natively they stay multiplied by the loss scale. The unsafe rewrite keeps them so and
 leaves its ``TODO(ampmigrate)`` marker on the statement that reads them, not only where apex was
-set up, so the line that trains differently says so.
+set up, so the line that trains differently says so. A clip, and a function of the file whose
+result grows as the gradients do (a norm, ``migrate.grad_norms``), are exact on the scaled
+gradients instead (the threshold times the scale; the norm divided by it): the safe rewrite
+takes those.
 
 Generated over: how the gradients are read (a clip in one arm and a norm in the other, a
-module-level norm helper, a norm helper called through the trainer), which parameters are
-named (``amp.master_params(optimizer)``, the model's), and how the accumulation boundary is
-spelled."""
+module-level norm helper, a norm helper called through another, a count of large gradients),
+which parameters are named (``amp.master_params(optimizer)``, the model's), and how the
+accumulation boundary is spelled."""
 from __future__ import annotations
 
 import itertools
@@ -19,7 +22,12 @@ from generated.judge import marked_where_it_differs
 from generated.small_scripts import compared, script_head
 from migrate.api import migrate_source
 
-READERS = ("arms", "helper", "nested_helper")
+READERS = ("arms", "helper", "nested_helper")  # norms: exact divided by the scale
+COUNT = """
+
+def large_gradients(parameters):
+    return sum(float((p.grad.abs() > 1e-3).sum()) for p in parameters if p.grad is not None)
+"""
 PARAMETERS = {"master": "amp.master_params(optimizer)", "model": "model.parameters()"}
 BOUNDARIES = {"plus_one": "(step + 1) % 2 == 0", "minus_one": "step % 2 == 1"}
 HELPER = '''
@@ -35,6 +43,8 @@ def _reader(reader: str, parameters: str) -> list[str]:
                 "else:", f"    norm = grad_norm({parameters})"]
     if reader == "helper":
         return [f"norm = grad_norm({parameters})"]
+    if reader == "count":
+        return [f"norm = large_gradients({parameters})"]
     return [f"norm = measure({parameters})"]
 
 
@@ -56,15 +66,25 @@ def _script(reader: str, parameters: str, boundary: str) -> str:
              "        optimizer.step()",
              "        optimizer.zero_grad()",
              "print(norms[-1])"]
-    return head + HELPER + nested + "\n\n" + "\n".join(lines) + "\n"
+    return head + HELPER + (COUNT if reader == "count" else "") + nested + "\n\n" + "\n".join(lines) + "\n"
 
 
 VARIANTS = list(itertools.product(READERS, PARAMETERS, BOUNDARIES))
 
 
 @pytest.mark.parametrize("reader, parameters, boundary", VARIANTS)
-def test_a_read_of_still_scaled_gradients_is_marked_where_it_reads(reader, parameters, boundary):
+def test_a_norm_of_still_scaled_gradients_is_divided_by_the_scale(reader, parameters, boundary):
     source = _script(reader, parameters, boundary)
+    new = migrate_source(source, filename="train.py").new_source
+    assert "from apex" not in new and "TODO(ampmigrate)" not in new, new
+    assert "/ scaler.get_scale()" in new, new
+    compile(new, "train.py", "exec")
+    assert migrate_source(new, filename="train.py").new_source == new  # idempotent
+
+
+@pytest.mark.parametrize("parameters, boundary", list(itertools.product(PARAMETERS, BOUNDARIES)))
+def test_a_read_of_still_scaled_gradients_is_marked_where_it_reads(parameters, boundary):
+    source = _script("count", parameters, boundary)
     assert migrate_source(source, filename="train.py").new_source == source  # safe: left alone
     new = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
     assert "from apex" not in new and not re.search(r"(?<!torch\.)\bamp\.", new), new
@@ -77,17 +97,29 @@ def test_a_read_of_still_scaled_gradients_is_marked_where_it_reads(reader, param
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reader, parameters, boundary", [("arms", "master", "plus_one"), ("nested_helper", "model", "minus_one")])
-def test_the_marked_rewrite_runs(tmp_path, reader, parameters, boundary):
-    """It trains differently (the clip cuts scaled gradients), as its marker says; it never crashes."""
+@pytest.mark.parametrize("parameters, boundary", [("master", "plus_one"), ("model", "minus_one")])
+def test_the_marked_rewrite_runs(tmp_path, parameters, boundary):
+    """It may train differently, as its marker says; it never crashes."""
     from ampshim.compare import COULD_NOT_RUN, DIFFERS
     from ampshim.compare.report import as_text
 
-    source = _script(reader, parameters, boundary)
+    source = _script("count", parameters, boundary)
     new = migrate_source(source, filename="train.py", unsafe_fixes=True).new_source
     result = compared(tmp_path, source, new, "unsafe", steps=12)
     assert result.verdict != COULD_NOT_RUN, as_text(result)
     assert not (result.verdict == DIFFERS and result.difference.cause == "crash"), as_text(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader, parameters, boundary", [("arms", "master", "plus_one"), ("nested_helper", "model", "minus_one")])
+def test_the_divided_norm_trains_the_same(tmp_path, reader, parameters, boundary):
+    from ampshim.compare import SAME
+    from ampshim.compare.report import as_text
+
+    source = _script(reader, parameters, boundary)
+    new = migrate_source(source, filename="train.py").new_source
+    result = compared(tmp_path, source, new, "safe", steps=12)
+    assert result.verdict == SAME, as_text(result)
 
 
 
