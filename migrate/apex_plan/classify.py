@@ -48,6 +48,7 @@ class _Classifier:
                 self._probe(node)  # `if "state_dict" in amp.__dict__:`: GradScaler has both methods
             elif attr == "":
                 if self.tree.in_test(node):
+                    self._availability_assert(node)
                     continue
                 alias = self._escape(node)
                 if alias is None:
@@ -222,6 +223,29 @@ class _Classifier:
             self.sites.probes.append((branch, node))
         else:
             self.sites.blockers.append((node, "`amp.__dict__` is probed here: apex's own attributes have no native counterpart"))
+
+    def _availability_assert(self, node: cst.CSTNode) -> None:
+        """``assert amp is not None, "amp not installed!"`` (under ``if level != "O0":``, the ``if``
+        holding nothing else): it goes with apex, as native torch.amp needs no install (planned
+        later, with the rest; a run without apex that stopped there now goes on)."""
+        test = self.tree.parent.get(id(node))
+        if isinstance(test, cst.Comparison) and test.left is node and len(test.comparisons) == 1 and isinstance(
+                test.comparisons[0].operator, cst.IsNot) and nodes.code(test.comparisons[0].comparator) == "None":
+            checked = self.tree.parent.get(id(test))
+        else:
+            test, checked = node, self.tree.parent.get(id(node))
+        statement = self.tree.parent.get(id(checked))
+        if not (isinstance(checked, cst.Assert) and checked.test is test and isinstance(statement, cst.SimpleStatementLine)
+                and len(statement.body) == 1):
+            return
+        block = self.tree.parent.get(id(statement))
+        owner = self.tree.parent.get(id(block))
+        if (isinstance(owner, cst.If) and owner.orelse is None and isinstance(block, cst.IndentedBlock)
+                and len(block.body) == 1 and nodes.is_pure(owner.test)):
+            statement = owner  # `if level != "O0":` around nothing else goes too
+        self.sites.module_reads.append(statement)
+        self.draft.notes.append("behaviour change: `assert amp is not None` stopped runs where apex was not installed; "
+                                "native torch.amp needs no install, so those runs now go on")
 
     def _module_read(self, attr: str, node: cst.CSTNode) -> bool:
         """Whether ``amp.<attr>`` at ``node`` sits in a statement that can simply go (planned later)."""

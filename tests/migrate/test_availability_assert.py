@@ -1,0 +1,71 @@
+"""``assert amp is not None, "amp not installed!"`` (the Swin-family entry point, under ``if
+level != "O0":``) stopped mixed-precision runs where apex was not installed. Once the file is
+migrated nothing needs apex: the assert goes with it (and the ``if`` around nothing else), said
+as a behaviour change. It used to stay, keeping ``from apex import amp`` and apex itself required.
+"""
+from __future__ import annotations
+
+import ast
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from migrate.api import migrate_source
+
+ASSERTS = ('assert amp is not None, "amp not installed!"', "assert amp is not None", 'assert amp, "install apex"')
+IMPORTS = {"try": "try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n", "plain": "from apex import amp\n"}
+# where the assert is: alone under the level's `if` (which goes too), beside another line there, or bare
+PLACES = ("alone_in_if", "beside", "bare")
+
+
+def _script(check: str, imports: str, place: str, level: str = "O1") -> str:
+    if place == "alone_in_if":
+        guard = f'    if args.level != "O0":\n        {check}\n'
+    elif place == "beside":
+        guard = f'    if args.level != "O0":\n        {check}\n        print("mixed precision", args.level)\n'
+    else:
+        guard = f"    {check}\n"
+    return (
+        "import argparse\n\nimport torch\n" + IMPORTS[imports] + "\n\n"
+        "def train(args):\n"
+        "    model = torch.nn.Linear(4, 1).cuda()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        f'    model, optimizer = amp.initialize(model, optimizer, opt_level="{level}")\n'
+        "    for _ in range(3):\n"
+        "        loss = model(torch.randn(2, 4, device='cuda')).sum()\n"
+        "        optimizer.zero_grad()\n"
+        "        with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "            scaled_loss.backward()\n"
+        "        optimizer.step()\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--level', default='O1')\n"
+        "    args = parser.parse_args()\n" + guard + "    train(args)\n"
+    )
+
+
+def _apex_left(text: str) -> bool:
+    tree = ast.parse(text)
+    return any(isinstance(node, (ast.Import, ast.ImportFrom)) and "apex" in ast.unparse(node) for node in ast.walk(tree)) or any(
+        isinstance(node, ast.Name) and node.id == "amp" for node in ast.walk(tree))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(check=st.sampled_from(ASSERTS), imports=st.sampled_from(sorted(IMPORTS)), place=st.sampled_from(PLACES))
+def test_the_availability_assert_goes_with_apex(check, imports, place):
+    source = _script(check, imports, place)
+    result = migrate_source(source, filename="train.py")
+    fixed = result.new_source
+    assert not _apex_left(fixed) and "assert" not in fixed and "TODO(ampmigrate)" not in fixed, fixed
+    assert ('if args.level != "O0":' in fixed) == (place == "beside"), fixed
+    notes = " ".join(d.fix.message for d in result.diagnostics if d.fix is not None)
+    assert "`assert amp is not None` stopped runs where apex was not installed" in notes, notes
+    compile(fixed, "train.py", "exec")
+    assert migrate_source(fixed, filename="train.py").new_source == fixed
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_file_left_on_apex_keeps_its_assert(place):
+    source = _script(ASSERTS[0], "try", place, level="O2")
+    assert migrate_source(source, filename="train.py").new_source == source
