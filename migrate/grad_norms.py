@@ -24,14 +24,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.module_paths import find_on_disk
+from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
 __all__ = ["SETTING", "defined_norms", "elsewhere", "is_gradient_norm"]
 
 SETTING = "gradient-norm-helpers"  # the names a file imports that return a gradient norm (not a user setting)
 
-_FOLDERS_UP = 8  # how far above the file a module of its project is looked for (as ``imported_helpers``)
-_LARGEST_FILE = 2_000_000
 
 # Methods and functions whose result grows as their (first) argument does, and by what power.
 _SAME = frozenset({"norm", "abs", "detach", "float", "double", "item", "max", "amax", "sum", "clone", "cpu",
@@ -191,7 +189,9 @@ class _Reading:
                 return self.value(node.value)
             if isinstance(node.value, ast.Name) and (node.value.id in self.items or node.value.id in self.collections):
                 raise _NotANorm  # another field of a parameter
-            return None if self.value(node.value) is None else self.fail()
+            if self.value(node.value) is not None:
+                raise _NotANorm  # a field of a gradient-derived value
+            return None
         if isinstance(node, ast.Call):
             return self.call(node)
         if isinstance(node, ast.BinOp):
@@ -300,9 +300,6 @@ class _Reading:
             return _times(left, right if isinstance(node.op, ast.Mult) else _inverse(right))
         raise _NotANorm
 
-    def fail(self):
-        raise _NotANorm
-
 
 def _merged(a: Mapping[str, frozenset], b: Mapping[str, frozenset]) -> dict[str, frozenset]:
     """What a name may hold where two ways meet (one unbound on a way: as the other says)."""
@@ -343,14 +340,8 @@ def defined_norms(tree: ast.Module) -> frozenset[str]:
 
 @lru_cache(maxsize=256)
 def _norms_of(file: str) -> frozenset[str]:
-    try:
-        with open(file, "rb") as handle:
-            data = handle.read(_LARGEST_FILE + 1)
-        if len(data) > _LARGEST_FILE:
-            return frozenset()
-        return defined_norms(quiet.parse(data))
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return frozenset()
+    tree = parsed_module(file)
+    return frozenset() if tree is None else defined_norms(tree)
 
 
 def _norms_for(path: Path, text: str) -> tuple[str, ...]:
@@ -365,7 +356,7 @@ def _norms_for(path: Path, text: str) -> tuple[str, ...]:
     for node in tree.body:
         for inner in (node, *getattr(node, "body", ()), *getattr(node, "orelse", ())) if isinstance(node, (ast.Try, ast.If)) else (node,):
             if isinstance(inner, ast.ImportFrom) and inner.module is not None:
-                file = find_on_disk(path.resolve(), inner.level, inner.module.split("."), _FOLDERS_UP)
+                file = find_on_disk(path.resolve(), inner.level, inner.module.split("."), PROJECT_FOLDERS_UP)
                 if file is None:
                     continue
                 norms = _norms_of(str(file))

@@ -4,14 +4,20 @@ A relative import names exact files (``utils/misc.py`` or ``utils/misc/__init__.
 importer's package); an absolute one names any file whose path ends in its dotted name, since the
 folder it is imported from (the project's root, a ``src`` folder on ``sys.path``) is not known.
 Used to pair a project's files (``halves``, ``importers``) and to read a helper's file
-(``step_model.imported_helpers``).
+(``step_model.imported_helpers``, ``grad_norms``: ``parsed_module``).
 """
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["find_on_disk", "is_module"]
+from migrate import quiet
+
+__all__ = ["PROJECT_FOLDERS_UP", "find_on_disk", "is_module", "parsed_module"]
+
+PROJECT_FOLDERS_UP = 8  # how far above a file a module of its project is looked for, reading a helper's file
+_LARGEST_FILE = 2_000_000  # a module larger than this is not read (generated code, vendored data)
 
 
 def is_module(path: Path, importer: Path, level: int, parts: Sequence[str]) -> bool:
@@ -40,3 +46,16 @@ def find_on_disk(importer: Path, level: int, parts: Sequence[str], folders_up: i
             if candidate.is_file():
                 return candidate
     return None
+
+
+def parsed_module(file: str) -> ast.Module | None:
+    """``file``'s syntax tree (``ast``), read to know what its functions do; None where it cannot
+    be read or parsed, or is larger than a module is written by hand."""
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read(_LARGEST_FILE + 1)
+        if len(data) > _LARGEST_FILE:
+            return None
+        return quiet.parse(data)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None

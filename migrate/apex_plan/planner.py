@@ -30,15 +30,12 @@ from migrate.apex_plan.half_model import model_made_half
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
-    CORE,
     EACH,
     GUESSED_MODELS,
     HELPER_NAME,
     HELPER_SOURCE,
-    INITIALIZE,
     INITIALIZED_ELSEWHERE,
     LEVELS_ELSEWHERE,
-    MASTER_PARAMS,
     PARTNER,
     SCALE_LOSS,
     SCALE_LOSS_KEPT,

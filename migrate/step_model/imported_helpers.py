@@ -24,15 +24,12 @@ from pathlib import Path
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate import quiet
-from migrate.module_paths import find_on_disk
+from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
 __all__ = ["ImportedHelpers", "Reader"]
 
 _PULLS = frozenset({"item", "cpu", "tolist", "numpy"})
 _HOST_TESTS = frozenset({"isnan", "isinf", "isfinite"})  # `math.isnan(loss)`
-_FOLDERS_UP = 8  # how far above the file a module of its project is looked for
-_LARGEST_FILE = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,7 @@ def _imports(module: cst.Module) -> dict[str, tuple[str, int, str | None]]:
 
 @lru_cache(maxsize=1024)
 def _module_file(path: Path, dotted: str, level: int) -> Path | None:
-    return find_on_disk(path, level, [part for part in dotted.split(".") if part], _FOLDERS_UP)
+    return find_on_disk(path, level, [part for part in dotted.split(".") if part], PROJECT_FOLDERS_UP)
 
 
 def _reader_in(file: Path | None, name: str, method: str | None) -> Reader | None:
@@ -142,13 +139,8 @@ def _reader_in(file: Path | None, name: str, method: str | None) -> Reader | Non
 @lru_cache(maxsize=256)
 def _readers(file: str) -> dict[tuple[str, str | None], Reader]:
     """Every function and method of ``file`` that pulls a parameter to the host, by (name, method)."""
-    try:
-        with open(file, "rb") as handle:
-            text = handle.read(_LARGEST_FILE + 1)
-        if len(text) > _LARGEST_FILE:
-            return {}
-        tree = quiet.parse(text)
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parsed_module(file)
+    if tree is None:
         return {}
     shown = _shown_path(Path(file))
     found: dict[tuple[str, str | None], Reader] = {}
