@@ -10,8 +10,11 @@ keeps every step it took:
   graph holds, and how many of them ran in half precision (read from the graph when backward
   starts, so ops outside the training step's graph, and the run's speed, are left alone);
 - ``clip``: ``clip_grad_norm_``'s ``max_norm`` and the total norm it saw;
-- ``step``: one optimizer step the script asked for, taken or skipped (overflow), and the global
-  norm of the gradients the optimizer stepped with (unscaled, as it read them);
+- ``step``: one optimizer step the script asked for, taken or skipped (overflow), the global
+  norm of the gradients the optimizer stepped with (unscaled, as it read them), and the
+  matmul-class layers that ran without gradients since the step before (``torch.no_grad``: a
+  memory bank, a teacher made from the model), with how many of them ran in half precision:
+  they are in no loss's graph, so a global forward hook counts them, by their output;
 - ``end``: why the run ended and a checksum of the stepped parameters.
 
 After ``steps`` optimizer steps the run stops: :class:`StopTraining` (a ``SystemExit``) is raised
@@ -61,6 +64,7 @@ class Recorder:
         self._optimizers: dict[int, tuple[int, object]] = {}
         self._scaled: dict[int, tuple[weakref.ref, dict]] = {}
         self._scale_blocks: list[dict] = []  # apex scale_loss / FP16_Optimizer.backward in progress
+        self._detached = [0, 0]  # matmul-class layers run without gradients since the last step, in half
         self.stopped = False
         self.ended = False
 
@@ -92,6 +96,12 @@ class Recorder:
         if self._scale_blocks:
             self._scale_blocks.pop()
 
+    def detached_layer(self, output) -> None:
+        """A matmul-class layer ran with gradients off and gave ``output``."""
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            self._detached[0] += 1
+            self._detached[1] += output.dtype in _HALF_DTYPES
+
     def clip(self, max_norm, norm) -> None:
         self.emit("clip", max_norm=_number(max_norm), norm=_number(norm))
 
@@ -115,7 +125,9 @@ class Recorder:
         taken = self._taken
         self.emit("step", n=self._attempts, optimizer=self._index_of(optimizer),
                   name=taken[0][0] if taken else type(optimizer).__name__,
-                  taken=bool(taken), grad_norm=taken[0][1] if taken else None)
+                  taken=bool(taken), grad_norm=taken[0][1] if taken else None,
+                  detached=self._detached)
+        self._detached = [0, 0]
         if self._attempts >= self._limit:
             self.end("steps")
             self.stopped = True
@@ -279,6 +291,7 @@ def install(recorder: Recorder, *, apex: bool) -> None:
     _hook_grad_scaler(recorder)
     _hook_optimizer_steps(recorder)
     _hook_clip(recorder)
+    _hook_detached_layers(recorder)
     if apex:
         _hook_apex(recorder)
 
@@ -357,6 +370,22 @@ def _hook_clip(recorder):
 
     clip_grad.clip_grad_norm_ = recorded_clip
     torch.nn.utils.clip_grad_norm_ = recorded_clip
+
+
+def _hook_detached_layers(recorder):
+    """Count the matmul-class layers that run with gradients off (see ``Recorder.detached_layer``).
+    A module hook, not a wrapper of ``F.linear``: TorchScript compiles ``F.linear`` by identity."""
+    import torch.nn as nn
+
+    layers = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.MultiheadAttention)
+
+    def counted(module, args, output):
+        if torch.is_grad_enabled() or not isinstance(module, layers):
+            return None
+        recorder.detached_layer(output[0] if isinstance(output, tuple) and output else output)
+        return None
+
+    return nn.modules.module.register_module_forward_hook(counted)
 
 
 def _hook_apex(recorder):

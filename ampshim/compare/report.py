@@ -131,6 +131,10 @@ def _same_summary(result: Comparison) -> str:
         if matmul:
             dtype = original.half_dtype or "half precision"
             parts.append(f"forward {100 * half / matmul:.0f}% of matmul-class ops in {dtype} in both")
+    detached = [sum(step.detached[i] for step in steps) for i in (0, 1)]
+    if detached[0]:
+        parts.append(f"layers run without gradients {100 * detached[1] / detached[0]:.0f}% in half "
+                     "precision in both")
     parts.append("parameters agree at the end")
     return "; ".join(parts) + "."
 

@@ -44,6 +44,11 @@ class Step:
     grad_norm: float | None
     backwards: tuple[Backward, ...]
     clips: tuple[Clip, ...]
+    detached: tuple[int, int] = (0, 0)  # matmul-class layers run without gradients since the step before, in half
+
+    @property
+    def detached_share(self) -> float | None:
+        return self.detached[1] / self.detached[0] if self.detached[0] else None
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ def read_trajectory(path: Path) -> Trajectory:
         elif kind == "step":
             steps.append(Step(number=event["n"], optimizer=event["optimizer"], name=event["name"],
                               taken=event["taken"], grad_norm=event["grad_norm"],
-                              backwards=tuple(backwards), clips=tuple(clips)))
+                              backwards=tuple(backwards), clips=tuple(clips),
+                              detached=tuple(event.get("detached") or (0, 0))))
             backwards, clips = [], []
         elif kind == "apex_import":
             apex_imports.append(event["name"])

@@ -1,6 +1,7 @@
 """Two trajectories side by side: the same, or the first step where they part and why.
 
-Each step is compared in the order things happen in it: the forward's precision, the loss's
+Each step is compared in the order things happen in it: the precision of the layers run without
+gradients since the step before (a memory bank filled after it), the forward's precision, the loss's
 precision and value, the loss scale and how it grows, the gradient clip, whether the optimizer
 stepped, and the gradients it stepped with. The first thing that differs names the cause, so a
 forward left in float32 is reported as that, not as the loss it then changes.
@@ -86,6 +87,9 @@ def largest_loss_gap(original: Trajectory, migrated: Trajectory) -> tuple[float,
 # --- one step --------------------------------------------------------------------------------------
 
 def _step_difference(before: Step, after: Step, tolerance: Tolerance):
+    found = _detached_difference(before, after)
+    if found is not None:
+        return found
     for index, (a, b) in enumerate(zip(before.backwards, after.backwards)):
         found = _backward_difference(a, b, tolerance)
         if found is not None:
@@ -111,6 +115,19 @@ def _step_difference(before: Step, after: Step, tolerance: Tolerance):
                              f"{_fmt(before.grad_norm)} in the original, {_fmt(after.grad_norm)} "
                              "in the migrated script")
     return None
+
+
+def _detached_difference(before: Step, after: Step):
+    """Layers run with gradients off (``torch.no_grad``) in half precision on one side only: apex
+    cast every forward pass, a region around the training forward leaves the others in float32."""
+    share_a, share_b = before.detached_share, after.detached_share
+    if share_a is None or share_b is None or abs(share_a - share_b) <= _SHARE_TOLERANCE:
+        return None
+    (total_a, half_a), (total_b, half_b) = before.detached, after.detached
+    counts = (f"{half_b} of {total_b} matmul-class layers run without gradients were in half precision "
+              f"in the migrated script, {half_a} of {total_a} in the original")
+    where = "left in float32" if share_b < share_a else "in half precision where the original's is not"
+    return "no-grad-precision", f"a forward pass without gradients (torch.no_grad) {where}: {counts}"
 
 
 def _backward_difference(a: Backward, b: Backward, tolerance: Tolerance):

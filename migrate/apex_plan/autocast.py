@@ -312,6 +312,7 @@ class AutocastPlanning(Step):
         self.draft.kind(first, INITIALIZE, "the forward pass of an `amp.initialize`d model runs under apex's casts", "Wrap the forward pass and the loss in `torch.autocast`")
         self.move_into_region(statements[1:], "the forward pass of an `amp.initialize`d model runs under apex's casts")
         self.draft.regions.add(id(first))
+        self.draft.region_enabled[id(first)] = enabled
 
     def _arms_condition(self, scale: ScaleLossSite, statements: list[cst.BaseStatement]) -> str | None:
         """In a file that scales the loss but initializes nothing (``initialize`` is elsewhere, its

@@ -31,6 +31,7 @@ class Draft:
         self.insert_before: dict[int, tuple[cst.BaseStatement, list[str]]] = {}
         self.composed: set[int] = set()  # replaced statements that carry the replacements inside them
         self.regions: set[int] = set()  # statements that became an autocast region
+        self.region_enabled: dict[int, str] = {}  # a training region's first statement -> its `enabled` argument
         self.unscale_covered: set[int] = set()  # gradient-reading statements (and helpers) an unscale covers
         self.unscale_refused: set[int] = set()  # those an unscale cannot precede: the step may not follow
         self.master_params_in_clips: set[int] = set()  # rewritten as part of a scale-aware clip

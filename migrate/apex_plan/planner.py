@@ -6,6 +6,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
+from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
 from migrate.apex_plan.conditions import disabling_if, flag_spellings
@@ -377,6 +378,7 @@ class Planner:
             for scale in scales:
                 autocast.plan_autocast(scale)
             WarmUpPlanning(writing).plan_warm_ups()
+            DetachedForwardPlanning(writing).plan_detached_forwards(scales)
         self._plan_after_imports()
         self._emit(writing, scales)
 

@@ -110,3 +110,20 @@ def test_json_output_is_strict_with_non_finite_losses():
     document = json.dumps(_finite({"losses": [1.0, math.nan, math.inf, -math.inf]}),
                           allow_nan=False)
     assert json.loads(document)["losses"] == [1.0, "NaN", "Infinity", "-Infinity"]
+
+
+def test_layers_run_without_gradients_in_float32_where_the_original_ran_them_in_half():
+    """A memory bank filled under ``torch.no_grad()`` after the step: the step whose window held
+    it is named, before the loss it then changes."""
+    original = [replace(s, detached=(2, 2)) for s in BASE]
+    migrated = list(original)
+    migrated[2] = replace(migrated[2], detached=(2, 0), backwards=(replace(BASE[2].backwards[0], loss=0.1),))
+    difference = first_difference(run(original), run(migrated), TOLERANCE)
+    assert (difference.cause, difference.step) == ("no-grad-precision", 3), difference
+    assert "left in float32" in difference.message and "0 of 2" in difference.message
+
+
+def test_layers_without_gradients_on_one_side_only_are_not_compared():
+    """Nothing to compare where a side ran none in that step's window."""
+    original = [replace(s, detached=(2, 2)) for s in BASE]
+    assert first_difference(run(original), run(BASE), TOLERANCE) is None

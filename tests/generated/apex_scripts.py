@@ -97,6 +97,10 @@ class Features:
     #                             norm with a module-level `grad_norm(parameters)` (both arms read gradients)
     entry: str = "main"  # main (a `def main()` that `if __name__ == "__main__":` calls) | guard (main's
     #                      body directly under that `if`: its model, optimizer and flags are module globals)
+    memory: str = "none"  # none | after | eval_after | before: a forward pass under `torch.no_grad()` fills
+    #                       a memory (the mean prediction) that the next losses' targets add: after the
+    #                       step, the same with the model in eval() and the mean taken after the block,
+    #                       or before the training forward pass
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -217,6 +221,7 @@ def features():
         nan_skip=st.booleans(),
         entry=st.sampled_from(["main", "guard"]),
         clip_or_norm=st.booleans(),
+        memory=st.sampled_from(["none", "after", "eval_after", "before"]),
     ).map(_coherent)
 
 
@@ -369,6 +374,10 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     accumulate = f.accumulation != "none"
     inner = f.accumulation == "inner_loop"
     body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
+    if f.memory == "before":
+        body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
+    if f.memory != "none":
+        body.append("y = y + 0.5 * bank")
     steps_body = body
     if inner:  # the micro-batches' forward and backward in a loop of their own
         steps_body += ["batch_x, batch_y = x, y"]
@@ -477,6 +486,11 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += [f"if step == {CHECKPOINT_AT}:",
                  f"    buffer = save_checkpoint({s.model}, {s.first_optimizer}, {state})",
                  f"    restore(buffer, {s.model}, {s.first_optimizer}, amp={handed})"]
+    if f.memory == "after":
+        body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
+    elif f.memory == "eval_after":
+        body += [f"{s.model}.eval()", "with torch.no_grad():", f"    out = {s.forward}(x)", f"{s.model}.train()",
+                 "bank = out.mean()"]
     body.append(f"losses.append(float({loss}))")
     return body
 
@@ -558,6 +572,8 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
 def _training_prelude(f: Features, s: _Spelling) -> list[str]:
     """What the training function sets up before its loop: a local gradient tracker, a clip closure."""
     lines = [f"tracker = GradNormLR({s.model}, {s.first_optimizer})"] if f.grads_in == "local" else []
+    if f.memory != "none":
+        lines.append("bank = 0.0")
     if f.backward_in == "partial":
         lines.append(_partial_binding(f, s)[1])
     if f.clip_in == "closure":

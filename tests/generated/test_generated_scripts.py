@@ -523,3 +523,29 @@ def test_two_optimizers_in_a_list_under_a_nan_skip_keep_the_unsafe_rewrite_runni
     outcome = judge(drawn, tmp_path)
     assert not outcome.unsafe_crash, outcome.summary
     assert_rewrites_hold(outcome)
+
+
+MEMORIES = [
+    # after the step, in a `for` loop, the flag off by default (the `--fp16` run turns it on)
+    Features(loss="inline", loop="range", accumulation="none", boundary="plus_one", clip="none",
+             clip_at="boundary", flag="off", import_guard=False, inner_fp32=False,
+             names=("model", "optimizer", "loss"), memory="after"),
+    # the model put in eval() around the block, the mean taken after it, a trainer's method
+    Features(loss="method", loop="while", accumulation="plain", boundary="minus_one", clip="parameters",
+             clip_at="boundary", flag="none", import_guard=False, inner_fp32=False,
+             names=("net", "opt", "objective"), holder="method", memory="eval_after"),
+    # micro-batches in a loop of their own, the pass after it in the outer one
+    Features(loss="helper", loop="enumerate", accumulation="inner_loop", boundary="plus_one", clip="none",
+             clip_at="boundary", flag="on", import_guard=False, inner_fp32=False,
+             names=("network", "optim", "train_loss"), memory="after"),
+]
+
+
+@pytest.mark.parametrize("drawn", MEMORIES, ids=["after-flag", "eval_after-method", "after-inner_loop"])
+def test_a_forward_pass_without_gradients_after_the_step(drawn, tmp_path, monkeypatch):
+    """A memory filled under ``torch.no_grad()`` after the step feeds the next targets: apex cast
+    that pass too. The safe rewrite trains the same; without its own region it did not."""
+    assert_migrated_and_the_same(drawn, tmp_path / "fixed")
+    from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
+    monkeypatch.setattr(DetachedForwardPlanning, "plan_detached_forwards", lambda self, scales: None)
+    assert judge(drawn, tmp_path / "unfixed").safe == "differs: no-grad-precision"

@@ -1,0 +1,139 @@
+"""Forward passes without gradients in the training loop: under autocast too.
+
+apex O1 cast every forward pass once ``initialize`` ran, not only the one whose loss is scaled.
+A pass the loop runs with gradients off (a memory bank or pseudo-labels filled under
+``torch.no_grad()`` after the step, targets computed by the model itself) fed the next losses in
+float16; outside the region it now runs in float32, and training parts from apex's. Each such
+``with torch.no_grad():`` block goes under an autocast of its own, enabled as the loop's region.
+"""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.autocast import AutocastPlanning
+from migrate.apex_plan.context import Step
+from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
+from migrate.apex_plan.vocabulary import INITIALIZE, ScaleLossSite
+from migrate.names import qualified_names
+from migrate.tree_walk import descendants
+
+# What turns gradients off for a block: `with torch.no_grad():` and its kin.
+_GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
+                            "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
+_MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
+
+
+class DetachedForwardPlanning(Step):
+    """It reads the ``FileTree``, the classified sites, the frozen ``Setup`` and the regions the
+    draft holds, and writes to the ``Draft``."""
+
+    def plan_detached_forwards(self, scales: list[ScaleLossSite]) -> None:
+        seen: set[int] = set()
+        for scale in scales:
+            loop = self._training_loop(scale.statement)
+            if loop is None or id(loop) in seen:
+                continue
+            seen.add(id(loop))
+            if any(self.tree.inside(call, loop) for call in self.sites.calls["initialize"]):
+                continue  # initialized in the loop (a run-once block): apex cast nothing before it
+            enabled = self._region_enabled(loop)
+            if enabled is None:
+                continue
+            models = self.tree.models_seen_from(scale.statement, self.setup.model_codes)
+            for statements in self._detached_blocks(loop.body, models):
+                self._wrap(statements, enabled)
+
+    def _training_loop(self, statement: cst.CSTNode) -> cst.For | cst.While | None:
+        """The outermost loop around ``statement`` in its function."""
+        found, node = None, self.tree.parent.get(id(statement))
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+            if isinstance(node, (cst.For, cst.While)):
+                found = node
+            node = self.tree.parent.get(id(node))
+        return found
+
+    def _region_enabled(self, loop: cst.For | cst.While) -> str | None:
+        """The ``enabled`` argument every region planned in ``loop`` was given; None where there is
+        none, or they differ (then which one a pass between them follows is not known)."""
+        found = {enabled for key, enabled in self.draft.region_enabled.items()
+                 if self.tree.inside(self.draft.replacements[key][0], loop)}
+        return found.pop() if len(found) == 1 else None
+
+    def _detached_blocks(self, block: cst.BaseSuite, models: set[str]):
+        """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that
+        calls one of ``models`` itself, with the lines right after it that read what it bound."""
+        if not isinstance(block, cst.IndentedBlock):
+            return
+        body = list(block.body)
+        for index, statement in enumerate(body):
+            if id(statement) in self.draft.regions or defines(statement):
+                continue
+            if isinstance(statement, cst.With) and self._gradients_off(statement):
+                if self._wrappable(statement) and self._calls_model(statement, models):
+                    yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))]
+                continue
+            for child in self._blocks_of(statement):
+                yield from self._detached_blocks(child, models)
+
+    @staticmethod
+    def _blocks_of(statement: cst.CSTNode) -> list[cst.BaseSuite]:
+        """The blocks a compound statement runs (an ``if``'s arms, a loop's body, a ``try``'s parts)."""
+        if isinstance(statement, cst.If):
+            blocks, arm = [statement.body], statement.orelse
+            while arm is not None:
+                blocks.append(arm.body)
+                arm = arm.orelse if isinstance(arm, cst.If) else None
+            return blocks
+        if isinstance(statement, (cst.For, cst.While, cst.With)):
+            return [statement.body]
+        if isinstance(statement, cst.Try):
+            return [statement.body, *(handler.body for handler in statement.handlers),
+                    *(part.body for part in (statement.orelse, statement.finalbody) if part is not None)]
+        return []
+
+    def _gradients_off(self, statement: cst.With) -> bool:
+        def turns_off(item: cst.WithItem) -> bool:
+            if not isinstance(item.item, cst.Call):
+                return False
+            # `torch` may come from a star import (`from utils import *`): then the text decides
+            names = qualified_names(self.tree.provider, item.item.func) or {nodes.code(item.item.func)}
+            return bool(names & _GRADIENTS_OFF)
+        return any(map(turns_off, statement.items))
+
+    def _wrappable(self, statement: cst.CSTNode) -> bool:
+        """Nothing inside is rewritten, is a region, turns autocast on or off itself, or suspends."""
+        return not (self.draft.touched(statement) or contains(statement, SUSPENDS)
+                    or any(id(node) in self.draft.regions for node in descendants(statement))
+                    or any(type(node) is cst.Call and nodes.call_name(node) == "autocast" for node in descendants(statement)))
+
+    @staticmethod
+    def _calls_model(statement: cst.CSTNode, models: set[str]) -> bool:
+        """A call of the model itself (``model(x)``, ``model.forward(x)``), not of what it is handed to."""
+        for node in descendants(statement, nodes.not_a_definition):
+            if type(node) is cst.Call:
+                func = node.func
+                if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward"
+                                                  and nodes.code(func.value) in models):
+                    return True
+        return False
+
+    def _readers_after(self, following: list[cst.BaseStatement], bound: set[str]) -> list[cst.BaseStatement]:
+        """The lines right after the block that compute from what it bound (``bank = out / out.norm()``):
+        apex cast those ops too."""
+        taken = []
+        for statement in following:
+            if not isinstance(statement, cst.SimpleStatementLine) or not read_names(statement) & bound \
+                    or not self._wrappable(statement) or defines(statement) or id(statement) in self.draft.regions:
+                break
+            taken.append(statement)
+            bound = bound | assigned_names(statement)
+        return taken
+
+    def _wrap(self, statements: list[cst.BaseStatement], enabled: str) -> None:
+        regions = AutocastPlanning(self.context)
+        first = statements[0]
+        self.draft.replace(first, regions.under_autocast(statements, enabled))
+        self.draft.kind(first, INITIALIZE, _MESSAGE, "Run it under `torch.autocast`, as the training forward pass")
+        regions.move_into_region(statements[1:], _MESSAGE)
+        self.draft.regions.add(id(first))

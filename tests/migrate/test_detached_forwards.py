@@ -1,0 +1,135 @@
+"""A forward pass with gradients off in the training loop (a memory bank, pseudo-labels or targets
+filled under ``torch.no_grad()``) goes under an autocast of its own, enabled as the loop's region:
+apex O1 cast every forward pass once ``initialize`` ran, and what it computes feeds later losses.
+Judged by running in ``tests/generated`` (``Features.memory``) and below; here, each spelling."""
+import itertools
+import textwrap
+
+import libcst as cst
+import pytest
+
+from migrate.api import migrate_source
+
+SETUPS = {
+    # initialize and the scaled backward always: the region is always on
+    "always": ("    model, optimizer = amp.initialize(model, optimizer, opt_level=\"O1\")\n",
+               "        with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+               "            scaled_loss.backward()\n", ""),
+    # under a flag, a plain backward else: the region is on where the scaler is
+    "flag": ("    if use_amp:\n        model, optimizer = amp.initialize(model, optimizer, opt_level=\"O1\")\n",
+             "        if use_amp:\n            with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+             "                scaled_loss.backward()\n        else:\n            loss.backward()\n",
+             ", enabled=scaler.is_enabled()"),
+}
+CONTEXTS = {"torch.no_grad()": "", "torch.inference_mode()": "", "torch.autograd.no_grad()": "",
+            "no_grad()": "from torch import no_grad\n"}
+CALLS = ["model(x)", "model.forward(x)"]
+REGION = 'torch.autocast("cuda", dtype=torch.float16'  # one the rewrite made
+# where the block stands in the loop: its lines, at the loop body's depth
+PLACES = {
+    "loop": lambda block: block,
+    "arm": lambda block: "if len(y) > 1:\n" + textwrap.indent(block, "    ") + "else:\n    pass\n",
+    "inner_loop": lambda block: "for _ in range(2):\n" + textwrap.indent(block, "    "),
+    "try": lambda block: "try:\n" + textwrap.indent(block, "    ") + "except RuntimeError:\n    pass\n",
+}
+
+
+def source(setup: str, context: str, call: str, place: str, reader: bool = True) -> str:
+    initialize, backward, _ = SETUPS[setup]
+    block = f"with {context}:\n    out = {call}\n" + ("bank = out.mean()\n" if reader else "")
+    placed = textwrap.indent(PLACES[place](block), "        ")
+    return (f"import torch\nimport torch.nn.functional as F\n{CONTEXTS[context]}from apex import amp\n\n\n"
+            "def train(model, optimizer, batches, use_amp):\n" + initialize + "    bank = 0.0\n"
+            "    for x, y in batches:\n"
+            "        loss = F.mse_loss(model(x), y + bank)\n"
+            "        optimizer.zero_grad()\n" + backward + "        optimizer.step()\n" + placed)
+
+
+def autocast_around(new_source: str, context: str) -> list[tuple[str, list[str]]]:
+    """Each ``with torch.autocast(...)`` holding a ``with <context>:``: its call, and the code of
+    the statements it holds."""
+    found = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_With(self, node: cst.With) -> None:
+            call = node.items[0].item
+            if isinstance(call, cst.Call) and cst.Module([]).code_for_node(call.func) == "torch.autocast":
+                held = [cst.Module([]).code_for_node(statement).strip() for statement in node.body.body]
+                if any(line.startswith(f"with {context}:") for line in held):
+                    found.append((cst.Module([]).code_for_node(call), held))
+
+    cst.parse_module(new_source).visit(Visitor())
+    return found
+
+
+@pytest.mark.parametrize("setup,context,call,place", list(itertools.product(SETUPS, CONTEXTS, CALLS, PLACES)))
+def test_a_forward_pass_without_gradients_in_the_loop_goes_under_autocast(setup, context, call, place):
+    result = migrate_source(source(setup, context, call, place), filename="train.py")
+    assert result.error is None and "apex" not in result.new_source, result.new_source
+    regions = autocast_around(result.new_source, context)
+    assert len(regions) == 1, result.new_source
+    head, held = regions[0]
+    expected = f'torch.autocast("cuda", dtype=torch.float16{SETUPS[setup][2]})'
+    assert head.replace("\n", "").replace("    ", "") == expected, head  # laid out to the line length or not
+    # the line after the block computes from what it made: apex cast its ops too
+    assert held[-1] == "bank = out.mean()" and len(held) == 2, result.new_source
+
+
+def test_a_line_after_the_block_that_reads_nothing_it_made_stays_outside():
+    text = source("always", "torch.no_grad()", "model(x)", "loop", reader=False) + "        print(len(y))\n"
+    result = migrate_source(text, filename="train.py")
+    (_, held), = autocast_around(result.new_source, "torch.no_grad()")
+    assert held == [held[0]] and "print(len(y))" not in held[0]
+
+
+@pytest.mark.parametrize("block,why", [
+    ("with torch.no_grad():\n    ema.update(model)\n", "the model handed on, not run"),
+    ("with torch.no_grad(), torch.autocast(\"cuda\", enabled=False):\n    out = model(x)\n",
+     "its own autocast decides"),
+    ("with torch.no_grad():\n    out = other(x)\n", "another network, never initialized"),
+    ("with torch.enable_grad():\n    out = model(x)\n", "gradients on: not a pass this covers"),
+])
+def test_what_is_left_alone(block, why):
+    text = (source("always", "torch.no_grad()", "model(x)", "loop", reader=False)
+            .replace("        with torch.no_grad():\n            out = model(x)\n", textwrap.indent(block, "        ")))
+    result = migrate_source(text.replace("def train(model,", "def train(ema, other, model,"), filename="train.py")
+    assert result.error is None
+    assert result.new_source.count(REGION) == 1, (why, result.new_source)
+
+
+def test_an_evaluation_after_the_loop_is_not_the_training_loop():
+    text = source("always", "torch.no_grad()", "model(x)", "loop", reader=False)
+    text = text.replace("        with torch.no_grad():\n            out = model(x)\n", "") + (
+        "    with torch.no_grad():\n        print(model(x))\n")
+    result = migrate_source(text, filename="train.py")
+    assert result.new_source.count(REGION) == 1, result.new_source
+
+
+def test_a_method_holding_the_model_on_self():
+    text = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+        from apex import amp
+
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                self.bank = 0.0
+
+            def fit(self, batches):
+                for x, y in batches:
+                    loss = F.mse_loss(self.model(x), y + self.bank)
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+                    self.model.eval()
+                    with torch.no_grad():
+                        self.bank = self.model(x).mean()
+                    self.model.train()
+        ''')
+    result = migrate_source(text, filename="train.py")
+    assert "apex" not in result.new_source
+    (head, held), = autocast_around(result.new_source, "torch.no_grad()")
+    assert head == 'torch.autocast("cuda", dtype=torch.float16)' and len(held) == 1
