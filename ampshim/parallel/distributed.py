@@ -1,4 +1,5 @@
 """apex's ``DistributedDataParallel`` and ``Reducer``, on ``torch.nn.parallel.DistributedDataParallel``."""
+import os
 import warnings
 
 import torch
@@ -7,7 +8,21 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ampshim.deprecation import warn_deprecated
 
-__all__ = ["DistributedDataParallel", "Reducer", "flat_dist_call"]
+__all__ = ["DDP_GRAPH_ENV_VAR", "DistributedDataParallel", "Reducer", "flat_dist_call"]
+
+# How torch's DDP under apex's class learns which parameters get gradients (see the class).
+DDP_GRAPH_ENV_VAR = "AMPSHIM_DDP_GRAPH"
+_GRAPH_OPTIONS = {"unused": {"find_unused_parameters": True}, "static": {"static_graph": True}}
+
+
+def _graph_options() -> dict:
+    chosen = os.environ.get(DDP_GRAPH_ENV_VAR, "").strip().lower() or "unused"
+    if chosen not in _GRAPH_OPTIONS:
+        raise ValueError(
+            f"{DDP_GRAPH_ENV_VAR}={chosen!r}: use 'unused' (the default: parameters may go without a "
+            "gradient in any pass) or 'static' (the same ones every pass; runs reentrant activation "
+            "checkpoints, and the first backward pass must synchronise), or unset it.")
+    return _GRAPH_OPTIONS[chosen]
 
 
 def _require_process_group(what):
@@ -80,7 +95,11 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     ``disable_allreduce()``/``enable_allreduce()`` switch gradient synchronisation off and on.
     ``message_size`` (elements) sets the native bucket size. Parameters that get no gradient are
     tolerated as in apex, which bucketed only those the first backward pass reached (with
-    ``delay_allreduce``, whatever got one): ``find_unused_parameters=True`` either way.
+    ``delay_allreduce``, whatever got one): ``find_unused_parameters=True`` either way. torch's
+    DDP then raises at a reentrant activation checkpoint (``checkpoint(block, x)``), whose
+    parameters its search of the graph does not see; ``AMPSHIM_DDP_GRAPH=static`` chooses
+    ``static_graph=True`` instead, which runs them where the same parameters get gradients every
+    pass and the first pass synchronises (not under ``disable_allreduce()``), as the code stands.
     ``num_allreduce_streams``, ``allreduce_communicators``, ``allreduce_trigger_params``,
     ``retain_allreduce_buffers`` and ``prof`` are accepted for compatibility and have no effect.
 
@@ -130,7 +149,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             warnings.filterwarnings("ignore", message=".*broadcast_buffers", category=FutureWarning)
             super().__init__(module, device_ids=None, broadcast_buffers=False,
                              bucket_cap_mb=message_size * element_size / 2 ** 20,
-                             find_unused_parameters=True)
+                             **_graph_options())
         self.message_size = message_size
         self.delay_allreduce = delay_allreduce
         self.gradient_average = gradient_average

@@ -1,4 +1,5 @@
 import copy
+import os
 import runpy
 import textwrap
 
@@ -26,6 +27,19 @@ def _local_grads(model, x):
     twin = copy.deepcopy(model)
     twin(x).sum().backward()
     return [p.grad for p in twin.parameters()]
+
+
+class _Checkpointed(torch.nn.Module):
+    """A block checkpointed reentrantly (torch's old default), then a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.head(checkpoint(self.body, x.requires_grad_(), use_reentrant=True))
 
 
 def _two_rank_worker(rank, init_file):
@@ -92,6 +106,21 @@ def _two_rank_worker(rank, init_file):
             model = DistributedDataParallel(unused, delay_allreduce=delay)
             for _ in range(2):
                 model(inputs[rank]).sum().backward()
+
+        # a reentrant activation checkpoint: AMPSHIM_DDP_GRAPH=static runs it, with apex's average
+        torch.manual_seed(0)  # the same weights on both ranks, as DDP broadcasts them
+        net = _Checkpointed()
+        plain = [_local_grads(net, x) for x in inputs]
+        os.environ["AMPSHIM_DDP_GRAPH"] = "static"
+        try:
+            model = DistributedDataParallel(copy.deepcopy(net))
+        finally:
+            del os.environ["AMPSHIM_DDP_GRAPH"]
+        for _ in range(2):
+            model.zero_grad()
+            model(inputs[rank].clone()).sum().backward()
+            for p, g0, g1 in zip(model.parameters(), *plain):
+                torch.testing.assert_close(p.grad, (g0 + g1) / 2)
 
         # Reducer: manual averaging of a module's grads.
         torch.manual_seed(rank)
@@ -165,6 +194,24 @@ def test_single_process_world(world_of_one):
     bn = SyncBatchNorm(3)
     y = torch.randn(6, 3)
     torch.testing.assert_close(bn(y), torch.nn.functional.batch_norm(y, None, None, training=True))
+
+
+def test_a_reentrant_checkpoint_needs_the_static_graph_setting(world_of_one, monkeypatch):
+    """torch's search for unused parameters does not see into a reentrant checkpoint and raises
+    at the first backward pass (the documented limit); the setting runs it."""
+    model = DistributedDataParallel(_Checkpointed())
+    with pytest.raises(RuntimeError, match="mark a variable ready only once"):
+        model(torch.ones(2, 3)).sum().backward()
+    monkeypatch.setenv("AMPSHIM_DDP_GRAPH", "static")
+    model = DistributedDataParallel(_Checkpointed())
+    model(torch.ones(2, 3)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_an_unknown_ddp_graph_setting_is_named(world_of_one, monkeypatch):
+    monkeypatch.setenv("AMPSHIM_DDP_GRAPH", "dynamic")
+    with pytest.raises(ValueError, match="AMPSHIM_DDP_GRAPH='dynamic'.*'unused'.*'static'"):
+        DistributedDataParallel(torch.nn.Linear(2, 2))
 
 
 def test_ddp_needs_a_process_group_and_rejects_apexs_removed_options():
