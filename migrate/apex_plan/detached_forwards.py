@@ -14,7 +14,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
-from migrate.apex_plan.vocabulary import INITIALIZE, ScaleLossSite
+from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -28,21 +28,24 @@ class DetachedForwardPlanning(Step):
     """It reads the ``FileTree``, the classified sites, the frozen ``Setup`` and the regions the
     draft holds, and writes to the ``Draft``."""
 
-    def plan_detached_forwards(self, scales: list[ScaleLossSite]) -> None:
-        seen: set[int] = set()
-        for scale in scales:
-            loop = self._training_loop(scale.statement)
-            if loop is None or id(loop) in seen:
-                continue
-            seen.add(id(loop))
+    def plan_detached_forwards(self) -> None:
+        """Each loop around a training region (the scaled backward's own, or its caller's where a
+        helper scales the loss), and the no-grad blocks in it."""
+        loops: dict[int, tuple[cst.For | cst.While, cst.CSTNode, set[str]]] = {}
+        for key, enabled in self.draft.region_enabled.items():
+            first = self.draft.replacements[key][0]
+            loop = self._training_loop(first)
+            if loop is not None:
+                loops.setdefault(id(loop), (loop, first, set()))[2].add(enabled)
+        for loop, first, enabled in loops.values():
+            if len(enabled) != 1:
+                continue  # regions enabled differently: which one a pass between them follows is not known
             if any(self.tree.inside(call, loop) for call in self.sites.calls["initialize"]):
                 continue  # initialized in the loop (a run-once block): apex cast nothing before it
-            enabled = self._region_enabled(loop)
-            if enabled is None:
-                continue
-            models = self.tree.models_seen_from(scale.statement, self.setup.model_codes)
+            (region_enabled,) = enabled
+            models = self.tree.models_seen_from(first, self.setup.model_codes)
             for statements in self._detached_blocks(loop.body, models):
-                self._wrap(statements, enabled)
+                self._wrap(statements, region_enabled)
 
     def _training_loop(self, statement: cst.CSTNode) -> cst.For | cst.While | None:
         """The outermost loop around ``statement`` in its function."""
@@ -52,13 +55,6 @@ class DetachedForwardPlanning(Step):
                 found = node
             node = self.tree.parent.get(id(node))
         return found
-
-    def _region_enabled(self, loop: cst.For | cst.While) -> str | None:
-        """The ``enabled`` argument every region planned in ``loop`` was given; None where there is
-        none, or they differ (then which one a pass between them follows is not known)."""
-        found = {enabled for key, enabled in self.draft.region_enabled.items()
-                 if self.tree.inside(self.draft.replacements[key][0], loop)}
-        return found.pop() if len(found) == 1 else None
 
     def _detached_blocks(self, block: cst.BaseSuite, models: set[str]):
         """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that

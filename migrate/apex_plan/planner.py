@@ -378,7 +378,7 @@ class Planner:
             for scale in scales:
                 autocast.plan_autocast(scale)
             WarmUpPlanning(writing).plan_warm_ups()
-            DetachedForwardPlanning(writing).plan_detached_forwards(scales)
+            DetachedForwardPlanning(writing).plan_detached_forwards()
         self._plan_after_imports()
         self._emit(writing, scales)
 

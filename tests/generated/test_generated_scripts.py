@@ -547,5 +547,5 @@ def test_a_forward_pass_without_gradients_after_the_step(drawn, tmp_path, monkey
     that pass too. The safe rewrite trains the same; without its own region it did not."""
     assert_migrated_and_the_same(drawn, tmp_path / "fixed")
     from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
-    monkeypatch.setattr(DetachedForwardPlanning, "plan_detached_forwards", lambda self, scales: None)
+    monkeypatch.setattr(DetachedForwardPlanning, "plan_detached_forwards", lambda self: None)
     assert judge(drawn, tmp_path / "unfixed").safe == "differs: no-grad-precision"

@@ -133,3 +133,28 @@ def test_a_method_holding_the_model_on_self():
     assert "apex" not in result.new_source
     (head, held), = autocast_around(result.new_source, "torch.no_grad()")
     assert head == 'torch.autocast("cuda", dtype=torch.float16)' and len(held) == 1
+
+
+@pytest.mark.parametrize("scaled_in", ["method", "function"])
+def test_the_loss_scaled_by_a_helper_the_loop_calls(scaled_in):
+    """The region is the caller's (around the forward before ``self.backward(loss)``): so is the
+    loop whose no-grad block goes under autocast."""
+    helper = ("    def backward(self, loss):\n        with amp.scale_loss(loss, self.optimizer) as scaled:\n"
+              "            scaled.backward()\n" if scaled_in == "method" else "")
+    function = ("\n\ndef backward(loss, optimizer):\n    with amp.scale_loss(loss, optimizer) as scaled:\n"
+                "        scaled.backward()\n" if scaled_in == "function" else "")
+    call = "self.backward(loss)" if scaled_in == "method" else "backward(loss, self.optimizer)"
+    text = ("import torch\nimport torch.nn.functional as F\nfrom apex import amp\n" + function + "\n\nclass Trainer:\n"
+            "    def __init__(self, model, optimizer):\n"
+            "        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level=\"O1\")\n\n"
+            + helper + "\n    def fit(self, batches):\n        bank = 0.0\n        for x, y in batches:\n"
+            "            loss = F.mse_loss(self.model(x), y + bank)\n"
+            f"            {call}\n            self.optimizer.step()\n            self.optimizer.zero_grad()\n"
+            "            with torch.no_grad():\n                bank = self.model(x).mean()\n")
+    result = migrate_source(text, filename="train.py")
+    assert "apex" not in result.new_source, result.new_source
+    (head, held), = autocast_around(result.new_source, "torch.no_grad()")
+    heads = [cst.Module([]).code_for_node(node.items[0].item) for node in
+             cst.parse_module(result.new_source).body[-1].body.body[-1].body.body[-1].body.body
+             if isinstance(node, cst.With)]
+    assert heads == [head, head] and len(held) == 1  # enabled as the training region
