@@ -11,11 +11,8 @@ call without ``use_reentrant=False`` (torch's default was reentrant).
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
-from pathlib import Path
 
-from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import first_in_project
 
 __all__ = ["reentrant_in_project"]
 
@@ -26,22 +23,7 @@ _CALLS = frozenset({"checkpoint", "checkpoint_sequential"})
 def reentrant_in_project(filename: str) -> str | None:
     """The first reentrant activation checkpoint of the project holding ``filename``, as
     ``path:line`` (from the project's root); None where there is none or no file on disk."""
-    path = Path(filename)
-    if path.suffix != ".py" or not path.is_file():
-        return None
-    return _first_in(project_root(path))
-
-
-@lru_cache(maxsize=64)
-def _first_in(root: Path) -> str | None:
-    for path, data in project_files_saying(root, (b"torch.utils.checkpoint", b"torch.utils import checkpoint")):
-        try:
-            line = _reentrant_call(quiet.parse(data))
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        if line is not None:
-            return f"{path.relative_to(root).as_posix()}:{line}"
-    return None
+    return first_in_project(filename, (b"torch.utils.checkpoint", b"torch.utils import checkpoint"), _reentrant_call)
 
 
 def _reentrant_call(tree: ast.Module) -> int | None:

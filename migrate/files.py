@@ -328,3 +328,25 @@ def _check_unchanged(target: Path, read_as: Source) -> None:
     status = target.stat()
     if _identity(status) != read_as.identity or target.read_bytes() != read_as.data:
         raise ChangedSinceRead(errno.EAGAIN, "it changed on disk while ampmigrate ran", str(target))
+
+
+def first_in_project(filename: str, needles: tuple[bytes, ...], line_of) -> str | None:
+    """The first place of the project holding ``filename`` where ``line_of`` (a parsed module ->
+    a line or None) finds something, among the files saying one of ``needles``, as ``path:line``
+    from the project's root; None where there is none or ``filename`` is not a file on disk."""
+    path = Path(filename)
+    if path.suffix != ".py" or not path.is_file():
+        return None
+    return _first_in_project(project_root(path), needles, line_of)
+
+
+@lru_cache(maxsize=128)
+def _first_in_project(root: Path, needles: tuple[bytes, ...], line_of) -> str | None:
+    for path, data in project_files_saying(root, needles):
+        try:
+            line = line_of(quiet.parse(data))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        if line is not None:
+            return f"{path.relative_to(root).as_posix()}:{line}"
+    return None

@@ -1,12 +1,17 @@
 """AMP011: ``convert_syncbn_model`` / ``apex.parallel.SyncBatchNorm`` -> ``torch.nn.SyncBatchNorm``."""
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
-from migrate.types import FixSafety
+from migrate.frozen_parameters import freezing_line, frozen_in_project
+from migrate.tree_walk import descendants
+from migrate.types import FixSafety, Safety
 
 _CONVERT = "apex.parallel.convert_syncbn_model"
 _CLASS = "apex.parallel.SyncBatchNorm"
@@ -23,8 +28,13 @@ class ApexSyncBatchNorm(ApexRename):
     cross-process batch statistics.
 
     Fix safety:
-    Safe for the standard arguments. Reported with ``channel_last`` or ``fuse_relu`` (apex-only
-    layouts and fusions) and for ``create_syncbn_process_group`` (use
+    Safe for the standard arguments. apex's ``convert_syncbn_model`` gave the converted layers new
+    parameters (requiring gradients), torch's keeps the layers' own: the conversion is unsafe
+    where an optimizer is made before it in its function (under apex that optimizer held the
+    old parameters and never updated the new BatchNorm weights; natively it does) or where the
+    file or its project freezes parameters (``requires_grad = False``: a frozen BatchNorm weight
+    trained under apex, and stays frozen natively). Reported with ``channel_last`` or
+    ``fuse_relu`` (apex-only layouts and fusions) and for ``create_syncbn_process_group`` (use
     ``torch.distributed.new_group`` with the ranks of each group).
 
     Options:
@@ -33,7 +43,7 @@ class ApexSyncBatchNorm(ApexRename):
 
     CODE = "AMP011"
     FIX = 'apex SyncBatchNorm / convert_syncbn_model -> torch.nn.SyncBatchNorm'
-    FIX_SAFETY = FixSafety.ALWAYS
+    FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's SyncBatchNorm was removed from apex"
     TARGETS = (_CONVERT, _CLASS, "apex.parallel.create_syncbn_process_group")
     REFERENCES = {_CLASS: "torch.nn.SyncBatchNorm"}
@@ -46,6 +56,13 @@ class ApexSyncBatchNorm(ApexRename):
         Invalid(
             "import apex\nbn = apex.parallel.SyncBatchNorm(64, eps=1e-3)\n",
             "import torch\n\nbn = torch.nn.SyncBatchNorm(64, eps=1e-3)\n",
+        ),
+        Invalid(  # the optimizer made first held the old parameters: under apex it never updated the new ones
+            "import torch\nfrom apex.parallel import convert_syncbn_model\n\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel = convert_syncbn_model(model)\n",
+            "import torch\n\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
+            unsafe_fixes=True,
         ),
         Invalid("from apex.parallel import create_syncbn_process_group\ngroup = create_syncbn_process_group(8)\n"),
     ]
@@ -61,7 +78,42 @@ class ApexSyncBatchNorm(ApexRename):
         if target == _CONVERT:
             if len([a for a in call.args if a.keyword is None]) > 2:
                 return NoFix("`channel_last` is passed positionally")
-            return NativeCall(self.rebuild("torch.nn.SyncBatchNorm.convert_sync_batchnorm", call))
+            native = self.rebuild("torch.nn.SyncBatchNorm.convert_sync_batchnorm", call)
+            why = self._new_parameters_mattered(call)
+            return NativeCall(native, Safety.UNSAFE, why) if why else NativeCall(native)
         if len([a for a in call.args if a.keyword is None]) > 6:
             return NoFix("apex-only arguments are passed positionally")
         return NativeCall(self.rebuild("torch.nn.SyncBatchNorm", call))
+
+    def _new_parameters_mattered(self, call: cst.Call) -> str:
+        """Why apex's new BatchNorm parameters made training differ from torch's kept ones here
+        (empty where nothing shows they did)."""
+        line = self.get_metadata(PositionProvider, call).start.line
+        scope = self._enclosing_function(call) or self._module
+        for node in descendants(scope):
+            if isinstance(node, cst.Call) and _makes_an_optimizer(node) and self.get_metadata(PositionProvider, node).start.line < line:
+                made = self.get_metadata(PositionProvider, node).start.line
+                return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
+                        "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
+        frozen = frozen_in_project(self.context.filename)
+        if frozen is None:
+            own = freezing_line(ast.parse(self._module.code))
+            frozen = f"line {own}" if own is not None else None
+        if frozen is not None:
+            return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "
+                    "require gradients, so a frozen BatchNorm weight trained under apex; torch's keeps it frozen")
+        return ""
+
+    def _enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return node
+
+
+def _makes_an_optimizer(call: cst.Call) -> bool:
+    """``torch.optim.SGD(...)``, ``optim.Adam(...)``, ``create_optimizer(cfg, model)``, ``LARS(...)``
+    is not known: a name saying ``optim``, not a scheduler nor a method of an optimizer."""
+    text = nodes.code(call.func).lower()
+    last = text.rsplit(".", 1)[-1]
+    return "optim" in text and "sched" not in text and last not in {"step", "zero_grad", "state_dict", "load_state_dict",
+                                                                    "add_param_group", "param_groups"}

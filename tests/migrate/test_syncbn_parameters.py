@@ -1,0 +1,93 @@
+"""``convert_syncbn_model``: apex gave the converted layers new parameters (requiring gradients),
+torch's ``convert_sync_batchnorm`` keeps the layers' own. Shown by running both below; the
+codemod's fix is unsafe where that changes training (an optimizer made before the conversion, a
+frozen parameter in the project), safe elsewhere."""
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ampshim.parallel import convert_syncbn_model
+from migrate.api import migrate_source, migrate_paths
+
+pytestmark = pytest.mark.filterwarnings("ignore::ampshim.deprecation.DeprecatedFeatureWarning")
+
+
+def trained_bn_weight(convert, *, optimizer_first: bool, frozen: bool) -> tuple[torch.Tensor, bool]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    model[1].weight.requires_grad_(not frozen)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if optimizer_first else None
+    model = convert(model)
+    if optimizer is None:
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model.eval()  # one process: no statistics to synchronise
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    optimizer.step()
+    return model[1].weight.detach().clone(), model[1].weight.requires_grad
+
+
+@pytest.mark.parametrize("optimizer_first,frozen,same", [(False, False, True), (True, False, False), (False, True, False)])
+def test_apexs_conversion_against_torchs(optimizer_first, frozen, same):
+    apex_weight, apex_grad = trained_bn_weight(convert_syncbn_model, optimizer_first=optimizer_first, frozen=frozen)
+    torch_weight, torch_grad = trained_bn_weight(nn.SyncBatchNorm.convert_sync_batchnorm,
+                                                 optimizer_first=optimizer_first, frozen=frozen)
+    assert torch.equal(apex_weight, torch_weight) is same
+    assert apex_grad  # new parameters: gradients on, whatever the old ones had
+    assert torch_grad is not frozen
+
+
+OPTIMIZERS = ["torch.optim.SGD(model.parameters(), lr=0.1)", "optim.Adam(model.parameters())",
+              "create_optimizer(cfg, model)", "build_optimizer(model, cfg.optimizer)"]
+CONVERSIONS = ["convert_syncbn_model(model)", "apex.parallel.convert_syncbn_model(model)"]
+
+
+def script(optimizer: str, conversion: str, optimizer_first: bool, freeze: str = "") -> str:
+    lines = [f"optimizer = {optimizer}", f"model = {conversion}"]
+    body = "\n".join("    " + line for line in ([freeze] if freeze else []) + (lines if optimizer_first else lines[::-1]))
+    return ("import torch\nimport torch.optim as optim\nimport apex\nfrom apex.parallel import convert_syncbn_model\n\n\n"
+            f"def setup(model, cfg):\n{body}\n    return model, optimizer\n")
+
+
+def amp011(result):
+    return next(d for d in result.diagnostics if d.code == "AMP011")
+
+
+@pytest.mark.parametrize("optimizer,conversion,optimizer_first", list(itertools.product(OPTIMIZERS, CONVERSIONS, [False, True])))
+def test_an_optimizer_made_before_the_conversion(optimizer, conversion, optimizer_first):
+    result = migrate_source(script(optimizer, conversion, optimizer_first), filename="train.py")
+    found = amp011(result)
+    assert found.applied is not optimizer_first
+    if optimizer_first:
+        assert "before the conversion" in found.fix.why_unsafe and "convert_syncbn_model" in result.new_source
+    else:
+        assert "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)" in result.new_source
+
+
+@pytest.mark.parametrize("freeze", ["for p in model.backbone.parameters(): p.requires_grad = False",
+                                    "model.backbone.requires_grad_(False)",
+                                    "model.backbone.requires_grad_(requires_grad=cfg.train_backbone)"])
+def test_parameters_frozen_in_the_file(freeze):
+    result = migrate_source(script(OPTIMIZERS[0], CONVERSIONS[0], False, freeze), filename="train.py")
+    assert not amp011(result).applied and "frozen" in amp011(result).fix.why_unsafe
+
+
+def test_gradients_turned_on_are_no_freezing():
+    result = migrate_source(script(OPTIMIZERS[0], CONVERSIONS[0], False, "model.requires_grad_(True)"), filename="train.py")
+    assert amp011(result).applied
+
+
+@pytest.mark.parametrize("frozen_elsewhere", [True, False])
+def test_parameters_frozen_in_another_file_of_the_project(tmp_path, frozen_elsewhere):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "model.py").write_text(
+        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.bn = nn.BatchNorm2d(3)\n" + ("        self.bn.weight.requires_grad = False\n" if frozen_elsewhere else ""))
+    train = tmp_path / "train.py"
+    train.write_text(script(OPTIMIZERS[0], CONVERSIONS[0], False))
+    results = migrate_paths([str(train)], write=False)
+    found = amp011(next(r for r in results if r.filename.endswith("train.py")))
+    assert found.fix.applicability.name == ("UNSAFE" if frozen_elsewhere else "SAFE")
+    if frozen_elsewhere:
+        assert "model.py:8" in found.fix.why_unsafe
