@@ -467,7 +467,8 @@ def _by_name(functions) -> dict[str, list[cst.FunctionDef]]:
 
 
 _NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple", "set", "range", "zip", "enumerate",
-                           "isinstance", "print", "sum", "max", "min", "abs", "sorted", "getattr", "next", "iter", "str"})
+                           "isinstance", "print", "sum", "max", "min", "abs", "sorted", "getattr", "next", "iter", "str",
+                           "Variable"})  # `inputs = Variable(inputs.cuda())`: old torch's wrapper, moving data
 
 
 def _runs_a_network(statement: cst.CSTNode) -> bool:
