@@ -386,3 +386,25 @@ def _caught(handler: cst.ExceptHandler) -> list[str]:
         return []
     kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
     return [code(kind.value if isinstance(kind, cst.Element) else kind) for kind in kinds]
+
+
+# What `from apex.fp16_utils import *` binds: the package's names and its submodules.
+FP16_UTILS_NAMES = frozenset(
+    "FP16_Optimizer FP16Model network_to_half convert_network convert_module BN_convert_float tofp16 "
+    "prep_param_lists model_grads_to_master_grads master_params_to_model_params to_python_float "
+    "clip_grad_norm LossScaler DynamicLossScaler fp16util fp16_optimizer loss_scaler".split()
+)
+
+
+def reads_any(module: cst.Module, names: frozenset[str]) -> bool:
+    """Whether ``module`` names one of ``names`` outside imports (not as an attribute: ``x.tofp16``),
+    or in a string that may be code (``__all__``, ``eval``)."""
+    attributes: set[int] = set()
+    for node in descendants(module, lambda node: type(node) not in (cst.Import, cst.ImportFrom)):
+        if type(node) is cst.Attribute:
+            attributes.add(id(node.attr))
+        elif type(node) is cst.Name and node.value in names and id(node) not in attributes:
+            return True
+        elif type(node) is cst.SimpleString and any(name in node.value for name in names):
+            return True
+    return False

@@ -21,7 +21,8 @@ class ApexImport(Rule):
     removes the import itself (``from apex import amp``, ``import apex.amp as apex_amp``,
     ``import apex``, and so on, resolved by qualified name). This rule removes the apex imports
     that nothing in the file used in the first place (``from apex import optimizers`` left over
-    from an experiment), and finishes the job on the guards around an import: a ``try:`` left
+    from an experiment; ``from apex.fp16_utils import *`` where the file names none of what it
+    brings in: ``FP16_Optimizer``, ``network_to_half``, ``to_python_float`` and the rest), and finishes the job on the guards around an import: a ``try:`` left
     holding only ``pass`` or constant flags (``APEX_AVAILABLE = True``) cannot raise, so its
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
     ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
@@ -99,6 +100,7 @@ class ApexImport(Rule):
             "import torch\n\nnorm = torch.nn.SyncBatchNorm(64)\n",
         ),
         Invalid("import torch\nfrom apex import amp  # noqa: F401\n", "import torch\n", unsafe_fixes=True),
+        Invalid("import torch\nfrom apex.fp16_utils import *\n\nx = torch.ones(1)\n", "import torch\n\nx = torch.ones(1)\n"),
         Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
         Invalid("from importlib import import_module as load\n\namp = load('apex.amp')\n"),
         Invalid("apex = __import__('apex')\n"),
@@ -119,7 +121,16 @@ class ApexImport(Rule):
         self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
         self._used: set[str] = set()
         self._aliases: list[tuple[cst.ImportAlias, str, ImportChange, cst.CSTNode]] = []
+        self._stars: list[tuple[cst.ImportFrom, cst.CSTNode]] = []  # `from apex.fp16_utils import *` and its line
         self._in_strings = re.compile(rf"\b(?:{'|'.join(map(re.escape, self._imported))})\b") if self._imported else None
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        """``from apex.fp16_utils import *``: its names are known, so whether the file uses one is too."""
+        if isinstance(node.names, cst.ImportStar) and not node.relative and node.module is not None \
+                and nodes.code(node.module) == "apex.fp16_utils":
+            statement = self._parent_of(node)
+            if not _kept_on_purpose(statement, self._parent_of):
+                self._stars.append((node, statement))
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         """Collects the file's apex imports, but those an unused import may be wanted in."""
@@ -163,6 +174,16 @@ class ApexImport(Rule):
                 remove_imports=(change,),
                 why_unsafe="; ".join(reasons),
             )
+
+        if self._stars and not nodes.reads_any(original_node, nodes.FP16_UTILS_NAMES):
+            for star, line in self._stars:
+                reasons = ["the import is marked `# noqa: F401`: it may be kept for other modules"] if _noqa_f401(line) else []
+                if PurePath(self.context.filename).name == "__init__.py":
+                    reasons.append("this is a package's `__init__.py`: other modules may import its names from it")
+                self.report(star, "`from apex.fp16_utils import *` brings in nothing the file uses, and keeps the file "
+                            "depending on apex", replacement=cst.RemoveFromParent(),
+                            safety=Safety.UNSAFE if reasons else Safety.SAFE, fix_message="Remove the unused import",
+                            why_unsafe="; ".join(reasons))
 
     def _parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.get_metadata(ParentNodeProvider, node, None)

@@ -45,12 +45,6 @@ _HANDLED_ELSEWHERE = (
     "apex.normalization.",
 )
 _FP16_OPTIMIZERS = ("apex.fp16_utils", "apex.optimizers.FP16_Optimizer")
-# What `from apex.fp16_utils import *` brings in.
-_FP16_UTILS_API = frozenset(
-    "FP16_Optimizer FP16Model network_to_half convert_network convert_module BN_convert_float tofp16 "
-    "prep_param_lists model_grads_to_master_grads master_params_to_model_params to_python_float "
-    "clip_grad_norm LossScaler DynamicLossScaler".split()
-)
 _ANY = "apex"
 _UNKNOWN = "it has no native counterpart this tool knows of: replace it by hand, or keep apex installed for it"
 
@@ -131,7 +125,7 @@ class ApexWithoutNativeEquivalent(ApexRename):
             return
         func = node.func
         target = self._target(func)
-        if target is None and self._star and isinstance(func, cst.Name) and func.value in _FP16_UTILS_API:
+        if target is None and self._star and isinstance(func, cst.Name) and func.value in nodes.FP16_UTILS_NAMES:
             if not self.get_metadata(QualifiedNameProvider, func, set()):
                 # brought in by `from apex.fp16_utils import *`
                 own = f"apex.fp16_utils.{func.value}"
