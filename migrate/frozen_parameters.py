@@ -1,24 +1,71 @@
-"""Where a project freezes parameters (``p.requires_grad = False``, ``module.requires_grad_(False)``).
+"""Where a file, or a module it imports, freezes parameters (``p.requires_grad = False``,
+``module.requires_grad_(False)``).
 
 apex's ``convert_syncbn_model`` gave each converted BatchNorm layer new parameters, which require
 gradients; torch's ``convert_sync_batchnorm`` keeps the layer's own. A BatchNorm weight frozen
 before the conversion therefore trained under apex and stays frozen natively. The freezing is
-usually in the model's file, so the project is searched: its files saying ``requires_grad`` are
-read with ``ast``.
+usually in the model's file, which the converting file imports (``from model.deeplab import
+DeeplabMulti``): the file and the project modules it imports, found on disk and followed from
+module to module, are read with ``ast``.
 """
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
+from pathlib import Path
 
-from migrate.files import first_in_project
+from migrate.files import project_root
+from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
-__all__ = ["freezing_line", "frozen_in_project"]
+__all__ = ["freezing_line", "frozen_in_imports"]
+
+_MOST_MODULES = 200  # followed from one file: a project's models and their helpers, not a vendored library
 
 
-def frozen_in_project(filename: str) -> str | None:
-    """The first line of the project holding ``filename`` that freezes a parameter, as
+def frozen_in_imports(filename: str) -> str | None:
+    """The first line that freezes a parameter in ``filename`` or a module it imports, as
     ``path:line`` (from the project's root); None where there is none or no file on disk."""
-    return first_in_project(filename, (b"requires_grad",), freezing_line)
+    path = Path(filename)
+    if path.suffix != ".py" or not path.is_file():
+        return None
+    return _first_from(path.resolve())
+
+
+@lru_cache(maxsize=64)
+def _first_from(start: Path) -> str | None:
+    root = project_root(start)
+    seen, pending = {start}, [start]
+    while pending and len(seen) <= _MOST_MODULES:
+        path = pending.pop(0)
+        tree = parsed_module(str(path))
+        if tree is None:
+            continue
+        line = freezing_line(tree)
+        if line is not None:
+            shown = path.relative_to(root) if path.is_relative_to(root) else path
+            return f"{shown.as_posix()}:{line}"
+        for found in _imported_files(tree, path):
+            if found not in seen:
+                seen.add(found)
+                pending.append(found)
+    return None
+
+
+def _imported_files(tree: ast.Module, importer: Path):
+    """The files of the project that ``tree``'s imports name (a module, or a submodule imported
+    from a package: ``from model import deeplab``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            wanted = [(0, alias.name.split(".")) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = node.module.split(".") if node.module else []
+            wanted = [(node.level, parts)] + [(node.level, parts + [alias.name]) for alias in node.names if alias.name != "*"]
+        else:
+            continue
+        for level, parts in wanted:
+            found = find_on_disk(importer, level, parts, PROJECT_FOLDERS_UP)
+            if found is not None:
+                yield found.resolve()
 
 
 def freezing_line(tree: ast.AST) -> int | None:

@@ -9,7 +9,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
-from migrate.frozen_parameters import freezing_line, frozen_in_project
+from migrate.frozen_parameters import freezing_line, frozen_in_imports
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
@@ -32,8 +32,8 @@ class ApexSyncBatchNorm(ApexRename):
     parameters (requiring gradients), torch's keeps the layers' own: the conversion is unsafe
     where an optimizer is made before it in its function (under apex that optimizer held the
     old parameters and never updated the new BatchNorm weights; natively it does) or where the
-    file or its project freezes parameters (``requires_grad = False``: a frozen BatchNorm weight
-    trained under apex, and stays frozen natively). Reported with ``channel_last`` or
+    file, or a module of the project it imports, freezes parameters (``requires_grad = False``: a
+    frozen BatchNorm weight trained under apex, and stays frozen natively). Reported with ``channel_last`` or
     ``fuse_relu`` (apex-only layouts and fusions) and for ``create_syncbn_process_group`` (use
     ``torch.distributed.new_group`` with the ranks of each group).
 
@@ -95,7 +95,7 @@ class ApexSyncBatchNorm(ApexRename):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
-        frozen = frozen_in_project(self.context.filename)
+        frozen = frozen_in_imports(self.context.filename)
         if frozen is None:
             own = freezing_line(ast.parse(self._module.code))
             frozen = f"line {own}" if own is not None else None
@@ -111,9 +111,10 @@ class ApexSyncBatchNorm(ApexRename):
 
 
 def _makes_an_optimizer(call: cst.Call) -> bool:
-    """``torch.optim.SGD(...)``, ``optim.Adam(...)``, ``create_optimizer(cfg, model)``, ``LARS(...)``
-    is not known: a name saying ``optim``, not a scheduler nor a method of an optimizer."""
-    text = nodes.code(call.func).lower()
-    last = text.rsplit(".", 1)[-1]
-    return "optim" in text and "sched" not in text and last not in {"step", "zero_grad", "state_dict", "load_state_dict",
-                                                                    "add_param_group", "param_groups"}
+    """``torch.optim.SGD(...)``, ``optim.Adam(...)``, ``apex.optimizers.FusedAdam(...)``,
+    ``create_optimizer(cfg, model)``: a class of an optimizer module, or a function named for
+    making one; not ``model.get_optim_policies()``, a scheduler, nor a method of an optimizer."""
+    *path, last = nodes.code(call.func).lower().split(".")
+    if any(part in ("optim", "optimizer", "optimizers") for part in path):
+        return "sched" not in last and last not in {"step", "zero_grad", "state_dict", "load_state_dict", "add_param_group"}
+    return "optimizer" in last and "state" not in last

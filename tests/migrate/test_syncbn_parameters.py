@@ -78,16 +78,22 @@ def test_gradients_turned_on_are_no_freezing():
     assert amp011(result).applied
 
 
-@pytest.mark.parametrize("frozen_elsewhere", [True, False])
-def test_parameters_frozen_in_another_file_of_the_project(tmp_path, frozen_elsewhere):
+@pytest.mark.parametrize("imported", ["from model import Net", "from models.deeplab import Net", "import models.deeplab",
+                                      "from models import deeplab", None])
+def test_parameters_frozen_in_a_module_the_file_imports(tmp_path, imported):
+    """The freezing is in the model's file, reached through the imports (a package's too); a
+    file of the project the converting file never imports does not count."""
     (tmp_path / "pyproject.toml").write_text("")
-    (tmp_path / "model.py").write_text(
-        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-        "        self.bn = nn.BatchNorm2d(3)\n" + ("        self.bn.weight.requires_grad = False\n" if frozen_elsewhere else ""))
+    model = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.bn = nn.BatchNorm2d(3)\n        self.bn.weight.requires_grad = False\n")
+    (tmp_path / "model.py").write_text(model)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "deeplab.py").write_text(model)
     train = tmp_path / "train.py"
-    train.write_text(script(OPTIMIZERS[0], CONVERSIONS[0], False))
+    train.write_text((imported + "\n" if imported else "") + script(OPTIMIZERS[0], CONVERSIONS[0], False))
     results = migrate_paths([str(train)], write=False)
     found = amp011(next(r for r in results if r.filename.endswith("train.py")))
-    assert found.fix.applicability.name == ("UNSAFE" if frozen_elsewhere else "SAFE")
-    if frozen_elsewhere:
-        assert "model.py:8" in found.fix.why_unsafe
+    assert found.fix.applicability.name == ("UNSAFE" if imported else "SAFE")
+    if imported:
+        assert ("model.py:8" if "model " in imported + " " else "models/deeplab.py:8") in found.fix.why_unsafe
