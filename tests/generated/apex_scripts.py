@@ -486,11 +486,12 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += [f"if step == {CHECKPOINT_AT}:",
                  f"    buffer = save_checkpoint({s.model}, {s.first_optimizer}, {state})",
                  f"    restore(buffer, {s.model}, {s.first_optimizer}, amp={handed})"]
+    # kept finite: an overflowing batch (Features.overflow) must not overflow every later one
     if f.memory == "after":
-        body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
+        body += ["with torch.no_grad():", f"    bank = torch.nan_to_num({s.forward}(x).mean()).clamp(-1, 1)"]
     elif f.memory == "eval_after":
         body += [f"{s.model}.eval()", "with torch.no_grad():", f"    out = {s.forward}(x)", f"{s.model}.train()",
-                 "bank = out.mean()"]
+                 "bank = torch.nan_to_num(out.mean()).clamp(-1, 1)"]
     body.append(f"losses.append(float({loss}))")
     return body
 
