@@ -34,7 +34,7 @@ class DetachedForwardPlanning(Step):
         loops: dict[int, tuple[cst.For | cst.While, cst.CSTNode, set[str]]] = {}
         for key, enabled in self.draft.region_enabled.items():
             first = self.draft.replacements[key][0]
-            loop = self._training_loop(first)
+            loop = self.tree.outermost_loop(first)
             if loop is not None:
                 loops.setdefault(id(loop), (loop, first, set()))[2].add(enabled)
         for loop, first, enabled in loops.values():
@@ -46,15 +46,6 @@ class DetachedForwardPlanning(Step):
             models = self.tree.models_seen_from(first, self.setup.model_codes)
             for statements in self._detached_blocks(loop.body, models):
                 self._wrap(statements, region_enabled)
-
-    def _training_loop(self, statement: cst.CSTNode) -> cst.For | cst.While | None:
-        """The outermost loop around ``statement`` in its function."""
-        found, node = None, self.tree.parent.get(id(statement))
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-            if isinstance(node, (cst.For, cst.While)):
-                found = node
-            node = self.tree.parent.get(id(node))
-        return found
 
     def _detached_blocks(self, block: cst.BaseSuite, models: set[str]):
         """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that
@@ -99,9 +90,10 @@ class DetachedForwardPlanning(Step):
 
     def _wrappable(self, statement: cst.CSTNode) -> bool:
         """Nothing inside is rewritten, is a region, turns autocast on or off itself, or suspends."""
-        return not (self.draft.touched(statement) or contains(statement, SUSPENDS)
-                    or any(id(node) in self.draft.regions for node in descendants(statement))
-                    or any(type(node) is cst.Call and nodes.call_name(node) == "autocast" for node in descendants(statement)))
+        if self.draft.touched(statement) or contains(statement, SUSPENDS):
+            return False
+        return not any(id(node) in self.draft.regions or (type(node) is cst.Call and nodes.call_name(node) == "autocast")
+                       for node in descendants(statement))
 
     @staticmethod
     def _calls_model(statement: cst.CSTNode, models: set[str]) -> bool:

@@ -171,12 +171,16 @@ class FileTree:
         return where.start.column if where is not None else 0
 
     def in_loop(self, node: cst.CSTNode) -> bool:
-        node = self.parent.get(id(node))
+        return self.outermost_loop(node) is not None
+
+    def outermost_loop(self, node: cst.CSTNode) -> cst.For | cst.While | None:
+        """The outermost loop around ``node`` in its function (or class body, or module)."""
+        found, node = None, self.parent.get(id(node))
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             if isinstance(node, (cst.For, cst.While)):
-                return True
+                found = node
             node = self.parent.get(id(node))
-        return False
+        return found
 
     @staticmethod
     def changes_its_test(branch: cst.If, after: Sequence[cst.CSTNode] = ()) -> bool:

@@ -1,12 +1,13 @@
 """AMP011: ``convert_syncbn_model`` / ``apex.parallel.SyncBatchNorm`` -> ``torch.nn.SyncBatchNorm``."""
 from __future__ import annotations
 
-import ast
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
+from migrate import quiet
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.frozen_parameters import freezing_line, frozen_in_imports
@@ -95,9 +96,10 @@ class ApexSyncBatchNorm(ApexRename):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
-        frozen = frozen_in_imports(self.context.filename)
-        if frozen is None:
-            own = freezing_line(ast.parse(self._module.code))
+        if Path(self.context.filename).is_file():
+            frozen = frozen_in_imports(self.context.filename)  # the file itself first, then what it imports
+        else:  # source given without a file (stdin, the API): only its own lines are known
+            own = freezing_line(quiet.parse(self._module.code))
             frozen = f"line {own}" if own is not None else None
         if frozen is not None:
             return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "
