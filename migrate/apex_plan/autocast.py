@@ -152,18 +152,18 @@ class AutocastPlanning(Step):
                    for binding in reaching(graph, value.value, statement).bindings
                    for node in binding_nodes(binding, value.value))
 
-    @staticmethod
-    def slice_start(window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
+    def slice_start(self, window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
         """The first statement of ``window`` in the backward slice of ``loss``: what the loss is
         computed from, through the names each statement binds (``out = {"l": f(self.model(x))}``
         then ``loss = sum(out.values())``). apex cast everything after ``initialize``; the region
         covers at least what flows into the loss. None where nothing there binds what it reads.
         ``forward_only``: the first such statement that runs a network (``teacher(x)``,
-        ``self.head(h)``), not one that only prepares inputs (``batch[0]``, ``model.parse_batch(b)``)."""
+        ``self.head(h)``, ``args.flownet(x)`` where the file puts it in ``eval()``), not one that
+        only prepares inputs (``batch[0]``, ``model.parse_batch(b)``)."""
         wanted, start = read_names(loss), None
         for index in range(len(window) - 1, -1, -1):
             if assigned_names(window[index]) & wanted:
-                if not forward_only or _runs_a_network(window[index]):
+                if not forward_only or _runs_a_network(window[index], self.tree.networks):
                     start = index
                 wanted |= read_names(window[index])
         return start
@@ -471,13 +471,15 @@ _NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple
                            "Variable"})  # `inputs = Variable(inputs.cuda())`: old torch's wrapper, moving data
 
 
-def _runs_a_network(statement: cst.CSTNode) -> bool:
+def _runs_a_network(statement: cst.CSTNode, networks: frozenset[str]) -> bool:
     """Whether ``statement`` calls something by a plain name or an attribute of ``self`` (a network
-    held in a variable: ``teacher(x)``, ``self.head(h)``), not a builtin nor a method of another
-    object (``model.parse_batch(b)``, ``torch.randn(...)``)."""
+    held in a variable: ``teacher(x)``, ``self.head(h)``) or one of ``networks``, not a builtin nor
+    a method of another object (``model.parse_batch(b)``, ``torch.randn(...)``)."""
     for node in descendants(statement):
         if type(node) is cst.Call:
             func = node.func
+            if nodes.code(func) in networks:
+                return True
             if isinstance(func, cst.Name) and func.value not in _NOT_NETWORKS:
                 return True
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":

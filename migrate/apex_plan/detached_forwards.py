@@ -5,6 +5,8 @@ A pass the loop runs with gradients off (a memory bank or pseudo-labels filled u
 ``torch.no_grad()`` after the step, targets computed by the model itself) fed the next losses in
 float16; outside the region it now runs in float32, and training parts from apex's. Each such
 ``with torch.no_grad():`` block goes under an autocast of its own, enabled as the loop's region.
+Under O1 apex cast torch's functions process-wide, so another network's pass (a teacher, a flow
+network the file puts in ``eval()``) ran in float16 too; O2 and O3 cast only the models given.
 """
 from __future__ import annotations
 
@@ -44,8 +46,24 @@ class DetachedForwardPlanning(Step):
                 continue  # initialized in the loop (a run-once block): apex cast nothing before it
             (region_enabled,) = enabled
             models = self.tree.models_seen_from(first, self.setup.model_codes)
+            if self._casts_every_network():
+                models |= self.tree.networks
             for statements in self._detached_blocks(loop.body, models):
                 self._wrap(statements, region_enabled)
+
+    def _casts_every_network(self) -> bool:
+        """Whether apex ran O1 here: every ``initialize`` at O1 (written so, or by default), or at a
+        level computed at run time where only O0 and O1 are migrated (O0 leaves the region off)."""
+        for call in self.sites.calls["initialize"]:
+            level = nodes.argument(call, 3, "opt_level")
+            if level is None:
+                continue
+            if nodes.literal_string(level.value) is not None:
+                if nodes.literal_string(level.value) not in ("O1", "01", "o1"):
+                    return False
+            elif not self.exact_levels <= {"O0", "O1"}:
+                return False  # O2 accepted as autocast: apex cast only the models given there
+        return True
 
     def _detached_blocks(self, block: cst.BaseSuite, models: set[str]):
         """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that
@@ -125,3 +143,4 @@ class DetachedForwardPlanning(Step):
         self.draft.kind(first, INITIALIZE, _MESSAGE, "Run it under `torch.autocast`, as the training forward pass")
         regions.move_into_region(statements[1:], _MESSAGE)
         self.draft.regions.add(id(first))
+

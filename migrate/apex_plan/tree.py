@@ -25,6 +25,11 @@ from migrate.tree_walk import descendants, is_node_type, walk
 COPIES = frozenset({"copy.deepcopy", "copy.copy"})
 
 
+# What only a network is asked (`teacher.eval()`): a name used so is an `nn.Module`.
+_MODULE_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "children",
+                             "requires_grad_", "load_state_dict", "apply"})
+
+
 class FileTree:
     """One file's syntax tree, walked once: parents, order, names and apex.amp references."""
 
@@ -67,6 +72,15 @@ class FileTree:
                  else "the file imports it nowhere")
         return (f"`{first.value}` is read at line {self.line(first)} where no import of it reaches ({where}): that raised "
                 "NameError, and the rewrite takes it as apex's amp")
+
+    @functools.cached_property
+    def networks(self) -> frozenset[str]:
+        """What the file treats as a network (``teacher.eval()``, ``args.flownet.parameters()``),
+        as written: a call of one is a forward pass, whatever its name."""
+        return frozenset(nodes.code(node.func.value) for node in descendants(self.module)
+                         if type(node) is cst.Call and isinstance(node.func, cst.Attribute)
+                         and node.func.attr.value in _MODULE_METHODS
+                         and isinstance(node.func.value, (cst.Name, cst.Attribute)))
 
     @functools.cached_property
     def line_limit(self) -> int:

@@ -97,10 +97,11 @@ class Features:
     #                             norm with a module-level `grad_norm(parameters)` (both arms read gradients)
     entry: str = "main"  # main (a `def main()` that `if __name__ == "__main__":` calls) | guard (main's
     #                      body directly under that `if`: its model, optimizer and flags are module globals)
-    memory: str = "none"  # none | after | eval_after | before: a forward pass under `torch.no_grad()` fills
-    #                       a memory (the mean prediction) that the next losses' targets add: after the
-    #                       step, the same with the model in eval() and the mean taken after the block,
-    #                       or before the training forward pass
+    memory: str = "none"  # none | after | eval_after | before | teacher: a forward pass under
+    #                       `torch.no_grad()` fills a memory (the mean prediction) that the next losses'
+    #                       targets add: after the step, the same with the model in eval() and the mean
+    #                       taken after the block, before the training forward pass, or after the step
+    #                       by a teacher (a copy of the model made after initialize, in eval())
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -221,7 +222,7 @@ def features():
         nan_skip=st.booleans(),
         entry=st.sampled_from(["main", "guard"]),
         clip_or_norm=st.booleans(),
-        memory=st.sampled_from(["none", "after", "eval_after", "before"]),
+        memory=st.sampled_from(["none", "after", "eval_after", "before", "teacher"]),
     ).map(_coherent)
 
 
@@ -487,8 +488,9 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    buffer = save_checkpoint({s.model}, {s.first_optimizer}, {state})",
                  f"    restore(buffer, {s.model}, {s.first_optimizer}, amp={handed})"]
     # kept finite: an overflowing batch (Features.overflow) must not overflow every later one
-    if f.memory == "after":
-        body += ["with torch.no_grad():", f"    bank = torch.nan_to_num({s.forward}(x).mean()).clamp(-1, 1)"]
+    if f.memory in ("after", "teacher"):
+        network = "teacher" if f.memory == "teacher" else s.forward
+        body += ["with torch.no_grad():", f"    bank = torch.nan_to_num({network}(x).mean()).clamp(-1, 1)"]
     elif f.memory == "eval_after":
         body += [f"{s.model}.eval()", "with torch.no_grad():", f"    out = {s.forward}(x)", f"{s.model}.train()",
                  "bank = torch.nan_to_num(out.mean()).clamp(-1, 1)"]
@@ -575,6 +577,8 @@ def _training_prelude(f: Features, s: _Spelling) -> list[str]:
     lines = [f"tracker = GradNormLR({s.model}, {s.first_optimizer})"] if f.grads_in == "local" else []
     if f.memory != "none":
         lines.append("bank = 0.0")
+    if f.memory == "teacher":  # apex O1 cast its passes too: torch's functions were patched process-wide
+        lines += [f"teacher = copy.deepcopy({s.model})", "teacher.eval()"]
     if f.backward_in == "partial":
         lines.append(_partial_binding(f, s)[1])
     if f.clip_in == "closure":
@@ -685,7 +689,7 @@ def _main_and_training(f: Features) -> str:
 def script(f: Features) -> str:
     f = _coherent(f)
     header = f'"""A generated apex script: {f.label()}."""\n'
-    imports = "import argparse\n" + ("import io\n" if f.checkpoint else "") + ("import math\n" if f.finite_guard else "")
+    imports = "import argparse\n" + ("import copy\n" if f.memory == "teacher" else "") + ("import io\n" if f.checkpoint else "") + ("import math\n" if f.finite_guard else "")
     if f.backward_in == "partial":
         imports += "import functools\nfrom functools import partial\n"
     imports += "\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"

@@ -538,10 +538,14 @@ MEMORIES = [
     Features(loss="helper", loop="enumerate", accumulation="inner_loop", boundary="plus_one", clip="none",
              clip_at="boundary", flag="on", import_guard=False, inner_fp32=False,
              names=("network", "optim", "train_loss"), memory="after"),
+    # another network (a teacher copied from the model), a trainer's method, the flag on
+    Features(loss="dict", loop="while", accumulation="none", boundary="plus_one", clip="none",
+             clip_at="boundary", flag="on", import_guard=False, inner_fp32=False,
+             names=("net", "opt", "loss"), holder="method", memory="teacher"),
 ]
 
 
-@pytest.mark.parametrize("drawn", MEMORIES, ids=["after-flag", "eval_after-method", "after-inner_loop"])
+@pytest.mark.parametrize("drawn", MEMORIES, ids=["after-flag", "eval_after-method", "after-inner_loop", "teacher-method"])
 def test_a_forward_pass_without_gradients_after_the_step(drawn, tmp_path, monkeypatch):
     """A memory filled under ``torch.no_grad()`` after the step feeds the next targets: apex cast
     that pass too. The safe rewrite trains the same; without its own region it did not."""

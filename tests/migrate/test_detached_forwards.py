@@ -86,7 +86,7 @@ def test_a_line_after_the_block_that_reads_nothing_it_made_stays_outside():
     ("with torch.no_grad():\n    ema.update(model)\n", "the model handed on, not run"),
     ("with torch.no_grad(), torch.autocast(\"cuda\", enabled=False):\n    out = model(x)\n",
      "its own autocast decides"),
-    ("with torch.no_grad():\n    out = other(x)\n", "another network, never initialized"),
+    ("with torch.no_grad():\n    out = other(x)\n", "nothing treats it as a network (no eval(), no parameters())"),
     ("with torch.enable_grad():\n    out = model(x)\n", "gradients on: not a pass this covers"),
 ])
 def test_what_is_left_alone(block, why):
@@ -158,3 +158,57 @@ def test_the_loss_scaled_by_a_helper_the_loop_calls(scaled_in):
              cst.parse_module(result.new_source).body[-1].body.body[-1].body.body[-1].body.body
              if isinstance(node, cst.With)]
     assert heads == [head, head] and len(held) == 1  # enabled as the training region
+
+
+# Another network (a teacher, a flow network): the file treats it as one, and under O1 apex's
+# process-wide casts ran its pass in float16 too.
+NETWORKS = {"local": ("teacher", "teacher = copy.deepcopy(model)\n"),
+            "attribute": ("args.flownet", "args.flownet = copy.deepcopy(model)\n")}
+TREATED = ["{}.eval()", "{}.train(False)", "{}.requires_grad_(False)", "{}.load_state_dict(model.state_dict())",
+           "for p in {}.parameters():\n    p.requires_grad = False"]
+LEVELS = {"literal": 'opt_level="O1"', "default": "", "computed": "opt_level=args.opt_level"}
+
+
+def another_network(network: str, treated: str, level: str, where: str) -> str:
+    name, made = NETWORKS[network]
+    block = f"with torch.no_grad():\n    bank = {name}(x).mean()\n"
+    before, after = (block, "") if where == "before" else ("", block)
+    level_arg = f", {LEVELS[level]}" if LEVELS[level] else ""
+    return ("import copy\n\nimport torch\nimport torch.nn.functional as F\nfrom apex import amp\n\n\n"
+            "def train(model, optimizer, batches, args):\n"
+            f"    model, optimizer = amp.initialize(model, optimizer{level_arg})\n"
+            + textwrap.indent(made + treated.format(name) + "\n", "    ") + "    bank = 0.0\n"
+            "    for x, y in batches:\n" + textwrap.indent(before, "        ")
+            + "        loss = F.mse_loss(model(x), y + bank)\n        optimizer.zero_grad()\n"
+            "        with amp.scale_loss(loss, optimizer) as scaled_loss:\n            scaled_loss.backward()\n"
+            "        optimizer.step()\n" + textwrap.indent(after, "        "))
+
+
+@pytest.mark.parametrize("network,treated,level,where",
+                         list(itertools.product(NETWORKS, TREATED, LEVELS, ["before", "after"])))
+def test_another_network_under_o1_goes_under_autocast(network, treated, level, where):
+    """Under an autocast of its own, or the training region's where the loss reads what it made."""
+    result = migrate_source(another_network(network, treated, level, where), filename="train.py")
+    assert result.error is None and "from apex import" not in result.new_source
+    (head, held), = autocast_around(result.new_source, "torch.no_grad()")
+    enabled = ", enabled=scaler.is_enabled()" if level == "computed" else ""
+    assert head == f'torch.autocast("cuda", dtype=torch.float16{enabled})', result.new_source
+    # before the forward, the loss reads what it made: one region from it on, not two side by side
+    assert len(held) == 1 if where == "after" else held[-1].startswith("loss ="), result.new_source
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+@pytest.mark.parametrize("level", ['opt_level="O2"', "opt_level=args.opt_level"])
+def test_another_network_under_o2_as_autocast_is_left_alone(network, level):
+    """O2 cast only the models it was given: the other network's pass ran in float32."""
+    text = another_network(network, "{}.eval()", "literal", "after").replace('opt_level="O1"', level)
+    result = migrate_source(text, filename="train.py", settings={"o2-as-autocast": True})
+    assert result.error is None and "from apex import" not in result.new_source, result.new_source
+    assert autocast_around(result.new_source, "torch.no_grad()") == [], result.new_source
+
+
+def test_an_evaluation_of_another_network_after_the_loop_is_left_alone():
+    text = another_network("local", "{}.eval()", "literal", "after")
+    text = text.replace("        with torch.no_grad():\n            bank", "    with torch.no_grad():\n        bank")
+    result = migrate_source(text, filename="train.py")
+    assert result.error is None and autocast_around(result.new_source, "torch.no_grad()") == [], result.new_source
