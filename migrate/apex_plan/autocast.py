@@ -298,7 +298,7 @@ class AutocastPlanning(Step):
         enabled = f", enabled={self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled else ""
         arms = self._arms_condition(scale, statements)
         if arms is not None:
-            arms = as_bool(nodes.parse_expression(arms, self.tree.module))
+            arms = as_bool(nodes.parse_expression(arms, self.tree.module), self.tree.boolean_options)
             enabled = f"{enabled} and {grouped_text(arms)}" if enabled else f", enabled={arms}"
         if self.setup.in_block:
             # The block that creates the scaler may not have run (`if use_amp and not ready:`):
@@ -388,7 +388,7 @@ class AutocastPlanning(Step):
                 and isinstance(self.tree.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
             # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
             # autocast on the lines after the `if`, when its test held.
-            anchor, enabled, block = owner, f", enabled={as_bool(owner.test)}", self.tree.parent.get(id(owner))
+            anchor, enabled, block = owner, f", enabled={as_bool(owner.test, self.tree.boolean_options)}", self.tree.parent.get(id(owner))
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
         if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):

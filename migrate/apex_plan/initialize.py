@@ -347,14 +347,13 @@ class InitializePlanning(Step):
                       '        "apex scaled the fp32 loss, the GradScaler is off for O0"', "    )"]
         return lines
 
-    @staticmethod
-    def _flags(init: InitializeSite, hoist: cst.If | None) -> list[str]:
+    def _flags(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         """The run-time conditions under which apex was initialized at all."""
         parts = []
         if hoist is not None:
-            parts.append(as_bool(hoist.test))
+            parts.append(as_bool(hoist.test, self.tree.boolean_options))
         if init.enabled is not None:
-            parts.append(as_bool(init.enabled))
+            parts.append(as_bool(init.enabled, self.tree.boolean_options))
         return parts
 
     def hoist_guard(self, init: InitializeSite, sites: list[cst.CSTNode], scaler: str, scope: str,

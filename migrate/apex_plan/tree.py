@@ -44,6 +44,7 @@ class FileTree:
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # name -> every value assigned to it
         self.choices: dict[str, list[str] | None] = {}  # argparse dest -> its choices, if restricted
         self.defaults: dict[str, str | None] = {}  # argparse dest -> its default, if a string
+        self.switches: set[str] = set()  # argparse dests of `action="store_true"` (or "store_false")
         self.refs: list[tuple[cst.CSTNode, str]] = []  # each reference to apex.amp, and its qualified name
         self.torch_shadowed: list[tuple[cst.Name, cst.CSTNode]] = []  # `torch` bound in a function, and that function
         self.fallback_notes: list[str] = []  # `except ImportError: use_amp = False`: what the rewrite changes there
@@ -72,6 +73,16 @@ class FileTree:
                  else "the file imports it nowhere")
         return (f"`{first.value}` is read at line {self.line(first)} where no import of it reaches ({where}): that raised "
                 "NameError, and the rewrite takes it as apex's amp")
+
+    @functools.cached_property
+    def boolean_options(self) -> frozenset[str]:
+        """The argparse switches (``action="store_true"``) no line of the file sets otherwise
+        (``args.fp16 = cfg["fp16"]``): ``args.fp16`` is a bool, as ``enabled=`` needs."""
+        set_here = {target.target.attr.value for node in descendants(self.module) if type(node) is cst.Assign
+                    for target in node.targets if isinstance(target.target, cst.Attribute)}
+        set_here |= {node.target.attr.value for node in descendants(self.module)
+                     if type(node) in (cst.AugAssign, cst.AnnAssign) and isinstance(node.target, cst.Attribute)}
+        return frozenset(self.switches - set_here)
 
     @functools.cached_property
     def networks(self) -> frozenset[str]:
@@ -447,6 +458,10 @@ class _Collect(cst.CSTVisitor):
             values = [nodes.literal_string(element.value) for element in choices.value.elements]
         self.tree.choices[name] = values if values and None not in values else None
         self.tree.defaults[name] = nodes.literal_string(getattr(nodes.argument(call, None, "default"), "value", None))
+        action = nodes.literal_string(getattr(nodes.argument(call, None, "action"), "value", None))
+        default = nodes.argument(call, None, "default")
+        if action in ("store_true", "store_false") and (default is None or nodes.code(default.value) in ("True", "False")):
+            self.tree.switches.add(name)
 
     def _import_fallback(self, node: cst.Try) -> None:
         """``try: from apex import amp`` / ``except ImportError: use_amp = False``: without the apex

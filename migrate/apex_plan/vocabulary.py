@@ -63,7 +63,18 @@ def operand(expression: cst.BaseExpression) -> str:
 
 def conjunction(parts: list[str]) -> str | None:
     parts = list(dict.fromkeys(parts))  # `if level != "O0":` around initialize adds the same test twice
-    return " and ".join(f"({p})" if len(parts) > 1 and " " in p else p for p in parts) or None
+    return " and ".join(_and_operand(p) if len(parts) > 1 else p for p in parts) or None
+
+
+def _and_operand(part: str) -> str:
+    """``part`` as an operand of ``and``: in parentheses only where it binds more loosely
+    (``a or b``, ``x if c else y``), not around ``level != "O0"`` or ``not args.fp32``."""
+    try:
+        tree = ast.parse(part.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return f"({part})"
+    loose = isinstance(tree, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr))
+    return f"({part})" if loose else part
 
 
 def fitted_conjunction(parts: list[str], room: int, depth: int = 0) -> str | None:
@@ -73,7 +84,7 @@ def fitted_conjunction(parts: list[str], room: int, depth: int = 0) -> str | Non
     parts = list(dict.fromkeys(parts))
     if text is None or len(text) <= room or len(parts) < 2:
         return text
-    grouped = [f"({p})" if " " in p else p for p in parts]
+    grouped = [_and_operand(p) for p in parts]
     inner, outer = " " * (depth + 4), " " * depth
     return "(\n" + "".join(f"{inner}{'and ' if i else ''}{p}\n" for i, p in enumerate(grouped)) + f"{outer})"
 
@@ -434,22 +445,25 @@ def grouped_text(text: str) -> str:
     return f"({text})" if " " in text and not text.startswith("not ") else text
 
 
-def as_bool(expression: cst.BaseExpression) -> str:
+def as_bool(expression: cst.BaseExpression, switches: frozenset[str] = frozenset()) -> str:
     """``expression`` as a bool: autocast's and GradScaler's ``enabled=`` take nothing else (an
-    ``int`` flag from argparse or a JSON config raises there)."""
-    if _is_boolean(expression):
+    ``int`` flag from argparse or a JSON config raises there). ``switches``: attributes known to
+    hold a bool (``args.fp16`` of an argparse ``store_true`` option)."""
+    if _is_boolean(expression, switches):
         return nodes.code(expression)
     bare = expression.with_changes(lpar=[], rpar=[]) if getattr(expression, "lpar", ()) else expression
     return f"bool({nodes.code(bare)})"
 
 
-def _is_boolean(expression: cst.BaseExpression) -> bool:
+def _is_boolean(expression: cst.BaseExpression, switches: frozenset[str]) -> bool:
     if isinstance(expression, cst.Comparison) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
         return True
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
         return True
+    if isinstance(expression, cst.Attribute) and isinstance(expression.value, cst.Name) and expression.attr.value in switches:
+        return True
     if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of its operands
-        return _is_boolean(expression.left) and _is_boolean(expression.right)
+        return _is_boolean(expression.left, switches) and _is_boolean(expression.right, switches)
     return isinstance(expression, cst.Call) and nodes.code(expression.func).rsplit(".", 1)[-1] in ("bool", "isinstance", "is_enabled")
 
 # Put by the migration on what reads gradients inside `amp.scale_loss` after its backward: apex had

@@ -1252,7 +1252,7 @@ def test_a_long_flag_in_a_file_of_short_lines_is_wrapped_as_a_formatter_would():
     result = migrate_source(source, "train.py")
     assert max(len(line) for line in source.splitlines()) <= 88
     assert result.error is None and max(len(line) for line in result.new_source.splitlines()) <= 88
-    assert "    if (\n        bool(arguments.use_mixed_precision_for_the_training_runs_of_this_model)\n        and (lvl not in" in result.new_source
+    assert "    if (\n        bool(arguments.use_mixed_precision_for_the_training_runs_of_this_model)\n        and lvl not in" in result.new_source
     compile(result.new_source, "train.py", "exec")
 
 
