@@ -47,8 +47,11 @@ dependence: no import cycle):
   optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it;
   ``step_sites``: where an optimizer steps, in a statement, the file, or the callers handing a
   function the optimizer it scales for),
-  ``autocast`` (the region around the forward pass; unsafe where a caller, in this file or
-  another, ``migrate.forward_callers``, hands in what a forward pass made), ``warm_ups`` (a
+  ``autocast`` (the region around the forward pass; where a caller of the file hands in what a
+  forward pass made, a region of its own around that forward; unsafe where the caller is in
+  another file, ``migrate.forward_callers``), ``inference_tail`` (an O1 ``initialize`` for
+  inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
+  in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
   ``checkpoints`` (``state_dict``/``load_state_dict``; a checkpoint utility's functions take the

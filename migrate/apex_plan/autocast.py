@@ -7,18 +7,14 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import (
-    SUSPENDS,
     assigned_names,
     assigns,
     calls,
-    contains,
-    defines,
     read_names,
 )
 from migrate.apex_plan.vocabulary import (
     AUTOCAST,
     INITIALIZE,
-    InitializeSite,
     ScaleLossSite,
     alias_present,
     as_bool,
@@ -30,9 +26,6 @@ from migrate.flow.reaching import binding_nodes, reaching
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
-# What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
-# it, and the region's `enabled` argument.
-Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
 
 
 class AutocastPlanning(Step):
@@ -44,24 +37,22 @@ class AutocastPlanning(Step):
     def plan_autocast(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
         if self._plan_region(scale.statement, loss, scale):
-            self._note_forward_in_callers(scale)
+            self._plan_callers_forwards(scale)
             return
         callers = self._callers_handing(scale)
-        # The callers' autocast may ask the scaler whether it is on: it must be visible there.
-        visible = not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module") or (
-            self.setup.scope == "parameter"
-            and all(self.tree.function(s) in self.setup.scaler_receivers or self.tree.inside(s, self.setup.scaler_maker)
-                    for s, _ in callers))
-        if callers and visible and id(scale.call) not in self.sites.alias_of and not any(id(s) in self.draft.replacements for s, _ in callers):
+        if callers and self._scaler_visible_at([s for s, _ in callers]) and id(scale.call) not in self.sites.alias_of \
+                and not any(id(s) in self.draft.replacements for s, _ in callers):
             # `def optimize(self, loss)` called as `self.optimize(loss)`: the forward is the callers'.
             if all(self._plan_region(statement, handed, scale) for statement, handed in callers):
                 return
         block = self.tree.parent.get(id(scale.statement))
         window = self.draft.window(block, scale.statement)
-        start = self.slice_start(window, scale.loss)
-        if start is not None:
-            self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
-            self._wrap(window[start:], scale, loss)
+        sliced = self._slice_around(scale)
+        if sliced is not None:
+            # `def update(self, out, y)`: the loss from what the callers' forward passes made
+            if self._plan_callers_forwards(scale) is None:
+                self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
+            self._wrap(sliced, scale, loss)
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
@@ -73,33 +64,75 @@ class AutocastPlanning(Step):
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
 
-    def _note_forward_in_callers(self, scale: ScaleLossSite) -> None:
+    def _slice_around(self, scale: ScaleLossSite) -> list[cst.BaseStatement] | None:
+        """What the loss is computed from before the scaled backward, in its block or, where that
+        holds none of it, in a block around it (``loss = F.mse_loss(out, y)`` then ``if
+        self.use_amp:`` holding ``amp.scale_loss``)."""
+        current = scale.statement
+        while True:
+            block = self.tree.parent.get(id(current))
+            if not isinstance(block, cst.IndentedBlock):
+                return None
+            window = self.draft.window(block, current)
+            start = self.slice_start(window, scale.loss)
+            if start is not None:
+                return window[start:]
+            owner = self.tree.parent.get(id(block))
+            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
+                owner = self.tree.parent.get(id(owner))
+            if not isinstance(owner, cst.If) or window:
+                return None  # only out of an `if` whose block computes none of the loss
+            current = owner
+
+    def _scaler_visible_at(self, statements: list[cst.CSTNode]) -> bool:
+        """Whether an autocast at ``statements`` may ask the scaler whether it is on (where it may
+        be off, its ``enabled=`` does)."""
+        return not self.setup.may_be_disabled or self.setup.scaler.startswith("self.") or self.setup.scope in ("global", "module") or (
+            self.setup.scope == "parameter"
+            and all(self.tree.function(s) in self.setup.scaler_receivers or self.tree.inside(s, self.setup.scaler_maker)
+                    for s in statements))
+
+    def _plan_callers_forwards(self, scale: ScaleLossSite) -> bool | None:
         """Where the loss is computed from a parameter (``def update(self, fake, target)``) that a
         caller of the file makes by running a network (``fake = trainer.forward(x)``): apex cast
-        that forward pass too, the region here does not reach it."""
+        that forward pass too, and the region here does not reach it, so each such caller's forward
+        goes under an autocast of its own. None where no caller hands one in; False where one
+        could not (another file's, or the scaler not seen there): the fix is unsafe, saying so."""
         function = self.tree.function(scale.statement)
         if function is None:
-            return
+            return None
         wanted = read_names(scale.loss)
         for line in _slice(function, wanted):
             wanted |= read_names(line)
         params = [param.name.value for param in function.params.params]
         handed = wanted & set(params) - {"self", "cls"}
         if not handed:
-            return
+            return None
         skip = 1 if self.tree.owner_class(function) is not None else 0
         defined = self.tree.per_scope(("functions defined",), lambda: _by_name(
             node for node in descendants(self.tree.module) if type(node) is cst.FunctionDef and isinstance(node.body, cst.IndentedBlock)))
+        made: list[tuple[cst.Call, str, cst.BaseExpression]] = []  # the calls handing in a network's output
         for call in descendants(self.tree.module):
             if type(call) is not cst.Call or nodes.call_name(call) != function.name.value or self.tree.inside(call, function):
                 continue
             for name in sorted(handed):
                 arg = nodes.argument(call, params.index(name) - skip, name)
                 if arg is not None and self._made_by_a_network(arg.value, call, defined):
-                    self.draft.unsafe.append(
-                        f"the loss is computed from `{name}`, handed in at line {self.tree.line(call)} from a forward pass "
-                        "outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
-                    return
+                    made.append((call, name, arg.value))
+        # `output = self.model(x)` then `loss = self.backward_from(output, y)`: the caller's forward
+        # goes under an autocast of its own, enabled as the one here
+        statements = [self.tree.statement(call) for call, _, _ in made]
+        # only a call known to be of this function (`self.update(...)` in its class, `update(...)`),
+        # not another object's method of the same name
+        plannable = self._scaler_visible_at(statements) and not any(
+            id(statement) in self.draft.replacements or self.draft.touched(statement) for statement in statements) and all(
+            self.tree.helper(call) is function for call, _, _ in made)
+        for (call, name, value), statement in zip(made, statements):
+            if not (plannable and self._plan_region(statement, nodes.code(value), scale)):
+                self.draft.unsafe.append(
+                    f"the loss is computed from `{name}`, handed in at line {self.tree.line(call)} from a forward pass "
+                    "outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
+                return False
         for handed_in in self.handed_elsewhere:  # the same, by a caller in another file of the project
             if handed_in.function != function.name.value:
                 continue
@@ -108,7 +141,8 @@ class AutocastPlanning(Step):
                 self.draft.unsafe.append(
                     f"the loss is computed from `{name}`, handed in at {handed_in.place} from `{handed_in.maker}(...)`, a forward "
                     "pass outside autocast (apex cast it too): put that forward pass under `torch.autocast` by hand")
-                return
+                return False
+        return True if made else None
 
     def _runs_a_model(self, maker: str, defined: dict) -> bool:
         """Whether a function of the file named ``maker`` returns what an initialized model computed
@@ -126,7 +160,7 @@ class AutocastPlanning(Step):
                 return True
         return False
 
-    def _made_by_a_network(self, value: cst.BaseExpression, call: cst.Call, defined: dict) -> bool:
+    def _made_by_a_network(self, value: cst.BaseExpression, call: cst.CSTNode, defined: dict, depth: int = 0) -> bool:
         """Whether ``value``, handed in at ``call``, is computed by a call of a model (``self.gen(z)``,
         ``trainer.gen(z)``), or of a function of the file that runs one (``trainer.forward(x)`` whose
         ``forward`` runs ``self.gen``), itself or through the bindings of the name that reach the
@@ -147,10 +181,18 @@ class AutocastPlanning(Step):
         graph = self.tree.control_flow(statement, exceptions=True)
         if not graph.holds(statement):
             return False
-        # what each binding that reaches gives the name: a loop's iterable, not its body
-        return any(runs(node.iter if type(node) is cst.For else bound_value(node, value.value))
-                   for binding in reaching(graph, value.value, statement).bindings
-                   for node in binding_nodes(binding, value.value))
+        # what each binding that reaches gives the name: a loop's iterable, not its body; and
+        # what that computed from, a few bindings back (`hidden = self.model(x)`, `out = hidden * 2`)
+        for binding in reaching(graph, value.value, statement).bindings:
+            for node in binding_nodes(binding, value.value):
+                bound = node.iter if type(node) is cst.For else bound_value(node, value.value)
+                if runs(bound):
+                    return True
+                if depth < 3 and bound is not None and type(node) is not cst.For and any(
+                        self._made_by_a_network(cst.Name(name), node, defined, depth + 1)
+                        for name in sorted(read_names(bound)) if name != value.value and name.isidentifier()):
+                    return True
+        return False
 
     def slice_start(self, window: list[cst.BaseStatement], loss: cst.BaseExpression, forward_only: bool = False) -> int | None:
         """The first statement of ``window`` in the backward slice of ``loss``: what the loss is
@@ -366,78 +408,6 @@ class AutocastPlanning(Step):
             self.draft.replace(statement, cst.RemoveFromParent())
             self.draft.kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
         self.draft.regions.update(id(statement) for statement in statements)
-
-    def inference_tail(self, init: InitializeSite) -> Tail | None:
-        """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
-        of its function, run after it: apex cast every op from there on, as autocast around those
-        lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
-
-        The statement ``init`` leaves (itself, or the ``if flag:`` whose arm it ends), the lines
-        after it that go under autocast, and the region's ``enabled`` (the flag's test, or none)."""
-        if not init.inference or init.level != "O1" or init.level_expression is not None or init.enabled is not None:
-            return None
-        if init.restore is not None and init.restore.startswith("return "):
-            return None
-        if any("." in code for code in init.model_codes):
-            return None  # a model kept on an object may run elsewhere, later
-        anchor, enabled = init.statement, ""
-        block = self.tree.parent.get(id(anchor))
-        owner = self.tree.parent.get(id(block))
-        if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
-                and nodes.is_pure(owner.test)
-                and isinstance(self.tree.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
-            # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
-            # autocast on the lines after the `if`, when its test held.
-            anchor, enabled, block = owner, f", enabled={as_bool(owner.test, self.tree.boolean_options)}", self.tree.parent.get(id(owner))
-        body = list(block.body)
-        rest = body[body.index(anchor) + 1 :]
-        if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):
-            return None
-        if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
-            return None  # its caller may run the model it gets back, outside
-        if enabled and self.tree.changes_its_test(anchor, rest):
-            return None  # the flag may differ by the time the lines after it run
-        current = block
-        while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
-            statement = self.tree.parent.get(id(current))
-            if isinstance(statement, cst.FunctionDef):
-                return anchor, rest, enabled
-            while isinstance(statement, cst.Else) or isinstance(self.tree.parent.get(id(statement)), (cst.If, cst.Else)):
-                statement = self.tree.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
-            if not isinstance(statement, (cst.If, cst.With)):
-                return None  # a loop runs the lines before it again; a `try` has its handlers after it
-            current = self.tree.parent.get(id(statement))
-            if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
-                return None
-        return anchor, rest, enabled
-
-    @staticmethod
-    def _returns_models(statement: cst.CSTNode, models: set[str]) -> bool:
-        """A ``return`` that may hand a model back (``return results`` with numbers only does not)."""
-        return any(
-            node.value is None or bool(read_names(node.value) & models)
-            for node in descendants(statement, lambda node: type(node) is not cst.FunctionDef)
-            if type(node) is cst.Return
-        )
-
-    def plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
-        """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
-        the call goes (its models are the ones passed in, as under O1)."""
-        anchor, rest, enabled = tail
-        region = self.under_autocast(rest, enabled)
-        placed = [*nodes.parse_statements(init.restore + "\n", self.tree.module), region] if init.restore else [region]
-        if anchor is not init.statement:  # the `if` keeps what else it holds
-            kept = [statement for statement in anchor.body.body if statement is not init.statement]
-            if kept or anchor.orelse is not None:
-                placed.insert(0, anchor.with_changes(body=anchor.body.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])])))
-        # The first line takes the place of `anchor`; the region keeps the blank lines above the
-        # lines it holds.
-        placed = [nodes.with_leading(statement, anchor) if i == 0 else statement if statement is region
-                  else nodes.with_leading(statement, cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
-        self.draft.replace(anchor, cst.FlattenSentinel(placed))
-        self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
-                   "Run the lines after it under `torch.autocast`: apex cast every op from there on")
-        self.move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
 
 
 def _slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:

@@ -28,6 +28,7 @@ from migrate.apex_plan.version_gated import VersionGatedPlanning, holds_only_dea
 from migrate.apex_plan.warm_ups import WarmUpPlanning
 from migrate.apex_plan.report_only import report_only
 from migrate.apex_plan.half_model import model_made_half
+from migrate.apex_plan.inference_tail import InferenceTailPlanning
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -168,11 +169,11 @@ class Planner:
         inits = [initialize.read_initialize(call) for call in self.sites.calls["initialize"]]
         others = self.sites.calls["master_params"] + self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         # No scaler for these: autocast on what follows (not in a file whose scaler state lives elsewhere).
-        found = {id(init): AutocastPlanning(reading).inference_tail(init) for init in inits} if self.sites.calls["scale_loss"] or not others else {}
+        found = {id(init): InferenceTailPlanning(reading).inference_tail(init) for init in inits} if self.sites.calls["scale_loss"] or not others else {}
         tails = [init for init in inits if found.get(id(init)) is not None]
         inits = [init for init in inits if init not in tails]
         for tail in tails:
-            AutocastPlanning(reading).plan_inference_tail(tail, found[id(tail)])
+            InferenceTailPlanning(reading).plan_inference_tail(tail, found[id(tail)])
         scales = [steps.read_scale_loss(call) for call in self.sites.calls["scale_loss"]]
         inits = ModuleReadPlanning(reading).plan_scale_pokes(inits)
         if inits and self.scaled_elsewhere:

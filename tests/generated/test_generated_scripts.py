@@ -263,17 +263,21 @@ def test_a_trainer_handed_the_model_keeps_the_scaler_on_itself(flag, optimizers,
 
 @pytest.mark.parametrize("flag", ["on", "none"])
 @pytest.mark.parametrize("accumulation", ["none", "plain"])
-def test_a_loss_from_the_callers_forward_pass_is_no_safe_rewrite(flag, accumulation, tmp_path):
+def test_a_loss_from_the_callers_forward_pass_puts_that_pass_under_autocast(flag, accumulation, tmp_path):
     """The trainer's ``backward_from(output, x, y)`` computes the loss from the output the loop's
-    forward pass made (and runs the model once more itself): apex cast that forward pass, a
-    region in the method does not reach it. The safe run leaves the file; the unsafe one says so
-    (a real GAN trainer's shape, its forward in one method, its update in another)."""
+    forward pass made (and runs the model once more itself): apex cast that forward pass, so the
+    caller's forward goes under an autocast of its own, enabled as the method's (a real GAN
+    trainer's shape, its forward in one method, its update in another)."""
     drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one",
                      clip="parameters", clip_at="boundary", flag=flag, import_guard=False,
                      inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
                      backward_in="update")
+    fixed = migrate_source(script(drawn), filename="train.py").new_source
+    caller = fixed[fixed.index("    def train("):]
+    assert caller.index("torch.autocast(") < caller.index("output = self.model(x)") < caller.index(
+        "loss = self.backward_from(output, x, y)"), fixed
     outcome = judge(drawn, tmp_path)
-    assert outcome.safe == "unchanged", outcome.summary
+    assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
     assert_rewrites_hold(outcome)
 
 

@@ -1,0 +1,128 @@
+"""A method scales a loss it computes from what its caller's forward pass made
+(``out = self.model(x)``, then ``self.update(out, y)``): apex cast that forward pass too, so the
+caller's forward goes under an autocast of its own, enabled as the method's region. Judged by
+running in ``tests/generated`` (``Features.backward_in="update"``); here, each spelling."""
+import itertools
+import textwrap
+
+import libcst as cst
+import pytest
+
+from migrate.api import migrate_source
+
+TRAINER = '''\
+import torch
+import torch.nn.functional as F
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, use_amp):
+        self.model, self.optimizer, self.use_amp = model, optimizer, use_amp
+        {initialize}
+
+    def update(self, {param}, y):
+        loss = F.mse_loss({read}, y)
+        {backward}
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return loss
+{caller}'''
+INITIALIZE = {
+    "always": 'self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")',
+    "flag": 'if use_amp:\n            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")',
+}
+BACKWARD = {
+    "always": "with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n            scaled_loss.backward()",
+    "flag": ("if self.use_amp:\n            with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+             "                scaled_loss.backward()\n        else:\n            loss.backward()"),
+}
+ENABLED = {"always": "", "flag": ", enabled=self.scaler.is_enabled()"}
+# what the caller's forward makes, and how the method reads it
+OUTPUTS = {
+    "plain": ("out = self.model(x)", "out", "out", "out"),
+    "tuple": ("out, feats = self.model(x), None", "out", "out", "out"),
+    "dict": ('out = {"pred": self.model(x)}', "out", "outputs", 'outputs["pred"]'),
+    "two lines": ("hidden = self.model(x)\nout = hidden * 2", "out", "out", "out"),
+}
+CALLERS = {
+    "method": lambda made, handed: (
+        "\n    def fit(self, batches):\n        for x, y in batches:\n"
+        + textwrap.indent(made, " " * 12) + f"\n            self.update({handed}, y)\n"),
+    "method, keyword": lambda made, handed: (
+        "\n    def fit(self, batches):\n        for x, y in batches:\n"
+        + textwrap.indent(made, " " * 12) + f"\n            loss = self.update(y=y, {{param}}={handed})\n"),
+    "method, in an arm": lambda made, handed: (
+        "\n    def fit(self, batches):\n        for step, (x, y) in enumerate(batches):\n            if step % 2 == 0:\n"
+        + textwrap.indent(made, " " * 16) + f"\n                self.update({handed}, y)\n"),
+}
+
+
+def autocast_holding(source: str, line: str) -> list[str]:
+    """The ``with torch.autocast(...)`` calls whose blocks hold ``line``."""
+    found = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_With(self, node: cst.With) -> None:
+            call = cst.Module([]).code_for_node(node.items[0].item)
+            if call.startswith("torch.autocast(") and line in cst.Module([]).code_for_node(node.body):
+                found.append(" ".join(call.split()).replace("( ", "(").replace(",)", ")"))
+
+    cst.parse_module(source).visit(Visitor())
+    return found
+
+
+def trainer(setup, output, caller) -> str:
+    made, handed, param, read = OUTPUTS[output]
+    text = TRAINER.format(initialize=INITIALIZE[setup], param=param, read=read, backward=BACKWARD[setup],
+                          caller=CALLERS[caller](made, handed))
+    return text.replace("{param}", param)
+
+
+@pytest.mark.parametrize("setup,output,caller", list(itertools.product(INITIALIZE, OUTPUTS, CALLERS)))
+def test_the_callers_forward_goes_under_autocast(setup, output, caller):
+    result = migrate_source(trainer(setup, output, caller), filename="train.py")
+    assert result.error is None and "from apex" not in result.new_source, result.new_source
+    region = f'torch.autocast("cuda", dtype=torch.float16{ENABLED[setup]})'
+    forward = OUTPUTS[output][0].splitlines()[0]
+    assert autocast_holding(result.new_source, forward) == [region], result.new_source
+    assert autocast_holding(result.new_source, "loss = F.mse_loss(") == [region], result.new_source
+    assert autocast_holding(result.new_source, "self.update(") == [], result.new_source
+
+
+def test_what_the_caller_hands_in_is_data_not_a_forward():
+    text = trainer("always", "plain", "method").replace("out = self.model(x)", "out = x * 2")
+    result = migrate_source(text, filename="train.py")
+    assert result.error is None and autocast_holding(result.new_source, "out = x * 2") == [], result.new_source
+
+
+def test_a_caller_where_the_scaler_is_not_seen_leaves_it_unsafe():
+    """The scaler is a local of the function that initializes, and may be off: an autocast in
+    the module-level caller could not ask it whether it is on."""
+    text = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+        from apex import amp
+
+
+        def update(model, optimizer, out, y, use_amp):
+            loss = F.mse_loss(out, y)
+            if use_amp:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+
+
+        def main(model, optimizer, batches, use_amp):
+            if use_amp:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for x, y in batches:
+                out = model(x)
+                update(model, optimizer, out, y, use_amp)
+        ''')
+    safe = migrate_source(text, filename="train.py")
+    unsafe = migrate_source(text, filename="train.py", unsafe_fixes=True)
+    reasons = " ".join(d.fix.why_unsafe for d in unsafe.diagnostics if d.fix)
+    assert safe.new_source == text or "handed in at line 21" not in reasons, safe.new_source
