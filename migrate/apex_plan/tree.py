@@ -76,13 +76,28 @@ class FileTree:
 
     @functools.cached_property
     def boolean_options(self) -> frozenset[str]:
-        """The argparse switches (``action="store_true"``) no line of the file sets otherwise
-        (``args.fp16 = cfg["fp16"]``): ``args.fp16`` is a bool, as ``enabled=`` needs."""
+        """The argparse switches (``action="store_true"``) read on what ``parse_args()`` returned
+        (``args.fp16``), where no line of the file sets them otherwise (``args.fp16 =
+        cfg["fp16"]``): a bool, as ``enabled=`` needs; not ``cfg.fp16`` of another object."""
         set_here = {target.target.attr.value for node in descendants(self.module) if type(node) is cst.Assign
                     for target in node.targets if isinstance(target.target, cst.Attribute)}
         set_here |= {node.target.attr.value for node in descendants(self.module)
                      if type(node) in (cst.AugAssign, cst.AnnAssign) and isinstance(node.target, cst.Attribute)}
-        return frozenset(self.switches - set_here)
+        # the names every assignment of which is `parser.parse_args()` (`args, _ =
+        # parser.parse_known_args()` too): not one rebound to a config (`args = load(args)`)
+        parsing: dict[str, bool] = {}
+        for node in descendants(self.module):
+            if type(node) is not cst.Assign:
+                continue
+            parses = type(node.value) is cst.Call and isinstance(node.value.func, cst.Attribute) \
+                and node.value.func.attr.value in ("parse_args", "parse_known_args")
+            for target in node.targets:
+                names = [e.value for e in target.target.elements] if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
+                for index, bound in enumerate(names):
+                    if isinstance(bound, cst.Name):
+                        parsing[bound.value] = parsing.get(bound.value, True) and parses and index == 0
+        parsed = {name for name, only in parsing.items() if only}
+        return frozenset(f"{name}.{option}" for name in parsed for option in self.switches - set_here)
 
     @functools.cached_property
     def networks(self) -> frozenset[str]:

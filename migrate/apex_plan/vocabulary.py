@@ -448,7 +448,7 @@ def grouped_text(text: str) -> str:
 def as_bool(expression: cst.BaseExpression, switches: frozenset[str] = frozenset()) -> str:
     """``expression`` as a bool: autocast's and GradScaler's ``enabled=`` take nothing else (an
     ``int`` flag from argparse or a JSON config raises there). ``switches``: attributes known to
-    hold a bool (``args.fp16`` of an argparse ``store_true`` option)."""
+    hold a bool (``args.fp16``, an argparse ``store_true`` option on what ``parse_args()`` returned)."""
     if _is_boolean(expression, switches):
         return nodes.code(expression)
     bare = expression.with_changes(lpar=[], rpar=[]) if getattr(expression, "lpar", ()) else expression
@@ -460,7 +460,7 @@ def _is_boolean(expression: cst.BaseExpression, switches: frozenset[str]) -> boo
         return True
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
         return True
-    if isinstance(expression, cst.Attribute) and isinstance(expression.value, cst.Name) and expression.attr.value in switches:
+    if isinstance(expression, cst.Attribute) and nodes.code(expression) in switches:
         return True
     if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of its operands
         return _is_boolean(expression.left, switches) and _is_boolean(expression.right, switches)

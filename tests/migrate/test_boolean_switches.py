@@ -6,6 +6,9 @@ import pytest
 
 from migrate.api import migrate_source
 
+# the function a config-loading variant calls (it runs where the test runs the rewrite)
+LOAD_CONFIG = "\n\ndef load_config(args):\n    return args\n"
+
 SOURCE = '''\
 import argparse
 
@@ -48,6 +51,8 @@ NOT_KNOWN_BOOL = [
     ('parser.add_argument("--fp16", action="store_true", default=0)', ""),
     ('parser.add_argument("--fp16", action="store_true")', 'args.fp16 = int(args.fp16)'),
     ('parser.add_argument("--amp", action="store_true")', ""),  # another option
+    # the same name on another object: a config's `fp16` may be an int
+    ('parser.add_argument("--fp16", action="store_true")', 'args = load_config(args)'),
 ]
 
 
@@ -82,7 +87,7 @@ def test_the_rewrite_runs_with_the_flag_on_and_off(option, after, flag, tmp_path
     result = migrate_source(source, filename="train.py")
     rewritten = result.new_source.replace('"cuda"', '"cpu"').replace("torch.float16", "torch.bfloat16")
     path = tmp_path / "train.py"
-    path.write_text(rewritten + "\n\nmain()\n")
+    path.write_text(rewritten + LOAD_CONFIG + "\n\nmain()\n")
     given = ([flag, "1"] if "type=int" in option else [flag]) if flag else []
     monkeypatch.setattr("sys.argv", ["train.py", *given])
     exec(compile(path.read_text(), str(path), "exec"), {"__name__": "train"})
