@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.switches import boolean_options
 from migrate.apex_plan.syntax import imports_apex, read_names
 from migrate.apex_plan.unbound import unbound_reads
 from migrate.flow.control import Graph
@@ -76,28 +77,8 @@ class FileTree:
 
     @functools.cached_property
     def boolean_options(self) -> frozenset[str]:
-        """The argparse switches (``action="store_true"``) read on what ``parse_args()`` returned
-        (``args.fp16``), where no line of the file sets them otherwise (``args.fp16 =
-        cfg["fp16"]``): a bool, as ``enabled=`` needs; not ``cfg.fp16`` of another object."""
-        set_here = {target.target.attr.value for node in descendants(self.module) if type(node) is cst.Assign
-                    for target in node.targets if isinstance(target.target, cst.Attribute)}
-        set_here |= {node.target.attr.value for node in descendants(self.module)
-                     if type(node) in (cst.AugAssign, cst.AnnAssign) and isinstance(node.target, cst.Attribute)}
-        # the names every assignment of which is `parser.parse_args()` (`args, _ =
-        # parser.parse_known_args()` too): not one rebound to a config (`args = load(args)`)
-        parsing: dict[str, bool] = {}
-        for node in descendants(self.module):
-            if type(node) is not cst.Assign:
-                continue
-            parses = type(node.value) is cst.Call and isinstance(node.value.func, cst.Attribute) \
-                and node.value.func.attr.value in ("parse_args", "parse_known_args")
-            for target in node.targets:
-                names = [e.value for e in target.target.elements] if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
-                for index, bound in enumerate(names):
-                    if isinstance(bound, cst.Name):
-                        parsing[bound.value] = parsing.get(bound.value, True) and parses and index == 0
-        parsed = {name for name, only in parsing.items() if only}
-        return frozenset(f"{name}.{option}" for name in parsed for option in self.switches - set_here)
+        """``migrate.apex_plan.switches.boolean_options`` of this file (``args.fp16``)."""
+        return boolean_options(self.module, frozenset(self.switches))
 
     @functools.cached_property
     def networks(self) -> frozenset[str]:
