@@ -77,12 +77,17 @@ class AutocastPlanning(Step):
             start = self.slice_start(window, scale.loss)
             if start is not None:
                 return window[start:]
-            owner = self.tree.parent.get(id(block))
-            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
-                owner = self.tree.parent.get(id(owner))
+            owner = self._statement_holding(block)
             if not isinstance(owner, cst.If) or window:
                 return None  # only out of an `if` whose block computes none of the loss
             current = owner
+
+    def _statement_holding(self, block: cst.CSTNode) -> cst.CSTNode | None:
+        """The statement whose block ``block`` is: for an arm, the whole ``if``/``elif`` chain."""
+        owner = self.tree.parent.get(id(block))
+        while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
+            owner = self.tree.parent.get(id(owner))
+        return owner
 
     def _scaler_visible_at(self, statements: list[cst.CSTNode]) -> bool:
         """Whether an autocast at ``statements`` may ask the scaler whether it is on (where it may
@@ -236,9 +241,7 @@ class AutocastPlanning(Step):
                 self._wrap_inner_slices(inner, scale, loss)
                 return True
             inner.append(window)
-            owner = self.tree.parent.get(id(block))
-            while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
-                owner = self.tree.parent.get(id(owner))
+            owner = self._statement_holding(block)
             if not isinstance(owner, (cst.If, cst.Try, cst.With)):
                 return False
             current = owner
