@@ -43,7 +43,9 @@ class PlannedApexRule(Rule):
     level the project computes at run time is O0 or O1, so rewriting it is safe.
     """
 
-    TRIGGERS = ("apex",)
+    # "scale_loss", "opt_level": a file whose `from apex import amp` went (commented out, or never
+    # there) still calls apex's amp through a name nothing binds (`apex_plan.unbound`)
+    TRIGGERS = ("apex", "scale_loss", "master_params", "opt_level")
     FIX_GROUP: ClassVar[str] = "apex.amp"
     FIX_SAFETY = FixSafety.SOMETIMES  # the plan's fixes share one safety: unsafe where any site needs it
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ApexPlanProvider)
