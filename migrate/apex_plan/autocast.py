@@ -47,12 +47,13 @@ class AutocastPlanning(Step):
                 return
         block = self.tree.parent.get(id(scale.statement))
         window = self.draft.window(block, scale.statement)
-        sliced = self._slice_around(scale)
-        if sliced is not None:
+        sliced = self._slices_around(scale)
+        if sliced:
             # `def update(self, out, y)`: the loss from what the callers' forward passes made
             if self._plan_callers_forwards(scale) is None:
                 self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
-            self._wrap(sliced, scale, loss)
+            for statements in sliced:
+                self._wrap(statements, scale, loss)
             return
         body = list(block.body)
         before = body[: body.index(scale.statement)]
@@ -64,22 +65,24 @@ class AutocastPlanning(Step):
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
 
-    def _slice_around(self, scale: ScaleLossSite) -> list[cst.BaseStatement] | None:
-        """What the loss is computed from before the scaled backward, in its block or, where that
-        holds none of it, in a block around it (``loss = F.mse_loss(out, y)`` then ``if
-        self.use_amp:`` holding ``amp.scale_loss``)."""
-        current = scale.statement
+    def _slices_around(self, scale: ScaleLossSite) -> list[list[cst.BaseStatement]]:
+        """What the loss is computed from before the scaled backward, in its block and, climbing
+        out of each ``if`` around it, in the blocks around that: ``loss = F.mse_loss(out, y)``
+        then ``if self.use_amp:`` holding ``loss = loss / n`` and ``amp.scale_loss``, one slice
+        for each block. apex cast all of it. The climb stops at anything but an ``if``."""
+        slices, wanted, current = [], read_names(scale.loss), scale.statement
         while True:
             block = self.tree.parent.get(id(current))
             if not isinstance(block, cst.IndentedBlock):
-                return None
+                return slices
             window = self.draft.window(block, current)
-            start = self.slice_start(window, scale.loss)
+            start, reads = _backward_slice(window, wanted)
             if start is not None:
-                return window[start:]
+                slices.append(window[start:])
+                wanted = reads  # `loss = loss / n` reads the `loss` computed above the `if`
             owner = self._statement_holding(block)
-            if not isinstance(owner, cst.If) or window:
-                return None  # only out of an `if` whose block computes none of the loss
+            if not isinstance(owner, cst.If):
+                return slices
             current = owner
 
     def _statement_holding(self, block: cst.CSTNode) -> cst.CSTNode | None:
@@ -207,13 +210,8 @@ class AutocastPlanning(Step):
         ``forward_only``: the first such statement that runs a network (``teacher(x)``,
         ``self.head(h)``, ``args.flownet(x)`` where the file puts it in ``eval()``), not one that
         only prepares inputs (``batch[0]``, ``model.parse_batch(b)``)."""
-        wanted, start = read_names(loss), None
-        for index in range(len(window) - 1, -1, -1):
-            if assigned_names(window[index]) & wanted:
-                if not forward_only or _runs_a_network(window[index], self.tree.networks):
-                    start = index
-                wanted |= read_names(window[index])
-        return start
+        networks = self.tree.networks if forward_only else None
+        return _backward_slice(window, read_names(loss), networks)[0]
 
     def _plan_region(self, statement: cst.CSTNode, loss: str, scale: ScaleLossSite) -> bool:
         """Autocast around the statements before ``statement`` from the model's forward call on
@@ -411,6 +409,20 @@ class AutocastPlanning(Step):
             self.draft.replace(statement, cst.RemoveFromParent())
             self.draft.kind(statement, INITIALIZE, message, "Moved under `torch.autocast`")
         self.draft.regions.update(id(statement) for statement in statements)
+
+
+def _backward_slice(window: list[cst.BaseStatement], wanted: set[str],
+                    networks: frozenset[str] | None = None) -> tuple[int | None, set[str]]:
+    """The first statement of ``window`` that binds what ``wanted`` is computed from, through the
+    names each binds (with ``networks``: the first such that runs a network), and every name that
+    computation reads, some of which may be bound before ``window``."""
+    wanted, start = set(wanted), None
+    for index in range(len(window) - 1, -1, -1):
+        if assigned_names(window[index]) & wanted:
+            if networks is None or _runs_a_network(window[index], networks):
+                start = index
+            wanted |= read_names(window[index])
+    return start, wanted
 
 
 def _slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:

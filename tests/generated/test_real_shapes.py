@@ -423,3 +423,66 @@ def test_a_scaled_loss_handed_to_a_backward_method_is_scaled_once(tmp_path):
     result = migrate_source(SCALED_LOSS_HANDED_ON, filename="train.py", unsafe_fixes=True)
     assert "scale(scaled_loss)" not in result.new_source and "= teacher, None" not in result.new_source
     _trains_the_same(tmp_path, SCALED_LOSS_HANDED_ON, result.new_source, [], ["--clip"])
+
+
+# the loss computed in part above the `if` holding the scaled backward (from the output the
+# caller's forward hands in), in part in its arm
+LOSS_ABOVE_THE_ARM = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    class Trainer:
+        def __init__(self, model, optimizer, fp16):
+            self.model, self.optimizer, self.fp16 = model, optimizer, fp16
+            self.proj = torch.randn(1, 4, device="cuda")
+            if fp16:
+                self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1", verbosity=0)
+
+        def update(self, out, y):
+            self.optimizer.zero_grad()
+            loss = F.mse_loss(out, y) + 0.01 * (out @ self.proj).pow(2).mean()
+            if self.fp16:
+                loss = loss / 2
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            self.optimizer.step()
+            return loss
+
+        def fit(self, x, y, steps):
+            for _ in range(steps):
+                out = self.model(x)
+                loss = self.update(out, y)
+            return loss
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--fp16", action="store_true")
+        args = parser.parse_args()
+        torch.manual_seed(0)
+        model = nn.Linear(8, 1).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = Trainer(model, optimizer, args.fp16)
+        x = torch.randn(32, 8, device="cuda")
+        y = x[:, :1] * 2
+        print(float(trainer.fit(x, y, 8)))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_a_loss_computed_above_the_arm_goes_under_autocast_and_trains_the_same(tmp_path):
+    """The matmul above the arm ran in half precision under apex; left outside autocast, it met
+    the caller's half output with a float32 operand and raised."""
+    result = migrate_source(LOSS_ABOVE_THE_ARM, filename="train.py")
+    assert "from apex" not in result.new_source and MARKER not in result.new_source, result.new_source
+    _trains_the_same(tmp_path, LOSS_ABOVE_THE_ARM, result.new_source, [], ["--fp16"])

@@ -126,3 +126,75 @@ def test_a_caller_where_the_scaler_is_not_seen_leaves_it_unsafe():
     unsafe = migrate_source(text, filename="train.py", unsafe_fixes=True)
     reasons = " ".join(d.fix.why_unsafe for d in unsafe.diagnostics if d.fix)
     assert safe.new_source == text or "handed in at line 21" not in reasons, safe.new_source
+
+
+# the loss computed in part above the `if` that holds the scaled backward, in part in its arm
+ABOVE = {
+    "one line": "loss = F.mse_loss(out, y)",
+    "two lines": "base = F.mse_loss(out, y)\nloss = base + 0.0",
+    "augmented": "loss = 0.0\nloss += F.mse_loss(out, y)",
+}
+IN_THE_ARM = {"divided": "loss = loss / 2", "augmented": "loss /= 2", "a term added": "loss = loss + 0.1 * out.pow(2).mean()"}
+ARMS = {
+    "amp first": "if self.use_amp:\n{arm}\n    with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+                 "        scaled_loss.backward()\nelse:\n    loss.backward()",
+    "plain first": "if not self.use_amp:\n    loss.backward()\nelse:\n{arm}\n"
+                   "    with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n        scaled_loss.backward()",
+}
+SPLIT = '''\
+import torch
+import torch.nn.functional as F
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, use_amp):
+        self.model, self.optimizer, self.use_amp = model, optimizer, use_amp
+        if use_amp:
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+    def update(self, out, y):
+        self.optimizer.zero_grad()
+{above}
+{backward}
+        self.optimizer.step()
+        return loss
+
+    def fit(self, batches):
+        for x, y in batches:
+            out = self.model(x)
+            self.update(out, y)
+'''
+
+
+def split_loss(above: str, arm: str, arms: str) -> str:
+    backward = ARMS[arms].format(arm=textwrap.indent(arm, "    "))
+    return SPLIT.format(above=textwrap.indent(above, " " * 8), backward=textwrap.indent(backward, " " * 8))
+
+
+@pytest.mark.parametrize("above,arm,arms", list(itertools.product(ABOVE, IN_THE_ARM, ARMS)))
+def test_a_loss_computed_above_the_if_and_in_its_arm_goes_under_autocast_in_both(above, arm, arms):
+    result = migrate_source(split_loss(ABOVE[above], IN_THE_ARM[arm], arms), filename="train.py")
+    assert result.error is None and "from apex" not in result.new_source, result.new_source
+    region = 'torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled())'
+    for line in (*ABOVE[above].splitlines(), IN_THE_ARM[arm], "out = self.model(x)"):
+        assert autocast_holding(result.new_source, line) == [region], (line, result.new_source)
+    assert autocast_holding(result.new_source, "self.optimizer.zero_grad()") == [], result.new_source
+    compile(result.new_source, "train.py", "exec")
+
+
+def test_a_loss_the_arm_computes_anew_leaves_what_is_above_outside():
+    result = migrate_source(split_loss("unused = F.mse_loss(out, y)", "loss = F.l1_loss(out, y)", "amp first"),
+                            filename="train.py")
+    assert autocast_holding(result.new_source, "loss = F.l1_loss(out, y)"), result.new_source
+    assert autocast_holding(result.new_source, "unused = F.mse_loss(out, y)") == [], result.new_source
+
+
+@pytest.mark.parametrize("arm", ['print("mixed")', 'print("mixed")\nloss = loss / 2'])
+def test_an_arm_running_something_else_first_is_climbed_out_of(arm):
+    source = split_loss("loss = F.mse_loss(out, y)", arm, "amp first")
+    result = migrate_source(source, filename="train.py")
+    assert "from apex" not in result.new_source, result.new_source
+    region = 'torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled())'
+    assert autocast_holding(result.new_source, "loss = F.mse_loss(out, y)") == [region], result.new_source
+    assert autocast_holding(result.new_source, 'print("mixed")') == [], result.new_source
