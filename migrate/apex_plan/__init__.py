@@ -49,7 +49,8 @@ dependence: no import cycle):
   function the optimizer it scales for),
   ``autocast`` (the region around the forward pass; where a caller of the file hands in what a
   forward pass made, a region of its own around that forward; unsafe where the caller is in
-  another file, ``migrate.forward_callers``), ``inference_tail`` (an O1 ``initialize`` for
+  another file, ``migrate.forward_callers``; ``loss_slice``: the statements that compute what
+  the loss is made from, and what an arm carries on from above its ``if``), ``inference_tail`` (an O1 ``initialize`` for
   inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),

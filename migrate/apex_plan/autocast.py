@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.loss_slice import backward_slice, carried, function_slice
 from migrate.apex_plan.syntax import (
     assigned_names,
     assigns,
@@ -25,7 +26,6 @@ from migrate.flow.bindings import bound_value
 from migrate.flow.reaching import binding_nodes, reaching
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
-
 
 
 class AutocastPlanning(Step):
@@ -66,24 +66,41 @@ class AutocastPlanning(Step):
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
 
     def _slices_around(self, scale: ScaleLossSite) -> list[list[cst.BaseStatement]]:
-        """What the loss is computed from before the scaled backward, in its block and, climbing
-        out of each ``if`` around it, in the blocks around that: ``loss = F.mse_loss(out, y)``
-        then ``if self.use_amp:`` holding ``loss = loss / n`` and ``amp.scale_loss``, one slice
-        for each block. apex cast all of it. The climb stops at anything but an ``if``."""
-        slices, wanted, current = [], read_names(scale.loss), scale.statement
+        """What the loss is computed from before the scaled backward: in its block or, where that
+        holds none of it, in a block around it (``loss = F.mse_loss(out, y)`` then ``if
+        self.use_amp:`` holding ``amp.scale_loss``), climbing out of ``if`` statements only; and
+        once found, what it carries on from above the ``if`` around it (``slices_above``)."""
+        current = scale.statement
         while True:
             block = self.tree.parent.get(id(current))
             if not isinstance(block, cst.IndentedBlock):
-                return slices
+                return []
             window = self.draft.window(block, current)
-            start, reads = _backward_slice(window, wanted)
+            start = backward_slice(window, read_names(scale.loss))[0]
             if start is not None:
-                slices.append(window[start:])
-                wanted = reads  # `loss = loss / n` reads the `loss` computed above the `if`
+                return [window[start:], *self.slices_above(window[start:])]
             owner = self._statement_holding(block)
             if not isinstance(owner, cst.If):
-                return slices
+                return []
             current = owner
+
+    def slices_above(self, region: list[cst.BaseStatement]) -> list[list[cst.BaseStatement]]:
+        """What ``region``, in an arm, carries on from above the ``if`` holding it, and from above
+        each ``if`` around that: ``loss = F.mse_loss(out, y)`` above ``if self.use_amp:``, whose
+        arm computes ``loss = loss / n``. apex cast that too. Only what computes, not data moved
+        (``y = y.cuda()``); one slice for each block."""
+        slices, wanted, current = [], carried(region), region[0]
+        while wanted:
+            owner = self._statement_holding(self.tree.parent.get(id(current)))
+            block = self.tree.parent.get(id(owner))
+            if not isinstance(owner, cst.If) or not isinstance(block, cst.IndentedBlock):
+                return slices
+            window = self.draft.window(block, owner)
+            start, wanted = backward_slice(window, wanted, computing=True)
+            if start is not None:
+                slices.append(window[start:])
+            current = owner
+        return slices
 
     def _statement_holding(self, block: cst.CSTNode) -> cst.CSTNode | None:
         """The statement whose block ``block`` is: for an arm, the whole ``if``/``elif`` chain."""
@@ -110,7 +127,7 @@ class AutocastPlanning(Step):
         if function is None:
             return None
         wanted = read_names(scale.loss)
-        for line in _slice(function, wanted):
+        for line in function_slice(function, wanted):
             wanted |= read_names(line)
         params = [param.name.value for param in function.params.params]
         handed = wanted & set(params) - {"self", "cls"}
@@ -164,7 +181,7 @@ class AutocastPlanning(Step):
             returned = [node.value for node in descendants(function.body, nodes.not_a_definition)
                         if type(node) is cst.Return and node.value is not None]
             wanted = set().union(*map(read_names, returned))
-            if any(_calls_a_model(node, models) for node in (*returned, *_slice(function, wanted))):
+            if any(_calls_a_model(node, models) for node in (*returned, *function_slice(function, wanted))):
                 return True
         return False
 
@@ -211,7 +228,7 @@ class AutocastPlanning(Step):
         ``self.head(h)``, ``args.flownet(x)`` where the file puts it in ``eval()``), not one that
         only prepares inputs (``batch[0]``, ``model.parse_batch(b)``)."""
         networks = self.tree.networks if forward_only else None
-        return _backward_slice(window, read_names(loss), networks)[0]
+        return backward_slice(window, read_names(loss), networks)[0]
 
     def _plan_region(self, statement: cst.CSTNode, loss: str, scale: ScaleLossSite) -> bool:
         """Autocast around the statements before ``statement`` from the model's forward call on
@@ -229,8 +246,11 @@ class AutocastPlanning(Step):
                 # and what the loss is computed from before it (a teacher's forward, a model the
                 # file reaches under another name): apex cast all of it
                 sliced = self.slice_start(window, nodes.parse_expression(loss, self.tree.module), forward_only=True)
-                self._wrap(window[min(start, sliced if sliced is not None else start):], scale, loss)
+                region = window[min(start, sliced if sliced is not None else start):]
+                self._wrap(region, scale, loss)
                 self._wrap_inner_slices(inner, scale, loss)
+                for above in self.slices_above(region) if not inner else ():
+                    self._wrap(above, scale, loss)
                 return True
             body = list(block.body)
             before = body.index(window[0] if window else current) - 1
@@ -411,32 +431,6 @@ class AutocastPlanning(Step):
         self.draft.regions.update(id(statement) for statement in statements)
 
 
-def _backward_slice(window: list[cst.BaseStatement], wanted: set[str],
-                    networks: frozenset[str] | None = None) -> tuple[int | None, set[str]]:
-    """The first statement of ``window`` that binds what ``wanted`` is computed from, through the
-    names each binds (with ``networks``: the first such that runs a network), and every name that
-    computation reads, some of which may be bound before ``window``."""
-    wanted, start = set(wanted), None
-    for index in range(len(window) - 1, -1, -1):
-        if assigned_names(window[index]) & wanted:
-            if networks is None or _runs_a_network(window[index], networks):
-                start = index
-            wanted |= read_names(window[index])
-    return start, wanted
-
-
-def _slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:
-    """The lines of ``function`` that what reads ``wanted`` at its end is computed from, through the
-    names each binds, last first (by their order in the text: a loop's later lines count too)."""
-    wanted, found = set(wanted), []
-    lines = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.SimpleStatementLine]
-    for line in reversed(lines):
-        if assigned_names(line) & wanted:
-            wanted |= read_names(line)
-            found.append(line)
-    return found
-
-
 def _calls_a_model(node: cst.CSTNode, models: set[str]) -> bool:
     """Whether ``node`` calls one of ``models`` (``self.gen(z)``; ``trainer.gen(z)`` for ``self.gen``)."""
     return any(type(inner) is cst.Call and (nodes.code(inner.func) in models or (
@@ -449,24 +443,3 @@ def _by_name(functions) -> dict[str, list[cst.FunctionDef]]:
     for function in functions:
         found.setdefault(function.name.value, []).append(function)
     return found
-
-
-_NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple", "set", "range", "zip", "enumerate",
-                           "isinstance", "print", "sum", "max", "min", "abs", "sorted", "getattr", "next", "iter", "str",
-                           "Variable"})  # `inputs = Variable(inputs.cuda())`: old torch's wrapper, moving data
-
-
-def _runs_a_network(statement: cst.CSTNode, networks: frozenset[str]) -> bool:
-    """Whether ``statement`` calls something by a plain name or an attribute of ``self`` (a network
-    held in a variable: ``teacher(x)``, ``self.head(h)``) or one of ``networks``, not a builtin nor
-    a method of another object (``model.parse_batch(b)``, ``torch.randn(...)``)."""
-    for node in descendants(statement):
-        if type(node) is cst.Call:
-            func = node.func
-            if nodes.code(func) in networks:
-                return True
-            if isinstance(func, cst.Name) and func.value not in _NOT_NETWORKS:
-                return True
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-                return True
-    return False

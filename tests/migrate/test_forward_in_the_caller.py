@@ -134,7 +134,9 @@ ABOVE = {
     "two lines": "base = F.mse_loss(out, y)\nloss = base + 0.0",
     "augmented": "loss = 0.0\nloss += F.mse_loss(out, y)",
 }
-IN_THE_ARM = {"divided": "loss = loss / 2", "augmented": "loss /= 2", "a term added": "loss = loss + 0.1 * out.pow(2).mean()"}
+IN_THE_ARM = {"divided": "loss = loss / 2", "augmented": "loss /= 2", "a term added": "loss = loss + 0.1 * out.pow(2).mean()",
+              # a forward pass in the arm: its region, and what it carries on from above
+              "a forward added": "loss = loss + 0.1 * self.model(y).pow(2).mean()"}
 ARMS = {
     "amp first": "if self.use_amp:\n{arm}\n    with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
                  "        scaled_loss.backward()\nelse:\n    loss.backward()",
@@ -177,8 +179,10 @@ def test_a_loss_computed_above_the_if_and_in_its_arm_goes_under_autocast_in_both
     result = migrate_source(split_loss(ABOVE[above], IN_THE_ARM[arm], arms), filename="train.py")
     assert result.error is None and "from apex" not in result.new_source, result.new_source
     region = 'torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled())'
-    for line in (*ABOVE[above].splitlines(), IN_THE_ARM[arm], "out = self.model(x)"):
+    computing = [line for line in ABOVE[above].splitlines() if line != "loss = 0.0"]  # a constant is no computation
+    for line in (*computing, IN_THE_ARM[arm], "out = self.model(x)"):
         assert autocast_holding(result.new_source, line) == [region], (line, result.new_source)
+    assert autocast_holding(result.new_source, "loss = 0.0") == [], result.new_source
     assert autocast_holding(result.new_source, "self.optimizer.zero_grad()") == [], result.new_source
     compile(result.new_source, "train.py", "exec")
 
@@ -198,3 +202,10 @@ def test_an_arm_running_something_else_first_is_climbed_out_of(arm):
     region = 'torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled())'
     assert autocast_holding(result.new_source, "loss = F.mse_loss(out, y)") == [region], result.new_source
     assert autocast_holding(result.new_source, 'print("mixed")') == [], result.new_source
+
+
+def test_data_moved_above_the_arm_stays_outside():
+    source = split_loss("y = y.cuda()\nloss = F.mse_loss(out, y)", "loss = loss / 2", "amp first")
+    result = migrate_source(source, filename="train.py")
+    assert autocast_holding(result.new_source, "loss = F.mse_loss(out, y)"), result.new_source
+    assert autocast_holding(result.new_source, "y = y.cuda()") == [], result.new_source

@@ -1,0 +1,84 @@
+"""The backward slice of a loss: the statements of a block that compute what it is made from,
+through the names each binds. apex cast all of it; the autocast region covers at least that."""
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate import apex_nodes as nodes
+from migrate.apex_plan.syntax import assigned_names, read_names
+from migrate.step_model.vocabulary import moves_only
+from migrate.tree_walk import descendants
+
+
+def backward_slice(window: list[cst.BaseStatement], wanted: set[str], networks: frozenset[str] | None = None,
+                    computing: bool = False) -> tuple[int | None, set[str]]:
+    """The first statement of ``window`` that binds what ``wanted`` is computed from, through the
+    names each binds, and every name that computation reads, some of which may be bound before
+    ``window``. With ``networks``: the first such that runs a network; ``computing``: the first
+    that is not data moved or picked (``y = y.cuda()``, ``x, y = batch``, ``total = 0.0``)."""
+    wanted, start = set(wanted), None
+    for index in range(len(window) - 1, -1, -1):
+        if assigned_names(window[index]) & wanted:
+            if (networks is None or runs_a_network(window[index], networks)) and not (computing and _moves_data(window[index])):
+                start = index
+            wanted |= read_names(window[index])
+    return start, wanted
+
+
+def carried(region: list[cst.BaseStatement]) -> set[str]:
+    """The names ``region`` binds and whose earlier value it reads (``loss = loss / n``, ``loss += aux``)."""
+    bound, read = set(), set()
+    for statement in region:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+                read |= read_names(small.value) - bound
+            elif isinstance(small, cst.AugAssign):
+                read |= (read_names(small.value) | read_names(small.target)) - bound
+            bound |= assigned_names(small)
+    return bound & read
+
+
+def _moves_data(statement: cst.BaseStatement) -> bool:
+    """Whether ``statement`` binds data only: names, constants, items picked and tensors moved or
+    reshaped (``y = y.cuda()``, ``x, y = batch[0], batch[1]``, ``Variable(x)``); nothing apex cast."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for node in descendants(statement):
+        if type(node) is cst.Call and not (moves_only(node) or nodes.call_name(node) == "Variable"):
+            return False
+        if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)):
+            return False
+    return True
+
+
+def function_slice(function: cst.FunctionDef, wanted: set[str]) -> list[cst.SimpleStatementLine]:
+    """The lines of ``function`` that what reads ``wanted`` at its end is computed from, through the
+    names each binds, last first (by their order in the text: a loop's later lines count too)."""
+    wanted, found = set(wanted), []
+    lines = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.SimpleStatementLine]
+    for line in reversed(lines):
+        if assigned_names(line) & wanted:
+            wanted |= read_names(line)
+            found.append(line)
+    return found
+
+
+_NOT_NETWORKS = frozenset({"len", "float", "int", "bool", "list", "dict", "tuple", "set", "range", "zip", "enumerate",
+                           "isinstance", "print", "sum", "max", "min", "abs", "sorted", "getattr", "next", "iter", "str",
+                           "Variable"})  # `inputs = Variable(inputs.cuda())`: old torch's wrapper, moving data
+
+
+def runs_a_network(statement: cst.CSTNode, networks: frozenset[str]) -> bool:
+    """Whether ``statement`` calls something by a plain name or an attribute of ``self`` (a network
+    held in a variable: ``teacher(x)``, ``self.head(h)``) or one of ``networks``, not a builtin nor
+    a method of another object (``model.parse_batch(b)``, ``torch.randn(...)``)."""
+    for node in descendants(statement):
+        if type(node) is cst.Call:
+            func = node.func
+            if nodes.code(func) in networks:
+                return True
+            if isinstance(func, cst.Name) and func.value not in _NOT_NETWORKS:
+                return True
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                return True
+    return False
