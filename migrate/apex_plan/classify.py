@@ -262,7 +262,7 @@ class _Classifier:
             elif not (isinstance(small, cst.Expr) and small.value is call):
                 return False
             self.sites.legacy_handles.append(call)
-        elif attr in _ABOUT_THE_MODULE:
+        elif attr.split(".")[0] in _ABOUT_THE_MODULE:  # `amp.__version__.VERSION` too
             logged = small.value if isinstance(small, cst.Expr) else None
             func = getattr(logged, "func", None)
             name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None

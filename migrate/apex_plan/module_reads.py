@@ -9,6 +9,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import calls
+from migrate.tree_walk import descendants
 from migrate.apex_plan.vocabulary import (
     INITIALIZE,
     SCALE_LOSS,
@@ -88,10 +89,24 @@ class ModuleReadPlanning(Step):
                     f"the legacy `amp.init()` handle (line {self.tree.line(call)}) is unused and goes: autocast now makes the casts it switched on"
                 )
         for statement in dict.fromkeys(self.sites.module_reads):
+            statement = self._test_left_empty(statement)
             block = self.tree.parent.get(id(statement))
             alone = isinstance(block, cst.IndentedBlock) and len(block.body) == 1
             self.draft.replace(statement, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), statement) if alone else cst.RemoveFromParent())
             self.draft.kind(statement, INITIALIZE, "this statement only touches apex's module", "Remove it with apex")
+
+
+    def _test_left_empty(self, statement: cst.CSTNode) -> cst.CSTNode:
+        """The ``if args.verbose:`` that holds only ``statement`` and tests without calling
+        anything, which goes with it; else ``statement``."""
+        block = self.tree.parent.get(id(statement))
+        owner = self.tree.parent.get(id(block))
+        if not (isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and isinstance(owner, cst.If)
+                and owner.orelse is None and not isinstance(self.tree.parent.get(id(owner)), cst.If)):
+            return statement
+        if any(type(node) in (cst.Call, cst.NamedExpr) for node in descendants(owner.test)) or self.draft.touched(owner):
+            return statement
+        return owner
 
 
 def _steps(statement: cst.CSTNode) -> bool:

@@ -59,6 +59,7 @@ class ApexImport(Rule):
     TRIGGERS = ("apex", "amp")
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
     VALID = [
+        Valid("import apex\nfrom apex.amp import __version__\n\nprint(apex.amp.__version__.VERSION)\n"),
         Valid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"),
         Valid("try:\n    import torch_xla\nexcept ImportError:\n    pass\n"),
         Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
@@ -120,6 +121,7 @@ class ApexImport(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
         self._used: set[str] = set()
+        self._dotted: set[str] = set()  # `apex.amp.__version__`: a submodule reached through `import apex`
         self._aliases: list[tuple[cst.ImportAlias, str, ImportChange, cst.CSTNode]] = []
         self._stars: list[tuple[cst.ImportFrom, cst.CSTNode]] = []  # `from apex.fp16_utils import *` and its line
         self._in_strings = re.compile(rf"\b(?:{'|'.join(map(re.escape, self._imported))})\b") if self._imported else None
@@ -154,8 +156,8 @@ class ApexImport(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         exported = self.context.settings.get(IMPORTED_ELSEWHERE, ())
         for alias, bound, change, line in self._aliases:
-            if bound in self._used:
-                continue
+            if bound in self._used or f"{change.module}.{change.obj}" in self._dotted:
+                continue  # used; or a submodule imported so that `apex.amp.__version__` reaches it
             if bound in exported:
                 self.report(alias, f"`{_spelled(change)}` keeps the file depending on apex, and another file of the "
                             f"project imports `{bound}` from this module: migrate that file's uses of it first")
@@ -241,6 +243,13 @@ class ApexImport(Rule):
         if module is not None and (module == "apex" or module.startswith("apex.")):
             self.report(node, f"`{module}` is imported dynamically, so its uses cannot be resolved or rewritten; "
                         "import it with an import statement, or migrate its uses by hand")
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        root = node.value
+        while type(root) is cst.Attribute:
+            root = root.value
+        if type(root) is cst.Name and root.value in self._imported:
+            self._dotted.add(nodes.code(node))
 
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in self._imported and _is_a_use(node, self._parent_of):
