@@ -191,7 +191,8 @@ _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it ou
 def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     """``options`` with the other half of each file holding one half of apex amp, the names
     other files import from each file that imports apex (``migrate.importers``), the apex
-    cast registrations of other files of its project (``migrate.cast_registrations``), and where
+    cast registrations of other files of its project (``migrate.cast_registrations``) and their
+    reads of apex's internal state (``migrate.apex_state_reads``), and where
     its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it imports
     that return a gradient norm (``migrate.grad_norms``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
@@ -199,12 +200,13 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
-    from migrate import (apex_kept, cast_registrations, forward_callers, grad_norms, halves, importers, level_settings,
-                         optimizer_resumes, scale_kept, state_helpers)
+    from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, halves, importers,
+                         level_settings, optimizer_resumes, scale_kept, state_helpers)
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
     casts = cast_registrations.elsewhere(apex_texts)
+    state_reads = apex_state_reads.elsewhere(apex_texts)
     resumes = optimizer_resumes.loads(apex_texts)
     handed = forward_callers.handed_elsewhere(apex_texts)
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
@@ -216,6 +218,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         partners={str(path): partner for path, partner in partners.items()},
         imported_elsewhere={str(path): names for path, names in exported.items()},
         casts_elsewhere={str(path): places for path, places in casts.items()},
+        state_read_elsewhere={str(path): places for path, places in state_reads.items()},
         optimizer_state_loads={str(path): places for path, places in resumes.items()},
         handed_elsewhere={str(path): calls for path, calls in handed.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},

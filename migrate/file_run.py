@@ -33,6 +33,7 @@ class Options:
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
     imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
     casts_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.cast_registrations``' places
+    state_read_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_state_reads``' places
     optimizer_state_loads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.optimizer_resumes``' places
     handed_elsewhere: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.forward_callers``' calls
     apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
@@ -51,6 +52,7 @@ _PROJECT_FACTS = (
     ("partners", "apex-partner"),
     ("imported_elsewhere", "imported-elsewhere"),
     ("casts_elsewhere", "apex-casts-elsewhere"),
+    ("state_read_elsewhere", "apex-state-read-elsewhere"),
     ("optimizer_state_loads", "optimizer-state-loaded"),
     ("handed_elsewhere", "forward-callers"),
     ("apex_kept_elsewhere", "apex-initialize-kept"),

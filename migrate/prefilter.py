@@ -48,8 +48,9 @@ __all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "sets_ape
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
 PLAIN_RUN_WORDS: tuple[str, ...] = ("GradScaler", "accelerator", "amp", "ampmigrate", "apex", "autocast",
-                                    "automatic_optimization", "deepspeed", "fabric", "manual_backward", "model_engine",
-                                    "noqa", "scaler", "train_batch", "training_step")
+                                    "automatic_optimization", "deepspeed", "fabric", "manual_backward", "master_params",
+                                    "model_engine", "noqa", "opt_level", "scale_loss", "scaler", "train_batch",
+                                    "training_step")
 # The words only NEEDS_A_STEP rules read in a plain run (``step_words``); test_prefilter keeps it so.
 PLAIN_RUN_STEP_WORDS: frozenset[str] = frozenset({"accelerator", "autocast", "automatic_optimization", "deepspeed",
                                                   "fabric", "manual_backward", "model_engine", "scaler", "train_batch",

@@ -37,10 +37,16 @@ class CrossFilePlanning(Step):
     It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def check_partner(self, first: cst.CSTNode) -> None:
+    def check_partner(self, first: cst.CSTNode, state_reads: tuple[str, ...] = ()) -> None:
+        """Unplannable where the other half cannot be rewritten, or where other files read apex's
+        internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills."""
         facts = self.partner.facts if self.partner is not None else None
         if facts is not None and facts.manual:
             raise Unplannable(first, f"its other half, {self._partner_at()}, cannot be rewritten ({facts.manual})")
+        if state_reads and self.sites.calls["initialize"]:
+            raise Unplannable(self.sites.calls["initialize"][0], (
+                f"another file reads apex's internal state, which `amp.initialize` fills ({', '.join(state_reads[:3])}"
+                f"{', ...' if len(state_reads) > 3 else ''}): without it those reads raise; migrate them first"))
 
     def _partner_at(self) -> str:
         return f"{self.partner.file} (line {self.partner.line})"

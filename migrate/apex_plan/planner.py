@@ -55,6 +55,7 @@ from migrate.apex_plan.vocabulary import (
     Unplannable,
     either,
 )
+from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.grad_norms import SETTING as GRADIENT_NORMS
@@ -81,6 +82,7 @@ class Planner:
         self.exact_levels = frozenset({"O0", "O1"} | ({"O2"} if settings.get(ACCEPT_O2) else set()))
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
+        self.state_read_elsewhere = settings.get(STATE_READ_ELSEWHERE, ())  # apex's internal state read by other files
         self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
         self.scaled_elsewhere = settings.get(SCALE_LOSS_KEPT, ())  # linked files that keep apex's scale_loss
         self.initialized_elsewhere = settings.get(INITIALIZED_ELSEWHERE, ())  # other files initializing for its scale_loss
@@ -115,7 +117,7 @@ class Planner:
             if self.sites.blockers:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
-            CrossFilePlanning(reading).check_partner(core[0])
+            CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere)
             if self.sites.timm_scalers:
                 return self._timm_scalers(reading)
             half = model_made_half(self.tree.module) if self.sites.calls["initialize"] else None

@@ -1,0 +1,56 @@
+"""apex amp's internal state read in other files of a project, which a file's ``amp.initialize`` fills.
+
+``amp._amp_state.loss_scalers`` in ``hooks/log_hooks.py`` (or ``from apex.amp._amp_state import
+_amp_state`` in ``utils.py``) holds what ``amp.initialize`` in ``optimizer.py`` set up. Once that
+initialize is rewritten away, those reads raise ``AttributeError`` the first time they run, and no
+rewrite of ``optimizer.py`` can say so where it happens. So a file whose ``amp.initialize`` is
+rewritten is told (``SETTING``) where else in its project (``files.project_root``, searched on disk
+even when one file is given) apex's state is read, and is not rewritten while they are there.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from migrate.files import project_root, project_trees_saying
+
+__all__ = ["SETTING", "elsewhere"]
+
+SETTING = "apex-state-read-elsewhere"  # the setting that hands a file these places (not a user setting)
+
+
+def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that calls ``amp.initialize``, the places (``path:line``,
+    relative to its project) where another file of its project reads apex amp's internal state."""
+    found: dict[Path, tuple[str, ...]] = {}
+    for path, text in texts.items():
+        if "initialize" not in text:
+            continue
+        root = project_root(path)
+        me = path.resolve()
+        places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
+                       for file, line in _reads(root) if file != me)
+        if places:
+            found[path] = places
+    return found
+
+
+@lru_cache(maxsize=64)
+def _reads(root: Path) -> tuple[tuple[Path, int], ...]:
+    """Every read of ``_amp_state`` (``amp._amp_state``, ``from apex.amp._amp_state import ...``)
+    in the project's ``.py`` files, by file and line."""
+    places = []
+    for file, tree in project_trees_saying(root, b"_amp_state"):
+        places += [(file.resolve(), node.lineno) for node in ast.walk(tree) if _reads_state(node)]
+    return tuple(places)
+
+
+def _reads_state(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute):
+        return node.attr == "_amp_state"
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").startswith("apex") and (
+            node.module.endswith("_amp_state") or any(alias.name == "_amp_state" for alias in node.names))
+    return False

@@ -1,0 +1,61 @@
+"""Another file of the project reads apex amp's internal state (``amp._amp_state.loss_scalers``),
+which ``amp.initialize`` fills: the initialize is not rewritten, not even with --unsafe-fixes,
+since without it those reads raise ``AttributeError`` where no marker of this file can say so."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from migrate.api import migrate_paths
+
+TRAIN = textwrap.dedent("""\
+    import torch
+    from apex import amp
+
+
+    def main(model, optimizer, loader):
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            with amp.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+""")
+
+# how a hook reads the loss scales apex keeps
+READS = {
+    "through amp": "from apex import amp\n\n\ndef scales():\n    return [s._loss_scale for s in amp._amp_state.loss_scalers]\n",
+    "module import": ("try:\n    from apex.amp._amp_state import _amp_state\nexcept ImportError:\n    pass\n\n\n"
+                      "def overflowed():\n    return any(s._has_overflow for s in _amp_state.loss_scalers)\n"),
+    "from amp import": ("from apex.amp import _amp_state\n\n\n"
+                        "def scales():\n    return [s.loss_scale() for s in _amp_state.loss_scalers]\n"),
+}
+
+
+def _project(root: Path, reads: str) -> Path:
+    (root / ".git").mkdir(parents=True)
+    (root / "hooks").mkdir()
+    (root / "hooks" / "__init__.py").write_text("")
+    (root / "hooks" / "log.py").write_text(reads)
+    (root / "train.py").write_text(TRAIN)
+    return root / "train.py"
+
+
+@pytest.mark.parametrize("given", ["project", "file"])
+@pytest.mark.parametrize("reads", sorted(READS))
+def test_the_initialize_that_fills_it_is_not_rewritten(tmp_path, reads, given):
+    train = _project(tmp_path, READS[reads])
+    results = migrate_paths([tmp_path if given == "project" else train], write=False, unsafe_fixes=True)
+    result = next(r for r in results if Path(r.filename).name == "train.py")
+    assert result.new_source in (None, TRAIN), result.new_source
+    messages = [d.message for d in result.diagnostics if d.code == "AMP002"]
+    assert any("reads apex's internal state" in m and "hooks/log.py:" in m for m in messages), messages
+
+
+def test_a_file_without_such_reads_is_rewritten(tmp_path):
+    train = _project(tmp_path, "def scales():\n    return []\n")
+    result = next(r for r in migrate_paths([train], write=False) if Path(r.filename).name == "train.py")
+    assert result.new_source and "amp.initialize" not in result.new_source, result.new_source
