@@ -8,7 +8,7 @@ whose O1 is native autocast). They do not while a file of the project still call
 the rewritten function casts nothing and gets apex's fp16 outputs (a float32-only kernel then
 raises "not implemented for 'Half'"). So a file that uses the decorators is told (``SETTING``)
 where else its project (``files.project_root``, searched on disk even when one file is given)
-calls ``amp.initialize`` and will keep calling it: each such file not in this run, or in it
+calls ``amp.initialize`` (or the legacy ``amp.init()``) and will keep calling it: each such file not in this run, or in it
 with a plan the run does not apply (a safe run leaves an unsafe one on apex).
 """
 from __future__ import annotations
@@ -69,17 +69,20 @@ def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes:
     from migrate.apex_plan.vocabulary import PARTNER
 
     plan = plan_text(text, {**settings, PARTNER: partner} if partner is not None else settings)
-    return (plan is not None and all(report.replacement is not None for report in plan.findings)
+    # no finding: nothing of apex amp is rewritten there (a legacy `amp.init()` handle in use)
+    return (plan is not None and bool(plan.findings) and all(report.replacement is not None for report in plan.findings)
             and (unsafe_fixes or not plan.unsafe_reasons))
 
 
 @lru_cache(maxsize=64)
 def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
-    """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py`` files."""
+    """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py``
+    files, and every legacy ``amp.init(...)``: its handle switched apex's casts on the same way."""
     places = []
-    for file, tree in project_trees_saying(root, b"initialize("):
+    for file, tree in project_trees_saying(root, (b"initialize(", b"init(")):
         found = [(file, node.lineno) for node in ast.walk(tree)
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "initialize"
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                 and node.func.attr in ("initialize", "init")
                  and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")]
         places += found[:1]
     return tuple(places)

@@ -171,7 +171,7 @@ scaler.update()
         """The fixes' safety: unsafe where apex O1, not native autocast, will still run the casts."""
         kept = tuple(self.context.settings.get(KEPT, ()))
         if kept:
-            return Safety.UNSAFE, (f"apex's `amp.initialize` stays in another file of the project ({', '.join(kept[:3])}"
+            return Safety.UNSAFE, (f"apex's `amp.initialize` (or `amp.init()`) stays in another file of the project ({', '.join(kept[:3])}"
                                    f"{', ...' if len(kept) > 3 else ''}): under real apex O1 native autocast is off, so "
                                    "this casts nothing; safe once that file runs on native autocast or ampshim")
         plan = plan_of(self, module)
