@@ -19,6 +19,8 @@ dependence: no import cycle):
 - ``unbound``: the reads of an ``amp`` that no binding reaches, where an apex-only call goes
   through it (its import local to another function, or commented out): ``FileTree`` takes them
   as apex references, and ``Draft`` starts with why that is unsafe.
+- ``model_names``: the names code gives the initialized models (aliases, the elements of a
+  list of them, wrappers), which ``tree`` asks.
 - ``tree``: ``FileTree``, the one walk that collects parents, names and apex references, then
   where a statement sits (its block, function, class, loop, branch) and whether it runs the
   model, directly or through a helper of the file; the control-flow graph of each function

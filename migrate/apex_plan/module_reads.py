@@ -9,7 +9,6 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import calls
-from migrate.tree_walk import descendants
 from migrate.apex_plan.vocabulary import (
     INITIALIZE,
     SCALE_LOSS,
@@ -17,6 +16,7 @@ from migrate.apex_plan.vocabulary import (
     InitializeSite,
     Unplannable,
 )
+from migrate.tree_walk import descendants
 
 _ABOUT_THE_MODULE = frozenset({"__path__", "__file__", "__version__"})
 _LOGGERS = frozenset({"print", "info", "debug", "warning", "warn", "log"})

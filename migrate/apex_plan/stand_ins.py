@@ -151,15 +151,23 @@ class StandInPlanning(Step):
 
     @staticmethod
     def _init_anchor(owner: cst.ClassDef) -> cst.BaseStatement | None:
-        """The statement of ``__init__`` to put a default before: after the docstring and ``super().__init__``."""
+        """The statement of ``__init__`` to put a default before: after the docstring and
+        ``super().__init__``, also where that comes after other lines (``nn.Module`` needs it
+        before attributes that are modules; a person puts the rest after it too)."""
         init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             return None
-        for index, statement in enumerate(init.body.body):
+        body = list(init.body.body)
+
+        def parent_init(statement: cst.BaseStatement) -> bool:
             small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-            docstring = index == 0 and nodes.is_docstring(statement)
-            parent_init = isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
-            if not (docstring or parent_init):
+            return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "__init__" in nodes.code(small.value.func)
+
+        later = [index for index, statement in enumerate(body) if parent_init(statement)]
+        if later and later[-1] + 1 < len(body):
+            return body[later[-1] + 1]
+        for index, statement in enumerate(body):
+            if not ((index == 0 and nodes.is_docstring(statement)) or parent_init(statement)):
                 return statement
         return None
 

@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan import model_names
 from migrate.apex_plan.switches import boolean_options
 from migrate.apex_plan.syntax import imports_apex, read_names
 from migrate.apex_plan.unbound import unbound_reads
@@ -22,9 +23,6 @@ from migrate.grad_norms import defined_norms
 from migrate.names import qualified_names
 from migrate.step_model.shapes import parameters_given
 from migrate.tree_walk import descendants, is_node_type, walk
-
-COPIES = frozenset({"copy.deepcopy", "copy.copy"})
-
 
 # What only a network is asked (`teacher.eval()`): a name used so is an `nn.Module`.
 _MODULE_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "children",
@@ -274,35 +272,12 @@ class FileTree:
         return dict(parameters_given(function, call))
 
     def models_seen_from(self, statement: cst.CSTNode, model_codes: set[str]) -> set[str]:
-        """The model codes, and the names the function around ``statement`` gives them in its
-        own top-level lines (``model = self.model``)."""
-        models = set(model_codes)
-        function = self.function(statement)
-        for line in function.body.body if function is not None else ():
-            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
-                if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
-                        and nodes.code(small.value) in model_codes):
-                    models.add(small.targets[0].target.value)
-        return models
+        """``model_names.seen_from`` the function around ``statement``."""
+        return model_names.seen_from(self.function(statement), model_codes)
 
     def models_wrapped(self, owner: cst.ClassDef | None, models: set[str]) -> set[str]:
-        """The attributes a method of ``owner`` sets to one of ``models`` wrapped (``self.mnetwork =
-        nn.DataParallel(self.network) if multi_gpu else self.network``): what the other methods
-        run as the model."""
-        if owner is None:
-            return set()
-
-        def wraps(value: cst.BaseExpression) -> bool:
-            if type(value) is cst.IfExp:
-                return wraps(value.body) and wraps(value.orelse)
-            if type(value) is cst.Call and value.args and value.args[0].keyword is None and not value.args[0].star:
-                if qualified_names(self.provider, value.func) & COPIES:
-                    return False  # a copy (`deepcopy(model)`, an EMA) has its own parameters: not the model trained
-                value = value.args[0].value  # `DataParallel(model, ...)`
-            return nodes.code(value) in models
-
-        return {nodes.code(target.target) for node in descendants(owner) if type(node) is cst.Assign and wraps(node.value)
-                for target in node.targets if nodes.code(target.target).startswith("self.")}
+        """``model_names.wrapped`` by the methods of ``owner``."""
+        return model_names.wrapped(self.provider, owner, models)
 
     def calls_model(self, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int], depth: int = 0) -> bool:
         """Whether ``statement`` runs the model: a call of it, of a helper of the file (a

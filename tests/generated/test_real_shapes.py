@@ -486,3 +486,68 @@ def test_a_loss_computed_above_the_arm_goes_under_autocast_and_trains_the_same(t
     result = migrate_source(LOSS_ABOVE_THE_ARM, filename="train.py")
     assert "from apex" not in result.new_source and MARKER not in result.new_source, result.new_source
     _trains_the_same(tmp_path, LOSS_ABOVE_THE_ARM, result.new_source, [], ["--fp16"])
+
+
+# `amp.initialize` handed a list of objectives and a list of optimizers; the loop takes each model
+# from the list by index
+LISTS_OF_MODELS = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    class Objective(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.body = nn.Linear(8, width)
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, x, y):
+            return F.mse_loss(self.head(torch.relu(self.body(x))), y)
+
+
+    def fit(loss_models, optimizers, batches, steps, use_apex_amp, opt_level):
+        if use_apex_amp:
+            loss_models, optimizers = amp.initialize(loss_models, optimizers, opt_level=opt_level, verbosity=0)
+        for _ in range(steps):
+            for train_idx in range(len(loss_models)):
+                loss_model = loss_models[train_idx]
+                optimizer = optimizers[train_idx]
+                x, y = batches[train_idx]
+                loss_value = loss_model(x, y)
+                if use_apex_amp:
+                    with amp.scale_loss(loss_value, optimizer) as scaled_loss_value:
+                        scaled_loss_value.backward()
+                    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+                else:
+                    loss_value.backward()
+                    torch.nn.utils.clip_grad_norm_(loss_model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+        return loss_value
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--apex", action="store_true")
+        args = parser.parse_args()
+        torch.manual_seed(0)
+        loss_models = [Objective(16).cuda(), Objective(4).cuda()]
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in loss_models]
+        x = torch.randn(32, 8, device="cuda")
+        batches = [(x, x[:, :1] * 2), (x, x[:, 1:2].sin())]
+        print(float(fit(loss_models, optimizers, batches, 8, args.apex, "O1")))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_models_taken_from_the_list_initialize_was_handed_train_the_same(tmp_path):
+    result = migrate_source(LISTS_OF_MODELS, filename="train.py")
+    assert "from apex import" not in result.new_source and MARKER not in result.new_source, result.new_source
+    _trains_the_same(tmp_path, LISTS_OF_MODELS, result.new_source, [], ["--apex"])

@@ -66,7 +66,7 @@ def autocast_holding(source: str, line: str) -> list[str]:
         def visit_With(self, node: cst.With) -> None:
             call = cst.Module([]).code_for_node(node.items[0].item)
             if call.startswith("torch.autocast(") and line in cst.Module([]).code_for_node(node.body):
-                found.append(" ".join(call.split()).replace("( ", "(").replace(",)", ")"))
+                found.append(" ".join(call.split()).replace("( ", "(").replace(",)", ")").replace(" )", ")"))
 
     cst.parse_module(source).visit(Visitor())
     return found
@@ -209,3 +209,41 @@ def test_data_moved_above_the_arm_stays_outside():
     result = migrate_source(source, filename="train.py")
     assert autocast_holding(result.new_source, "loss = F.mse_loss(out, y)"), result.new_source
     assert autocast_holding(result.new_source, "y = y.cuda()") == [], result.new_source
+
+
+# `amp.initialize` handed lists of models and optimizers (one objective each): the loop takes
+# each model from the list, and its forward pass goes under the region
+LISTS = '''\
+import torch
+from apex import amp
+
+
+def fit(loss_models, optimizers, batches, use_apex_amp):
+    if use_apex_amp:
+        loss_models, optimizers = amp.initialize(loss_models, optimizers, opt_level="O1")
+    for x, y in batches:
+{loop}
+            loss_value = loss_model(x, y)
+            if use_apex_amp:
+                with amp.scale_loss(loss_value, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss_value.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+'''
+TAKEN = {
+    "subscript": "        for index in range(len(loss_models)):\n"
+                 "            loss_model = loss_models[index]\n            optimizer = optimizers[index]",
+    "zip": "        for loss_model, optimizer in zip(loss_models, optimizers):\n            pass",
+    "enumerate": "        for index, loss_model in enumerate(loss_models):\n            optimizer = optimizers[index]",
+}
+
+
+@pytest.mark.parametrize("taken", sorted(TAKEN))
+def test_a_model_taken_from_the_list_initialize_was_handed_runs_under_autocast(taken):
+    result = migrate_source(LISTS.format(loop=TAKEN[taken]), filename="train.py")
+    assert result.error is None and "from apex" not in result.new_source, result.new_source
+    region = 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())'
+    assert autocast_holding(result.new_source, "loss_value = loss_model(x, y)") == [region], result.new_source
+    assert not any(d.fix and d.fix.why_unsafe for d in result.diagnostics), result.diagnostics
