@@ -381,8 +381,8 @@ class AutocastPlanning(Step):
         """In a file that scales the loss but initializes nothing (``initialize`` is elsewhere, its
         flag unseen): the test of the arms the scaled backward runs in below the region's block
         (``elif not cfg.amp == "None":`` beside a native arm and a plain one), under which apex
-        had been initialized, as the file reads it. None where there is none, a test calls
-        something, a loop is on the way, or the region assigns what the test reads."""
+        had been initialized, as the file reads it, less the tests of what the region assigns. None
+        where there is none left, a test calls something, or a loop is on the way."""
         if self.sites.calls["initialize"]:
             return None
         region_block = self.tree.parent.get(id(statements[0]))
@@ -401,10 +401,10 @@ class AutocastPlanning(Step):
                     and self.tree.parent.get(id(owner)).orelse is owner:
                 owner = self.tree.parent.get(id(owner))
             current = owner
+        # a test of what the region computes (`if loss is not None:`) is asked after it: left out
+        assigned = set().union(*(assigned_names(statement) for statement in statements))
+        tests = [test for test in tests if not read_names(nodes.parse_expression(test, self.tree.module)) & assigned]
         if not tests:
-            return None
-        read = {name for test in tests for name in read_names(nodes.parse_expression(test, self.tree.module))}
-        if any(assigned_names(statement) & read for statement in statements):
             return None
         return " and ".join(grouped_text(test) for test in reversed(tests))
 

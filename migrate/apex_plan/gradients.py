@@ -154,12 +154,13 @@ class GradientPlanning(Step):
                 self.draft.unsafe.append(reason)
             return
         first, condition, _ = readers[0]
-        line = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
-        if condition is not None:
-            line = f"if {condition}:\n" + textwrap.indent(line, "    ")
+        unscale = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
         # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
         places = self._first_readers(first, scale.statement) if len(readers) == 1 else [first]
         for place in places:
+            line = unscale
+            if condition is not None and (condition, True) not in self.tree.arm_tests(place):  # not in `if fp16:` already
+                line = f"if {condition}:\n" + textwrap.indent(unscale, "    ")
             lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
             if line not in lines:
                 _add_or_join(lines, line)

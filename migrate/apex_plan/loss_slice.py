@@ -26,10 +26,13 @@ def backward_slice(window: list[cst.BaseStatement], wanted: set[str], networks: 
 
 
 def carried(region: list[cst.BaseStatement]) -> set[str]:
-    """The names ``region`` binds and whose earlier value it reads (``loss = loss / n``, ``loss += aux``)."""
+    """The names ``region`` binds and whose earlier value it reads (``loss = loss / n``, ``loss += aux``,
+    also in a block: ``if n > 1: loss = loss / n``)."""
     bound, read = set(), set()
-    for statement in region:
-        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+    lines = [line for statement in region for line in descendants(statement, nodes.not_a_definition)
+             if type(line) is cst.SimpleStatementLine]
+    for line in lines:
+        for small in line.body:
             if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
                 read |= read_names(small.value) - bound
             elif isinstance(small, cst.AugAssign):
@@ -40,11 +43,12 @@ def carried(region: list[cst.BaseStatement]) -> set[str]:
 
 def _moves_data(statement: cst.BaseStatement) -> bool:
     """Whether ``statement`` binds data only: names, constants, items picked and tensors moved or
-    reshaped (``y = y.cuda()``, ``x, y = batch[0], batch[1]``, ``Variable(x)``); nothing apex cast."""
+    reshaped (``y = y.cuda()``, ``x, y = batch[0], batch[1]``, ``Variable(x)``, ``tuple(t.cuda() for
+    t in batch)``); nothing apex cast."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     for node in descendants(statement):
-        if type(node) is cst.Call and not (moves_only(node) or nodes.call_name(node) == "Variable"):
+        if type(node) is cst.Call and not (moves_only(node) or nodes.call_name(node) in _NOT_NETWORKS):
             return False
         if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)):
             return False

@@ -136,7 +136,8 @@ ABOVE = {
 }
 IN_THE_ARM = {"divided": "loss = loss / 2", "augmented": "loss /= 2", "a term added": "loss = loss + 0.1 * out.pow(2).mean()",
               # a forward pass in the arm: its region, and what it carries on from above
-              "a forward added": "loss = loss + 0.1 * self.model(y).pow(2).mean()"}
+              "a forward added": "loss = loss + 0.1 * self.model(y).pow(2).mean()",
+              "in a block of its own": "if y.numel() > 1:\n    loss = loss / 2"}
 ARMS = {
     "amp first": "if self.use_amp:\n{arm}\n    with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
                  "        scaled_loss.backward()\nelse:\n    loss.backward()",
@@ -180,7 +181,7 @@ def test_a_loss_computed_above_the_if_and_in_its_arm_goes_under_autocast_in_both
     assert result.error is None and "from apex" not in result.new_source, result.new_source
     region = 'torch.autocast("cuda", dtype=torch.float16, enabled=self.scaler.is_enabled())'
     computing = [line for line in ABOVE[above].splitlines() if line != "loss = 0.0"]  # a constant is no computation
-    for line in (*computing, IN_THE_ARM[arm], "out = self.model(x)"):
+    for line in (*computing, IN_THE_ARM[arm].splitlines()[-1].strip(), "out = self.model(x)"):
         assert autocast_holding(result.new_source, line) == [region], (line, result.new_source)
     assert autocast_holding(result.new_source, "loss = 0.0") == [], result.new_source
     assert autocast_holding(result.new_source, "self.optimizer.zero_grad()") == [], result.new_source
@@ -247,3 +248,32 @@ def test_a_model_taken_from_the_list_initialize_was_handed_runs_under_autocast(t
     region = 'torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled())'
     assert autocast_holding(result.new_source, "loss_value = loss_model(x, y)") == [region], result.new_source
     assert not any(d.fix and d.fix.why_unsafe for d in result.diagnostics), result.diagnostics
+
+
+def test_a_forward_above_a_test_of_the_loss_in_a_file_that_only_scales_is_enabled_by_the_flag():
+    """No ``initialize`` here (another file's): the regions are enabled by the arm the scaled
+    backward runs in, less the test of what the region computes (``if loss is not None:``)."""
+    source = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def train(model, optimizer, batches, args):
+            for batch in batches:
+                batch = tuple(t.cuda() for t in batch)
+                loss, accuracy = model.train_step(batch[0], batch[1])
+                if loss is not None:
+                    if args.accumulation > 1:
+                        loss = loss / args.accumulation
+                    if args.fp16:
+                        with amp.scale_loss(loss, optimizer) as scaled_loss:
+                            scaled_loss.backward()
+                    else:
+                        loss.backward()
+                    optimizer.step()
+        ''')
+    result = migrate_source(source, filename="train.py", unsafe_fixes=True)
+    region = 'torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16))'
+    assert autocast_holding(result.new_source, "loss, accuracy = model.train_step(") == [region], result.new_source
+    assert autocast_holding(result.new_source, "loss = loss / args.accumulation") == [region], result.new_source
+    assert autocast_holding(result.new_source, "batch = tuple(") == [], result.new_source
