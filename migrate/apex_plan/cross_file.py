@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import libcst as cst
 
@@ -42,7 +43,11 @@ class CrossFilePlanning(Step):
         internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills."""
         facts = self.partner.facts if self.partner is not None else None
         if facts is not None and facts.manual:
-            raise Unplannable(first, f"its other half, {self._partner_at()}, cannot be rewritten ({facts.manual})")
+            # the other half failed on this half's own reason ("its other half, <this file>, cannot
+            # be rewritten (...)"): that reason, not the loop back to it
+            back = re.fullmatch(r"its other half, .+? cannot be rewritten \((.*)\)", facts.manual, re.DOTALL)
+            raise Unplannable(first, back.group(1) if back else
+                              f"its other half, {self._partner_at()}, cannot be rewritten ({facts.manual})")
         if state_reads and self.sites.calls["initialize"]:
             raise Unplannable(self.sites.calls["initialize"][0], (
                 f"another file reads apex's internal state, which `amp.initialize` fills ({', '.join(state_reads[:3])}"

@@ -299,3 +299,16 @@ def test_num_losses_in_the_initialize_half_is_read_where_the_losses_are_scaled(t
     assert (two / "engine.py").read_text() == two_ids and (two / "train.py").read_text() == train
     results = _by_name(migrate_paths([two], unsafe_fixes=True, fix=False))
     assert "one GradScaler serves every loss" in _reasons(results["engine.py"])
+
+
+def test_a_half_failing_on_its_own_reason_gives_that_reason_not_the_loop_through_its_other_half(tmp_path):
+    """The initialize half hands the module on (``Checkpointer(model, amp=amp)``): the scale half
+    cannot be rewritten because of it, and the initialize half says its own reason, once."""
+    train = TRAIN.format(options="").replace(
+        "    train_epoch(model, optimizer, loader)\n", "    checkpointer = Checkpointer(model, amp=amp)\n    train_epoch(model, optimizer, loader)\n")
+    root = _project(tmp_path, {"engine.py": ENGINE, "train.py": train})
+    results = _by_name(migrate_paths([root], unsafe_fixes=True, write=False))
+    [initialize] = [d.message for d in results["train.py"].diagnostics if "amp.initialize" in d.message]
+    assert "handed on here" in initialize and "its other half" not in initialize, initialize
+    [scaled] = [d.message for d in results["engine.py"].diagnostics if "amp.scale_loss" in d.message]
+    assert scaled.count("its other half") == 1 and "handed on here" in scaled, scaled
