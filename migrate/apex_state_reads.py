@@ -6,15 +6,21 @@ initialize is rewritten away, those reads raise ``AttributeError`` the first tim
 rewrite of ``optimizer.py`` can say so where it happens. So a file whose ``amp.initialize`` is
 rewritten is told (``SETTING``) where else in its project (``files.project_root``, searched on disk
 even when one file is given) apex's state is read, and is not rewritten while they are there.
+
+Only reads that can reach this file's state count: in a package (``files.outermost_package``) that
+holds this file or that this file imports from, in a file that initializes nothing itself (a
+trainer of its own reads the state its own ``initialize`` fills). A folder of unrelated scripts
+does not stop each other's rewrites.
 """
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.files import project_root, project_trees_saying
+from migrate.files import outermost_package, project_root, project_trees_saying
 
 __all__ = ["SETTING", "elsewhere"]
 
@@ -30,21 +36,34 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
             continue
         root = project_root(path)
         me = path.resolve()
+        imported = _imported_roots(text)
         places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
-                       for file, line in _reads(root) if file != me)
+                       for file, line, package in _reads(root)
+                       if file != me and package is not None and (package in me.parents or package.name in imported))
         if places:
             found[path] = places
     return found
 
 
 @lru_cache(maxsize=64)
-def _reads(root: Path) -> tuple[tuple[Path, int], ...]:
+def _reads(root: Path) -> tuple[tuple[Path, int, Path | None], ...]:
     """Every read of ``_amp_state`` (``amp._amp_state``, ``from apex.amp._amp_state import ...``)
-    in the project's ``.py`` files, by file and line."""
+    in the project's ``.py`` files that initialize nothing, by file and line, with the package
+    holding the file."""
     places = []
     for file, tree in project_trees_saying(root, b"_amp_state"):
-        places += [(file.resolve(), node.lineno) for node in ast.walk(tree) if _reads_state(node)]
+        nodes = list(ast.walk(tree))
+        if any(isinstance(node, ast.Attribute) and node.attr == "initialize" for node in nodes):
+            continue
+        package = outermost_package(file)
+        places += [(file.resolve(), node.lineno, package) for node in nodes if _reads_state(node)]
     return tuple(places)
+
+
+def _imported_roots(text: str) -> set[str]:
+    """The top-level modules ``text`` imports from (``maskrcnn_benchmark`` for ``from
+    maskrcnn_benchmark.engine import do_train``)."""
+    return set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, re.MULTILINE))
 
 
 def _reads_state(node: ast.AST) -> bool:

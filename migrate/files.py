@@ -95,6 +95,14 @@ def project_root(path: Path) -> Path:
     return _import_root(path.resolve(), folder)
 
 
+def outermost_package(path: Path) -> Path | None:
+    """The package holding a file: the outermost folder up with an ``__init__.py``; None outside one."""
+    folder, package = path.resolve().parent, None
+    while (folder / "__init__.py").exists():
+        package, folder = folder, folder.parent
+    return package
+
+
 def in_project(path: Path, root: Path) -> bool:
     """Whether ``path``, under ``root``, belongs to that project, not to a project of its own inside
     it (a folder on the way with a ``.git``, ``pyproject.toml`` or ``setup.*``)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import project_files_saying, project_root
+from migrate.files import outermost_package, project_files_saying, project_root
 from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
 
@@ -364,7 +364,7 @@ def in_package(half: Half) -> Half | None:
     ``__init__.py``), the nearest, where ``on_disk`` pairs none: the model's module scaling the
     loss, the trainer initializing, joined only at run time (the model object handed over).
     None outside a package."""
-    package = _package(half.path)
+    package = outermost_package(half.path)
     if package is None:
         return None
     me = half.path.resolve()
@@ -373,13 +373,6 @@ def in_package(half: Half) -> Half | None:
     if not others:
         return None
     return max(others, key=lambda other: (len(os.path.commonpath([me, other.path])), -other.line))
-
-
-def _package(path: Path) -> Path | None:
-    folder, package = path.resolve().parent, None
-    while (folder / "__init__.py").exists():
-        package, folder = folder, folder.parent
-    return package
 
 
 @lru_cache(maxsize=8)

@@ -35,27 +35,43 @@ READS = {
 }
 
 
-def _project(root: Path, reads: str) -> Path:
+def _project(root: Path, reads: str, layout: str = "imported") -> Path:
+    """``imported``: ``train.py`` imports from the package ``hooks/`` that reads the state;
+    ``one package``: both files in the package ``lib/``; ``flat``: unrelated scripts in one folder."""
     (root / ".git").mkdir(parents=True)
-    (root / "hooks").mkdir()
-    (root / "hooks" / "__init__.py").write_text("")
-    (root / "hooks" / "log.py").write_text(reads)
-    (root / "train.py").write_text(TRAIN)
+    if layout == "flat":
+        (root / "log_scales.py").write_text(reads)
+        (root / "train.py").write_text(TRAIN)
+        return root / "train.py"
+    package = root / ("lib" if layout == "one package" else "hooks")
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "log.py").write_text(reads)
+    if layout == "one package":
+        (package / "train.py").write_text(TRAIN)
+        return package / "train.py"
+    (root / "train.py").write_text(TRAIN.replace("import torch\n", "import torch\n\nfrom hooks import log\n", 1))
     return root / "train.py"
 
 
+@pytest.mark.parametrize("layout", ["imported", "one package"])
 @pytest.mark.parametrize("given", ["project", "file"])
 @pytest.mark.parametrize("reads", sorted(READS))
-def test_the_initialize_that_fills_it_is_not_rewritten(tmp_path, reads, given):
-    train = _project(tmp_path, READS[reads])
+def test_the_initialize_that_fills_it_is_not_rewritten(tmp_path, reads, given, layout):
+    train = _project(tmp_path, READS[reads], layout)
+    source = train.read_text()
     results = migrate_paths([tmp_path if given == "project" else train], write=False, unsafe_fixes=True)
     result = next(r for r in results if Path(r.filename).name == "train.py")
-    assert result.new_source in (None, TRAIN), result.new_source
+    assert result.new_source in (None, source), result.new_source
     messages = [d.message for d in result.diagnostics if d.code == "AMP002"]
-    assert any("reads apex's internal state" in m and "hooks/log.py:" in m for m in messages), messages
+    assert any("reads apex's internal state" in m and "log.py:" in m for m in messages), messages
 
 
-def test_a_file_without_such_reads_is_rewritten(tmp_path):
-    train = _project(tmp_path, "def scales():\n    return []\n")
+@pytest.mark.parametrize("reader", ["no such read", "a read in a script of its own", "a read in a trainer of its own"])
+def test_a_file_no_such_read_reaches_is_rewritten(tmp_path, reader):
+    reads = {"no such read": ("def scales():\n    return []\n", "imported"),
+             "a read in a script of its own": (READS["through amp"], "flat"),
+             "a read in a trainer of its own": (TRAIN + READS["through amp"].split("\n\n\n", 1)[1], "imported")}
+    train = _project(tmp_path, *reads[reader])
     result = next(r for r in migrate_paths([train], write=False) if Path(r.filename).name == "train.py")
     assert result.new_source and "amp.initialize" not in result.new_source, result.new_source
