@@ -27,7 +27,7 @@ from migrate.apex_plan.timm_scalers import TimmScalerPlanning
 from migrate.apex_plan.version_gated import VersionGatedPlanning, holds_only_dead_apex
 from migrate.apex_plan.warm_ups import WarmUpPlanning
 from migrate.apex_plan.report_only import report_only
-from migrate.apex_plan.half_model import model_made_half
+from migrate.apex_plan.half_model import cast_to_half
 from migrate.apex_plan.inference_tail import InferenceTailPlanning
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
@@ -56,6 +56,7 @@ from migrate.apex_plan.vocabulary import (
     either,
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
+from migrate.half_helpers import SETTING as HALF_HELPERS
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.grad_norms import SETTING as GRADIENT_NORMS
@@ -91,6 +92,7 @@ class Planner:
         self.callers_pass = frozenset(settings.get(STATE_CALLERS_PASS, ()))  # this file's helpers, each caller handing it
         self.callers_kept = tuple(settings.get(STATE_CALLERS_KEPT, ()))  # or callers left on apex
         self.gradient_norms = frozenset(settings.get(GRADIENT_NORMS, ()))  # names it calls returning a gradient norm
+        self.half_helpers = dict(settings.get(HALF_HELPERS, ()))  # imported functions casting modules to float16
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -120,11 +122,8 @@ class Planner:
             CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere)
             if self.sites.timm_scalers:
                 return self._timm_scalers(reading)
-            half = model_made_half(self.tree.module) if self.sites.calls["initialize"] else None
-            if half is not None:  # a float16 model fed float32 outside autocast raises: not even an unsafe rewrite
-                raise Unplannable(half, f"`{nodes.code(half)}` casts a model to float16: after `amp.initialize` apex's casts "
-                                        "let it take float32 inputs in any forward pass (an evaluation pass too); native "
-                                        "autocast covers only the forward passes a rewrite puts under it")
+            if self.sites.calls["initialize"] and (half := cast_to_half(self.tree.module, self.half_helpers)) is not None:
+                raise half
             if self.casts_elsewhere and self.sites.calls["initialize"]:
                 self.draft.unsafe.append(
                     f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"

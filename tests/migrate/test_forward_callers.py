@@ -99,12 +99,13 @@ def test_a_file_that_scales_in_a_function_without_parameters_searches_nothing(tm
 
 
 def test_each_project_fact_reaches_the_setting_its_module_names():
-    from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, importers, level_settings,
-                         optimizer_resumes, scale_kept, state_helpers)
+    from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, half_helpers, importers,
+                         level_settings, optimizer_resumes, scale_kept, state_helpers)
     from migrate.apex_plan.vocabulary import PARTNER
     from migrate.file_run import _PROJECT_FACTS
 
     assert [setting for _, setting in _PROJECT_FACTS] == [
         PARTNER, importers.SETTING, cast_registrations.SETTING, apex_state_reads.SETTING, optimizer_resumes.SETTING, forward_callers.SETTING, apex_kept.SETTING,
         scale_kept.SETTING, scale_kept.INITIALIZED_SETTING, level_settings.SETTING, state_helpers.KEEPER_SETTING,
-        state_helpers.CALLER_SETTING, state_helpers.KEPT_SETTING, grad_norms.SETTING]
+        state_helpers.CALLER_SETTING, state_helpers.KEPT_SETTING, grad_norms.SETTING,
+        half_helpers.SETTING]
