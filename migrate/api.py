@@ -195,14 +195,15 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     reads of apex's internal state (``migrate.apex_state_reads``), and where
     its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it imports
     that return a gradient norm (``migrate.grad_norms``) or cast modules to float16
-    (``migrate.half_helpers``), and what other files
+    (``migrate.half_helpers``), the methods of its classes that subclasses elsewhere override
+    (``migrate.subclass_overrides``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), and for one initializing
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
     from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, half_helpers, halves,
-                         importers, level_settings, optimizer_resumes, scale_kept, state_helpers)
+                         importers, level_settings, optimizer_resumes, scale_kept, state_helpers, subclass_overrides)
 
     partners = halves.partners(apex_texts, options.settings)
     exported = importers.imported_elsewhere(apex_texts)
@@ -215,6 +216,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     levels = level_settings.set_elsewhere(apex_texts)
     norms = grad_norms.elsewhere(apex_texts)
     casting = half_helpers.elsewhere(apex_texts)
+    overridden = subclass_overrides.elsewhere(apex_texts)
     options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
@@ -228,6 +230,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         levels_elsewhere={str(path): names for path, names in levels.items()},
         gradient_norms={str(path): names for path, names in norms.items()},
         half_helpers={str(path): names for path, names in casting.items()},
+        subclass_overrides={str(path): methods for path, methods in overridden.items()},
     )
     passing, helpers, kept_by = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex

@@ -45,6 +45,7 @@ class Options:
     state_callers_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> callers left on apex
     gradient_norms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.grad_norms``' names
     half_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.half_helpers``' names and places
+    subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -65,6 +66,7 @@ _PROJECT_FACTS = (
     ("state_callers_kept", "apex-state-callers-kept"),
     ("gradient_norms", "gradient-norm-helpers"),
     ("half_helpers", "half-cast-helpers"),
+    ("subclass_overrides", "subclass-overrides"),
 )
 
 

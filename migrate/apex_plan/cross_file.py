@@ -20,6 +20,7 @@ from migrate.apex_plan.vocabulary import (
     Unplannable,
     normal,
 )
+from migrate.tree_walk import descendants
 from migrate.types import ImportChange
 
 BOTH = "give ampmigrate both files to migrate them together"
@@ -38,9 +39,16 @@ class CrossFilePlanning(Step):
     It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def check_partner(self, first: cst.CSTNode, state_reads: tuple[str, ...] = ()) -> None:
-        """Unplannable where the other half cannot be rewritten, or where other files read apex's
-        internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills."""
+    def check_partner(self, first: cst.CSTNode, state_reads: tuple[str, ...] = (), overrides: tuple = ()) -> None:
+        """Unplannable where the other half cannot be rewritten, where other files read apex's
+        internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills, or
+        where a subclass in another file overrides a method holding a site or a step
+        (``migrate.subclass_overrides``): the rewrite changes what that method must do."""
+        for owner, method, place in overrides:
+            site = self._site_in_method(owner, method)
+            if site is not None:
+                raise Unplannable(site, f"`{owner}.{method}` is overridden in another file ({place}), which this rewrite "
+                                        "does not reach: migrate the two together by hand")
         facts = self.partner.facts if self.partner is not None else None
         if facts is not None and facts.manual:
             # the other half failed on this half's own reason ("its other half, <this file>, cannot
@@ -52,6 +60,16 @@ class CrossFilePlanning(Step):
             raise Unplannable(self.sites.calls["initialize"][0], (
                 f"another file reads apex's internal state, which `amp.initialize` fills ({', '.join(state_reads[:3])}"
                 f"{', ...' if len(state_reads) > 3 else ''}): without it those reads raise; migrate them first"))
+
+    def _site_in_method(self, owner: str, method: str) -> cst.CSTNode | None:
+        """The first apex site or optimizer ``step()`` in ``owner.method`` of the file."""
+        for cls in (n for n in descendants(self.tree.module) if type(n) is cst.ClassDef and n.name.value == owner):
+            for function in (s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == method):
+                for node in descendants(function):
+                    if type(node) is cst.Call and (id(node) in self.sites.ids or (
+                            isinstance(node.func, cst.Attribute) and node.func.attr.value == "step" and not node.args)):
+                        return node
+        return None
 
     def _partner_at(self) -> str:
         return f"{self.partner.file} (line {self.partner.line})"

@@ -57,6 +57,7 @@ from migrate.apex_plan.vocabulary import (
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.half_helpers import SETTING as HALF_HELPERS
+from migrate.subclass_overrides import SETTING as OVERRIDES
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.grad_norms import SETTING as GRADIENT_NORMS
@@ -93,6 +94,7 @@ class Planner:
         self.callers_kept = tuple(settings.get(STATE_CALLERS_KEPT, ()))  # or callers left on apex
         self.gradient_norms = frozenset(settings.get(GRADIENT_NORMS, ()))  # names it calls returning a gradient norm
         self.half_helpers = dict(settings.get(HALF_HELPERS, ()))  # imported functions casting modules to float16
+        self.overrides = tuple(settings.get(OVERRIDES, ()))  # its classes' methods subclasses elsewhere override
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -119,7 +121,7 @@ class Planner:
             if self.sites.blockers:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
-            CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere)
+            CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere, self.overrides)
             if self.sites.timm_scalers:
                 return self._timm_scalers(reading)
             if self.sites.calls["initialize"] and (half := cast_to_half(self.tree.module, self.half_helpers)) is not None:
