@@ -1,10 +1,16 @@
 """The base of the rewrites that swap an apex class or function for its native counterpart."""
 from __future__ import annotations
 
+import textwrap
 from typing import ClassVar, NamedTuple
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import (
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
 
 from migrate import apex_nodes as nodes
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
@@ -51,6 +57,8 @@ class ApexRename(Rule):
 
     TRIGGERS = ("apex",)
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    # True: an unsafe fix changes how the model trains, and its line gets a TODO marker saying so
+    MARK_UNSAFE: ClassVar[bool] = False
     TARGETS: ClassVar[tuple[str, ...]] = ()
     REFERENCES: ClassVar[dict[str, str]] = {}
 
@@ -212,6 +220,9 @@ class ApexRename(Rule):
 
     def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str, why_unsafe: str = "") -> None:
         root = nodes.root_name(self._use(node))
+        statement = self._line_of(node) if safety is Safety.UNSAFE and self.MARK_UNSAFE and why_unsafe else None
+        if statement is not None:  # the line, with a marker above it saying how training changes
+            node, replacement = statement, marked(statement.deep_replace(node, replacement), why_unsafe)
         self.report(
             node,
             replacement=replacement,
@@ -224,6 +235,11 @@ class ApexRename(Rule):
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         raise NotImplementedError
+
+    def _line_of(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+        while node is not None and not isinstance(node, cst.SimpleStatementLine):
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return node
 
     # Helpers for subclasses.
     @staticmethod
@@ -255,3 +271,10 @@ def binds(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
     if isinstance(parent, cst.Attribute) and parent.attr is node:
         return True
     return isinstance(parent, (cst.AssignTarget, cst.Param, cst.AsName, cst.NameItem))
+
+
+def marked(statement: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:
+    """``statement`` with ``# TODO(ampmigrate): review, this rewrite is unsafe: <why>`` above it."""
+    lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {why}", width=76, break_on_hyphens=False)
+    comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
+    return statement.with_changes(leading_lines=[*statement.leading_lines, *comments])

@@ -34,7 +34,8 @@ class ApexSyncBatchNorm(ApexRename):
     where an optimizer is made before it in its function (under apex that optimizer held the
     old parameters and never updated the new BatchNorm weights; natively it does) or where the
     file, or a module of the project it imports, freezes parameters (``requires_grad = False``: a
-    frozen BatchNorm weight trained under apex, and stays frozen natively). Reported with ``channel_last`` or
+    frozen BatchNorm weight trained under apex, and stays frozen natively); such a fix leaves a
+    ``TODO(ampmigrate)`` marker above its line saying so. Reported with ``channel_last`` or
     ``fuse_relu`` (apex-only layouts and fusions) and for ``create_syncbn_process_group`` (use
     ``torch.distributed.new_group`` with the ranks of each group).
 
@@ -43,6 +44,7 @@ class ApexSyncBatchNorm(ApexRename):
     """
 
     CODE = "AMP011"
+    MARK_UNSAFE = True  # new parameters or the layers' own: the BatchNorm weights train differently
     FIX = 'apex SyncBatchNorm / convert_syncbn_model -> torch.nn.SyncBatchNorm'
     FIX_SAFETY = FixSafety.SOMETIMES
     MESSAGE = "apex's SyncBatchNorm was removed from apex"
@@ -62,7 +64,12 @@ class ApexSyncBatchNorm(ApexRename):
             "import torch\nfrom apex.parallel import convert_syncbn_model\n\n"
             "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel = convert_syncbn_model(model)\n",
             "import torch\n\n"
-            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "# TODO(ampmigrate): review, this rewrite is unsafe: the optimizer made at line\n"
+            "#   4, before the conversion, held the old BatchNorm parameters: apex's\n"
+            "#   converted layers got new ones it never updated, torch's keeps the old ones,\n"
+            "#   which it updates\n"
+            "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
             unsafe_fixes=True,
         ),
         Invalid("from apex.parallel import create_syncbn_process_group\ngroup = create_syncbn_process_group(8)\n"),
@@ -90,9 +97,13 @@ class ApexSyncBatchNorm(ApexRename):
         """Why apex's new BatchNorm parameters made training differ from torch's kept ones here
         (empty where nothing shows they did)."""
         line = self.get_metadata(PositionProvider, call).start.line
-        scope = self._enclosing_function(call) or self._module
-        for node in descendants(scope):
-            if isinstance(node, cst.Call) and _makes_an_optimizer(node) and self.get_metadata(PositionProvider, node).start.line < line:
+        function = self._enclosing_function(call)
+        scope = function or self._module
+        # a method converting the model after its class's `__init__` made the optimizer runs later
+        init = self._init_before(function)
+        for node in [*descendants(scope), *(descendants(init) if init is not None else ())]:
+            if isinstance(node, cst.Call) and _makes_an_optimizer(node) and (
+                    self.get_metadata(PositionProvider, node).start.line < line or init is not None and self._inside(node, init)):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
@@ -105,6 +116,19 @@ class ApexSyncBatchNorm(ApexRename):
             return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "
                     "require gradients, so a frozen BatchNorm weight trained under apex; torch's keeps it frozen")
         return ""
+
+    def _init_before(self, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """The ``__init__`` of the class ``function`` is a method of (not itself): it ran first."""
+        owner = self.get_metadata(ParentNodeProvider, function, None) if function is not None else None
+        owner = self.get_metadata(ParentNodeProvider, owner, None) if isinstance(owner, cst.IndentedBlock) else None
+        if not isinstance(owner, cst.ClassDef) or function.name.value == "__init__":
+            return None
+        return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+
+    def _inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        while node is not None and node is not container:
+            node = self.get_metadata(ParentNodeProvider, node, None)
+        return node is container
 
     def _enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         while node is not None and not isinstance(node, cst.FunctionDef):

@@ -97,3 +97,19 @@ def test_parameters_frozen_in_a_module_the_file_imports(tmp_path, imported):
     assert found.fix.applicability.name == ("UNSAFE" if imported else "SAFE")
     if imported:
         assert ("model.py:8" if "model " in imported + " " else "models/deeplab.py:8") in found.fix.why_unsafe
+
+
+def test_an_optimizer_made_in_init_comes_before_a_conversion_in_another_method():
+    from migrate.api import migrate_source
+
+    source = (
+        "import torch\nimport apex\n\n\nclass Trainer:\n    def __init__(self, model):\n        self.model = model\n"
+        "        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n\n"
+        "    def setup_distributed(self):\n        self.model = apex.parallel.convert_syncbn_model(self.model)\n"
+    )
+    safe = migrate_source(source, filename="trainer.py")
+    assert "convert_syncbn_model" in safe.new_source or safe.new_source == source
+    unsafe = migrate_source(source, filename="trainer.py", unsafe_fixes=True)
+    assert "# TODO(ampmigrate): review, this rewrite is unsafe: the optimizer made at line\n" in unsafe.new_source, unsafe.new_source
+    assert "#   8, before the conversion" in unsafe.new_source, unsafe.new_source
+    assert "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in unsafe.new_source
