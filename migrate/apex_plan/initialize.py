@@ -1,6 +1,8 @@
 """``amp.initialize``: its options, the GradScaler made in its place, and where."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -307,14 +309,27 @@ class InitializePlanning(Step):
 
     def _enabled_parts(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         parts = self._flags(init, hoist)
-        if init.level_expression is not None:
+        if init.level_expression is not None and self._pinned_level(init, hoist) is None:
             parts.append(f'{operand(init.level_expression)} != "O0"')
         return parts
+
+    def _pinned_level(self, init: InitializeSite, hoist: cst.If | None) -> str | None:
+        """The opt level a condition of ``initialize`` fixes (``if cfg.level == "O1":``), where
+        the rewrite keeps it exactly: then nothing else about the level need be tested."""
+        if init.level_expression is None:
+            return None
+        level = re.escape(operand(init.level_expression).replace(" ", ""))
+        for flag in (part for flag in self._flags(init, hoist) for part in re.split(r"\s+and\s+", flag.strip("()"))):
+            found = re.fullmatch(rf'\(?{level}==(["\'])(O\d)\1\)?|\(?(["\'])(O\d)\3=={level}\)?', flag.replace(" ", ""))
+            pinned = found and (found.group(2) or found.group(4))
+            if pinned and pinned in self.exact_levels and pinned != "O0":
+                return pinned
+        return None
 
     def _run_time_checks(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level.
         O0/O1 are exact, whatever their loss scale, so nothing else stops."""
-        if not init.guard_level:
+        if not init.guard_level or self._pinned_level(init, hoist) is not None:
             return []
         level = operand(init.level_expression)
         exact = sorted(self.exact_levels)
