@@ -25,12 +25,14 @@ def seen_from(function: cst.FunctionDef | None, model_codes: set[str]) -> set[st
             if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
                     and nodes.code(small.value) in model_codes):
                 models.add(small.targets[0].target.value)
+    # `amp.initialize(loss_models[i], ...)`: `loss_models` is a list of models too
+    lists = set(model_codes) | {code.split("[")[0] for code in model_codes if code.endswith("]")}
     for node in descendants(function.body, nodes.not_a_definition):
         if type(node) is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Name \
-                and type(node.value) is cst.Subscript and nodes.code(node.value.value) in model_codes:
+                and type(node.value) is cst.Subscript and nodes.code(node.value.value) in lists:
             models.add(node.targets[0].target.value)
         elif type(node) is cst.For:
-            models |= _elements_of(node.target, node.iter, model_codes)
+            models |= _elements_of(node.target, node.iter, lists)
     return models
 
 
