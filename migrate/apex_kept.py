@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.files import project_root, project_trees_saying
+from migrate.files import place, project_root, project_trees_saying
 
 __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
 
@@ -59,7 +59,7 @@ def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Pat
                 migrated[file] = migrates(*run[file], settings, unsafe_fixes)
             if migrated[file]:
                 continue
-        places.append(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
+        places.append(place(file, line, root))
     return tuple(places)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.files import outermost_package, project_root, project_trees_saying
+from migrate.files import outermost_package, place, places_elsewhere, project_trees_saying
 
 __all__ = ["SETTING", "elsewhere"]
 
@@ -30,19 +30,12 @@ SETTING = "apex-state-read-elsewhere"  # the setting that hands a file these pla
 def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     """For each file in ``texts`` that calls ``amp.initialize``, the places (``path:line``,
     relative to its project) where another file of its project reads apex amp's internal state."""
-    found: dict[Path, tuple[str, ...]] = {}
-    for path, text in texts.items():
-        if "initialize" not in text:
-            continue
-        root = project_root(path)
-        me = path.resolve()
-        imported = _imported_roots(text)
-        places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
-                       for file, line, package in _reads(root)
-                       if file != me and package is not None and (package in me.parents or package.name in imported))
-        if places:
-            found[path] = places
-    return found
+    def reaching(path: Path, text: str, root: Path) -> tuple[str, ...]:
+        me, imported = path.resolve(), _imported_roots(text)
+        return tuple(place(file, line, root) for file, line, package in _reads(root)
+                     if file != me and package is not None and (package in me.parents or package.name in imported))
+
+    return places_elsewhere(texts, "initialize", reaching)
 
 
 @lru_cache(maxsize=64)

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import in_project, project_files_saying, project_root
+from migrate.files import in_project, place, places_elsewhere, project_files_saying
 from migrate.native_casts import registered_natively
 
 __all__ = ["SETTING", "elsewhere"]
@@ -29,17 +29,8 @@ _REGISTERS = frozenset({"register_half_function", "register_float_function", "re
 def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     """For each file in ``texts`` that calls ``amp.initialize``, the places (``path:line``,
     relative to its project) where another file of its project changes apex's cast lists."""
-    found: dict[Path, tuple[str, ...]] = {}
-    for path, text in texts.items():
-        if "initialize" not in text:
-            continue
-        root = project_root(path)
-        me = path.resolve()
-        places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
-                       for file, line in _registrations(root) if file != me)
-        if places:
-            found[path] = places
-    return found
+    return places_elsewhere(texts, "initialize", lambda path, _, root: tuple(
+        place(file, line, root) for file, line in _registrations(root) if file != path.resolve()))
 
 
 @lru_cache(maxsize=64)

@@ -16,7 +16,7 @@ import re
 import stat
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from migrate import quiet
 
@@ -93,6 +93,22 @@ def project_root(path: Path) -> Path:
         if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
             return candidate
     return _import_root(path.resolve(), folder)
+
+
+def places_elsewhere(texts: Mapping[Path, str], needle: str,
+                     places_of: Callable[[Path, str, Path], tuple]) -> dict[Path, tuple]:
+    """For each file of ``texts`` holding ``needle``, ``places_of(path, text, root)`` (``root``: its
+    project's), where that finds any: what a project-wide search tells each file."""
+    found = {}
+    for path, text in texts.items():
+        if needle in text and (places := places_of(path, text, project_root(path))):
+            found[path] = places
+    return found
+
+
+def place(file: Path, line: int, root: Path) -> str:
+    """``path:line`` as a finding names a place of another file: relative to its project's ``root``."""
+    return f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
 
 
 def outermost_package(path: Path) -> Path | None:

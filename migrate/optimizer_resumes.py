@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from migrate.files import project_root, project_trees_saying
+from migrate.files import place, project_root, project_trees_saying
 from migrate.step_model.vocabulary import optimizer_like
 
 __all__ = ["SETTING", "loads"]
@@ -31,7 +31,7 @@ def loads(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     for path, text in texts.items():
         if "FusedAdam" in text:
             root = project_root(path)
-            places = tuple(f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}"
+            places = tuple(place(file, line, root)
                            for file, line in _loads(root))
             if places:
                 found[path] = places

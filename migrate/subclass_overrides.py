@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import project_root, project_trees_saying
+from migrate.files import place, project_root, project_trees_saying
 
 __all__ = ["SETTING", "elsewhere"]
 
@@ -36,7 +36,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str, str
         if not classes:
             continue
         root, me = project_root(path), path.resolve()
-        overrides = tuple((base, method, f"{file.relative_to(root) if file.is_relative_to(root) else file}:{line}")
+        overrides = tuple((base, method, place(file, line, root))
                           for name in sorted(classes)
                           for file, base, method, line in _subclass_methods(root, name, path.stem)
                           if file != me and method in classes[name] and not method.startswith("__"))
