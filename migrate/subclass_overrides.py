@@ -26,48 +26,55 @@ SETTING = "subclass-overrides"  # ((class, method, "path:line"), ...) (not a use
 def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str, str], ...]]:
     """For each file of ``texts``, its classes' methods that a class of another file of its
     project, naming one of them as its base, defines again, with where."""
-    found = {}
+    classes_of: dict[Path, dict[str, set[str]]] = {}
     for path, text in texts.items():
         try:
-            classes = {node.name: {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                       for node in ast.walk(quiet.parse(text)) if isinstance(node, ast.ClassDef)}
+            classes_of[path] = {node.name: {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                                for node in ast.walk(quiet.parse(text)) if isinstance(node, ast.ClassDef)}
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        if not classes:
-            continue
+    by_root: dict[Path, set[str]] = {}
+    for path, classes in classes_of.items():
+        by_root.setdefault(project_root(path), set()).update(classes)
+    found = {}
+    for path, classes in classes_of.items():
         root, me = project_root(path), path.resolve()
+        index = _subclasses(root, frozenset(by_root[root]))  # one search of the project for all the run's classes
         overrides = tuple((base, method, place(file, line, root))
-                          for name in sorted(classes)
-                          for file, base, method, line in _subclass_methods(root, name, path.stem)
-                          if file != me and method in classes[name] and not method.startswith("__"))
+                          for base in sorted(classes) for file, method, line, modules in index.get(base, ())
+                          if file != me and method in classes[base] and not method.startswith("__") and path.stem in modules)
         if overrides:
             found[path] = overrides
     return found
 
 
-@lru_cache(maxsize=256)
-def _subclass_methods(root: Path, base: str, module: str) -> tuple[tuple[Path, str, str, int], ...]:
-    """Every method of a class of the project naming ``base`` as a base (``class Sub(Base)``,
-    ``class Sub(module.Base)``), by file, with its line; only in files that import ``module``
-    (the base's, by its last name): a class of the same name elsewhere is another class."""
-    found = []
-    for file, tree in project_trees_saying(root, base.encode()):
-        if not _imports(tree, module):
-            continue
+@lru_cache(maxsize=64)
+def _subclasses(root: Path, bases: frozenset[str]) -> dict[str, tuple[tuple[Path, str, int, frozenset[str]], ...]]:
+    """For each of ``bases``, every method of a class of the project naming it as a base (``class
+    Sub(Base)``, ``class Sub(module.Base)``): its file, name and line, and the modules that file
+    imports by their last name (a class of the same name from another module is another class)."""
+    found: dict[str, list] = {}
+    if not bases:
+        return {}
+    for file, tree in project_trees_saying(root, tuple(base.encode() for base in sorted(bases))):
+        modules = _imported_modules(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[-1] == base for b in node.bases):
-                found += [(file.resolve(), base, item.name, item.lineno) for item in node.body
-                          if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return tuple(found)
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in {ast.unparse(b).split(".")[-1] for b in node.bases} & bases:
+                found.setdefault(base, []).extend((file.resolve(), item.name, item.lineno, modules) for item in node.body
+                                                  if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return {base: tuple(methods) for base, methods in found.items()}
 
 
-def _imports(tree: ast.Module, module: str) -> bool:
-    """Whether ``tree`` imports the module whose last name is ``module`` (``from pkg.fp16 import
-    Base``, ``from pkg import fp16``, ``import pkg.fp16``, ``from .fp16 import Base``)."""
+def _imported_modules(tree: ast.Module) -> frozenset[str]:
+    """The last names of the modules ``tree`` imports (``fp16`` for ``from pkg.fp16 import Base``,
+    ``from pkg import fp16``, ``import pkg.fp16``, ``from .fp16 import Base``)."""
+    names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and ((node.module or "").split(".")[-1] == module
-                                                 or any(alias.name == module for alias in node.names)):
-            return True
-        if isinstance(node, ast.Import) and any(alias.name.split(".")[-1] == module for alias in node.names):
-            return True
-    return False
+        if isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[-1])
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[-1] for alias in node.names)
+    return frozenset(names)
