@@ -311,3 +311,28 @@ def test_the_new_parameter_and_argument_keep_the_layout_they_join(tmp_path, layo
         assert not any(line and not line.strip() for line in text.splitlines()), text  # no line of spaces only
         assert "\nscaler" not in text and "\n    scaler=None" not in text.replace("\n    scaler=None,\n)", ""), text
     assert "scaler=scaler" in (root / "train.py").read_text()
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_a_caller_that_only_loads_apex_state_leaves_apex_in_one_run(tmp_path, unsafe):
+    """The runner cannot pass a scaler to ``save_checkpoint`` (it has none) but leaves apex all
+    the same (``resume`` only loads apex's state): after the run it never runs with apex's state,
+    so the utility is rewritten in the same run as in the next one; a second run changes nothing."""
+    root = tmp_path / "p"
+    (root / "pkg").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "checkpoint.py").write_text(
+        "import torch\n\n\ndef save_checkpoint(model, filename, save_apex_amp=False):\n"
+        "    checkpoint = {'state_dict': model.state_dict()}\n    if save_apex_amp:\n        from apex import amp\n"
+        "        checkpoint['amp'] = amp.state_dict()\n    torch.save(checkpoint, filename)\n")
+    (root / "pkg" / "runner.py").write_text(
+        "import torch\n\nfrom .checkpoint import save_checkpoint\n\n\nclass Runner:\n"
+        "    def __init__(self, model, use_apex_amp=False):\n        self.model, self.use_apex_amp = model, use_apex_amp\n\n"
+        "    def resume(self, filename):\n        checkpoint = torch.load(filename)\n"
+        "        if 'amp' in checkpoint:\n            from apex import amp\n            amp.load_state_dict(checkpoint['amp'])\n\n"
+        "    def save(self, filename):\n        save_checkpoint(self.model, filename, save_apex_amp=self.use_apex_amp)\n")
+    migrate_paths([root], unsafe_fixes=unsafe)
+    first = {path.name: path.read_text() for path in (root / "pkg").glob("*.py")}
+    assert not any(result.changed for result in migrate_paths([root], unsafe_fixes=unsafe)), "not idempotent"
+    assert ("from apex" in first["checkpoint.py"]) == (not unsafe), first["checkpoint.py"]
