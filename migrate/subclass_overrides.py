@@ -28,9 +28,11 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str, str
     project, naming one of them as its base, defines again, with where."""
     classes_of: dict[Path, dict[str, set[str]]] = {}
     for path, text in texts.items():
+        if "scale_loss" not in text or "class " not in text:
+            continue  # the overrides that matter are of the methods around the scaled backward
         try:
             classes_of[path] = {node.name: {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                                for node in ast.walk(quiet.parse(text)) if isinstance(node, ast.ClassDef)}
+                                for node in quiet.parse(text).body if isinstance(node, ast.ClassDef) and _steps(node)}
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
     by_root: dict[Path, set[str]] = {}
@@ -58,7 +60,7 @@ def _subclasses(root: Path, bases: frozenset[str]) -> dict[str, tuple[tuple[Path
         return {}
     for file, tree in project_trees_saying(root, tuple(base.encode() for base in sorted(bases))):
         modules = _imported_modules(tree)
-        for node in ast.walk(tree):
+        for node in tree.body:  # the module's classes
             if not isinstance(node, ast.ClassDef):
                 continue
             for base in {ast.unparse(b).split(".")[-1] for b in node.bases} & bases:
@@ -71,10 +73,19 @@ def _imported_modules(tree: ast.Module) -> frozenset[str]:
     """The last names of the modules ``tree`` imports (``fp16`` for ``from pkg.fp16 import Base``,
     ``from pkg import fp16``, ``import pkg.fp16``, ``from .fp16 import Base``)."""
     names = set()
-    for node in ast.walk(tree):
+    # the module's imports, also those under a `try:` or an `if`
+    for node in (inner for top in tree.body for inner in (top, *getattr(top, "body", ()), *getattr(top, "orelse", ()),
+                                                          *(line for handler in getattr(top, "handlers", ()) for line in handler.body))):
         if isinstance(node, ast.ImportFrom):
             names.add((node.module or "").split(".")[-1])
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name.split(".")[-1] for alias in node.names)
     return frozenset(names)
+
+
+def _steps(owner: ast.ClassDef) -> bool:
+    """Whether a method of ``owner`` scales a loss or steps an optimizer: the only classes whose
+    overrides the rewrite can leave behind (a model's ``nn.Module`` is searched for nothing)."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr in ("scale_loss", "step", "master_params") for node in ast.walk(owner))
