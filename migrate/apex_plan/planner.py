@@ -29,6 +29,7 @@ from migrate.apex_plan.warm_ups import WarmUpPlanning
 from migrate.apex_plan.report_only import report_only
 from migrate.apex_plan.half_model import cast_to_half
 from migrate.apex_plan.inference_tail import InferenceTailPlanning
+from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
@@ -320,13 +321,10 @@ class Planner:
             steps.plan_scale_loss(scale)
             if self.setup.o0:
                 continue
-            plain = steps.plain_backward(beside=scale.statement)
-            if plain is not None:
-                self.draft.unsafe.append(
-                    f"the plain backward pass at line {self.tree.line(plain)} adds gradients that apex kept as they were "
-                    "and `scaler.step` would divide by the scale"
-                )
+            before = len(self.draft.unsafe)
             found = [hit for optimizer in scale.optimizers for hit in steps.plan_steps(scale, optimizer)]
+            if (reason := uncleared_plain_backward(steps, scale, found)) is not None:
+                self.draft.unsafe.insert(before, reason)
             found_by_scale.append(found)
             for line, _, _ in found:
                 named = steps.scaler_of(scale.call)

@@ -361,13 +361,9 @@ class StepPlanning(Step):
                 return True
         return False
 
-    def plain_backward(self, beside: cst.CSTNode | None = None) -> cst.Call | None:
-        """A ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is enabled;
-        with ``beside``, one in its function that can run in the same pass (not in another branch)."""
-        return next(iter(self.plain_backwards(beside)), None)
-
     def plain_backwards(self, beside: cst.CSTNode | None = None) -> list[cst.Call]:
-        """Every ``plain_backward``, in the file's order; with ``beside``, those in its function
+        """Each ``.backward()`` outside ``amp.scale_loss`` that may run while the scaler is
+        enabled, in the file's order; with ``beside``, those in its function
         and those in a function of the file it calls (``self._backward(aux)``), where the call can
         run in the same pass (not in another arm, nor where a test around ``beside`` fails:
         ``else:`` of ``if scaler: ... elif use_apex:`` against a later ``elif use_apex:``)."""

@@ -106,6 +106,12 @@ class Features:
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
     #                              as trainers offering both paths do
+    after_step: str = "none"  # none | cleared | stale: after the step, a penalty on the head's weights
+    #                           takes a plain backward and a head optimizer of its own steps it (a second
+    #                           loss stepped apart, as a stop-token net is); cleared: the iteration starts
+    #                           with the optimizer's zero_grad() (the head optimizer's own after its step),
+    #                           stale: nothing clears its gradients on the shared weights before the next
+    #                           scaled backward
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -178,6 +184,10 @@ def _coherent(f: Features) -> Features:
         f = replace(f, entry="main")  # `global amp` belongs in a function
     if f.clip == "none" or f.clip_in != "loop" or f.finite_guard:
         f = replace(f, clip_or_norm=False)  # the arms replace the loop's own clip line (the guard tests its norm)
+    if f.holder != "function" or f.loop_in != "main" or f.amp_via != "module" or f.optimizers != "one" or f.accumulation == "inner_loop":
+        f = replace(f, after_step="none")  # the head optimizer is main's own, beside the one it initializes
+    if f.after_step == "cleared" and f.accumulation != "none":
+        f = replace(f, after_step="stale")  # clearing at the top of each micro-batch would undo the accumulation
     return f
 
 
@@ -215,6 +225,7 @@ def features():
         grads_in=st.sampled_from(["none", "local", "attribute"]),
         import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
         native_beside=st.booleans(),
+        after_step=st.sampled_from(["none", "cleared", "stale"]),
         forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
         delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
@@ -375,6 +386,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     accumulate = f.accumulation != "none"
     inner = f.accumulation == "inner_loop"
     body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
+    if f.after_step == "cleared":
+        body.insert(0, f"{s.optimizer}.zero_grad()")
     if f.memory == "before":
         body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
     if f.memory != "none":
@@ -481,6 +494,10 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     else:
         update += stepping
     body += [f"if {at_boundary}:", *_indent(update)] if accumulate and not inner else update
+    if f.after_step != "none":  # a loss of its own, stepped apart: apex left its gradients unscaled
+        head = f"head_{f.names[1]}"
+        body += [f'penalty = 0.05 * sum(p.pow(2).sum() for p in {head}.param_groups[0]["params"])',
+                 "penalty.backward()", f"{head}.step()", *([f"{head}.zero_grad()"] if f.after_step == "cleared" else [])]
     if f.checkpoint:
         state = f"{s.amp}.state_dict()" + (f" if {s.mixed} else None" if s.mixed else "")
         handed = s.amp + (f" if {s.mixed} else None" if s.mixed and f.amp_via != "attribute" else "")
@@ -536,7 +553,8 @@ def _made(f: Features, model: str, optimizer: str) -> list[str]:
     if f.optimizers == "two":
         return lines + [f"params = list({model}.parameters())",
                         f"{optimizer}s = [torch.optim.SGD(params[:2], lr=0.1), torch.optim.SGD(params[2:], lr=0.05)]"]
-    return lines + [f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)"]
+    head = [f"head_{optimizer} = torch.optim.SGD(list({model}.parameters())[-2:], lr=0.05)"] if f.after_step != "none" else []
+    return lines + [f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)", *head]
 
 
 def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[str]:
