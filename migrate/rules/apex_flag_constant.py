@@ -21,7 +21,8 @@ class ApexFlagConstant(Rule):
     ...) that the file now only ever sets to ``True``: what is left once the ``try: import apex
     / except ImportError: HAS_APEX = False`` guard goes (AMP001). Its tests are folded: ``if
     has_apex:`` keeps its body, ``if not has_apex:`` its ``else``, an ``elif has_apex:`` becomes
-    ``else:``, and ``has_apex and x`` becomes ``x``. Once nothing reads it, the flag goes too,
+    ``else:``, and ``has_apex and x`` becomes ``x``; a comparison with a bool literal
+    (``has_apex is False``, ``HAS_AMP == True``) folds the same way. Once nothing reads it, the flag goes too,
     and so does a disabled GradScaler that stood in until an ``if has_apex:`` block made the
     scaler (``ampmigrate`` writes one there), where the block now runs right after it.
 
@@ -189,6 +190,9 @@ class ApexFlagConstant(Rule):
         parent = self.get_metadata(ParentNodeProvider, read)
         negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
         test = parent if negated else read
+        held = _compared_to_a_bool(parent, read)  # `flag is False`, `flag == True`
+        if held is not None:
+            test, negated = parent, not held
         holder = self.get_metadata(ParentNodeProvider, test)
         if isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And) and not negated:
             other = holder.right if holder.left is test else holder.left
@@ -249,6 +253,21 @@ class ApexFlagConstant(Rule):
             if _reads(statement, target):
                 return None
         return None
+
+
+_HOLDS_WHERE_EQUAL = {cst.Is: True, cst.Equal: True, cst.IsNot: False, cst.NotEqual: False}
+
+
+def _compared_to_a_bool(comparison: cst.CSTNode, read: cst.Name) -> bool | None:
+    """For ``read`` compared with a bool literal (``flag is False``, ``flag != True``), whether the
+    comparison holds where the flag is True; None for anything else."""
+    if not (isinstance(comparison, cst.Comparison) and comparison.left is read and len(comparison.comparisons) == 1):
+        return None
+    target = comparison.comparisons[0]
+    equal = _HOLDS_WHERE_EQUAL.get(type(target.operator))
+    if equal is None or not (isinstance(target.comparator, cst.Name) and target.comparator.value in ("True", "False")):
+        return None
+    return equal == (target.comparator.value == "True")
 
 
 def _reads(node: cst.CSTNode, code: str) -> bool:

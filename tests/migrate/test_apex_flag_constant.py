@@ -19,7 +19,15 @@ FLAGS = ("has_apex", "APEX_AVAILABLE", "HAS_AMP", "apex_available")
 
 def _test(shape: str, flag: str) -> str:
     return {"flag": flag, "not": f"not {flag}", "and_left": f"{flag} and x", "and_right": f"x and {flag}",
-            "and_three": f"x and {flag} and y", "not_and": f"not {flag} and x"}[shape]
+            "and_three": f"x and {flag} and y", "not_and": f"not {flag} and x",
+            # compared with a bool literal, parenthesized or not
+            "is_false": f"({flag} is False)", "and_is_false": f"x and ({flag} is False)", "is_true": f"{flag} is True",
+            "eq_false_and": f"{flag} == False and x", "is_not_false": f"x and {flag} is not False",
+            "ne_true": f"{flag} != True"}[shape]
+
+
+SHAPES = ("flag", "not", "and_left", "and_right", "and_three", "not_and",
+          "is_false", "and_is_false", "is_true", "eq_false_and", "is_not_false", "ne_true")
 
 
 @st.composite
@@ -27,7 +35,7 @@ def _scripts(draw):
     flag = draw(st.sampled_from(FLAGS))
     blocks = []
     for index in range(draw(st.integers(1, 3))):
-        test = _test(draw(st.sampled_from(("flag", "not", "and_left", "and_right", "and_three", "not_and"))), flag)
+        test = _test(draw(st.sampled_from(SHAPES)), flag)
         arms = draw(st.sampled_from(("if", "if_else", "elif", "elif_else", "nested")))
         body = f"out.append({index})"
         if arms == "if":
