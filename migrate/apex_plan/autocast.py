@@ -48,9 +48,11 @@ class AutocastPlanning(Step):
         block = self.tree.parent.get(id(scale.statement))
         window = self.draft.window(block, scale.statement)
         sliced = self._slices_around(scale)
-        if sliced:
-            # `def update(self, out, y)`: the loss from what the callers' forward passes made
-            if self._plan_callers_forwards(scale) is None:
+        # `def update(self, out, y)`: the loss from what the callers' forward passes made
+        handed = self._plan_callers_forwards(scale) if sliced else None
+        # a loss only read and divided (`losses = self.outputs["loss"]`) computes nothing autocast would cast
+        if handed is not None or any(type(node) is cst.Call for statements in sliced for s in statements for node in descendants(s)):
+            if handed is None:
                 self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
             for statements in sliced:
                 self._wrap(statements, scale, loss)
