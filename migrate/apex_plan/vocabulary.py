@@ -114,6 +114,9 @@ HELPER_SOURCE = '''
 
 def _scaler_state_from_apex(state, scaler):
     """``state`` for ``scaler``, converted where it is apex's loss-scaler state."""
+    if not state:
+        # a disabled scaler saved {}; loading nothing, apex kept its scale
+        return scaler.state_dict()
     if "loss_scaler0" not in state:
         return state
     apex_state = state["loss_scaler0"]

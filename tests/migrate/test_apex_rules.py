@@ -70,6 +70,19 @@ def test_checkpoint_helper_state_loads_into_a_grad_scaler():
     assert scaler.state_dict()["_growth_tracker"] == 5
 
 
+def test_checkpoint_helper_keeps_the_scaler_state_for_an_empty_one():
+    # a disabled GradScaler saves {}; apex's load_state_dict of an empty dict only warned and kept its scale
+    assert _helper()({}, _FreshScaler()) == _FreshScaler().state_dict()
+
+
+def test_checkpoint_from_a_disabled_scaler_resumes_an_enabled_one():
+    torch = pytest.importorskip("torch")
+    saved = torch.amp.GradScaler("cpu", enabled=False).state_dict()
+    scaler = torch.amp.GradScaler("cpu", init_scale=512.0)
+    scaler.load_state_dict(_helper()(saved, scaler))
+    assert scaler.state_dict()["scale"] == 512.0
+
+
 @pytest.mark.parametrize("level", ["O2", "O3"])
 def test_o2_o3_rewrite_is_all_or_nothing_by_default(level):
     source = CANONICAL.format(level=level)
