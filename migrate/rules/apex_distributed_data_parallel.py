@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.activation_checkpoints import reentrant_in_project
+from migrate.backwards_per_forward import second_backward
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.tree_walk import descendants
@@ -52,6 +54,10 @@ class ApexDistributedDataParallel(ApexRename):
     the first backward pass there ("Expected to mark a variable ready only once"), where apex's
     all-reduce after the backward pass did not care; ``static_graph=True`` (or
     ``find_unused_parameters=False`` where every parameter gets a gradient) is a choice made by hand.
+    Reported where one forward pass through the wrapped model takes several backward passes in the
+    same iteration (``losses = net(x)``, the main loss's backward pass, then each discriminator
+    loss's): apex all-reduced after each, where torch's DDP reduces once per forward pass (finding
+    unused parameters, it raises at the second).
 
     Options:
     None.
@@ -102,6 +108,9 @@ class ApexDistributedDataParallel(ApexRename):
             return NoFix(f"the project checkpoints activations reentrantly ({reentrant}): torch's DDP finding unused "
                          "parameters (as apex's tolerated them) raises at the first backward pass there; wrap it by hand "
                          "with `static_graph=True`, or `find_unused_parameters=False` where every parameter gets a gradient")
+        twice = self._second_backward(call)
+        if twice is not None:
+            return NoFix(twice)
         options = nodes.keyword_names(call) - {"module"}
         other = options - set(_OVERLAP_ONLY)
         if other:
@@ -111,6 +120,31 @@ class ApexDistributedDataParallel(ApexRename):
         # fine, where torch's DDP raises at the next iteration unless told to look for them.
         # apex never synchronised buffers; torch's DDP broadcasts rank 0's at each forward pass
         return NativeCall(self.rebuild(_NATIVE, call, drop=_OVERLAP_ONLY, extra=("find_unused_parameters=True", "broadcast_buffers=False")))
+
+    def _second_backward(self, call: cst.Call) -> str | None:
+        """Why not, where one forward pass through the wrapped model takes two backward passes."""
+        pair = next(filter(None, (second_backward(self._module, name) for name in self._wrapped_names(call))), None)
+        if pair is None:
+            return None
+        first, second = (self.get_metadata(PositionProvider, node).start.line for node in pair)
+        return (f"one forward pass through the wrapped model takes several backward passes (lines {first} and {second}): "
+                "apex all-reduced the gradients after each, where torch's DDP reduces once per forward pass (finding "
+                "unused parameters, it raises at the second); wrap it by hand, e.g. one forward pass per backward pass")
+
+    def _wrapped_names(self, call: cst.Call) -> list[str]:
+        """What the wrapped model is called where it runs: the name it is assigned to (``net =
+        DDP(net)``), or, returned by a function, the names its calls are assigned to
+        (``model = wrap(model)``)."""
+        owner = self.get_metadata(ParentNodeProvider, call, None)
+        if isinstance(owner, cst.Assign) and len(owner.targets) == 1:
+            return [nodes.code(owner.targets[0].target)]
+        while owner is not None and not isinstance(owner, cst.FunctionDef):
+            owner = self.get_metadata(ParentNodeProvider, owner, None)
+        if owner is None:
+            return []
+        return [nodes.code(node.targets[0].target) for node in descendants(self._module)
+                if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call
+                and nodes.call_name(node.value) == owner.name.value]
 
     def _apex_only_uses(self) -> list[str]:
         """The attributes only apex's class has that the file reads, calls or sets, in order."""
