@@ -11,6 +11,7 @@ from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_r
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
+from migrate.apex_plan.native_scalings import natively_scaled
 from migrate.apex_plan.per_loss import loss_id_of
 from migrate.apex_plan.step_sites import steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.syntax import (
@@ -372,7 +373,7 @@ class StepPlanning(Step):
             ("plain backwards", withs, self.setup.guard_tests),
             lambda: [call for call in self._backwards_in(self.tree.module)
                      if not self.tree.inside_any(call, withs) and not in_failing_arm(self.tree, call, self.setup.guard_tests) and not never_runs(self.tree, call)
-                     and not self._scales_within(call) and not _natively_scaled(call)
+                     and not self._scales_within(call) and not natively_scaled(self.tree, call)
                      and not self._scaled_by_callers(call) and not self.conditions.warm_up(call)])
         if beside is None:
             return candidates
@@ -486,10 +487,3 @@ class StepPlanning(Step):
                 return cst.FlattenSentinel([first, *statements[1:]]) if len(statements) > 1 else first
             smalls += [cst.Expr(nodes.parse_expression(text, self.tree.module)) for text in new if not text.startswith("#")]
         return line.with_changes(body=smalls)
-
-
-def _natively_scaled(backward: cst.Call) -> bool:
-    """``scaler.scale(loss).backward()``: the file's own GradScaler scales it (a native path beside
-    apex's, as in trainers that offer both); scaling it again would scale it twice."""
-    receiver = backward.func.value if isinstance(backward.func, cst.Attribute) else None
-    return isinstance(receiver, cst.Call) and nodes.call_name(receiver) == "scale"
