@@ -61,11 +61,43 @@ class AutocastPlanning(Step):
         before = body[: body.index(scale.statement)]
         if not window and before and id(before[-1]) in self.sites.scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
+        if self._computed_in_a_region(scale.loss, scale.statement):
+            return  # `for key in losses: ... scale_loss(losses[key], d_opt)`: an earlier region computed it
         reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
         self.draft.unsafe.append(reason)
         self.draft.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+
+    def _computed_in_a_region(self, loss: cst.BaseExpression, statement: cst.CSTNode, depth: int = 2) -> bool:
+        """Whether what ``loss`` reads was computed, on every way to ``statement``, by a statement
+        of an autocast region already planned, or taken from such a value by a loop
+        (``for key, value in losses.items()``); builtins and globals count for nothing."""
+        graph = self.tree.control_flow(statement, exceptions=False)
+        if not graph.holds(statement):
+            return False
+        seen = False
+        for name in sorted(read_names(loss)):
+            found = reaching(graph, name, statement)
+            if not found.bindings:
+                continue
+            if found.from_outside:
+                return False
+            for binding in found.bindings:
+                if self._in_a_region(binding):
+                    continue
+                if not (depth and type(binding) is cst.For and self._computed_in_a_region(binding.iter, binding, depth - 1)):
+                    return False
+            seen = True
+        return seen
+
+    def _in_a_region(self, statement: cst.CSTNode | None) -> bool:
+        """Whether ``statement`` is, or is in, a statement that became an autocast region."""
+        while statement is not None and not isinstance(statement, cst.FunctionDef):
+            if id(statement) in self.draft.regions:
+                return True
+            statement = self.tree.parent.get(id(statement))
+        return False
 
     def _slices_around(self, scale: ScaleLossSite) -> list[list[cst.BaseStatement]]:
         """What the loss is computed from before the scaled backward: in its block or, where that
