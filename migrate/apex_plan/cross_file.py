@@ -142,6 +142,9 @@ class CrossFilePlanning(Step):
             if marked:
                 named = model.elements[0].value if isinstance(model, (cst.List, cst.Tuple)) and len(model.elements) == 1 else model
                 models = " ".join(nodes.code(named).split())  # `[self.model]` is `self.model`
+                if isinstance(named, cst.Call) and init.restore and not init.restore.startswith("return "):
+                    # `model, opt = amp.initialize(model.cuda(), opt)`: what computes is `model`
+                    models = init.restore.split(" = ", 1)[0].split(",")[0].strip(" ()[]")
                 if init.level in ("O2", "O3"):
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
                 else:
