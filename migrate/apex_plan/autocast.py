@@ -6,6 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.earlier_regions import computed_in_a_region
 from migrate.apex_plan.loss_slice import backward_slice, carried, function_slice
 from migrate.apex_plan.syntax import (
     assigned_names,
@@ -61,43 +62,13 @@ class AutocastPlanning(Step):
         before = body[: body.index(scale.statement)]
         if not window and before and id(before[-1]) in self.sites.scale_loss_statements:
             return  # `a, b = out.x, out.y` and a backward pass for each: autocast went before the first
-        if self._computed_in_a_region(scale.loss, scale.statement):
+        if computed_in_a_region(self.tree, self.draft.regions, scale.loss, scale.statement):
             return  # `for key in losses: ... scale_loss(losses[key], d_opt)`: an earlier region computed it
         reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
         self.draft.unsafe.append(reason)
         self.draft.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
-
-    def _computed_in_a_region(self, loss: cst.BaseExpression, statement: cst.CSTNode, depth: int = 2) -> bool:
-        """Whether what ``loss`` reads was computed, on every way to ``statement``, by a statement
-        of an autocast region already planned, or taken from such a value by a loop
-        (``for key, value in losses.items()``); builtins and globals count for nothing."""
-        graph = self.tree.control_flow(statement, exceptions=False)
-        if not graph.holds(statement):
-            return False
-        seen = False
-        for name in sorted(read_names(loss)):
-            found = reaching(graph, name, statement)
-            if not found.bindings:
-                continue
-            if found.from_outside:
-                return False
-            for binding in found.bindings:
-                if self._in_a_region(binding):
-                    continue
-                if not (depth and type(binding) is cst.For and self._computed_in_a_region(binding.iter, binding, depth - 1)):
-                    return False
-            seen = True
-        return seen
-
-    def _in_a_region(self, statement: cst.CSTNode | None) -> bool:
-        """Whether ``statement`` is, or is in, a statement that became an autocast region."""
-        while statement is not None and not isinstance(statement, cst.FunctionDef):
-            if id(statement) in self.draft.regions:
-                return True
-            statement = self.tree.parent.get(id(statement))
-        return False
 
     def _slices_around(self, scale: ScaleLossSite) -> list[list[cst.BaseStatement]]:
         """What the loss is computed from before the scaled backward: in its block or, where that
@@ -285,6 +256,8 @@ class AutocastPlanning(Step):
                 self._wrap_inner_slices(inner, scale, loss)
                 for above in self.slices_above(region) if not inner else ():
                     self._wrap(above, scale, loss)
+                for above in self._forwards_above(region, models):
+                    self._wrap(above, scale, loss)
                 return True
             body = list(block.body)
             before = body.index(window[0] if window else current) - 1
@@ -297,6 +270,28 @@ class AutocastPlanning(Step):
             if not isinstance(owner, (cst.If, cst.Try, cst.With)):
                 return False
             current = owner
+
+    def _forwards_above(self, region: list[cst.BaseStatement], models: set[str]) -> list[list[cst.BaseStatement]]:
+        """The forward passes above each ``if`` around ``region`` whose outputs it reads (``feat =
+        backbone(x)`` above ``if use_head: loss = head(feat)``): apex cast them too. For each
+        block, from the first such pass to the ``if``."""
+        wanted = set().union(*(read_names(statement) for statement in region))
+        slices, current = [], region[0]
+        while wanted:
+            owner = self._statement_holding(self.tree.parent.get(id(current)))
+            block = self.tree.parent.get(id(owner))
+            if not isinstance(owner, cst.If) or not isinstance(block, cst.IndentedBlock):
+                return slices
+            window, start = self.draft.window(block, owner), None
+            for index in range(len(window) - 1, -1, -1):
+                if assigned_names(window[index]) & wanted:
+                    if self.tree.calls_model(window[index], models, self.sites.ids):
+                        start = index
+                    wanted |= read_names(window[index])
+            if start is not None and not any(id(statement) in self.draft.regions for statement in window[start:]):
+                slices.append(window[start:])
+            current = owner
+        return slices
 
     def _wrap_inner_slices(self, windows: list[list[cst.BaseStatement]], scale: ScaleLossSite, loss: str) -> None:
         """A region of its own around what the loss is computed from in each arm between the
