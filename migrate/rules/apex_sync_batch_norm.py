@@ -10,6 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate import quiet
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
+from migrate.files import first_in_project
 from migrate.frozen_parameters import freezing_line, frozen_in_imports
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
@@ -33,8 +34,9 @@ class ApexSyncBatchNorm(ApexRename):
     parameters (requiring gradients), torch's keeps the layers' own: the conversion is unsafe
     where an optimizer is made before it in its function (under apex that optimizer held the
     old parameters and never updated the new BatchNorm weights; natively it does) or where the
-    file, or a module of the project it imports, freezes parameters (``requires_grad = False``: a
-    frozen BatchNorm weight trained under apex, and stays frozen natively); such a fix leaves a
+    file, a module of the project it imports, or any other file of the project (a model built
+    through a registry) freezes parameters (``requires_grad = False``: a frozen BatchNorm weight
+    trained under apex, and stays frozen natively); such a fix leaves a
     ``TODO(ampmigrate)`` marker above its line saying so. Reported with ``channel_last`` or
     ``fuse_relu`` (apex-only layouts and fusions) and for ``create_syncbn_process_group`` (use
     ``torch.distributed.new_group`` with the ranks of each group).
@@ -108,7 +110,10 @@ class ApexSyncBatchNorm(ApexRename):
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
         if Path(self.context.filename).is_file():
-            frozen = frozen_in_imports(self.context.filename)  # the file itself first, then what it imports
+            # the file itself first, then what it imports, then any file of the project: a model
+            # registered by a decorator is built from a module the converting file never imports
+            frozen = frozen_in_imports(self.context.filename) or first_in_project(
+                self.context.filename, (b"requires_grad",), freezing_line)
         else:  # source given without a file (stdin, the API): only its own lines are known
             own = freezing_line(quiet.parse(self._module.code))
             frozen = f"line {own}" if own is not None else None

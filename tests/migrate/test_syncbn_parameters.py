@@ -81,8 +81,8 @@ def test_gradients_turned_on_are_no_freezing():
 @pytest.mark.parametrize("imported", ["from model import Net", "from models.deeplab import Net", "import models.deeplab",
                                       "from models import deeplab", None])
 def test_parameters_frozen_in_a_module_the_file_imports(tmp_path, imported):
-    """The freezing is in the model's file, reached through the imports (a package's too); a
-    file of the project the converting file never imports does not count."""
+    """The freezing is in the model's file, reached through the imports (a package's too), or in
+    a file of the project the converting file never imports (a model a registry builds)."""
     (tmp_path / "pyproject.toml").write_text("")
     model = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
              "        self.bn = nn.BatchNorm2d(3)\n        self.bn.weight.requires_grad = False\n")
@@ -94,9 +94,18 @@ def test_parameters_frozen_in_a_module_the_file_imports(tmp_path, imported):
     train.write_text((imported + "\n" if imported else "") + script(OPTIMIZERS[0], CONVERSIONS[0], False))
     results = migrate_paths([str(train)], write=False)
     found = amp011(next(r for r in results if r.filename.endswith("train.py")))
-    assert found.fix.applicability.name == ("UNSAFE" if imported else "SAFE")
+    assert found.fix.applicability.name == "UNSAFE"
     if imported:
         assert ("model.py:8" if "model " in imported + " " else "models/deeplab.py:8") in found.fix.why_unsafe
+
+
+def test_a_project_freezing_nothing_converts_safely(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "model.py").write_text("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    pass\n")
+    train = tmp_path / "train.py"
+    train.write_text(script(OPTIMIZERS[0], CONVERSIONS[0], False))
+    results = migrate_paths([str(train)], write=False)
+    assert amp011(next(r for r in results if r.filename.endswith("train.py"))).fix.applicability.name == "SAFE"
 
 
 def test_an_optimizer_made_in_init_comes_before_a_conversion_in_another_method():
