@@ -95,7 +95,9 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
                     result[half.path] = Partner(_shown(unpaired.path), unpaired.line, HalfFacts(manual=f"{manual}; {UNPAIRED}"))
         elif half.role == INITIALIZE:
             scale = pairing.other
-            placeholder = Partner(_shown(scale.path), scale.line, HalfFacts(scaler=SCALER), pairing.scaler_import)
+            # whether the scale half writes an autocast region: the initialize half's reasons say so
+            autocast = facts(scale, Partner(_shown(half.path), half.line, HalfFacts())).autocast
+            placeholder = Partner(_shown(scale.path), scale.line, HalfFacts(scaler=SCALER, autocast=autocast), pairing.scaler_import)
             result[scale.path] = Partner(_shown(half.path), half.line, facts(half, placeholder))
             result[half.path] = Partner(_shown(scale.path), scale.line, facts(scale, result[scale.path]), pairing.scaler_import)
     return result

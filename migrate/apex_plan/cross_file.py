@@ -183,13 +183,14 @@ class CrossFilePlanning(Step):
         """Where the scale half's GradScaler, made once at module level, cannot be what apex
         made here: an opt level, options or a switch known only at run time, or a call that may not run."""
         other = self.partner.file
+        made, are = ("GradScaler and autocast", "are") if self.partner.facts.autocast else ("GradScaler", "is")  # what the other half writes
         init = inits[0]
         if len({normal(nodes.code(each.call)) for each in inits}) > 1:
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times with different arguments: {other} makes one GradScaler, as the first asked")
         if init.level is None:
-            self.draft.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 GradScaler and autocast")
+            self.draft.unsafe.append(f"the opt level is computed at run time: {other} gets an O1 {made}")
         if init.enabled is not None:
-            self.draft.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s GradScaler and autocast are always on")
+            self.draft.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s {made} {are} always on")
         if not static:
             self.draft.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
         block = self.tree.parent.get(id(init.statement))
@@ -198,7 +199,7 @@ class CrossFilePlanning(Step):
         runs_always = isinstance(block, cst.Module) or isinstance(holder, cst.FunctionDef) or (
             nodes.is_main_guard(holder) and isinstance(self.tree.parent.get(id(holder)), cst.Module))
         if not runs_always:
-            self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s GradScaler and autocast are on whether or not it ran")
+            self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s {made} {are} on whether or not it ran")
 
 
 def _constant(expression: str) -> bool:

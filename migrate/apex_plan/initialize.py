@@ -62,6 +62,10 @@ class InitializePlanning(Step):
         possible = self._possible_levels(level_arg.value)
         return possible is None or "O0" in possible
 
+    def _scaled_elsewhere(self) -> bool:
+        """Whether the loss is scaled in another file, the other half of apex amp, which makes the GradScaler."""
+        return not self.sites.calls["scale_loss"] and self.partner is not None
+
     def _initialize_fix(self) -> str:
         if self.setup.o0:
             return "Remove it: O0 is plain fp32"
@@ -147,7 +151,8 @@ class InitializePlanning(Step):
             by_default = self._default_level(level_arg.value) == "O0" and (literal or self._default_level(loss_scale) == "dynamic")
             if guard_level and (literal or nodes.is_pure(loss_scale)) and not by_default:
                 dynamic_o0 = "" if literal else nodes.code(loss_scale)  # the level known at run time: an O0 run stops, as O2 does
-            else:
+            elif not (level is None and self._scaled_elsewhere()):
+                # a GradScaler made in the other half is on whatever level the run picks: it skips that step too
                 self.draft.unsafe_at(call, "O0 with a dynamic loss scale: apex scaled the fp32 loss and skipped a step whose "
                                            "gradients overflowed; the rewrite's scaler is off for O0, so that step is taken")
         restore = None

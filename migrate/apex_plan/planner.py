@@ -141,7 +141,8 @@ class Planner:
         handled |= {id(node) for _, node in self.sites.scale_reads}
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
         handled |= {id(call) for _, call in self.setup.receiver_calls} | self._unbound_calls()
-        half = HalfFacts(**(self.draft.half_facts or {}), reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
+        half = HalfFacts(**(self.draft.half_facts or {}), autocast=bool(self.draft.regions),
+                         reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe)), handled=handled, half=half)
 
     def _is_half(self) -> bool:

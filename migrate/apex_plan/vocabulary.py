@@ -210,6 +210,7 @@ class HalfFacts(NamedTuple):
     level: str | None = "O1"  # initialize half: its opt level, None when computed at run time
     scaler_args: tuple[str, ...] = ()  # initialize half: GradScaler's arguments for its options
     scaler: str | None = None  # scale half: the module-level name of its GradScaler
+    autocast: bool = True  # scale half: whether its rewrite writes an autocast region
     reasons: tuple[str, ...] = ()  # why its own rewrite is unsafe
     manual: str | None = None  # why it cannot be rewritten at all
 
