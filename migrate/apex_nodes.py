@@ -193,9 +193,10 @@ def number_value(node: cst.BaseExpression | None) -> float | None:
     return None
 
 
-def parse_statements(source: str, module: cst.Module) -> list[cst.BaseStatement]:
-    """Statements parsed with the file's own indentation and line endings."""
-    text = source.replace("    ", module.default_indent).replace("\n", module.default_newline)
+def parse_statements(source: str, module: cst.Module, unit: str | None = None) -> list[cst.BaseStatement]:
+    """Statements parsed with the file's own indentation (``unit``, that of the block they go in,
+    where it differs from the file's default) and line endings."""
+    text = source.replace("    ", unit or module.default_indent).replace("\n", module.default_newline)
     parsed = cst.parse_module(text, config=_parsing_config(module))
     body = list(parsed.body)
     if parsed.header and body:  # comment lines before the first statement are its own, not a file header

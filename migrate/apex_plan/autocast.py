@@ -443,12 +443,12 @@ class AutocastPlanning(Step):
         if self.tree.line_indent(statements[0]) + len(nodes.code(head).splitlines()[0]) > self.tree.line_limit:
             # `with torch.autocast(` / its arguments on one line, or one a line / `):`, as a formatter writes it
             call = head.items[0].item
-            indent = self.tree.module.default_indent
+            indent = self.tree.indent_unit(statements[0])
             arguments = ", ".join(nodes.code(arg).rstrip(", ") for arg in call.args)
             room = self.tree.line_limit - self.tree.line_indent(statements[0]) - len(indent)
             layout = f"\n{indent}{arguments}\n" if len(arguments) <= room else "".join(
                 f"\n{indent}{nodes.code(arg).rstrip(', ')}," for arg in call.args) + "\n"
-            head = nodes.parse_statements(f"with torch.autocast({layout}):\n    pass\n", self.tree.module)[0]
+            head = nodes.parse_statements(f"with torch.autocast({layout}):\n    pass\n", self.tree.module, indent)[0]
         body = [nodes.with_leading(statements[0], cst.SimpleStatementLine([])), *statements[1:]]
         return head.with_changes(body=head.body.with_changes(body=body), leading_lines=statements[0].leading_lines)
 

@@ -74,4 +74,4 @@ class Step:
             return new
         if len(self.tree.source_lines[line - 1]) - len(nodes.code(replaced)) + len(nodes.code(new)) <= self.tree.line_limit:
             return new
-        return nodes.one_argument_a_line(new, self.tree.module.default_indent)
+        return nodes.one_argument_a_line(new, self.tree.indent_unit(replaced))

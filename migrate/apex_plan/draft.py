@@ -12,6 +12,7 @@ import textwrap
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.block_indents import by_default, indented_as_around
 from migrate.apex_plan.syntax import SUSPENDS, ReplaceByIdentity, contains, defines
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import MANUAL_STEP_MARKER, SCALE_LOSS, Unplannable
@@ -194,6 +195,13 @@ class Draft:
             if all(isinstance(inner[key], cst.RemovalSentinel) for key in dropped):  # else `check_disjoint` reports it
                 self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
                 self.composed.add(id(node))
+
+    def indent_as_around(self) -> None:
+        """The blocks the rewrite writes indented as the block each replaced statement is in (``block_indents``)."""
+        own = by_default(self.tree.module)
+        for key, (node, replacement) in self.replacements.items():
+            unit = self.tree.indent_unit(node)
+            self.replacements[key] = (node, indented_as_around(replacement, None if unit == self.tree.module.default_indent else unit, own))
 
     def check_disjoint(self) -> None:
         for node, _ in self.replacements.values():

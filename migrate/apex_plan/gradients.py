@@ -454,7 +454,7 @@ class GradientPlanning(Step):
         grown = len(text) + len(nodes.code(generator)) - len(nodes.code(call))
         if grown <= self.tree.line_limit or any(isinstance(node, cst.Comment) for node in descendants(outer)):
             return call, generator  # it fits; or a comment is kept where it was written
-        return outer, nodes.one_argument_a_line(outer.deep_replace(call, generator), self.tree.module.default_indent)
+        return outer, nodes.one_argument_a_line(outer.deep_replace(call, generator), self.tree.indent_unit(call))
 
     def _laid_out(self, clip: cst.Call, new: cst.BaseExpression) -> cst.BaseExpression:
         """``new`` (in place of ``clip``) with the clip's arguments one a line, where a line of its
@@ -471,7 +471,7 @@ class GradientPlanning(Step):
         inner = next((node for node in descendants(new) if isinstance(node, cst.Call) and nodes.code(node.func) == called), None)
         if inner is None or len(inner.args) < 2:
             return new
-        return new.deep_replace(inner, nodes.one_argument_a_line(inner, self.tree.module.default_indent))
+        return new.deep_replace(inner, nodes.one_argument_a_line(inner, self.tree.indent_unit(clip)))
 
     def feeds_grad_consumer(self, call: cst.Call, statement: cst.CSTNode) -> bool:
         """Whether the parameters go into something that reads gradients (clipping, norms)."""

@@ -284,7 +284,7 @@ class InitializePlanning(Step):
         if hoist is None:
             if init.restore:
                 lines.append(init.restore)
-            new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module) if lines else []
+            new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module, self.tree.indent_unit(init.statement)) if lines else []
             if not new:
                 self.draft.replace(init.statement, cst.RemoveFromParent())
                 self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
@@ -294,7 +294,7 @@ class InitializePlanning(Step):
             self.draft.replace(init.statement, cst.FlattenSentinel(new) if len(new) > 1 else new[0])
             self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", self._initialize_fix())
             return
-        new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module)
+        new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module, self.tree.indent_unit(hoist))
         fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
         rest = [s for s in hoist.body.body if s is not init.statement and not isinstance(self.draft.replacements.get(id(s), (None, None))[1], cst.RemovalSentinel)]
         if not rest and hoist.orelse is None and init.restore is None:

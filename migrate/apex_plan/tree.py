@@ -189,6 +189,11 @@ class FileTree:
         where = self.provider.get_metadata(PositionProvider, node, None)
         return where.start.column if where is not None else 0
 
+    def indent_unit(self, node: cst.CSTNode) -> str:
+        """The indentation of the block ``node`` is in: new code there is indented by it."""
+        block = next((a for a in self.ancestors(node) if isinstance(a, cst.IndentedBlock)), None)
+        return block.indent if block is not None and block.indent is not None else self.module.default_indent
+
     def in_loop(self, node: cst.CSTNode) -> bool:
         return self.outermost_loop(node) is not None
 
