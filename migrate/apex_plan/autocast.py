@@ -94,18 +94,26 @@ class AutocastPlanning(Step):
         each ``if`` around that: ``loss = F.mse_loss(out, y)`` above ``if self.use_amp:``, whose
         arm computes ``loss = loss / n``. apex cast that too. Only what computes, not data moved
         (``y = y.cuda()``); one slice for each block."""
-        slices, wanted, current = [], carried(region), region[0]
-        while wanted:
-            owner = self._statement_holding(self.tree.parent.get(id(current)))
-            block = self.tree.parent.get(id(owner))
-            if not isinstance(owner, cst.If) or not isinstance(block, cst.IndentedBlock):
-                return slices
-            window = self.draft.window(block, owner)
+        slices, wanted = [], carried(region)
+        for window in self._windows_above(region):
+            if not wanted:
+                break
             start, wanted = backward_slice(window, wanted, computing=True)
             if start is not None:
                 slices.append(window[start:])
-            current = owner
         return slices
+
+    def _windows_above(self, region: list[cst.BaseStatement]):
+        """The statements above the ``if`` holding ``region``, then above each ``if`` around that,
+        for as long as an ``if`` in a block holds the last."""
+        current = region[0]
+        while True:
+            owner = self._statement_holding(self.tree.parent.get(id(current)))
+            block = self.tree.parent.get(id(owner))
+            if not isinstance(owner, cst.If) or not isinstance(block, cst.IndentedBlock):
+                return
+            yield self.draft.window(block, owner)
+            current = owner
 
     def _statement_holding(self, block: cst.CSTNode) -> cst.CSTNode | None:
         """The statement whose block ``block`` is: for an arm, the whole ``if``/``elif`` chain."""
@@ -276,13 +284,11 @@ class AutocastPlanning(Step):
         backbone(x)`` above ``if use_head: loss = head(feat)``): apex cast them too. For each
         block, from the first such pass to the ``if``."""
         wanted = set().union(*(read_names(statement) for statement in region))
-        slices, current = [], region[0]
-        while wanted:
-            owner = self._statement_holding(self.tree.parent.get(id(current)))
-            block = self.tree.parent.get(id(owner))
-            if not isinstance(owner, cst.If) or not isinstance(block, cst.IndentedBlock):
-                return slices
-            window, start = self.draft.window(block, owner), None
+        slices = []
+        for window in self._windows_above(region):
+            if not wanted:
+                break
+            start = None
             for index in range(len(window) - 1, -1, -1):
                 if assigned_names(window[index]) & wanted:
                     if self.tree.calls_model(window[index], models, self.sites.ids):
@@ -290,7 +296,6 @@ class AutocastPlanning(Step):
                     wanted |= read_names(window[index])
             if start is not None and not any(id(statement) in self.draft.regions for statement in window[start:]):
                 slices.append(window[start:])
-            current = owner
         return slices
 
     def _wrap_inner_slices(self, windows: list[list[cst.BaseStatement]], scale: ScaleLossSite, loss: str) -> None:
