@@ -173,7 +173,9 @@ class StandInPlanning(Step):
 
     @staticmethod
     def runs_at_construction(function: cst.FunctionDef, owner: cst.ClassDef) -> bool:
-        """``__init__`` itself, or a method ``__init__`` calls (``self._setup_amp()``)."""
+        """``__init__`` itself, or a method ``__init__`` always calls (``self._setup_amp()`` on a line
+        of its own body, not under a test: ``if params.amp >= 0: self.init_amp()`` leaves the
+        scaler unmade on the other runs)."""
         if function.name.value == "__init__":
             return True
         init = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
@@ -186,6 +188,8 @@ class StandInPlanning(Step):
                 called = called or (isinstance(func, cst.Attribute) and func.attr.value == function.name.value
                                     and isinstance(func.value, cst.Name) and func.value.value == "self")
 
-        if init is not None:
-            walk(init, _Find())
+        if init is not None and isinstance(init.body, cst.IndentedBlock):
+            for statement in init.body.body:
+                if isinstance(statement, cst.SimpleStatementLine):
+                    walk(statement, _Find())
         return called

@@ -249,7 +249,22 @@ class FileTree:
         owner = self.owner_class(caller)
         if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None
-        return next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
+        return self._method(owner, func.attr.value, set())
+
+    def _method(self, owner: cst.ClassDef, name: str, seen: set[int]) -> cst.FunctionDef | None:
+        """The method ``self.<name>`` calls in ``owner``: its own, else that of its bases defined at
+        the top of the file, in order (``class EncDecTrainer(Trainer)`` calling ``self.optimize``)."""
+        found = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+        if found is not None or id(owner) in seen:
+            return found
+        seen.add(id(owner))
+        classes = {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+        for base in owner.bases:
+            if isinstance(base.value, cst.Name) and base.value.value in classes and base.keyword is None:
+                found = self._method(classes[base.value.value], name, seen)
+                if found is not None:
+                    return found
+        return None
 
     def partial_bound(self, call: cst.Call) -> cst.Call | None:
         """``partial(f, a)`` where ``call`` calls a name the file binds once, to that partial, in

@@ -13,6 +13,7 @@ from libcst.metadata import (
 )
 
 from migrate import apex_nodes as nodes
+from migrate.flow.bindings import bound_names
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import qualified_names
 from migrate.rule import ImportChange, Rule
@@ -48,7 +49,10 @@ class ApexRename(Rule):
     """Finds every use of the apex names in ``TARGETS`` (resolved through imports) and rewrites it.
 
     A call goes through ``native_call``; a use that is not a call (``isinstance``, a base class,
-    an alias) becomes ``REFERENCES[name]`` when there is one, and is reported otherwise.
+    an alias) becomes ``REFERENCES[name]`` when there is one, and is reported otherwise. A class
+    handed on as a value (``dict(sgd=FusedSGD)``, returned, passed) is reported too: the calls made
+    with it are not seen. An alias (``impl = FusedSGD``) changes where each call through it is seen
+    and taken by the native class as it is.
 
     A name that another file of the project imports from this one (``migrate.importers``) stays
     bound: its apex import becomes ``name = REFERENCES[target]``. Without a reference to bind it
@@ -139,7 +143,7 @@ class ApexRename(Rule):
         if native is None:
             outcome: NativeCall | NoFix = NoFix("this use is not a call, and no single native name replaces it")
         else:
-            outcome = self._as_base(node, target) or NativeCall(native)
+            outcome = self._as_base(node, target) or self._handed_on(node, target) or NativeCall(native)
         self._references.add(target)
         self._pending.append((node, target, outcome))
 
@@ -162,6 +166,47 @@ class ApexRename(Rule):
                 return NoFix(f"`{owner.name.value}` subclasses it, and its `__init__` hands the base arguments the native "
                              "class takes differently")
         return None
+
+    def _handed_on(self, node: cst.BaseExpression, target: str) -> NoFix | None:
+        """Where ``node`` hands the class on as a value (``OPTIMIZERS = dict(sgd=FusedSGD)``, ``impl =
+        FusedSGD``), the calls made with it are elsewhere: why it stays, unless it is a class check
+        (``isinstance``), a base class, or bound to a name only ever called, each call one the
+        native class takes as it is (nothing apex-only to drop, no option to add)."""
+        arg = self.get_metadata(ParentNodeProvider, node, None)
+        holder = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        if isinstance(holder, cst.ClassDef) or (isinstance(holder, cst.Call) and nodes.call_name(holder) in ("isinstance", "issubclass")):
+            return None
+        if isinstance(arg, cst.Element) and isinstance(holder, cst.Tuple):  # isinstance(x, (A, B))
+            call = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, holder, None), None)
+            if isinstance(call, cst.Call) and nodes.call_name(call) in ("isinstance", "issubclass"):
+                return None
+        calls = self._calls_through(node, arg)
+        unseen = NoFix("it is handed on as a value here, and the calls made with it, elsewhere, may pass apex's own "
+                       f"arguments, which `{self.REFERENCES[target]}` does not take the same way")
+        if calls is None:
+            return unseen
+        for call in calls:
+            outcome = self.native_call(call.with_changes(func=node), target)
+            if isinstance(outcome, NoFix) or outcome.safety is not Safety.SAFE:
+                return unseen
+            native = cst.parse_expression(outcome.source)
+            if not isinstance(native, cst.Call) or nodes.code(native.with_changes(func=node)) != nodes.code(call.with_changes(func=node)):
+                return unseen
+        return None
+
+    def _calls_through(self, node: cst.BaseExpression, parent: cst.CSTNode | None) -> list[cst.Call] | None:
+        """The calls made through the name ``node`` is assigned to (``impl = FusedSGD``), where that
+        name is bound once in the file and used nowhere but as the callee of a call; else None."""
+        if not (isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1
+                and isinstance(parent.targets[0].target, cst.Name)):
+            return None
+        name = parent.targets[0].target.value
+        uses = [n for n in descendants(self._module) if type(n) is cst.Name and n.value == name and n is not parent.targets[0].target]
+        calls = [n for n in descendants(self._module) if type(n) is cst.Call and isinstance(n.func, cst.Name) and n.func.value == name]
+        rebound = any(name in bound_names(n) for n in descendants(self._module) if n is not parent)
+        if rebound or len(uses) != len(calls) or any(nodes.has_star(call) for call in calls):
+            return None
+        return calls
 
     def leave_Module(self, original_node: cst.Module) -> None:
         """Uses of a name that is also referenced (``isinstance``, a base class) change together.

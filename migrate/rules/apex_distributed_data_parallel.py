@@ -27,7 +27,8 @@ class ApexDistributedDataParallel(ApexRename):
     """What it does:
     Replaces ``apex.parallel.DistributedDataParallel(model)`` (any import spelling or alias) with
     ``torch.nn.parallel.DistributedDataParallel(model)``, and other uses of the class
-    (``isinstance``) with the native class.
+    (``isinstance``) with the native class. The class handed on as a value (``wrapper =
+    DistributedDataParallel``) is reported: the calls made with it would lack the options below.
 
     Why is this bad?
     ``apex.parallel`` was removed from apex; the native class does the same job (bucketed

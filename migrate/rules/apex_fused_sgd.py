@@ -24,7 +24,9 @@ class ApexFusedSGD(ApexRename):
     Fix safety:
     Safe (``materialize_master_grads`` and ``set_grad_none`` only concern O2 master gradients and
     ``zero_grad``). Reported for ``wd_after_momentum=True``, which applies weight decay after
-    momentum: torch has no such option.
+    momentum: torch has no such option. Reported where the class is handed on as a value
+    (``OPTIMIZERS = dict(sgd=FusedSGD)``): the call made with it elsewhere may pass those
+    arguments, which torch's SGD refuses.
 
     Options:
     None.
