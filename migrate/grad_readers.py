@@ -32,10 +32,11 @@ _CLIPS = {
 _LOOSE_PARENTS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Element, cst.DictElement)
 
 
-def reads_grads(statement: cst.CSTNode, own_tensors: frozenset[str] = frozenset()) -> bool:
+def reads_grads(statement: cst.CSTNode, own_tensors: frozenset[str] = frozenset(), judged_apart: frozenset[int] = frozenset()) -> bool:
     """Clipping, gradient norms, ``p.grad``: anything that would see scaled gradients natively.
-    The ``.grad`` of one of ``own_tensors`` (``own_leaf_tensors``) is no such read."""
-    return bool(_grad_calls(statement)) or any(
+    The ``.grad`` of one of ``own_tensors`` (``own_leaf_tensors``) is no such read; nor is a call
+    in ``judged_apart`` (a helper of the file, judged by its body rather than its name)."""
+    return any(id(call) not in judged_apart for call in _grad_calls(statement)) or any(
         not (type(node.value) is cst.Name and node.value.value in own_tensors) for node in _grad_attributes(statement))
 
 
@@ -62,19 +63,28 @@ def own_leaf_tensors(function: cst.CSTNode) -> frozenset[str]:
 _FACTORIES = frozenset({"zeros", "zeros_like", "ones", "ones_like", "empty", "empty_like", "rand", "rand_like", "randn",
                         "randn_like", "full", "full_like", "tensor", "clamp"})
 _APART = frozenset({"detach", "requires_grad_", "clone", "uniform_", "normal_", "new_zeros", "new_empty", "new_ones"})
+_MOVES = frozenset({"cuda", "to", "float", "half"})  # the same tensor on another device or in another dtype
+# torch.autograd.grad's keywords: gradients computed afresh from ``grad_outputs``, which no loss scale touches
+_FRESH_GRADIENT_KEYWORDS = frozenset({"outputs", "inputs", "grad_outputs", "only_inputs", "allow_unused", "create_graph"})
 
 
 def _made_here(value: cst.CSTNode) -> bool:
-    """A tensor made here: a factory's (``torch.zeros_like(x)``), or one taken apart from the graph
-    (``(delta + step).detach()``, ``.requires_grad_()``)."""
+    """A tensor made here: a factory's (``torch.zeros_like(x)``), a ``Variable`` (a leaf of its
+    own), or one taken apart from the graph (``(delta + step).detach()``, ``.requires_grad_()``);
+    also moved (``Variable(noise, requires_grad=True).cuda()``)."""
     if type(value) is not cst.Call:
         return False
     name = nodes.call_name(value)
-    return name in _APART or (name in _FACTORIES and type(value.func) is cst.Attribute and nodes.code(value.func.value) == "torch")
+    if name in _MOVES and type(value.func) is cst.Attribute:
+        return _made_here(value.func.value)
+    return name in _APART or name == "Variable" or (
+        name in _FACTORIES and type(value.func) is cst.Attribute and nodes.code(value.func.value) == "torch")
 
 
 def _asks_grad(call: cst.Call) -> bool:
-    """``x.requires_grad_()`` (not ``(False)``), or a factory given ``requires_grad=True``."""
+    """``x.requires_grad_()`` (not ``(False)``), or a factory given ``requires_grad=True`` (then moved)."""
+    if nodes.call_name(call) in _MOVES and type(call.func) is cst.Attribute and type(call.func.value) is cst.Call:
+        return _asks_grad(call.func.value)
     if nodes.call_name(call) == "requires_grad_":
         return not any(nodes.code(arg.value) == "False" for arg in call.args)
     flag = nodes.argument(call, None, "requires_grad")
@@ -169,6 +179,10 @@ def _grad_calls(statement: cst.CSTNode) -> list[cst.Call]:
         name = name.lower()
         return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
 
+    def fresh(call: cst.Call) -> bool:
+        """``torch.autograd.grad(...)`` (or ``autograd.grad``, or an alias given its keywords)."""
+        return nodes.code(call.func) in ("torch.autograd.grad", "autograd.grad") or bool(nodes.keyword_names(call) & _FRESH_GRADIENT_KEYWORDS)
+
     def clipper(call: cst.Call) -> bool:
         """A method of something named a clipper: ``grad_clipper.step(params)``."""
         receiver = call.func.value if type(call.func) is cst.Attribute else None
@@ -176,11 +190,13 @@ def _grad_calls(statement: cst.CSTNode) -> list[cst.Call]:
             receiver = receiver.attr
         return type(receiver) is cst.Name and "clip" in receiver.value.lower()
 
-    return [call for call in _outside_definitions(statement, cst.Call) if reads(nodes.call_name(call)) or clipper(call)]
+    return [call for call in _outside_definitions(statement, cst.Call) if (reads(nodes.call_name(call)) and not fresh(call)) or clipper(call)]
 
 
 def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:
-    return [node for node in _outside_definitions(statement, cst.Attribute) if node.attr.value == "grad"]
+    """``p.grad``; not a function so named, called (``torch.autograd.grad(...)``)."""
+    called = {id(call.func) for call in _outside_definitions(statement, cst.Call)}
+    return [node for node in _outside_definitions(statement, cst.Attribute) if node.attr.value == "grad" and id(node) not in called]
 
 
 def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:

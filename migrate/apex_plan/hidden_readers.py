@@ -35,9 +35,11 @@ def reads_grads(tree: FileTree, statement: cst.CSTNode, holders: frozenset[str],
     """Whether ``statement`` reads gradients: itself (``grad_readers``), in a helper of the file it
     calls, or through a call of code not in the file handed one of ``holders`` (``self``, the
     models; or called on what was made with one). ``skip``: apex's own calls."""
-    if grad_readers.reads_grads(statement, own):
+    calls = list(_calls(tree, statement, skip))
+    helpers = frozenset(id(call) for call, helper in calls if helper is not None)  # judged by their bodies below
+    if grad_readers.reads_grads(statement, own, helpers if depth < _DEPTH else frozenset()):
         return True
-    for call, helper in _calls(tree, statement, skip):
+    for call, helper in calls:
         if helper is not None:
             # a helper that scales a loss with apex itself is planned on its own
             if depth < _DEPTH and not _scales(helper, skip) and reads_grads(tree, helper.body, holders, skip, frozenset(), depth + 1):
