@@ -65,6 +65,9 @@ class ApexRename(Rule):
     MARK_UNSAFE: ClassVar[bool] = False
     TARGETS: ClassVar[tuple[str, ...]] = ()
     REFERENCES: ClassVar[dict[str, str]] = {}
+    # True where a call of the native class may differ from the apex one (apex-only arguments, options
+    # the rewrite adds): the class handed on as a value, its calls unseen, is then reported
+    CALLS_UNSEEN_DIFFER: ClassVar[bool] = False
 
     def __init__(self, context=None) -> None:
         super().__init__(context)
@@ -173,6 +176,8 @@ class ApexRename(Rule):
         (``isinstance``), a base class, or bound to a name only ever called, each call one the
         native class takes as it is (nothing apex-only to drop, no option to add)."""
         arg = self.get_metadata(ParentNodeProvider, node, None)
+        if not self.CALLS_UNSEEN_DIFFER or not isinstance(arg, (cst.Arg, cst.Assign, cst.AnnAssign, cst.Element, cst.DictElement, cst.Return)):
+            return None  # `FusedSGD.__init__(self, ...)`, an attribute read: no value handed on
         holder = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
         if isinstance(holder, cst.ClassDef) or (isinstance(holder, cst.Call) and nodes.call_name(holder) in ("isinstance", "issubclass")):
             return None

@@ -70,6 +70,7 @@ class ApexDistributedDataParallel(ApexRename):
     MESSAGE = "`apex.parallel.DistributedDataParallel` was removed from apex"
     TARGETS = ("apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel")
     REFERENCES = {name: _NATIVE for name in TARGETS}
+    CALLS_UNSEEN_DIFFER = True
     VALID = [
         Valid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(model)\n"),
         Valid("class DistributedDataParallel:\n    pass\nmodel = DistributedDataParallel(model)\n"),

@@ -38,6 +38,7 @@ class ApexFusedSGD(ApexRename):
     MESSAGE = "`apex.optimizers.FusedSGD` needs an apex build; use `torch.optim.SGD`"
     TARGETS = ("apex.optimizers.FusedSGD", "apex.optimizers.fused_sgd.FusedSGD")
     REFERENCES = {name: "torch.optim.SGD" for name in TARGETS}
+    CALLS_UNSEEN_DIFFER = True
     VALID = [Valid("import torch\noptimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)\n")]
     INVALID = [
         Invalid(

@@ -122,7 +122,9 @@ def test_a_name_another_module_imports_stays_importable(tmp_path_factory, target
     assert not any(d.code.startswith("E") for result in results for d in result.diagnostics), results
     migrated = (root / package / "layers.py").read_text()
 
-    if native is None:
+    # FusedSGD handed on as a value: the calls made with it are unseen, and may pass its own arguments
+    handed_on = use == "reference" and cls == "FusedSGD"
+    if native is None or handed_on:
         # Nothing to bind the name to: its uses and its import stay, and it still imports as before.
         assert f"import {cls}" in migrated
         assert got(_import_fresh(root, package, user, blocked=False)) is before
