@@ -178,7 +178,7 @@ class ApexRename(Rule):
         arg = self.get_metadata(ParentNodeProvider, node, None)
         if not self.CALLS_UNSEEN_DIFFER or not isinstance(arg, (cst.Arg, cst.Assign, cst.AnnAssign, cst.Element, cst.DictElement, cst.Return)):
             return None  # `FusedSGD.__init__(self, ...)`, an attribute read: no value handed on
-        holder = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, cst.Arg) else None
+        holder = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, (cst.Arg, cst.Element)) else None
         if isinstance(holder, cst.ClassDef) or (isinstance(holder, cst.Call) and nodes.call_name(holder) in ("isinstance", "issubclass")):
             return None
         if isinstance(arg, cst.Element) and isinstance(holder, cst.Tuple):  # isinstance(x, (A, B))
