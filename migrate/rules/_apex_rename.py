@@ -13,7 +13,6 @@ from libcst.metadata import (
 )
 
 from migrate import apex_nodes as nodes
-from migrate.flow.bindings import bound_names
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import qualified_names
 from migrate.rule import ImportChange, Rule
@@ -200,16 +199,16 @@ class ApexRename(Rule):
         return None
 
     def _calls_through(self, node: cst.BaseExpression, parent: cst.CSTNode | None) -> list[cst.Call] | None:
-        """The calls made through the name ``node`` is assigned to (``impl = FusedSGD``), where that
-        name is bound once in the file and used nowhere but as the callee of a call; else None."""
+        """The calls made through the name ``node`` is assigned to (``impl = FusedSGD``, also beside
+        ``impl = torch.optim.SGD``), where that name is used nowhere but as the callee of a call; else None."""
         if not (isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1
                 and isinstance(parent.targets[0].target, cst.Name)):
             return None
         name = parent.targets[0].target.value
-        uses = [n for n in descendants(self._module) if type(n) is cst.Name and n.value == name and n is not parent.targets[0].target]
+        assigned = {id(n.target) for n in descendants(self._module) if type(n) is cst.AssignTarget}  # `impl = ...` binds, reads nothing
+        uses = [n for n in descendants(self._module) if type(n) is cst.Name and n.value == name and id(n) not in assigned]
         calls = [n for n in descendants(self._module) if type(n) is cst.Call and isinstance(n.func, cst.Name) and n.func.value == name]
-        rebound = any(name in bound_names(n) for n in descendants(self._module) if n is not parent)
-        if rebound or len(uses) != len(calls) or any(nodes.has_star(call) for call in calls):
+        if len(uses) != len(calls) or any(nodes.has_star(call) for call in calls):
             return None
         return calls
 

@@ -25,6 +25,8 @@ UNSEEN = {
 }
 SEEN = {
     "alias_called": (SGD, "impl = FusedSGD\nopt = impl(params, lr=0.1, momentum=0.9)\n", "impl = torch.optim.SGD"),
+    "alias_beside_a_default": (SGD, "impl = torch.optim.SGD\nif fast:\n    impl = FusedSGD\nopt = impl(params, lr=0.1, nesterov=True)\n",
+                               "    impl = torch.optim.SGD"),
     "class_check": (SGD, "ok = isinstance(opt, FusedSGD)\n", "isinstance(opt, torch.optim.SGD)"),
     "ddp_check": (DDP, "wrapped = isinstance(model, DistributedDataParallel)\n",
                   "isinstance(model, torch.nn.parallel.DistributedDataParallel)"),
