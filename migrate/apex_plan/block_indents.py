@@ -21,10 +21,10 @@ def by_default(module: cst.Module) -> frozenset[int]:
                      if type(block) is cst.IndentedBlock and block.indent is None for statement in block.body)
 
 
-def indented_as_around(replacement: Replacement, unit: str | None, own: frozenset[int]) -> Replacement:
+def indented_as_around(replacement: Replacement, unit: str, own: frozenset[int]) -> Replacement:
     """``replacement`` with the new blocks in it indented by ``unit``, the indentation of the block
-    it is written in (None where that block takes the file's default: nothing changes)."""
-    if unit is None or isinstance(replacement, cst.RemovalSentinel):
+    it is written in (where that differs from the file's default)."""
+    if isinstance(replacement, cst.RemovalSentinel):
         return replacement
     indenting = _NewBlocks(unit, own)
     if isinstance(replacement, cst.FlattenSentinel):

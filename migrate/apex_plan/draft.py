@@ -198,10 +198,13 @@ class Draft:
 
     def indent_as_around(self) -> None:
         """The blocks the rewrite writes indented as the block each replaced statement is in (``block_indents``)."""
-        own = by_default(self.tree.module)
+        default = self.tree.module.default_indent
+        own = None  # the file's own default-indented statements: walked for only where a block differs
         for key, (node, replacement) in self.replacements.items():
             unit = self.tree.indent_unit(node)
-            self.replacements[key] = (node, indented_as_around(replacement, None if unit == self.tree.module.default_indent else unit, own))
+            if unit != default:
+                own = by_default(self.tree.module) if own is None else own
+                self.replacements[key] = (node, indented_as_around(replacement, unit, own))
 
     def check_disjoint(self) -> None:
         for node, _ in self.replacements.values():

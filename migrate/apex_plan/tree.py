@@ -258,7 +258,7 @@ class FileTree:
         if found is not None or id(owner) in seen:
             return found
         seen.add(id(owner))
-        classes = {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+        classes = self.per_scope(("top-level classes",), lambda: {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)})
         for base in owner.bases:
             if isinstance(base.value, cst.Name) and base.value.value in classes and base.keyword is None:
                 found = self._method(classes[base.value.value], name, seen)

@@ -178,12 +178,10 @@ class ApexRename(Rule):
         if not self.CALLS_UNSEEN_DIFFER or not isinstance(arg, (cst.Arg, cst.Assign, cst.AnnAssign, cst.Element, cst.DictElement, cst.Return)):
             return None  # `FusedSGD.__init__(self, ...)`, an attribute read: no value handed on
         holder = self.get_metadata(ParentNodeProvider, arg, None) if isinstance(arg, (cst.Arg, cst.Element)) else None
+        if isinstance(arg, cst.Element) and isinstance(holder, cst.Tuple):  # isinstance(x, (A, B)): the call holding the tuple
+            holder = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, holder, None), None)
         if isinstance(holder, cst.ClassDef) or (isinstance(holder, cst.Call) and nodes.call_name(holder) in ("isinstance", "issubclass")):
             return None
-        if isinstance(arg, cst.Element) and isinstance(holder, cst.Tuple):  # isinstance(x, (A, B))
-            call = self.get_metadata(ParentNodeProvider, self.get_metadata(ParentNodeProvider, holder, None), None)
-            if isinstance(call, cst.Call) and nodes.call_name(call) in ("isinstance", "issubclass"):
-                return None
         calls = self._calls_through(node, arg)
         unseen = NoFix("it is handed on as a value here, and the calls made with it, elsewhere, may pass apex's own "
                        f"arguments, which `{self.REFERENCES[target]}` does not take the same way")
@@ -205,9 +203,15 @@ class ApexRename(Rule):
                 and isinstance(parent.targets[0].target, cst.Name)):
             return None
         name = parent.targets[0].target.value
-        assigned = {id(n.target) for n in descendants(self._module) if type(n) is cst.AssignTarget}  # `impl = ...` binds, reads nothing
-        uses = [n for n in descendants(self._module) if type(n) is cst.Name and n.value == name and id(n) not in assigned]
-        calls = [n for n in descendants(self._module) if type(n) is cst.Call and isinstance(n.func, cst.Name) and n.func.value == name]
+        assigned, uses, calls = set(), [], []  # `impl = ...` binds, reads nothing
+        for n in descendants(self._module):
+            if type(n) is cst.AssignTarget:
+                assigned.add(id(n.target))
+            elif type(n) is cst.Name and n.value == name:
+                uses.append(n)
+            elif type(n) is cst.Call and isinstance(n.func, cst.Name) and n.func.value == name:
+                calls.append(n)
+        uses = [n for n in uses if id(n) not in assigned]
         if len(uses) != len(calls) or any(nodes.has_star(call) for call in calls):
             return None
         return calls
