@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ampshim.state import _amp_state
 from migrate.api import migrate_source
 
 
@@ -901,7 +902,10 @@ def test_a_scaler_made_late_by_a_class_without_its_own_init_has_a_class_attribut
     namespace["Trainer"](path=path).resume()
 
 
-def test_a_scaler_made_late_with_self_amp_also_set_elsewhere_has_the_class_stand_in(tmp_path):
+def test_a_scaler_made_late_with_self_amp_also_set_elsewhere_has_the_class_stand_in(tmp_path, monkeypatch):
+    # An earlier test in the same process may have run `amp.initialize`; this one needs apex's state
+    # as a fresh process has it (monkeypatch puts it back afterwards).
+    monkeypatch.delattr(_amp_state, "opt_properties", raising=False)
     # `attach()` gives `self.amp` the module without `initialize`: apex refused `scale_loss` there
     # (run: RuntimeError); the rewrite's disabled class scaler trains in fp32, as the module-level
     # stand-in does before the function making the scaler has run (docs/codemod.md).
