@@ -289,8 +289,27 @@ def disabling_if(tree: FileTree, initialize_statement: cst.CSTNode, initialize_c
     stands in before: where its test was false, the scaler stayed disabled (an ``else:
     loss.backward()`` of the same test is no backward it must scale). None where the test reads a
     parameter of its function, whose value may differ from call to call."""
-    owner = flag_if(tree, initialize_statement, initialize_calls)
+    owner = flag_if(tree, initialize_statement, initialize_calls) or _flag_if_around_the_call(tree, initialize_statement)
     return None if owner is None or tests_a_parameter(tree, owner) else owner
+
+
+def _flag_if_around_the_call(tree: FileTree, initialize_statement: cst.CSTNode) -> cst.If | None:
+    """``if self.use_amp: self.setup_amp()`` where ``setup_amp``'s own body runs ``initialize``:
+    the method's one call, and the name read nowhere else in the file, so the method runs only
+    where that test holds (``flag_if``'s conditions, on the ``if`` around the call)."""
+    method = tree.function(initialize_statement)
+    if method is None or tree.parent.get(id(initialize_statement)) is not method.body:
+        return None
+    name = method.name.value
+    calls = tree.calls_of(method)
+    named = [node for node in descendants(tree.module) if type(node) is cst.Name and node.value == name]
+    if len(calls) != 1 or len(named) != 2:  # the definition's name and the call's
+        return None
+    line = tree.parent.get(id(calls[0]))
+    statement = tree.parent.get(id(line))
+    if not (isinstance(line, cst.Expr) and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return None
+    return flag_if(tree, statement, calls)
 
 
 def unscaled_there(tree: FileTree, call: cst.Call, node: cst.CSTNode) -> bool:

@@ -112,6 +112,15 @@ class Features:
     #                           with the optimizer's zero_grad() (the head optimizer's own after its step),
     #                           stale: nothing clears its gradients on the shared weights before the next
     #                           scaled backward
+    methods_in: str = "class"  # with holder=method: class (one Trainer) | base (`__init__` and the loss and
+    #                            backward methods in a `BaseTrainer`, the loop in `Trainer(BaseTrainer)`,
+    #                            whose calls `self.backward(loss)` reach the base's method)
+    amp_setup: str = "init"  # with holder=method: init (`__init__` initializes) | method (`__init__` calls
+    #                          `self.setup_amp()`, under the flag when there is one, and that method does)
+    penalty: str = "none"  # none | positional | keywords: the loss adds a gradient penalty on an input
+    #                        copy from `torch.autograd.grad(out, x_req, create_graph=True)` (or
+    #                        `autograd.grad(outputs=..., inputs=...)[0]`): gradients computed afresh, no
+    #                        read of the optimizer's scaled ones
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -188,6 +197,12 @@ def _coherent(f: Features) -> Features:
         f = replace(f, after_step="none")  # the head optimizer is main's own, beside the one it initializes
     if f.after_step == "cleared" and f.accumulation != "none":
         f = replace(f, after_step="stale")  # clearing at the top of each micro-batch would undo the accumulation
+    if f.holder != "method":
+        f = replace(f, methods_in="class", amp_setup="init")
+    if f.amp_setup == "method" and f.import_in == "guarded":
+        f = replace(f, import_in="function")  # the method's import is not under a test of its own
+    if f.loss in ("arms", "arms_backward") or f.backward_in == "update":
+        f = replace(f, penalty="none")  # added where one line computes the loss
     return f
 
 
@@ -234,6 +249,9 @@ def features():
         entry=st.sampled_from(["main", "guard"]),
         clip_or_norm=st.booleans(),
         memory=st.sampled_from(["none", "after", "eval_after", "before", "teacher"]),
+        methods_in=st.sampled_from(["class", "base"]),
+        amp_setup=st.sampled_from(["init", "method"]),
+        penalty=st.sampled_from(["none", "positional", "keywords"]),
     ).map(_coherent)
 
 
@@ -421,6 +439,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  f"    {loss} = F.mse_loss(output, y)",
                  "else:",
                  f"    {loss} = F.smooth_l1_loss(output, y)"]
+    body += _penalty(f, s)
     if accumulate and f.backward_in != "update" and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
     defined, delayed, at_boundary = _boundary(f)
@@ -515,6 +534,18 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     return body
 
 
+def _penalty(f: Features, s: _Spelling) -> list[str]:
+    """A gradient penalty on an input copy added to the loss (``Features.penalty``)."""
+    if f.penalty == "none":
+        return []
+    _, _, loss = f.names
+    taken = ("(input_grad,) = torch.autograd.grad({0}(x_req).sum(), x_req, create_graph=True)"
+             if f.penalty == "positional" else
+             "input_grad = autograd.grad(outputs={0}(x_req).sum(), inputs=x_req, create_graph=True)[0]")
+    return ["x_req = x.detach().requires_grad_(True)", taken.format(s.forward),
+            f"{loss} = {loss} + 0.01 * input_grad.pow(2).mean()"]
+
+
 def _skipping_nan(f: Features, loss: str, backward: list[str]) -> list[str]:
     """The backward pass, in the ``else:`` of a test for a NaN loss where ``Features.nan_skip``."""
     if not f.nan_skip:
@@ -568,6 +599,14 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     if f.level_in_block and len(lines) == 2:  # the block sets the level the call reads
         lines = [lines[0], '    opt_level = "O1"', "    " + initialize.replace('opt_level="O1"', "opt_level=opt_level")]
     return _imported_here(f, lines)
+
+
+def _unflagged(f: Features, s: _Spelling, set_up: list[str]) -> list[str]:
+    """``__init__``'s set-up lines without their flag's test: a method that runs only where it holds."""
+    flag = "use_amp" if f.flag_copy else s.use_amp
+    if not set_up or set_up[0] != f"if {flag}:":
+        return set_up
+    return [line[4:] if line.startswith("    ") else line for line in set_up[1:]]
 
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:
@@ -642,6 +681,12 @@ def _main_and_training(f: Features) -> str:
             keep.append(f"self.runner = nn.DataParallel(self.{model}) if torch.cuda.device_count() > 1 else self.{model}")
         init_flag = [f"self.use_amp = use_amp"] if s.use_amp else []
         set_up = _initialize(f, s, f"self.{model}", f"self.{optimizer}")
+        setup_method = []
+        if f.amp_setup == "method":  # the same lines in a method `__init__` calls, under the flag
+            setup_method = ["", "def setup_amp(self):", *_indent(_unflagged(f, s, set_up))]
+            call = ["self.setup_amp()"]
+            set_up = [f"if {'use_amp' if f.flag_copy else s.use_amp}:", *_indent(call)] if (
+                s.use_amp and not f.initialize_always) else call
         if f.grads_in == "attribute":
             set_up.append(f"self.tracker = GradNormLR({s.model}, {s.first_optimizer})")
         holds = []
@@ -651,15 +696,18 @@ def _main_and_training(f: Features) -> str:
         loss_method = [] if f.loss != "method" else [
             "", "def compute_loss(self, inputs, targets):", f"    return F.mse_loss(self.{model}(inputs), targets)"]
         made = _made(f, model, optimizer)
-        trainer = ["class Trainer:",
-                   *_indent([f"def __init__(self, {model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
-                             f"{', use_amp' if s.use_amp else ''}):",
-                             *_indent([*keep, *init_flag, *set_up, *holds]),
-                             *loss_method,
-                             *_backward_method(f, s),
-                             "",
-                             f"def train(self, batches{takes}):",
-                             *_indent(["losses = []", *training])])]
+        methods = [f"def __init__(self, {model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
+                   f"{', use_amp' if s.use_amp else ''}):",
+                   *_indent([*keep, *init_flag, *set_up, *holds]),
+                   *setup_method,
+                   *loss_method,
+                   *_backward_method(f, s)]
+        train = [f"def train(self, batches{takes}):", *_indent(["losses = []", *training])]
+        if f.methods_in == "base":  # the loop in a subclass, reaching the base's methods through `self`
+            trainer = ["class BaseTrainer:", *_indent(methods), "", "",
+                       "class Trainer(BaseTrainer):", *_indent(train)]
+        else:
+            trainer = ["class Trainer:", *_indent([*methods, "", *train])]
         main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *made, *_data(),
                 f"trainer = Trainer({model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
                 f"{', use_amp' if s.use_amp else ''})",
@@ -711,6 +759,8 @@ def script(f: Features) -> str:
     if f.backward_in == "partial":
         imports += "import functools\nfrom functools import partial\n"
     imports += "\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+    if f.penalty == "keywords":
+        imports += "from torch import autograd\n"
     if f.import_guard:
         imports += ("\ntry:\n    from apex import amp\n    has_apex = True\nexcept ImportError:\n"
                     "    has_apex = False\n")
