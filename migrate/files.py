@@ -144,9 +144,18 @@ def _import_root(path: Path, folder: Path) -> Path:
             found = candidate.joinpath(*module.split("."))
             if found.with_suffix(".py").is_file() or found.is_dir():  # a module, a package (or a namespace one)
                 return candidate
+    package = None
     while (folder / "__init__.py").is_file():  # else above the package holding it, as its importers see it
-        folder = folder.parent
+        package, folder = folder, folder.parent
+    if package is not None and _exported_repository(package) and not any(folder.glob("*.py")):
+        return package  # a repository whose top is a package, in a folder of other things (`~/code`)
     return folder
+
+
+def _exported_repository(folder: Path) -> bool:
+    """Whether ``folder`` reads as a repository's top (a README or a licence beside its code), as an
+    export without its ``.git`` keeps it."""
+    return any(next(folder.glob(pattern), None) is not None for pattern in ("README*", "LICENSE*", "LICENCE*"))
 
 
 

@@ -417,8 +417,15 @@ def _imported_halves(half: Half, imported: Import, others: list[Half], real: dic
         # The one nearest the importer: several projects in a tree may have a `utils.py`.
         shared = {other.path: len(os.path.commonpath([real[half.path], real[other.path]])) for other in matching}
         closest = [other for other in matching if shared[other.path] == max(shared.values())]
-        if len(closest) == 1:
+        if len(closest) == 1 and not _shadowed(half, imported.level, parts, real[closest[0].path], real):
             yield closest[0], module
+
+
+def _shadowed(importer: Half, level: int, parts: list[str], half_path: Path, real: dict[Path, Path]) -> bool:
+    """Whether the import loads another file of that name, nearer the importer than the half
+    (``import utils`` beside the script's own ``utils.py``, which calls no apex)."""
+    nearest = find_on_disk(real[importer.path], level, parts, folders_up=FOLDERS_UP)
+    return nearest is not None and nearest.resolve() != half_path
 
 
 def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:

@@ -1,0 +1,101 @@
+"""Repositories exported without their ``.git`` into a folder of other things (``~/code/repo``), and
+an import that loads the script's own module: another repository's file is no half of this one.
+
+- A repository whose top is a package (an ``__init__.py`` beside its README or licence) is its own
+  project: the folder above it, holding no Python file of its own, is no project it belongs to.
+- ``import utils`` beside the script's own ``utils.py`` loads that file, not a ``utils.py`` of the
+  project that scales losses with apex in another folder.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from migrate import api, files
+
+TRAIN = '''\
+import torch
+{import_line}
+from apex import amp
+
+
+def main():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x in [torch.randn(4, 2)]:
+        loss = model(x).sum()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+# a file that only scales losses with apex: a scale half, for whoever imports it
+SCALE_HALF = '''\
+from apex import amp
+
+
+def backward(loss, optimizer):
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+'''
+IMPORTS = {"module": ("import {name}", "{name}"), "names": ("from {name} import backward", "{name}")}
+TOP_FILES = ["README.md", "README.rst", "LICENSE", "LICENCE.txt"]
+
+
+def _results(root: Path) -> dict[str, api.FileResult]:
+    return {Path(r.filename).name: r for r in api.migrate_paths([str(root)], write=False)}
+
+
+def _folder_of_repositories(tmp_path: Path, top_file: str | None, import_line: str) -> Path:
+    """``code/repo_a`` (a package at its top, importing ``helpers``) beside ``code/repo_b``,
+    whose ``helpers.py`` scales losses."""
+    repo_a, repo_b = tmp_path / "code" / "repo_a", tmp_path / "code" / "repo_b"
+    for repo in (repo_a, repo_b):
+        repo.mkdir(parents=True)
+        (repo / "__init__.py").write_text("")
+        if top_file is not None:
+            (repo / top_file).write_text("")
+    (repo_a / "train.py").write_text(TRAIN.format(import_line=import_line.format(name="helpers")))
+    (repo_b / "helpers.py").write_text(SCALE_HALF)
+    return repo_a
+
+
+@pytest.mark.parametrize("top_file, spelling", list(itertools.product(TOP_FILES, IMPORTS)))
+def test_a_repository_whose_top_is_a_package_is_its_own_project(tmp_path, top_file, spelling):
+    repo_a = _folder_of_repositories(tmp_path, top_file, IMPORTS[spelling][0])
+    assert files.project_root(repo_a / "train.py") == repo_a.resolve()
+    result = _results(repo_a)["train.py"]
+    assert result.changed and "amp" not in result.new_source.replace("torch.amp", ""), [
+        d.message for d in result.diagnostics]
+
+
+@pytest.mark.parametrize("shape", ["no_top_file", "script_above"])
+def test_a_package_without_a_repositorys_top_belongs_to_the_folder_above(tmp_path, shape):
+    """No README or licence (``src/`` of a project), or a script in the folder above that runs the
+    package: the folder above is the project, and its other halves count."""
+    repo_a = _folder_of_repositories(tmp_path, None if shape == "no_top_file" else "README.md", "import helpers")
+    if shape == "script_above":
+        (repo_a.parent / "run.py").write_text("import repo_a\n")
+    assert files.project_root(repo_a / "train.py") == repo_a.parent.resolve()
+
+
+@pytest.mark.parametrize("spelling, own", list(itertools.product(IMPORTS, ["module", "package"])))
+def test_an_import_loads_the_scripts_own_module_not_a_half_elsewhere(tmp_path, spelling, own):
+    """``import utils`` with the script's own ``utils`` beside it (a module, or a package) and a
+    ``tools/utils.py`` that scales losses with apex: the script is no initialize half of that file
+    and is rewritten; where its own ``utils`` is missing, the two are linked and it stays."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "train.py").write_text(TRAIN.format(import_line=IMPORTS[spelling][0].format(name="utils")))
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "utils.py").write_text(SCALE_HALF)
+    assert not _results(tmp_path)["train.py"].changed  # linked: migrated together
+    if own == "module":
+        (tmp_path / "utils.py").write_text("def backward(loss, optimizer):\n    loss.backward()\n")
+    else:
+        (tmp_path / "utils").mkdir()
+        (tmp_path / "utils" / "__init__.py").write_text("def backward(loss, optimizer):\n    loss.backward()\n")
+    files.project_python_files.cache_clear()
+    result = _results(tmp_path)["train.py"]
+    assert result.changed, [d.message for d in result.diagnostics]
