@@ -377,7 +377,10 @@ class AutocastPlanning(Step):
         # Stop at the last statement that computes the loss or calls the model: what follows
         # (``optimizer.zero_grad()``, logging) stays outside the autocast region.
         models = self.tree.models_seen_from(scale.statement, self.setup.model_codes)
-        relevant = [i for i, s in enumerate(statements) if assigns(s, loss) or self.tree.calls_model(s, models, self.sites.ids)]
+        # the names the loss is read from too: `losses` of `scale_loss(losses[0], ...)`
+        read = read_names(nodes.parse_expression(loss, self.tree.module))
+        relevant = [i for i, s in enumerate(statements)
+                    if assigns(s, loss) or assigned_names(s) & read or self.tree.calls_model(s, models, self.sites.ids)]
         if relevant:
             statements = statements[: relevant[-1] + 1]
         enabled = f"{self.setup.scaler}.is_enabled()" if self.setup.may_be_disabled and not self.setup.in_block else None

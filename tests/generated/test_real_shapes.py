@@ -551,3 +551,44 @@ def test_models_taken_from_the_list_initialize_was_handed_train_the_same(tmp_pat
     result = migrate_source(LISTS_OF_MODELS, filename="train.py")
     assert "from apex import" not in result.new_source and MARKER not in result.new_source, result.new_source
     _trains_the_same(tmp_path, LISTS_OF_MODELS, result.new_source, [], ["--apex"])
+
+
+LOSS_FROM_A_LIST = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    def compute_losses(logits, target):
+        return [F.cross_entropy(logits, target), logits.float().pow(2).mean()]
+
+
+    def main():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 10)).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+        x = torch.randn(64, 16, device="cuda") * 4
+        y = (x[:, 0] * 3).long().clamp(0, 9)
+        for _ in range(8):
+            logits = model(x)
+            loss_list = compute_losses(logits, y)
+            with amp.scale_loss(loss_list[0], optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        print(float(loss_list[0]))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_a_loss_read_from_a_list_is_computed_under_autocast_and_trains_the_same(tmp_path):
+    """``amp.scale_loss(loss_list[0], ...)``: the line computing the list from the logits is in the
+    region; left out, its cross-entropy ran in half precision where apex ran it in float32."""
+    result = migrate_source(LOSS_FROM_A_LIST, filename="train.py")
+    assert "apex" not in result.new_source and MARKER not in result.new_source, result.new_source
+    _trains_the_same(tmp_path, LOSS_FROM_A_LIST, result.new_source, [])
