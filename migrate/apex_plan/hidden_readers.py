@@ -92,7 +92,8 @@ def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:
 
 def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | None:
     """The method of a class of the file that ``receiver.method()`` calls, where the receiver
-    (``reg``, ``self.regularizer``) was made by calling that class: ``reg = FisherReg(model)``."""
+    (``reg``, ``self.regularizer``) was made by calling that class: ``reg = FisherReg(model)``, or
+    is that call itself (``FisherReg(model).penalty()``)."""
     if not isinstance(call.func, cst.Attribute):
         return None
     for making in _makings(tree, call):
@@ -109,6 +110,8 @@ def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
     ``self.x``, in any method of the class; for a local ``x``, the classes called in the function."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     function = tree.function(call)
+    if isinstance(receiver, cst.Call):
+        return [receiver]  # made where it is called: `Trainer(cfg).fit(model)`
     if isinstance(receiver, cst.Name):
         scope = function
     elif isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and receiver.value.value == "self":

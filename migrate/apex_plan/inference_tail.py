@@ -3,18 +3,24 @@ to the end of its function, run after it. apex cast every op from there on, as a
 those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation)."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.syntax import SUSPENDS, contains, defines, read_names
+from migrate.apex_plan.hidden_readers import helpers_reached
+from migrate.apex_plan.syntax import SUSPENDS, backward_calls, calls, contains, defines, read_names
 from migrate.apex_plan.vocabulary import INITIALIZE, InitializeSite, as_bool
 from migrate.tree_walk import descendants
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
 # it, and the region's `enabled` argument.
 Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
+
+_TRAINING_CALLS = frozenset({"step", "scale_loss", "autocast"})
+_TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
 
 
 class InferenceTailPlanning(Step):
@@ -45,6 +51,14 @@ class InferenceTailPlanning(Step):
             anchor, enabled, block = owner, f", enabled={as_bool(owner.test, self.tree.boolean_options)}", self.tree.parent.get(id(owner))
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
+        training = next((index for index, statement in enumerate(rest) if self._trains(statement, init.model_codes)), None)
+        if training is not None:
+            # `train(args, model)` after the evaluation: its own regions, nested in this one, would
+            # keep autocast's cast weights from one step to the next (cleared where the outermost
+            # region exits); the region stops before it, where nothing after it runs the model
+            if any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest[training + 1:]):
+                return None
+            rest = rest[:training]
         if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):
             return None
         if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
@@ -64,6 +78,15 @@ class InferenceTailPlanning(Step):
             if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
                 return None
         return anchor, rest, enabled
+
+    def _trains(self, statement: cst.CSTNode, models: set[str]) -> bool:
+        """Whether ``statement``, or a function of the file it reaches, runs a backward pass, steps,
+        scales a loss or enters an autocast region of its own; or hands a model to a function not
+        of the file that is named for training (``fit(model, loader)``, ``run_training(model)``)."""
+        reached = [statement, *helpers_reached(self.tree, statement, frozenset())]
+        return any(backward_calls(each) or calls(each, lambda name: name in _TRAINING_CALLS) for each in reached) or any(
+            self.tree.helper(call) is None and _TRAINING_NAME.search(nodes.code(call.func).rsplit(".", 1)[-1])
+            and any(nodes.code(arg.value) in models for arg in call.args) for call in calls(statement, lambda name: True))
 
     @staticmethod
     def _returns_models(statement: cst.CSTNode, models: set[str]) -> bool:

@@ -592,3 +592,59 @@ def test_a_loss_read_from_a_list_is_computed_under_autocast_and_trains_the_same(
     result = migrate_source(LOSS_FROM_A_LIST, filename="train.py")
     assert "apex" not in result.new_source and MARKER not in result.new_source, result.new_source
     _trains_the_same(tmp_path, LOSS_FROM_A_LIST, result.new_source, [])
+
+
+EVALUATED_THEN_TRAINED = textwrap.dedent('''
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    def evaluate(model, x, y):
+        with torch.no_grad():
+            return float(F.mse_loss(model(x), y))
+
+
+    def train(model, x, y):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+        for _ in range(8):
+            loss = F.mse_loss(model(x), y)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        print(float(loss))
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--resume", action="store_true")
+        args = parser.parse_args()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)).cuda()
+        x = torch.randn(64, 8, device="cuda")
+        y = x[:, :1].sin()
+        if args.resume:
+            model = amp.initialize(model, opt_level="O1", verbosity=0)
+            print(evaluate(model, x, y))
+            train(model, x, y)
+        else:
+            train(model, x, y)
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_an_inference_initialize_before_a_training_call_keeps_the_training_out_of_its_region(tmp_path):
+    """``model = amp.initialize(model, opt_level="O1")`` then an evaluation, then ``train(...)``:
+    the region around the evaluation stops before the call. Around it, the loop's own regions were
+    nested, autocast kept the first step's cast weights, and the loss never moved."""
+    result = migrate_source(EVALUATED_THEN_TRAINED, filename="train.py")
+    assert "apex" not in result.new_source, result.new_source
+    _trains_the_same(tmp_path, EVALUATED_THEN_TRAINED, result.new_source, [], ["--resume"])
