@@ -23,6 +23,12 @@ from migrate.tree_walk import descendants
 # What turns gradients off for a block: `with torch.no_grad():` and its kin.
 _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
+# A network's methods that compute nothing with it (a call of any other is a pass: `encoder.encode(x)`).
+_NOT_PASSES = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "named_modules", "children",
+                         "named_children", "buffers", "named_buffers", "state_dict", "load_state_dict", "requires_grad_",
+                         "apply", "to", "cuda", "cpu", "half", "float", "double", "type", "zero_grad", "register_buffer",
+                         "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                         "add_module", "get_submodule", "share_memory"})
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
 
 
@@ -115,13 +121,17 @@ class DetachedForwardPlanning(Step):
 
     @staticmethod
     def _calls_model(statement: cst.CSTNode, models: set[str]) -> bool:
-        """A call of the model itself (``model(x)``, ``model.forward(x)``), not of what it is handed to."""
+        """A call of the model itself (``model(x)``, ``model.forward(x)``) or of a method that computes
+        with it (``encoder.encode(mels)``, also through ``.module``), not of what it is handed to."""
         for node in descendants(statement, nodes.not_a_definition):
             if type(node) is cst.Call:
                 func = node.func
-                if nodes.code(func) in models or (isinstance(func, cst.Attribute) and func.attr.value == "forward"
-                                                  and nodes.code(func.value) in models):
+                if nodes.code(func) in models:
                     return True
+                if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_PASSES:
+                    owner = nodes.code(func.value)
+                    if owner in models or (owner.endswith(".module") and owner[: -len(".module")] in models):
+                        return True
         return False
 
     def _readers_after(self, following: list[cst.BaseStatement], bound: set[str]) -> list[cst.BaseStatement]:

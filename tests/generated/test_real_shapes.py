@@ -648,3 +648,56 @@ def test_an_inference_initialize_before_a_training_call_keeps_the_training_out_o
     result = migrate_source(EVALUATED_THEN_TRAINED, filename="train.py")
     assert "apex" not in result.new_source, result.new_source
     _trains_the_same(tmp_path, EVALUATED_THEN_TRAINED, result.new_source, [], ["--resume"])
+
+
+FROZEN_ENCODER_METHOD = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 16)
+            self.codebook = nn.Parameter(torch.randn(32, 16))
+
+        def encode(self, x):
+            z = self.proj(x)
+            distances = torch.addmm(self.codebook.pow(2).sum(1), z, self.codebook.t(), alpha=-2.0)
+            return torch.argmin(distances.float(), dim=-1)
+
+
+    def main():
+        torch.manual_seed(0)
+        encoder = Encoder().cuda()
+        encoder.load_state_dict(Encoder().state_dict())
+        encoder.eval()
+        vocoder = nn.Sequential(nn.Embedding(32, 16), nn.Linear(16, 4)).cuda()
+        optimizer = torch.optim.Adam(vocoder.parameters(), lr=1e-2)
+        vocoder, optimizer = amp.initialize(vocoder, optimizer, opt_level="O1", verbosity=0)
+        x = torch.randn(256, 8, device="cuda") * 3
+        y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+        for _ in range(8):
+            with torch.no_grad():
+                codes = encoder.encode(x)
+            loss = F.cross_entropy(vocoder(codes), y)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        print(float(loss))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_a_frozen_networks_method_without_gradients_runs_under_autocast_and_trains_the_same(tmp_path):
+    """``codes = encoder.encode(x)`` under ``torch.no_grad()``, the encoder loaded and in eval():
+    apex O1 cast its pass, which picks the codes the model trains on."""
+    result = migrate_source(FROZEN_ENCODER_METHOD, filename="train.py")
+    assert "apex" not in result.new_source and MARKER not in result.new_source, result.new_source
+    _trains_the_same(tmp_path, FROZEN_ENCODER_METHOD, result.new_source, [])

@@ -212,3 +212,36 @@ def test_an_evaluation_of_another_network_after_the_loop_is_left_alone():
     text = text.replace("        with torch.no_grad():\n            bank", "    with torch.no_grad():\n        bank")
     result = migrate_source(text, filename="train.py")
     assert result.error is None and autocast_around(result.new_source, "torch.no_grad()") == [], result.new_source
+
+
+# a pass through a method of the network, not its `__call__` (a VQ encoder's `encode`, an `infer`)
+METHOD_CALLS = ["{}.encode(x)", "{}.infer(x)", "{}.extract_features(x)[0]", "{}.module.encode(x)"]
+
+
+@pytest.mark.parametrize("network,call,where", list(itertools.product(NETWORKS, METHOD_CALLS, ["before", "after"])))
+def test_another_networks_pass_through_a_method_goes_under_autocast(network, call, where):
+    name, _ = NETWORKS[network]
+    text = another_network(network, "{}.eval()", "literal", where).replace(f"bank = {name}(x).mean()",
+                                                                           f"bank = {call.format(name)}.mean()")
+    result = migrate_source(text, filename="train.py")
+    assert result.error is None and "from apex import" not in result.new_source
+    (head, held), = autocast_around(result.new_source, "torch.no_grad()")
+    assert head == 'torch.autocast("cuda", dtype=torch.float16)' and call.format(name) in held[0], result.new_source
+
+
+@pytest.mark.parametrize("call", ["model.embed(x)", "model.module.embed(x)"])
+def test_the_trained_models_own_method_in_a_block_without_gradients_goes_under_autocast(call):
+    text = source("always", "torch.no_grad()", "model(x)", "loop").replace("out = model(x)", f"out = {call}")
+    result = migrate_source(text, filename="train.py")
+    (_, held), = autocast_around(result.new_source, "torch.no_grad()")
+    assert call in held[0], result.new_source
+
+
+@pytest.mark.parametrize("managed", ["teacher.state_dict()", "teacher.eval()", "list(teacher.parameters())",
+                                     "teacher.to(x.device)"])
+def test_a_block_only_managing_another_network_is_left_alone(managed):
+    """Copying its weights, switching its mode, moving it: nothing apex cast."""
+    text = another_network("local", "{}.eval()", "literal", "after").replace("bank = teacher(x).mean()",
+                                                                              f"kept = {managed}")
+    result = migrate_source(text, filename="train.py")
+    assert result.error is None and autocast_around(result.new_source, "torch.no_grad()") == [], result.new_source
