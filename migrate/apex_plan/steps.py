@@ -85,8 +85,10 @@ class StepPlanning(Step):
         else:
             smalls = list(body.body[0].body) if len(body.body) == 1 and isinstance(body.body[0], cst.SimpleStatementLine) else []
             statements = list(body.body)
-            if any(line.comment for line in body.footer):
-                smalls = []
+            footer = [line for line in body.footer if line.comment]  # `#loss.backward()` after the last line
+            if footer:
+                last = statements[-1]
+                statements[-1] = last.with_changes(leading_lines=[*last.leading_lines, *footer])
         backward_args = None
         if len(smalls) == 1 and isinstance(smalls[0], cst.Expr):
             call_node = smalls[0].value
@@ -134,6 +136,9 @@ class StepPlanning(Step):
             self.draft.replace(scale.statement, self._keep_comments(new, scale.statement))
             return
         first = nodes.parse_statements(f"{scale.scaled_name} = {scaled}\n", self.tree.module)[0]
+        header = getattr(scale.statement.body, "header", None)
+        if header is not None and header.comment:  # `with amp.scale_loss(...) as scaled:  # apex`
+            first = first.with_changes(trailing_whitespace=header)
         self.draft.replace(scale.statement, cst.FlattenSentinel([nodes.with_leading(first, scale.statement), *scale.body]))
 
     @staticmethod
@@ -144,7 +149,7 @@ class StepPlanning(Step):
         body = statement.body
         if isinstance(body, cst.IndentedBlock):
             inner = body.body[0]
-            leading += [line for line in inner.leading_lines if line.comment]
+            leading += [line for line in (*inner.leading_lines, *body.footer) if line.comment]
             trailing = body.header if body.header.comment else inner.trailing_whitespace
             if body.header.comment and getattr(inner, "trailing_whitespace", trailing).comment:  # both kept: the inner one above
                 leading.append(cst.EmptyLine(comment=inner.trailing_whitespace.comment))
