@@ -62,8 +62,22 @@ def operand(expression: cst.BaseExpression) -> str:
 
 
 def conjunction(parts: list[str]) -> str | None:
-    parts = list(dict.fromkeys(parts))  # `if level != "O0":` around initialize adds the same test twice
+    parts = distinct_tests(parts)  # `if level != 'O0':` around initialize adds the same test twice
     return " and ".join(_and_operand(p) if len(parts) > 1 else p for p in parts) or None
+
+
+def distinct_tests(parts: list[str]) -> list[str]:
+    """``parts`` less repeats however spelled (``level != 'O0'``, ``level != "O0"``), first spelling kept."""
+    seen, kept = set(), []
+    for part in parts:
+        try:
+            key = ast.dump(ast.parse(part.strip(), mode="eval"))
+        except (SyntaxError, ValueError, RecursionError):
+            key = part
+        if key not in seen:
+            seen.add(key)
+            kept.append(part)
+    return kept
 
 
 def _and_operand(part: str) -> str:
@@ -81,7 +95,7 @@ def fitted_conjunction(parts: list[str], room: int, depth: int = 0) -> str | Non
     """``conjunction(parts)``, or where it is longer than ``room``, one part a line inside
     parentheses, as a formatter puts them (the lines at ``depth`` + 4 columns, the closing one at ``depth``)."""
     text = conjunction(parts)
-    parts = list(dict.fromkeys(parts))
+    parts = distinct_tests(parts)
     if text is None or len(text) <= room or len(parts) < 2:
         return text
     grouped = [_and_operand(p) for p in parts]

@@ -89,3 +89,15 @@ def test_the_check_that_stops_o2_does_not_repeat_the_test_around_initialize(test
     assert "from apex import" not in result.new_source, result.new_source
     guard = next(line for line in result.new_source.splitlines() if "not in (" in line)
     assert guard == 'if args.opt_level not in ("O0", "O1"):', result.new_source
+
+
+@pytest.mark.parametrize("test", ['args.opt_level != "O0"', "args.opt_level != 'O0'", "(args.opt_level != 'O0')",
+                                  "args.opt_level  !=  'O0'"])
+def test_the_scalers_flag_says_a_test_around_initialize_once_however_quoted(test):
+    """``if args.opt_level != 'O0': initialize(..., opt_level=args.opt_level)``: the scaler's
+    ``enabled=`` is that test once, not beside the rewrite's own ``args.opt_level != "O0"``."""
+    source = CANONICAL.format(argument='parser.add_argument("--opt-level", default="O1")\n')
+    source = source.replace("model, optimizer = amp.initialize(", f"if {test}:\n    model, optimizer = amp.initialize(")
+    result = migrate_source(source, filename="train.py")
+    made = next(line for line in result.new_source.splitlines() if "GradScaler(" in line)
+    assert made.count("O0") == 1, result.new_source
