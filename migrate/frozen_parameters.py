@@ -70,7 +70,8 @@ def _imported_files(tree: ast.Module, importer: Path):
 
 def freezing_line(tree: ast.AST) -> int | None:
     """The first line of ``tree`` that sets ``.requires_grad`` to something other than ``True``
-    (``False``, a flag) or calls ``.requires_grad_(...)`` with such an argument."""
+    (``False``, a flag) or calls ``.requires_grad_(...)`` with such an argument; not a copy of
+    another tensor's (``new.weight.requires_grad = old.weight.requires_grad``), which freezes nothing."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(
@@ -82,6 +83,7 @@ def freezing_line(tree: ast.AST) -> int | None:
                 continue  # `requires_grad_()` turns gradients on
         else:
             continue
-        if not (isinstance(value, ast.Constant) and value.value is True):
+        copied = isinstance(value, ast.Attribute) and value.attr == "requires_grad"  # kept as another tensor's
+        if not (isinstance(value, ast.Constant) and value.value is True) and not copied:
             found.append(node.lineno)
     return min(found) if found else None

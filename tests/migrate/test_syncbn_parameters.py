@@ -122,3 +122,18 @@ def test_an_optimizer_made_in_init_comes_before_a_conversion_in_another_method()
     assert "# TODO(ampmigrate): review, this rewrite is unsafe: the optimizer made at line\n" in unsafe.new_source, unsafe.new_source
     assert "#   8, before the conversion" in unsafe.new_source, unsafe.new_source
     assert "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in unsafe.new_source
+
+
+@pytest.mark.parametrize("copy", ["new.weight.requires_grad = module.weight.requires_grad",
+                                  "new.bias.requires_grad_(module.bias.requires_grad)",
+                                  "p.requires_grad = q.requires_grad"])
+def test_a_flag_copied_from_another_tensor_is_no_freezing(tmp_path, copy):
+    """An export tool of the project rebuilding BatchNorm layers copies each flag as it was: it
+    freezes nothing, and the conversion stays safe."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "export.py").write_text(f"def rebuild(new, module, p, q):\n    {copy}\n")
+    train = tmp_path / "train.py"
+    train.write_text(script(OPTIMIZERS[0], CONVERSIONS[0], False))
+    results = migrate_paths([str(train)], write=False)
+    assert amp011(next(r for r in results if r.filename.endswith("train.py"))).fix.applicability.name == "SAFE"
