@@ -68,7 +68,8 @@ class AutocastPlanning(Step):
         self.draft.unsafe.append(reason)
         self.draft.marked_reasons.append(reason)  # the marker below says what to do
         loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
-        self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: apex O1 cast it")
+        self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: "
+                                                   f"apex {self.setup.level if self.setup.level in ('O2', 'O3') else 'O1'} cast it")
 
     def _slices_around(self, scale: ScaleLossSite) -> list[list[cst.BaseStatement]]:
         """What the loss is computed from before the scaled backward: in its block or, where that

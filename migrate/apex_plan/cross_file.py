@@ -10,7 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate import quiet
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
-from migrate.apex_plan.several_initialize import SeveralInitializePlanning
+from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved
 from migrate.apex_plan.vocabulary import (
     AUTOCAST,
     INITIALIZE,
@@ -130,8 +130,7 @@ class CrossFilePlanning(Step):
                     self.draft.marked_reasons.append(reason)  # each removed call is marked with what to do
         for init in inits:
             model = nodes.argument(init.call, 0, "models").value
-            assigned = isinstance(init.statement, cst.SimpleStatementLine) and isinstance(init.statement.body[0], cst.Assign)
-            if init.inference and init.level == "O3" and (init.restore or assigned) and isinstance(model, (cst.Name, cst.Attribute)):
+            if halved(init):
                 self._plan_half(init, model)
                 continue
             # a comment on what to do takes its place: where the model only infers, and where no
@@ -149,6 +148,7 @@ class CrossFilePlanning(Step):
                     step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
                 else:
                     step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+                self.draft.marked_reasons.append(INFERENCE_CAST)  # the marker says what to do
                 self.draft.leave_marker(init.statement, step)
 
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:

@@ -1,6 +1,7 @@
 """``amp.initialize``: its options, the GradScaler made in its place, and where."""
 from __future__ import annotations
 
+import ast
 import re
 
 import libcst as cst
@@ -131,10 +132,10 @@ class InitializePlanning(Step):
             elif level in self.exact_levels - {"O0", "O1"}:
                 self.draft.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
                 level = "O1"
-            elif level == "O2":  # the project may accept it: the reason says how
+            elif level == "O2" and has_optimizers:  # the project may accept it: the reason says how
                 self.draft.unsafe.append("O2 keeps fp16 weights with fp32 master copies, where native autocast keeps fp32 weights, "
                                          f"like O1 (`{ACCEPT_O2} = true` in [tool.ampmigrate.settings] accepts that)")
-            elif level == "O3":
+            elif level == "O3" and has_optimizers:  # readied for inference: `.half()`, or a marker, says why
                 self.draft.unsafe.append("O3 keeps fp16 weights, where native autocast keeps fp32 weights, like O1")
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
@@ -432,14 +433,16 @@ class InitializePlanning(Step):
 
     def _throwaway_optimizers(self, target: cst.BaseExpression, optimizers: cst.Arg | None) -> bool:
         """``model, _ = amp.initialize(model, [])``: no optimizer given, its empty result bound to
-        ``_``, which nothing in the file reads."""
+        ``_``, which nothing in the file reads (``for _ in range(n)`` elsewhere only binds it)."""
         if not (isinstance(target, cst.Tuple) and len(target.elements) == 2 and optimizers is not None
                 and isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements):
             return False
         second = target.elements[1].value
         if not (isinstance(second, cst.Name) and second.value == "_"):
             return False
-        return sum(1 for node in descendants(self.tree.module) if type(node) is cst.Name and node.value == "_") == 1
+        return not self.tree.per_scope(("reads of _",), lambda: any(
+            isinstance(node, ast.Name) and node.id == "_" and isinstance(node.ctx, ast.Load)
+            for node in ast.walk(ast.parse(self.tree.module.code))))
 
     def _o0_keeps_state(self, init: InitializeSite) -> bool:
         """O0 with ``amp.state_dict``/``load_state_dict``: a disabled GradScaler stands in (its

@@ -17,6 +17,17 @@ from migrate.apex_plan.vocabulary import InitializeSite, normal
 from migrate.tree_walk import walk
 
 
+# Why a model readied for inference at O1 (or a level known at run time) is an unsafe removal.
+INFERENCE_CAST = "`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand"
+
+
+def halved(init: InitializeSite) -> bool:
+    """O3 for inference whose model becomes ``model.half()``: a model by name, its result assigned."""
+    model = nodes.argument(init.call, 0, "models").value
+    assigned = isinstance(init.statement, cst.SimpleStatementLine) and isinstance(init.statement.body[0], cst.Assign)
+    return init.inference and init.level == "O3" and bool(init.restore or assigned) and isinstance(model, (cst.Name, cst.Attribute))
+
+
 class SeveralInitializePlanning(Step):
     """Several ``amp.initialize`` calls in one file: repeats, joined models, inference-only copies.
 
@@ -133,8 +144,10 @@ class SeveralInitializePlanning(Step):
         return isinstance(self.tree.parent.get(id(self.tree.parent.get(id(function)))), cst.ClassDef)
 
     def note_inference(self, inits: list[InitializeSite]) -> None:
-        if any(init.inference and init.level != "O0" for init in inits):
-            self.draft.unsafe.append("`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand")
+        if any(init.inference and init.level not in ("O0", "O3") for init in inits):
+            self.draft.unsafe.append(INFERENCE_CAST)
+        if any(init.inference and init.level == "O3" and not halved(init) for init in inits):  # no casts: all in float16
+            self.draft.unsafe.append("`amp.initialize` without optimizers at O3: apex ran the model in float16, weights and inputs")
 
     @staticmethod
     def _options(site: InitializeSite) -> list[str] | None:

@@ -19,7 +19,7 @@ def run(x):
     {model}, {rest} = amp.initialize({model}, {empty}, opt_level="{level}")
     with torch.no_grad():
         out = {model}(x.to(next({model}.parameters()).dtype))
-    return {model}, out{read}
+    return {model}, out{read}{elsewhere}
 """
 
 
@@ -27,8 +27,12 @@ def run(x):
 @pytest.mark.parametrize("model", ["model", "waveglow"])
 @pytest.mark.parametrize("empty", ["[]", "()"])
 @pytest.mark.parametrize("read", [False, True])
-def test_an_unused_throwaway_for_the_optimizers_goes(level, model, empty, read):
-    source = SOURCE.format(model=model, rest="_", empty=empty, level=level, read=", _" if read else "")
+@pytest.mark.parametrize("elsewhere", ["", "\n\n\ndef repeat(n):\n    for _ in range(n):\n        pass\n",
+                                       "\n\n\ndef shape(x):\n    rows, _ = x.shape\n    return rows\n"])
+def test_an_unused_throwaway_for_the_optimizers_goes(level, model, empty, read, elsewhere):
+    """``_`` bound elsewhere too (``for _ in range(n)``) but never read: still a throwaway."""
+    source = SOURCE.format(model=model, rest="_", empty=empty, level=level, read=", _" if read else "",
+                           elsewhere=elsewhere)
     fixed = migrate_source(source, "infer.py", unsafe_fixes=True).new_source
     assert "from apex" not in fixed and "import apex" not in fixed, fixed
     assert (f"{model}, _ = " in fixed) == (read and level == "O3"), fixed
@@ -107,3 +111,16 @@ def test_an_initialize_binding_other_places_keeps_its_assignment(targets, models
 
 def _assignments(source: str) -> list[str]:
     return [line.strip() for line in source.splitlines() if " = " in line and not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.parametrize("flagged", [False, True])
+def test_an_inference_initialize_leaves_one_marker_saying_what_to_do(level, flagged):
+    """Its removal is marked once, with the step to take; the unsafe reason saying the same is not
+    stacked above it as a second marker."""
+    call = f'model, _ = amp.initialize(model, [], opt_level="{level}")'
+    body = f"    if amp_run:\n        {call}\n" if flagged else f"    {call}\n"
+    source = ("import torch\nfrom apex import amp\n\n\ndef load(model, amp_run):\n" + body
+              + "    for _ in range(2):\n        model.eval()\n    return model\n")
+    fixed = migrate_source(source, "infer.py", unsafe_fixes=True).new_source
+    assert fixed.count("TODO(ampmigrate)") == 1 and "_ = []" not in fixed, fixed
