@@ -121,7 +121,7 @@ class CrossFilePlanning(Step):
                 self.draft.notes.append(f"`amp.scale_loss` is in {self._partner_at()}, migrated with this file: it makes the GradScaler")
                 self._take_partner_reasons()
                 self._note_what_cannot_cross(inits, static)
-            else:
+            elif partner is not None or not all(init.inference for init in inits):  # inference alone scales nothing
                 reason = (f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}" if partner is not None else
                           "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
                           "autocast when it is migrated (migrate both, or neither)")

@@ -37,6 +37,8 @@ class InitializePlanning(Step):
     """
 
     def plan_initialize_removal(self, init: InitializeSite, with_guard: bool = False) -> None:
+        fix = ("Remove it, and run the model under `torch.autocast` where it computes: apex cast it from here on" if init.inference
+               else "Remove it: the scaler is created once, elsewhere")
         if init.restore:
             new = nodes.parse_statements(init.restore + "\n", self.tree.module)[0]
             self.draft.replace(init.statement, nodes.with_leading(new, init.statement))
@@ -46,9 +48,9 @@ class InitializePlanning(Step):
             while with_guard and (guard := nodes.guarding_if(target, lambda node: self.tree.parent.get(id(node)))) is not None:
                 target = guard
             self.draft.replace(target, cst.RemoveFromParent())
-            self.draft.kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+            self.draft.kind(target, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
             return
-        self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is created once, elsewhere")
+        self.draft.kind(init.statement, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
 
     def _o0_scaled_dynamically(self, call: cst.Call, level: str | None, level_arg: cst.Arg | None) -> bool:
         """Whether the call may run O0 with a dynamic loss scale asked for (``loss_scale="dynamic"``,
