@@ -339,9 +339,23 @@ def defined_norms(tree: ast.Module) -> frozenset[str]:
 
 
 @lru_cache(maxsize=256)
-def _norms_of(file: str) -> frozenset[str]:
+def _norms_of(file: str, depth: int = 0) -> frozenset[str]:
+    """The gradient-norm functions ``file`` defines, or imports by name from a module on disk and
+    so exports (a package's ``__init__.py``: ``from .misc import get_grad_norm``)."""
     tree = parsed_module(file)
-    return frozenset() if tree is None else defined_norms(tree)
+    if tree is None:
+        return frozenset()
+    found = set(defined_norms(tree))
+    for node in tree.body if depth < _REEXPORT_DEPTH else ():
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            source = find_on_disk(Path(file), node.level, node.module.split("."), PROJECT_FOLDERS_UP)
+            if source is not None:
+                exported = _norms_of(str(source.resolve()), depth + 1)
+                found.update(alias.asname or alias.name for alias in node.names if alias.name in exported)
+    return frozenset(found)
+
+
+_REEXPORT_DEPTH = 3  # re-exports followed through this many modules
 
 
 def _norms_for(path: Path, text: str) -> tuple[str, ...]:

@@ -123,7 +123,14 @@ LAYOUTS = {
     "aliased": ("helpers.py", "from helpers import get_grad_norm as grad_norm_of\n", "grad_norm_of"),
     "package": ("tools/grads.py", "from tools.grads import get_grad_norm\n", "get_grad_norm"),
     "same_file": ("train.py", "", "get_grad_norm"),
+    # taken from the package, whose `__init__.py` re-exports it (`PACKAGE_INITS`)
+    "reexported": ("tools/grads.py", "from tools import get_grad_norm\n", "get_grad_norm"),
+    "reexported_absolute": ("tools/grads.py", "from tools import get_grad_norm\n", "get_grad_norm"),
+    "reexported_aliased": ("tools/grads.py", "from tools import grad_norm\n", "grad_norm"),
 }
+PACKAGE_INITS = {"reexported": "from .grads import get_grad_norm\n",
+                 "reexported_absolute": "from tools.grads import get_grad_norm\n",
+                 "reexported_aliased": "from .grads import get_grad_norm as grad_norm\n"}
 # the norm beside a clip (`if clip: clip_grad_norm_ ... else: norm = f(...)`), or alone
 USES = ("else_of_clip", "alone")
 BOUNDARIES = ("(index + 1) % accumulation == 0", "index % accumulation == accumulation - 1")
@@ -171,7 +178,7 @@ def _project(root: Path, layout: str, use: str, boundary: str, params: str, extr
     (root / "setup.py").write_text("")
     if "/" in where:
         (root / "tools").mkdir()
-        (root / "tools" / "__init__.py").write_text("")
+        (root / "tools" / "__init__.py").write_text(PACKAGE_INITS.get(layout, ""))
     if where != "train.py":
         (root / where).write_text("import torch\nfrom math import inf\n\n\n"
                                   + (helper or _norm_function("get_grad_norm", "filter", "stacked")))
@@ -253,3 +260,17 @@ def test_the_files_own_norm_is_read_in_a_run_of_that_file_alone(use):
     fixed = migrate_source(source, filename="train.py").new_source
     assert "from apex" not in fixed and "TODO(ampmigrate)" not in fixed, fixed
     assert all(isinstance(read, ast.BinOp) for read in _norm_reads(fixed, "get_grad_norm")), fixed
+
+
+@pytest.mark.parametrize("layout", sorted(PACKAGE_INITS))
+@pytest.mark.parametrize("use", USES)
+def test_a_norm_a_package_re_exports_is_divided_by_the_scale(tmp_path, layout, use):
+    """``from tools import get_grad_norm``, which ``tools/__init__.py`` takes from ``.grads``: the
+    function is read where it is defined."""
+    root = _project(tmp_path, layout, use, BOUNDARIES[0], "amp.master_params(optimizer)", "")
+    migrate_paths([root])
+    training = (root / "train.py").read_text()
+    assert "apex" not in training and "TODO(ampmigrate)" not in training, training
+    reads = _norm_reads(training, LAYOUTS[layout][2])
+    assert reads and all(isinstance(read, ast.BinOp) and ast.unparse(read.right) == "scaler.get_scale()"
+                         for read in reads), training
