@@ -107,18 +107,21 @@ def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | No
 
 def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
     """The calls whose results the receiver of ``call`` (``x.update()``) was assigned: for
-    ``self.x``, in any method of the class; for a local ``x``, the classes called in the function."""
+    ``self.x``, in any method of the class or of its bases in the file; for a local ``x``, the
+    classes called in the function."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     function = tree.function(call)
     if isinstance(receiver, cst.Call):
         return [receiver]  # made where it is called: `Trainer(cfg).fit(model)`
     if isinstance(receiver, cst.Name):
-        scope = function
+        scopes = [function]
     elif isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and receiver.value.value == "self":
-        scope = tree.owner_class(function)
+        owner = tree.owner_class(function)
+        scopes = tree.lineage(owner) if owner is not None else [None]  # set in a base class's `__init__` too
     else:
         return []
-    made = tree.per_scope(("made by", id(scope)), lambda: _made_by(scope)).get(nodes.code(receiver), [])
+    made = [making for scope in scopes
+            for making in tree.per_scope(("made by", id(scope)), lambda: _made_by(scope)).get(nodes.code(receiver), [])]
     if isinstance(receiver, cst.Name):
         # a local made by a class (`reg = Regularizer(model)`), not a value a call returned
         # (`loss = compute_loss(model, batch)`, whose `loss.item()` reads no gradient)

@@ -251,6 +251,19 @@ class FileTree:
             return None
         return self._method(owner, func.attr.value, set())
 
+    def lineage(self, owner: cst.ClassDef) -> list[cst.ClassDef]:
+        """``owner`` and the bases of it defined at the top of the file, nearest first (what
+        ``self.x`` may have been set in: ``class Trainer(BaseTrainer)``)."""
+        classes = self.per_scope(("top-level classes",), lambda: {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)})
+        found, pending = [], [owner]
+        while pending:
+            current = pending.pop(0)
+            if current not in found:
+                found.append(current)
+                pending += [classes[base.value.value] for base in current.bases
+                            if isinstance(base.value, cst.Name) and base.value.value in classes and base.keyword is None]
+        return found
+
     def _method(self, owner: cst.ClassDef, name: str, seen: set[int]) -> cst.FunctionDef | None:
         """The method ``self.<name>`` calls in ``owner``: its own, else that of its bases defined at
         the top of the file, in order (``class EncDecTrainer(Trainer)`` calling ``self.optimize``)."""
