@@ -604,9 +604,11 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
 def _unflagged(f: Features, s: _Spelling, set_up: list[str]) -> list[str]:
     """``__init__``'s set-up lines without their flag's test: a method that runs only where it holds."""
     flag = "use_amp" if f.flag_copy else s.use_amp
-    if not set_up or set_up[0] != f"if {flag}:":
+    test = f"if {flag}:"
+    if test not in set_up:  # apex's import lines (import_in=function) may come before the test
         return set_up
-    return [line[4:] if line.startswith("    ") else line for line in set_up[1:]]
+    at = set_up.index(test)
+    return [*set_up[:at], *(line[4:] if line.startswith("    ") else line for line in set_up[at + 1:])]
 
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:
