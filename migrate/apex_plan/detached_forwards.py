@@ -16,6 +16,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
+from migrate.apex_plan.tree import MODULE_METHODS
 from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
@@ -24,11 +25,10 @@ from migrate.tree_walk import descendants
 _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
 # A network's methods that compute nothing with it (a call of any other is a pass: `encoder.encode(x)`).
-_NOT_PASSES = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "named_modules", "children",
-                         "named_children", "buffers", "named_buffers", "state_dict", "load_state_dict", "requires_grad_",
-                         "apply", "to", "cuda", "cpu", "half", "float", "double", "type", "zero_grad", "register_buffer",
-                         "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-                         "add_module", "get_submodule", "share_memory"})
+_NOT_PASSES = MODULE_METHODS | {"named_modules", "named_children", "buffers", "named_buffers", "state_dict", "to",
+                                "cuda", "cpu", "half", "float", "double", "type", "zero_grad", "register_buffer",
+                                "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                                "add_module", "get_submodule", "share_memory"}
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
 
 

@@ -25,7 +25,7 @@ from migrate.step_model.shapes import parameters_given
 from migrate.tree_walk import descendants, is_node_type, walk
 
 # What only a network is asked (`teacher.eval()`): a name used so is an `nn.Module`.
-_MODULE_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "children",
+MODULE_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "children",
                              "requires_grad_", "load_state_dict", "apply"})
 
 
@@ -84,7 +84,7 @@ class FileTree:
         as written: a call of one is a forward pass, whatever its name."""
         return frozenset(nodes.code(node.func.value) for node in descendants(self.module)
                          if type(node) is cst.Call and isinstance(node.func, cst.Attribute)
-                         and node.func.attr.value in _MODULE_METHODS
+                         and node.func.attr.value in MODULE_METHODS
                          and isinstance(node.func.value, (cst.Name, cst.Attribute)))
 
     @functools.cached_property
@@ -249,7 +249,7 @@ class FileTree:
         owner = self.owner_class(caller)
         if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None
-        return self._method(owner, func.attr.value, set())
+        return self._method(owner, func.attr.value)
 
     def lineage(self, owner: cst.ClassDef) -> list[cst.ClassDef]:
         """``owner`` and the bases of it defined at the top of the file, nearest first (what
@@ -264,20 +264,11 @@ class FileTree:
                             if isinstance(base.value, cst.Name) and base.value.value in classes and base.keyword is None]
         return found
 
-    def _method(self, owner: cst.ClassDef, name: str, seen: set[int]) -> cst.FunctionDef | None:
+    def _method(self, owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
         """The method ``self.<name>`` calls in ``owner``: its own, else that of its bases defined at
-        the top of the file, in order (``class EncDecTrainer(Trainer)`` calling ``self.optimize``)."""
-        found = next((s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
-        if found is not None or id(owner) in seen:
-            return found
-        seen.add(id(owner))
-        classes = self.per_scope(("top-level classes",), lambda: {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)})
-        for base in owner.bases:
-            if isinstance(base.value, cst.Name) and base.value.value in classes and base.keyword is None:
-                found = self._method(classes[base.value.value], name, seen)
-                if found is not None:
-                    return found
-        return None
+        the top of the file, nearest first (``class EncDecTrainer(Trainer)`` calling ``self.optimize``)."""
+        return next((s for cls in self.lineage(owner) for s in cls.body.body
+                     if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
 
     def partial_bound(self, call: cst.Call) -> cst.Call | None:
         """``partial(f, a)`` where ``call`` calls a name the file binds once, to that partial, in
