@@ -162,7 +162,7 @@ def main(
     write = not (check or diff)
     edits = output_format in ("json", "sarif") and not statistics
     run = dict(
-        rules=rules, unsafe_fixes=unsafe, fix=not check or diff, settings=config.settings,
+        rules=rules, unsafe_fixes=unsafe, fix=True, settings=config.settings,
         per_file_ignores=config.per_file_ignores, edits=edits,
     )
 
@@ -379,7 +379,7 @@ def _print(results, rules, view: _View, *, diff: bool, wrote: bool, unsafe: bool
             click.echo(text, nl=False, err=not view.to_stdout, color=view.color)
     if view.output_format == "text" and not view.quiet:
         sys.stdout.flush()  # every finding out before the summary: in a log of both streams it is the last line
-        click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe, fixed_text=wrote or diff),
+        click.echo(report.summary(results, wrote=wrote and not diff, unsafe_fixes=unsafe),
                    nl=False, err=True)
 
 

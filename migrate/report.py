@@ -54,9 +54,10 @@ def _place(d: Diagnostic) -> tuple:
     return d.filename, d.location.cell or 0, d.location.row, d.location.column, d.code
 
 
-def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool, fixed_text: bool = False) -> str:
-    """One or two closing lines for the text format: what was found, fixed, and could be; where
-    the run made the fixed text (``fixed_text``: writing or ``--diff``), the files still on apex."""
+def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool) -> str:
+    """One or two closing lines for the text format: what was found, fixed, and could be, and the
+    files still on apex. "Remaining" is what the fixed text holds, whether the run wrote it or
+    only worked it out (``--check``, ``--diff``): what the next ``--check`` reports after a fix."""
     diagnostics = [d for r in results for d in r.diagnostics if d.code not in TOOL_FINDINGS]
     errors = sum(1 for r in results if r.error)
     changed = sum(1 for r in results if _touched(r))
@@ -67,10 +68,10 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool, f
         lines.append(f"All checked! ({_count(len(results), 'file')})")
     else:
         verb = "fixed" if wrote else "fixable"
-        remaining = len(diagnostics) - applied
-        if wrote:  # what the fixed files still hold, as listed (a fix may leave something new to report)
-            remaining = sum(1 for r in results for d in (r.remaining if r.changed else r.diagnostics)
-                            if d.code not in TOOL_FINDINGS and not d.applied)
+        # what the fixed files hold: a fix takes findings inside what it removes along, and may
+        # leave something new to report (a marker it wrote)
+        remaining = sum(1 for r in results for d in (r.remaining if r.changed else r.diagnostics)
+                        if d.code not in TOOL_FINDINGS and not d.applied)
         lines.append(
             f"Found {_count(applied + remaining, 'finding')} ({applied} {verb}, {remaining} remaining) "
             f"in {_count(len(results), 'file')}; {_count(changed, 'file')} {'changed' if wrote else 'would change'}"
@@ -79,7 +80,7 @@ def summary(results: Sequence[FileResult], *, wrote: bool, unsafe_fixes: bool, f
         )
     if hidden:
         lines.append(f"{_count(hidden, 'more fix', 'more fixes')} available with --unsafe-fixes.")
-    still = still_needing_apex(results) if fixed_text else []
+    still = still_needing_apex(results)
     if still:
         shown = ", ".join(still[:5]) + (f" and {len(still) - 5} more" if len(still) > 5 else "")
         lines.append(f"{'Still needs' if wrote else 'Would still need'} apex: {shown}.")

@@ -201,6 +201,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, methods_in="class", amp_setup="init")
     if f.amp_setup == "method" and f.import_in == "guarded":
         f = replace(f, import_in="function")  # the method's import is not under a test of its own
+    if f.amp_setup == "method" and f.import_in != "module" and f.flag != "none" and not f.initialize_always:
+        f = replace(f, amp_via="module" if f.amp_via == "parameter" else f.amp_via)  # `amp` unbound where the flag is off
     if f.loss in ("arms", "arms_backward") or f.backward_in == "update":
         f = replace(f, penalty="none")  # added where one line computes the loss
     return f

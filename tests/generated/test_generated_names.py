@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import subprocess
 import symtable
+import sys
 
 import pytest
 
@@ -60,3 +62,20 @@ def test_a_trainers_set_up_reads_only_names_it_can_reach(flag, import_in, flag_c
                      names=("model", "optimizer", "loss"), holder="method", backward_in="helper",
                      import_in=import_in, flag_copy=flag_copy, methods_in=methods_in, amp_setup=amp_setup)
     assert unbound_reads(script(drawn)) == []
+
+
+@pytest.mark.slow  # runs each script
+@pytest.mark.parametrize("import_in, amp_via", list(itertools.product(["function", "global_first", "guarded"],
+                                                                     ["module", "attribute", "parameter"])))
+def test_a_set_up_method_that_never_ran_leaves_nothing_read_unbound(import_in, amp_via, tmp_path):
+    """With the flag off the set-up method never runs, so apex's import in it never binds ``amp``:
+    a script handing ``amp`` to its loop raised NameError on ampshim (bench, seed 1000)."""
+    drawn = Features(loss="helper", loop="while", accumulation="inner_loop", boundary="plus_one", clip="parameters",
+                     clip_at="boundary", flag="off", import_guard=False, inner_fp32=False,
+                     names=("network", "opt", "loss"), holder="method", backward_in="scaled_method",
+                     import_in=import_in, amp_via=amp_via, amp_setup="method", checkpoint=True)
+    path = tmp_path / "train.py"
+    path.write_text(script(drawn))
+    ran = subprocess.run([sys.executable, "-m", "ampshim", "--device", "cpu", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]

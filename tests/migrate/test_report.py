@@ -103,13 +103,14 @@ def test_summary_counts_fixes_remaining_errors_and_hidden_unsafe_fixes():
     assert summary([RESULTS[3]], wrote=False, unsafe_fixes=False) == "All checked! (1 file)\n"
 
 
-def test_summary_after_writing_counts_what_the_fixed_file_still_holds_as_listed():
-    # a fix may leave a finding of its own in the new text: it is listed, so it is counted
+def test_summary_counts_what_the_fixed_file_still_holds_whether_written_or_not():
+    # a fix may leave a finding of its own in the new text: it is listed after writing, so it is
+    # counted; --check and --diff work the same text out and say the same "remaining"
     changed = RESULTS[0]
     new = _diagnostic(code="AMP102", message="a plain step", fix=None, applied=False, row=7)
     result = changed._replace(remaining=(*changed.remaining, new))
     assert summary([result], wrote=True, unsafe_fixes=False).startswith("Found 3 findings (1 fixed, 2 remaining) in 1 file;")
-    assert summary([result], wrote=False, unsafe_fixes=False).startswith("Found 2 findings (1 fixable, 1 remaining)")
+    assert summary([result], wrote=False, unsafe_fixes=False).startswith("Found 3 findings (1 fixable, 2 remaining)")
 
 
 def test_json_uses_ruffs_field_names_and_never_says_applied():
