@@ -23,19 +23,21 @@ except ImportError:
 
 
 def train(level):
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     if level != "O0":
-        model, optimizer = amp.initialize(model, optimizer, opt_level=level)
-    for _ in range(3):
-        loss = model(torch.randn(2, 4)).sum()
-        optimizer.zero_grad()
-        if level != "O0":
-            with amp.scale_loss(loss, optimizer) as scaled_loss:
-                scaled_loss.backward()
+        net, sgd = amp.initialize(net, sgd, opt_level=level)
+    step = 0
+    while step < 3:
+        error = (net(torch.randn(2, 4)) - 1.0).pow(2).mean()
+        if level == "O0":
+            error.backward()
         else:
-            loss.backward()
-        optimizer.step()
+            with amp.scale_loss(error, sgd) as scaled:
+                scaled.backward()
+        sgd.step()
+        sgd.zero_grad(set_to_none=True)
+        step += 1
 
 
 def evaluate(level):
