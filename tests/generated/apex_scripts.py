@@ -202,7 +202,9 @@ def _coherent(f: Features) -> Features:
     if f.amp_setup == "method" and f.import_in == "guarded":
         f = replace(f, import_in="function")  # the method's import is not under a test of its own
     if f.amp_setup == "method" and f.import_in != "module" and f.flag != "none" and not f.initialize_always:
-        f = replace(f, amp_via="module" if f.amp_via == "parameter" else f.amp_via)  # `amp` unbound where the flag is off
+        # `amp` is bound only where the flag holds: nothing reads it outside the flag's arm
+        f = replace(f, amp_via="module" if f.amp_via == "parameter" else f.amp_via,
+                    clip="parameters" if f.clip == "master_params" else f.clip)
     if f.loss in ("arms", "arms_backward") or f.backward_in == "update":
         f = replace(f, penalty="none")  # added where one line computes the loss
     return f

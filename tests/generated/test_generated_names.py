@@ -65,12 +65,14 @@ def test_a_trainers_set_up_reads_only_names_it_can_reach(flag, import_in, flag_c
 
 
 @pytest.mark.slow  # runs each script
-@pytest.mark.parametrize("import_in, amp_via", list(itertools.product(["function", "global_first", "guarded"],
-                                                                     ["module", "attribute", "parameter"])))
-def test_a_set_up_method_that_never_ran_leaves_nothing_read_unbound(import_in, amp_via, tmp_path):
+@pytest.mark.parametrize("import_in, amp_via, clip", [
+    *itertools.product(["function", "global_first", "guarded"], ["module", "attribute", "parameter"], ["parameters"]),
+    *itertools.product(["function", "global_first"], ["module", "attribute"], ["master_params"])])
+def test_a_set_up_method_that_never_ran_leaves_nothing_read_unbound(import_in, amp_via, clip, tmp_path):
     """With the flag off the set-up method never runs, so apex's import in it never binds ``amp``:
-    a script handing ``amp`` to its loop raised NameError on ampshim (bench, seed 1000)."""
-    drawn = Features(loss="helper", loop="while", accumulation="inner_loop", boundary="plus_one", clip="parameters",
+    a script handing ``amp`` to its loop, or clipping ``amp.master_params``, raised NameError on
+    ampshim (bench, seed 1000)."""
+    drawn = Features(loss="helper", loop="while", accumulation="inner_loop", boundary="plus_one", clip=clip,
                      clip_at="boundary", flag="off", import_guard=False, inner_fp32=False,
                      names=("network", "opt", "loss"), holder="method", backward_in="scaled_method",
                      import_in=import_in, amp_via=amp_via, amp_setup="method", checkpoint=True)
