@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from migrate import quiet
-from migrate.files import outermost_package, project_files_saying, project_root
+from migrate.files import outermost_package, project_files_saying, project_python_files, project_root
 from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
 
@@ -422,10 +422,18 @@ def _imported_halves(half: Half, imported: Import, others: list[Half], real: dic
 
 
 def _shadowed(importer: Half, level: int, parts: list[str], half_path: Path, real: dict[Path, Path]) -> bool:
-    """Whether the import loads another file of that name, nearer the importer than the half
-    (``import utils`` beside the script's own ``utils.py``, which calls no apex)."""
-    nearest = find_on_disk(real[importer.path], level, parts, folders_up=FOLDERS_UP)
-    return nearest is not None and nearest.resolve() != half_path
+    """Whether the import loads another file of that name than the half, apex or not: one where
+    Python looks from the importer (``import utils`` beside the script's own ``utils.py``), or, for
+    an absolute import, one nearer the importer in the project's tree, the folder it shares with
+    the importer deeper (``ImageNet/lib/utils.py`` for ``ImageNet/main.py``, put on the path by
+    the script, rather than ``CIFAR10/utils.py`` of a sibling experiment)."""
+    me = real[importer.path]
+    nearest = find_on_disk(me, level, parts, folders_up=FOLDERS_UP)
+    if nearest is not None or level:
+        return nearest is not None and nearest.resolve() != half_path
+    shared = len(os.path.commonpath([me, half_path]))
+    return any(len(os.path.commonpath([me, other])) > shared and is_module(other, me, 0, parts)
+               for other in project_python_files(project_root(me)))
 
 
 def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:
