@@ -22,20 +22,17 @@ from apex import amp
 sys.path.insert(0, "lib")
 
 
-def main(half):
+def main():
     net = torch.nn.Linear(3, 1)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
-    if half:
-        net, sgd = amp.initialize(net, sgd, opt_level="O1")
-    for batch in [torch.randn(4, 3)]:
-        out = net(batch).mean()
-        sgd.zero_grad()
-        if half:
-            with amp.scale_loss(out, sgd) as scaled:
-                scaled.backward()
-        else:
-            out.backward()
+    net, sgd = amp.initialize(net, sgd, opt_level="O1")
+    batches = [torch.randn(4, 3), torch.randn(2, 3)]
+    while batches:
+        out = net(batches.pop()).mean()
+        with amp.scale_loss(out, sgd) as scaled:
+            scaled.backward()
         sgd.step()
+        sgd.zero_grad(set_to_none=True)
 '''
 ATTACK = '''\
 from apex import amp
