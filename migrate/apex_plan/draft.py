@@ -50,6 +50,26 @@ class Draft:
         self.gradient_guards: dict[int, tuple[cst.If, str, str | None]] = {}
         self.inexact_gradient_guards: dict[int, cst.If] = {}
 
+    def insert_once(self, place: cst.BaseStatement, line: str) -> None:
+        """``line`` before ``place``, said once per body: two scaled backward passes under their
+        own tests before one read (``if doc: ...scale...``, then ``if wiki: ...scale...``) unscale
+        under either test, ``if (doc) or (wiki):``, as the step goes through the scaler (a second
+        ``unscale_`` before the update raises); under opposite tests, or where one has none, with
+        no test."""
+        lines = self.insert_before.setdefault(id(place), (place, []))[1]
+        test, body = _test_and_body(line)
+        for index, other in enumerate(lines):
+            other_test, other_body = _test_and_body(other)
+            if textwrap.dedent(body) != textwrap.dedent(other_body):
+                continue
+            if not test or not other_test or _opposite(test, other_test):
+                lines[index] = textwrap.dedent(body)
+            elif test != other_test:
+                either = other_test if ") or (" in other_test else f"({other_test})"
+                lines[index] = f"if {either} or ({test}):\n{other_body}"
+            return
+        lines.append(line)
+
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[id(node)] = (node, replacement)
 
@@ -213,3 +233,13 @@ class Draft:
                 if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
                     raise Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.tree.parent.get(id(ancestor))
+
+
+def _test_and_body(line: str) -> tuple[str, str]:
+    """``("a", "    body")`` for ``"if a:\n    body"``; ``("", line)`` for a line under no test."""
+    head, _, body = line.partition(":\n")
+    return (head[3:], body) if body and head.startswith("if ") else ("", line)
+
+
+def _opposite(test: str, other: str) -> bool:
+    return test == f"not {other}" or other == f"not {test}" or test == f"not ({other})" or other == f"not ({test})"

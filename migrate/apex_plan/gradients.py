@@ -161,9 +161,7 @@ class GradientPlanning(Step):
             line = unscale
             if condition is not None and (condition, True) not in self.tree.arm_tests(place):  # not in `if fp16:` already
                 line = f"if {condition}:\n" + textwrap.indent(unscale, "    ")
-            lines = self.draft.insert_before.setdefault(id(place), (place, []))[1]
-            if line not in lines:
-                _add_or_join(lines, line)
+            self.draft.insert_once(place, line)
         self.draft.unscale_covered.update(self._reached(reader for reader, _, _ in readers))
 
     def _reading_statements(self, reader: cst.BaseStatement, reads) -> list[cst.BaseStatement]:
@@ -481,20 +479,3 @@ class GradientPlanning(Step):
                 return True
             node = self.tree.parent.get(id(node))
         return False
-
-
-def _add_or_join(lines: list[str], line: str) -> None:
-    """``line`` among ``lines``; where another says the same under the opposite test (``if adv:``
-    and ``if not adv:``, from the two arms of one ``if``), the two become one, with no test."""
-    test, _, body = line.partition(":\n")
-    for index, other in enumerate(lines):
-        other_test, _, other_body = other.partition(":\n")
-        if body and body == other_body and test.startswith("if ") and other_test.startswith("if ") \
-                and _opposite(test[3:], other_test[3:]):
-            lines[index] = textwrap.dedent(body)
-            return
-    lines.append(line)
-
-
-def _opposite(test: str, other: str) -> bool:
-    return test == f"not {other}" or other == f"not {test}" or test == f"not ({other})" or other == f"not ({test})"
