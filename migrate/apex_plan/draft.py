@@ -108,11 +108,14 @@ class Draft:
 
     def window(self, block: cst.CSTNode, current: cst.CSTNode) -> list[cst.BaseStatement]:
         """The statements just before ``current`` in ``block`` that no other fix touches and that
-        define nothing nor suspend: where an autocast region may start."""
+        define nothing nor suspend: where an autocast region may start. A helper defined in the
+        loop (``def debatch(fea): ...``, read by the lines after it) computes nothing where it is
+        defined: the region may go above it, to the forward pass it sits after."""
         body = list(block.body)
         end = body.index(current)
         start = end
-        while start > 0 and not self.touched(body[start - 1]) and not defines(body[start - 1]) and not contains(body[start - 1], SUSPENDS):
+        while start > 0 and not self.touched(body[start - 1]) and not contains(body[start - 1], SUSPENDS) and (
+                not defines(body[start - 1]) or _local_helper(body[start - 1], block)):
             start -= 1
         return body[start:end]
 
@@ -233,6 +236,11 @@ class Draft:
                 if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
                     raise Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.tree.parent.get(id(ancestor))
+
+
+def _local_helper(statement: cst.BaseStatement, block: cst.CSTNode) -> bool:
+    """A function defined in a function's block, with no decorator to run where it is defined."""
+    return type(statement) is cst.FunctionDef and not statement.decorators and not isinstance(block, cst.Module)
 
 
 def _test_and_body(line: str) -> tuple[str, str]:
