@@ -26,8 +26,9 @@ def uncleared_plain_backward(steps: StepPlanning, scale: ScaleLossSite, found: l
     stepped = [line for line, *_ in found]
     for plain in steps.plain_backwards(beside=scale.statement):
         if not cleared_before_the_next_step(steps.tree, plain, scale.statement, stepped, steps.conditions.clearers()):
-            return (f"the plain backward pass at line {steps.tree.line(plain)} adds gradients that apex kept as they were "
-                    "and `scaler.step` would divide by the scale")
+            # named by its code too: a marker carrying this reason sits in the rewritten file, whose lines moved
+            return (f"the plain backward pass `{nodes.code(plain)}` (line {steps.tree.line(plain)}) adds gradients "
+                    "that apex kept as they were and `scaler.step` would divide by the scale")
     return None
 
 
