@@ -312,11 +312,22 @@ def _is_a_use(name: cst.Name, parent_of) -> bool:
 
 
 def _is_an_expression(text: str) -> bool:
+    """Whether ``text`` reads as code: it parses as an expression, and is neither a command-line
+    option (``"--use-amp"``, which parses as ``-(-use - amp)``) nor a path (``"ckpt/amp.pt"``,
+    a division; ``"amp.pth"``, an attribute)."""
+    text = text.strip()
+    if text.startswith("-") or "/" in text or "\\" in text or _FILE_NAME.match(text):
+        return False
     try:
-        quiet.parse(text.strip(), mode="eval")
+        quiet.parse(text, mode="eval")
     except (SyntaxError, ValueError):
         return False
     return True
+
+
+# a file's name, as code would never spell an attribute: `amp.pth`, `amp_state.json`
+_FILE_NAME = re.compile(r"^[\w.]+\.(?:pth|pt|ckpt|bin|safetensors|json|ya?ml|txt|log|csv|tsv|pkl|pickle|npy|npz|"
+                        r"h5|onnx|tar|gz|zip|png|jpg|py)$", re.IGNORECASE)
 
 
 _NOQA_F401 = re.compile(r"(?i)#\s*noqa\s*:[^#]*\bF401\b")
