@@ -77,8 +77,16 @@ class DetachedForwardPlanning(Step):
         if not isinstance(block, cst.IndentedBlock):
             return
         body = list(block.body)
+        half = set()  # names bound under autocast in this block: what a plain pass's loss may read
         for index, statement in enumerate(body):
+            if id(statement) in self.draft.regions:
+                half |= assigned_names(statement)
             if id(statement) in self.draft.regions or defines(statement):
+                continue
+            plain = self._plain_pass(body, index, models, half)
+            if plain:
+                half |= {name for line in plain for name in assigned_names(line)}
+                yield plain
                 continue
             if isinstance(statement, cst.With) and self._gradients_off(statement):
                 if self._wrappable(statement) and self._calls_model(statement, models):
@@ -86,6 +94,31 @@ class DetachedForwardPlanning(Step):
                 continue
             for child in self._blocks_of(statement):
                 yield from self._detached_blocks(child, models)
+
+    def _plain_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],
+                    half: set[str]) -> list[cst.BaseStatement]:
+        """Where ``body[index]`` is a plain backward pass (``loss_dis.backward()``, a loss another
+        optimizer steps), the lines before it that compute its loss from a network's forward pass,
+        or from what an earlier region bound (``half``): apex's casts ran those too. Empty where
+        there are none, or a line of them is rewritten."""
+        statement = body[index]
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+            return []
+        call = getattr(statement.body[0], "value", None)
+        if not (type(call) is cst.Call and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+                and type(call.func.value) is cst.Name):
+            return []
+        start = index
+        wanted = {call.func.value.value}
+        for before in range(index - 1, -1, -1):
+            line = body[before]
+            if type(line) is not cst.SimpleStatementLine or id(line) in self.draft.regions or not self._wrappable(line):
+                break
+            if assigned_names(line) & wanted:
+                wanted |= read_names(line)
+                start = before
+        lines = body[start:index]
+        return lines if any(self._calls_model(line, models) or read_names(line) & half for line in lines) else []
 
     @staticmethod
     def _blocks_of(statement: cst.CSTNode) -> list[cst.BaseSuite]:
@@ -126,8 +159,8 @@ class DetachedForwardPlanning(Step):
         for node in descendants(statement, nodes.not_a_definition):
             if type(node) is cst.Call:
                 func = node.func
-                if nodes.code(func) in models:
-                    return True
+                if nodes.code(func) in models or (type(func) is cst.Subscript and nodes.code(func.value) in models):
+                    return True  # `model(x)`, a layer of it: `model[0](x)`
                 if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_PASSES:
                     owner = nodes.code(func.value)
                     if owner in models or (owner.endswith(".module") and owner[: -len(".module")] in models):
