@@ -162,7 +162,8 @@ def main(
     write = not (check or diff)
     edits = output_format in ("json", "sarif") and not statistics
     run = dict(
-        rules=rules, unsafe_fixes=unsafe, fix=True, settings=config.settings,
+        # --check works the fixes out too: what it calls remaining is what the fixing run leaves
+        rules=rules, unsafe_fixes=unsafe, settings=config.settings,
         per_file_ignores=config.per_file_ignores, edits=edits,
     )
 

@@ -432,7 +432,7 @@ def _shadowed(importer: Half, level: int, parts: list[str], half_path: Path, rea
     if nearest is not None or level:
         return nearest is not None and nearest.resolve() != half_path
     shared = len(os.path.commonpath([me, half_path]))
-    return any(len(os.path.commonpath([me, other])) > shared and is_module(other, me, 0, parts)
+    return any(is_module(other, me, 0, parts) and len(os.path.commonpath([me, other])) > shared
                for other in project_python_files(project_root(me)))
 
 

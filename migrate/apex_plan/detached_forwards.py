@@ -15,6 +15,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.loss_slice import backward_slice
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.tree import MODULE_METHODS
 from migrate.apex_plan.vocabulary import INITIALIZE
@@ -81,7 +82,8 @@ class DetachedForwardPlanning(Step):
         for index, statement in enumerate(body):
             if id(statement) in self.draft.regions:
                 half |= assigned_names(statement)
-            if id(statement) in self.draft.regions or defines(statement):
+                continue
+            if defines(statement):
                 continue
             plain = self._plain_pass(body, index, models, half)
             if plain:
@@ -108,16 +110,12 @@ class DetachedForwardPlanning(Step):
         if not (type(call) is cst.Call and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
                 and type(call.func.value) is cst.Name):
             return []
-        start = index
-        wanted = {call.func.value.value}
-        for before in range(index - 1, -1, -1):
-            line = body[before]
-            if type(line) is not cst.SimpleStatementLine or id(line) in self.draft.regions or not self._wrappable(line):
-                break
-            if assigned_names(line) & wanted:
-                wanted |= read_names(line)
-                start = before
-        lines = body[start:index]
+        first = index  # the plain lines just before it that no other fix touches
+        while first > 0 and type(body[first - 1]) is cst.SimpleStatementLine and id(body[first - 1]) not in self.draft.regions \
+                and self._wrappable(body[first - 1]):
+            first -= 1
+        start = backward_slice(body[first:index], {call.func.value.value})[0]
+        lines = [] if start is None else body[first + start:index]
         return lines if any(self._calls_model(line, models) or read_names(line) & half for line in lines) else []
 
     @staticmethod
