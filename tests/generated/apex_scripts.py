@@ -106,12 +106,16 @@ class Features:
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
     #                              as trainers offering both paths do
-    after_step: str = "none"  # none | cleared | stale: after the step, a penalty on the head's weights
+    after_step: str = "none"  # none | cleared | stale | critic | critic_shared: after the step, a penalty on the head's weights
     #                           takes a plain backward and a head optimizer of its own steps it (a second
     #                           loss stepped apart, as a stop-token net is); cleared: the iteration starts
     #                           with the optimizer's zero_grad() (the head optimizer's own after its step),
     #                           stale: nothing clears its gradients on the shared weights before the next
-    #                           scaled backward
+    #                           scaled backward; critic: a discriminator of its own (a network
+    #                           and an optimizer made beside the model) takes a plain backward of a
+    #                           loss on the model's detached output, which apex O1 cast too;
+    #                           critic_shared: the same on an output not detached (the model's
+    #                           gradients take it, cleared at the top of the iteration)
     methods_in: str = "class"  # with holder=method: class (one Trainer) | base (`__init__` and the loss and
     #                            backward methods in a `BaseTrainer`, the loop in `Trainer(BaseTrainer)`,
     #                            whose calls `self.backward(loss)` reach the base's method)
@@ -121,6 +125,13 @@ class Features:
     #                        copy from `torch.autograd.grad(out, x_req, create_graph=True)` (or
     #                        `autograd.grad(outputs=..., inputs=...)[0]`): gradients computed afresh, no
     #                        read of the optimizer's scaled ones
+    own_tests: str = "none"  # none | flags | weights | one_always: the loss's scaled backward and an
+    #                          auxiliary loss's one after it, each under a test of its own (`if
+    #                          TRAIN_MAIN:` / `if TRAIN_AUX:`, or `if WEIGHTS["aux"] > 0:`; one_always:
+    #                          the loss's with none), then the gradients' reads and the step once
+    local_helper: str = "none"  # none | before | after: a function the loss calls on the forward
+    #                             pass's output, defined in the loop body before that pass (reading
+    #                             the batch's `y`) or between it and the loss
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -195,8 +206,18 @@ def _coherent(f: Features) -> Features:
         f = replace(f, clip_or_norm=False)  # the arms replace the loop's own clip line (the guard tests its norm)
     if f.holder != "function" or f.loop_in != "main" or f.amp_via != "module" or f.optimizers != "one" or f.accumulation == "inner_loop":
         f = replace(f, after_step="none")  # the head optimizer is main's own, beside the one it initializes
-    if f.after_step == "cleared" and f.accumulation != "none":
-        f = replace(f, after_step="stale")  # clearing at the top of each micro-batch would undo the accumulation
+    if f.after_step in ("cleared", "critic_shared") and f.accumulation != "none":
+        # clearing at the top of each micro-batch would undo the accumulation
+        f = replace(f, after_step="stale" if f.after_step == "cleared" else "critic")
+    if f.after_step.startswith("critic"):
+        f = replace(f, overflow=False)  # an infinite batch would leave the critic's weights NaN on both sides
+    if f.backward_in != "loop" or f.loss == "arms_backward":
+        f = replace(f, own_tests="none")  # the tests sit around the loop's own scaled backward
+    if f.own_tests != "none":  # the auxiliary pass is the second scaled backward of the step
+        f = replace(f, between="none" if f.between == "aux_backward" else f.between, overflow=False,
+                    native_beside=False)
+    if f.loss not in ("inline", "arms") or f.backward_in == "update":
+        f = replace(f, local_helper="none")  # the loss computed in the loop from the output
     if f.holder != "method":
         f = replace(f, methods_in="class", amp_setup="init")
     if f.amp_setup == "method" and f.import_in == "guarded":
@@ -244,7 +265,7 @@ def features():
         grads_in=st.sampled_from(["none", "local", "attribute"]),
         import_in=st.sampled_from(["module", "function", "global_first", "guarded"]),
         native_beside=st.booleans(),
-        after_step=st.sampled_from(["none", "cleared", "stale"]),
+        after_step=st.sampled_from(["none", "cleared", "stale", "critic", "critic_shared"]),
         forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
         delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
@@ -256,6 +277,8 @@ def features():
         methods_in=st.sampled_from(["class", "base"]),
         amp_setup=st.sampled_from(["init", "method"]),
         penalty=st.sampled_from(["none", "positional", "keywords"]),
+        own_tests=st.sampled_from(["none", "flags", "weights", "one_always"]),
+        local_helper=st.sampled_from(["none", "before", "after"]),
     ).map(_coherent)
 
 
@@ -408,7 +431,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     accumulate = f.accumulation != "none"
     inner = f.accumulation == "inner_loop"
     body = ["if step == 5:", *(["    step += 1"] if f.loop == "while" else []), "    continue"] if f.early_continue else []
-    if f.after_step == "cleared":
+    if f.after_step in ("cleared", "critic_shared"):
         body.insert(0, f"{s.optimizer}.zero_grad()")
     if f.memory == "before":
         body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
@@ -426,8 +449,10 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += ["if step == 3:", '    x = x * float("inf")']
     if f.backward_in == "update":
         body += [f"output = {s.forward}(x)", f"{loss} = self.backward_from(output, x, y)"]
-    elif f.loss == "inline":
+    elif f.loss == "inline" and f.local_helper == "none":
         body.append(f"{loss} = F.mse_loss({s.forward}(x), y)")
+    elif f.loss == "inline":
+        body += [*_shaped_output(f, s), f"{loss} = F.mse_loss(shaped(output), y)"]
     elif f.loss == "helper":
         body.append(f"{loss} = compute_loss({s.forward}, x, y)")
     elif f.loss == "method":
@@ -438,11 +463,12 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += [f'{loss}_dict = {{"mse": F.mse_loss({s.forward}(x), y), "l1": 0.1 * F.l1_loss({s.forward}(x), y)}}',
                  f"{loss} = sum({loss}_dict.values())"]
     else:
-        body += [f"output = {s.forward}(x)",
+        output = "shaped(output)" if f.local_helper != "none" else "output"
+        body += [*_shaped_output(f, s),
                  "if step % 2 == 0:",
-                 f"    {loss} = F.mse_loss(output, y)",
+                 f"    {loss} = F.mse_loss({output}, y)",
                  "else:",
-                 f"    {loss} = F.smooth_l1_loss(output, y)"]
+                 f"    {loss} = F.smooth_l1_loss({output}, y)"]
     body += _penalty(f, s)
     if accumulate and f.backward_in != "update" and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
@@ -472,6 +498,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += _skipping_nan(f, loss, [f"if {s.mixed}:", *_indent(scaled), "else:", f"    {unscaled}"])
     else:
         body += _skipping_nan(f, loss, scaled)
+    auxiliary = _own_tests(f, s, backward_from, body, delay)  # puts the loss's pass under its test
+    body += auxiliary
     if f.loss == "arms_backward":
         backward, body[backward_from:] = body[backward_from:], []
         divided = " / ACCUMULATION" if accumulate else ""
@@ -517,7 +545,13 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     else:
         update += stepping
     body += [f"if {at_boundary}:", *_indent(update)] if accumulate and not inner else update
-    if f.after_step != "none":  # a loss of its own, stepped apart: apex left its gradients unscaled
+    if f.after_step.startswith("critic"):  # apex left its backward plain and cast its forward passes
+        critic = f"critic_{f.names[1]}"
+        fake = f"{s.forward}(x).detach()" if f.after_step == "critic" else f"{s.forward}(x * 0.5)"
+        body += [f"fake = {fake}", "critic_out = critic(fake)",
+                 "critic_loss = F.binary_cross_entropy_with_logits(critic_out, torch.ones_like(critic_out))",
+                 "critic_loss.backward()", f"{critic}.step()", f"{critic}.zero_grad()"]
+    elif f.after_step != "none":  # a loss of its own, stepped apart: apex left its gradients unscaled
         head = f"head_{f.names[1]}"
         body += [f'penalty = 0.05 * sum(p.pow(2).sum() for p in {head}.param_groups[0]["params"])',
                  "penalty.backward()", f"{head}.step()", *([f"{head}.zero_grad()"] if f.after_step == "cleared" else [])]
@@ -536,6 +570,36 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  "bank = torch.nan_to_num(out.mean()).clamp(-1, 1)"]
     body.append(f"losses.append(float({loss}))")
     return body
+
+
+def _shaped_output(f: Features, s: _Spelling) -> list[str]:
+    """The forward pass into ``output``, with the loop body's own ``shaped`` beside it
+    (``Features.local_helper``)."""
+    forward = [f"output = {s.forward}(x)"]
+    if f.local_helper == "before":  # reads the batch the loop took
+        return ["def shaped(t):", "    return t[:, :y.size(1)]", *forward]
+    if f.local_helper == "after":
+        return [*forward, "def shaped(t):", "    return t.reshape(t.size(0), -1)"]
+    return forward
+
+
+_OWN_TESTS = {"flags": ("TRAIN_MAIN", "TRAIN_AUX"), "weights": ('WEIGHTS["main"] > 0', 'WEIGHTS["aux"] > 0'),
+              "one_always": (None, 'WEIGHTS["aux"] > 0')}
+
+
+def _own_tests(f: Features, s: _Spelling, backward_from: int, body: list[str], delay: str) -> list[str]:
+    """With ``Features.own_tests``: the loss's backward lines (``body[backward_from:]``) go under
+    their test, in place; returns the auxiliary loss's pass under its own."""
+    if f.own_tests == "none":
+        return []
+    main_test, aux_test = _OWN_TESTS[f.own_tests]
+    if main_test:
+        body[backward_from:] = [f"if {main_test}:", *_indent(body[backward_from:])]
+    divided = " / ACCUMULATION" if f.accumulation != "none" else ""
+    scaled = [f"with {s.amp}.scale_loss(aux, {s.stepped}{delay}) as scaled_aux:", "    scaled_aux.backward()"]
+    aux = [f"aux = 0.01 * {s.forward}(x).pow(2).mean(){divided}",
+           *([f"if {s.mixed}:", *_indent(scaled), "else:", "    aux.backward()"] if s.mixed else scaled)]
+    return [f"if {aux_test}:", *_indent(aux)]
 
 
 def _penalty(f: Features, s: _Spelling) -> list[str]:
@@ -589,6 +653,9 @@ def _made(f: Features, model: str, optimizer: str) -> list[str]:
         return lines + [f"params = list({model}.parameters())",
                         f"{optimizer}s = [torch.optim.SGD(params[:2], lr=0.1), torch.optim.SGD(params[2:], lr=0.05)]"]
     head = [f"head_{optimizer} = torch.optim.SGD(list({model}.parameters())[-2:], lr=0.05)"] if f.after_step != "none" else []
+    if f.after_step.startswith("critic"):
+        head = ["critic = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1)).cuda()",
+                f"critic_{optimizer} = torch.optim.SGD(critic.parameters(), lr=0.05)"]
     return lines + [f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)", *head]
 
 
@@ -778,6 +845,10 @@ def script(f: Features) -> str:
     constants = f"\nACCUMULATION = {2 if f.accumulation != 'none' else 1}\n" if f.accumulation != "none" else ""
     if f.native_beside:
         constants += "\nnative_scaler = torch.cuda.amp.GradScaler()\n"
+    if f.own_tests == "flags":
+        constants += "\nTRAIN_MAIN = True\nTRAIN_AUX = True\n"
+    elif f.own_tests != "none":
+        constants += '\nWEIGHTS = {"main": 1.0, "aux": 0.01}\n'
     if f.clip_or_norm:
         constants += ("\nCLIP_GRAD = 0.5\n\n\ndef grad_norm(parameters):\n"
                       "    return torch.norm(torch.stack([p.grad.norm() for p in parameters if p.grad is not None]))\n")
