@@ -49,7 +49,8 @@ def _reads(root: Path) -> tuple[tuple[Path, int, Path | None], ...]:
         if any(isinstance(node, ast.Attribute) and node.attr == "initialize" for node in nodes):
             continue
         package = outermost_package(file)
-        places += [(file.resolve(), node.lineno, package) for node in nodes if _reads_state(node)]
+        loaded = frozenset(node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
+        places += [(file.resolve(), node.lineno, package) for node in nodes if _reads_state(node, loaded)]
     return tuple(places)
 
 
@@ -59,10 +60,12 @@ def _imported_roots(text: str) -> set[str]:
     return set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, re.MULTILINE))
 
 
-def _reads_state(node: ast.AST) -> bool:
+def _reads_state(node: ast.AST, loaded: frozenset[str]) -> bool:
+    """``amp._amp_state``, or an import of it whose name the file reads (``loaded``): one it never
+    reads (``from apex.amp import _amp_state`` left over) needs no ``initialize`` to have run."""
     if isinstance(node, ast.Attribute):
         return node.attr == "_amp_state"
-    if isinstance(node, ast.ImportFrom):
-        return (node.module or "").startswith("apex") and (
-            node.module.endswith("_amp_state") or any(alias.name == "_amp_state" for alias in node.names))
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("apex"):
+        from_state = node.module.endswith("_amp_state")
+        return any((from_state or alias.name == "_amp_state") and (alias.asname or alias.name) in loaded for alias in node.names)
     return False

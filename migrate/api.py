@@ -205,32 +205,26 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, half_helpers, halves,
                          importers, level_settings, optimizer_resumes, scale_kept, state_helpers, subclass_overrides)
 
-    partners = halves.partners(apex_texts, options.settings)
-    exported = importers.imported_elsewhere(apex_texts)
-    casts = cast_registrations.elsewhere(apex_texts)
-    state_reads = apex_state_reads.elsewhere(apex_texts)
-    resumes = optimizer_resumes.loads(apex_texts)
-    handed = forward_callers.handed_elsewhere(apex_texts)
+    options = replace(
+        options,
+        imported_elsewhere={str(path): names for path, names in importers.imported_elsewhere(apex_texts).items()},
+        casts_elsewhere={str(path): places for path, places in cast_registrations.elsewhere(apex_texts).items()},
+        state_read_elsewhere={str(path): places for path, places in apex_state_reads.elsewhere(apex_texts).items()},
+        optimizer_state_loads={str(path): places for path, places in optimizer_resumes.loads(apex_texts).items()},
+        handed_elsewhere={str(path): calls for path, calls in forward_callers.handed_elsewhere(apex_texts).items()},
+        initialized_elsewhere={str(path): places for path, places in scale_kept.initialized_elsewhere(apex_texts).items()},
+        levels_elsewhere={str(path): names for path, names in level_settings.set_elsewhere(apex_texts).items()},
+        gradient_norms={str(path): names for path, names in grad_norms.elsewhere(apex_texts).items()},
+        half_helpers={str(path): names for path, names in half_helpers.elsewhere(apex_texts).items()},
+        subclass_overrides={str(path): methods for path, methods in subclass_overrides.elsewhere(apex_texts).items()},
+    )
+    # each half's facts are planned with what the other files say of it, as its run is
+    partners = halves.partners(apex_texts, options.settings, lambda path: file_settings(options, path))
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
-    initialized = scale_kept.initialized_elsewhere(apex_texts)
-    levels = level_settings.set_elsewhere(apex_texts)
-    norms = grad_norms.elsewhere(apex_texts)
-    casting = half_helpers.elsewhere(apex_texts)
-    overridden = subclass_overrides.elsewhere(apex_texts)
     options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
-        imported_elsewhere={str(path): names for path, names in exported.items()},
-        casts_elsewhere={str(path): places for path, places in casts.items()},
-        state_read_elsewhere={str(path): places for path, places in state_reads.items()},
-        optimizer_state_loads={str(path): places for path, places in resumes.items()},
-        handed_elsewhere={str(path): calls for path, calls in handed.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
-        initialized_elsewhere={str(path): places for path, places in initialized.items()},
-        levels_elsewhere={str(path): names for path, names in levels.items()},
-        gradient_norms={str(path): names for path, names in norms.items()},
-        half_helpers={str(path): names for path, names in casting.items()},
-        subclass_overrides={str(path): methods for path, methods in overridden.items()},
     )
     passing, helpers, kept_by = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex

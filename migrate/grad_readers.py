@@ -20,8 +20,9 @@ from migrate import apex_nodes as nodes
 from migrate.flow.bindings import bindings, bound_value
 from migrate.tree_walk import descendants
 
-# Calls with "grad" in their name that do not read gradients.
-_GRAD_NEUTRAL = frozenset({"zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "is_grad_enabled"})
+# Words in a call's name that say "grad" of something other than the gradients' values: the flag
+# (`set_requires_grad(nets, False)`, `toggle_grad(model, True)`), autograd's mode, the clearing.
+_NOT_GRADIENT_VALUES = ("requires_grad", "toggle_grad", "no_grad", "enable_grad", "grad_enabled", "zero_grad")
 # name -> the position and keyword of the threshold, and whether the call returns the norm
 _CLIPS = {
     "clip_grad_norm_": (1, "max_norm", True),
@@ -174,10 +175,19 @@ def scale_aware(call: cst.Call, scale: str, parent: cst.CSTNode | None, params: 
     return nodes.parse_expression(divided if isinstance(parent, _LOOSE_PARENTS) else f"({divided})", module)
 
 
+def names_a_gradient_flag(name: str) -> bool:
+    """Whether a call so named says "grad" only of the ``requires_grad`` flag, autograd's mode or
+    the clearing (``set_requires_grad``, ``toggle_grad``, ``no_grad``), never of the values."""
+    name = name.lower()
+    for words in _NOT_GRADIENT_VALUES:
+        name = name.replace(words, "")
+    return "grad" not in name and "clip" not in name
+
+
 def _grad_calls(statement: cst.CSTNode) -> list[cst.Call]:
     def reads(name: str) -> bool:
         name = name.lower()
-        return ("clip" in name or "grad" in name) and name not in _GRAD_NEUTRAL
+        return ("clip" in name or "grad" in name) and not names_a_gradient_flag(name)
 
     def fresh(call: cst.Call) -> bool:
         """``torch.autograd.grad(...)`` (or ``autograd.grad``, or an alias given its keywords)."""

@@ -62,10 +62,14 @@ class Pairing(NamedTuple):
     scaler_import: ImportChange | None
 
 
-def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]:
+def partners(texts: Mapping[Path, str], settings: Mapping,
+             settings_of: Callable[[Path], Mapping] | None = None) -> dict[Path, object]:
     """Each half's ``apex_plan.Partner`` in a run over ``texts``: the other half's facts where the
     run holds both (the initialize half is planned first: the scale half's GradScaler takes its
-    options; then the initialize half takes the scale half's), else the file found on disk."""
+    options; then the initialize half takes the scale half's), else the file found on disk.
+    ``settings_of(path)``: the settings that file is planned with in the run (what other files
+    say of it), so that a half its run cannot rewrite keeps its partner as it is too."""
+    settings_of = settings_of or (lambda path: settings)
     found = [half for path, text in texts.items() if (half := find_half(path, text)) is not None]
     if not found:
         return {}
@@ -73,7 +77,7 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
     from migrate.apex_plan.vocabulary import PARTNER, HalfFacts, Partner
 
     def facts(half: Half, partner: Partner) -> HalfFacts:
-        plan = plan_text(texts[half.path], {**settings, PARTNER: partner})
+        plan = plan_text(texts[half.path], {**settings_of(half.path), PARTNER: partner})
         return plan.half if plan is not None and plan.half is not None else HalfFacts(manual="it does not parse, or holds both halves")
 
     pairs = pair(found)
@@ -89,7 +93,7 @@ def partners(texts: Mapping[Path, str], settings: Mapping) -> dict[Path, object]
                 # would leave it calling apex amp half set up (`scale_loss` with `initialize` gone
                 # raises). Both stay, for a person to migrate together.
                 text = texts.get(unpaired.path) or _read(unpaired.path)
-                plan = plan_text(text, {**settings, PARTNER: Partner(_shown(half.path), half.line)}) if text else None
+                plan = plan_text(text, {**settings_of(unpaired.path), PARTNER: Partner(_shown(half.path), half.line)}) if text else None
                 manual = plan.half.manual if plan is not None and plan.half is not None else "it does not parse, or holds both halves"
                 if manual:
                     result[half.path] = Partner(_shown(unpaired.path), unpaired.line, HalfFacts(manual=f"{manual}; {UNPAIRED}"))

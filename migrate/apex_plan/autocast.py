@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.attribute_forwards import forward_in_another_method
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.earlier_regions import computed_in_a_region
@@ -36,6 +37,8 @@ class AutocastPlanning(Step):
     """
 
     def plan_autocast(self, scale: ScaleLossSite) -> None:
+        if (elsewhere := forward_in_another_method(self, scale)) is not None:
+            self.draft.unsafe.append(elsewhere)
         loss = nodes.code(scale.loss)
         if self._plan_region(scale.statement, loss, scale):
             self._plan_callers_forwards(scale)

@@ -83,6 +83,8 @@ def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:
     in its name (``clip_master_grads``: ``grad_readers``)."""
     if isinstance(call.func, cst.Name) and call.func.value in _LOOKS_ONLY or nodes.root_name(call.func) in _LIBRARIES:
         return False
+    if "grad" in nodes.call_name(call).lower() and grad_readers.names_a_gradient_flag(nodes.call_name(call)):
+        return False  # `set_requires_grad(nets, False)`: it turns the flag, whatever it is handed
     if any(nodes.code(arg.value) in holders for arg in call.args):
         return True
     return any(
