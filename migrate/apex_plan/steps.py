@@ -420,8 +420,9 @@ class StepPlanning(Step):
     def _scale_plain_backward(self, plain: cst.Call, scale: ScaleLossSite) -> None:
         """``loss.backward()`` becomes ``scaler.scale(loss).backward()`` where the step after it goes
         through the scaler: a ``scaler.step`` in an iteration that scaled nothing raises (a disabled
-        scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it."""
-        scaler = self.scaler_of(scale.call)
+        scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it; the scaler
+        of the same loss where an arm beside it scales it (apex's per-loss scalers)."""
+        scaler = self.scaler_of(self.tree.scaled_in_another_arm(plain, self.sites.calls["scale_loss"]) or scale.call)
         same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
         # a loss's own arguments are keywords (`retain_graph=True`, `**kwargs`); `engine.backward(loss)` is no tensor's
         by_keyword = all(arg.keyword is not None or arg.star for arg in plain.args)

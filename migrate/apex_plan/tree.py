@@ -329,6 +329,20 @@ class FileTree:
             top = self.parent[id(top)]  # up from an else or an elif to the chain's first if
         return top
 
+    def scaled_in_another_arm(self, plain: cst.Call, scale_calls: list[cst.Call]) -> cst.Call | None:
+        """The ``amp.scale_loss`` of the loss ``plain`` backpropagates (``loss.backward()``) in another
+        arm of an ``if`` around it: ``if apex: with amp.scale_loss(loss, opt_g, loss_id=1) ... else:``."""
+        loss = nodes.code(plain.func.value) if isinstance(plain.func, cst.Attribute) else None
+        node = self.parent.get(id(plain))
+        while loss is not None and node is not None and not isinstance(node, cst.FunctionDef):
+            if isinstance(node, (cst.If, cst.Else)):
+                top = self.chain_top(node)
+                for call in scale_calls:
+                    if self.inside(call, top) and (arg := nodes.argument(call, 0, "loss")) is not None and nodes.code(arg.value) == loss:
+                        return call
+            node = self.parent.get(id(node))
+        return None
+
     def exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
         """Whether the two never run in the same pass: in one function, neither reaches the other
         within the iteration they share (different arms of an ``if``; an arm that ends the

@@ -125,3 +125,56 @@ def test_the_unsafe_rewrite_of_the_gan_model_runs(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ampshim", "--device", "cpu", str(tmp_path / "rewritten.py")],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("toggle", list(TOGGLES))
+def test_a_plain_backward_beside_a_scaled_one_takes_that_losss_scaler(toggle):
+    """``if self.use_apex: with amp.scale_loss(self.loss_g, self.opt_g, loss_id=1) ... else:
+    self.loss_g.backward()``: the plain arm goes through the scaler of loss id 1, which steps
+    ``opt_g``, not through the first loss's."""
+    source = _script(toggle, "forward", "backward_g")
+    for loss, scaled in (("loss_d", "opt_d, loss_id=0"), ("loss_g", "opt_g, loss_id=1")):
+        source = source.replace(
+            f"        with amp.scale_loss(self.{loss}, self.{scaled}) as scaled:\n            scaled.backward()\n",
+            f"        if self.use_apex:\n            with amp.scale_loss(self.{loss}, self.{scaled}) as scaled:\n"
+            f"                scaled.backward()\n        else:\n            self.{loss}.backward()\n")
+    source = source.replace("        super().__init__()\n", "        super().__init__()\n        self.use_apex = True\n")
+    rewritten = migrate_source(source, filename="models/gan.py", unsafe_fixes=True).new_source
+    for loss, scaler in (("loss_d", "scaler_0"), ("loss_g", "scaler_1")):
+        assert rewritten.count(f"self.{scaler}.scale(self.{loss}).backward()") == 2, rewritten
+
+
+WRAPPED = '''\
+import torch
+import torch.nn as nn
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        self.model = {wrapped}
+        self.head = {head}
+
+    def loss(self, batch, model):
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    def train(self, batches):
+        for batch in batches:
+            loss = self.loss(batch, {handed})
+            self.optimizer.zero_grad()
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+            self.optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("wrapped", ["nn.DataParallel(self.model)", "self.model.cuda()", "self.model.to('cuda')"])
+@pytest.mark.parametrize("handed", ["self.model", "self.head"])
+def test_a_model_kept_on_self_and_handed_to_the_loss_is_no_forward_output(wrapped, handed):
+    """``self.model = nn.DataParallel(self.model)`` in ``__init__``, the loss computed from the
+    model handed in: no forward pass ran in ``__init__``, the safe rewrite goes ahead."""
+    source = WRAPPED.format(wrapped=wrapped, head="self.model" if handed == "self.head" else "None", handed=handed)
+    result = migrate_source(source, filename="trainer.py")
+    assert result.changed and "outside autocast" not in result.new_source, [d.message for d in result.diagnostics]
