@@ -219,6 +219,38 @@ class Draft:
                 self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
                 self.composed.add(id(node))
 
+    def fold_identical_arms(self) -> None:
+        """``if self.opt.apex: scaler.scale(loss).backward()`` beside ``else:`` the same line, once
+        both arms are rewritten alike (a plain backward put through the scaler): one line, as a
+        person would write it. Only under a test that reads the same each time (``is_pure``), and
+        only where the ``if`` and ``else:`` lines carry no comment."""
+        for node in list(descendants(self.tree.module)):
+            if type(node) is not cst.If or not isinstance(node.orelse, cst.Else) or not nodes.is_pure(node.test) \
+                    or self.touched(node.test) or not self.touched(node.body) or not self.touched(node.orelse.body) \
+                    or getattr(self.tree.parent.get(id(node)), "orelse", None) is node:  # an `elif` stays: it is no statement
+                continue
+            said = [line.comment for line in node.orelse.leading_lines] + [node.body.header.comment, node.orelse.body.header.comment]
+            arms = [self._rendered(block.body[0]) if isinstance(block, cst.IndentedBlock) and len(block.body) == 1 else None
+                    for block in (node.body, node.orelse.body)]
+            if any(comment is not None for comment in said) or None in arms or nodes.code(arms[0]) != nodes.code(arms[1]):
+                continue
+            inside = [key for key, (replaced, _) in self.replacements.items() if self.tree.inside(replaced, node)]
+            kind = next(self.kinds[key] for key in inside if key in self.kinds)
+            for key in inside:
+                del self.replacements[key]
+            self.replace(node, nodes.with_leading(arms[0], node))
+            self.kinds[id(node)] = kind
+
+    def _rendered(self, statement: cst.CSTNode) -> cst.CSTNode | None:
+        """``statement`` as the rewrite writes it (one statement; None where it goes or splits)."""
+        if id(statement) in self.replacements:
+            replacement = self.replacements[id(statement)][1]
+        else:
+            inner = {key: replacement for key, (replaced, replacement) in self.replacements.items()
+                     if self.tree.inside(replaced, statement)}
+            replacement = statement.visit(ReplaceByIdentity(inner))
+        return None if isinstance(replacement, (cst.RemovalSentinel, cst.FlattenSentinel)) else replacement
+
     def indent_as_around(self) -> None:
         """The blocks the rewrite writes indented as the block each replaced statement is in (``block_indents``)."""
         default = self.tree.module.default_indent

@@ -461,6 +461,7 @@ class Planner:
         self.draft.place_insertions(self.setup.scaler)
         self.draft.place_marks()
         self.draft.compose_nested()
+        self.draft.fold_identical_arms()
         self.draft.indent_as_around()
         if not self.setup.o0:
             for name, scope in self.tree.torch_shadowed:
