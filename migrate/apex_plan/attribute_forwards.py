@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.loss_slice import function_slice
+from migrate.apex_plan.loss_slice import calls_model, function_slice
 from migrate.apex_plan.syntax import assigned_names, read_names
-from migrate.apex_plan.tree import MODULE_METHODS
 from migrate.apex_plan.vocabulary import ScaleLossSite
 from migrate.tree_walk import descendants
 
@@ -37,11 +36,9 @@ def forward_in_another_method(step: Step, scale: ScaleLossSite) -> str | None:
         wanted |= read_names(line)
     calls = [node for node in descendants(function.body, nodes.not_a_definition) if type(node) is cst.Call]
     called = {nodes.code(call.func) for call in calls}
-    attributes = {name for name in wanted if name.startswith("self.") and name.count(".") == 1} - assigned_names(function.body) - called
-    if not attributes:
-        return None
     models = tree.models_seen_from(scale.statement, step.setup.model_codes)
-    attributes -= models  # a model handed to the loss (`self.loss(data, self.model)`), not its output
+    # a model handed to the loss (`self.loss(data, self.model)`) is no output of one
+    attributes = {name for name in wanted if name.startswith("self.") and name.count(".") == 1} - assigned_names(function.body) - called - models
     if not attributes:
         return None
     scaling = {id(found): found for call in step.sites.calls["scale_loss"] if (found := tree.function(call)) is not None}
@@ -53,7 +50,7 @@ def forward_in_another_method(step: Step, scale: ScaleLossSite) -> str | None:
             if type(method) is not cst.FunctionDef or id(method) in scaling or f"self.{method.name.value}" in covered:
                 continue
             for node in descendants(method.body, nodes.not_a_definition):
-                if type(node) is not cst.Assign or not _runs_a_model(node.value, models):
+                if type(node) is not cst.Assign or not calls_model(node.value, models):
                     continue
                 target = next((nodes.code(t.target) for t in node.targets if nodes.code(t.target) in attributes), None)
                 if target is not None:
@@ -61,16 +58,3 @@ def forward_in_another_method(step: Step, scale: ScaleLossSite) -> str | None:
                             f"outside autocast (line {tree.line(node)}; apex cast it too): put it under `torch.autocast` by hand")
     return None
 
-
-def _runs_a_model(value: cst.BaseExpression, models: set[str]) -> bool:
-    """A call of one of ``models`` itself (``self.netG(x)``, ``self.net.forward(x)``, ``self.net[0](x)``),
-    not one it is handed to (``nn.DataParallel(self.model)``)."""
-    for node in descendants(value, nodes.not_a_definition):
-        if type(node) is cst.Call:
-            func = node.func
-            if nodes.code(func) in models or (type(func) is cst.Subscript and nodes.code(func.value) in models):
-                return True
-            if type(func) is cst.Attribute and nodes.code(func.value) in models and func.attr.value not in MODULE_METHODS \
-                    and func.attr.value not in ("to", "cuda", "cpu", "half", "float", "train", "eval", "state_dict"):
-                return True
-    return False

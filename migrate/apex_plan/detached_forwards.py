@@ -15,9 +15,8 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.loss_slice import backward_slice
+from migrate.apex_plan.loss_slice import backward_slice, calls_model
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
-from migrate.apex_plan.tree import MODULE_METHODS
 from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
@@ -25,11 +24,6 @@ from migrate.tree_walk import descendants
 # What turns gradients off for a block: `with torch.no_grad():` and its kin.
 _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
-# A network's methods that compute nothing with it (a call of any other is a pass: `encoder.encode(x)`).
-_NOT_PASSES = MODULE_METHODS | {"named_modules", "named_children", "buffers", "named_buffers", "state_dict", "to",
-                                "cuda", "cpu", "half", "float", "double", "type", "zero_grad", "register_buffer",
-                                "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-                                "add_module", "get_submodule", "share_memory"}
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
 
 
@@ -91,7 +85,7 @@ class DetachedForwardPlanning(Step):
                 yield plain
                 continue
             if isinstance(statement, cst.With) and self._gradients_off(statement):
-                if self._wrappable(statement) and self._calls_model(statement, models):
+                if self._wrappable(statement) and calls_model(statement, models):
                     yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))]
                 continue
             for child in self._blocks_of(statement):
@@ -116,7 +110,7 @@ class DetachedForwardPlanning(Step):
             first -= 1
         start = backward_slice(body[first:index], {call.func.value.value})[0]
         lines = [] if start is None else body[first + start:index]
-        return lines if any(self._calls_model(line, models) or read_names(line) & half for line in lines) else []
+        return lines if any(calls_model(line, models) or read_names(line) & half for line in lines) else []
 
     @staticmethod
     def _blocks_of(statement: cst.CSTNode) -> list[cst.BaseSuite]:
@@ -149,21 +143,6 @@ class DetachedForwardPlanning(Step):
             return False
         return not any(id(node) in self.draft.regions or (type(node) is cst.Call and nodes.call_name(node) == "autocast")
                        for node in descendants(statement))
-
-    @staticmethod
-    def _calls_model(statement: cst.CSTNode, models: set[str]) -> bool:
-        """A call of the model itself (``model(x)``, ``model.forward(x)``) or of a method that computes
-        with it (``encoder.encode(mels)``, also through ``.module``), not of what it is handed to."""
-        for node in descendants(statement, nodes.not_a_definition):
-            if type(node) is cst.Call:
-                func = node.func
-                if nodes.code(func) in models or (type(func) is cst.Subscript and nodes.code(func.value) in models):
-                    return True  # `model(x)`, a layer of it: `model[0](x)`
-                if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_PASSES:
-                    owner = nodes.code(func.value)
-                    if owner in models or (owner.endswith(".module") and owner[: -len(".module")] in models):
-                        return True
-        return False
 
     def _readers_after(self, following: list[cst.BaseStatement], bound: set[str]) -> list[cst.BaseStatement]:
         """The lines right after the block that compute from what it bound (``bank = out / out.norm()``):

@@ -6,6 +6,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import assigned_names, read_names
+from migrate.apex_plan.tree import MODULE_METHODS
 from migrate.step_model.vocabulary import moves_only
 from migrate.tree_walk import descendants
 
@@ -85,4 +86,27 @@ def runs_a_network(statement: cst.CSTNode, networks: frozenset[str]) -> bool:
                 return True
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
                 return True
+    return False
+
+
+# A network's methods that compute nothing with it (a call of any other is a pass: `encoder.encode(x)`).
+_NOT_PASSES = MODULE_METHODS | {"named_modules", "named_children", "buffers", "named_buffers", "state_dict", "to",
+                                "cuda", "cpu", "half", "float", "double", "type", "zero_grad", "register_buffer",
+                                "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                                "add_module", "get_submodule", "share_memory"}
+
+
+def calls_model(statement: cst.CSTNode, models: set[str]) -> bool:
+    """A call of the model itself (``model(x)``, ``model.forward(x)``) or of a method that computes
+    with it (``encoder.encode(mels)``, also through ``.module``), not of what it is handed to
+    (``nn.DataParallel(model)``)."""
+    for node in descendants(statement, nodes.not_a_definition):
+        if type(node) is cst.Call:
+            func = node.func
+            if nodes.code(func) in models or (type(func) is cst.Subscript and nodes.code(func.value) in models):
+                return True  # `model(x)`, a layer of it: `model[0](x)`
+            if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_PASSES:
+                owner = nodes.code(func.value)
+                if owner in models or (owner.endswith(".module") and owner[: -len(".module")] in models):
+                    return True
     return False
