@@ -49,13 +49,15 @@ dependence: no import cycle):
   optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it;
   ``step_sites``: where an optimizer steps, in a statement, the file, or the callers handing a
   function the optimizer it scales for; ``late_backwards``: a plain backward pass after the
-  step, safe where a ``zero_grad()`` clears it on every way to the next step;
+  step, safe where a ``zero_grad()`` clears it on every way to the next step, or where its loss
+  comes only from a network built apart from the models and their detached outputs;
   ``native_scalings``: a plain backward pass whose loss the file's own GradScaler scaled),
   ``autocast`` (the region around the forward pass; where a caller of the file hands in what a
   forward pass made, a region of its own around that forward; unsafe where the caller is in
   another file, ``migrate.forward_callers``; ``loss_slice``: the statements that compute what
   the loss is made from, and what an arm carries on from above its ``if``; ``earlier_regions``: a
-  loss computed inside a region already planned), ``inference_tail`` (an O1 ``initialize`` for
+  loss computed inside a region already planned; ``attribute_forwards``: a loss computed from
+  ``self.x`` that another method sets by a forward pass, unsafe and said), ``inference_tail`` (an O1 ``initialize`` for
   inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
