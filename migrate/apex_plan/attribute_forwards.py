@@ -2,19 +2,23 @@
 
 A GAN model's ``optimize_parameters()`` calls ``forward()`` (``self.fake_B = self.netG(self.real_A)``),
 then ``backward_G()``, which computes the loss from ``self.fake_B`` and scales it. apex O1 cast that
-forward pass too; the region at the scaled backward does not reach it, and whether to wrap another
-method (``forward()`` runs at evaluation too) is a person's call: the rewrite is unsafe and says so.
-Where a function scaling a loss calls that method, the region planned there may cover it.
+forward pass too, wherever ``forward()`` ran (at evaluation as well: its casts were global), so the
+statements of ``forward()`` from its first model call to the last one the loss reads go under an
+autocast of their own, enabled as the region at the scaled backward. Where they cannot (a base
+class's method, a forward pass inside an ``if``, the scaler not reachable there), the rewrite is
+unsafe and says so. Where a function scaling a loss calls that method, the region planned there
+may cover it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.loss_slice import calls_model, function_slice
-from migrate.apex_plan.syntax import assigned_names, read_names
+from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import ScaleLossSite
 from migrate.tree_walk import descendants
 
@@ -22,15 +26,31 @@ if TYPE_CHECKING:
     from migrate.apex_plan.context import Step
 
 
-def forward_in_another_method(step: Step, scale: ScaleLossSite) -> str | None:
-    """Why the region at ``scale`` leaves a forward pass apex cast outside autocast: the loss is
-    computed from ``self.x``, which another method of the class (or of a base in the file), one
-    no function scaling a loss calls, sets from a model's call. None where none is."""
+@dataclass(frozen=True)
+class AttributeForward:
+    """``method`` sets the loss's ``attribute`` by a forward pass at ``assignment``."""
+
+    method: cst.FunctionDef
+    in_owner: bool  # the method is the scaling class's own, not a base's
+    attribute: str
+    assignment: cst.Assign
+    line: int
+
+    @property
+    def reason(self) -> str:
+        return (f"the loss is computed from `{self.attribute}`, which `{self.method.name.value}()` computes by a forward pass "
+                f"outside autocast (line {self.line}; apex cast it too): put it under `torch.autocast` by hand")
+
+
+def forwards_in_other_methods(step: Step, scale: ScaleLossSite) -> list[AttributeForward]:
+    """The forward passes the region at ``scale`` leaves outside autocast, which apex cast: the
+    loss is computed from ``self.x``, which another method of the class (or of a base in the
+    file), one no function scaling a loss calls, sets from a model's call."""
     tree = step.tree
     function = tree.function(scale.statement)
     owner = tree.owner_class(function)
     if owner is None:
-        return None
+        return []
     wanted = read_names(scale.loss)
     for line in function_slice(function, wanted):
         wanted |= read_names(line)
@@ -40,21 +60,50 @@ def forward_in_another_method(step: Step, scale: ScaleLossSite) -> str | None:
     # a model handed to the loss (`self.loss(data, self.model)`) is no output of one
     attributes = {name for name in wanted if name.startswith("self.") and name.count(".") == 1} - assigned_names(function.body) - called - models
     if not attributes:
-        return None
+        return []
     scaling = {id(found): found for call in step.sites.calls["scale_loss"] if (found := tree.function(call)) is not None}
     # what a function scaling a loss calls may be in its region
     covered = {nodes.code(node.func) for found in scaling.values() for node in descendants(found.body, nodes.not_a_definition)
                if type(node) is cst.Call}
+    found = []
     for cls in tree.lineage(owner):
         for method in cls.body.body:
             if type(method) is not cst.FunctionDef or id(method) in scaling or f"self.{method.name.value}" in covered:
                 continue
             for node in descendants(method.body, nodes.not_a_definition):
-                if type(node) is not cst.Assign or not calls_model(node.value, models):
+                if type(node) is not cst.Assign or not _runs_a_model(step, node.value, models):
                     continue
                 target = next((nodes.code(t.target) for t in node.targets if nodes.code(t.target) in attributes), None)
                 if target is not None:
-                    return (f"the loss is computed from `{target}`, which `{method.name.value}()` computes by a forward pass "
-                            f"outside autocast (line {tree.line(node)}; apex cast it too): put it under `torch.autocast` by hand")
-    return None
+                    found.append(AttributeForward(method, cls is owner, target, node, tree.line(node)))
+    return found
 
+
+def _runs_a_model(step: Step, value: cst.BaseExpression, models: set[str]) -> bool:
+    """A model's own call in ``value``, or a call of the file's function or method that makes one
+    (``run(self.real)`` after ``def run(t): return self.gen(t)``)."""
+    return calls_model(value, models) or any(
+        type(node) is cst.Call and (helper := step.tree.helper(node)) is not None and calls_model(helper.body, models)
+        for node in descendants(value, nodes.not_a_definition))
+
+
+def forward_statements(step: Step, forwards: list[AttributeForward]) -> list[cst.BaseStatement] | None:
+    """The statements of one method's body from its first model call to its last: what goes under
+    autocast there (every loss reading any of them plans the same region). None where the method
+    is not the owner class's own, a forward pass of ``forwards`` sits in a block of the body (an
+    ``if``, a loop), or a statement between defines something, suspends, or has a fix of its own."""
+    method = forwards[0].method
+    if not all(f.in_owner for f in forwards) or not isinstance(method.body, cst.IndentedBlock):
+        return None
+    body = list(method.body.body)
+    holding = {id(step.tree.statement(f.assignment)) for f in forwards}
+    if not holding <= {id(statement) for statement in body if type(statement) is cst.SimpleStatementLine}:
+        return None
+    models = step.tree.models_seen_from(body[0], step.setup.model_codes)
+    running = [i for i, statement in enumerate(body) if step.tree.calls_model(statement, models, step.sites.ids)]
+    if not running:
+        return None
+    region = body[running[0]:running[-1] + 1]
+    if any(step.draft.touched(s) or contains(s, SUSPENDS) or defines(s) for s in region):
+        return None
+    return region

@@ -36,10 +36,9 @@ class DetachedForwardPlanning(Step):
         helper scales the loss), and the no-grad blocks in it."""
         loops: dict[int, tuple[cst.For | cst.While, cst.CSTNode, set[str]]] = {}
         for key, enabled in self.draft.region_enabled.items():
-            first = self.draft.replacements[key][0]
-            loop = self.tree.outermost_loop(first)
-            if loop is not None:
-                loops.setdefault(id(loop), (loop, first, set()))[2].add(enabled)
+            for anchor in self._in_loops(self.draft.replacements[key][0], enabled):
+                loop = self.tree.outermost_loop(anchor)
+                loops.setdefault(id(loop), (loop, anchor, set()))[2].add(enabled)
         for loop, first, enabled in loops.values():
             if len(enabled) != 1:
                 continue  # regions enabled differently: which one a pass between them follows is not known
@@ -51,6 +50,25 @@ class DetachedForwardPlanning(Step):
                 models |= self.tree.networks
             for statements in self._detached_blocks(loop.body, models):
                 self._wrap(statements, region_enabled)
+
+    def _in_loops(self, first: cst.CSTNode, enabled: str) -> list[cst.CSTNode]:
+        """``first`` where a loop of its function holds it; else the calls of that function in a
+        loop of a method of the same class (a trainer's ``run_forward(x)`` and
+        ``backward_stored(x, y)`` called in ``train``'s loop), where ``enabled`` reads there as it does
+        in ``first``'s method (``self.scaler``)."""
+        if self.tree.outermost_loop(first) is not None:
+            return [first]
+        function = self.tree.function(first)
+        if function is None:
+            return []
+        owner = self.tree.owner_class(function)
+        expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
+        attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
+        if owner is None or any(type(node) is cst.Name and id(node) not in attrs and node.value not in ("self", "bool", "True")
+                                for node in descendants(expression)):
+            return []
+        return [call for call in self.tree.calls_of(function)
+                if self.tree.outermost_loop(call) is not None and self.tree.owner_class(self.tree.function(call)) is owner]
 
     def _casts_every_network(self) -> bool:
         """Whether apex ran O1 here: every ``initialize`` at O1 (written so, or by default), or at a

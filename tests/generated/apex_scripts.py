@@ -57,7 +57,10 @@ class Features:
     #                            trainer's `apply_backward(scaled)`, which calls its `backward()`) |
     #                            partial (the loop calls `backwards(loss, opt)`, a `functools.partial`
     #                            of a module-level function made before it: binding the flag first by
-    #                            position, or by keyword, or, with no flag, the optimizer)
+    #                            position, or by keyword, or, with no flag, the optimizer) | stored (the
+    #                            loop calls the trainer's `run_forward(x)`, which sets `self.output`,
+    #                            then `backward_stored(x, y)` computes the loss from it and scales it:
+    #                            a GAN model's forward() and backward_G())
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
@@ -142,6 +145,10 @@ NAMES = st.tuples(st.sampled_from(["model", "net", "network"]),
                   st.sampled_from(["loss", "train_loss", "objective"]))
 
 
+# the loss is computed in a trainer's method that scales it and hands it back (see Features.backward_in)
+HANDING_BACK = ("update", "stored")
+
+
 def _coherent(f: Features) -> Features:
     """Features that only exist together: ``self.amp`` and a loss method need a trainer."""
     if f.finite_guard and f.clip == "none":
@@ -168,12 +175,12 @@ def _coherent(f: Features) -> Features:
         f = replace(f, amp_via="module", accumulation="plain" if f.accumulation == "delay_unscale" else f.accumulation)
     if f.backward_in == "scaled_method":  # a method of the trainer takes the scaled loss
         f = replace(f, holder="method")
-    if f.backward_in == "update":  # the loss is the method's own, from the output handed in
+    if f.backward_in in HANDING_BACK:  # the loss is the method's own, from the output handed in
         f = replace(f, holder="method", amp_via="module", loss="inline", warmup=False,
                     accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
     if f.holder != "method" or f.flag == "none":
         f = replace(f, flag_copy=False)
-    if f.holder != "method" or f.backward_in == "update":
+    if f.holder != "method" or f.backward_in in HANDING_BACK:
         f = replace(f, forward_via="model")
     if f.holder != "function" or f.amp_via != "module":
         f = replace(f, loop_in="main")
@@ -183,7 +190,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, warmup=False)
     else:
         f = replace(f, alternate=False)
-    if f.flag == "none" or f.amp_via == "attribute" or f.backward_in in ("helper", "update") or f.flag_copy:
+    if f.flag == "none" or f.amp_via == "attribute" or f.backward_in in ("helper", "update", "stored") or f.flag_copy:
         f = replace(f, initialize_always=False)  # `self.amp` None and the helper's early return mean the flag is off
     if f.flag != "none" or f.inner_fp32:
         f = replace(f, half_evaluation=False)  # without apex's casts (fp32 runs, an fp32 head) it raised under apex too
@@ -193,7 +200,7 @@ def _coherent(f: Features) -> Features:
         f = replace(f, grads_in="local")
     if f.import_in != "module":  # `amp` is bound once the initializing function runs
         f = replace(f, import_guard=False, register_half=False)
-    if f.flag == "none" or f.optimizers != "one" or f.backward_in in ("update", "function", "partial"):
+    if f.flag == "none" or f.optimizers != "one" or f.backward_in in ("update", "stored", "function", "partial"):
         f = replace(f, native_beside=False)  # the other arm of the flag, one optimizer it steps
     if f.import_in == "guarded" and (f.flag == "none" or f.initialize_always or f.amp_via != "module"
                                      or f.clip == "master_params" or f.flag_copy):
@@ -216,7 +223,7 @@ def _coherent(f: Features) -> Features:
     if f.own_tests != "none":  # the auxiliary pass is the second scaled backward of the step
         f = replace(f, between="none" if f.between == "aux_backward" else f.between, overflow=False,
                     native_beside=False)
-    if f.loss not in ("inline", "arms") or f.backward_in == "update":
+    if f.loss not in ("inline", "arms") or f.backward_in in HANDING_BACK:
         f = replace(f, local_helper="none")  # the loss computed in the loop from the output
     if f.holder != "method":
         f = replace(f, methods_in="class", amp_setup="init")
@@ -226,7 +233,7 @@ def _coherent(f: Features) -> Features:
         # `amp` is bound only where the flag holds: nothing reads it outside the flag's arm
         f = replace(f, amp_via="module" if f.amp_via == "parameter" else f.amp_via,
                     clip="parameters" if f.clip == "master_params" else f.clip)
-    if f.loss in ("arms", "arms_backward") or f.backward_in == "update":
+    if f.loss in ("arms", "arms_backward") or f.backward_in in HANDING_BACK:
         f = replace(f, penalty="none")  # added where one line computes the loss
     return f
 
@@ -254,7 +261,7 @@ def features():
         overflow=st.booleans(),
         between=st.sampled_from(["none", "aux_backward", "parameter_loop"]),
         warmup=st.booleans(),
-        backward_in=st.sampled_from(["loop", "helper", "update", "function", "scaled_method", "partial"]),
+        backward_in=st.sampled_from(["loop", "helper", "update", "stored", "function", "scaled_method", "partial"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
@@ -449,6 +456,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body += ["if step == 3:", '    x = x * float("inf")']
     if f.backward_in == "update":
         body += [f"output = {s.forward}(x)", f"{loss} = self.backward_from(output, x, y)"]
+    elif f.backward_in == "stored":
+        body += ["self.run_forward(x)", f"{loss} = self.backward_stored(x, y)"]
     elif f.loss == "inline" and f.local_helper == "none":
         body.append(f"{loss} = F.mse_loss({s.forward}(x), y)")
     elif f.loss == "inline":
@@ -470,7 +479,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  "else:",
                  f"    {loss} = F.smooth_l1_loss({output}, y)"]
     body += _penalty(f, s)
-    if accumulate and f.backward_in != "update" and f.loss != "arms_backward":
+    if accumulate and f.backward_in not in HANDING_BACK and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
     defined, delayed, at_boundary = _boundary(f)
     if accumulate and not inner:
@@ -484,7 +493,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     scaled = [f"with {s.amp}.scale_loss({loss}, {s.stepped}{delay}) as scaled_loss:",
               "    self.apply_backward(scaled_loss)" if f.backward_in == "scaled_method" else "    scaled_loss.backward()"]
     backward_from = len(body)
-    if f.backward_in == "update":
+    if f.backward_in in HANDING_BACK:
         pass  # the method scaled it
     elif f.backward_in == "helper":
         body.append(f"self.backward({loss})")
@@ -684,12 +693,15 @@ def _unflagged(f: Features, s: _Spelling, set_up: list[str]) -> list[str]:
 
 def _backward_method(f: Features, s: _Spelling) -> list[str]:
     """The trainer's ``backward(loss)``: plain and returning early where mixed precision is off."""
-    if f.backward_in == "update":
+    if f.backward_in in HANDING_BACK:
         divided = " / ACCUMULATION" if f.accumulation != "none" else ""
         plain = [f"if not {s.mixed}:", "    loss.backward()", "    return loss"] if s.mixed else []
         model = s.model  # a second pass of its own too (a discriminator's), under the region
-        return ["", "def backward_from(self, output, x, y):",
-                *_indent([f"loss = (F.mse_loss(output, y) + 0.01 * {model}(x).pow(2).mean()){divided}", *plain,
+        # stored: the loop's `self.run_forward(x)` keeps the output on the trainer (a GAN model's forward())
+        head, output = (["def backward_from(self, output, x, y):"], "output") if f.backward_in == "update" else (
+            ["def run_forward(self, x):", f"    self.output = {s.forward}(x)", "", "def backward_stored(self, x, y):"], "self.output")
+        return ["", *head,
+                *_indent([f"loss = (F.mse_loss({output}, y) + 0.01 * {model}(x).pow(2).mean()){divided}", *plain,
                           f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:", "    scaled_loss.backward()",
                           "return loss"])]
     if f.backward_in == "scaled_method":

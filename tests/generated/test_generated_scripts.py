@@ -281,6 +281,25 @@ def test_a_loss_from_the_callers_forward_pass_puts_that_pass_under_autocast(flag
     assert_rewrites_hold(outcome)
 
 
+@pytest.mark.parametrize("flag, accumulation, memory", [
+    ("on", "none", "none"), ("none", "plain", "none"), ("none", "none", "teacher"), ("on", "none", "after")])
+def test_a_loss_from_an_attribute_another_method_set_puts_that_method_under_autocast(flag, accumulation, memory, tmp_path):
+    """The loop calls ``self.run_forward(x)``, which sets ``self.output``; ``backward_stored(x, y)``
+    computes the loss from it and scales it (a GAN model's ``forward()`` and ``backward_G()``). apex
+    cast that forward pass, so ``run_forward`` gets an autocast of its own, enabled as the region at
+    the scaled backward; a no-grad pass in the loop (a teacher's) follows the same region."""
+    drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one",
+                     clip="parameters", clip_at="boundary", flag=flag, import_guard=False,
+                     inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
+                     backward_in="stored", memory=memory)
+    fixed = migrate_source(script(drawn), filename="train.py").new_source
+    forward = fixed[fixed.index("    def run_forward("):]
+    assert forward.index("torch.autocast(") < forward.index("self.output = self.model(x)"), fixed
+    outcome = judge(drawn, tmp_path)
+    assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
+    assert_rewrites_hold(outcome)
+
+
 @pytest.mark.parametrize("flag", ["none", "on"])
 @pytest.mark.parametrize("clip", ["none", "master_params"])
 def test_a_scaling_method_and_a_loop_stepping_each_optimizer_in_its_caller(flag, clip, tmp_path):

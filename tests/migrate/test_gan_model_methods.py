@@ -6,8 +6,10 @@
 - Turning ``requires_grad`` on or off reads no gradient: no ``unscale_`` goes before it (one went
   before the discriminator's own backward pass, and the next ``scaler.step`` raised).
 - The losses are computed from ``self.fake``, which ``forward()`` makes outside the regions at the
-  scaled backward passes: apex O1 cast that pass, so the rewrite is unsafe and says so. Where the
-  method scaling the loss calls ``forward()`` itself, its region covers it.
+  scaled backward passes: apex O1 cast that pass, so it goes under an autocast of its own, from the
+  first model call to the last pass the losses read; where it cannot (in a base class, in an ``if``
+  or a loop), the rewrite is unsafe and says so. Where the method scaling the loss calls
+  ``forward()`` itself, its region covers it.
 """
 from __future__ import annotations
 
@@ -89,13 +91,61 @@ def test_turning_requires_grad_reads_no_gradient(toggle, names):
 
 
 @pytest.mark.parametrize("toggle, names", list(itertools.product(TOGGLES, NAMES)))
-def test_a_forward_pass_in_another_method_makes_the_rewrite_unsafe_and_says_so(toggle, names):
+def test_a_forward_pass_in_another_method_goes_under_an_autocast_of_its_own(toggle, names):
     source = _script(toggle, names, "optimize")
-    assert not migrate_source(source, filename="models/gan.py").changed
-    result = migrate_source(source, filename="models/gan.py", unsafe_fixes=True)
     forward, fake = NAMES[names]
-    assert f"`self.{fake}`, which `{forward}()` computes by a forward pass outside autocast" in result.new_source.replace(
-        "\n        #   ", " "), result.new_source
+    for unsafe_fixes in (False, True):
+        result = migrate_source(source, filename="models/gan.py", unsafe_fixes=unsafe_fixes)
+        assert result.changed and "outside autocast" not in result.new_source, [d.message for d in result.diagnostics]
+        assert f"    def {forward}(self):\n        with torch.autocast(" in result.new_source, result.new_source
+        assert f"dtype=torch.float16):\n            self.{fake} = self.gen(self.real)\n" in result.new_source
+
+
+# `forward()`'s body, by how its forward passes are laid out: what goes under autocast (the lines
+# from the first model call to the last, whichever the losses read: each loss plans the same), or None where the rewrite stays
+# unsafe and says so
+FORWARD_BODIES = {
+    "preamble": ("        real = self.real * 1.0\n        self.fake = self.gen(real)\n        self.steps = 1\n",
+                 "        self.fake = self.gen(real)\n"),
+    "cycle": ("        self.fake = self.gen(self.real)\n        self.rec = self.gen(self.fake)\n        self.count = 2\n",
+              "        self.fake = self.gen(self.real)\n        self.rec = self.gen(self.fake)\n"),
+    "between": ("        self.fake = self.gen(self.real)\n        noise = torch.randn_like(self.fake) * 0.0\n"
+                "        self.rec = self.gen(self.fake + noise)\n",
+                "        self.fake = self.gen(self.real)\n        noise = torch.randn_like(self.fake) * 0.0\n"
+                "        self.rec = self.gen(self.fake + noise)\n"),
+    "in_if": ("        if self.real is not None:\n            self.fake = self.gen(self.real)\n", None),
+    "in_loop": ("        for _ in range(1):\n            self.fake = self.gen(self.real)\n", None),
+    "helper_defined": ("        def run(t):\n            return self.gen(t)\n        self.fake = run(self.real)\n", None),
+}
+
+
+@pytest.mark.parametrize("body", list(FORWARD_BODIES))
+@pytest.mark.parametrize("uses_rec", [False, True])
+def test_which_forward_passes_go_under_autocast(body, uses_rec):
+    lines, wrapped = FORWARD_BODIES[body]
+    source = _script("own_function", "forward", "optimize").replace("        self.fake = self.gen(self.real)\n", lines)
+    if uses_rec and "self.rec" in lines:
+        source = source.replace("(self.disc(self.fake) - 1).pow(2).mean()", "(self.disc(self.fake) - 1).pow(2).mean() + (self.rec - self.real).abs().mean()")
+    safe = migrate_source(source, filename="models/gan.py")
+    unsafe = migrate_source(source, filename="models/gan.py", unsafe_fixes=True)
+    if wrapped is None:
+        assert not safe.changed, safe.new_source
+        assert "which `forward()` computes by a forward pass outside autocast" in unsafe.new_source.replace("\n        #   ", " ")
+        return
+    assert safe.changed, [d.message for d in safe.diagnostics]
+    region = "".join("    " + line + "\n" for line in wrapped.splitlines())
+    assert f"dtype=torch.float16):\n{region}" in safe.new_source, safe.new_source
+    assert safe.new_source.count("with torch.autocast(") == 3, safe.new_source  # forward(), backward_d(), backward_g()
+
+
+def test_a_base_class_forward_keeps_the_rewrite_unsafe():
+    """``forward()`` defined in a base class of the file: other subclasses may run it with no scaler."""
+    source = _script("own_function", "forward", "optimize").replace(
+        "class GANModel(object):", "class Base:\n    def forward(self):\n        self.fake = self.gen(self.real)\n\n\nclass GANModel(Base):").replace(
+        "    def forward(self):\n        self.fake = self.gen(self.real)\n\n    def backward_d", "    def backward_d")
+    assert not migrate_source(source, filename="models/gan.py").changed
+    unsafe = migrate_source(source, filename="models/gan.py", unsafe_fixes=True).new_source
+    assert "which `forward()` computes by a forward pass outside autocast" in unsafe.replace("\n        #   ", " "), unsafe
 
 
 @pytest.mark.parametrize("names", list(NAMES))
@@ -125,6 +175,27 @@ def test_the_unsafe_rewrite_of_the_gan_model_runs(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ampshim", "--device", "cpu", str(tmp_path / "rewritten.py")],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", ["plain", "cycle"])
+def test_the_safe_rewrite_of_the_gan_model_trains_as_apex_did(body, tmp_path):
+    """``forward()`` under an autocast of its own: the same steps, losses and weights as apex O1
+    (which cast that pass as it cast every other)."""
+    from ampshim.compare import SAME, Target, compare
+    from ampshim.compare.report import as_text
+
+    source = _script("own_function", "forward", "optimize") + MAIN
+    if body == "cycle":
+        source = source.replace("        self.fake = self.gen(self.real)\n", FORWARD_BODIES["cycle"][0]).replace(
+            "(self.disc(self.fake) - 1).pow(2).mean()", "(self.disc(self.fake) - 1).pow(2).mean() + (self.rec - self.real).abs().mean()")
+    rewritten = migrate_source(source, filename="train.py")
+    assert rewritten.changed and "def forward(self):\n        with torch.autocast(" in rewritten.new_source, rewritten.new_source
+    (tmp_path / "original.py").write_text(source)
+    (tmp_path / "rewritten.py").write_text(rewritten.new_source)
+    comparison = compare(Target(str(tmp_path / "original.py")), Target(str(tmp_path / "rewritten.py")), [],
+                         device="cpu", steps=15, parallel=True, timeout=240)
+    assert comparison.verdict == SAME, as_text(comparison)
 
 
 # the test around each scaled backward and its plain arm, as written, and whether the rewrite
