@@ -57,8 +57,8 @@ dependence: no import cycle):
   another file, ``migrate.forward_callers``; ``loss_slice``: the statements that compute what
   the loss is made from, and what an arm carries on from above its ``if``; ``earlier_regions``: a
   loss computed inside a region already planned; ``attribute_forwards``: a loss computed from
-  ``self.x`` that another method sets by a forward pass: that method's forward passes under an
-  autocast of their own), ``inference_tail`` (an O1 ``initialize`` for
+  ``self.x`` that another method sets by a forward pass: once every region is planned, that
+  method's forward passes under an autocast of their own, unless each call of it is in one), ``inference_tail`` (an O1 ``initialize`` for
   inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),

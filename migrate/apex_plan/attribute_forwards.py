@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.autocast import AutocastPlanning
+from migrate.apex_plan.earlier_regions import in_a_region
 from migrate.apex_plan.loss_slice import calls_model, function_slice
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import ScaleLossSite
@@ -62,13 +64,10 @@ def forwards_in_other_methods(step: Step, scale: ScaleLossSite) -> list[Attribut
     if not attributes:
         return []
     scaling = {id(found): found for call in step.sites.calls["scale_loss"] if (found := tree.function(call)) is not None}
-    # what a function scaling a loss calls may be in its region
-    covered = {nodes.code(node.func) for found in scaling.values() for node in descendants(found.body, nodes.not_a_definition)
-               if type(node) is cst.Call}
     found = []
     for cls in tree.lineage(owner):
         for method in cls.body.body:
-            if type(method) is not cst.FunctionDef or id(method) in scaling or f"self.{method.name.value}" in covered:
+            if type(method) is not cst.FunctionDef or id(method) in scaling:
                 continue
             for node in descendants(method.body, nodes.not_a_definition):
                 if type(node) is not cst.Assign or not _runs_a_model(step, node.value, models):
@@ -107,3 +106,29 @@ def forward_statements(step: Step, forwards: list[AttributeForward]) -> list[cst
     if any(step.draft.touched(s) or contains(s, SUSPENDS) or defines(s) for s in region):
         return None
     return region
+
+
+class AttributeForwardPlanning(AutocastPlanning):
+    """After every scaled backward's region is planned: it reads them, the ``FileTree`` and the
+    classified sites, and writes to the ``Draft``."""
+
+    def plan_attribute_forwards(self, scales: list[ScaleLossSite]) -> None:
+        """An autocast of its own around each other method's forward passes a loss reads
+        (``self.fake_B`` set by ``forward()``), unless every call of that method is already in a
+        region (``backward_G()`` calling ``self.forward()`` before its loss); unsafe where one
+        cannot go there."""
+        by_method: dict[int, tuple[ScaleLossSite, list[AttributeForward]]] = {}
+        for scale in scales:
+            for found in forwards_in_other_methods(self, scale):
+                forwards = by_method.setdefault(id(found.method), (scale, []))[1]
+                if all(f.assignment is not found.assignment for f in forwards):
+                    forwards.append(found)  # a GAN's D and G losses read the same `self.fake`
+        for scale, forwards in by_method.values():
+            calls = self.tree.calls_of(forwards[0].method)
+            if calls and all(in_a_region(self.tree, self.draft.regions, self.tree.statement(call)) for call in calls):
+                continue
+            region = forward_statements(self, forwards)
+            if region is None or not self._scaler_visible_at(region):
+                self.draft.unsafe.append(forwards[0].reason)
+            else:
+                self._wrap(region, scale, forwards[-1].attribute)

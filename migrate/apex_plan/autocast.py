@@ -4,7 +4,6 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.attribute_forwards import forward_statements, forwards_in_other_methods
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.earlier_regions import computed_in_a_region
@@ -37,7 +36,6 @@ class AutocastPlanning(Step):
     """
 
     def plan_autocast(self, scale: ScaleLossSite) -> None:
-        self._plan_attribute_forwards(scale)
         loss = nodes.code(scale.loss)
         if self._plan_region(scale.statement, loss, scale):
             self._plan_callers_forwards(scale)
@@ -124,21 +122,6 @@ class AutocastPlanning(Step):
         while isinstance(owner, cst.Else) or (isinstance(owner, cst.If) and isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else))):
             owner = self.tree.parent.get(id(owner))
         return owner
-
-    def _plan_attribute_forwards(self, scale: ScaleLossSite) -> None:
-        """An autocast of its own around each other method's forward passes the loss reads
-        (``self.fake_B`` set by ``forward()``); unsafe where one cannot go there."""
-        by_method: dict[int, list] = {}
-        for found in forwards_in_other_methods(self, scale):
-            by_method.setdefault(id(found.method), []).append(found)
-        for forwards in by_method.values():
-            if all(id(self.tree.statement(f.assignment)) in self.draft.regions for f in forwards):
-                continue  # another loss's region put them there (a GAN's D and G losses)
-            region = forward_statements(self, forwards)
-            if region is None or not self._scaler_visible_at(region):
-                self.draft.unsafe.append(forwards[0].reason)
-            else:
-                self._wrap(region, scale, forwards[-1].attribute)
 
     def _scaler_visible_at(self, statements: list[cst.CSTNode]) -> bool:
         """Whether an autocast at ``statements`` may ask the scaler whether it is on (where it may

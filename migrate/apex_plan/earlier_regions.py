@@ -30,7 +30,7 @@ def computed_in_a_region(tree: FileTree, regions: set[int], loss: cst.BaseExpres
         if found.from_outside:
             return False
         for binding in found.bindings:
-            if _in_a_region(tree, regions, binding):
+            if in_a_region(tree, regions, binding):
                 continue
             if not (depth and type(binding) is cst.For and computed_in_a_region(tree, regions, binding.iter, binding, depth - 1)):
                 return False
@@ -38,7 +38,7 @@ def computed_in_a_region(tree: FileTree, regions: set[int], loss: cst.BaseExpres
     return seen
 
 
-def _in_a_region(tree: FileTree, regions: set[int], statement: cst.CSTNode | None) -> bool:
+def in_a_region(tree: FileTree, regions: set[int], statement: cst.CSTNode | None) -> bool:
     """Whether ``statement`` is, or is in, a statement that became an autocast region."""
     while statement is not None and not isinstance(statement, cst.FunctionDef):
         if id(statement) in regions:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
+from migrate.apex_plan.attribute_forwards import AttributeForwardPlanning
 from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
@@ -32,29 +33,10 @@ from migrate.apex_plan.inference_tail import InferenceTailPlanning
 from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
-    ACCEPT_O2,
-    EACH,
-    GUESSED_MODELS,
-    HELPER_NAME,
-    HELPER_SOURCE,
-    INITIALIZED_ELSEWHERE,
-    LEVELS_ELSEWHERE,
-    PARTNER,
-    SCALE_LOSS,
-    SCALE_LOSS_KEPT,
-    SCALER_NAMES,
-    STATE_CALLERS_KEPT,
-    STATE_CALLERS_PASS,
-    STATE_DICT,
-    STATE_HELPERS,
-    ApexPlan,
-    HalfFacts,
-    InitializeSite,
-    ScaleBounds,
-    ScaleLossSite,
-    Setup,
-    Unplannable,
-    either,
+    ACCEPT_O2, EACH, GUESSED_MODELS, HELPER_NAME, HELPER_SOURCE, INITIALIZED_ELSEWHERE,
+    LEVELS_ELSEWHERE, PARTNER, SCALE_LOSS, SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT,
+    STATE_CALLERS_PASS, STATE_DICT, STATE_HELPERS, ApexPlan, HalfFacts, InitializeSite, ScaleBounds,
+    ScaleLossSite, Setup, Unplannable, either,
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.half_helpers import SETTING as HALF_HELPERS
@@ -380,6 +362,7 @@ class Planner:
             autocast = AutocastPlanning(writing)
             for scale in scales:
                 autocast.plan_autocast(scale)
+            AttributeForwardPlanning(writing).plan_attribute_forwards(scales)
             WarmUpPlanning(writing).plan_warm_ups()
             DetachedForwardPlanning(writing).plan_detached_forwards()
         self._plan_after_imports()

@@ -281,20 +281,28 @@ def test_a_loss_from_the_callers_forward_pass_puts_that_pass_under_autocast(flag
     assert_rewrites_hold(outcome)
 
 
-@pytest.mark.parametrize("flag, accumulation, memory", [
-    ("on", "none", "none"), ("none", "plain", "none"), ("none", "none", "teacher"), ("on", "none", "after")])
-def test_a_loss_from_an_attribute_another_method_set_puts_that_method_under_autocast(flag, accumulation, memory, tmp_path):
+@pytest.mark.parametrize("flag, accumulation, memory, between", [
+    ("on", "none", "none", "none"), ("none", "plain", "none", "none"), ("none", "none", "teacher", "none"),
+    ("on", "none", "after", "none"), ("on", "plain", "none", "aux_backward"), ("none", "none", "teacher", "aux_backward")])
+def test_a_loss_from_an_attribute_another_method_set_puts_that_method_under_autocast(flag, accumulation, memory, between, tmp_path):
     """The loop calls ``self.run_forward(x)``, which sets ``self.output``; ``backward_stored(x, y)``
     computes the loss from it and scales it (a GAN model's ``forward()`` and ``backward_G()``). apex
     cast that forward pass, so ``run_forward`` gets an autocast of its own, enabled as the region at
-    the scaled backward; a no-grad pass in the loop (a teacher's) follows the same region."""
+    the scaled backward; a no-grad pass in the loop (a teacher's) follows the same region. The loop
+    scaling a loss of its own (``aux_backward``) does not put ``run_forward`` in its region."""
     drawn = Features(loss="inline", loop="range", accumulation=accumulation, boundary="plus_one",
                      clip="parameters", clip_at="boundary", flag=flag, import_guard=False,
                      inner_fp32=False, names=("model", "optimizer", "loss"), holder="method",
-                     backward_in="stored", memory=memory)
+                     backward_in="stored", memory=memory, between=between)
     fixed = migrate_source(script(drawn), filename="train.py").new_source
-    forward = fixed[fixed.index("    def run_forward("):]
-    assert forward.index("torch.autocast(") < forward.index("self.output = self.model(x)"), fixed
+    # under an autocast of its own, or of the caller's region (`y` handed in, made from a forward pass)
+    in_method = "    def run_forward(self, x):\n        with torch.autocast(" in fixed
+    caller = fixed[fixed.index("    def train("):].splitlines()
+    call = next(i for i, line in enumerate(caller) if line.strip() == "self.run_forward(x)")
+    indent = len(caller[call]) - len(caller[call].lstrip())
+    opening = next(line for line in reversed(caller[:call]) if len(line) - len(line.lstrip()) < indent)
+    in_caller = opening.strip().startswith("with torch.autocast(")
+    assert in_method or (in_caller and memory == "after"), fixed
     outcome = judge(drawn, tmp_path)
     assert outcome.safe == "same" and outcome.safe_complete, outcome.summary
     assert_rewrites_hold(outcome)
