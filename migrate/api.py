@@ -196,13 +196,14 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it imports
     that return a gradient norm (``migrate.grad_norms``) or cast modules to float16
     (``migrate.half_helpers``), the methods of its classes that subclasses elsewhere override
-    (``migrate.subclass_overrides``), and what other files
+    (``migrate.subclass_overrides``), what the bases it imports keep of their ``__init__``'s
+    parameters (``migrate.base_bindings``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), and for one initializing
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
-    from migrate import (apex_kept, apex_state_reads, cast_registrations, forward_callers, grad_norms, half_helpers, halves,
+    from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, grad_norms, half_helpers, halves,
                          importers, level_settings, optimizer_resumes, scale_kept, state_helpers, subclass_overrides)
 
     options = replace(
@@ -217,6 +218,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         gradient_norms={str(path): names for path, names in grad_norms.elsewhere(apex_texts).items()},
         half_helpers={str(path): names for path, names in half_helpers.elsewhere(apex_texts).items()},
         subclass_overrides={str(path): methods for path, methods in subclass_overrides.elsewhere(apex_texts).items()},
+        base_bindings={str(path): kept for path, kept in base_bindings.elsewhere(apex_texts).items()},
     )
     # each half's facts are planned with what the other files say of it, as its run is
     partners = halves.partners(apex_texts, options.settings, lambda path: file_settings(options, path))

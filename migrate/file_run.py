@@ -46,6 +46,7 @@ class Options:
     gradient_norms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.grad_norms``' names
     half_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.half_helpers``' names and places
     subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
+    base_bindings: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.base_bindings``' attributes
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -67,6 +68,7 @@ _PROJECT_FACTS = (
     ("gradient_norms", "gradient-norm-helpers"),
     ("half_helpers", "half-cast-helpers"),
     ("subclass_overrides", "subclass-overrides"),
+    ("base_bindings", "base-bindings"),
 )
 
 

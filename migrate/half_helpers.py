@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from migrate import quiet
-from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
+from migrate.module_paths import parsed_module, project_imports
 
 __all__ = ["SETTING", "elsewhere"]
 
@@ -39,16 +39,12 @@ def _helpers_for(path: Path, text: str) -> tuple[tuple[str, str], ...]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module is not None:
-            file = find_on_disk(path.resolve(), node.level, node.module.split("."), PROJECT_FOLDERS_UP)
-            if file is None or file.resolve() == path.resolve():
-                continue
-            casting = _casting_functions(str(file))
-            root = Path(path).resolve().parent
-            where = file.relative_to(root) if file.is_relative_to(root) else file
-            found.update((alias.asname or alias.name, f"{where}:{casting[alias.name]}")
-                         for alias in node.names if alias.name in casting)
+    for node, file in project_imports(path, tree):
+        casting = _casting_functions(str(file))
+        root = Path(path).resolve().parent
+        where = file.relative_to(root) if file.is_relative_to(root) else file
+        found.update((alias.asname or alias.name, f"{where}:{casting[alias.name]}")
+                     for alias in node.names if alias.name in casting)
     return tuple(sorted(found.items()))
 
 

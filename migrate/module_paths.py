@@ -9,12 +9,12 @@ Used to pair a project's files (``halves``, ``importers``) and to read a helper'
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from migrate import quiet
 
-__all__ = ["PROJECT_FOLDERS_UP", "find_on_disk", "is_module", "parsed_module"]
+__all__ = ["PROJECT_FOLDERS_UP", "find_on_disk", "is_module", "parsed_module", "project_imports"]
 
 PROJECT_FOLDERS_UP = 8  # how far above a file a module of its project is looked for, reading a helper's file
 _LARGEST_FILE = 2_000_000  # a module larger than this is not read (generated code, vendored data)
@@ -46,6 +46,16 @@ def find_on_disk(importer: Path, level: int, parts: Sequence[str], folders_up: i
             if candidate.is_file():
                 return candidate
     return None
+
+
+def project_imports(path: Path, tree: ast.Module) -> Iterator[tuple[ast.ImportFrom, Path]]:
+    """Each ``from module import name`` of ``tree`` (``path``'s) whose module is another file of
+    its project found on disk, with that file."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            file = find_on_disk(path.resolve(), node.level, node.module.split("."), PROJECT_FOLDERS_UP)
+            if file is not None and file.resolve() != path.resolve():
+                yield node, file
 
 
 def parsed_module(file: str) -> ast.Module | None:

@@ -11,7 +11,7 @@ may cover it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -130,5 +130,22 @@ class AttributeForwardPlanning(AutocastPlanning):
             region = forward_statements(self, forwards)
             if region is None or not self._scaler_visible_at(region):
                 self.draft.unsafe.append(forwards[0].reason)
-            else:
+            elif self._made_before_every_method():
                 self._wrap(region, scale, forwards[-1].attribute)
+            else:  # `forward()` runs at test time too, where `if self.isTrain:` made no scaler
+                asking = AttributeForwardPlanning(self.context._replace(setup=replace(self.setup, in_block=True)))
+                asking._wrap(region, scale, forwards[-1].attribute)
+
+    def _made_before_every_method(self) -> bool:
+        """Whether the scaler exists whenever another method of the class may run: one not kept on
+        ``self``, a disabled one made first, one its users already ask for, or one made in
+        ``__init__``'s own lines (where ``initialize`` or the ``if`` holding it was), not in a
+        block of them (``if self.isTrain:``)."""
+        if not self.setup.scaler.startswith("self.") or self.setup.stand_in is not None or self.setup.in_block:
+            return True
+        for call in self.sites.calls["initialize"]:
+            where = self.setup.guard if self.setup.guard is not None else self.tree.statement(call)
+            function = self.tree.function(where)
+            if function is None or function.name.value != "__init__" or self.tree.parent.get(id(where)) is not function.body:
+                return False
+        return True

@@ -26,19 +26,20 @@ from migrate.step_model.vocabulary import joined_by
 from migrate.tree_walk import descendants
 
 
-def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
+def flag_spellings(tree: FileTree, test: cst.BaseExpression, base_bindings: tuple = ()) -> frozenset[str]:
     """``test`` (the flag an ``if`` around ``initialize`` tests) and the names the code copies its
     value into, in the function holding that ``if``: ``self.fp16 = fp16`` where the class binds
     ``self.fp16`` nowhere else, ``use_amp = args.fp16`` where the function binds ``use_amp``
     nowhere else; in either case the flag itself is not bound again there. A test of a copy
     (``if not self.fp16: loss.backward()`` in another method) is a test of the flag, as is one
-    of a parameter every call hands the flag (``_parameters_given``)."""
+    of a parameter every call hands the flag (``_parameters_given``), or of the flag's object kept
+    on ``self`` (``_kept_options``)."""
     text = nodes.code(test)
     function = tree.function(tree.parent.get(id(test)))
     if not isinstance(test, (cst.Name, cst.Attribute)) or function is None or bindings(function, text):
         return frozenset({text} | _parameters_given(tree, frozenset({text})))
     owner = tree.owner_class(function)
-    found = {text}
+    found = {text} | _kept_options(tree, function, test, base_bindings)
     for node in descendants(function.body, nodes.not_a_definition):
         if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and nodes.code(node.value) == text):
             continue
@@ -52,6 +53,40 @@ def flag_spellings(tree: FileTree, test: cst.BaseExpression) -> frozenset[str]:
         if len(bindings(scope, copy, methods=True)) == 1:
             found.add(copy)
     return frozenset(found | _parameters_given(tree, frozenset(found)))
+
+
+def _kept_options(tree: FileTree, function: cst.FunctionDef, test: cst.BaseExpression, base_bindings: tuple) -> set[str]:
+    """``self.opt.apex`` for the flag ``opt.apex``, ``opt`` a parameter of ``function`` (bound
+    nowhere else there) that its class keeps as ``self.opt``: ``self.opt = opt`` there, the class's
+    one binding of it; or, where the class binds ``self.opt`` nowhere, ``function`` is ``__init__``
+    and hands ``opt`` to its base's (``BaseModel.__init__(self, opt)``, ``super().__init__(opt)``),
+    which keeps that parameter as ``self.opt`` (``migrate.base_bindings``). Nothing in the file
+    may bind the flag itself."""
+    owner = tree.owner_class(function)
+    if not (type(test) is cst.Attribute and type(test.value) is cst.Name) or owner is None:
+        return set()
+    held, rest = test.value.value, test.attr.value
+    if held not in {param.name.value for param in parameters_of(function)} or bindings(function, held):
+        return set()
+    kept = set()
+    if [nodes.code(b) for b in bindings(owner, f"self.{held}", methods=True)] == [f"self.{held} = {held}"]:
+        kept.add(f"self.{held}")
+    elif function.name.value == "__init__" and isinstance(function.body, cst.IndentedBlock):
+        bases = {nodes.code(base.value) for base in owner.bases}
+        for line in function.body.body:
+            call = line.body[0].value if type(line) is cst.SimpleStatementLine and type(line.body[0]) is cst.Expr else None
+            if type(call) is not cst.Call or not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"):
+                continue
+            called = nodes.code(call.func.value)
+            base = next(iter(bases)) if called.startswith("super(") and len(bases) == 1 else called
+            args = call.args[1:] if called in bases else call.args  # `Base.__init__(self, opt)`
+            if base not in bases or any(arg.keyword is not None or arg.star for arg in args):
+                continue
+            given = [i for i, arg in enumerate(args) if nodes.code(arg.value) == held]
+            kept.update(f"self.{attribute}" for name, attribute, position in base_bindings
+                        if name == base and position in given and not bindings(owner, f"self.{attribute}", methods=True))
+    flags = {f"{spelling}.{rest}" for spelling in kept}
+    return {flag for flag in flags if not bindings(tree.module, flag, methods=True)} if flags else set()
 
 
 def _parameters_given(tree: FileTree, spellings: frozenset[str]) -> set[str]:

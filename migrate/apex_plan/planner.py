@@ -41,6 +41,7 @@ from migrate.apex_plan.vocabulary import (
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.half_helpers import SETTING as HALF_HELPERS
 from migrate.subclass_overrides import SETTING as OVERRIDES
+from migrate.base_bindings import SETTING as BASE_BINDINGS
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
 from migrate.grad_norms import SETTING as GRADIENT_NORMS
@@ -78,6 +79,7 @@ class Planner:
         self.gradient_norms = frozenset(settings.get(GRADIENT_NORMS, ()))  # names it calls returning a gradient norm
         self.half_helpers = dict(settings.get(HALF_HELPERS, ()))  # imported functions casting modules to float16
         self.overrides = tuple(settings.get(OVERRIDES, ()))  # its classes' methods subclasses elsewhere override
+        self.base_bindings = tuple(settings.get(BASE_BINDINGS, ()))  # what bases in other files keep of their parameters
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -275,7 +277,7 @@ class Planner:
             loss_scalers=names or {},
             level_guarded=init is not None and init.guard_level,
             guard=guard,
-            guard_tests=flag_spellings(self.tree, guard.test) if guard is not None else frozenset(),
+            guard_tests=flag_spellings(self.tree, guard.test, self.base_bindings) if guard is not None else frozenset(),
             # apex O1 cast every forward pass once it ran: a model under a usual name counts too (`self.model` of a trainer handed it)
             model_codes=frozenset(set().union(*(i.model_codes for i in inits), GUESSED_MODELS)),
             receiver_calls=receiver_calls or (),
