@@ -128,6 +128,17 @@ def test_a_flag_on_the_options_a_base_in_another_file_keeps(base, tmp_path):
         assert "from apex" not in result.new_source
 
 
+@pytest.mark.parametrize("call, safe", [
+    ("super().__init__(opt)", True), ("super(GANModel, self).__init__(opt)", True),
+    ("BaseModel.__init__(self, opt=opt)", False), ("BaseModel.__init__(self, *[opt])", False)])
+def test_each_spelling_of_the_bases_init(call, safe, tmp_path):
+    """The parameter handed by position, through ``super()`` or the base by name; by keyword or
+    unpacked, the position it lands in is not read."""
+    path = _project(tmp_path, "kept")
+    path.write_text(path.read_text().replace("BaseModel.__init__(self, opt)", call))
+    assert _rewrite(path).changed == safe
+
+
 def test_the_base_file_not_found_keeps_the_rewrite_unsafe(tmp_path):
     path = _project(tmp_path, "kept")
     (tmp_path / "base_model.py").unlink()
