@@ -42,8 +42,10 @@ def _kept_for(path: Path, text: str) -> tuple[tuple[str, str, int], ...]:
         tree = quiet.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
+    # only a class's base is asked about (`class Pix2PixModel(BaseModel):`)
+    bases = {base.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases if isinstance(base, ast.Name)}
     kept = set()
-    for node, file in project_imports(path, tree):
+    for node, file in project_imports(path, tree, bases):
         classes = _parameters_kept(str(file))
         kept.update((alias.asname or alias.name, attribute, position)
                     for alias in node.names for attribute, position in classes.get(alias.name, ()))

@@ -9,7 +9,7 @@ Used to pair a project's files (``halves``, ``importers``) and to read a helper'
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 
 from migrate import quiet
@@ -48,11 +48,13 @@ def find_on_disk(importer: Path, level: int, parts: Sequence[str], folders_up: i
     return None
 
 
-def project_imports(path: Path, tree: ast.Module) -> Iterator[tuple[ast.ImportFrom, Path]]:
+def project_imports(path: Path, tree: ast.Module, names: Container[str] | None = None) -> Iterator[tuple[ast.ImportFrom, Path]]:
     """Each ``from module import name`` of ``tree`` (``path``'s) whose module is another file of
-    its project found on disk, with that file."""
+    its project found on disk, with that file; with ``names``, only those importing one of them
+    (as the file names it): the others are not looked for on disk."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module is not None:
+        if isinstance(node, ast.ImportFrom) and node.module is not None and (
+                names is None or any((alias.asname or alias.name) in names for alias in node.names)):
             file = find_on_disk(path.resolve(), node.level, node.module.split("."), PROJECT_FOLDERS_UP)
             if file is not None and file.resolve() != path.resolve():
                 yield node, file
