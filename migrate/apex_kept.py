@@ -16,9 +16,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
+from migrate import disk_reads
 from migrate.files import place, project_root, project_trees_saying
 
 __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
@@ -74,7 +74,7 @@ def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes:
             and (unsafe_fixes or not plan.unsafe_reasons))
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py``
     files, and every legacy ``amp.init(...)``: its handle switched apex's casts on the same way."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
+from migrate import disk_reads
 from migrate.files import outermost_package, place, places_elsewhere, project_trees_saying
 
 __all__ = ["SETTING", "elsewhere"]
@@ -38,7 +38,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     return places_elsewhere(texts, "initialize", reaching)
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _reads(root: Path) -> tuple[tuple[Path, int, Path | None], ...]:
     """Every read of ``_amp_state`` (``amp._amp_state``, ``from apex.amp._amp_state import ...``)
     in the project's ``.py`` files that initialize nothing, by file and line, with the package

@@ -3,8 +3,9 @@
 ``migrate_source`` handles one text; ``migrate_paths`` finds the Python files and notebooks under paths
 (``migrate.files``), skips those that cannot contain anything the selected rules look for without
 parsing them (``migrate.prefilter``), parses the rest (both in worker processes when there are many),
-and writes fixed files atomically, keeping their encoding, byte-order mark, line endings, mode,
-owner and hard links, unless they changed since they were read. A file that cannot be read,
+and, once every file is planned, writes the fixed ones atomically, keeping their encoding, byte-order
+mark, line endings, mode, owner and hard links, unless they changed since they were read (a plan
+reads other files of the project: it reads them as the run found them). A file that cannot be read,
 decoded, parsed or written is reported in its result and left untouched; the other files are
 still processed. Ctrl-C stops a run cleanly (``Interrupted``). Files holding one half of apex amp
 each (``amp.initialize`` in one, ``amp.scale_loss`` in the other) are paired first
@@ -18,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from migrate import files, run_in_workers
+from migrate import disk_reads, files, run_in_workers
 from migrate.file_run import (Options, error_result, file_settings, migrate_file, migrate_one, migrate_path, triage,
-                              triage_in_worker)
+                              triage_in_worker, write_result)
 from migrate.files import DEFAULT_EXCLUDES
 from migrate.prefilter import step_words, trigger_words
 from migrate.rules import select_rules
@@ -67,6 +68,7 @@ def migrate_source(
             Ruff's JSON has them; it costs a rewrite per fix.
     """
     options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
+    disk_reads.forget()  # a file on disk may have been read by an earlier run, and changed since
     data = source if isinstance(source, bytes) else None
     text = source if isinstance(source, str) else None
     return migrate_one(filename, data, text, _chosen(rules, select, ignore), options)
@@ -110,29 +112,38 @@ def migrate_paths(
         Other arguments as for ``migrate_source``.
 
     Returns one ``FileResult`` per file found, in path order. Raises ``Interrupted`` on Ctrl-C
-    (SIGINT), once the files being worked on are done: it carries their results; a second
-    Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was or as rewritten.
+    (SIGINT), once the files being worked on are done and those planned are written: it carries
+    their results; a second Ctrl-C stops at once (KeyboardInterrupt), every file whole, as it was
+    or as rewritten.
     """
     rules = _chosen(rules, select, ignore)
     options = _options(unsafe_fixes, fix, settings, per_file_ignores, edits)
+    disk_reads.forget()  # the project's files are read as they are now, not as an earlier run found them
     found = files.find(paths, exclude, respect_gitignore)
     results: dict[Path, FileResult | None] = _Results.fromkeys(sorted([*found.files, *found.problems]))  # path order
     results.progress = progress
     for path, why in found.problems.items():
         results[path] = error_result(str(path), why)
     workers = min(jobs or run_in_workers.cores(), run_in_workers.cores(), len(found.files))
+    # every file is planned before any is written: a plan reads other files of the project, which
+    # must be as the run found them, whichever worker finished first (what --diff shows is written)
+    to_write: dict[Path, files.Source] = {}
     with run_in_workers.StopOnInterrupt() as stop:
         if workers > 1 and len(found.files) >= _PARALLEL_MIN_FILES:
-            _run_in_workers(workers, found.files, results, stop, rules, options, write)
+            _run_in_workers(workers, found.files, results, stop, rules, options, write, to_write)
         else:
-            _run_here(found.files, results, stop, rules, options, write)
+            _run_here(found.files, results, stop, rules, options, write, to_write)
+        for path in sorted(to_write):  # the files planned before a Ctrl-C, too: each is whole
+            results.settle(path, write_result(path, results[path], to_write[path]))
         if stop.requested:
             raise Interrupted([r for r in results.values() if r is not None], len(results))
     return list(results.values())
 
 
-def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, options: Options, write: bool) -> None:
-    """Every file in this process: few of them, or one worker asked for."""
+def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, options: Options, write: bool,
+              to_write: dict[Path, files.Source]) -> None:
+    """Every file planned in this process (few of them, or one worker asked for); each changed one
+    to save goes in ``to_write`` with its bytes as read."""
     words, stepping = trigger_words(rules), step_words(rules)
     todo: dict[Path, files.Source] = {}
     apex_texts: dict[Path, str] = {}
@@ -144,15 +155,19 @@ def _run_here(paths: list[Path], results: dict, stop, rules: tuple | None, optio
     for path, source in todo.items():
         if stop.requested:
             break
-        results[path] = migrate_file(path, source, rules, options, write)
+        results[path] = migrate_file(path, source, rules, options)
+        if write and results[path].changed:
+            to_write[path] = source
 
 
-def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules: tuple | None, options: Options, write: bool) -> None:
-    """Every file in worker processes: first each is triaged (read and prefiltered) there, sixteen
+def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules: tuple | None, options: Options,
+                    write: bool, to_write: dict[Path, files.Source]) -> None:
+    """Every file planned in worker processes: first each is triaged (read and prefiltered) there, sixteen
     a job, while this process imports the rules once a file needs them; then, in new workers
     that inherit the rules, the files worth parsing are worked on, the largest first (a long file
     started last would keep one worker busy while the others wait). The halves of apex amp are
-    paired here while the workers start on the first files, none of which says apex."""
+    paired here while the workers start on the first files, none of which says apex. Each
+    changed file to save comes back with its bytes as read, into ``to_write``."""
     words, stepping = trigger_words(rules), step_words(rules)
     sizes: dict[Path, int] = {}
     apex_texts: dict[Path, str] = {}
@@ -181,8 +196,13 @@ def _run_in_workers(workers: int, paths: list[Path], results: dict, stop, rules:
             if path not in started:
                 yield path, migrate_path, (path, rules, paired, write)
 
+    def planned(path: Path, outcome: tuple[FileResult, files.Source | None]) -> None:
+        results[path], source = outcome
+        if source is not None:
+            to_write[path] = source
+
     with run_in_workers.WorkerPool(min(workers, len(sizes)), stop) as pool:
-        pool.run(jobs(), results.__setitem__)
+        pool.run(jobs(), planned)
 
 
 _TRIAGE_CHUNK = 16  # files a triage job reads: enough to outweigh handing it out, few enough to share evenly
@@ -263,6 +283,10 @@ class _Results(dict):
         if self.progress is not None and result is not None:
             self.done += 1
             self.progress(self.done, len(self))
+
+    def settle(self, path: Path, result: FileResult) -> None:
+        """A result set again once the file is written (or could not be): no progress to hear of."""
+        super().__setitem__(path, result)
 
 
 def discover(

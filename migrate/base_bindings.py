@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.module_paths import parsed_module, project_imports
 
 __all__ = ["SETTING", "elsewhere"]
@@ -52,7 +51,7 @@ def _kept_for(path: Path, text: str) -> tuple[tuple[str, str, int], ...]:
     return tuple(sorted(kept))
 
 
-@lru_cache(maxsize=256)
+@disk_reads.cached(maxsize=256)
 def _parameters_kept(file: str) -> dict[str, tuple[tuple[str, int], ...]]:
     """For each module-level class of ``file``: ``(attribute, position)`` for each
     ``self.attribute = parameter`` in its ``__init__``'s own lines, the parameter bound nowhere

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.files import in_project, place, places_elsewhere, project_files_saying
 from migrate.native_casts import registered_natively
 
@@ -33,7 +32,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
         place(file, line, root) for file, line in _registrations(root) if file != path.resolve()))
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _registrations(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every cast registration native autocast does not make, in the project's ``.py`` files."""
     places = []

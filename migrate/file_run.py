@@ -18,7 +18,8 @@ from migrate.prefilter import may_apply, needs_parsing, sets_apex_flag, step_wor
 from migrate.rules import select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
-__all__ = ["Options", "decode", "error_result", "migrate_file", "migrate_one", "migrate_path", "triage", "triage_in_worker"]
+__all__ = ["Options", "decode", "error_result", "migrate_file", "migrate_one", "migrate_path", "triage", "triage_in_worker",
+           "write_result"]
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,16 @@ def _ignored_here(filename: str, options: Options) -> tuple[str, ...]:
     )
 
 
-def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool) -> FileResult:
-    """One file in a worker process (re-read there: cheaper than sending its bytes over)."""
+def migrate_path(path: Path, rules: tuple | None, options: Options, write: bool) -> tuple[FileResult, files.Source | None]:
+    """One file in a worker process (re-read there: cheaper than sending its bytes over), and,
+    where ``write`` and it changed, its bytes as read, for ``write_result`` once the run has
+    planned every file."""
     try:
         source = files.read(path)
     except OSError as error:
-        return error_result(str(path), f"cannot read: {error.strerror or error}")
-    return migrate_file(path, source, rules, options, write)
+        return error_result(str(path), f"cannot read: {error.strerror or error}"), None
+    result = migrate_file(path, source, rules, options)
+    return result, source if write and result.changed else None
 
 
 def file_settings(options: Options, path: Path) -> dict:
@@ -137,13 +141,17 @@ def file_settings(options: Options, path: Path) -> dict:
     return settings
 
 
-def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options, write: bool) -> FileResult:
+def migrate_file(path: Path, source: files.Source, rules: tuple | None, options: Options) -> FileResult:
+    """``path``'s result, planned with what the run found in other files for it; nothing is written."""
     settings = file_settings(options, path)
     if len(settings) != len(options.settings):
         options = replace(options, settings=settings)
-    result = migrate_one(str(path), source.data, None, rules, options, triaged=True)
-    if not (write and result.changed):
-        return result
+    return migrate_one(str(path), source.data, None, rules, options, triaged=True)
+
+
+def write_result(path: Path, result: FileResult, source: files.Source) -> FileResult:
+    """Save a changed file's new text over ``source`` (its bytes as read), atomically; the result
+    of a file that could not be saved says why, and the file is as it was."""
     try:
         files.replace(path, result.new_source.encode(result.encoding), source)
     except UnicodeEncodeError as error:

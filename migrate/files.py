@@ -14,11 +14,10 @@ import fnmatch
 import os
 import re
 import stat
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 
 
 __all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "project_root", "read", "replace"]
@@ -133,7 +132,7 @@ def in_project(path: Path, root: Path) -> bool:
 _DOTTED_IMPORT = re.compile(rb"^[ \t]*(?:from|import)[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", re.MULTILINE)
 
 
-@lru_cache(maxsize=256)
+@disk_reads.cached(maxsize=256)
 def _import_root(path: Path, folder: Path) -> Path:
     try:
         modules = {match.decode() for match in _DOTTED_IMPORT.findall(path.read_bytes())}
@@ -162,7 +161,7 @@ def _exported_repository(folder: Path) -> bool:
 _MOST_FILES_SEARCHED = 5000  # a project's search on disk looks at no more files than this
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def project_python_files(root: Path) -> tuple[Path, ...]:
     """The ``.py`` files of the project at ``root`` (resolved; as ``find`` lists them, ignored
     files left out), at most ``_MOST_FILES_SEARCHED``: what the searches of a project on disk read
@@ -373,7 +372,7 @@ def first_in_project(filename: str, needles: tuple[bytes, ...], line_of) -> str 
     return _first_in_project(project_root(path), needles, line_of)
 
 
-@lru_cache(maxsize=128)
+@disk_reads.cached(maxsize=128)
 def _first_in_project(root: Path, needles: tuple[bytes, ...], line_of) -> str | None:
     for path, data in project_files_saying(root, needles):
         try:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.files import in_project, project_python_files, project_root
 
 __all__ = ["SETTING", "Handed", "handed_elsewhere"]
@@ -83,7 +82,7 @@ def _takes_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(a.arg not in ("self", "cls") for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _calls(root: Path, names: frozenset[str]) -> tuple[tuple[Path, Handed], ...]:
     """Every call of one of ``names`` in the project's files, each read once, with its file."""
     found = []

@@ -11,9 +11,9 @@ module to module, are read with ``ast``.
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
 from pathlib import Path
 
+from migrate import disk_reads
 from migrate.files import project_root
 from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
@@ -31,7 +31,7 @@ def frozen_in_imports(filename: str) -> str | None:
     return _first_from(path.resolve())
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _first_from(start: Path) -> str | None:
     root = project_root(start)
     seen, pending = {start}, [start]

@@ -20,10 +20,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
 __all__ = ["SETTING", "defined_norms", "elsewhere", "is_gradient_norm"]
@@ -338,7 +337,7 @@ def defined_norms(tree: ast.Module) -> frozenset[str]:
         found = more
 
 
-@lru_cache(maxsize=256)
+@disk_reads.cached(maxsize=256)
 def _norms_of(file: str, depth: int = 0) -> frozenset[str]:
     """The gradient-norm functions ``file`` defines, or imports by name from a module on disk and
     so exports (a package's ``__init__.py``: ``from .misc import get_grad_norm``)."""

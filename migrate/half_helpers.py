@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.module_paths import parsed_module, project_imports
 
 __all__ = ["SETTING", "elsewhere"]
@@ -48,7 +47,7 @@ def _helpers_for(path: Path, text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found.items()))
 
 
-@lru_cache(maxsize=256)
+@disk_reads.cached(maxsize=256)
 def _casting_functions(file: str) -> dict[str, int]:
     """The module-level functions of ``file`` whose body casts something to float16 (``.half()``,
     ``.to(torch.float16)``, ``.to(dtype=torch.half)``), by name, with their line."""

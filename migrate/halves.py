@@ -17,11 +17,10 @@ import ast
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.files import outermost_package, project_files_saying, project_python_files, project_root
 from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
@@ -265,7 +264,7 @@ def linked_trainers(path: Path, text: str) -> list[Half]:
     return [trainer for trainer, initializer in _trainer_links(project_root(path)) if initializer.path == me]
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def _trainer_links(root: Path) -> tuple[tuple[Half, Half], ...]:
     """The project's (trainer, initializer) links, each file read once: a trainer initializes apex
     amp and scales its own losses (its ``line``: its first ``scale_loss``); an initializer is another
@@ -318,7 +317,7 @@ def _uses_any(path: Path, names: set[str]) -> bool:
                or (isinstance(node, ast.Attribute) and node.attr in names) for node in ast.walk(tree))
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def _initializers_under(root: Path) -> tuple[Half, ...]:
     found = []
     for path, data in project_files_saying(root, b"initialize("):
@@ -381,13 +380,13 @@ def in_package(half: Half) -> Half | None:
     return max(others, key=lambda other: (len(os.path.commonpath([me, other.path])), -other.line))
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def _state_keepers_under(root: Path) -> tuple[Half, ...]:
     return tuple(keeper for path, data in project_files_saying(root, b"state_dict(")
                  if (keeper := find_state_keeper(path, data.decode("utf-8", "replace"))) is not None)
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def _halves_under(root: Path) -> tuple[Half, ...]:
     found = []
     for path, data in project_files_saying(root, b"apex"):
@@ -458,7 +457,7 @@ def _re_exported_halves(half: Half, imported: Import, others: list[Half], real: 
                 yield other, f"{imported.module}.{re_export.module}"
 
 
-@lru_cache(maxsize=1024)
+@disk_reads.cached(maxsize=1024)
 def _package_of(folder: Path, level: int, module: str) -> Path | None:
     """The resolved ``__init__.py`` of the package ``module`` as a file in ``folder`` imports it;
     None where it is a plain module or not on disk (asked for every import of every half)."""
@@ -466,7 +465,7 @@ def _package_of(folder: Path, level: int, module: str) -> Path | None:
     return found.resolve() if found is not None and found.name == "__init__.py" else None
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _relative_imports_of(package: Path) -> tuple[Import, ...]:
     """A package's ``from .module import names`` lines, one level down (its own modules)."""
     try:

@@ -15,9 +15,9 @@ import ast
 import os
 import re
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 
+from migrate import disk_reads
 from migrate.files import project_root, project_trees_saying
 
 __all__ = ["SETTING", "set_elsewhere"]
@@ -49,7 +49,7 @@ def set_elsewhere(texts: Mapping[Path, str]) -> dict[Path, dict[str, str]]:
     return found
 
 
-@lru_cache(maxsize=8)
+@disk_reads.cached(maxsize=8)
 def _names_under(root: Path) -> tuple[tuple[str, str, str | None], ...]:
     """Each setting to O2/O3 in the project: the option's name, its place (``path:line: O2``) and
     the module it is in (None in a config file)."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
+from migrate import disk_reads
 from migrate.files import place, project_root, project_trees_saying
 from migrate.step_model.vocabulary import optimizer_like
 
@@ -38,7 +38,7 @@ def loads(texts: Mapping[Path, str]) -> dict[Path, tuple[str, ...]]:
     return found
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _loads(root: Path) -> tuple[tuple[Path, int], ...]:
     places = []
     for file, tree in project_trees_saying(root, b"load_state_dict"):

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
-from migrate import quiet
+from migrate import disk_reads, quiet
 from migrate.files import place, project_root, project_trees_saying
 
 __all__ = ["SETTING", "elsewhere"]
@@ -50,7 +49,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str, str
     return found
 
 
-@lru_cache(maxsize=64)
+@disk_reads.cached(maxsize=64)
 def _subclasses(root: Path, bases: frozenset[str]) -> dict[str, tuple[tuple[Path, str, int, frozenset[str]], ...]]:
     """For each of ``bases``, every method of a class of the project naming it as a base (``class
     Sub(Base)``, ``class Sub(module.Base)``): its file, name and line, and the modules that file
