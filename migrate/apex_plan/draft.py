@@ -8,6 +8,7 @@ replacement that keeps original statements carries the replacements planned insi
 from __future__ import annotations
 
 import textwrap
+from typing import Callable
 
 import libcst as cst
 
@@ -219,26 +220,33 @@ class Draft:
                 self.replacements[id(node)] = (node, cst.FlattenSentinel(parts) if isinstance(replacement, cst.FlattenSentinel) else parts[0])
                 self.composed.add(id(node))
 
-    def fold_identical_arms(self) -> None:
+    def fold_identical_arms(self, unscaled: Callable[[cst.Call], bool] = lambda call: False) -> None:
         """``if self.opt.apex: scaler.scale(loss).backward()`` beside ``else:`` the same line, once
-        both arms are rewritten alike (a plain backward put through the scaler): one line, as a
-        person would write it. Only under a test that reads the same each time (``is_pure``), and
-        only where the ``if`` and ``else:`` lines carry no comment."""
+        both arms are rewritten alike (a plain backward put through the scaler), or beside an
+        ``else: loss.backward()`` that ``unscaled`` knows runs only where the scaler is off (a
+        disabled scaler's ``scale`` hands the loss back): one line, as a person would write it.
+        Only under a test that reads the same each time (``is_pure``), and only where the ``if``
+        and ``else:`` lines carry no comment."""
         for node in list(descendants(self.tree.module)):
             if type(node) is not cst.If or not isinstance(node.orelse, cst.Else) or not nodes.is_pure(node.test) \
-                    or self.touched(node.test) or not self.touched(node.body) or not self.touched(node.orelse.body) \
-                    or getattr(self.tree.parent.get(id(node)), "orelse", None) is node:  # an `elif` stays: it is no statement
-                continue
+                    or self.touched(node.test) or getattr(self.tree.parent.get(id(node)), "orelse", None) is node:
+                continue  # an `elif` stays: it is no statement
+            touched = [self.touched(node.body), self.touched(node.orelse.body)]
             said = [line.comment for line in node.orelse.leading_lines] + [node.body.header.comment, node.orelse.body.header.comment]
             arms = [self._rendered(block.body[0]) if isinstance(block, cst.IndentedBlock) and len(block.body) == 1 else None
                     for block in (node.body, node.orelse.body)]
-            if any(comment is not None for comment in said) or None in arms or nodes.code(arms[0]) != nodes.code(arms[1]):
+            if not any(touched) or any(comment is not None for comment in said) or None in arms:
                 continue
+            if all(touched):
+                if nodes.code(arms[0]) != nodes.code(arms[1]):
+                    continue
+            elif not _through_the_scaler((node.body, node.orelse.body)[touched.index(False)].body[0], arms[touched.index(True)], unscaled):
+                continue  # the untouched arm's own statement: ``unscaled`` places it in the file
             inside = [key for key, (replaced, _) in self.replacements.items() if self.tree.inside(replaced, node)]
             kind = next(self.kinds[key] for key in inside if key in self.kinds)
             for key in inside:
                 del self.replacements[key]
-            self.replace(node, nodes.with_leading(arms[0], node))
+            self.replace(node, nodes.with_leading(arms[touched.index(True)], node))
             self.kinds[id(node)] = kind
 
     def _rendered(self, statement: cst.CSTNode) -> cst.CSTNode | None:
@@ -268,6 +276,28 @@ class Draft:
                 if id(ancestor) in self.replacements and id(ancestor) not in self.composed:
                     raise Unplannable(node, "two rewrites would overlap here")
                 ancestor = self.tree.parent.get(id(ancestor))
+
+
+def _through_the_scaler(plain: cst.CSTNode, scaled: cst.CSTNode, unscaled: Callable[[cst.Call], bool]) -> bool:
+    """Whether ``plain`` is ``loss.backward()`` where the scaler is off (``unscaled``) and
+    ``scaled`` is ``scaler.scale(loss).backward()`` of the same loss: the same pass either way."""
+    plain_call, scaled_call = (_backward_call(statement) for statement in (plain, scaled))
+    if plain_call is None or scaled_call is None or not unscaled(plain_call):
+        return False
+    scaling = scaled_call.func.value
+    return (type(scaling) is cst.Call and isinstance(scaling.func, cst.Attribute) and scaling.func.attr.value == "scale"
+            and len(scaling.args) == 1 and scaling.args[0].keyword is None and not scaling.args[0].star
+            and nodes.code(scaling.args[0].value) == nodes.code(plain_call.func.value))
+
+
+def _backward_call(statement: cst.CSTNode) -> cst.Call | None:
+    """The ``x.backward()`` call (no arguments) that ``statement`` is, else None."""
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1 or type(statement.body[0]) is not cst.Expr:
+        return None
+    call = statement.body[0].value
+    if type(call) is cst.Call and not call.args and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+        return call
+    return None
 
 
 def _local_helper(statement: cst.BaseStatement, block: cst.CSTNode) -> bool:

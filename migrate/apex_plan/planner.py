@@ -10,7 +10,7 @@ from migrate.apex_plan.attribute_forwards import AttributeForwardPlanning
 from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
 from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
-from migrate.apex_plan.conditions import disabling_if, flag_spellings
+from migrate.apex_plan.conditions import disabling_if, flag_spellings, in_failing_arm
 from migrate.apex_plan.context import Context, Sites
 from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
@@ -443,10 +443,14 @@ class Planner:
     def _emit(self, writing: Context, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)
         GradientPlanning(writing).mark_scaled_readers(scales)
+        for scale in scales:
+            scaler = self.setup.loss_scalers.get(id(scale.call), self.setup.scaler)
+            fix = f"Use `{scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"
+            self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         self.draft.place_insertions(self.setup.scaler)
         self.draft.place_marks()
         self.draft.compose_nested()
-        self.draft.fold_identical_arms()
+        self.draft.fold_identical_arms(lambda call: in_failing_arm(self.tree, call, self.setup.guard_tests))
         self.draft.indent_as_around()
         if not self.setup.o0:
             for name, scope in self.tree.torch_shadowed:
@@ -457,10 +461,6 @@ class Planner:
         notes = "".join(f" (note: {note})" for note in dict.fromkeys(self.draft.notes))
         removes = tuple(dict.fromkeys(change for node, _ in self.tree.refs for change in self.tree.imports.get(nodes.root_name(node) or "", ())))
         adds = (*(() if self.setup.o0 else (ImportChange("torch"),)), *self.draft.imports_added)
-        for scale in scales:
-            scaler = self.setup.loss_scalers.get(id(scale.call), self.setup.scaler)
-            fix = f"Use `{scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"
-            self.draft.kind(scale.statement, SCALE_LOSS, "`amp.scale_loss` is apex mixed precision", fix)
         for node, replacement in self.draft.replacements.values():
             code, message, fix = self.draft.kinds[id(node)]
             why_unsafe = self.draft.reasons_for(node, reasons) if reasons else ""

@@ -63,6 +63,10 @@ class Features:
     #                            a GAN model's forward() and backward_G())
     flag_copy: bool = False  # a trainer's initialize tests its `use_amp` parameter, training tests
     #                          the copy `self.use_amp` (the same flag under another name)
+    flag_via: str = "value"  # with holder=method and a flag: value (the trainer is handed `use_amp`) |
+    #                          options (it is handed the parsed `args`, kept as `self.opt`, and tests
+    #                          `self.opt.use_amp`, or `opt.use_amp` in __init__ with flag_copy; main
+    #                          sets `args.use_amp` before: a pix2pix model's `self.opt.apex`)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
     #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
     #                        default, passed by keyword) | closure (a `def train` inside main)
@@ -179,7 +183,9 @@ def _coherent(f: Features) -> Features:
         f = replace(f, holder="method", amp_via="module", loss="inline", warmup=False,
                     accumulation="none" if f.accumulation in ("delay_unscale", "inner_loop") else f.accumulation)
     if f.holder != "method" or f.flag == "none":
-        f = replace(f, flag_copy=False)
+        f = replace(f, flag_copy=False, flag_via="value")
+    if f.flag_via == "options" and f.names[1] == "opt":  # `opt` names the options
+        f = replace(f, names=(f.names[0], "optim", f.names[2]))
     if f.holder != "method" or f.backward_in in HANDING_BACK:
         f = replace(f, forward_via="model")
     if f.holder != "function" or f.amp_via != "module":
@@ -264,6 +270,7 @@ def features():
         backward_in=st.sampled_from(["loop", "helper", "update", "stored", "function", "scaled_method", "partial"]),
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
+        flag_via=st.sampled_from(["value", "options"]),
         loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
         initialize_always=st.booleans(),
         alternate=st.booleans(),
@@ -427,7 +434,13 @@ class _Spelling:
         self.first_optimizer = f"{self.optimizers}[0]" if f.optimizers == "two" else self.optimizer
         self.amp = "self.amp" if f.amp_via == "attribute" else "amp"
         self.tracker = "self.tracker" if f.grads_in == "attribute" else "tracker"
-        self.use_amp = (own + "use_amp") if f.flag != "none" else None
+        options = f.flag_via == "options"
+        self.use_amp = ("self.opt.use_amp" if options else own + "use_amp") if f.flag != "none" else None
+        # with flag_copy, what __init__ tests: its parameter, of which the trainer keeps a copy
+        self.init_flag = ("opt.use_amp" if options else "use_amp") if f.flag_copy else self.use_amp
+        self.flag_parameter = "opt" if options else "use_amp"  # what the trainer is handed, and keeps
+        self.flag_argument = "args" if options else "use_amp"  # what main hands it
+        self.flag_set = "args.use_amp" if options else "use_amp"  # what main sets the flag in
         # the condition mixed precision runs under, as the training code tests it
         self.mixed = (f"{self.amp} is not None" if f.amp_via == "attribute" else self.use_amp) if f.flag != "none" else None
 
@@ -674,7 +687,7 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
     bounds = {"none": "", "floor": ", min_loss_scale=65536.0", "cap": ", max_loss_scale=2.0**15",
               "both": ", min_loss_scale=32768.0, max_loss_scale=2.0**15"}[f.scale_bounds]
     initialize = f"{model}, {held} = amp.initialize({model}, {held}, opt_level=\"O1\"{bounds}, verbosity=0)"
-    flag = "use_amp" if f.flag_copy else s.use_amp  # the trainer's parameter, of which `self.use_amp` is a copy
+    flag = s.init_flag if f.holder == "method" else s.use_amp
     lines = [f"if {flag}:", "    " + initialize] if s.use_amp and not f.initialize_always else [initialize]
     if f.level_in_block and len(lines) == 2:  # the block sets the level the call reads
         lines = [lines[0], '    opt_level = "O1"', "    " + initialize.replace('opt_level="O1"', "opt_level=opt_level")]
@@ -683,8 +696,7 @@ def _initialize(f: Features, s: _Spelling, model: str, optimizer: str) -> list[s
 
 def _unflagged(f: Features, s: _Spelling, set_up: list[str]) -> list[str]:
     """``__init__``'s set-up lines without their flag's test: a method that runs only where it holds."""
-    flag = "use_amp" if f.flag_copy else s.use_amp
-    test = f"if {flag}:"
+    test = f"if {s.init_flag}:"
     if test not in set_up:  # apex's import lines (import_in=function) may come before the test
         return set_up
     at = set_up.index(test)
@@ -764,13 +776,13 @@ def _main_and_training(f: Features) -> str:
                 f"{optimizer}{'s' if f.optimizers == 'two' else ''}"]
         if f.forward_via == "wrapper":
             keep.append(f"self.runner = nn.DataParallel(self.{model}) if torch.cuda.device_count() > 1 else self.{model}")
-        init_flag = [f"self.use_amp = use_amp"] if s.use_amp else []
+        init_flag = [f"self.{s.flag_parameter} = {s.flag_parameter}"] if s.use_amp else []
         set_up = _initialize(f, s, f"self.{model}", f"self.{optimizer}")
         setup_method = []
         if f.amp_setup == "method":  # the same lines in a method `__init__` calls, under the flag
             setup_method = ["", "def setup_amp(self):", *_indent(_unflagged(f, s, set_up))]
             call = ["self.setup_amp()"]
-            set_up = [f"if {'use_amp' if f.flag_copy else s.use_amp}:", *_indent(call)] if (
+            set_up = [f"if {s.init_flag}:", *_indent(call)] if (
                 s.use_amp and not f.initialize_always) else call
         if f.grads_in == "attribute":
             set_up.append(f"self.tracker = GradNormLR({s.model}, {s.first_optimizer})")
@@ -782,7 +794,7 @@ def _main_and_training(f: Features) -> str:
             "", "def compute_loss(self, inputs, targets):", f"    return F.mse_loss(self.{model}(inputs), targets)"]
         made = _made(f, model, optimizer)
         methods = [f"def __init__(self, {model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
-                   f"{', use_amp' if s.use_amp else ''}):",
+                   f"{', ' + s.flag_parameter if s.use_amp else ''}):",
                    *_indent([*keep, *init_flag, *set_up, *holds]),
                    *setup_method,
                    *loss_method,
@@ -793,9 +805,9 @@ def _main_and_training(f: Features) -> str:
                        "class Trainer(BaseTrainer):", *_indent(train)]
         else:
             trainer = ["class Trainer:", *_indent([*methods, "", *train])]
-        main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *made, *_data(),
+        main = [*parse, *([f"{s.flag_set} = {wanted}"] if s.use_amp else []), *made, *_data(),
                 f"trainer = Trainer({model}, {optimizer}{'s' if f.optimizers == 'two' else ''}"
-                f"{', use_amp' if s.use_amp else ''})",
+                f"{', ' + s.flag_argument if s.use_amp else ''})",
                 f"trainer.train(batches{takes})"]
         return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
     if f.holder == "handed":

@@ -2,7 +2,8 @@
 the call reads, so the scaler is made in the block and a disabled one stands in before it. Where
 that block runs first in the function and every scaled backward is under a test of the flag, the
 stand-in only steps (in fp32 runs) and a plain backward in the flag's other arm is no backward the
-scaler must scale: no unsafe reason for either (before, both made the rewrite unsafe)."""
+scaler must scale: no unsafe reason for either (before, both made the rewrite unsafe); the two arms
+are then the one line ``scaler.scale(loss).backward()``."""
 from __future__ import annotations
 
 import pytest
@@ -54,7 +55,9 @@ def test_a_plain_backward_in_the_flags_other_arm_needs_no_scaling(flag, backward
                              backward=BACKWARDS[backward].format(flag=test))
     result = migrate_source(source, "train.py", unsafe_fixes=True)
     assert "amp.initialize" not in result.new_source, result.new_source
-    assert "plain backward pass" not in result.new_source and "loss.backward()" in result.new_source, result.new_source
+    assert "plain backward pass" not in result.new_source, result.new_source
+    # the arms folded into one line: where the flag fails the stand-in scaler is disabled and hands the loss back
+    assert "\n        scaler.scale(loss).backward()\n        scaler.step(optimizer)" in result.new_source, result.new_source
 
 
 def test_a_scaled_backward_outside_the_flag_keeps_the_reason():
