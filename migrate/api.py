@@ -9,7 +9,7 @@ reads other files of the project: it reads them as the run found them). A file t
 decoded, parsed or written is reported in its result and left untouched; the other files are
 still processed. Ctrl-C stops a run cleanly (``Interrupted``). Files holding one half of apex amp
 each (``amp.initialize`` in one, ``amp.scale_loss`` in the other) are paired first
-(``migrate.halves``), so that each is migrated knowing the other. Each file's own run is
+(``migrate.halves``, ``migrate.half_partners``), so that each is migrated knowing the other. Each file's own run is
 ``migrate.file_run``'s.
 """
 from __future__ import annotations
@@ -223,8 +223,9 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
-    from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, grad_norms, half_helpers, halves,
-                         importers, level_settings, optimizer_resumes, scale_kept, state_helpers, subclass_overrides)
+    from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, grad_norms, half_helpers,
+                         half_partners, importers, level_settings, optimizer_resumes, scale_kept, state_helpers,
+                         subclass_overrides)
 
     options = replace(
         options,
@@ -241,7 +242,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         base_bindings={str(path): kept for path, kept in base_bindings.elsewhere(apex_texts).items()},
     )
     # each half's facts are planned with what the other files say of it, as its run is
-    partners = halves.partners(apex_texts, options.settings, lambda path: file_settings(options, path))
+    partners = half_partners.partners(apex_texts, options.settings, lambda path: file_settings(options, path))
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     options = replace(
         options,

@@ -7,9 +7,12 @@ scale the loss. A run given both pairs them by their imports, and each half's pl
 other's facts (``apex_plan.Partner``). A half given alone is still matched to its other half on
 disk, so that its report can name the file.
 
-A pair is an import between the two files, either way, and nothing ambiguous: the scale half
-imports or is imported by exactly one initialize half, and that half by exactly one scale half.
-Finding and pairing the halves takes ``ast`` only; libcst is loaded to plan a pair, when there is one.
+A pair is an import between the two files, either way, and nothing ambiguous: an initialize half
+imports or is imported by exactly one scale half. Several initialize halves may share that scale
+half (a folder of experiment scripts importing one trainer), each linked to it alone: they are
+paired with it where their plans agree (the same level and scaler options), as the one GradScaler
+of the trainer's module serves each script.
+Finding and pairing the halves takes ``ast`` only; ``migrate.half_partners`` plans each pair (libcst).
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from migrate.files import outermost_package, project_files_saying, project_pytho
 from migrate.module_paths import find_on_disk, is_module
 from migrate.types import ImportChange
 
-__all__ = ["FOLDERS_UP", "INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "linked_scale_halves", "on_disk", "pair", "partners"]
+__all__ = ["FOLDERS_UP", "INITIALIZE", "SCALE_LOSS", "Half", "Pairing", "find_half", "halves_called", "in_package",
+           "linked_scale_halves", "on_disk", "pair", "read_text", "shown"]
 
 INITIALIZE, SCALE_LOSS = "initialize", "scale_loss"
 STATE, STATE_CALLS = "state", ("state_dict", "load_state_dict")  # a checkpoint utility keeping apex's state
@@ -55,55 +59,12 @@ class Half(NamedTuple):
 
 class Pairing(NamedTuple):
     """A half's other half; ``scaler_import``: for the initialize half that imports the scale
-    half, how it imports that module's GradScaler (None the other way round)."""
+    half, how it imports that module's GradScaler (None the other way round); ``also``: for a
+    scale half, the other initialize halves sharing it."""
 
     other: Half
     scaler_import: ImportChange | None
-
-
-def partners(texts: Mapping[Path, str], settings: Mapping,
-             settings_of: Callable[[Path], Mapping] | None = None) -> dict[Path, object]:
-    """Each half's ``apex_plan.Partner`` in a run over ``texts``: the other half's facts where the
-    run holds both (the initialize half is planned first: the scale half's GradScaler takes its
-    options; then the initialize half takes the scale half's), else the file found on disk.
-    ``settings_of(path)``: the settings that file is planned with in the run (what other files
-    say of it), so that a half its run cannot rewrite keeps its partner as it is too."""
-    settings_of = settings_of or (lambda path: settings)
-    found = [half for path, text in texts.items() if (half := find_half(path, text)) is not None]
-    if not found:
-        return {}
-    from migrate.apex_plan.provider import plan_text
-    from migrate.apex_plan.vocabulary import PARTNER, HalfFacts, Partner
-
-    def facts(half: Half, partner: Partner) -> HalfFacts:
-        plan = plan_text(texts[half.path], {**settings_of(half.path), PARTNER: partner})
-        return plan.half if plan is not None and plan.half is not None else HalfFacts(manual="it does not parse, or holds both halves")
-
-    pairs = pair(found)
-    result: dict[Path, object] = {}
-    for half in found:
-        pairing = pairs.get(half.path)
-        if pairing is None:
-            other = on_disk(half)
-            if other is not None:
-                result[half.path] = Partner(_shown(other.path), other.line)
-            elif (unpaired := in_package(half)) is not None:
-                # Its other half, joined at run time, cannot be rewritten: rewritten alone, this one
-                # would leave it calling apex amp half set up (`scale_loss` with `initialize` gone
-                # raises). Both stay, for a person to migrate together.
-                text = texts.get(unpaired.path) or _read(unpaired.path)
-                plan = plan_text(text, {**settings_of(unpaired.path), PARTNER: Partner(_shown(half.path), half.line)}) if text else None
-                manual = plan.half.manual if plan is not None and plan.half is not None else "it does not parse, or holds both halves"
-                if manual:
-                    result[half.path] = Partner(_shown(unpaired.path), unpaired.line, HalfFacts(manual=f"{manual}; {UNPAIRED}"))
-        elif half.role == INITIALIZE:
-            scale = pairing.other
-            # whether the scale half writes an autocast region: the initialize half's reasons say so
-            autocast = facts(scale, Partner(_shown(half.path), half.line, HalfFacts())).autocast
-            placeholder = Partner(_shown(scale.path), scale.line, HalfFacts(scaler=SCALER, autocast=autocast), pairing.scaler_import)
-            result[scale.path] = Partner(_shown(half.path), half.line, facts(half, placeholder))
-            result[half.path] = Partner(_shown(scale.path), scale.line, facts(scale, result[scale.path]), pairing.scaler_import)
-    return result
+    also: tuple[Half, ...] = ()
 
 
 def find_half(path: Path, text: str) -> Half | None:
@@ -193,20 +154,28 @@ def pair(halves: Iterable[Half]) -> dict[Path, Pairing]:
     pairs = {}
     for half in halves:
         linked = links[half.path]
-        if len(linked) == 1:
+        if half.role == SCALE_LOSS:  # with each initialize half linked to it alone
+            if linked and all(len(links[other]) == 1 for other in linked):
+                first, *rest = linked
+                pairs[half.path] = Pairing(by_path[first], None, tuple(by_path[path] for path in rest))
+        elif len(linked) == 1:
             (other_path, scaler_import), = linked.items()
-            if len(links[other_path]) == 1:
-                pairs[half.path] = Pairing(by_path[other_path], scaler_import if half.role == INITIALIZE else None)
+            if all(len(links[other]) == 1 for other in links[other_path]):
+                pairs[half.path] = Pairing(by_path[other_path], scaler_import)
     return pairs
 
 
 def on_disk(half: Half) -> Half | None:
     """The other half of ``half`` among the files of its project (the nearest folder up with a
-    ``.git``, ``pyproject.toml`` or ``setup.py``; else its own folder), when exactly one pairs."""
+    ``.git``, ``pyproject.toml`` or ``setup.py``; else its own folder), when exactly one pairs
+    and it pairs with no other."""
     me = half.path.resolve()
     found = [half, *(other for other in _halves_under(project_root(half.path)) if other.path != me)]
-    pairing = pair(found).get(half.path)
-    return pairing.other if pairing is not None else None
+    pairs = pair(found)
+    pairing = pairs.get(half.path)
+    # a scale half shared by several scripts is not one file's other half
+    shared = pairing is not None and (pairing.also or (half.role == INITIALIZE and pairs[pairing.other.path].also))
+    return pairing.other if pairing is not None and not shared else None
 
 
 def _imports_of(tree: ast.Module) -> tuple[Import, ...]:
@@ -307,7 +276,7 @@ def _imports_reaching(importer: Half, others: list[Half], real: dict[Path, Path]
 def _uses_any(path: Path, names: set[str]) -> bool:
     """Whether the file at ``path`` reads one of ``names``, or an alias it imports one as."""
     try:
-        tree = quiet.parse(_read(path) or "")
+        tree = quiet.parse(read_text(path) or "")
     except (SyntaxError, ValueError):
         return True  # unread: assume it does
     aliases = {alias.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
@@ -335,7 +304,7 @@ def _names_reaching(half: Half) -> set[str]:
     """The module's top-level functions and classes that make the half's apex calls (scale a loss;
     for ``STATE``, save or load amp's state: ``amp.state_dict``, not a model's), or call one that does."""
     try:
-        tree = quiet.parse(_read(half.path) or "")
+        tree = quiet.parse(read_text(half.path) or "")
     except (SyntaxError, ValueError):
         return set()
     attributes = STATE_CALLS if half.role == STATE else (SCALE_LOSS,)
@@ -357,7 +326,7 @@ def _names_reaching(half: Half) -> set[str]:
 UNPAIRED = "it is in the same package, and neither file imports the other: this one stays with it"
 
 
-def _read(path: Path) -> str | None:
+def read_text(path: Path) -> str | None:
     try:
         return path.read_bytes().decode("utf-8", "replace")
     except OSError:
@@ -396,7 +365,7 @@ def _halves_under(root: Path) -> tuple[Half, ...]:
     return tuple(found)
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """A path as a user reads it: relative to the working directory when under it."""
     try:
         return str(path.resolve().relative_to(Path.cwd()))
@@ -469,7 +438,7 @@ def _package_of(folder: Path, level: int, module: str) -> Path | None:
 def _relative_imports_of(package: Path) -> tuple[Import, ...]:
     """A package's ``from .module import names`` lines, one level down (its own modules)."""
     try:
-        tree = quiet.parse(_read(package) or "")
+        tree = quiet.parse(read_text(package) or "")
     except (SyntaxError, ValueError):
         return ()
     return tuple(found for found in _imports_of(tree) if found.level == 1 and found.module)

@@ -40,8 +40,9 @@ def scaled_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Map
     for path, text in texts.items():
         if path not in partners and _INITIALIZES.search(text):
             root = project_root(path)
-            # (a file that only initializes is a half: ``halves`` pairs it, or names its other half)
-            linked = halves.linked_scale_halves(path, text) if halves.SCALE_LOSS in halves.halves_called(text) else []
+            # a file that only initializes is a half, which ``halves`` pairs or names; one it cannot
+            # (its loop shared by scripts initializing differently) is told here too
+            linked = halves.linked_scale_halves(path, text)
             places = tuple(f"{_CALLS[half.role]} at {place}" for half in linked
                            for place in kept_places([(half.path, half.line)], root, run, settings, unsafe_fixes, migrated))
             # a file that also initializes for itself stays on apex, left alone for this one (below)

@@ -71,7 +71,7 @@ dependence: no import cycle):
   to another file's checkpoint helpers, ``save_checkpoint(..., scaler=scaler)``), ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
   ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
-  of apex amp, planned with the facts of the other half, ``migrate.halves``).
+  of apex amp, planned with the facts of the other half, ``migrate.halves``, ``migrate.half_partners``).
 - ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
   the families' steps in order and emits the findings. A file is not planned where the project
   keeps apex's ``amp.scale_loss`` in a module linked to it by an import, or another file

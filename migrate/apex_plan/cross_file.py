@@ -193,8 +193,13 @@ class CrossFilePlanning(Step):
             self.draft.unsafe.append(f"`enabled={nodes.code(init.enabled)}` is decided at run time: {other}'s {made} {are} always on")
         if not static:
             self.draft.unsafe.append(f"its loss scale is known only at run time: {other}'s GradScaler, made at module level, starts at GradScaler's default")
-        block = self.tree.parent.get(id(init.statement))
+        statement = init.statement
+        block = self.tree.parent.get(id(statement))
         holder = self.tree.parent.get(id(block))
+        # a `with` block's body runs whenever the statement does (`with timer("model"):`), as a `try`'s does
+        while isinstance(holder, cst.With) or (isinstance(holder, cst.Try) and block is holder.body):
+            statement, block = holder, self.tree.parent.get(id(holder))
+            holder = self.tree.parent.get(id(block))
         # a script's `if __name__ == "__main__":` runs whenever the script does, as its top level would
         runs_always = isinstance(block, cst.Module) or isinstance(holder, cst.FunctionDef) or (
             nodes.is_main_guard(holder) and isinstance(self.tree.parent.get(id(holder)), cst.Module))

@@ -1,0 +1,80 @@
+"""Each half of apex amp's ``apex_plan.Partner`` in a run: what the plan of its other half says.
+
+``migrate.halves`` finds the halves and pairs them by their imports; here each pair is planned:
+the initialize halves first (the scale half's GradScaler takes their options), then the scale half
+(each initialize half takes its facts). A half left unpaired is told the file of its other half
+found on disk, or, where that file is in its package and cannot be rewritten, why it stays.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from migrate.halves import SCALE_LOSS, SCALER, UNPAIRED, Half, Pairing, find_half, in_package, on_disk, pair, read_text, shown
+
+__all__ = ["partners"]
+
+
+def partners(texts: Mapping[Path, str], settings: Mapping,
+             settings_of: Callable[[Path], Mapping] | None = None) -> dict[Path, object]:
+    """Each half's ``apex_plan.Partner`` in a run over ``texts``: the other half's facts where the
+    run holds both (the initialize half is planned first: the scale half's GradScaler takes its
+    options; then the initialize half takes the scale half's), else the file found on disk.
+    ``settings_of(path)``: the settings that file is planned with in the run (what other files
+    say of it), so that a half its run cannot rewrite keeps its partner as it is too."""
+    settings_of = settings_of or (lambda path: settings)
+    found = [half for path, text in texts.items() if (half := find_half(path, text)) is not None]
+    if not found:
+        return {}
+    from migrate.apex_plan.provider import plan_text
+    from migrate.apex_plan.vocabulary import PARTNER, HalfFacts, Partner
+
+    def facts(half: Half, partner: Partner) -> HalfFacts:
+        plan = plan_text(texts[half.path], {**settings_of(half.path), PARTNER: partner})
+        return plan.half if plan is not None and plan.half is not None else HalfFacts(manual="it does not parse, or holds both halves")
+
+    pairs = pair(found)
+    result: dict[Path, object] = {}
+    for scale in found:
+        if scale.role == SCALE_LOSS and scale.path in pairs:
+            result.update(_paired(scale, pairs, facts))
+    for half in found:
+        if half.path in result:
+            continue
+        other = on_disk(half)
+        if other is not None:
+            result[half.path] = Partner(shown(other.path), other.line)
+        elif (unpaired := in_package(half)) is not None:
+            # Its other half, joined at run time, cannot be rewritten: rewritten alone, this one
+            # would leave it calling apex amp half set up (`scale_loss` with `initialize` gone
+            # raises). Both stay, for a person to migrate together.
+            text = texts.get(unpaired.path) or read_text(unpaired.path)
+            plan = plan_text(text, {**settings_of(unpaired.path), PARTNER: Partner(shown(half.path), half.line)}) if text else None
+            manual = plan.half.manual if plan is not None and plan.half is not None else "it does not parse, or holds both halves"
+            if manual:
+                result[half.path] = Partner(shown(unpaired.path), unpaired.line, HalfFacts(manual=f"{manual}; {UNPAIRED}"))
+    return result
+
+
+def _paired(scale: Half, pairs: Mapping[Path, Pairing], facts: Callable) -> dict[Path, object]:
+    """The ``Partner`` of a scale half and of each initialize half paired with it; none where
+    those initialize halves' plans disagree (then each is rewritten as if unpaired). The
+    initialize halves are planned first: the scale half's GradScaler takes their options; then
+    each takes the scale half's facts."""
+    from migrate.apex_plan.vocabulary import HalfFacts, Partner
+
+    initializers = [pairs[scale.path].other, *pairs[scale.path].also]
+    if any(pairs.get(half.path) is None for half in initializers):
+        return {}
+    first = initializers[0]
+    # whether the scale half writes an autocast region: the initialize halves' reasons say so
+    autocast = facts(scale, Partner(shown(first.path), first.line, HalfFacts())).autocast
+    planned = [facts(half, Partner(shown(scale.path), scale.line, HalfFacts(scaler=SCALER, autocast=autocast),
+                                   pairs[half.path].scaler_import)) for half in initializers]
+    if any(each != planned[0] for each in planned[1:]):
+        return {}
+    result = {scale.path: Partner(shown(first.path), first.line, planned[0])}
+    scale_facts = facts(scale, result[scale.path])
+    for half in initializers:
+        result[half.path] = Partner(shown(scale.path), scale.line, scale_facts, pairs[half.path].scaler_import)
+    return result
