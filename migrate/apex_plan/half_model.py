@@ -11,7 +11,7 @@ from migrate.apex_plan.vocabulary import Unplannable
 from migrate.step_model.vocabulary import dtype_of, model_like
 from migrate.tree_walk import children, descendants
 
-__all__ = ["cast_to_half", "model_made_half"]
+__all__ = ["cast_to_half", "half_tensor_optimized", "model_made_half"]
 
 
 def cast_to_half(module: cst.Module, helpers: Mapping[str, str]) -> Unplannable | None:
@@ -27,7 +27,54 @@ def cast_to_half(module: cst.Module, helpers: Mapping[str, str]) -> Unplannable 
         if type(node) is cst.Call and (name := _handed_to(node, helpers)) is not None:
             return Unplannable(node, f"`{nodes.code(node)}` casts modules to float16 (`{name}` at {helpers[name]}): "
                                      "their gradients are float16, which apex O1 stepped and `GradScaler.unscale_` refuses")
+    found = half_tensor_optimized(module)
+    if found is not None:
+        optimizer, name, made = found
+        return Unplannable(optimizer, f"the optimizer steps `{name}`, made as `{nodes.code(made)}`, which may be float16: "
+                                      "apex O1 stepped float16 tensors, `GradScaler.unscale_` refuses their gradients "
+                                      "(\"Attempting to unscale FP16 gradients\")")
     return None
+
+
+def half_tensor_optimized(module: cst.Module) -> tuple[cst.Call, str, cst.CSTNode] | None:
+    """An optimizer made over a list of the file's own tensors (``optim.Adam([inputs], lr=...)``),
+    one of them made in a precision that may be float16 (``torch.randn(..., dtype=data_type)``,
+    ``.half()``, ``.to(torch.float16)``): the optimizer's call, the tensor's name and what made
+    it. A ``dtype=`` known to be float32 (``torch.float``) makes no such tensor."""
+    made = {}
+    for node in descendants(module):
+        if type(node) is cst.Assign and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            cast = next((call for call in descendants(node.value) if type(call) is cst.Call and _maybe_half(call)), None)
+            if cast is not None:
+                made[node.targets[0].target.value] = cast
+    for node in descendants(module) if made else ():
+        if type(node) is cst.Call and node.args and type(node.args[0].value) is cst.List and _names_a_class(node.func):
+            for element in node.args[0].value.elements:
+                if isinstance(element.value, cst.Name) and element.value.value in made:
+                    return node, element.value.value, made[element.value.value]
+    return None
+
+
+_NAMED_DTYPE = re.compile(r"torch\.\w+|[\"']\w+[\"']|float|int|bool")  # a dtype spelled out, not read from a variable
+
+
+def _maybe_half(call: cst.Call) -> bool:
+    """A call that may make a float16 tensor: ``dtype=`` float16 or read from a variable
+    (``dtype=data_type``), ``.half()``, ``.to(torch.float16)``."""
+    if any(arg.keyword is not None and arg.keyword.value == "dtype"
+           and (dtype_of(arg.value) == "float16" or not _NAMED_DTYPE.fullmatch(nodes.code(arg.value)))
+           for arg in call.args):
+        return True
+    if isinstance(call.func, cst.Attribute):
+        name = call.func.attr.value
+        return name == "half" or (name in ("to", "type") and any(dtype_of(arg.value) == "float16" for arg in call.args))
+    return False
+
+
+def _names_a_class(func: cst.BaseExpression) -> bool:
+    """``optim.Adam``, ``torch.optim.SGD``, ``Adam``: a class, as optimizers are named."""
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    return name[:1].isupper()
 
 
 def _handed_to(call: cst.Call, helpers: Mapping[str, str]) -> str | None:
