@@ -8,6 +8,7 @@ from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.earlier_regions import computed_in_a_region
 from migrate.apex_plan.loss_slice import backward_slice, carried, function_slice
+from migrate.apex_plan.own_autocast import enclosing_autocast
 from migrate.apex_plan.syntax import (
     assigned_names,
     assigns,
@@ -389,6 +390,13 @@ class AutocastPlanning(Step):
             enabled = self._alias_enabled(self.sites.alias_of[id(scale.call)])
         if enabled is not None and self._widen_own_autocast(statements, enabled):
             return
+        outer = enclosing_autocast(self.tree, statements[0])
+        if outer is not None and self.setup.may_be_disabled:
+            # a region of ours inside the file's own one, off where the scaler is, would switch it off
+            if id(outer) in self.draft.regions or (enabled is not None and self._widen_own_autocast([outer], enabled)):
+                return
+            self.draft.unsafe_at(outer.items[0].item, f"the file's own `autocast` at line {self.tree.line(outer)} holds the forward: "
+                                 "a region inside it, off where the GradScaler is, would switch it off")
         inner = [call for statement in statements for call in calls(statement, lambda name: name == "autocast")
                  if not self._repeats_the_region(call)]
         if inner:
