@@ -56,7 +56,8 @@ dependence: no import cycle):
   forward pass made, a region of its own around that forward; unsafe where the caller is in
   another file, ``migrate.forward_callers``; ``loss_slice``: the statements that compute what
   the loss is made from, and what an arm carries on from above its ``if``; ``earlier_regions``: a
-  loss computed inside a region already planned; ``attribute_forwards``: a loss computed from
+  loss computed inside a region already planned; ``own_autocast``: the file's own autocast that
+  holds the step, widened rather than nested in; ``attribute_forwards``: a loss computed from
   ``self.x`` that another method sets by a forward pass: once every region is planned, that
   method's forward passes under an autocast of their own, unless each call of it is in one), ``inference_tail`` (an O1 ``initialize`` for
   inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
