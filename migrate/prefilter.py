@@ -65,9 +65,11 @@ _AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
-# An apex-availability flag (AMP018 folds one that is always True): has_apex, APEX_AVAILABLE...
-APEX_FLAG_NAME = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?(available|imported|installed|loaded))$", re.I)
-_APEX_FLAG_SET = re.compile(r"^_?(has_?(apex|amp)|(apex|amp)_?(is_)?(available|imported|installed|loaded))\s*=\s*True\b", re.I | re.M)
+# An apex-availability flag (AMP018 folds one that is always True): has_apex, APEX_AVAILABLE,
+# IS_AMP_AVAILABLE...
+_APEX_FLAG = r"_?(is_)?(has_?(apex|amp)|(apex|amp)_?(is_)?(available|imported|installed|loaded))"
+APEX_FLAG_NAME = re.compile(rf"^{_APEX_FLAG}$", re.I)
+_APEX_FLAG_SET = re.compile(rf"^{_APEX_FLAG}\s*=\s*True\b", re.I | re.M)
 _APEX_FLAG_SET_BYTES = re.compile(_APEX_FLAG_SET.pattern.encode(), re.I | re.M)
 # What makes a loop a training loop for AMP100: ``loss.backward()``, ``optimizer.step()``.
 _STEP_CALLS = frozenset({"backward", "step", "train_batch"})  # DeepSpeed pipeline: one call

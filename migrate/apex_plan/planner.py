@@ -12,6 +12,7 @@ from migrate.apex_plan.checkpoints import CheckpointPlanning
 from migrate.apex_plan.classify import classify
 from migrate.apex_plan.conditions import disabling_if, flag_spellings, in_failing_arm
 from migrate.apex_plan.context import Context, Sites
+from migrate.apex_plan.delay_flags import DelayFlagPlanning
 from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.gradients import GradientPlanning
@@ -367,6 +368,8 @@ class Planner:
             AttributeForwardPlanning(writing).plan_attribute_forwards(scales)
             WarmUpPlanning(writing).plan_warm_ups()
             DetachedForwardPlanning(writing).plan_detached_forwards()
+        for scale in scales:  # last: a region planned above may hold its line, which then stays
+            DelayFlagPlanning(writing).plan_unread_flag(scale)
         self._plan_after_imports()
         self._emit(writing, scales)
 

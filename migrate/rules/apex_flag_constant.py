@@ -21,8 +21,9 @@ class ApexFlagConstant(Rule):
     ...) that the file now only ever sets to ``True``: what is left once the ``try: import apex
     / except ImportError: HAS_APEX = False`` guard goes (AMP001). Its tests are folded: ``if
     has_apex:`` keeps its body, ``if not has_apex:`` its ``else``, an ``elif has_apex:`` becomes
-    ``else:``, and ``has_apex and x`` becomes ``x``; a comparison with a bool literal
-    (``has_apex is False``, ``HAS_AMP == True``) folds the same way. Once nothing reads it, the flag goes too,
+    ``else:``, and ``has_apex and x`` becomes ``x``, ``128 if has_apex else 64`` becomes ``128``,
+    and an ``enabled=has_apex`` of an autocast or GradScaler goes (True is its default); a
+    comparison with a bool literal (``has_apex is False``, ``HAS_AMP == True``) folds the same way. Once nothing reads it, the flag goes too,
     and so does a disabled GradScaler that stood in until an ``if has_apex:`` block made the
     scaler (``ampmigrate`` writes one there), where the block now runs right after it.
 
@@ -125,6 +126,19 @@ class ApexFlagConstant(Rule):
             '    scaler = torch.amp.GradScaler("cuda")\n'
             "    return scaler\n",
         ),
+        Invalid(  # a conditional expression, and the `enabled=` whose default is True
+            "IS_AMP_AVAILABLE = True\n"
+            "BATCH = (128 if IS_AMP_AVAILABLE else 64) * GPUS\n"
+            "\n"
+            "def evaluate(model, batch):\n"
+            '    with torch.autocast("cuda", dtype=torch.float16, enabled=bool(IS_AMP_AVAILABLE)):\n'
+            "        return model(batch)\n",
+            "BATCH = 128 * GPUS\n"
+            "\n"
+            "def evaluate(model, batch):\n"
+            '    with torch.autocast("cuda", dtype=torch.float16):\n'
+            "        return model(batch)\n",
+        ),
         Invalid(  # read as a value too: the tests fold, the flag stays
             "has_amp = True\n"
             "if has_amp:\n"
@@ -194,16 +208,37 @@ class ApexFlagConstant(Rule):
         if held is not None:
             test, negated = parent, not held
         holder = self.get_metadata(ParentNodeProvider, test)
+        if held is None and not negated:
+            call = self._enabled_by(read)
+            if call is not None:
+                return call, _without_enabled(call)
         if isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And) and not negated:
             other = holder.right if holder.left is test else holder.left
             return holder, other.with_changes(lpar=holder.lpar, rpar=holder.rpar) if holder.lpar else other
-        if isinstance(holder, cst.If) and holder.test is test:
-            return holder, self._if_folded(holder, keep_body=not negated)
         if negated:  # `not flag and x` is False: the `if` it tests takes its other arm
             while isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And):
                 test, holder = holder, self.get_metadata(ParentNodeProvider, holder)
-            if isinstance(holder, cst.If) and holder.test is test:
-                return holder, self._if_folded(holder, keep_body=False)
+        if isinstance(holder, cst.If) and holder.test is test:
+            return holder, self._if_folded(holder, keep_body=not negated)
+        if isinstance(holder, cst.IfExp) and holder.test is test:  # `128 if has_apex else 64`
+            kept = holder.orelse if negated else holder.body
+            atom = isinstance(kept, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.BaseNumber, cst.BaseString))
+            return holder, kept if atom or kept.lpar else kept.with_changes(lpar=holder.lpar, rpar=holder.rpar)
+        return None
+
+    def _enabled_by(self, read: cst.Name) -> cst.Call | None:
+        """The autocast or GradScaler that ``read`` is the ``enabled=`` of (``enabled=has_amp``,
+        ``enabled=bool(has_amp)``): True is their default, so the keyword can go."""
+        argument = self.get_metadata(ParentNodeProvider, read)
+        if isinstance(argument, cst.Arg) and argument.keyword is None:
+            wrapper = self.get_metadata(ParentNodeProvider, argument)
+            if isinstance(wrapper, cst.Call) and nodes.code(wrapper.func) == "bool" and len(wrapper.args) == 1:
+                argument = self.get_metadata(ParentNodeProvider, wrapper)
+        if not (isinstance(argument, cst.Arg) and argument.keyword is not None and argument.keyword.value == "enabled"):
+            return None
+        call = self.get_metadata(ParentNodeProvider, argument)
+        if isinstance(call, cst.Call) and nodes.code(call.func).rsplit(".", 1)[-1] in _ENABLED_BY_DEFAULT:
+            return call
         return None
 
     def _if_folded(self, statement: cst.If, keep_body: bool):
@@ -253,6 +288,21 @@ class ApexFlagConstant(Rule):
             if _reads(statement, target):
                 return None
         return None
+
+
+# Calls whose ``enabled=`` defaults to True: an always-true flag there is the default.
+_ENABLED_BY_DEFAULT = frozenset({"autocast", "GradScaler"})
+
+
+def _without_enabled(call: cst.Call) -> cst.Call:
+    """``call`` without its ``enabled=`` argument; a new last argument takes its comma, so a
+    trailing comma and the line breaks of a wrapped call stay as they were."""
+    args = list(call.args)
+    index = next(i for i, arg in enumerate(args) if arg.keyword is not None and arg.keyword.value == "enabled")
+    removed = args.pop(index)
+    if args and index == len(args):
+        args[-1] = args[-1].with_changes(comma=removed.comma)
+    return call.with_changes(args=args)
 
 
 _HOLDS_WHERE_EQUAL = {cst.Is: True, cst.Equal: True, cst.IsNot: False, cst.NotEqual: False}

@@ -90,7 +90,8 @@ class Features:
     level_in_block: bool = False  # with a flag: its block sets `opt_level = "O1"`, which initialize reads
     # with delay_unscale, how it is spelled against the boundary's test: not_flag (`delay_unscale=not
     # boundary`, `if boundary:`) | accumulating (`delay_unscale=accumulating`, `if not accumulating:`) |
-    # comparison (`delay_unscale=(step + 1) % ACCUMULATION != 0`, `if (step + 1) % ACCUMULATION == 0:`)
+    # comparison (`delay_unscale=(step + 1) % ACCUMULATION != 0`, `if (step + 1) % ACCUMULATION == 0:`) |
+    # local (the comparison in a local `delay_unscale` that nothing else reads, a comment on apex above it)
     delay_spelling: str = "not_flag"
     #                               (the scaler is then made in the block, a disabled one before)
     forward_via: str = "model"  # model | wrapper: with holder=method, `__init__` keeps `self.runner =
@@ -139,6 +140,10 @@ class Features:
     local_helper: str = "none"  # none | before | after: a function the loss calls on the forward
     #                             pass's output, defined in the loop body before that pass (reading
     #                             the batch's `y`) or between it and the loss
+    own_autocast: str = "none"  # none | forward | step: with native_beside and the flag off, the file's own
+    #                             `with torch.autocast("cuda", dtype=torch.float16, enabled=not <flag>)`, the
+    #                             native path's region, holds the forward pass and the loss, or those and the
+    #                             backward passes' arms too (a Swin-style trainer's)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -241,6 +246,10 @@ def _coherent(f: Features) -> Features:
                     clip="parameters" if f.clip == "master_params" else f.clip)
     if f.loss in ("arms", "arms_backward") or f.backward_in in HANDING_BACK:
         f = replace(f, penalty="none")  # added where one line computes the loss
+    if not f.native_beside or f.flag != "off" or f.backward_in != "loop" or f.loss not in ("inline", "helper", "dict", "arms"):
+        # the native path's own region, the path the default run takes: ampshim's O1 follows an own
+        # region that is off where apex's casts did not (docs/compatibility.md), so apex's path is not judged
+        f = replace(f, own_autocast="none")
     return f
 
 
@@ -282,7 +291,7 @@ def features():
         after_step=st.sampled_from(["none", "cleared", "stale", "critic", "critic_shared"]),
         forward_via=st.sampled_from(["model", "wrapper"]),
         level_in_block=st.booleans(),
-        delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison"]),
+        delay_spelling=st.sampled_from(["not_flag", "accumulating", "comparison", "local"]),
         scale_bounds=st.sampled_from(["none", "floor", "cap", "both"]),
         nan_skip=st.booleans(),
         entry=st.sampled_from(["main", "guard"]),
@@ -293,6 +302,7 @@ def features():
         penalty=st.sampled_from(["none", "positional", "keywords"]),
         own_tests=st.sampled_from(["none", "flags", "weights", "one_always"]),
         local_helper=st.sampled_from(["none", "before", "after"]),
+        own_autocast=st.sampled_from(["none", "forward", "step"]),
     ).map(_coherent)
 
 
@@ -304,6 +314,8 @@ def _boundary(f: Features) -> tuple[list[str], str, str]:
         return [f"boundary = {at}"], "not boundary", "boundary"
     if f.delay_spelling == "accumulating":
         return [f"accumulating = {away}"], "accumulating", "not accumulating"
+    if f.delay_spelling == "local":  # a local that only feeds delay_unscale
+        return ["# apex: the gradients stay scaled until the boundary", f"delay_unscale = {away}"], "delay_unscale", at
     return [], away, at
 
 
@@ -467,6 +479,7 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         steps_body += ["if step == 3:", '    batch_x = torch.cat([batch_x[:8], batch_x[8:] * float("inf")])']
     elif f.overflow:
         body += ["if step == 3:", '    x = x * float("inf")']
+    forward_from = len(body)
     if f.backward_in == "update":
         body += [f"output = {s.forward}(x)", f"{loss} = self.backward_from(output, x, y)"]
     elif f.backward_in == "stored":
@@ -494,6 +507,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
     body += _penalty(f, s)
     if accumulate and f.backward_in not in HANDING_BACK and f.loss != "arms_backward":
         body.append(f"{loss} = {loss} / ACCUMULATION")
+    if f.own_autocast == "forward":
+        body[forward_from:] = _own_region(s, body[forward_from:])
     defined, delayed, at_boundary = _boundary(f)
     if accumulate and not inner:
         body += defined
@@ -529,6 +544,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         # computes in float16, where apex's casts computed it in float32
         body += ["if step % 2 == 0:", f"    {loss} = F.mse_loss(output, y.type_as(output)){divided}", *_indent(backward),
                  "else:", f"    {loss} = F.smooth_l1_loss(output, y){divided}", *_indent(backward)]
+    if f.own_autocast == "step":
+        body[forward_from:] = _own_region(s, body[forward_from:])
     clip = []
     if f.clip_in == "helper":
         clip.append(f"clip_grads({s.first_optimizer if f.clip == 'master_params' else s.model}, 0.5)")
@@ -592,6 +609,12 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
                  "bank = torch.nan_to_num(out.mean()).clamp(-1, 1)"]
     body.append(f"losses.append(float({loss}))")
     return body
+
+
+def _own_region(s: _Spelling, lines: list[str]) -> list[str]:
+    """``lines`` under the file's own autocast, on where the native path runs (``Features.own_autocast``)."""
+    native = f"not {s.mixed}" if " " not in s.mixed else f"not ({s.mixed})"
+    return [f'with torch.autocast("cuda", dtype=torch.float16, enabled={native}):', *_indent(lines)]
 
 
 def _shaped_output(f: Features, s: _Spelling) -> list[str]:

@@ -1,7 +1,8 @@
 """Generator features for shapes first seen in real repositories the project was not tuned on:
 scaled passes each under a test of their own before one clip (``Features.own_tests``), a helper
 the loss calls defined in the loop body (``Features.local_helper``) and a discriminator's plain
-pass after the scaled step (``Features.after_step``: ``critic``, ``critic_shared``). Each is
+pass after the scaled step (``Features.after_step``: ``critic``, ``critic_shared``) and the
+native path's own autocast around the step (``Features.own_autocast``). Each is
 judged by running the script against both rewrites (``python -m ampshim compare``)."""
 import ast
 
@@ -48,6 +49,21 @@ def test_a_discriminator_pass_after_the_scaled_step(after_step, accumulation, fl
     assert_migrated_and_the_same(drawn, tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("own_autocast, loss, accumulation, holder", [
+    ("forward", "inline", "none", "function"), ("forward", "arms", "plain", "method"),
+    ("step", "inline", "none", "function"), ("step", "helper", "delay_unscale", "function"),
+    ("step", "arms", "plain", "method"), ("step", "dict", "inner_loop", "method")])
+def test_the_native_paths_own_autocast_holds_the_step(own_autocast, loss, accumulation, holder, tmp_path):
+    """The file's own region, on where the native path runs, is widened to apex's path; a region
+    nested in it, off where the scaler is, switched the native forward pass to float32."""
+    drawn = Features(**{**PLAIN, "loss": loss, "accumulation": accumulation, "flag": "off"}, holder=holder,
+                     native_beside=True, own_autocast=own_autocast)
+    rewritten = migrate_source(script(drawn), filename="train.py").new_source
+    assert rewritten.count("torch.autocast(") == 1, rewritten
+    assert_migrated_and_the_same(drawn, tmp_path)
+
+
 def test_the_generated_features_spell_what_they_name():
     """The features draw the shapes they name (a guard against a feature the coherence rules drop)."""
     drawn = Features(**PLAIN, own_tests="flags", local_helper="after", after_step="critic")
@@ -57,3 +73,6 @@ def test_the_generated_features_spell_what_they_name():
     loop = next(node for node in ast.walk(tree) if isinstance(node, ast.For))
     assert any(isinstance(node, ast.FunctionDef) and node.name == "shaped" for node in loop.body)
     assert "critic_loss.backward()" in ast.unparse(loop)
+    native = Features(**{**PLAIN, "flag": "off"}, native_beside=True, own_autocast="step")
+    withs = [node for node in ast.walk(ast.parse(script(native))) if isinstance(node, ast.With)]
+    assert any("enabled=not use_amp" in ast.unparse(node.items[0].context_expr) for node in withs)

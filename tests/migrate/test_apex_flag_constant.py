@@ -14,7 +14,7 @@ from migrate.rules import all_rules
 
 RULES = all_rules()
 
-FLAGS = ("has_apex", "APEX_AVAILABLE", "HAS_AMP", "apex_available")
+FLAGS = ("has_apex", "APEX_AVAILABLE", "HAS_AMP", "apex_available", "IS_AMP_AVAILABLE", "is_apex_available")
 
 
 def _test(shape: str, flag: str) -> str:
@@ -36,7 +36,7 @@ def _scripts(draw):
     blocks = []
     for index in range(draw(st.integers(1, 3))):
         test = _test(draw(st.sampled_from(SHAPES)), flag)
-        arms = draw(st.sampled_from(("if", "if_else", "elif", "elif_else", "nested")))
+        arms = draw(st.sampled_from(("if", "if_else", "elif", "elif_else", "nested", "ifexp", "ifexp_sum")))
         body = f"out.append({index})"
         if arms == "if":
             blocks.append(f"if {test}:\n    {body}\n")
@@ -46,6 +46,10 @@ def _scripts(draw):
             blocks.append(f"if y and not x:\n    out.append(99)\nelif {test}:\n    {body}\n")
         elif arms == "elif_else":
             blocks.append(f"if y and not x:\n    out.append(99)\nelif {test}:\n    {body}\nelse:\n    out.append(-{index})\n")
+        elif arms == "ifexp":
+            blocks.append(f"out.append(({index} if {test} else -{index}) * 2)\n")
+        elif arms == "ifexp_sum":  # a compound arm keeps the parentheses it needs
+            blocks.append(f"out.append(({index} + 1 if {test} else {index} - 1) * 2)\n")
         else:
             blocks.append(f"if {test}:\n    if {flag}:\n        {body}\n    out.append(50)\n")
     read_as_value = draw(st.booleans())
@@ -85,3 +89,38 @@ def test_folding_an_always_true_flag_computes_what_the_original_did(drawn):
     assert (f"{flag} = True" in fixed) == read_as_value, fixed  # goes once nothing reads it
     if shadowed:
         assert f"def other({flag}):\n    if {flag}:" in fixed
+
+
+# The `enabled=` of an autocast or GradScaler, True by default: an always-true flag there goes
+# with the keyword, wherever the keyword sits and however the call is wrapped.
+ENABLED_CALLS = {
+    "autocast_last": ('torch.autocast("cuda", dtype=torch.float16, enabled={value})',
+                      'torch.autocast("cuda", dtype=torch.float16)'),
+    "autocast_middle": ('torch.autocast(device_type="cuda", enabled={value}, dtype=torch.float16)',
+                        'torch.autocast(device_type="cuda", dtype=torch.float16)'),
+    "cuda_autocast_only": ("torch.cuda.amp.autocast(enabled={value})", "torch.cuda.amp.autocast()"),
+    "scaler": ('torch.amp.GradScaler("cuda", enabled={value})', 'torch.amp.GradScaler("cuda")'),
+    "scaler_wrapped": ('torch.amp.GradScaler(\n        "cuda",\n        enabled={value},\n    )',
+                       'torch.amp.GradScaler(\n        "cuda",\n    )'),
+    "imported_scaler": ("GradScaler(init_scale=1024, enabled={value})", "GradScaler(init_scale=1024)"),
+}
+
+
+@pytest.mark.parametrize("flag", ("has_amp", "IS_AMP_AVAILABLE", "_is_apex_available"))
+@pytest.mark.parametrize("value", ("{flag}", "bool({flag})", "x and {flag}"))
+@pytest.mark.parametrize("shape", sorted(ENABLED_CALLS))
+def test_an_always_true_flag_as_enabled_goes_with_the_keyword(flag, value, shape):
+    original, expected = ENABLED_CALLS[shape]
+    original = original.format(value=value.format(flag=flag))
+    if value.startswith("x and"):  # the `and` folds first: `enabled=x` is the flag's, and stays
+        expected = ENABLED_CALLS[shape][0].format(value="x")
+    source = f"{flag} = True\n\n\ndef make(x):\n    made = {original}\n    return made\n"
+    fixed = run_rules(source, "generated.py", RULES).source
+    assert fixed == f"\n\ndef make(x):\n    made = {expected}\n    return made\n", fixed
+
+
+@pytest.mark.parametrize("read", ("Logger(enabled={flag})", "torch.autocast('cuda', enabled=not {flag})",
+                                  "torch.autocast('cuda', cache_enabled={flag})"))
+def test_an_always_true_flag_read_elsewhere_stays(read):
+    source = f"HAS_APEX = True\n\n\ndef make():\n    return {read.format(flag='HAS_APEX')}\n"
+    assert run_rules(source, "generated.py", RULES).source == source
