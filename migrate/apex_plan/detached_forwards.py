@@ -54,8 +54,9 @@ class DetachedForwardPlanning(Step):
     def _in_loops(self, first: cst.CSTNode, enabled: str) -> list[cst.CSTNode]:
         """``first`` where a loop of its function holds it; else the calls of that function in a
         loop of a method of the same class (a trainer's ``run_forward(x)`` and
-        ``backward_stored(x, y)`` called in ``train``'s loop), where ``enabled`` reads there as it does
-        in ``first``'s method (``self.scaler``)."""
+        ``backward_stored(x, y)`` called in ``train``'s loop, of the class or one derived from it),
+        where ``enabled`` reads there as it does in ``first``'s method (``self.scaler``, or the
+        module's scaler: its name is bound nowhere else in the file)."""
         if self.tree.outermost_loop(first) is not None:
             return [first]
         function = self.tree.function(first)
@@ -64,11 +65,12 @@ class DetachedForwardPlanning(Step):
         owner = self.tree.owner_class(function)
         expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
         attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
-        if owner is None or any(type(node) is cst.Name and id(node) not in attrs and node.value not in ("self", "bool", "True")
+        readable = {"self", "bool", "True", self.setup.scaler}
+        if owner is None or any(type(node) is cst.Name and id(node) not in attrs and node.value not in readable
                                 for node in descendants(expression)):
             return []
-        return [call for call in self.tree.calls_of(function)
-                if self.tree.outermost_loop(call) is not None and self.tree.owner_class(self.tree.function(call)) is owner]
+        return [call for call in self.tree.calls_of(function) if self.tree.outermost_loop(call) is not None
+                and (caller := self.tree.owner_class(self.tree.function(call))) is not None and owner in self.tree.lineage(caller)]
 
     def _casts_every_network(self) -> bool:
         """Whether apex ran O1 here: every ``initialize`` at O1 (written so, or by default), or at a

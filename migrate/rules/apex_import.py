@@ -6,13 +6,14 @@ import re
 from pathlib import PurePath
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
 from migrate import quiet
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
+from migrate.tree_walk import descendants
 from migrate.types import FixSafety, ImportChange, Safety
 
 class ApexImport(Rule):
@@ -27,7 +28,11 @@ class ApexImport(Rule):
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
     ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
-    (``if amp is not None:``) that keep apex imported.
+    (``if amp is not None:``) that keep apex imported. Where such checks are all that reads
+    apex's module (the rewrites took the rest), and the name is bound only by the import and
+    ``amp = None`` fallbacks, each gives way to apex's arm: ``if amp is None: <fallback> else:
+    <apex's arm>`` (``if not amp:``, ``if amp is not None:``, ``if amp:``), and ``bool(amp) and
+    x`` or ``amp is not None and x`` become ``x``; the import goes with them.
 
     An unused import is left alone where it may be wanted all the same: in a class body (a class
     attribute), under ``if TYPE_CHECKING:`` (never imported at run time), in a ``try`` whose
@@ -42,6 +47,8 @@ class ApexImport(Rule):
 
     Fix safety:
     Safe: a body of ``pass`` and constant assignments cannot raise, so the handlers never run;
+    where apex is installed ``amp`` is never None, so apex's arm is the one that ran (where it
+    was not, the fallback ran: the fix says so, as native torch.amp needs no install);
     an unused import's only effect is importing apex (which patches nothing until it is called).
     Unsafe where other modules may import the name from this one: in a package's ``__init__.py``,
     or marked ``# noqa: F401`` (kept on purpose). Where another file of the project does import
@@ -105,7 +112,14 @@ class ApexImport(Rule):
         Invalid("import importlib\namp = importlib.import_module('apex.amp')\n"),
         Invalid("from importlib import import_module as load\n\namp = load('apex.amp')\n"),
         Invalid("apex = __import__('apex')\n"),
-        Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"),
+        Invalid("from apex import amp\n\nif amp is not None:\n    print('apex found')\n"
+                "print(amp.__version__)\n"),
+        Invalid(  # nothing else reads apex's module: its arm takes the test's place, the import goes
+            "try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n\n"
+            "def setup(args):\n    if amp is None:\n        print('apex is not installed')\n"
+            "        args.fp16 = False\n    else:\n        args.scaler = make_scaler(args)\n",
+            "\ndef setup(args):\n    args.scaler = make_scaler(args)\n",
+        ),
         Invalid("import torch\n\ntry:\n    import apex\nexcept:\n    print('No apex!')\n\nx = torch.ones(1)\n",
                 "import torch\n\nx = torch.ones(1)\n"),
         Invalid("import torch\nfrom transformers.file_utils import is_apex_available\n\nif is_apex_available():\n"
@@ -119,6 +133,7 @@ class ApexImport(Rule):
     ]
 
     def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
         self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
         self._used: set[str] = set()
         self._dotted: set[str] = set()  # `apex.amp.__version__`: a submodule reached through `import apex`
@@ -186,6 +201,92 @@ class ApexImport(Rule):
                             "depending on apex", replacement=cst.RemoveFromParent(),
                             safety=Safety.UNSAFE if reasons else Safety.SAFE, fix_message="Remove the unused import",
                             why_unsafe="; ".join(reasons))
+
+    def _availability_fold(self, node: cst.Name) -> tuple[cst.If, object] | None:
+        """``if amp is None: <fallback> else: <apex's arm>`` (``if not amp:``; ``if amp is not
+        None:`` and ``if amp:`` the other way round), where the module's ``amp`` is bound only by
+        an apex import and ``amp = None`` fallbacks and every read of it is such a test: the
+        ``if`` and what replaces it, apex's arm (nothing, or ``pass`` alone in its block)."""
+        found = self._branch_of(node) or self._operand_of(node)
+        if found is None:
+            return None
+        scope = self.get_metadata(ScopeProvider, node, None)
+        bindings = scope[node.value] if scope is not None else set()
+        if not bindings or not all(isinstance(b.scope, GlobalScope) and self._apex_or_none(b.node) for b in bindings):
+            return None
+        global_scope = next(iter(bindings)).scope
+        for other in descendants(self._module):
+            if type(other) is not cst.Name or other.value != node.value or other is node:
+                continue
+            other_scope = self.get_metadata(ScopeProvider, other, None)
+            if other_scope is None or not any(b.scope is global_scope for b in other_scope[other.value]):
+                continue  # a parameter or local of the same name: another variable
+            parent = self._parent_of(other)
+            if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.AssignTarget)) or self._branch_of(other) is not None \
+                    or self._operand_of(other) is not None:
+                continue
+            return None  # apex's module is still used here
+        if isinstance(found[0], cst.BooleanOperation):
+            return found
+        branch, body_is_apex = found
+        arm = branch.body if body_is_apex else getattr(branch.orelse, "body", None)
+        kept = [line for line in getattr(arm, "body", ())
+                if not (isinstance(line, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in line.body))]
+        if kept:
+            kept[0] = kept[0].with_changes(leading_lines=[*branch.leading_lines, *kept[0].leading_lines])
+            return branch, cst.FlattenSentinel(kept)
+        block = self._parent_of(branch)
+        if len(getattr(block, "body", ())) == 1:  # alone: an `if args.apex:` around it goes too, or it is `pass`
+            owner = self._parent_of(block)
+            if (isinstance(owner, cst.If) and owner.body is block and owner.orelse is None
+                    and not isinstance(self._parent_of(owner), cst.If) and len(getattr(self._parent_of(owner), "body", ())) > 1
+                    and not any(isinstance(n, (cst.Call, cst.NamedExpr)) for n in descendants(owner.test))):
+                return owner, cst.RemoveFromParent()
+            return branch, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), branch)
+        return branch, cst.RemoveFromParent()
+
+    def _branch_of(self, node: cst.Name) -> tuple[cst.If, bool] | None:
+        """The ``if`` (not an ``elif``, none following it) testing ``node`` for apex alone, and
+        whether its body is apex's arm."""
+        test, body_is_apex = node, True
+        parent = self._parent_of(node)
+        if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+            test, body_is_apex = parent, False
+        elif isinstance(parent, cst.Comparison) and parent.left is node and len(parent.comparisons) == 1 \
+                and nodes.code(parent.comparisons[0].comparator) == "None" \
+                and isinstance(parent.comparisons[0].operator, (cst.Is, cst.IsNot)):
+            test, body_is_apex = parent, isinstance(parent.comparisons[0].operator, cst.IsNot)
+        branch = self._parent_of(test)
+        if not isinstance(branch, cst.If) or branch.test is not test or isinstance(branch.orelse, cst.If) \
+                or isinstance(self._parent_of(branch), cst.If):
+            return None
+        return branch, body_is_apex
+
+    def _operand_of(self, node: cst.Name) -> tuple[cst.BooleanOperation, cst.BaseExpression] | None:
+        """``amp``, ``bool(amp)`` or ``amp is not None`` as an operand of an ``and`` (the planner
+        writes ``enabled=bool(amp) and ...`` for ``initialize`` under ``if amp:``): the ``and``, and
+        its other operand, which stands for it once apex's module is always there."""
+        read: cst.CSTNode = node
+        parent = self._parent_of(node)
+        if isinstance(parent, cst.Arg):
+            call = self._parent_of(parent)
+            if isinstance(call, cst.Call) and nodes.code(call.func) == "bool" and len(call.args) == 1:
+                read, parent = call, self._parent_of(call)
+        elif isinstance(parent, cst.Comparison) and parent.left is node and len(parent.comparisons) == 1 \
+                and nodes.code(parent.comparisons[0].comparator) == "None" and isinstance(parent.comparisons[0].operator, cst.IsNot):
+            read, parent = parent, self._parent_of(parent)
+        if not (isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And)):
+            return None
+        other = parent.right if parent.left is read else parent.left
+        return parent, other.with_changes(lpar=parent.lpar, rpar=parent.rpar) if parent.lpar else other
+
+    def _apex_or_none(self, bound: cst.CSTNode) -> bool:
+        """Whether a binding of the name is an apex import or an assignment of ``None``."""
+        if isinstance(bound, (cst.Import, cst.ImportFrom)):
+            return nodes.code(bound).split()[1].startswith("apex")
+        parent = self._parent_of(bound)
+        assign = self._parent_of(parent) if isinstance(parent, cst.AssignTarget) else None
+        return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and nodes.is_none(assign.value)
 
     def _parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.get_metadata(ParentNodeProvider, node, None)
@@ -262,7 +363,15 @@ class ApexImport(Rule):
         tested = (isinstance(parent, (cst.If, cst.While, cst.IfExp, cst.Assert)) and parent.test is node) or isinstance(
             parent, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
         )
-        if tested:
+        if (fold := self._availability_fold(node)) is not None:
+            branch, replacement = fold
+            asked = nodes.code(branch.test) if isinstance(branch, cst.If) else node.value
+            self.report(branch, f"`{asked}` only asks whether apex is installed, and nothing else in the "
+                        "file uses apex's module any more", replacement=replacement, safety=Safety.SAFE,
+                        remove_imports=tuple(self._imported.get(node.value, ())),
+                        fix_message="Keep apex's arm (note: behaviour change: where apex was not installed, the other "
+                        "arm ran; native torch.amp needs no install, so those runs now take apex's)")
+        elif tested:
             self.report(node, "this availability check keeps apex imported: test a flag of your own "
                         "(e.g. `args.fp16`) once the file no longer uses apex")
 
