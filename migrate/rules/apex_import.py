@@ -134,6 +134,7 @@ class ApexImport(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
+        self._only_tested: dict[str, bool] = {}  # a name -> whether only availability tests read it
         self._imported = nodes.apex_imports(node)  # the names apex imports bind, anywhere in the file
         self._used: set[str] = set()
         self._dotted: set[str] = set()  # `apex.amp.__version__`: a submodule reached through `import apex`
@@ -214,18 +215,10 @@ class ApexImport(Rule):
         bindings = scope[node.value] if scope is not None else set()
         if not bindings or not all(isinstance(b.scope, GlobalScope) and self._apex_or_none(b.node) for b in bindings):
             return None
-        global_scope = next(iter(bindings)).scope
-        for other in descendants(self._module):
-            if type(other) is not cst.Name or other.value != node.value or other is node:
-                continue
-            other_scope = self.get_metadata(ScopeProvider, other, None)
-            if other_scope is None or not any(b.scope is global_scope for b in other_scope[other.value]):
-                continue  # a parameter or local of the same name: another variable
-            parent = self._parent_of(other)
-            if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.AssignTarget)) or self._branch_of(other) is not None \
-                    or self._operand_of(other) is not None:
-                continue
-            return None  # apex's module is still used here
+        if node.value not in self._only_tested:  # asked once per name: a walk of the whole module
+            self._only_tested[node.value] = self._read_only_in_tests(node.value, next(iter(bindings)).scope)
+        if not self._only_tested[node.value]:
+            return None  # apex's module is still used elsewhere
         if isinstance(found[0], cst.BooleanOperation):
             return found
         branch, body_is_apex = found
@@ -244,6 +237,21 @@ class ApexImport(Rule):
                 return owner, cst.RemoveFromParent()
             return branch, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), branch)
         return branch, cst.RemoveFromParent()
+
+    def _read_only_in_tests(self, name: str, global_scope) -> bool:
+        """Whether every read of the module's ``name`` is an availability test ``_branch_of`` or
+        ``_operand_of`` folds (a parameter or local of the same name is another variable)."""
+        for other in descendants(self._module):
+            if type(other) is not cst.Name or other.value != name:
+                continue
+            other_scope = self.get_metadata(ScopeProvider, other, None)
+            if other_scope is None or not any(b.scope is global_scope for b in other_scope[name]):
+                continue
+            parent = self._parent_of(other)
+            if not (isinstance(parent, (cst.ImportAlias, cst.AsName, cst.AssignTarget))
+                    or self._branch_of(other) is not None or self._operand_of(other) is not None):
+                return False
+        return True
 
     def _branch_of(self, node: cst.Name) -> tuple[cst.If, bool] | None:
         """The ``if`` (not an ``elif``, none following it) testing ``node`` for apex alone, and
