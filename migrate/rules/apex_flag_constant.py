@@ -10,6 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.prefilter import APEX_FLAG_NAME
 from migrate.rule import Invalid, Rule, Valid
+from migrate.rules._known_tests import arm_that_runs, decided_by, in_place_of
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety
 
@@ -23,7 +24,8 @@ class ApexFlagConstant(Rule):
     has_apex:`` keeps its body, ``if not has_apex:`` its ``else``, an ``elif has_apex:`` becomes
     ``else:``, and ``has_apex and x`` becomes ``x``, ``128 if has_apex else 64`` becomes ``128``,
     and an ``enabled=has_apex`` of an autocast or GradScaler goes (True is its default); a
-    comparison with a bool literal (``has_apex is False``, ``HAS_AMP == True``) folds the same way. Once nothing reads it, the flag goes too,
+    comparison with a bool literal or None (``has_apex is False``, ``HAS_AMP == True``)
+    and ``bool(has_apex)`` fold the same way. Once nothing reads it, the flag goes too,
     and so does a disabled GradScaler that stood in until an ``if has_apex:`` block made the
     scaler (``ampmigrate`` writes one there), where the block now runs right after it.
 
@@ -201,30 +203,13 @@ class ApexFlagConstant(Rule):
 
     def _foldable(self, read: cst.Name) -> tuple[cst.CSTNode, object] | None:
         """The node that reading the constant lets go, and what replaces it."""
-        parent = self.get_metadata(ParentNodeProvider, read)
-        negated = isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)
-        test = parent if negated else read
-        held = _compared_to_a_bool(parent, read)  # `flag is False`, `flag == True`
-        if held is not None:
-            test, negated = parent, not held
-        holder = self.get_metadata(ParentNodeProvider, test)
-        if held is None and not negated:
-            call = self._enabled_by(read)
-            if call is not None:
-                return call, _without_enabled(call)
-        if isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And) and not negated:
-            other = holder.right if holder.left is test else holder.left
-            return holder, other.with_changes(lpar=holder.lpar, rpar=holder.rpar) if holder.lpar else other
-        if negated:  # `not flag and x` is False: the `if` it tests takes its other arm
-            while isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And):
-                test, holder = holder, self.get_metadata(ParentNodeProvider, holder)
-        if isinstance(holder, cst.If) and holder.test is test:
-            return holder, self._if_folded(holder, keep_body=not negated)
-        if isinstance(holder, cst.IfExp) and holder.test is test:  # `128 if has_apex else 64`
-            kept = holder.orelse if negated else holder.body
-            atom = isinstance(kept, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.BaseNumber, cst.BaseString))
-            return holder, kept if atom or kept.lpar else kept.with_changes(lpar=holder.lpar, rpar=holder.rpar)
-        return None
+        call = self._enabled_by(read)
+        if call is not None:
+            return call, _without_enabled(call)
+        decided = decided_by(read, self._parent_of, True)
+        if decided is not None and isinstance(decided[0], cst.If):
+            return decided[0], self._if_folded(*decided)
+        return decided
 
     def _enabled_by(self, read: cst.Name) -> cst.Call | None:
         """The autocast or GradScaler that ``read`` is the ``enabled=`` of (``enabled=has_amp``,
@@ -241,25 +226,18 @@ class ApexFlagConstant(Rule):
             return call
         return None
 
-    def _if_folded(self, statement: cst.If, keep_body: bool):
-        if keep_body:
-            kept = list(statement.body.body)
-        elif isinstance(statement.orelse, cst.If):
+    def _if_folded(self, statement: cst.If, body_runs: bool):
+        if not body_runs and isinstance(statement.orelse, cst.If):
             return statement.orelse  # `if not flag: ... elif x:` -> `if x:`
-        elif isinstance(statement.orelse, cst.Else):
-            kept = list(statement.orelse.body.body)
-        else:
-            kept = []
-        parent = self.get_metadata(ParentNodeProvider, statement)
-        if isinstance(parent, cst.If):  # an `elif` arm: it becomes the `else`, or goes
+        kept = arm_that_runs(statement, body_runs)
+        if isinstance(self._parent_of(statement), cst.If):  # an `elif` arm: it becomes the `else`, or goes
             if not kept:
                 return statement.orelse if statement.orelse is not None else cst.RemovalSentinel.REMOVE
             return cst.Else(body=cst.IndentedBlock(body=kept))
-        if not kept:
-            return cst.RemoveFromParent()
-        kept[0] = kept[0].with_changes(leading_lines=[*statement.leading_lines, *kept[0].leading_lines])
-        return cst.FlattenSentinel(kept)
+        return in_place_of(statement, kept) if kept else cst.RemoveFromParent()
 
+    def _parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
 
     def _stand_in_overwritten(self, folded: cst.CSTNode, replacement) -> cst.SimpleStatementLine | None:
         """The line before a folded ``if has_apex:`` that made a disabled GradScaler
@@ -303,21 +281,6 @@ def _without_enabled(call: cst.Call) -> cst.Call:
     if args and index == len(args):
         args[-1] = args[-1].with_changes(comma=removed.comma)
     return call.with_changes(args=args)
-
-
-_HOLDS_WHERE_EQUAL = {cst.Is: True, cst.Equal: True, cst.IsNot: False, cst.NotEqual: False}
-
-
-def _compared_to_a_bool(comparison: cst.CSTNode, read: cst.Name) -> bool | None:
-    """For ``read`` compared with a bool literal (``flag is False``, ``flag != True``), whether the
-    comparison holds where the flag is True; None for anything else."""
-    if not (isinstance(comparison, cst.Comparison) and comparison.left is read and len(comparison.comparisons) == 1):
-        return None
-    target = comparison.comparisons[0]
-    equal = _HOLDS_WHERE_EQUAL.get(type(target.operator))
-    if equal is None or not (isinstance(target.comparator, cst.Name) and target.comparator.value in ("True", "False")):
-        return None
-    return equal == (target.comparator.value == "True")
 
 
 def _reads(node: cst.CSTNode, code: str) -> bool:

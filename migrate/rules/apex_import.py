@@ -13,6 +13,7 @@ from migrate import quiet
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
+from migrate.rules._known_tests import A_MODULE, arm_that_runs, decided_by, in_place_of
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, ImportChange, Safety
 
@@ -31,8 +32,9 @@ class ApexImport(Rule):
     (``if amp is not None:``) that keep apex imported. Where such checks are all that reads
     apex's module (the rewrites took the rest), and the name is bound only by the import and
     ``amp = None`` fallbacks, each gives way to apex's arm: ``if amp is None: <fallback> else:
-    <apex's arm>`` (``if not amp:``, ``if amp is not None:``, ``if amp:``), and ``bool(amp) and
-    x`` or ``amp is not None and x`` become ``x``; the import goes with them.
+    <apex's arm>`` (``if not amp:``, ``if amp is not None:``, ``if amp:``, ``if bool(amp):``),
+    ``bool(amp) and x`` or ``amp is not None and x`` become ``x``, ``x if amp else y`` becomes
+    ``x``; the import goes with them.
 
     An unused import is left alone where it may be wanted all the same: in a class body (a class
     attribute), under ``if TYPE_CHECKING:`` (never imported at run time), in a ``try`` whose
@@ -203,13 +205,13 @@ class ApexImport(Rule):
                             safety=Safety.UNSAFE if reasons else Safety.SAFE, fix_message="Remove the unused import",
                             why_unsafe="; ".join(reasons))
 
-    def _availability_fold(self, node: cst.Name) -> tuple[cst.If, object] | None:
-        """``if amp is None: <fallback> else: <apex's arm>`` (``if not amp:``; ``if amp is not
-        None:`` and ``if amp:`` the other way round), where the module's ``amp`` is bound only by
-        an apex import and ``amp = None`` fallbacks and every read of it is such a test: the
-        ``if`` and what replaces it, apex's arm (nothing, or ``pass`` alone in its block)."""
-        found = self._branch_of(node) or self._operand_of(node)
-        if found is None:
+    def _availability_fold(self, node: cst.Name) -> tuple[cst.CSTNode, object] | None:
+        """``if amp is None: <fallback> else: <apex's arm>`` (``if not amp:``, ``if amp:``, ``amp
+        and x``, ``x if amp else y``, ...), where the module's ``amp`` is bound only by an apex
+        import and ``amp = None`` fallbacks and every read of it is such a test: the node that
+        goes, and what replaces it (for an ``if``, apex's arm: nothing, or ``pass`` alone in its block)."""
+        decided = self._decided(node)
+        if decided is None:
             return None
         scope = self.get_metadata(ScopeProvider, node, None)
         bindings = scope[node.value] if scope is not None else set()
@@ -219,15 +221,13 @@ class ApexImport(Rule):
             self._only_tested[node.value] = self._read_only_in_tests(node.value, next(iter(bindings)).scope)
         if not self._only_tested[node.value]:
             return None  # apex's module is still used elsewhere
-        if isinstance(found[0], cst.BooleanOperation):
-            return found
-        branch, body_is_apex = found
-        arm = branch.body if body_is_apex else getattr(branch.orelse, "body", None)
-        kept = [line for line in getattr(arm, "body", ())
+        branch, body_runs = decided
+        if not isinstance(branch, cst.If):
+            return decided
+        kept = [line for line in arm_that_runs(branch, body_runs)
                 if not (isinstance(line, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in line.body))]
         if kept:
-            kept[0] = kept[0].with_changes(leading_lines=[*branch.leading_lines, *kept[0].leading_lines])
-            return branch, cst.FlattenSentinel(kept)
+            return branch, in_place_of(branch, kept)
         block = self._parent_of(branch)
         if len(getattr(block, "body", ())) == 1:  # alone: an `if args.apex:` around it goes too, or it is `pass`
             owner = self._parent_of(block)
@@ -239,8 +239,8 @@ class ApexImport(Rule):
         return branch, cst.RemoveFromParent()
 
     def _read_only_in_tests(self, name: str, global_scope) -> bool:
-        """Whether every read of the module's ``name`` is an availability test ``_branch_of`` or
-        ``_operand_of`` folds (a parameter or local of the same name is another variable)."""
+        """Whether every read of the module's ``name`` is an availability test ``_decided`` folds
+        (a parameter or local of the same name is another variable)."""
         for other in descendants(self._module):
             if type(other) is not cst.Name or other.value != name:
                 continue
@@ -248,45 +248,18 @@ class ApexImport(Rule):
             if other_scope is None or not any(b.scope is global_scope for b in other_scope[name]):
                 continue
             parent = self._parent_of(other)
-            if not (isinstance(parent, (cst.ImportAlias, cst.AsName, cst.AssignTarget))
-                    or self._branch_of(other) is not None or self._operand_of(other) is not None):
+            if not (isinstance(parent, (cst.ImportAlias, cst.AsName, cst.AssignTarget)) or self._decided(other) is not None):
                 return False
         return True
 
-    def _branch_of(self, node: cst.Name) -> tuple[cst.If, bool] | None:
-        """The ``if`` (not an ``elif``, none following it) testing ``node`` for apex alone, and
-        whether its body is apex's arm."""
-        test, body_is_apex = node, True
-        parent = self._parent_of(node)
-        if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
-            test, body_is_apex = parent, False
-        elif isinstance(parent, cst.Comparison) and parent.left is node and len(parent.comparisons) == 1 \
-                and nodes.code(parent.comparisons[0].comparator) == "None" \
-                and isinstance(parent.comparisons[0].operator, (cst.Is, cst.IsNot)):
-            test, body_is_apex = parent, isinstance(parent.comparisons[0].operator, cst.IsNot)
-        branch = self._parent_of(test)
-        if not isinstance(branch, cst.If) or branch.test is not test or isinstance(branch.orelse, cst.If) \
-                or isinstance(self._parent_of(branch), cst.If):
+    def _decided(self, node: cst.Name) -> tuple[cst.CSTNode, object] | None:
+        """What apex's module being there decides (``decided_by``), but for an ``if`` that is an
+        ``elif`` or has one: that chain stays an availability check."""
+        decided = decided_by(node, self._parent_of, A_MODULE)
+        if decided is not None and isinstance(decided[0], cst.If) and (
+                isinstance(decided[0].orelse, cst.If) or isinstance(self._parent_of(decided[0]), cst.If)):
             return None
-        return branch, body_is_apex
-
-    def _operand_of(self, node: cst.Name) -> tuple[cst.BooleanOperation, cst.BaseExpression] | None:
-        """``amp``, ``bool(amp)`` or ``amp is not None`` as an operand of an ``and`` (the planner
-        writes ``enabled=bool(amp) and ...`` for ``initialize`` under ``if amp:``): the ``and``, and
-        its other operand, which stands for it once apex's module is always there."""
-        read: cst.CSTNode = node
-        parent = self._parent_of(node)
-        if isinstance(parent, cst.Arg):
-            call = self._parent_of(parent)
-            if isinstance(call, cst.Call) and nodes.code(call.func) == "bool" and len(call.args) == 1:
-                read, parent = call, self._parent_of(call)
-        elif isinstance(parent, cst.Comparison) and parent.left is node and len(parent.comparisons) == 1 \
-                and nodes.code(parent.comparisons[0].comparator) == "None" and isinstance(parent.comparisons[0].operator, cst.IsNot):
-            read, parent = parent, self._parent_of(parent)
-        if not (isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And)):
-            return None
-        other = parent.right if parent.left is read else parent.left
-        return parent, other.with_changes(lpar=parent.lpar, rpar=parent.rpar) if parent.lpar else other
+        return decided
 
     def _apex_or_none(self, bound: cst.CSTNode) -> bool:
         """Whether a binding of the name is an apex import or an assignment of ``None``."""

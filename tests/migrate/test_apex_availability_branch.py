@@ -20,7 +20,8 @@ FALLBACK = ['print("apex is not installed: fp32")', 'args.opt_level = "O0"']
 APEX_ARM = ['model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level)']
 # the test, and whether its body is apex's arm
 TESTS = {"is_none": ("amp is None", False), "not": ("not amp", False),
-         "is_not_none": ("amp is not None", True), "bare": ("amp", True)}
+         "is_not_none": ("amp is not None", True), "bare": ("amp", True),
+         "equals_none": ("amp == None", False)}
 
 
 def _block(lines: list[str], depth: int) -> str:
@@ -69,11 +70,20 @@ def test_apexs_arm_takes_the_tests_place(test, with_fallback):
     new = result.new_source
     assert new is not None and "apex is not installed" not in new, new  # the fallback arm went
     assert "from apex import" not in new and "amp = None" not in new and "amp is" not in new, new
-    assert "if amp" not in new and "if not amp" not in new and "bool(amp)" not in new, new
+    assert "if amp" not in new and "if not amp" not in new and "bool(amp)" not in new and "amp ==" not in new, new
     assert "        pass\n" not in new, new  # an arm the rewrite emptied goes with the test
     compile(new, "train.py", "exec")
     notes = " ".join(d.fix.message for d in result.diagnostics if d.fix)
     assert "where apex was not installed" in notes, notes
+
+
+@pytest.mark.parametrize("test", ["amp is not None", "amp", "not amp is None"])
+def test_a_conditional_expression_takes_apexs_value(test):
+    extra = f'    args.opt_level = args.opt_level if {test} else "O0"\n'
+    result = migrate_source(_script("bare", True, extra_read=extra), "train.py")
+    new = result.new_source
+    assert new is not None and "args.opt_level = args.opt_level\n" in new and '"O0"\n' not in new.split("opt_level =")[-1], new
+    assert "from apex import" not in new and "amp = None" not in new, new
 
 
 @pytest.mark.parametrize("shape", ["read_elsewhere", "elif", "rebound"])
