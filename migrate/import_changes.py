@@ -51,7 +51,8 @@ def _schedule(
     for imp in removes:
         RemoveImportsVisitor.remove_unused_import(context, imp.module, imp.obj, imp.asname)
     if adds:
-        module = AddImportsVisitor(context).transform_module(module)
+        module = _above_relative_imports(AddImportsVisitor(context).transform_module(module),
+                                         [imp for imp in adds if not imp.relative])
     if removes:
         before = _empty_ifs(module)
         # A name nothing reads any more goes without libcst's scope analysis (most of a fixing
@@ -64,6 +65,39 @@ def _schedule(
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
+
+
+def _above_relative_imports(module: cst.Module, added: list[ImportChange]) -> cst.Module:
+    """isort's order for what libcst added: an absolute import it put below the file's relative
+    imports (``from .models import Net``), in the same run of import lines, moves above the first
+    of them: after the absolute imports there, or in the relative one's place, whose comment stays
+    with it."""
+    body = list(module.body)
+    first = next((i for i, line in enumerate(body) if is_import_line(line) and _relative(line)), None)
+    if first is None or not added:
+        return module
+    moved, index = [], first + 1
+    while index < len(body) and is_import_line(body[index]):
+        line = body[index]
+        if len(line.body) == 1 and any(_makes(line.body[0], imp) for imp in added):
+            moved.append(body.pop(index).with_changes(leading_lines=()))
+        else:
+            index += 1
+    if not moved:
+        return module
+    relative = body[first]
+    if not (first > 0 and is_import_line(body[first - 1]) and not _relative(body[first - 1])):
+        # no absolute import just above: the first moved line takes the blank lines above the
+        # relative import, which keeps its comments and is set apart by a blank line, as isort does
+        blank = next((i for i, empty in enumerate(relative.leading_lines) if empty.comment), len(relative.leading_lines))
+        moved[0] = moved[0].with_changes(leading_lines=relative.leading_lines[:blank])
+        body[first] = relative.with_changes(leading_lines=(cst.EmptyLine(), *relative.leading_lines[blank:]))
+    body[first:first] = moved
+    return module.with_changes(body=body)
+
+
+def _relative(line: cst.SimpleStatementLine) -> bool:
+    return any(isinstance(small, cst.ImportFrom) and small.relative for small in line.body)
 
 
 def _unread_names(module: cst.Module, names: set[str]) -> set[str]:

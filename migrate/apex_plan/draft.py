@@ -13,6 +13,7 @@ from typing import Callable
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.backslash_lines import continued_lines, moved_with_their_statements, statement_depths
 from migrate.apex_plan.block_indents import by_default, indented_as_around
 from migrate.apex_plan.syntax import SUSPENDS, ReplaceByIdentity, contains, defines
 from migrate.apex_plan.tree import FileTree
@@ -268,6 +269,14 @@ class Draft:
             if unit != default:
                 own = by_default(self.tree.module) if own is None else own
                 self.replacements[key] = (node, indented_as_around(replacement, unit, own))
+
+    def continue_moved_lines(self) -> None:
+        """Lines a backslash continues follow their statement to where the rewrite put it (``backslash_lines``)."""
+        default, before = self.tree.module.default_indent, None
+        for key, (node, replacement) in self.replacements.items():
+            if continued_lines(replacement):
+                before = statement_depths(self.tree.module, 0, default) if before is None else before
+                self.replacements[key] = (node, moved_with_their_statements(replacement, self.tree.line_indent(node), before, default))
 
     def check_disjoint(self) -> None:
         for node, _ in self.replacements.values():

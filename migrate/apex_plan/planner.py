@@ -455,6 +455,7 @@ class Planner:
         self.draft.compose_nested()
         self.draft.fold_identical_arms(lambda call: in_failing_arm(self.tree, call, self.setup.guard_tests))
         self.draft.indent_as_around()
+        self.draft.continue_moved_lines()
         if not self.setup.o0:
             for name, scope in self.tree.torch_shadowed:
                 if any(self.tree.inside(node, scope) for node, _ in self.draft.replacements.values()):
