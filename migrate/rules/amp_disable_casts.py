@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.rule import Invalid, Valid
+from migrate.rules._apex_planned import initialize_rewrite
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import FixSafety
+from migrate.types import FixSafety, Safety
+
+_DISABLED = 'torch.autocast("cuda", enabled=False)'
 
 
 class AmpDisableCasts(ApexRename):
@@ -17,7 +21,10 @@ class AmpDisableCasts(ApexRename):
     region in the inputs' own precision is an autocast region that is disabled.
 
     Fix safety:
-    Safe: inside both, functions run in the dtype of their inputs.
+    Safe: inside both, functions run in the dtype of their inputs, once native autocast does the
+    casting. It goes with the file's ``amp.initialize``, and is no safer than its rewrite: while
+    apex still initializes in the file, its patched functions cast inside a disabled
+    ``torch.autocast`` too, so the call is only reported; where that rewrite is unsafe, so is this.
 
     Options:
     None.
@@ -25,7 +32,8 @@ class AmpDisableCasts(ApexRename):
 
     CODE = "AMP008"
     FIX = 'amp.disable_casts() -> torch.autocast("cuda", enabled=False)'
-    FIX_SAFETY = FixSafety.ALWAYS
+    FIX_SAFETY = FixSafety.SOMETIMES
+    METADATA_DEPENDENCIES = (*ApexRename.METADATA_DEPENDENCIES, ApexPlanProvider)
     MESSAGE = "`amp.disable_casts` is apex mixed precision"
     TARGETS = ("apex.amp.disable_casts",)
     VALID = [Valid('import torch\nwith torch.autocast("cuda", enabled=False):\n    y = f(x.float())\n')]
@@ -34,9 +42,27 @@ class AmpDisableCasts(ApexRename):
             "from apex import amp\n\nwith amp.disable_casts():\n    loss = criterion(out.float(), target)\n",
             'import torch\n\nwith torch.autocast("cuda", enabled=False):\n    loss = criterion(out.float(), target)\n',
         ),
+        Invalid(  # unsafe with the O2 `initialize` it goes with
+            "from apex import amp\n\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O2')\n"
+            "with amp.disable_casts():\n    y = model(x.float())\n",
+            "import torch\n\n# TODO(ampmigrate): apex O2 ran `model` in float16, weights and inputs: call `.half()`\n"
+            '#   on both, or run it under torch.autocast("cuda", dtype=torch.float16)\n'
+            "# TODO(ampmigrate): review, this rewrite is unsafe: O2 keeps fp16 weights with fp32\n"
+            "#   master copies, where native autocast keeps fp32 weights, like O1 (`o2-as-autocast =\n"
+            "#   true` in [tool.ampmigrate.settings] accepts that)\n"
+            'with torch.autocast("cuda", enabled=False):\n    y = model(x.float())\n',
+            unsafe_fixes=True,
+        ),
     ]
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         if call.args:
             return NoFix("`disable_casts` takes no arguments")
-        return NativeCall('torch.autocast("cuda", enabled=False)')
+        plan = plan_of(self, self._module)
+        rewritten, safety, why = initialize_rewrite(plan, self.context.settings)
+        if plan.findings_for("AMP002") and not rewritten:
+            return NoFix("apex still initializes in this file (its `amp.initialize` is not rewritten), and its "
+                         "patched functions cast inside a disabled `torch.autocast` too")
+        if rewritten and safety is Safety.UNSAFE:
+            return NativeCall(_DISABLED, Safety.UNSAFE, f"it goes with `amp.initialize`, whose rewrite is unsafe: {why}")
+        return NativeCall(_DISABLED)
