@@ -10,7 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.prefilter import APEX_FLAG_NAME
 from migrate.rule import Invalid, Rule, Valid
-from migrate.rules._known_tests import arm_that_runs, decided_by, in_place_of
+from migrate.rules._known_tests import arm_that_runs, decided_by, in_place_of, known_test
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety
 
@@ -212,16 +212,13 @@ class ApexFlagConstant(Rule):
         return decided
 
     def _enabled_by(self, read: cst.Name) -> cst.Call | None:
-        """The autocast or GradScaler that ``read`` is the ``enabled=`` of (``enabled=has_amp``,
-        ``enabled=bool(has_amp)``): True is their default, so the keyword can go."""
-        argument = self.get_metadata(ParentNodeProvider, read)
-        if isinstance(argument, cst.Arg) and argument.keyword is None:
-            wrapper = self.get_metadata(ParentNodeProvider, argument)
-            if isinstance(wrapper, cst.Call) and nodes.code(wrapper.func) == "bool" and len(wrapper.args) == 1:
-                argument = self.get_metadata(ParentNodeProvider, wrapper)
-        if not (isinstance(argument, cst.Arg) and argument.keyword is not None and argument.keyword.value == "enabled"):
+        """The autocast or GradScaler that ``read`` makes the ``enabled=`` of, True (``enabled=has_amp``,
+        ``enabled=bool(has_amp)``, ``known_test``'s spellings): True is their default, so the keyword can go."""
+        test, holds = known_test(read, self._parent_of, True)
+        argument = self._parent_of(test)
+        if not (holds and isinstance(argument, cst.Arg) and argument.keyword is not None and argument.keyword.value == "enabled"):
             return None
-        call = self.get_metadata(ParentNodeProvider, argument)
+        call = self._parent_of(argument)
         if isinstance(call, cst.Call) and nodes.code(call.func).rsplit(".", 1)[-1] in _ENABLED_BY_DEFAULT:
             return call
         return None

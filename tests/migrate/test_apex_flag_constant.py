@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from migrate.api import migrate_source
 from migrate.engine import run_rules
 from migrate.rules import all_rules
 
@@ -124,3 +125,13 @@ def test_an_always_true_flag_as_enabled_goes_with_the_keyword(flag, value, shape
 def test_an_always_true_flag_read_elsewhere_stays(read):
     source = f"HAS_APEX = True\n\n\ndef make():\n    return {read.format(flag='HAS_APEX')}\n"
     assert run_rules(source, "generated.py", RULES).source == source
+
+
+@pytest.mark.parametrize("argument, goes", [("HAS_APEX is True", True), ("not not HAS_APEX", True),
+                                            ("bool(HAS_APEX)", True), ("not HAS_APEX", False)])
+def test_an_enabled_argument_the_flag_makes_true_goes(argument, goes):
+    source = ("import torch\n\nHAS_APEX = True\n\n\ndef make():\n"
+              f"    return torch.amp.GradScaler(\"cuda\", enabled={argument})\n")
+    new = migrate_source(source, "train.py").new_source or source
+    assert ("enabled=" not in new) is goes, new
+    assert "HAS_APEX" not in new or not goes, new
