@@ -1,4 +1,5 @@
-"""Where a project will still initialize apex amp after a run, for the cast-decorator rewrite (AMP006).
+"""Where a project will still initialize apex amp after a run, for the rewrites of apex's own
+casts (AMP006-AMP008, through ``rules._apex_planned.apex_casts_after_run``).
 
 ``@amp.float_function`` (and ``half_function``, the call form ``amp.float_function(_C.nms)``)
 cast a function's inputs where apex's O1 was on. The rewrite casts them where native autocast
@@ -6,7 +7,9 @@ is on. Both agree once the training code runs on native autocast (migrated, or o
 whose O1 is native autocast). They do not while a file of the project still calls real apex's
 ``amp.initialize``: apex O1 patches torch's functions and never turns native autocast on, so
 the rewritten function casts nothing and gets apex's fp16 outputs (a float32-only kernel then
-raises "not implemented for 'Half'"). So a file that uses the decorators is told (``SETTING``)
+raises "not implemented for 'Half'"). The same holds for ``amp.register_half_function`` (apex
+casts through its registry) and ``amp.disable_casts()`` (apex's patched functions cast inside a
+disabled ``torch.autocast`` too). So a file that uses any of them is told (``SETTING``)
 where else its project (``files.project_root``, searched on disk even when one file is given)
 calls ``amp.initialize`` (or the legacy ``amp.init()``) and will keep calling it: each such file not in this run, or in it
 with a plan the run does not apply (a safe run leaves an unsafe one on apex).
@@ -24,12 +27,13 @@ from migrate.files import place, project_root, project_trees_saying
 __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
-_DECORATORS = re.compile(r"\b(?:half|float|bfloat16)_function\b")
+# apex's cast decorators, its registry, and its disabled region
+_CAST_USES = re.compile(r"\b(?:register_)?(?:half|float|bfloat16|promote)_function\b|\bdisable_casts\b")
 
 
 def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
                    unsafe_fixes: bool = False) -> dict[Path, tuple[str, ...]]:
-    """For each file in ``texts`` that uses apex's cast decorators, the places (``path:line``,
+    """For each file in ``texts`` that uses apex's casts (decorators, registry, disabled region), the places (``path:line``,
     relative to its project) where another file of its project will still call ``amp.initialize``
     after a run in this mode (``unsafe_fixes``: one the run rewrites unsafely does not);
     ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
@@ -37,7 +41,7 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
     run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
     migrated: dict[Path, bool] = {}  # whether a file of this run migrates, asked once
     for path, text in texts.items():
-        if _DECORATORS.search(text):
+        if _CAST_USES.search(text):
             root, me = project_root(path), path.resolve()
             places = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings,
                                  unsafe_fixes, migrated)

@@ -1,11 +1,12 @@
 """The base of the four rewrites planned together per file (AMP002-AMP005): they report the plan."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
+from migrate.apex_kept import SETTING as KEPT_ELSEWHERE
 from migrate.apex_plan import COMPUTED_LEVEL, MASTER_COPIES, ApexPlanProvider, plan_of
 from migrate.rule import Rule
 from migrate.types import FixSafety, Safety
@@ -29,6 +30,36 @@ def initialize_rewrite(plan, settings) -> tuple[bool, Safety, str]:
     if all(finding.safety is Safety.SAFE for finding in inits) or level_made_known(plan, settings):
         return True, Safety.SAFE, ""
     return True, Safety.UNSAFE, "; ".join(dict.fromkeys(f.why_unsafe for f in inits if f.why_unsafe))
+
+
+GOES_WITH = "it goes with `amp.initialize`, whose rewrite is unsafe: "
+
+
+class ApexCasts(NamedTuple):
+    """What becomes of apex's own casts (its O1 patching, its registry) for a file after a run."""
+
+    stay: str  # where they still run: "here", "elsewhere", or "" (they stop, or nothing starts them)
+    safety: Safety  # of a rewrite that counts on native autocast in their place
+    why: str  # why they stay, or why that rewrite is unsafe
+
+
+def apex_casts_after_run(plan, settings) -> ApexCasts:
+    """Whether apex's casts still run for this file after the run: a rewrite of its decorators
+    (AMP006), its registry (AMP007) or its disabled region (AMP008) counts on native autocast in
+    their place, so it goes only with the project's ``amp.initialize``, and is no safer than its
+    rewrite. They stay while the file's ``initialize`` is not rewritten, or another file of the
+    project keeps calling real apex's (``migrate.apex_kept``)."""
+    kept = tuple(settings.get(KEPT_ELSEWHERE, ()))
+    if kept:
+        places = ", ".join(kept[:3]) + (", ..." if len(kept) > 3 else "")
+        return ApexCasts("elsewhere", Safety.UNSAFE,
+                         f"apex's `amp.initialize` (or `amp.init()`) stays in another file of the project ({places})")
+    if not plan.findings_for("AMP002"):
+        return ApexCasts("", Safety.SAFE, "")
+    rewritten, safety, why = initialize_rewrite(plan, settings)
+    if not rewritten:
+        return ApexCasts("here", Safety.UNSAFE, "apex still initializes in this file (its `amp.initialize` is not rewritten)")
+    return ApexCasts("", safety, f"{GOES_WITH}{why}" if safety is Safety.UNSAFE else "")
 
 
 class PlannedApexRule(Rule):

@@ -7,10 +7,9 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
-from migrate.apex_kept import SETTING as KEPT
 from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_planned import initialize_rewrite
+from migrate.rules._apex_planned import GOES_WITH, apex_casts_after_run
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 from migrate.types import FixSafety, ImportChange, Safety
 
@@ -20,7 +19,6 @@ _CASTS = {
     "apex.amp.bfloat16_function": "torch.bfloat16",
 }
 _PROMOTE = "apex.amp.promote_function"
-_GOES_WITH = "it goes with `amp.initialize`, whose rewrite is unsafe: "
 
 
 class AmpCastDecorator(ApexRename):
@@ -168,20 +166,15 @@ scaler.update()
         self._safety, self._why = self._where_apex_stays(node)
 
     def _where_apex_stays(self, module: cst.Module) -> tuple[Safety, str]:
-        """The fixes' safety: unsafe where apex O1, not native autocast, will still run the casts."""
-        kept = tuple(self.context.settings.get(KEPT, ()))
-        if kept:
-            return Safety.UNSAFE, (f"apex's `amp.initialize` (or `amp.init()`) stays in another file of the project ({', '.join(kept[:3])}"
-                                   f"{', ...' if len(kept) > 3 else ''}): under real apex O1 native autocast is off, so "
-                                   "this casts nothing; safe once that file runs on native autocast or ampshim")
-        plan = plan_of(self, module)
-        if not plan.findings_for("AMP002"):
-            return Safety.SAFE, ""
-        rewritten, safety, why = initialize_rewrite(plan, self.context.settings)
-        if not rewritten:
-            return Safety.UNSAFE, ("apex's `amp.initialize` in this file is not rewritten: under real apex O1 native "
-                                   "autocast is off, so this casts nothing")
-        return safety, (f"{_GOES_WITH}{why}" if safety is Safety.UNSAFE else "")
+        """The fixes' safety: unsafe where apex O1, not native autocast, will still run the casts
+        (the rewrite is then right only once that runs on native autocast or ampshim)."""
+        casts = apex_casts_after_run(plan_of(self, module), self.context.settings)
+        if casts.stay == "elsewhere":
+            return Safety.UNSAFE, (f"{casts.why}: under real apex O1 native autocast is off, so this casts nothing; "
+                                   "safe once that file runs on native autocast or ampshim")
+        if casts.stay == "here":
+            return Safety.UNSAFE, f"{casts.why}: under real apex O1 native autocast is off, so this casts nothing"
+        return casts.safety, casts.why
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         params = node.params.params
@@ -245,7 +238,7 @@ scaler.update()
     def _marked(self, node: cst.CSTNode) -> cst.CSTNode:
         """``node`` with a ``# TODO(ampmigrate): ...`` saying why, above it, where its fix is unsafe
         for a reason of its own (not one the marker of this file's ``amp.initialize`` gives)."""
-        if self._safety is Safety.SAFE or self._why.startswith(_GOES_WITH):
+        if self._safety is Safety.SAFE or self._why.startswith(GOES_WITH):
             return node
         lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {self._why}", width=76, break_on_hyphens=False)
         comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]

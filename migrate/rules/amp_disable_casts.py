@@ -5,9 +5,9 @@ import libcst as cst
 
 from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_planned import initialize_rewrite
+from migrate.rules._apex_planned import apex_casts_after_run
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
-from migrate.types import FixSafety, Safety
+from migrate.types import FixSafety
 
 _DISABLED = 'torch.autocast("cuda", enabled=False)'
 
@@ -22,9 +22,10 @@ class AmpDisableCasts(ApexRename):
 
     Fix safety:
     Safe: inside both, functions run in the dtype of their inputs, once native autocast does the
-    casting. It goes with the file's ``amp.initialize``, and is no safer than its rewrite: while
-    apex still initializes in the file, its patched functions cast inside a disabled
-    ``torch.autocast`` too, so the call is only reported; where that rewrite is unsafe, so is this.
+    casting. It goes with the project's ``amp.initialize``, and is no safer than its rewrite:
+    while apex still initializes, in this file or in another file of the project that the run
+    leaves on apex, its patched functions cast inside a disabled ``torch.autocast`` too, so the
+    call is only reported; where that rewrite is unsafe, so is this.
 
     Options:
     None.
@@ -58,11 +59,7 @@ class AmpDisableCasts(ApexRename):
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         if call.args:
             return NoFix("`disable_casts` takes no arguments")
-        plan = plan_of(self, self._module)
-        rewritten, safety, why = initialize_rewrite(plan, self.context.settings)
-        if plan.findings_for("AMP002") and not rewritten:
-            return NoFix("apex still initializes in this file (its `amp.initialize` is not rewritten), and its "
-                         "patched functions cast inside a disabled `torch.autocast` too")
-        if rewritten and safety is Safety.UNSAFE:
-            return NativeCall(_DISABLED, Safety.UNSAFE, f"it goes with `amp.initialize`, whose rewrite is unsafe: {why}")
-        return NativeCall(_DISABLED)
+        casts = apex_casts_after_run(plan_of(self, self._module), self.context.settings)
+        if casts.stay:
+            return NoFix(f"{casts.why}, and its patched functions cast inside a disabled `torch.autocast` too")
+        return NativeCall(_DISABLED, casts.safety, casts.why)

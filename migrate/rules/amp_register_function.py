@@ -9,7 +9,7 @@ from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.names import may_resolve_within, qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_planned import initialize_rewrite
+from migrate.rules._apex_planned import apex_casts_after_run
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
 from migrate.types import FixSafety, Safety
 
@@ -27,10 +27,11 @@ class AmpRegisterFunction(ApexRename):
     is already there. Unsafe for another ``torch`` function: without the registration it runs in
     its inputs' dtype. Reported for functions of other modules (a project's own kernels): wrap
     the calls in ``with torch.autocast("cuda", enabled=False):`` and cast the inputs by hand.
-    The registration goes only with the file's ``amp.initialize``, and is no safer than its
-    rewrite: while apex still initializes, it still casts through the registry (without it an
-    O1 einsum meets float16 and float32 inputs and raises). Where the file initializes nothing,
-    apex amp starts in another file, so removing it is unsafe until that file is migrated.
+    The registration goes only with the project's ``amp.initialize``, and is no safer than its
+    rewrite: while apex still initializes, in this file or in another file of the project that
+    the run leaves on apex, it still casts through the registry (without it an O1 einsum meets
+    float16 and float32 inputs and raises), so the call is only reported. Where the file
+    initializes nothing, apex amp starts in another file, so removing it is unsafe.
 
     Options:
     None.
@@ -45,7 +46,7 @@ class AmpRegisterFunction(ApexRename):
 
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
-        self._initialize = initialize_rewrite(plan_of(self, node), self.context.settings)
+        self._casts = apex_casts_after_run(plan_of(self, node), self.context.settings)
     VALID = [Valid("def register_half_function(module, name):\n    pass\nregister_half_function(torch, 'einsum')\n")]
     INVALID = [
         Invalid(
@@ -91,16 +92,15 @@ class AmpRegisterFunction(ApexRename):
     def _fix_statement(self, call: cst.Call, statement: cst.SimpleStatementLine, safety: Safety, why: str) -> None:
         root = nodes.root_name(call.func)
         guard = nodes.guarding_if(statement, lambda n: self.get_metadata(ParentNodeProvider, n, None))
-        rewritten, initialize_safety, initialize_why = self._initialize
+        casts = self._casts
+        if casts.stay:
+            self.report(guard or statement, f"{self.MESSAGE}; not removed: {casts.why}, and apex casts through the registry")
+            return
         if not self._initializes_here():
             safety, why = Safety.UNSAFE, ("apex amp is initialized in another file, where apex still casts through the "
                                           "registry until that file is migrated")
-        elif not rewritten:
-            self.report(guard or statement, f"{self.MESSAGE}; not removed: apex still initializes in this file (its "
-                        "`amp.initialize` is not rewritten), and casts through the registry")
-            return
-        elif initialize_safety is Safety.UNSAFE and safety is Safety.SAFE:
-            safety, why = Safety.UNSAFE, f"it goes with `amp.initialize`, whose rewrite is unsafe: {initialize_why}"
+        elif casts.safety is Safety.UNSAFE and safety is Safety.SAFE:
+            safety, why = Safety.UNSAFE, casts.why
         self.report(
             guard or statement,
             f"{self.MESSAGE}; {why}",

@@ -1,7 +1,9 @@
 """AMP006 where the project keeps real apex O1: apex never turns native autocast on, so a cast
 decorator rewritten to cast "where autocast is on" casts nothing, and a float32-only kernel gets
 apex's fp16 outputs. The rewrite is safe only where every ``amp.initialize`` of the project is
-migrated (safely, in the same run) or absent; else it is unsafe, and its marker names the file."""
+migrated (safely, in the same run) or absent; else it is unsafe, and its marker names the file.
+AMP007 and AMP008 go the same way: while real apex O1 stays, it casts through its registry, and its
+patched functions cast inside a disabled ``torch.autocast``, so both are then only reported."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +18,13 @@ OPS = {  # the three forms AMP006 rewrites
         "import torch\nfrom apex import amp\n\n\nclass Pool(torch.autograd.Function):\n    @staticmethod\n"
         "    @amp.float_function\n    def forward(ctx, x):\n        return x\n"
     ),
+}
+# the registry and the disabled region: the rule, the file, and what the rule does where no apex stays
+REGISTRY_AND_REGION = {
+    "registry": ("AMP007", "import torch\nfrom apex import amp\n\namp.register_half_function(torch, 'einsum')\n\n\n"
+                 "def pool(x):\n    return torch.einsum('ij,ij->i', x, x)\n", "unsafe"),
+    "disabled_region": ("AMP008", "from apex import amp\n\n\ndef pool(x):\n    with amp.disable_casts():\n"
+                        "        return x.float().sum()\n", "safe"),
 }
 TRAIN = """\
 import torch
@@ -82,7 +91,7 @@ KEPT_AT = {"pair": "train.py:7", "init": "test_net.py:7"}
 
 def _project(tmp_path, form: str, level: str | None):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
-    (tmp_path / "ops.py").write_text(OPS[form])
+    (tmp_path / "ops.py").write_text(OPS[form] if form in OPS else REGISTRY_AND_REGION[form][1])
     if level == "init":
         (tmp_path / "test_net.py").write_text(TEST_NET)
     elif level == "pair":
@@ -112,6 +121,29 @@ def test_a_cast_decorator_is_safe_only_where_no_apex_initialize_stays(tmp_path, 
         [unsafe] = [r for r in api.migrate_paths(paths, write=False, unsafe_fixes=True) if r.filename.endswith("ops.py")]
         marked = "# TODO(ampmigrate): review, this rewrite is unsafe: apex's" in unsafe.new_source
         assert marked == (given == "ops_only" or level == "init"), unsafe.new_source  # no run rewrites a handle in use
+
+
+@pytest.mark.parametrize("unsafe_fixes", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("form", sorted(REGISTRY_AND_REGION))
+def test_the_registry_and_the_disabled_region_stay_where_apex_initialize_stays(tmp_path, form, case, unsafe_fixes):
+    level, given, safe = CASES[case]
+    code, _, where_none_stays = REGISTRY_AND_REGION[form]
+    ops = _project(tmp_path, form, level)
+    paths = [str(ops)] if given == "ops_only" else [str(tmp_path)]
+    [result] = [r for r in api.migrate_paths(paths, write=False, unsafe_fixes=unsafe_fixes) if r.filename.endswith("ops.py")]
+    [finding] = [d for d in result.diagnostics if d.code == code]
+    # --unsafe-fixes rewrites an O2 `initialize` of the run too; no run rewrites a handle in use
+    stays = not safe and not (unsafe_fixes and level == "O2" and given == "the_project")
+    if stays:
+        assert finding.fix is None, finding.fix
+        assert KEPT_AT.get(level, "train.py:8") in finding.message, finding.message
+        assert result.new_source is None or "amp." in result.new_source, result.new_source
+    else:
+        assert finding.fix is not None, finding.message
+        assert finding.fix.applicability.value == where_none_stays, finding.fix.why_unsafe
+        applied = where_none_stays == "safe" or unsafe_fixes
+        assert ("from apex" not in (result.new_source or "")) == applied, result.new_source
 
 
 def test_only_files_using_the_decorators_are_told(tmp_path):
