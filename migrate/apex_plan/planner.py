@@ -226,10 +226,13 @@ class Planner:
         # The function making the scaler hands it to the functions using it, where it can;
         # else a scaler assigned through `global` exists only once its function ran: a disabled
         # one stands in at module level until then, as apex did nothing before `initialize`.
-        receivers = None
+        receivers, maker, builder = None, self.tree.function(init.statement) if init is not None else None, None
         if scope == "global" and not o0 and stand_in is None:
             made_at = several.chain_made_in(init, hoist) if mirrored else hoist if hoist is not None else init.statement
-            receivers = ScalerParameterPlanning(reading).receivers(self.tree.function(init.statement), made_at, scaler_sites)
+            receivers = ScalerParameterPlanning(reading).receivers(maker, made_at, scaler_sites)
+            returned = None if receivers is not None else ScalerParameterPlanning(reading).returned(maker, made_at, scaler_sites, scaler)
+            if returned is not None:  # `model, optimizer, scaler = build(args)`: the caller hands it on
+                builder, (maker, receivers) = maker, returned
         if receivers is not None:
             scope = "parameter"
         elif scope == "global" and not o0 and self.tree.import_anchor() is not None:
@@ -283,7 +286,8 @@ class Planner:
             model_codes=frozenset(set().union(*(i.model_codes for i in inits), GUESSED_MODELS)),
             receiver_calls=receiver_calls or (),
             scaler_receivers=receivers or (),
-            scaler_maker=self.tree.function(init.statement) if receivers else None,
+            scaler_maker=maker if receivers is not None else None,
+            scaler_builder=builder,
             scale_bounds=init.scale_bounds if init is not None else ScaleBounds(),
         ))
         initialize, steps, gradients = InitializePlanning(writing), StepPlanning(writing), GradientPlanning(writing)
@@ -359,7 +363,7 @@ class Planner:
             arguments = ", ".join(['"cuda"', *partner_args])
             self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
             self.draft.half_facts = {"scaler": self.setup.scaler}
-        if self.setup.scaler_receivers:
+        if self.setup.scaler_receivers or self.setup.scaler_builder is not None:
             ScalerParameterPlanning(writing).plan_parameters()
         if not self.setup.o0:
             autocast = AutocastPlanning(writing)

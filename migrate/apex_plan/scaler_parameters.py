@@ -9,6 +9,10 @@ module-level function, undecorated, defined once, and named nowhere but in calls
 function that makes the scaler, after the statement that makes it (a top-level statement of that
 function, so the scaler exists at every such call); or a function defined inside that one, which
 sees the scaler already, defined or called there after it is made. Anything else keeps the global.
+
+A function that only builds (``build(args)`` initializes and ends ``return model, optimizer``,
+its one caller unpacking them: ``model, optimizer = build(args)``) returns the scaler with them,
+and that caller hands it on as if it had made it.
 """
 from __future__ import annotations
 
@@ -54,6 +58,39 @@ class ScalerParameterPlanning(Step):
                 return None
         return tuple(receiving)
 
+    def returned(self, builder: cst.FunctionDef | None, made_at: cst.CSTNode, sites: list[cst.CSTNode],
+                 scaler: str) -> tuple[cst.FunctionDef, tuple[cst.FunctionDef, ...]] | None:
+        """Where ``builder`` makes the scaler (at ``made_at``) and returns a tuple from its last
+        statement, its only return, to one caller unpacking it at a top-level statement: that
+        caller, which gets the scaler back too, and the functions it hands it to (``receivers``).
+        None where the scaler could be read before it exists there, or reach it another way."""
+        if builder is None or not self._plain_function(builder) or self.tree.parent.get(id(made_at)) is not builder.body:
+            return None
+        ending = builder.body.body[-1]
+        returned = ending.body[0].value if isinstance(ending, cst.SimpleStatementLine) and isinstance(ending.body[0], cst.Return) else None
+        own = descendants(builder, lambda node: node is builder or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+        if (not _unpackable(returned) or sum(isinstance(node, cst.Return) for node in own) != 1
+                or self.tree.order[id(made_at)] > self.tree.order[id(ending)]):
+            return None
+        calls = self._references(builder.name.value, self.tree.parent.get(id(builder)))
+        unpacking = self.tree.statement(calls[0]) if len(calls) == 1 and calls[0] is not None else None
+        assign = unpacking.body[0] if isinstance(unpacking, cst.SimpleStatementLine) and len(unpacking.body) == 1 else None
+        if (not isinstance(assign, cst.Assign) or assign.value is not calls[0] or len(assign.targets) != 1
+                or not _unpackable(assign.targets[0].target) or len(assign.targets[0].target.elements) != len(returned.elements)):
+            return None
+        caller = self.tree.function(unpacking)
+        if caller is None or self.tree.parent.get(id(unpacking)) is not caller.body or any(
+                type(node) is cst.Name and node.value == scaler for node in descendants(caller)):
+            return None
+        for site in sites:  # read where it exists: after it is made, after the call hands it back
+            where = self.tree.function(site)
+            since = made_at if where is builder else unpacking if where is caller else None
+            if since is not None and self.tree.order[id(self.tree.statement(site))] <= self.tree.order[id(since)]:
+                return None
+        rest = [site for site in sites if self.tree.function(site) not in (builder, caller)]
+        receivers = self.receivers(caller, unpacking, rest) if rest else ()
+        return None if receivers is None else (caller, receivers)
+
     def _nested_in(self, function: cst.FunctionDef, maker: cst.FunctionDef) -> bool:
         """Defined inside ``maker``, through functions only (a class there has its own scope)."""
         node = self.tree.parent.get(id(function))
@@ -65,6 +102,23 @@ class ScalerParameterPlanning(Step):
 
     def plan_parameters(self) -> None:
         scalers = (self.setup.scaler, *self.setup.extra_scalers)  # apex's per-loss scalers: one per loss id
+        builder = self.setup.scaler_builder
+        if builder is not None:  # returned with what it built, and unpacked with it
+            returned = builder.body.body[-1].body[0].value
+            [call] = self._references(builder.name.value, self.tree.parent.get(id(builder)))
+            target = self.tree.statement(call).body[0].targets[0].target
+            for node, what in ((returned, "Return it"), (target, "Take it back")):
+                elements = list(node.elements)
+                for scaler in scalers:  # after the last, whose trailing comma (if any) now separates
+                    last = elements[-1]
+                    comma = last.comma if isinstance(last.comma, cst.Comma) else cst.Comma()
+                    if isinstance(comma.whitespace_after, cst.SimpleWhitespace) and not comma.whitespace_after.value:
+                        comma = comma.with_changes(whitespace_after=_SPACE)
+                    elements[-1] = last.with_changes(comma=comma)
+                    elements.append(cst.Element(cst.Name(scaler)))
+                self.draft.replace(node, node.with_changes(elements=elements))
+                self.draft.kind(node, SCALE_LOSS, f"`{builder.name.value}` makes the GradScaler that replaces `amp.initialize`",
+                                f"{what} with the rest: `{', '.join(scalers)}`")
         taken = ", ".join(f"{scaler}: torch.amp.GradScaler" for scaler in scalers)
         given = ", ".join(f"{scaler}={scaler}" for scaler in scalers)
         for user in self.setup.scaler_receivers:
@@ -151,6 +205,12 @@ class ScalerParameterPlanning(Step):
                     found.append(holder if isinstance(holder, cst.Call) and holder.func is node else None)
             return found if definitions == 1 else [None]
         return self.tree.per_scope(("references", name, id(scope)), answer)
+
+
+def _unpackable(node: cst.CSTNode | None) -> bool:
+    """A tuple (or list) of plain elements, that one more can be added to: ``model, optimizer``."""
+    return (isinstance(node, (cst.Tuple, cst.List)) and bool(node.elements)
+            and not any(isinstance(element, cst.StarredElement) for element in node.elements))
 
 
 def _with_parameter(params: cst.Parameters, new: cst.Param, separator: cst.Comma) -> cst.Parameters:

@@ -331,21 +331,21 @@ class Setup:
     in_block: bool = False  # made in a block its users are not all in: they ask whether it exists
     may_be_disabled: bool = False  # autocast asks the scaler whether it is on
     merged_losses: bool = False  # apex's per-loss scalers become one GradScaler, updated after the last step of each block of steps
-    # apex's per-loss scalers kept (``per_loss``): the GradScalers made beside ``scaler``, and the
-    # one each `scale_loss` and `master_params` call uses, by id of the call (else ``scaler``)
+    # apex's per-loss scalers kept (``per_loss``): the GradScalers beside ``scaler``, and each call's, by id
     extra_scalers: tuple[str, ...] = ()
     loss_scalers: Mapping[int, str] = field(default_factory=dict)
     level_guarded: bool = False  # a computed opt level is checked at run time
-    # the `if args.fp16:` that held initialize, whose test enables the scaler (hoisted before it,
-    # or made in it after a disabled stand-in), and that test's spellings (`self.fp16 = fp16`)
+    # the `if args.fp16:` that held initialize, whose test enables the scaler, and its spellings (`self.fp16 = fp16`)
     guard: cst.If | None = None
     guard_tests: frozenset[str] = frozenset()
     model_codes: frozenset[str] = frozenset()  # the models initialize was given, as written
     # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
     receiver_calls: tuple[tuple[str, cst.Call], ...] = ()
-    # scope "parameter": the functions the one making the scaler hands it to (`train(..., scaler=scaler)`)
+    # scope "parameter": the functions the maker hands the scaler to (`train(..., scaler=scaler)`), the function
+    # making it, or getting it back from the builder making it (`model, optimizer, scaler = build()`)
     scaler_receivers: tuple[cst.FunctionDef, ...] = ()
-    scaler_maker: cst.FunctionDef | None = None  # and the function that makes it
+    scaler_maker: cst.FunctionDef | None = None
+    scaler_builder: cst.FunctionDef | None = None
     scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
     callers_pass: frozenset[str] = frozenset()  # a checkpoint utility's functions every caller hands the scaler
     callers_kept: tuple[str, ...] = ()  # a checkpoint utility's callers that stay on apex amp in this run

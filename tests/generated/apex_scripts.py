@@ -144,6 +144,10 @@ class Features:
     #                             `with torch.autocast("cuda", dtype=torch.float16, enabled=not <flag>)`, the
     #                             native path's region, holds the forward pass and the loss, or those and the
     #                             backward passes' arms too (a Swin-style trainer's)
+    setup_in: str = "main"  # with holder=function: main (main initializes) | builder (a module-level
+    #                         `build(model, optimizer[, args])` initializes, under its own copy of the
+    #                         flag, and returns both; main unpacks them before training: the scaler
+    #                         goes back with them, not through a global)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -250,6 +254,8 @@ def _coherent(f: Features) -> Features:
         # the native path's own region, the path the default run takes: ampshim's O1 follows an own
         # region that is off where apex's casts did not (docs/compatibility.md), so apex's path is not judged
         f = replace(f, own_autocast="none")
+    if f.holder != "function":
+        f = replace(f, setup_in="main")
     return f
 
 
@@ -303,6 +309,7 @@ def features():
         own_tests=st.sampled_from(["none", "flags", "weights", "one_always"]),
         local_helper=st.sampled_from(["none", "before", "after"]),
         own_autocast=st.sampled_from(["none", "forward", "step"]),
+        setup_in=st.sampled_from(["main", "builder"]),
     ).map(_coherent)
 
 
@@ -850,14 +857,20 @@ def _main_and_training(f: Features) -> str:
                 "trainer = Trainer()", f"{model}, {held} = trainer.setup({model}, {held}{flag_arg})",
                 f"trainer.train({model}, {held}, batches{flag_arg})"]
         return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
-    main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer),
-            *_initialize(f, s, model, optimizer), *_data()]
+    initialize, builder = _initialize(f, s, model, optimizer), ""
+    if f.setup_in == "builder":  # initialized by a function returning what it initialized
+        held = f"{optimizer}s" if f.optimizers == "two" else optimizer
+        params = f"{model}, {held}{', args' if s.use_amp else ''}"  # it reads the flag from the options
+        flag = [f"use_amp = {wanted}"] if s.use_amp else []
+        builder = "\n".join([f"def build({params}):", *_indent([*flag, *initialize, f"return {model}, {held}"])]) + "\n\n\n"
+        initialize = [f"{model}, {held} = build({params})"]
+    main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer), *initialize, *_data()]
     if f.amp_via == "parameter":
         held = f"{optimizer}s" if f.optimizers == "two" else optimizer
         params = f"{model}, {held}, batches{', use_amp' if s.use_amp else ''}, amp"
         train = [f"def train({params}):", *_indent(["losses = []", *training])]
         main.append(f"train({params})")
-        return "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
+        return builder + "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
     if f.loop_in != "main":  # the loop in a function of its own, reading the global `amp`
         held = f"{optimizer}s" if f.optimizers == "two" else optimizer
         params = f"{model}, {held}, batches{', use_amp' if s.use_amp else ''}"
@@ -866,10 +879,10 @@ def _main_and_training(f: Features) -> str:
             signature, call = params + ", log_every=0", params + ", log_every=4"
         train = [f"def train({signature}):", *_indent(["losses = []", *training])]
         if f.loop_in == "closure":
-            return "def main():\n" + "\n".join(_indent([*main, *train, f"train({call})"]))
-        return "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent([*main, f"train({call})"]))
+            return builder + "def main():\n" + "\n".join(_indent([*main, *train, f"train({call})"]))
+        return builder + "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent([*main, f"train({call})"]))
     main += ["losses = []", *training]
-    return "def main():\n" + "\n".join(_indent(main))
+    return builder + "def main():\n" + "\n".join(_indent(main))
 
 
 def script(f: Features) -> str:

@@ -2,7 +2,8 @@
 scaled passes each under a test of their own before one clip (``Features.own_tests``), a helper
 the loss calls defined in the loop body (``Features.local_helper``) and a discriminator's plain
 pass after the scaled step (``Features.after_step``: ``critic``, ``critic_shared``) and the
-native path's own autocast around the step (``Features.own_autocast``). Each is
+native path's own autocast around the step (``Features.own_autocast``), and a function that
+initializes and returns the model and its optimizer (``Features.setup_in``). Each is
 judged by running the script against both rewrites (``python -m ampshim compare``)."""
 import ast
 
@@ -64,6 +65,19 @@ def test_the_native_paths_own_autocast_holds_the_step(own_autocast, loss, accumu
     assert_migrated_and_the_same(drawn, tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, loop_in, import_guard, optimizers", [
+    ("none", "function", False, "one"), ("on", "main", False, "two"), ("off", "closure", True, "one"),
+    ("on", "defaults", True, "two")])
+def test_a_builder_returns_the_scaler_with_the_model_and_optimizer(flag, loop_in, import_guard, optimizers, tmp_path):
+    """``model, optimizer = build(...)`` takes the scaler back too, and hands it on: no global."""
+    drawn = Features(**{**PLAIN, "flag": flag, "import_guard": import_guard}, holder="function", loop_in=loop_in,
+                     optimizers=optimizers, setup_in="builder")
+    rewritten = migrate_source(script(drawn), filename="train.py").new_source
+    assert "global scaler" not in rewritten and ", scaler = build(" in rewritten, rewritten
+    assert_migrated_and_the_same(drawn, tmp_path)
+
+
 def test_the_generated_features_spell_what_they_name():
     """The features draw the shapes they name (a guard against a feature the coherence rules drop)."""
     drawn = Features(**PLAIN, own_tests="flags", local_helper="after", after_step="critic")
@@ -76,3 +90,5 @@ def test_the_generated_features_spell_what_they_name():
     native = Features(**{**PLAIN, "flag": "off"}, native_beside=True, own_autocast="step")
     withs = [node for node in ast.walk(ast.parse(script(native))) if isinstance(node, ast.With)]
     assert any("enabled=not use_amp" in ast.unparse(node.items[0].context_expr) for node in withs)
+    built = ast.parse(script(Features(**PLAIN, holder="function", setup_in="builder")))
+    assert any(isinstance(node, ast.FunctionDef) and node.name == "build" for node in built.body)
