@@ -10,9 +10,11 @@ the rewritten function casts nothing and gets apex's fp16 outputs (a float32-onl
 raises "not implemented for 'Half'"). The same holds for ``amp.register_half_function`` (apex
 casts through its registry) and ``amp.disable_casts()`` (apex's patched functions cast inside a
 disabled ``torch.autocast`` too). So a file that uses any of them is told (``SETTING``)
-where else its project (``files.project_root``, searched on disk even when one file is given)
-calls ``amp.initialize`` (or the legacy ``amp.init()``) and will keep calling it: each such file not in this run, or in it
-with a plan the run does not apply (a safe run leaves an unsafe one on apex).
+where else its project (``files.project_root``, or the git repository holding it where that is
+wider; searched on disk even when one file is given), or the run, calls ``amp.initialize`` (or
+the legacy ``amp.init()``) and will keep calling it: each such file not in this run, or in it
+with a plan the run does not apply (a safe run leaves an unsafe one on apex). The run counts
+because a tree with no marker (an export, a copy) has no known extent beyond what it was given.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from migrate import disk_reads
+from migrate import disk_reads, quiet
 from migrate.files import place, project_root, project_trees_saying
 
 __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
@@ -29,25 +31,40 @@ __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 # apex's cast decorators, its registry, and its disabled region
 _CAST_USES = re.compile(r"\b(?:register_)?(?:half|float|bfloat16|promote)_function\b|\bdisable_casts\b")
+_INITIALIZE_TEXT = re.compile(r"\binit(?:ialize)?\s*\(")
 
 
 def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
                    unsafe_fixes: bool = False) -> dict[Path, tuple[str, ...]]:
     """For each file in ``texts`` that uses apex's casts (decorators, registry, disabled region), the places (``path:line``,
-    relative to its project) where another file of its project will still call ``amp.initialize``
+    relative to its project) where another file of its project or of the run will still call ``amp.initialize``
     after a run in this mode (``unsafe_fixes``: one the run rewrites unsafely does not);
     ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
     found: dict[Path, tuple[str, ...]] = {}
     run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
     migrated: dict[Path, bool] = {}  # whether a file of this run migrates, asked once
+    in_run: tuple[tuple[Path, int], ...] | None = None
     for path, text in texts.items():
         if _CAST_USES.search(text):
-            root, me = project_root(path), path.resolve()
-            places = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings,
-                                 unsafe_fixes, migrated)
+            if in_run is None:
+                in_run = tuple((file, line) for file, (source, _) in run.items()
+                               if _INITIALIZE_TEXT.search(source) and (line := _first_initialize(_parsed(source))))
+            root, me = _search_root(path), path.resolve()
+            # the project on disk, and the files of the run: a tree with no marker (an export, a
+            # copy) has no known extent, but what the run was given belongs to it
+            candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run) if file != me)
+            places = kept_places(list(candidates), root, run, settings, unsafe_fixes, migrated)
             if places:
                 found[path] = places
     return found
+
+
+def _search_root(path: Path) -> Path:
+    """Where to look for a file's project's ``amp.initialize``: its project's root, or the
+    repository holding it where that is wider (a C++ extension's ``setup.py`` inside a
+    repository marks no project of the training code's own)."""
+    root = project_root(path)
+    return next((folder for folder in (root, *root.parents) if (folder / ".git").exists()), root)
 
 
 def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Path, tuple[str, object | None]],
@@ -82,11 +99,19 @@ def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes:
 def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py``
     files, and every legacy ``amp.init(...)``: its handle switched apex's casts on the same way."""
-    places = []
-    for file, tree in project_trees_saying(root, (b"initialize(", b"init(")):
-        found = [(file, node.lineno) for node in ast.walk(tree)
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    return tuple((file, line) for file, tree in project_trees_saying(root, (b"initialize(", b"init("))
+                 if (line := _first_initialize(tree)))
+
+
+def _parsed(source: str) -> ast.Module | None:
+    try:
+        return quiet.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _first_initialize(tree: ast.Module | None) -> int:
+    """The line of the first ``amp.initialize(...)`` (``apex_amp.``, legacy ``amp.init(...)``) in ``tree``; 0 for none."""
+    return next((node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                  and node.func.attr in ("initialize", "init")
-                 and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")]
-        places += found[:1]
-    return tuple(places)
+                 and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")), 0) if tree is not None else 0

@@ -150,3 +150,37 @@ def test_only_files_using_the_decorators_are_told(tmp_path):
     _project(tmp_path, "call_form", "O2")
     texts = {path: path.read_text() for path in (tmp_path / "ops.py", tmp_path / "train.py")}
     assert kept_elsewhere(texts, {}, {}) == {tmp_path / "ops.py": ("train.py:8",)}
+
+
+LAYOUTS = {  # where the file using apex's casts sits, beside a trainer that stays on apex (O2, a safe run)
+    # no marker anywhere (an export, a copy): a folder with no `__init__.py`; the run holds the trainer
+    "no_marker_own_folder": (None, "lib/layers/ops.py", "the_tree"),
+    "no_marker_package": (None, "lib/layers/ops.py", "the_tree"),
+    # a C++ extension's `setup.py` beside it, inside the repository: the trainer is the repository's
+    "extension_setup_in_a_repository": (".git", "ext/ops.py", "ops_only"),
+    "extension_setup_in_a_repository_whole": (".git", "ext/ops.py", "the_tree"),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("form", sorted(OPS) + sorted(REGISTRY_AND_REGION))
+def test_the_trainer_is_found_where_no_marker_or_a_nested_one_bounds_the_project(tmp_path, form, layout):
+    marker, where, given = LAYOUTS[layout]
+    if marker:
+        (tmp_path / marker).mkdir()
+        (tmp_path / "ext").mkdir()
+        (tmp_path / "ext" / "setup.py").write_text("from setuptools import setup\nsetup(name='ext')\n")
+    ops = tmp_path / where
+    ops.parent.mkdir(parents=True, exist_ok=True)
+    if layout == "no_marker_package":
+        for folder in (ops.parent, ops.parent.parent):
+            (folder / "__init__.py").write_text("")
+    ops.write_text(OPS[form] if form in OPS else REGISTRY_AND_REGION[form][1])
+    (tmp_path / "train.py").write_text(TRAIN.replace("{level}", "O2"))
+    paths = [str(ops)] if given == "ops_only" else [str(tmp_path)]
+    [result] = [r for r in api.migrate_paths(paths, write=False) if r.filename.endswith("ops.py")]
+    [finding] = [d for d in result.diagnostics if d.code in ("AMP006", "AMP007", "AMP008")]
+    said = finding.message if finding.fix is None else finding.fix.why_unsafe
+    assert finding.fix is None or finding.fix.applicability.value == "unsafe", finding
+    assert "train.py:8" in said, said
+    assert result.new_source is None or "amp." in result.new_source, result.new_source
