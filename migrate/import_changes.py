@@ -290,7 +290,8 @@ def _only_pass(node: cst.CSTNode) -> bool:
 
 class _DropEmptyIfs(cst.CSTTransformer):
     """Removes an ``if flag: pass`` that an import removal left (``if fp16: from apex import amp``):
-    its test has no effect. One the user wrote is kept, and so is a block's last statement."""
+    its test has no effect. One the user wrote is kept, and so is a block's last statement, but
+    for an ``else:`` arm's, which goes with it."""
 
     def __init__(self, kept: set[str]) -> None:
         super().__init__()
@@ -302,6 +303,15 @@ class _DropEmptyIfs(cst.CSTTransformer):
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         return updated_node.with_changes(body=self._filter(updated_node.body))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        # `else:` holding only such an `if` (`else: if fp16: model = amp.initialize(model)`): it goes too
+        orelse = updated_node.orelse
+        if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock) and all(
+                _only_pass(s) and _code(s) not in self.kept for s in orelse.body.body) and not any(
+                line.comment for line in (*orelse.leading_lines, *orelse.body.footer)):
+            return updated_node.with_changes(orelse=None)
+        return updated_node
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node.with_changes(body=self._filter(updated_node.body))

@@ -251,7 +251,8 @@ class Planner:
             raise Unplannable(apart[0].call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
                               "that exclude each other, and the scaler would be a global or stand in before them: "
                               "made in each arm, it would not be")
-        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere) + len(mirrored):
+        inferring = [e for e in others_inits if e.inference and e not in joined and id(e) not in elsewhere]  # removed, no scaler
+        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere) + len(mirrored) + len(inferring):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
         # it is made in after a disabled stand-in
@@ -356,7 +357,8 @@ class Planner:
             elif id(extra) in mirrored and not self.setup.o0:
                 initialize.plan_initialize(extra, mirrored[id(extra)], again=True)
             else:
-                initialize.plan_initialize_removal(extra, with_guard=extra in joined)
+                # an inference-only call goes with an `if args.fp16:` holding it alone (the file's marker notes it)
+                initialize.plan_initialize_removal(extra, with_guard=extra in joined or extra.inference)
         if init is not None:
             initialize.plan_initialize(init, hoist)
         elif not self.setup.o0:
