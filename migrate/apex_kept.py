@@ -31,7 +31,7 @@ __all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 # apex's cast decorators, its registry, and its disabled region
 _CAST_USES = re.compile(r"\b(?:register_)?(?:half|float|bfloat16|promote)_function\b|\bdisable_casts\b")
-_INITIALIZE_TEXT = re.compile(r"\binit(?:ialize)?\s*\(")
+_INITIALIZE_NEEDLES = ("initialize(", "init(")  # what a file calling `amp.initialize` (or `amp.init`) says
 
 
 def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
@@ -48,7 +48,8 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
         if _CAST_USES.search(text):
             if in_run is None:
                 in_run = tuple((file, line) for file, (source, _) in run.items()
-                               if _INITIALIZE_TEXT.search(source) and (line := _first_initialize(_parsed(source))))
+                               if any(needle in source for needle in _INITIALIZE_NEEDLES)
+                               and (line := _first_initialize(quiet.parse_or_none(source))))
             root, me = _search_root(path), path.resolve()
             # the project on disk, and the files of the run: a tree with no marker (an export, a
             # copy) has no known extent, but what the run was given belongs to it
@@ -99,15 +100,8 @@ def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes:
 def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
     """Every ``amp.initialize(...)`` call (``apex.amp.``, ``apex_amp.``) in the project's ``.py``
     files, and every legacy ``amp.init(...)``: its handle switched apex's casts on the same way."""
-    return tuple((file, line) for file, tree in project_trees_saying(root, (b"initialize(", b"init("))
+    return tuple((file, line) for file, tree in project_trees_saying(root, tuple(needle.encode() for needle in _INITIALIZE_NEEDLES))
                  if (line := _first_initialize(tree)))
-
-
-def _parsed(source: str) -> ast.Module | None:
-    try:
-        return quiet.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
 
 
 def _first_initialize(tree: ast.Module | None) -> int:

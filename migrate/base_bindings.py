@@ -37,9 +37,8 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str, int
 
 
 def _kept_for(path: Path, text: str) -> tuple[tuple[str, str, int], ...]:
-    try:
-        tree = quiet.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = quiet.parse_or_none(text)
+    if tree is None:
         return ()
     # only a class's base is asked about (`class Pix2PixModel(BaseModel):`)
     bases = {base.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases if isinstance(base, ast.Name)}

@@ -64,9 +64,8 @@ def handed_elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[Handed, ...]
 def _scaling_functions(text: str) -> tuple[str, ...]:
     """The names of the functions that call ``scale_loss`` in their own body and take a parameter
     besides ``self``/``cls``."""
-    try:
-        tree = quiet.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = quiet.parse_or_none(text)
+    if tree is None:
         return ()
     names = []
     for function in ast.walk(tree):

@@ -54,6 +54,14 @@ def parse(source: str | bytes, mode: str = "exec") -> ast.AST:
     return tree
 
 
+def parse_or_none(source: str | bytes) -> ast.Module | None:
+    """``parse(source)``, or None for a module that does not parse (or is too deep to)."""
+    try:
+        return parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 _kept: dict | None = None  # the last module ``parse`` read within ``trees_kept``: its source and tree
 
 

@@ -226,13 +226,13 @@ class Planner:
         # The function making the scaler hands it to the functions using it, where it can;
         # else a scaler assigned through `global` exists only once its function ran: a disabled
         # one stands in at module level until then, as apex did nothing before `initialize`.
-        receivers, maker, builder = None, self.tree.function(init.statement) if init is not None else None, None
+        receivers, maker, returned = None, self.tree.function(init.statement) if init is not None else None, None
         if scope == "global" and not o0 and stand_in is None:
             made_at = several.chain_made_in(init, hoist) if mirrored else hoist if hoist is not None else init.statement
-            receivers = ScalerParameterPlanning(reading).receivers(maker, made_at, scaler_sites)
-            returned = None if receivers is not None else ScalerParameterPlanning(reading).returned(maker, made_at, scaler_sites, scaler)
-            if returned is not None:  # `model, optimizer, scaler = build(args)`: the caller hands it on
-                builder, (maker, receivers) = maker, returned
+            parameters = ScalerParameterPlanning(reading)
+            receivers = parameters.receivers(maker, made_at, scaler_sites)
+            if receivers is None and (handed := parameters.returned(maker, made_at, scaler_sites, scaler)) is not None:
+                maker, receivers, returned = handed  # `model, optimizer, scaler = build(args)`: the caller hands it on
         if receivers is not None:
             scope = "parameter"
         elif scope == "global" and not o0 and self.tree.import_anchor() is not None:
@@ -288,7 +288,7 @@ class Planner:
             receiver_calls=receiver_calls or (),
             scaler_receivers=receivers or (),
             scaler_maker=maker if receivers is not None else None,
-            scaler_builder=builder,
+            scaler_returned=returned,
             scale_bounds=init.scale_bounds if init is not None else ScaleBounds(),
         ))
         initialize, steps, gradients = InitializePlanning(writing), StepPlanning(writing), GradientPlanning(writing)
@@ -365,7 +365,7 @@ class Planner:
             arguments = ", ".join(['"cuda"', *partner_args])
             self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
             self.draft.half_facts = {"scaler": self.setup.scaler}
-        if self.setup.scaler_receivers or self.setup.scaler_builder is not None:
+        if self.setup.scaler_receivers or self.setup.scaler_returned is not None:
             ScalerParameterPlanning(writing).plan_parameters()
         if not self.setup.o0:
             autocast = AutocastPlanning(writing)

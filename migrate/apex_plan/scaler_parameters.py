@@ -58,12 +58,13 @@ class ScalerParameterPlanning(Step):
                 return None
         return tuple(receiving)
 
-    def returned(self, builder: cst.FunctionDef | None, made_at: cst.CSTNode, sites: list[cst.CSTNode],
-                 scaler: str) -> tuple[cst.FunctionDef, tuple[cst.FunctionDef, ...]] | None:
+    def returned(self, builder: cst.FunctionDef | None, made_at: cst.CSTNode, sites: list[cst.CSTNode], scaler: str
+                 ) -> tuple[cst.FunctionDef, tuple[cst.FunctionDef, ...], tuple[cst.FunctionDef, cst.Tuple, cst.Tuple]] | None:
         """Where ``builder`` makes the scaler (at ``made_at``) and returns a tuple from its last
         statement, its only return, to one caller unpacking it at a top-level statement: that
-        caller, which gets the scaler back too, and the functions it hands it to (``receivers``).
-        None where the scaler could be read before it exists there, or reach it another way."""
+        caller, which gets the scaler back too, the functions it hands it to (``receivers``), and
+        the builder with the two tuples the scaler joins. None where the scaler could be read
+        before it exists there, or reach it another way."""
         if builder is None or not self._plain_function(builder) or self.tree.parent.get(id(made_at)) is not builder.body:
             return None
         ending = builder.body.body[-1]
@@ -89,7 +90,7 @@ class ScalerParameterPlanning(Step):
                 return None
         rest = [site for site in sites if self.tree.function(site) not in (builder, caller)]
         receivers = self.receivers(caller, unpacking, rest) if rest else ()
-        return None if receivers is None else (caller, receivers)
+        return None if receivers is None else (caller, receivers, (builder, returned, assign.targets[0].target))
 
     def _nested_in(self, function: cst.FunctionDef, maker: cst.FunctionDef) -> bool:
         """Defined inside ``maker``, through functions only (a class there has its own scope)."""
@@ -102,11 +103,8 @@ class ScalerParameterPlanning(Step):
 
     def plan_parameters(self) -> None:
         scalers = (self.setup.scaler, *self.setup.extra_scalers)  # apex's per-loss scalers: one per loss id
-        builder = self.setup.scaler_builder
-        if builder is not None:  # returned with what it built, and unpacked with it
-            returned = builder.body.body[-1].body[0].value
-            [call] = self._references(builder.name.value, self.tree.parent.get(id(builder)))
-            target = self.tree.statement(call).body[0].targets[0].target
+        if self.setup.scaler_returned is not None:  # returned with what it built, and unpacked with it
+            builder, returned, target = self.setup.scaler_returned
             for node, what in ((returned, "Return it"), (target, "Take it back")):
                 elements = list(node.elements)
                 for scaler in scalers:  # after the last, whose trailing comma (if any) now separates

@@ -342,10 +342,10 @@ class Setup:
     # the calls of apex's API on what received the handed-on module (`train(..., amp=scaler)`), by method
     receiver_calls: tuple[tuple[str, cst.Call], ...] = ()
     # scope "parameter": the functions the maker hands the scaler to (`train(..., scaler=scaler)`), the function
-    # making it, or getting it back from the builder making it (`model, optimizer, scaler = build()`)
+    # making it, or getting it back from a builder: (builder, what it returns, what the maker unpacks that into)
     scaler_receivers: tuple[cst.FunctionDef, ...] = ()
     scaler_maker: cst.FunctionDef | None = None
-    scaler_builder: cst.FunctionDef | None = None
+    scaler_returned: tuple[cst.FunctionDef, cst.Tuple | cst.List, cst.Tuple | cst.List] | None = None
     scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
     callers_pass: frozenset[str] = frozenset()  # a checkpoint utility's functions every caller hands the scaler
     callers_kept: tuple[str, ...] = ()  # a checkpoint utility's callers that stay on apex amp in this run
