@@ -125,6 +125,18 @@ def in_failing_arm(tree: FileTree, node: cst.CSTNode, flags: set[str] | frozense
     return False
 
 
+def where_absent(tree: FileTree, node: cst.CSTNode, alias: str) -> bool:
+    """Whether ``node`` sits where what received the scaler is None (``else:`` of ``if self.amp
+    is not None:``, or the body of ``if self.amp is None:``): apex was off there."""
+    absent = {normal(f"{alias} is None"), normal(f"not {alias}")}
+    child, parent = node, tree.parent.get(id(node))
+    while parent is not None:
+        if isinstance(parent, cst.If) and child is parent.body and normal(nodes.code(parent.test)) in absent:
+            return True
+        child, parent = parent, tree.parent.get(id(parent))
+    return in_failing_arm(tree, node, {alias, alias_present(alias)})
+
+
 def never_runs(tree: FileTree, node: cst.CSTNode) -> bool:
     """Whether ``node`` sits where a parameter of its function fails (``if not mixed:``, or ``else:``
     of ``if mixed:``) that every call of the file leaves at a ``True`` default and the function

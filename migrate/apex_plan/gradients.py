@@ -46,8 +46,10 @@ class GradientPlanning(Step):
         steps: list[tuple[cst.SimpleStatementLine, int]],
         every_step: list[tuple[cst.SimpleStatementLine, int]] | None = None,
         guards: frozenset[int] = frozenset(),
+        present: tuple[str, ...] = (),
     ) -> None:
-        """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step.
+        """``scaler.unscale_(optimizer)`` before the first statement reading gradients on the way to the step
+        (under ``present`` too: that what received the scaler holds one, where the step asks it).
 
         apex unscaled when ``scale_loss`` exited, so clipping ``model.parameters()`` or a gradient
         norm taken there saw true gradients; natively they stay scaled until ``unscale_`` or the
@@ -76,7 +78,7 @@ class GradientPlanning(Step):
                         among_backwards.add(id(statement))
                 elif reads(statement):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
-        condition = conditions_of.step_condition(passed[-1][1] if passed else [], scale.call, optimizer)
+        condition = conditions_of.step_condition([*present, *(passed[-1][1] if passed else [])], scale.call, optimizer)
         inner = self._paths_to_steps(container, steps)
         if len(inner) == 1:
             scaled = bool(passed)  # whether a backward pass ran on the way

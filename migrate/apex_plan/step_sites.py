@@ -3,14 +3,16 @@ loops stepping each optimizer of a list, and the steps of what callers hand a fu
 scales a loss."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.apex_plan.syntax import calls, is_step
+from migrate.apex_plan.syntax import assigned_names, calls, is_step
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import EACH, TRANSPARENT, normal
 from migrate.step_model.shapes import parameters_of
-from migrate.tree_walk import walk
+from migrate.tree_walk import descendants, walk
 
 
 def steps_in(statement: cst.CSTNode, wanted: str) -> list[tuple[cst.SimpleStatementLine, int]]:
@@ -125,3 +127,24 @@ def steps_of_callers(tree: FileTree, function: cst.FunctionDef | None,
         given.add(nodes.code(argument))
     stepped = {name: steps_in_file(tree.module, name) for name in sorted(given)}
     return stepped if stepped and all(stepped.values()) else {}
+
+
+def accumulates(loop: cst.CSTNode, wanted: str, conditions: list[str | None]) -> bool:
+    """Whether ``loop`` is an inner loop of backward passes that the step after it follows
+    (``for _ in range(accumulation): ... backward()`` then ``opt.step()``): no step of
+    ``wanted`` or ``return`` in it, and none of the tests climbed out of
+    (``elif use_apex_amp:``) assigned in it, so they hold after it as they did inside."""
+    if not isinstance(loop, (cst.For, cst.While)) or loop.orelse is not None:
+        return False
+    inside = list(descendants(loop))
+    # a `return` of a function defined in the loop (`def shaped(t): return ...`) leaves only it
+    own = descendants(loop, enter=lambda node: node is loop or not isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)))
+    if any(type(node) is cst.Return for node in own):
+        return False
+    if any(type(node) is cst.SimpleStatementLine and any(is_step(small, wanted) for small in node.body) for node in inside):
+        return False
+    assigned = assigned_names(loop.body)
+    if isinstance(loop, cst.For):
+        assigned |= set(nodes.bound_texts(loop.target))
+    return not any(re.search(rf"(?<![\w.]){re.escape(name)}\b", condition)
+                   for name in assigned for condition in conditions if condition)

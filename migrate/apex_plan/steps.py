@@ -1,19 +1,17 @@
 """``amp.scale_loss`` and the optimizer steps that follow it: ``scaler.scale``, ``scaler.step``, ``scaler.update``."""
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
-from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_runs
+from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_runs, where_absent
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
 from migrate.apex_plan.native_scalings import natively_scaled
 from migrate.apex_plan.per_loss import loss_id_of
-from migrate.apex_plan.step_sites import steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
+from migrate.apex_plan.step_sites import accumulates, steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
@@ -32,6 +30,7 @@ from migrate.apex_plan.vocabulary import (
     TRANSPARENT,
     ScaleLossSite,
     Unplannable,
+    alias_present,
     attribute_set,
     either,
     normal,
@@ -198,7 +197,7 @@ class StepPlanning(Step):
             owner = self.tree.parent.get(id(block))
             if isinstance(owner, (cst.If, cst.Else)):
                 conditions.append(self.conditions.branch_condition(owner))
-            elif not isinstance(owner, TRANSPARENT) and not self._accumulates(owner, wanted, conditions):
+            elif not isinstance(owner, TRANSPARENT) and not accumulates(owner, wanted, conditions):
                 break
             while isinstance(owner, (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)) or (
                 isinstance(self.tree.parent.get(id(owner)), (cst.If, cst.Else)) and isinstance(owner, cst.If)
@@ -217,7 +216,11 @@ class StepPlanning(Step):
         name_of = {id(line): name for name, hits in stepped.items() for line, _ in hits}
         # Every `optimizer.step()` of the file then goes through the scaler: right as long as no
         # backward pass of the file skips the scaler while it is enabled.
-        plains = self.plain_backwards()
+        # what received the scaler (`self.amp = scaler if use_amp else None`) is None where apex was
+        # off: a backward there stays plain, and the steps ask for it as the scaled backward did
+        alias = self.sites.alias_of.get(id(scale.call))
+        present = [alias_present(alias)] if alias else []
+        plains = [plain for plain in self.plain_backwards() if not (alias and where_absent(self.tree, plain, alias))]
         if plains:
             self.draft.unsafe.append(
                 f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plains[0])} "
@@ -231,13 +234,14 @@ class StepPlanning(Step):
             self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
         for line, index in anywhere:
             name = name_of[id(line)]
-            condition = self.conditions.step_condition([], scale.call, name)
+            condition = self.conditions.step_condition(present, scale.call, name)
             container = self.tree.function(line) or self.tree.module
             guards = self._gradient_guards(*self._top_statement(container, line), [(line, index)], scale)
             for guard in guards:
                 self._guard_updates(guard, scale, condition)
-            self.gradients.plan_grad_readers(scale, name, [], container, [(line, index)], stepped[name], guards=frozenset(map(id, guards)))
-        return [(line, index, self.conditions.step_condition([], scale.call, name_of[id(line)], at=line)) for line, index in anywhere]
+            self.gradients.plan_grad_readers(scale, name, [], container, [(line, index)], stepped[name],
+                                             guards=frozenset(map(id, guards)), present=tuple(present))
+        return [(line, index, self.conditions.step_condition(present, scale.call, name_of[id(line)], at=line)) for line, index in anywhere]
 
     def _guard_updates(self, guard: cst.If, scale: ScaleLossSite, condition: str | None) -> None:
         """The scaler's ``update()`` after a gradient guard, under the test of the scaled backward
@@ -245,24 +249,6 @@ class StepPlanning(Step):
         known = self.draft.gradient_guards.get(id(guard))
         merged = condition if known is None else either(known[2], condition)
         self.draft.gradient_guards[id(guard)] = (guard, self.scaler_of(scale.call), merged)
-
-    def _accumulates(self, loop: cst.CSTNode, wanted: str, conditions: list[str | None]) -> bool:
-        """Whether ``loop`` is an inner loop of backward passes that the step after it follows
-        (``for _ in range(accumulation): ... backward()`` then ``opt.step()``): no step of
-        ``wanted`` or ``return`` in it, and none of the tests climbed out of
-        (``elif use_apex_amp:``) assigned in it, so they hold after it as they did inside."""
-        if not isinstance(loop, (cst.For, cst.While)) or loop.orelse is not None:
-            return False
-        inside = list(descendants(loop))
-        if any(type(node) is cst.Return for node in inside):
-            return False
-        if any(type(node) is cst.SimpleStatementLine and any(is_step(small, wanted) for small in node.body) for node in inside):
-            return False
-        assigned = assigned_names(loop.body)
-        if isinstance(loop, cst.For):
-            assigned |= set(nodes.bound_texts(loop.target))
-        return not any(re.search(rf"(?<![\w.]){re.escape(name)}\b", condition)
-                       for name in assigned for condition in conditions if condition)
 
     def _top_statement(self, container: cst.CSTNode, line: cst.CSTNode) -> tuple[cst.CSTNode, list[cst.BaseStatement]]:
         """The statement of ``container``'s own body holding ``line``, and those before it."""
@@ -430,8 +416,9 @@ class StepPlanning(Step):
                 and (not scaler.startswith("self.") or same_class)):
             loss = nodes.code(plain.func.value)
             scaled = f"{scaler}.scale({loss})"
-            if self.setup.in_block:  # made in a block that may not have run: ask, as its steps do
-                scaled = f"({scaled} if {attribute_set(scaler)} else {loss})"
+            if self.setup.in_block or scaler in self.sites.alias_of.values():  # may be missing: ask, as its steps do
+                present = alias_present(scaler) if scaler in self.sites.alias_of.values() else attribute_set(scaler)
+                scaled = f"({scaled} if {present} else {loss})"
             # its arguments stay (`loss.backward(**kwargs)`, `retain_graph=True`)
             self.draft.replace(plain, plain.with_changes(func=plain.func.with_changes(value=nodes.parse_expression(scaled, self.tree.module))))
             self.draft.kind(plain, SCALE_LOSS, "a backward pass beside `amp.scale_loss` is not scaled",

@@ -256,8 +256,21 @@ class Steps:
         running, loop = self.each_step(event)
         if not running:
             return []
-        return [other for other in others
-                if other.kind in kinds and (loop is None or loop in other.frames) and not self.exclusive(event, other)]
+        return [other for other in others if other.kind in kinds and (loop is None or loop in other.frames)
+                and not self.exclusive(event, other) and not self._ended_apart(event, other)]
+
+    def _ended_apart(self, event: Event, other: Event) -> bool:
+        """Whether the function's control flow never runs the two in one iteration of the loop
+        around both (or one call): an arm that ends the iteration first (``if warmup:
+        loss.backward(); opt.step(); continue``) and what follows it. Events in helpers are not judged."""
+        if event.inlined() or other.inlined() or not event.statements or not other.statements:
+            return False
+        graph = self._once(("graph", True), lambda: Graph(self.root, exceptions=True))
+        a, b = event.statements[-1], other.statements[-1]
+        if a is b or not (graph.holds(a) and graph.holds(b)):
+            return False
+        within = graph.shared_loop(a, b)
+        return not graph.can_reach(a, b, within) and not graph.can_reach(b, a, within)
 
     def straight_path(self, event: Event, later: Event) -> list[cst.BaseStatement] | None:
         """The statements of one block from the one holding ``event`` up to the one holding
