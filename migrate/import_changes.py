@@ -2,7 +2,8 @@
 
 libcst's ``AddImportsVisitor`` and ``RemoveImportsVisitor`` do the work; around them: an import
 already there is not added (found without their walk of the whole tree), an import removal keeps
-the comments above the line, and an ``if flag:`` left holding only ``pass`` goes.
+the comments above the line, a ``global`` left declaring only what its function binds no more
+goes, and an ``if flag:`` left holding only ``pass`` goes.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from collections.abc import Iterable, Sequence
 
 import libcst as cst
 
+from migrate import apex_nodes as nodes
 from migrate.apex_nodes import is_docstring, is_import_line, is_pure
+from migrate.flow.bindings import bindings
 from migrate.rule import Report
 from migrate.tree_walk import descendants, walk
 from migrate.types import ImportChange
@@ -62,6 +65,7 @@ def _schedule(
             module = module.visit(_comments_kept(_RemoveImports)(removes))
         else:
             module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
+            module = module.visit(_DeadGlobals({_bound_name(imp) for imp in removes}))
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
@@ -144,6 +148,49 @@ class _RemoveImports(cst.CSTTransformer):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node
+
+
+class _DeadGlobals(cst.CSTTransformer):
+    """Drops ``global amp`` from a function that binds ``amp`` no more (its ``from apex import
+    amp`` removed, the name read elsewhere): a declaration with nothing to bind says nothing."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+        self.functions: list[cst.FunctionDef] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated_node
+
+    def leave_Global(self, original_node: cst.Global, updated_node: cst.Global):
+        if not self.functions:
+            return updated_node
+        function = self.functions[-1]
+        body = function.body.body if isinstance(function.body, cst.IndentedBlock) else ()
+        if len(body) == 1:
+            return updated_node  # the function's only statement: something must stay
+        return _narrowed(updated_node, [item for item in updated_node.names
+                                        if item.name.value not in self.names or _binds(function, item.name.value)])
+
+
+def _binds(function: cst.FunctionDef, name: str) -> bool:
+    """Whether ``function`` itself binds ``name``: an assignment or target, an import, a nested
+    ``def``/``class`` of that name, or a ``del``."""
+    if bindings(function, name):
+        return True
+    for node in descendants(function, lambda node: node is function or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))):
+        if isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            if any(nodes.code((alias.asname.name if alias.asname else alias.name)).split(".")[0] == name for alias in node.names):
+                return True
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not function and node.name.value == name:
+            return True
+        elif type(node) is cst.Del and name in nodes.bound_texts(node.target):
+            return True
+    return False
 
 
 def _narrowed(node: cst.Import | cst.ImportFrom | cst.Global, kept: list):

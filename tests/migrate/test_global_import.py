@@ -63,3 +63,21 @@ def test_a_global_declaration_keeps_the_names_still_used():
     source = SCRIPT.format(import_lines=textwrap.indent("global counter, amp\nfrom apex import amp\ncounter = 1", " " * 8))
     result = migrate_source(source, filename="train.py")
     assert "        global counter\n        counter = 1\n" in result.new_source, result.new_source
+
+
+@pytest.mark.parametrize("form", sorted(IMPORTS))
+def test_the_global_goes_where_another_function_has_a_parameter_of_that_name(form):
+    """A parameter ``amp`` elsewhere keeps the name read, so the import goes through libcst's
+    scope analysis: the ``global amp`` left in a function that binds ``amp`` no more goes too."""
+    source = _script(form) + "\n\ndef describe(amp=None):\n    return repr(amp)\n"
+    result = migrate_source(source, filename="train.py")
+    assert "global amp" not in result.new_source and "apex" not in result.new_source, result.new_source
+    assert "def describe(amp=None):\n    return repr(amp)\n" in result.new_source
+    compile(result.new_source, "train.py", "exec")
+
+
+def test_a_global_the_function_still_binds_stays():
+    source = SCRIPT.format(import_lines=textwrap.indent("global amp\nfrom apex import amp", " " * 8)) + (
+        "\n\ndef reset():\n    global amp\n    amp = None\n\n\ndef describe(amp=None):\n    return repr(amp)\n")
+    result = migrate_source(source, filename="train.py")
+    assert "def reset():\n    global amp\n    amp = None\n" in result.new_source, result.new_source
