@@ -230,6 +230,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     options = replace(
         options,
         imported_elsewhere={str(path): names for path, names in importers.imported_elsewhere(apex_texts).items()},
+        functions_imported_elsewhere={str(path): names
+                                      for path, names in importers.functions_imported_elsewhere(apex_texts).items()},
         casts_elsewhere={str(path): places for path, places in cast_registrations.elsewhere(apex_texts).items()},
         state_read_elsewhere={str(path): places for path, places in apex_state_reads.elsewhere(apex_texts).items()},
         optimizer_state_loads={str(path): places for path, places in optimizer_resumes.loads(apex_texts).items()},

@@ -33,6 +33,7 @@ class Options:
     edits: bool = False  # give each fix its text edits (JSON, SARIF)
     partners: Mapping[str, object] = field(default_factory=dict)  # path -> the other half of its apex amp
     imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.importers``' names
+    functions_imported_elsewhere: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> its functions others import
     casts_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.cast_registrations``' places
     state_read_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_state_reads``' places
     optimizer_state_loads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.optimizer_resumes``' places
@@ -55,6 +56,7 @@ class Options:
 _PROJECT_FACTS = (
     ("partners", "apex-partner"),
     ("imported_elsewhere", "imported-elsewhere"),
+    ("functions_imported_elsewhere", "functions-imported-elsewhere"),
     ("casts_elsewhere", "apex-casts-elsewhere"),
     ("state_read_elsewhere", "apex-state-read-elsewhere"),
     ("optimizer_state_loads", "optimizer-state-loaded"),

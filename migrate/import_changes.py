@@ -268,7 +268,7 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
     for statement in body:
         line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
         if isinstance(line, (cst.Import, cst.ImportFrom)):
-            if _makes(line, imp):
+            if _makes(line, imp) or _binds_package(line, imp):
                 return True
             if opening:
                 continue
@@ -279,6 +279,14 @@ def already_imported(module: cst.Module, imp: ImportChange) -> bool:
         elif any(type(node) is cst.Name and node.value == name for node in descendants(statement)):
             return False
     return False
+
+
+def _binds_package(small: cst.Import | cst.ImportFrom, imp: ImportChange) -> bool:
+    """Whether ``small`` binds the package ``imp`` imports plainly: ``import torch.utils.data``
+    binds ``torch``, as ``import torch`` does (``import torch.nn as nn`` does not)."""
+    plain = imp.obj is None and imp.asname is None and "." not in imp.module
+    return plain and isinstance(small, cst.Import) and any(
+        alias.asname is None and _code(alias.name).split(".")[0] == imp.module for alias in small.names)
 
 
 def _makes(small: cst.Import | cst.ImportFrom, imp: ImportChange, only: cst.ImportAlias | None = None) -> bool:

@@ -1,4 +1,5 @@
-"""The names other files of a project import from a file that imports apex.
+"""The names other files of a project import from a file that imports apex: those its apex
+imports bind, and the functions it defines.
 
 A rewrite that swaps ``FusedLayerNorm`` for ``torch.nn.LayerNorm`` at every use also drops the
 apex import that bound the name. Where a sibling module does ``from .layers import LayerNorm``
@@ -23,15 +24,27 @@ from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
 from migrate.prefilter import APEX_FLAG_NAME, sets_apex_flag
 
-__all__ = ["SETTING", "apex_bound_names", "imported_elsewhere"]
+__all__ = ["FUNCTIONS_SETTING", "SETTING", "apex_bound_names", "functions_imported_elsewhere", "imported_elsewhere"]
 
 SETTING = "imported-elsewhere"  # the setting that hands a file's rules these names (not a user setting)
+FUNCTIONS_SETTING = "functions-imported-elsewhere"  # and the plan the file's functions others import
 
 
 def imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
     """For each file in ``texts`` (files that say apex), the names its apex imports bind that
     another file of its project imports from it; files with none are left out."""
-    bound = {path: names for path, text in texts.items() if (names := apex_bound_names(text))}
+    return _imported({path: names for path, text in texts.items() if (names := apex_bound_names(text))})
+
+
+def functions_imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
+    """For each file in ``texts``, the functions it defines at its top level that another file of
+    its project imports from it (``from train import train_epoch``): a parameter the rewrite adds
+    to one (the GradScaler handed on) would be missing from those calls."""
+    return _imported({path: names for path, text in texts.items() if (names := _top_level_functions(text))})
+
+
+def _imported(bound: Mapping[Path, frozenset[str]]) -> dict[Path, frozenset[str]]:
+    """Of the names each file of ``bound`` binds, those another file of its project imports from it."""
     by_root: dict[Path, dict[Path, frozenset[str]]] = {}
     for path, names in bound.items():
         by_root.setdefault(project_root(path), {})[path.resolve()] = names
@@ -43,6 +56,14 @@ def imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozenset[str]]:
                 found.setdefault(exporter, set()).update(names)
     resolved = {path.resolve(): path for path in bound}
     return {resolved[path]: frozenset(names) for path, names in found.items() if names}
+
+
+def _top_level_functions(text: str) -> frozenset[str]:
+    try:
+        tree = quiet.parse(text)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    return frozenset(node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def apex_bound_names(text: str) -> frozenset[str]:

@@ -11,7 +11,7 @@ from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.scaler_options import scaler_options
 from migrate.apex_plan.stand_ins import StandInPlanning
-from migrate.apex_plan.syntax import assigned_names, read_names
+from migrate.apex_plan.syntax import assigned_names, body_through_withs, read_names
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -390,8 +390,9 @@ class InitializePlanning(Step):
         """
         block = self.tree.parent.get(id(init.statement))
         owner = self.tree.parent.get(id(block))
-        if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module):
-            return None, stand_in, False
+        if isinstance(owner, (cst.FunctionDef, cst.Module)) or isinstance(block, cst.Module) \
+                or body_through_withs(self.tree.parent, init.statement) is not None:
+            return None, stand_in, False  # `with` blocks always run their body
         if isinstance(owner, cst.ClassDef):
             raise Unplannable(init.call, "`amp.initialize` runs in a class body, where its methods cannot see a scaler")
         if all(self.tree.inside(site, block) for site in sites):

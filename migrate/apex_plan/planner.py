@@ -45,6 +45,7 @@ from migrate.subclass_overrides import SETTING as OVERRIDES
 from migrate.base_bindings import SETTING as BASE_BINDINGS
 from migrate.cast_registrations import SETTING as CASTS_ELSEWHERE
 from migrate.forward_callers import SETTING as HANDED_ELSEWHERE
+from migrate.importers import FUNCTIONS_SETTING as IMPORTED_ELSEWHERE
 from migrate.grad_norms import SETTING as GRADIENT_NORMS
 from migrate.rule import ImportChange, Report
 from migrate.types import Safety
@@ -81,6 +82,7 @@ class Planner:
         self.half_helpers = dict(settings.get(HALF_HELPERS, ()))  # imported functions casting modules to float16
         self.overrides = tuple(settings.get(OVERRIDES, ()))  # its classes' methods subclasses elsewhere override
         self.base_bindings = tuple(settings.get(BASE_BINDINGS, ()))  # what bases in other files keep of their parameters
+        self.imported_elsewhere = frozenset(settings.get(IMPORTED_ELSEWHERE, ()))  # its functions other files import
         self.sites = Sites()
         self.setup: Setup | None = None  # decided once, before the rewrite is written
         self.findings: list[Report] = []
@@ -233,6 +235,8 @@ class Planner:
             receivers = parameters.receivers(maker, made_at, scaler_sites)
             if receivers is None and (handed := parameters.returned(maker, made_at, scaler_sites, scaler)) is not None:
                 maker, receivers, returned = handed  # `model, optimizer, scaler = build(args)`: the caller hands it on
+            if receivers is not None and any(f.name.value in self.imported_elsewhere for f in (*receivers, *(returned or ())[:1])):
+                receivers, maker, returned = None, self.tree.function(init.statement), None  # called elsewhere without it
         if receivers is not None:
             scope = "parameter"
         elif scope == "global" and not o0 and self.tree.import_anchor() is not None:

@@ -7,7 +7,8 @@ module level until ``main`` has run.
 Only where the file shows every way the scaler travels: each function using it is a plain
 module-level function, undecorated, defined once, and named nowhere but in calls made by the
 function that makes the scaler, after the statement that makes it (a top-level statement of that
-function, so the scaler exists at every such call); or a function defined inside that one, which
+function, so the scaler exists at every such call), or in calls made by another such function,
+which then takes the scaler to hand it on; or a function defined inside the one making it, which
 sees the scaler already, defined or called there after it is made. Anything else keeps the global.
 
 A function that only builds (``build(args)`` initializes and ends ``return model, optimizer``,
@@ -23,6 +24,7 @@ from libcst.metadata import PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.syntax import body_through_withs
 from migrate.apex_plan.vocabulary import HELPER_SCALER, SCALE_LOSS, STATE_DICT, Unplannable
 from migrate.tree_walk import descendants
 
@@ -37,25 +39,41 @@ class ScalerParameterPlanning(Step):
 
     def receivers(self, maker: cst.FunctionDef | None, made_at: cst.CSTNode,
                   sites: list[cst.CSTNode]) -> tuple[cst.FunctionDef, ...] | None:
-        """The functions to hand the scaler made by ``made_at`` (a statement of ``maker``) to;
-        None where one of them could be reached another way. A function nested in ``maker``
-        sees its scaler already: it only has to be called after ``made_at``."""
-        if maker is None or self.tree.parent.get(id(made_at)) is not maker.body:
+        """The functions to hand the scaler made by ``made_at`` (a statement of ``maker``) to: those
+        using it, and the plain functions on the way there (``main`` makes it, ``train`` calls
+        ``train_epoch``, which calls ``train_step``, which scales); None where one of them could be
+        reached another way. A function nested in ``maker`` sees its scaler already: it only has
+        to be called after ``made_at``, by ``maker``."""
+        if maker is None or not self._straight_in(made_at, maker):
             return None
         users = list({id(f): f for f in (self.tree.function(site) for site in sites) if f is not maker}.values())
         if not users or None in users:
             return None
-        receiving = [user for user in users if not self._nested_in(user, maker)]
-        if not all(self._plain_function(user) for user in receiving):
-            return None
         after = self.tree.order[id(made_at)]
-        for user in users:
-            if user not in receiving and self.tree.order[id(user)] > after:
+        receiving: list[cst.FunctionDef] = []
+        pending = list(users)
+        while pending:
+            user = pending.pop(0)
+            nested = self._nested_in(user, maker)
+            if not nested:
+                if not self._plain_function(user):
+                    return None
+                receiving.append(user)
+            elif self.tree.order[id(user)] > after:
                 continue  # defined after the scaler is made: however it is called, it sees it
             calls = self._references(user.name.value, self.tree.parent.get(id(user)))
-            if not calls or any(call is None or not self.tree.inside(call, maker)
-                                or self.tree.order[id(self.tree.statement(call))] <= after for call in calls):
+            if not calls or None in calls:
                 return None
+            for call in calls:
+                if self.tree.inside(call, maker):
+                    if self.tree.order[id(self.tree.statement(call))] <= after:
+                        return None
+                    continue
+                caller = self.tree.function(call)
+                if nested or caller is None:
+                    return None
+                if not any(caller is known for known in (*receiving, *pending)):
+                    pending.append(caller)  # hands it on: takes it too
         return tuple(receiving)
 
     def returned(self, builder: cst.FunctionDef | None, made_at: cst.CSTNode, sites: list[cst.CSTNode], scaler: str
@@ -65,7 +83,7 @@ class ScalerParameterPlanning(Step):
         caller, which gets the scaler back too, the functions it hands it to (``receivers``), and
         the builder with the two tuples the scaler joins. None where the scaler could be read
         before it exists there, or reach it another way."""
-        if builder is None or not self._plain_function(builder) or self.tree.parent.get(id(made_at)) is not builder.body:
+        if builder is None or not self._plain_function(builder) or not self._straight_in(made_at, builder):
             return None
         ending = builder.body.body[-1]
         returned = ending.body[0].value if isinstance(ending, cst.SimpleStatementLine) and isinstance(ending.body[0], cst.Return) else None
@@ -80,7 +98,7 @@ class ScalerParameterPlanning(Step):
                 or not _unpackable(assign.targets[0].target) or len(assign.targets[0].target.elements) != len(returned.elements)):
             return None
         caller = self.tree.function(unpacking)
-        if caller is None or self.tree.parent.get(id(unpacking)) is not caller.body or any(
+        if caller is None or not self._straight_in(unpacking, caller) or any(
                 type(node) is cst.Name and node.value == scaler for node in descendants(caller)):
             return None
         for site in sites:  # read where it exists: after it is made, after the call hands it back
@@ -91,6 +109,10 @@ class ScalerParameterPlanning(Step):
         rest = [site for site in sites if self.tree.function(site) not in (builder, caller)]
         receivers = self.receivers(caller, unpacking, rest) if rest else ()
         return None if receivers is None else (caller, receivers, (builder, returned, assign.targets[0].target))
+
+    def _straight_in(self, statement: cst.CSTNode, function: cst.FunctionDef) -> bool:
+        """Whether ``statement`` runs whenever ``function`` gets that far (``body_through_withs``)."""
+        return body_through_withs(self.tree.parent, statement) is function
 
     def _nested_in(self, function: cst.FunctionDef, maker: cst.FunctionDef) -> bool:
         """Defined inside ``maker``, through functions only (a class there has its own scope)."""

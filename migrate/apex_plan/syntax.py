@@ -164,3 +164,17 @@ def subscript_key(subscript: cst.Subscript) -> str | None:
     if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
         return None
     return nodes.literal_string(subscript.slice[0].slice.value)
+
+
+def body_through_withs(parent: dict[int, cst.CSTNode], statement: cst.CSTNode) -> cst.CSTNode | None:
+    """The function or module whose body runs ``statement`` whenever it gets that far: the one
+    holding it, through ``with`` blocks only (``with Timer("building"):``); None where an ``if``,
+    a loop or a ``try`` is on the way."""
+    block = parent.get(id(statement))
+    owner = parent.get(id(block))
+    while isinstance(block, cst.IndentedBlock) and isinstance(owner, cst.With):
+        block = parent.get(id(owner))
+        owner = parent.get(id(block))
+    if isinstance(block, cst.Module):
+        return block
+    return owner if isinstance(block, cst.IndentedBlock) and isinstance(owner, cst.FunctionDef) else None

@@ -754,9 +754,21 @@ def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
     libcst_adds_nothing = AddImportsVisitor(context).transform_module(module).code == module.code
     ours = already_imported(module, wanted)
     if ours and not libcst_adds_nothing:  # an import after other code and before any use, where libcst does not look
-        assert head in ("x = 1\nimport os\n", "'''a''' 'b'\nimport os\n")
+        # (and `import os.path`, which binds `os` as `import os` does, where libcst adds `import os`)
+        assert head in ("x = 1\nimport os\n", "'''a''' 'b'\nimport os\n") or (head, wanted) == ("import os.path\n", ImportChange("os"))
     elif ours != libcst_adds_nothing:  # only ever where a shortcut would be unsure
         assert head in ("import sys, os\n", "from os import *\n", "from . import os\n")
+
+
+_TRAIN_LOOP = (
+    'from apex import amp\n\n'
+    'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+    'for x in loader:\n'
+    '    loss = model(x)\n'
+    '    with amp.scale_loss(loss, optimizer) as scaled_loss:\n'
+    '        scaled_loss.backward()\n'
+    '    optimizer.step()\n'
+)
 
 
 @pytest.mark.parametrize("head, added", [
@@ -765,15 +777,7 @@ def test_an_import_already_there_is_recognised_as_libcst_would(head, wanted):
     ('import os\nif fast:\n    import torch\n', True),  # not at the top level
 ])
 def test_a_later_import_at_the_top_level_serves_the_fixes_when_nothing_uses_the_name_before_it(head, added):
-    source = head + (
-        'from apex import amp\n\n'
-        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
-        'for x in loader:\n'
-        '    loss = model(x)\n'
-        '    with amp.scale_loss(loss, optimizer) as scaled_loss:\n'
-        '        scaled_loss.backward()\n'
-        '    optimizer.step()\n'
-    )
+    source = head + _TRAIN_LOOP
     from migrate.api import migrate_source
 
     output = migrate_source(source, "train.py").new_source
@@ -852,3 +856,19 @@ def test_a_files_tree_is_freed_when_its_analysis_ends_without_the_cycle_collecto
         gc.enable()
     assert "AMP003" in {d.code for d in result.diagnostics}, "the apex plan was made"
     assert left == []
+
+
+@pytest.mark.parametrize("head, added", [
+    ("import torch.utils.data\n", False),
+    ("import os, torch.nn.functional\n", False),
+    ("import torch.nn as nn\n", True),  # binds `nn`, not `torch`
+    ("from torch import nn\n", True),
+    ("import torchvision.models\n", True),
+])
+def test_an_import_of_a_submodule_binds_the_package_and_no_import_torch_is_added(head, added):
+    source = head + _TRAIN_LOOP
+    from migrate.api import migrate_source
+
+    output = migrate_source(source, "train.py").new_source
+    assert "torch.amp.GradScaler" in output
+    assert ("import torch\n" in output) is added, output
