@@ -10,7 +10,7 @@ from migrate.names import may_resolve_within, qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_planned import apex_casts_after_run
-from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, marked
 from migrate.types import FixSafety, Safety
 
 
@@ -56,7 +56,12 @@ class AmpRegisterFunction(ApexRename):
             "import torch\nscaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
             "    loss = model(x).sum()\nscaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()\n",
         ),
-        Invalid("import torch\nfrom apex import amp\namp.register_half_function(torch, 'einsum')\n", "import torch\n", unsafe_fixes=True),
+        Invalid("import torch\nfrom apex import amp\namp.register_half_function(torch, 'einsum')\n",
+                "import torch\n# TODO(ampmigrate): review, this rewrite is unsafe: removed\n"
+                "#   `amp.register_half_function(torch, 'einsum')`: apex amp is initialized in\n"
+                "#   another file, where apex still casts through the registry until that file is\n"
+                "#   migrated\npass\n",
+                unsafe_fixes=True),
         Invalid("import torch\nfrom apex import amp\namp.register_float_function(torch, 'sigmoid')\n"
                 "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\nloss = model(x).sum()\n"
                 "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\noptimizer.step()\n",
@@ -96,15 +101,19 @@ class AmpRegisterFunction(ApexRename):
         if casts.stay:
             self.report(guard or statement, f"{self.MESSAGE}; not removed: {casts.why}, and apex casts through the registry")
             return
+        replacement: cst.SimpleStatementLine | cst.RemovalSentinel = cst.RemoveFromParent()
         if not self._initializes_here():
             safety, why = Safety.UNSAFE, ("apex amp is initialized in another file, where apex still casts through the "
                                           "registry until that file is migrated")
+            # no plan of this file marks it: a `pass` holds the marker where the call stood
+            replacement = marked(nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), guard or statement),
+                                 f"removed `{nodes.code(call)}`: {why}")
         elif casts.safety is Safety.UNSAFE and safety is Safety.SAFE:
             safety, why = Safety.UNSAFE, casts.why
         self.report(
             guard or statement,
             f"{self.MESSAGE}; {why}",
-            replacement=cst.RemoveFromParent(),
+            replacement=replacement,
             safety=safety,
             fix_message="Remove the registration",
             why_unsafe=why if safety is Safety.UNSAFE else "",
