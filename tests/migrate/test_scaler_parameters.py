@@ -1,8 +1,9 @@
 """The GradScaler handed to the function that uses it (``train(..., scaler=scaler)``) instead of a
 module global set through ``global scaler``, on generated variants that are then run: every
-spelling of the receiving function's parameters and of its calls, and every way it could be
-reached that the file does not show (a callback, a second caller, a decorator, a call before the
-scaler exists), where the global stays."""
+spelling of the receiving function's parameters and of its calls; a second caller that the
+function making the scaler calls, which takes it too and hands it on; and every way it could be
+reached that the file does not show (a callback, a decorator, a call before the scaler exists, a
+call at module level), where the global stays."""
 from __future__ import annotations
 
 import re
@@ -114,6 +115,9 @@ def test_the_scaler_is_handed_to_the_function_using_it_where_the_file_shows_ever
         assert "global scaler" not in fixed and "enabled=False" not in fixed, fixed
         if not closure:
             assert fixed.count("scaler=scaler") == 1 and "scaler: torch.amp.GradScaler" in fixed, fixed
+    elif escape == "second_caller":  # a function main calls once the scaler exists takes it too, and hands it on
+        assert "global scaler" not in fixed and fixed.count("scaler=scaler") == 3, fixed
+        assert "scaler: torch.amp.GradScaler" in fixed.split("def evaluate(", 1)[1].split("):", 1)[0], fixed
     else:
         assert "global scaler" in fixed and "scaler=scaler" not in fixed, fixed
     if one_a_line:  # the new parameter follows the layout: one a line, each indented, a trailing comma
