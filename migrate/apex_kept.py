@@ -15,18 +15,27 @@ wider; searched on disk even when one file is given), or the run, calls ``amp.in
 the legacy ``amp.init()``) and will keep calling it: each such file not in this run, or in it
 with a plan the run does not apply (a safe run leaves an unsafe one on apex). The run counts
 because a tree with no marker (an export, a copy) has no known extent beyond what it was given.
+
+A file that scales a loss and initializes nothing, with no other half planned beside it, is told
+too (``MASTER_WEIGHTS_SETTING``) where its project keeps an ``amp.initialize`` that may hold fp32
+master weights (O2, O3, ``master_weights=True``, or an opt level known only at run time): the
+optimizer apex sets up there steps those copies, which apex fills from the model's float16
+gradients in ``scale_loss``; a GradScaler in this file never fills them and cannot step it ("No
+inf checks were recorded for this optimizer"). Only a project whose extent is known is searched
+(``files.known_project_root``): a folder of files gathered from many projects is no project.
 """
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from migrate import disk_reads, quiet
-from migrate.files import place, project_root, project_trees_saying
+from migrate import disk_reads, halves, quiet
+from migrate.apex_plan.vocabulary import MASTER_WEIGHTS_KEPT as MASTER_WEIGHTS_SETTING
+from migrate.files import known_project_root, place, project_root, project_trees_saying
 
-__all__ = ["SETTING", "kept_elsewhere", "kept_places", "migrates"]
+__all__ = ["MASTER_WEIGHTS_SETTING", "SETTING", "kept_elsewhere", "kept_for_scale_halves", "kept_places", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 # apex's cast decorators, its registry, and its disabled region
@@ -55,6 +64,27 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
             # copy) has no known extent, but what the run was given belongs to it
             candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run) if file != me)
             places = kept_places(list(candidates), root, run, settings, unsafe_fixes, migrated)
+            if places:
+                found[path] = places
+    return found
+
+
+def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that scales a loss, initializes nothing and is paired with no other
+    half in this run (``partners``), the places (``path:line``, relative to its project) where its
+    project will still call an ``amp.initialize`` that may keep fp32 master weights after the run
+    with ``--unsafe-fixes`` (see the module's docstring): the only run that would rewrite such a file
+    alone, and whose fix a safe run offers."""
+    found: dict[Path, tuple[str, ...]] = {}
+    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
+    migrated: dict[Path, bool] = {}
+    for path, text in texts.items():
+        if getattr(partners.get(path), "facts", None) is not None:
+            continue  # planned with its other half: the two are rewritten together or not at all
+        half = halves.find_half(path, text)
+        root = known_project_root(path) if half is not None and half.role == halves.SCALE_LOSS else None
+        if root is not None:
+            places = kept_places(list(_master_weight_initializes(root)), root, run, settings, True, migrated)
             if places:
                 found[path] = places
     return found
@@ -104,8 +134,35 @@ def _initializes(root: Path) -> tuple[tuple[Path, int], ...]:
                  if (line := _first_initialize(tree)))
 
 
+@disk_reads.cached(maxsize=64)
+def _master_weight_initializes(root: Path) -> tuple[tuple[Path, int], ...]:
+    """Each file of the project with an ``amp.initialize(...)`` that may keep fp32 master weights, and its line."""
+    return tuple((file, call.lineno) for file, tree in project_trees_saying(root, b"initialize(")
+                 if (call := next((call for call in _setup_calls(tree) if _may_keep_master_weights(call)), None)))
+
+
+def _may_keep_master_weights(call: ast.Call) -> bool:
+    """Whether apex may keep fp32 master weights for what ``call`` sets up: an ``initialize`` at O2 or
+    O3, with ``master_weights=True``, or with an opt level (or options) known only at run time."""
+    if call.func.attr != "initialize":
+        return False  # the legacy `amp.init()` handle kept none
+    given = {keyword.arg: keyword.value for keyword in call.keywords}
+    if None in given or any(isinstance(arg, ast.Starred) for arg in call.args):
+        return True  # `**options`, `*arguments`
+    # apex's signature: (models, optimizers, enabled, opt_level, ..., master_weights at index 7, ...)
+    level = given.get("opt_level", call.args[3] if len(call.args) > 3 else None)
+    master = given.get("master_weights", call.args[7] if len(call.args) > 7 else None)
+    if master is not None and not (isinstance(master, ast.Constant) and master.value in (None, False)):
+        return True
+    return not (level is None or (isinstance(level, ast.Constant) and level.value in ("O0", "O1")))
+
+
 def _first_initialize(tree: ast.Module | None) -> int:
     """The line of the first ``amp.initialize(...)`` (``apex_amp.``, legacy ``amp.init(...)``) in ``tree``; 0 for none."""
-    return next((node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                 and node.func.attr in ("initialize", "init")
-                 and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp")), 0) if tree is not None else 0
+    return next((call.lineno for call in _setup_calls(tree)), 0) if tree is not None else 0
+
+
+def _setup_calls(tree: ast.Module) -> Iterator[ast.Call]:
+    """The ``amp.initialize(...)`` calls (``apex.amp.``, ``apex_amp.``) and legacy ``amp.init(...)`` calls of ``tree``."""
+    return (node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("initialize", "init") and ast.unparse(node.func.value).split(".")[-1] in ("amp", "apex_amp"))

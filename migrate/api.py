@@ -219,7 +219,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     (``migrate.subclass_overrides``), what the bases it imports keep of their ``__init__``'s
     parameters (``migrate.base_bindings``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
-    where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), and for one initializing
+    where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), as for a scale half
+    one that may keep master weights, and for one initializing
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
@@ -246,10 +247,12 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     # each half's facts are planned with what the other files say of it, as its run is
     partners = half_partners.partners(apex_texts, options.settings, lambda path: file_settings(options, path))
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
+    master = apex_kept.kept_for_scale_halves(apex_texts, options.settings, partners)
     options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
+        master_weights_kept={str(path): places for path, places in master.items()},
     )
     passing, helpers, kept_by = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 from migrate import disk_reads, quiet
 
 
-__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "matches", "project_root", "read", "replace"]
+__all__ = ["DEFAULT_EXCLUDES", "ChangedSinceRead", "Found", "Source", "exit_now", "find", "known_project_root", "matches", "project_root", "read", "replace"]
 
 # Directory names never searched: version control, caches, build output, installed packages.
 DEFAULT_EXCLUDES = (
@@ -87,6 +87,13 @@ def project_root(path: Path) -> Path:
     ``setup.py`` or ``setup.cfg``; else the nearest one its own dotted imports start from
     (``from src.utils.load_save import ...`` in ``src/tasks/train.py``: a tree without a marker,
     an export or a copy); else the folder above the package holding it; else its own folder."""
+    return known_project_root(path) or path.resolve().parent
+
+
+def known_project_root(path: Path) -> Path | None:
+    """``project_root`` where something says how far the project reaches (a marker, the file's own
+    dotted imports, a package holding it); None for a file alone in a folder with none of them,
+    which may be a folder of files gathered from many projects."""
     folder = path.resolve().parent
     for candidate in (folder, *folder.parents):
         if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
@@ -133,11 +140,11 @@ _DOTTED_IMPORT = re.compile(rb"^[ \t]*(?:from|import)[ \t]+([A-Za-z_]\w*(?:\.[A-
 
 
 @disk_reads.cached(maxsize=256)
-def _import_root(path: Path, folder: Path) -> Path:
+def _import_root(path: Path, folder: Path) -> Path | None:
     try:
         modules = {match.decode() for match in _DOTTED_IMPORT.findall(path.read_bytes())}
     except (OSError, UnicodeDecodeError):
-        return folder
+        return None
     for candidate in (folder, *folder.parents):
         for module in modules:
             found = candidate.joinpath(*module.split("."))
@@ -148,7 +155,7 @@ def _import_root(path: Path, folder: Path) -> Path:
         package, folder = folder, folder.parent
     if package is not None and _exported_repository(package) and not any(folder.glob("*.py")):
         return package  # a repository whose top is a package, in a folder of other things (`~/code`)
-    return folder
+    return folder if package is not None else None
 
 
 def _exported_repository(folder: Path) -> bool:

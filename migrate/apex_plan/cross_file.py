@@ -13,6 +13,7 @@ from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved
 from migrate.apex_plan.vocabulary import (
     AUTOCAST,
+    COMPUTED_LEVEL,
     INITIALIZE,
     InitializeSite,
     ScaleBounds,
@@ -39,11 +40,20 @@ class CrossFilePlanning(Step):
     It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the ``Draft``.
     """
 
-    def check_partner(self, first: cst.CSTNode, state_reads: tuple[str, ...] = (), overrides: tuple = ()) -> None:
+    def check_partner(self, first: cst.CSTNode, state_reads: tuple[str, ...] = (), overrides: tuple = (),
+                      master_weights_kept: tuple[str, ...] = ()) -> None:
         """Unplannable where the other half cannot be rewritten, where other files read apex's
-        internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills, or
+        internal state (``migrate.apex_state_reads``), which this file's ``initialize`` fills,
         where a subclass in another file overrides a method holding a site or a step
-        (``migrate.subclass_overrides``): the rewrite changes what that method must do."""
+        (``migrate.subclass_overrides``): the rewrite changes what that method must do, or, for a
+        file that scales a loss and initializes nothing, where its project keeps an
+        ``amp.initialize`` that may hold fp32 master weights (``migrate.apex_kept``)."""
+        scales = self.sites.calls["scale_loss"]
+        if master_weights_kept and scales and not self.sites.calls["initialize"]:
+            raise Unplannable(scales[0], (
+                f"`amp.initialize` at {', '.join(master_weights_kept)} stays on apex amp and may keep float32 master "
+                "weights (O2, O3, or an opt level set at run time): the optimizer steps those copies, which apex fills "
+                "in `scale_loss` and a GradScaler here would not (\"No inf checks were recorded\"); migrate them together"))
         for owner, method, place in overrides:
             site = self._site_in_method(owner, method)
             if site is not None:
@@ -111,6 +121,10 @@ class CrossFilePlanning(Step):
         partner = self.partner
         paired = partner is not None and partner.facts is not None
         static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
+        # what a computed level becomes is the scale half's to say (an O1 scaler made at module
+        # level, whatever the level): not "O0 keeps its meaning", which holds where this file made it
+        self.draft.unsafe[:] = [reason.removesuffix(", and " + COMPUTED_LEVEL) for reason in self.draft.unsafe
+                                if reason != COMPUTED_LEVEL]
         self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
         SeveralInitializePlanning(self.context).note_inference(inits)
         if any(init.scale_bounds != ScaleBounds() for init in inits):

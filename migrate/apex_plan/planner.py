@@ -35,7 +35,7 @@ from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2, EACH, GUESSED_MODELS, HELPER_NAME, HELPER_SOURCE, INITIALIZED_ELSEWHERE,
-    LEVELS_ELSEWHERE, PARTNER, SCALE_LOSS, SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT,
+    LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS, SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT,
     STATE_CALLERS_PASS, STATE_DICT, STATE_HELPERS, ApexPlan, HalfFacts, InitializeSite, ScaleBounds,
     ScaleLossSite, Setup, Unplannable, either,
 )
@@ -69,6 +69,7 @@ class Planner:
         # The opt levels the rewrite keeps: O0 and O1, and O2 where the project accepts it as autocast.
         self.exact_levels = frozenset({"O0", "O1"} | ({"O2"} if settings.get(ACCEPT_O2) else set()))
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
+        self.master_weights_kept = settings.get(MASTER_WEIGHTS_KEPT, ())  # apex initializes left beside a scale half
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
         self.state_read_elsewhere = settings.get(STATE_READ_ELSEWHERE, ())  # apex's internal state read by other files
         self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
@@ -109,7 +110,7 @@ class Planner:
             if self.sites.blockers:
                 node, reason = self.sites.blockers[0]
                 raise Unplannable(node, reason)
-            CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere, self.overrides)
+            CrossFilePlanning(reading).check_partner(core[0], self.state_read_elsewhere, self.overrides, self.master_weights_kept)
             if self.sites.timm_scalers:
                 return self._timm_scalers(reading)
             if self.sites.calls["initialize"] and (half := cast_to_half(self.tree.module, self.half_helpers)) is not None:

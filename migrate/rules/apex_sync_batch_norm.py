@@ -1,6 +1,9 @@
 """AMP011: ``convert_syncbn_model`` / ``apex.parallel.SyncBatchNorm`` -> ``torch.nn.SyncBatchNorm``."""
 from __future__ import annotations
 
+import ast
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import libcst as cst
@@ -32,8 +35,10 @@ class ApexSyncBatchNorm(ApexRename):
     Fix safety:
     Safe for the standard arguments. apex's ``convert_syncbn_model`` gave the converted layers new
     parameters (requiring gradients), torch's keeps the layers' own: the conversion is unsafe
-    where an optimizer is made before it in its function (under apex that optimizer held the
-    old parameters and never updated the new BatchNorm weights; natively it does) or where the
+    where an optimizer is made before it in its function, or the object holds one before the
+    converting method runs (``self.optimizer`` read there before anything assigns it, as one a base
+    class's ``__init__`` made): under apex that optimizer held the old parameters and never updated
+    the new BatchNorm weights; natively it does. Unsafe also where the
     file, a module of the project it imports, or any other file of the project (a model built
     through a registry) freezes parameters (``requires_grad = False``: a frozen BatchNorm weight
     trained under apex, and stays frozen natively); such a fix leaves a
@@ -109,6 +114,11 @@ class ApexSyncBatchNorm(ApexRename):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
+        held = _optimizer_held_before(self._module.code_for_node(function)) if function is not None else None
+        if held is not None:
+            return (f"`self.{held}`, held before this method runs (made by `__init__` or a base class), held the old "
+                    "BatchNorm parameters: apex's converted layers got new ones it never updated, torch's keeps the old "
+                    "ones, which it updates")
         if Path(self.context.filename).is_file():
             # the file itself first, then what it imports, then any file of the project: a model
             # registered by a decorator is built from a module the converting file never imports
@@ -139,6 +149,52 @@ class ApexSyncBatchNorm(ApexRename):
         while node is not None and not isinstance(node, cst.FunctionDef):
             node = self.get_metadata(ParentNodeProvider, node, None)
         return node
+
+
+def _optimizer_held_before(method: str) -> str | None:
+    """The attribute of ``self`` naming an optimizer (``self.optimizer``) that ``method``'s code reads
+    before it assigns it and before any call could have made it (a method of ``self``, a call handed
+    ``self``): the object held it when the method began. None where there is none."""
+    try:
+        function = quiet.parse(textwrap.dedent(method)).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return None
+    for kind, name in _self_events(function, top=True):
+        if kind == "call":
+            return None
+        if "optim" in name.lower():
+            return name if kind == "read" else None
+    return None
+
+
+def _self_events(node: ast.AST, top: bool = False) -> Iterator[tuple[str, str]]:
+    """``("read" | "write", attribute)`` for each ``self.<attribute>``, and ``("call", "")`` for
+    each call that may set attributes of ``self``, in the order they run (an assignment's value
+    before its targets; a call after its arguments); nested definitions run later."""
+    if not top and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        return
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for child in ([node.value] if node.value is not None else []) + targets:
+            yield from _self_events(child)
+        return
+    if _on_self(node):
+        yield ("read" if isinstance(node.ctx, ast.Load) else "write"), node.attr
+        return
+    own_method = isinstance(node, ast.Call) and _on_self(node.func)  # `self.build_optimizer()` reads no optimizer
+    for child in ast.iter_child_nodes(node):
+        if not (own_method and child is node.func):
+            yield from _self_events(child)
+    if isinstance(node, ast.Call) and (
+            own_method or any(isinstance(arg, ast.Name) and arg.id == "self" for arg in (*node.args, *(k.value for k in node.keywords)))
+            or (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
+                and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super")):
+        yield "call", ""
+
+
+def _on_self(node: ast.AST) -> bool:
+    """``self.<attribute>``."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def _makes_an_optimizer(call: cst.Call) -> bool:

@@ -34,7 +34,8 @@ from engine import {imported}
 def main(model, optimizer, cfg):
 {body}    return model, optimizer
 """
-LEVELS = ("cfg.opt_level", "'O1' if cfg.half else 'O0'", "levels[cfg.level]")
+# the last two: a level O2 by the file's argparse default, and by a config the project ships
+LEVELS = ("cfg.opt_level", "'O1' if cfg.half else 'O0'", "levels[cfg.level]", "args.opt_level", "cfg.amp_level")
 SCALES = ("", ", loss_scale='dynamic'", ", loss_scale=cfg.loss_scale")
 GUARDS = ("", "if cfg.mixed:\n")
 
@@ -43,7 +44,11 @@ def _train(level: str, scale: str, guard: str, imported: str) -> str:
     call = f"model, optimizer = amp.initialize(model, optimizer, opt_level={level}{scale})\n"
     body = ("    levels = {'a': 'O0', 'b': 'O1'}\n" if "levels" in level else "") + (
         f"    {guard}        {call}" if guard else f"    {call}")
-    return TRAIN.format(imported=imported, body=body)
+    text = TRAIN.format(imported=imported, body=body)
+    if level == "args.opt_level":
+        text = text.replace("\n\n\ndef main", '\nparser = argparse.ArgumentParser()\nparser.add_argument("--opt_level", default="O2")\n'
+                            "args = parser.parse_args()\n\n\ndef main", 1).replace("import torch\n", "import argparse\n\nimport torch\n", 1)
+    return text
 
 
 def _reasons(result) -> str:
@@ -55,6 +60,7 @@ def test_the_reasons_of_a_pair_name_only_what_its_rewrite_writes(tmp_path, half,
     (tmp_path / "engine.py").write_text(SCALE_HALVES[half])
     imported = "train_epoch" if half == "forward" else "Hook"
     (tmp_path / "train.py").write_text(_train(level, scale, guard, imported))
+    (tmp_path / "config.yaml").write_text("amp_level: O2\n")
     results = {Path(result.filename).name: result for result in migrate_paths([tmp_path], unsafe_fixes=True)}
     engine = (tmp_path / "engine.py").read_text()
     assert all(result.changed for result in results.values()), _reasons(results["train.py"])

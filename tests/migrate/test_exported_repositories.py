@@ -99,3 +99,22 @@ def test_an_import_loads_the_scripts_own_module_not_a_half_elsewhere(tmp_path, s
     files.project_python_files.cache_clear()
     result = _results(tmp_path)["train.py"]
     assert result.changed, [d.message for d in result.diagnostics]
+
+
+@pytest.mark.parametrize("shape", ["marker", "dotted_import", "package", "lone_folder"])
+def test_a_project_is_known_where_a_marker_an_import_or_a_package_says_how_far_it_reaches(tmp_path, shape):
+    folder = tmp_path / "code" / "train"
+    folder.mkdir(parents=True)
+    script = folder / "train.py"
+    script.write_text("from utils.io import save\n" if shape == "dotted_import" else "import torch\n")
+    if shape == "marker":
+        (tmp_path / "code" / "setup.cfg").write_text("")
+    elif shape == "dotted_import":
+        (tmp_path / "code" / "utils").mkdir()
+        (tmp_path / "code" / "utils" / "io.py").write_text("")
+    elif shape == "package":
+        (folder / "__init__.py").write_text("")
+    known = files.known_project_root(script)
+    # a lone folder may be files gathered from many projects: its extent is unknown
+    assert known == (None if shape == "lone_folder" else (tmp_path / "code").resolve())
+    assert files.project_root(script) == (known or folder.resolve())

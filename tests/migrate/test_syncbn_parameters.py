@@ -137,3 +137,32 @@ def test_a_flag_copied_from_another_tensor_is_no_freezing(tmp_path, copy):
     train.write_text(script(OPTIMIZERS[0], CONVERSIONS[0], False))
     results = migrate_paths([str(train)], write=False)
     assert amp011(next(r for r in results if r.filename.endswith("train.py"))).fix.applicability.name == "SAFE"
+
+
+HELD = ["optimizer", "optim", "optimizers", "g_optimizer"]
+# around the conversion, in a method of a trainer whose base class made the optimizer: lines before
+# it and after it, and whether the object held the optimizer when the method began
+AROUND = {
+    "read_after": ("", "self.model, self.{name} = wrap(self.model, self.{name})", True),
+    "read_before": ("lr = self.{name}.param_groups[0]['lr']", "", True),
+    "read_in_a_call_after": ("", "log(self.{name})", True),
+    "made_after": ("", "self.{name} = torch.optim.SGD(self.model.parameters(), lr=0.1)\n        log(self.{name})", False),
+    "a_method_may_make_it": ("", "self.build_optimizer()\n        log(self.{name})", False),
+    "a_base_method_may_make_it": ("super().setup()", "log(self.{name})", False),
+    "read_later_by_a_nested_function": ("", "def step():\n            return self.{name}.step()\n        self.step = step", False),
+    "not_read": ("", "log(self.model)", False),
+}
+
+
+@pytest.mark.parametrize("name, around", list(itertools.product(HELD, AROUND)))
+def test_an_optimizer_the_object_held_before_the_converting_method(name, around):
+    before, after, held = AROUND[around]
+    body = "\n".join("        " + line for line in (before, "self.model = apex.parallel.convert_syncbn_model(self.model)", after) if line)
+    source = ("import torch\nimport apex\n\nfrom base import BaseTrainer\n\n\nclass Trainer(BaseTrainer):\n"
+              f"    def setup_distributed(self):\n{body.format(name=name)}\n")
+    found = amp011(migrate_source(source, filename="trainer.py"))
+    assert (found.fix.applicability.name == "UNSAFE") is held, found.fix.why_unsafe
+    if held:
+        assert f"`self.{name}`, held before this method runs" in found.fix.why_unsafe
+        marked = migrate_source(source, filename="trainer.py", unsafe_fixes=True).new_source
+        assert "TODO(ampmigrate)" in marked and "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in marked
