@@ -69,7 +69,8 @@ class Features:
     #                          sets `args.use_amp` before: a pix2pix model's `self.opt.apex`)
     loop_in: str = "main"  # with the global `amp`, where the loop is: main | function (a module-level
     #                        `train(...)` main calls) | defaults (the same, taking a parameter with a
-    #                        default, passed by keyword) | closure (a `def train` inside main)
+    #                        default, passed by keyword) | closure (a `def train` inside main) | relay
+    #                        (main calls `run(...)`, a module-level function that calls `train(...)`)
     initialize_always: bool = False  # with a flag: `initialize` runs either way, the flag only picks
     #                                  the scaled or the plain backward
     alternate: bool = False  # with micro-batches in a loop of their own: on odd steps the whole batch
@@ -147,7 +148,8 @@ class Features:
     setup_in: str = "main"  # with holder=function: main (main initializes) | builder (a module-level
     #                         `build(model, optimizer[, args])` initializes, under its own copy of the
     #                         flag, and returns both; main unpacks them before training: the scaler
-    #                         goes back with them, not through a global)
+    #                         goes back with them, not through a global) | builder_in_with (the same,
+    #                         main's call of it inside a `with` block)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -286,7 +288,7 @@ def features():
         trainer_init=st.sampled_from(["own", "base", "none"]),
         flag_copy=st.booleans(),
         flag_via=st.sampled_from(["value", "options"]),
-        loop_in=st.sampled_from(["main", "function", "defaults", "closure"]),
+        loop_in=st.sampled_from(["main", "function", "defaults", "closure", "relay"]),
         initialize_always=st.booleans(),
         alternate=st.booleans(),
         half_evaluation=st.booleans(),
@@ -309,7 +311,7 @@ def features():
         own_tests=st.sampled_from(["none", "flags", "weights", "one_always"]),
         local_helper=st.sampled_from(["none", "before", "after"]),
         own_autocast=st.sampled_from(["none", "forward", "step"]),
-        setup_in=st.sampled_from(["main", "builder"]),
+        setup_in=st.sampled_from(["main", "builder", "builder_in_with"]),
     ).map(_coherent)
 
 
@@ -858,12 +860,14 @@ def _main_and_training(f: Features) -> str:
                 f"trainer.train({model}, {held}, batches{flag_arg})"]
         return "\n".join(trainer) + "\n\n\ndef main():\n" + "\n".join(_indent(main))
     initialize, builder = _initialize(f, s, model, optimizer), ""
-    if f.setup_in == "builder":  # initialized by a function returning what it initialized
+    if f.setup_in != "main":  # initialized by a function returning what it initialized
         held = f"{optimizer}s" if f.optimizers == "two" else optimizer
         params = f"{model}, {held}{', args' if s.use_amp else ''}"  # it reads the flag from the options
         flag = [f"use_amp = {wanted}"] if s.use_amp else []
         builder = "\n".join([f"def build({params}):", *_indent([*flag, *initialize, f"return {model}, {held}"])]) + "\n\n\n"
         initialize = [f"{model}, {held} = build({params})"]
+        if f.setup_in == "builder_in_with":  # a `with` runs its body: the call is as if at main's top
+            initialize = ["with torch.autograd.set_detect_anomaly(False):", *_indent(initialize)]
     main = [*parse, *([f"use_amp = {wanted}"] if s.use_amp else []), *_made(f, model, optimizer), *initialize, *_data()]
     if f.amp_via == "parameter":
         held = f"{optimizer}s" if f.optimizers == "two" else optimizer
@@ -880,6 +884,10 @@ def _main_and_training(f: Features) -> str:
         train = [f"def train({signature}):", *_indent(["losses = []", *training])]
         if f.loop_in == "closure":
             return builder + "def main():\n" + "\n".join(_indent([*main, *train, f"train({call})"]))
+        if f.loop_in == "relay":  # main -> run -> train
+            relay = [f"def run({params}):", *_indent([f"train({call})"])]
+            return (builder + "\n".join(train) + "\n\n\n" + "\n".join(relay) + "\n\n\ndef main():\n"
+                    + "\n".join(_indent([*main, f"run({params})"])))
         return builder + "\n".join(train) + "\n\n\ndef main():\n" + "\n".join(_indent([*main, f"train({call})"]))
     main += ["losses = []", *training]
     return builder + "def main():\n" + "\n".join(_indent(main))

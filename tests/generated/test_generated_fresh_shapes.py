@@ -92,3 +92,17 @@ def test_the_generated_features_spell_what_they_name():
     assert any("enabled=not use_amp" in ast.unparse(node.items[0].context_expr) for node in withs)
     built = ast.parse(script(Features(**PLAIN, holder="function", setup_in="builder")))
     assert any(isinstance(node, ast.FunctionDef) and node.name == "build" for node in built.body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, setup_in, optimizers, loop", [
+    ("none", "main", "one", "range"), ("on", "builder", "two", "while"), ("off", "builder_in_with", "one", "enumerate"),
+    ("off", "main", "two", "range")])
+def test_the_scaler_goes_down_a_chain_of_callers(flag, setup_in, optimizers, loop, tmp_path):
+    """``main`` -> ``run`` -> ``train``: each function on the way takes the scaler and hands it on
+    (``scaler=scaler`` twice), made in main or returned by a builder (its call in a ``with`` too)."""
+    drawn = Features(**{**PLAIN, "flag": flag, "loop": loop}, holder="function", loop_in="relay",
+                     optimizers=optimizers, setup_in=setup_in)
+    rewritten = migrate_source(script(drawn), filename="train.py").new_source
+    assert "global scaler" not in rewritten and rewritten.count("scaler=scaler") == 2, rewritten
+    assert_migrated_and_the_same(drawn, tmp_path)
