@@ -86,10 +86,12 @@ class _Classifier:
                 return
         elif not attr.startswith("lists"):
             return  # cast decorators and `disable_casts` have exact native forms
-        self.draft.unsafe.append(
-            f"the file changes apex's cast lists (`amp.{attr.split('.')[0]}`, line {self.tree.line(node)}): native autocast "
-            "does not read them, so the ops they name run in autocast's own precision"
-        )
+        call, lines = f"amp.{attr.split('.')[0]}", [self.tree.line(node)]
+        earlier = next((index for index, reason in enumerate(self.draft.unsafe) if reason.startswith(_cast_lists(call, ""))), None)
+        if earlier is not None:  # one reason names every line of the same call (`register_float_function` three times)
+            lines[:0] = self.draft.unsafe.pop(earlier).split("`, line", 1)[1].split(")", 1)[0].lstrip("s ").split(", ")
+        self.draft.unsafe.append(_cast_lists(call, f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}") +
+                                 ": native autocast does not read them, so the ops they name run in autocast's own precision")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
         """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
@@ -288,3 +290,8 @@ class _Classifier:
 
         walk(self.tree.module, _Count())
         return found
+
+
+def _cast_lists(call: str, lines: str) -> str:
+    """The start of the reason for apex cast-list edits through ``call`` at ``lines`` (empty: any)."""
+    return f"the file changes apex's cast lists (`{call}`, {lines}" + (")" if lines else "")

@@ -83,3 +83,19 @@ def test_a_project_of_its_own_inside_the_folder_is_not_searched(tmp_path):
     _project(tmp_path / "clone", 'amp.register_float_function(torch, "sigmoid")')
     _, safety = _initialize_safety(migrate_paths([tmp_path / "loose.py"], write=False), tmp_path / "loose.py")
     assert safety == {Safety.SAFE}
+
+
+@pytest.mark.parametrize("calls", [("float",), ("float", "float"), ("float", "float", "float"), ("float", "half", "float"),
+                                   ("half", "float", "half", "float")])
+def test_one_reason_names_every_line_of_the_same_registration(calls):
+    """``amp.register_float_function`` three times is one reason with three lines, not three reasons."""
+    from migrate.api import migrate_source
+
+    registered = "".join(f'    amp.register_{kind}_function(torch, "op{index}")\n' for index, kind in enumerate(calls))
+    source = _TRAIN.replace("    model, optimizer = amp.initialize", registered + "    model, optimizer = amp.initialize")
+    why = " ".join(d.fix.why_unsafe for d in migrate_source(source, filename="train.py").diagnostics if d.fix and d.fix.why_unsafe)
+    for kind in set(calls):
+        lines = [str(8 + index) for index, each in enumerate(calls) if each == kind]
+        named = f"line{'s' if len(lines) > 1 else ''} {', '.join(lines)}"
+        assert why.count(f"(`amp.register_{kind}_function`, {named}):") >= 1, why
+        assert why.count(f"(`amp.register_{kind}_function`, line") == why.count(f"(`amp.register_{kind}_function`, {named})"), why
