@@ -54,7 +54,8 @@ def main() -> None:
     print(f"\n{len(outcomes)} scripts; wrong safe rewrites: "
           f"{sum(o.safe_wrong for _, o in outcomes)}; crashing unsafe rewrites: "
           f"{sum(o.unsafe_crash for _, o in outcomes)}; unsafe differing without a marker: "
-          f"{sum(o.unsafe_unmarked for _, o in outcomes)}")
+          f"{sum(o.unsafe_unmarked for _, o in outcomes)}; of those, originals that could not run (twice): "
+          f"{sum(o.original_failed for _, o in outcomes)}")
     print("safe rewrite migrates the whole script, by feature:")
     for (key, value), (done, total) in sorted(shares.items(), key=lambda item: str(item[0])):
         print(f"  {key}={value}: {done}/{total}")

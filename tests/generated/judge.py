@@ -26,6 +26,9 @@ def marked_where_it_differs(source: str, verdict: str) -> bool:
     return any(READS_GRADIENTS.search(found.group("lines")) for found in MARKED_LINES.finditer(source))
 
 
+ORIGINAL_FAILED = "could not run (original)"
+
+
 @dataclass
 class Outcome:
     safe: str  # unchanged | same | <verdict: cause>
@@ -35,6 +38,7 @@ class Outcome:
     unsafe_crash: bool
     unsafe_unmarked: bool
     reports: dict
+    original_failed: bool = False  # the apex script itself did not run (twice): counted above, and told apart by the bench
 
     @property
     def summary(self) -> str:
@@ -77,10 +81,13 @@ def judge(features: Features, folder: Path, *, fork: bool = False) -> Outcome:
         rewritten.write_text(result.new_source)
         verdicts[mode] = "same"
         for args in runs_of(features):  # the default run, and the flag turned the other way
-            comparison = compare(Target(str(original)), Target(str(rewritten)), args,
-                                 device="cpu", steps=50, parallel=True, timeout=240,
-                                 allow_apex=bool(APEX_IMPORT.search(result.new_source)),
-                                 fork=fork)
+            for _ in range(2):  # the original failing is no rewrite's doing: a run past the timeout (load) is tried again
+                comparison = compare(Target(str(original)), Target(str(rewritten)), args,
+                                     device="cpu", steps=50, parallel=True, timeout=240,
+                                     allow_apex=bool(APEX_IMPORT.search(result.new_source)),
+                                     fork=fork)
+                if comparison.verdict == SAME or comparison.failed_side != "original":
+                    break
             if comparison.verdict == SAME:
                 continue
             reports[mode] = " ".join(args) + "\n" + as_text(comparison)
@@ -89,6 +96,8 @@ def judge(features: Features, folder: Path, *, fork: bool = False) -> Outcome:
             else:
                 verdicts[mode] = f"could not run ({comparison.failed_side})"
             break
+    # counted as wrong or crashing all the same (a test must not pass on a script that never ran); the bench tells them apart
+    original_failed = ORIGINAL_FAILED in (verdicts["safe"], verdicts["unsafe"])
     safe_wrong = verdicts["safe"] not in ("same", "unchanged")
     unsafe_crash = verdicts["unsafe"].startswith(("differs: crash", "could not run", "error"))
     unsafe_unmarked = (verdicts["unsafe"].startswith("differs") and not unsafe_crash
@@ -96,4 +105,4 @@ def judge(features: Features, folder: Path, *, fork: bool = False) -> Outcome:
     return Outcome(verdicts["safe"], verdicts["unsafe"],
                    safe_complete=verdicts["safe"] == "same" and not APEX_IMPORT.search(sources["safe"]),
                    safe_wrong=safe_wrong, unsafe_crash=unsafe_crash,
-                   unsafe_unmarked=unsafe_unmarked, reports=reports)
+                   unsafe_unmarked=unsafe_unmarked, reports=reports, original_failed=original_failed)
