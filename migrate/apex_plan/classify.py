@@ -43,7 +43,7 @@ class _Classifier:
             if attr in CORE and isinstance(parent, cst.Call) and parent.func is node:
                 self.sites.calls[attr].append(parent)
             elif attr.split(".")[0] in CAST_API:
-                self._cast_edit(attr, node, parent)
+                self._cast_edit(attr, node)
             elif attr == "__dict__" and self.tree.in_test(node):
                 self._probe(node)  # `if "state_dict" in amp.__dict__:`: GradScaler has both methods
             elif attr == "":
@@ -75,23 +75,30 @@ class _Classifier:
                                    if type(node) is cst.Call and isinstance(node.func, cst.Name) and node.func.value == local["ApexScaler"]]
         self.sites.timm_native = local.get("NativeScaler")
 
-    def _cast_edit(self, attr: str, node: cst.CSTNode, parent: cst.CSTNode | None) -> None:
+    def _cast_edit(self, attr: str, node: cst.CSTNode) -> None:
         """``amp.register_*`` and ``amp.lists`` edits are rewritten on their own (AMP007); where
-        native autocast would not make the cast they ask for, autocast computes differently."""
+        native autocast would not make the cast they ask for, autocast computes differently. One
+        reason names every line of the same call (``register_float_function`` three times)."""
+        call = attr.split(".")[0]
+        uses = [other for other, name in self.tree.refs if name.startswith("apex.amp.")
+                and name[len("apex.amp.") :].split(".")[0] == call and self._changes_casts(name[len("apex.amp.") :], other)]
+        if not uses or uses[0] is not node:
+            return  # not a change native autocast misses, or named by the reason at the call's first use
+        lines = sorted({self.tree.line(use) for use in uses})
+        self.draft.unsafe.append(_cast_lists(f"amp.{call}", f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}") +
+                                 ": native autocast does not read them, so the ops they name run in autocast's own precision")
+
+    def _changes_casts(self, attr: str, node: cst.CSTNode) -> bool:
+        """Whether this use of apex's cast API asks for a cast native autocast would not make: a
+        registration of what autocast does not already cast that way, or an edit of ``amp.lists``
+        (cast decorators and ``disable_casts`` have exact native forms)."""
+        parent = self.tree.parent.get(id(node))
         if attr.startswith("register_") and isinstance(parent, cst.Call) and parent.func is node:
             module = nodes.argument(parent, 0, "module")
             name = nodes.literal_string(getattr(nodes.argument(parent, 1, "name"), "value", None))
             modules = qualified_names(self.tree.provider, module.value) if module is not None else set()
-            if registered_natively(f"apex.amp.{attr}", modules, name):
-                return
-        elif not attr.startswith("lists"):
-            return  # cast decorators and `disable_casts` have exact native forms
-        call, lines = f"amp.{attr.split('.')[0]}", [self.tree.line(node)]
-        earlier = next((index for index, reason in enumerate(self.draft.unsafe) if reason.startswith(_cast_lists(call, ""))), None)
-        if earlier is not None:  # one reason names every line of the same call (`register_float_function` three times)
-            lines[:0] = self.draft.unsafe.pop(earlier).split("`, line", 1)[1].split(")", 1)[0].lstrip("s ").split(", ")
-        self.draft.unsafe.append(_cast_lists(call, f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}") +
-                                 ": native autocast does not read them, so the ops they name run in autocast's own precision")
+            return not registered_natively(f"apex.amp.{attr}", modules, name)
+        return attr.startswith("lists")
 
     def _escape(self, node: cst.CSTNode) -> str | None:
         """``model.amp = amp`` or ``f(amp=amp)``, also as ``amp if fp16 else None``: the name the
