@@ -23,6 +23,10 @@ optimizer apex sets up there steps those copies, which apex fills from the model
 gradients in ``scale_loss``; a GradScaler in this file never fills them and cannot step it ("No
 inf checks were recorded for this optimizer"). Only a project whose extent is known is searched
 (``files.known_project_root``): a folder of files gathered from many projects is no project.
+
+The other way round, a file that registers a cast function and initializes nothing is told
+(``MIGRATED_SETTING``) where its known project's ``amp.initialize`` calls are, where a safe run
+migrates every one of them: its registration can go as safely as theirs.
 """
 from __future__ import annotations
 
@@ -35,9 +39,12 @@ from migrate import disk_reads, halves, quiet
 from migrate.apex_plan.vocabulary import MASTER_WEIGHTS_KEPT as MASTER_WEIGHTS_SETTING
 from migrate.files import known_project_root, place, project_root, project_trees_saying
 
-__all__ = ["MASTER_WEIGHTS_SETTING", "SETTING", "kept_elsewhere", "kept_for_scale_halves", "kept_places", "migrates"]
+__all__ = ["MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "kept_elsewhere", "kept_for_scale_halves", "kept_places",
+           "migrated_for_registrations", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
+MIGRATED_SETTING = "apex-initialize-migrated"  # the places of ``migrated_for_registrations``
+_REGISTRATIONS = re.compile(r"\bregister_(?:half|float|bfloat16|promote)_function\b")
 # apex's cast decorators, its registry, and its disabled region
 _CAST_USES = re.compile(r"\b(?:register_)?(?:half|float|bfloat16|promote)_function\b|\bdisable_casts\b")
 _INITIALIZE_NEEDLES = ("initialize(", "init(")  # what a file calling `amp.initialize` (or `amp.init`) says
@@ -87,6 +94,25 @@ def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners
             places = kept_places(list(_master_weight_initializes(root)), root, run, settings, True, migrated)
             if places:
                 found[path] = places
+    return found
+
+
+def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that registers a function with apex's cast registry and calls no
+    ``amp.initialize`` itself, in a project whose extent is known (``files.known_project_root``):
+    the places of the project's ``amp.initialize`` calls, where it has one at least and a safe run
+    rewrites each. apex's registry then stops with them, and native autocast casts in its place;
+    in a folder gathered from many projects, apex may start where no search looks."""
+    found: dict[Path, tuple[str, ...]] = {}
+    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
+    migrated: dict[Path, bool] = {}
+    for path, text in texts.items():
+        if not _REGISTRATIONS.search(text) or known_project_root(path) is None or _first_initialize(quiet.parse_or_none(text)):
+            continue
+        root, me = _search_root(path), path.resolve()
+        candidates = [(file, line) for file, line in _initializes(root) if file != me]
+        if candidates and not kept_places(candidates, root, run, settings, False, migrated):
+            found[path] = tuple(place(file, line, root) for file, line in candidates)
     return found
 
 

@@ -248,11 +248,13 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     partners = half_partners.partners(apex_texts, options.settings, lambda path: file_settings(options, path))
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     master = apex_kept.kept_for_scale_halves(apex_texts, options.settings, partners)
+    started = apex_kept.migrated_for_registrations(apex_texts, options.settings, partners)
     options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
         master_weights_kept={str(path): places for path, places in master.items()},
+        apex_initialize_migrated={str(path): places for path, places in started.items()},
     )
     passing, helpers, kept_by = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex

@@ -40,6 +40,7 @@ class Options:
     handed_elsewhere: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.forward_callers``' calls
     apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
     master_weights_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.kept_for_scale_halves``' places
+    apex_initialize_migrated: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.migrated_for_registrations``'
     scale_loss_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.scale_kept``' places
     initialized_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``scale_kept.initialized_elsewhere``'s places
     levels_elsewhere: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # path -> ``migrate.level_settings``' names
@@ -64,6 +65,7 @@ _PROJECT_FACTS = (
     ("handed_elsewhere", "forward-callers"),
     ("apex_kept_elsewhere", "apex-initialize-kept"),
     ("master_weights_kept", "apex-master-weights-kept"),
+    ("apex_initialize_migrated", "apex-initialize-migrated"),
     ("scale_loss_kept_elsewhere", "apex-scale-loss-kept"),
     ("initialized_elsewhere", "apex-initialized-elsewhere"),
     ("levels_elsewhere", "apex-level-set-elsewhere"),

@@ -5,6 +5,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.apex_kept import MIGRATED_SETTING
 from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.names import may_resolve_within, qualified_names
 from migrate.native_casts import REGISTER, TORCH_MODULES, registered_natively
@@ -31,7 +32,9 @@ class AmpRegisterFunction(ApexRename):
     rewrite: while apex still initializes, in this file or in another file of the project that
     the run leaves on apex, it still casts through the registry (without it an O1 einsum meets
     float16 and float32 inputs and raises), so the call is only reported. Where the file
-    initializes nothing, apex amp starts in another file, so removing it is unsafe.
+    initializes nothing, apex amp starts in another file: removing it is as safe as above where
+    that file is in the run and a safe run migrates it (the project's every ``amp.initialize``,
+    in a project whose extent is known), and unsafe otherwise.
 
     Options:
     None.
@@ -102,12 +105,17 @@ class AmpRegisterFunction(ApexRename):
             self.report(guard or statement, f"{self.MESSAGE}; not removed: {casts.why}, and apex casts through the registry")
             return
         replacement: cst.SimpleStatementLine | cst.RemovalSentinel = cst.RemoveFromParent()
-        if not self._initializes_here():
-            safety, why = Safety.UNSAFE, ("apex amp is initialized in another file, where apex still casts through the "
-                                          "registry until that file is migrated")
-            # no plan of this file marks it: a `pass` holds the marker where the call stood
-            replacement = marked(nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), guard or statement),
-                                 f"removed `{nodes.code(call)}`: {why}")
+        started = tuple(self.context.settings.get(MIGRATED_SETTING, ()))
+        if not self._initializes_here():  # apex amp starts in another file
+            if started:  # only where this run migrates it, safely
+                why = f"{why}; apex amp starts at {', '.join(started[:3])}{', ...' if len(started) > 3 else ''}, which this run migrates"
+            else:
+                elsewhere = ("apex amp is initialized in another file, where apex still casts through the registry until that "
+                             "file is migrated")
+                safety, why = Safety.UNSAFE, elsewhere if safety is Safety.SAFE else f"{why}; {elsewhere}"
+            if safety is Safety.UNSAFE:  # no plan of this file marks it: a `pass` holds the marker where the call stood
+                replacement = marked(nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), guard or statement),
+                                     f"removed `{nodes.code(call)}`: {why}")
         elif casts.safety is Safety.UNSAFE and safety is Safety.SAFE:
             safety, why = Safety.UNSAFE, casts.why
         self.report(

@@ -140,9 +140,12 @@ def test_the_registry_and_the_disabled_region_stay_where_apex_initialize_stays(t
         assert KEPT_AT.get(level, "train.py:8") in finding.message, finding.message
         assert result.new_source is None or "amp." in result.new_source, result.new_source
     else:
+        # the registration goes as safely as a safe run migrates the project's `initialize`: where
+        # there is none, apex may start where no search looks; only --unsafe-fixes migrates an O2 one
+        expected = "safe" if form == "registry" and level not in (None, "O2") else where_none_stays
         assert finding.fix is not None, finding.message
-        assert finding.fix.applicability.value == where_none_stays, finding.fix.why_unsafe
-        applied = where_none_stays == "safe" or unsafe_fixes
+        assert finding.fix.applicability.value == expected, finding.fix.why_unsafe
+        applied = expected == "safe" or unsafe_fixes
         assert ("from apex" not in (result.new_source or "")) == applied, result.new_source
 
 
