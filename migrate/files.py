@@ -79,7 +79,27 @@ def find(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = (), respec
     return Found(sorted(files), problems)
 
 
-_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.cfg")  # and a `setup.py`, below
+# what a packaging script imports: a package's own module named `setup.py` (cvpods' `engine/setup.py`,
+# its default argument parser, beside the package's `__init__.py`) imports none of them
+_PACKAGING = re.compile(rb"^[ \t]*(?:from|import)[ \t]+(?:setuptools|distutils|skbuild|numpy\.distutils)\b", re.MULTILINE)
+
+
+def _marks_project(folder: Path) -> bool:
+    """Whether ``folder`` holds a ``.git``, a ``pyproject.toml``, a ``setup.cfg`` or a ``setup.py``,
+    but not a ``setup.py`` that is a module of the package the folder is and packages nothing."""
+    return any((folder / marker).exists() for marker in _ROOT_MARKERS) or _setup_script(folder)
+
+
+@disk_reads.cached(maxsize=256)
+def _setup_script(folder: Path) -> bool:
+    script = folder / "setup.py"
+    if not (folder / "__init__.py").exists():
+        return script.exists()
+    try:
+        return bool(_PACKAGING.search(script.read_bytes()))
+    except OSError:
+        return False
 
 
 def project_root(path: Path) -> Path:
@@ -96,7 +116,7 @@ def known_project_root(path: Path) -> Path | None:
     which may be a folder of files gathered from many projects."""
     folder = path.resolve().parent
     for candidate in (folder, *folder.parents):
-        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
+        if _marks_project(candidate):
             return candidate
     return _import_root(path.resolve(), folder)
 
@@ -130,7 +150,7 @@ def in_project(path: Path, root: Path) -> bool:
     it (a folder on the way with a ``.git``, ``pyproject.toml`` or ``setup.*``)."""
     folder = path.resolve().parent
     while folder != root and root in folder.parents:
-        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+        if _marks_project(folder):
             return False
         folder = folder.parent
     return True

@@ -118,3 +118,48 @@ def test_a_project_is_known_where_a_marker_an_import_or_a_package_says_how_far_i
     # a lone folder may be files gathered from many projects: its extent is unknown
     assert known == (None if shape == "lone_folder" else (tmp_path / "code").resolve())
     assert files.project_root(script) == (known or folder.resolve())
+
+
+SETUP_SCRIPTS = {  # a `setup.py` beside the package's `__init__.py`, and whether it marks a project
+    "setuptools": ("from setuptools import setup, find_packages\n\nsetup(name='p', packages=find_packages())\n", True),
+    "import_setuptools": ("import setuptools\n\nsetuptools.setup(name='p')\n", True),
+    "distutils": ("from distutils.core import setup\n\nsetup(name='p')\n", True),
+    "extension": ("import torch\nfrom torch.utils.cpp_extension import BuildExtension\nfrom setuptools import setup\n", True),
+    # a module of the package named `setup.py`: its default argument parser and logging set-up
+    "package_module": ("import argparse\n\nfrom pkg.utils import setup_logger\n\n\ndef default_setup(cfg, args):\n"
+                       "    setup_logger(cfg)\n", False),
+    "empty": ("", False),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SETUP_SCRIPTS))
+@pytest.mark.parametrize("in_package", [True, False])
+def test_a_setup_py_marks_a_project_where_it_packages_something_or_no_package_holds_it(tmp_path, script, in_package):
+    text, packages = SETUP_SCRIPTS[script]
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    engine = tmp_path / "pkg" / "engine"
+    engine.mkdir(parents=True)
+    if in_package:
+        for folder in (engine, engine.parent):
+            (folder / "__init__.py").write_text("")
+    (engine / "setup.py").write_text(text)
+    (engine / "runner.py").write_text("import torch\n")
+    marks = packages or not in_package  # outside a package any `setup.py` marks one, as before
+    assert files.known_project_root(engine / "runner.py") == (engine if marks else tmp_path).resolve()
+
+
+def test_apex_state_read_in_the_package_keeps_the_trainer_beside_a_setup_module(tmp_path):
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='pkg')\n")
+    for folder in ("pkg", "pkg/engine", "pkg/utils"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "engine" / "setup.py").write_text(SETUP_SCRIPTS["package_module"][0])
+    (tmp_path / "pkg" / "utils" / "casts.py").write_text(
+        "from apex import amp\n\n\ndef is_amp_training():\n    try:\n        return hasattr(amp._amp_state, 'loss_scalers')\n"
+        "    except Exception:\n        return False\n")
+    (tmp_path / "pkg" / "engine" / "runner.py").write_text(TRAIN.format(import_line="import os"))
+    files.project_python_files.cache_clear()
+    result = _results(tmp_path)["runner.py"]
+    [finding] = [d for d in result.diagnostics if d.code == "AMP002" and "internal state" in d.message]
+    assert "pkg/utils/casts.py:6" in finding.message, finding.message
+    assert not result.changed
