@@ -366,11 +366,11 @@ def _halves_under(root: Path) -> tuple[Half, ...]:
 
 
 def shown(path: Path) -> str:
-    """A path as a user reads it: relative to the working directory when under it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    """A path as a user reads it: relative to its project's root, as other files' places are named
+    (``files.place``), wherever the run starts."""
+    root = project_root(path)
+    resolved = path.resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
 
 
 def _imported_halves(half: Half, imported: Import, others: list[Half], real: dict[Path, Path]) -> Iterator[tuple[Half, str]]:

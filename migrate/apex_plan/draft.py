@@ -134,7 +134,7 @@ class Draft:
     def _marker_lines(self, statement: cst.CSTNode, step: str, deeper: int = 0) -> list[cst.EmptyLine]:
         indent = self.tree.line_indent(statement) + deeper
         # within 88 columns with the indent and `#   ` (a continuation's prefix, the longer one)
-        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 4), break_on_hyphens=False)
+        lines = textwrap.wrap(f"{MANUAL_STEP_MARKER} {step}", width=max(40, 88 - indent - 4), break_on_hyphens=False, break_long_words=False)
         return [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
 
     def _mark_where_moved(self, statement: cst.BaseStatement, step: str) -> bool:

@@ -328,6 +328,6 @@ def binds(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
 
 def marked(statement: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:
     """``statement`` with ``# TODO(ampmigrate): review, this rewrite is unsafe: <why>`` above it."""
-    lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {why}", width=76, break_on_hyphens=False)
+    lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {why}", width=76, break_on_hyphens=False, break_long_words=False)
     comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
     return statement.with_changes(leading_lines=[*statement.leading_lines, *comments])

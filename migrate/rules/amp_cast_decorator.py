@@ -240,7 +240,7 @@ scaler.update()
         for a reason of its own (not one the marker of this file's ``amp.initialize`` gives)."""
         if self._safety is Safety.SAFE or self._why.startswith(GOES_WITH):
             return node
-        lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {self._why}", width=76, break_on_hyphens=False)
+        lines = textwrap.wrap(f"TODO(ampmigrate): review, this rewrite is unsafe: {self._why}", width=76, break_on_hyphens=False, break_long_words=False)
         comments = [cst.EmptyLine(comment=cst.Comment(f"# {text}" if i == 0 else f"#   {text}")) for i, text in enumerate(lines)]
         return node.with_changes(leading_lines=[*node.leading_lines, *comments])
 
