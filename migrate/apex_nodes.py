@@ -361,6 +361,48 @@ def import_error_fallback(node: cst.Try) -> str | None:
     return "; ".join(assignments) or None
 
 
+def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
+    """What removing the apex import that ``node`` guards changes for a run without apex: its
+    ``except`` branch's assignments turned mixed precision off, or, where the flags they set are
+    read only in ``assert`` tests (``assert not fp16 or has_apex``), stopped a run asking for it."""
+    fallback = import_error_fallback(node)
+    if fallback is None:
+        return None
+    flags = {target.target.value for handler in node.handlers for line in handler.body.body
+             if isinstance(line, cst.SimpleStatementLine) for small in line.body if isinstance(small, cst.Assign)
+             for target in small.targets if isinstance(target.target, cst.Name)}
+    if flags and _read_only_in_asserts(module, flags):
+        return ("behaviour change: where apex was not installed, an `assert` on "
+                f"{', '.join(f'`{flag}`' for flag in sorted(flags))} stopped runs asking for mixed precision; "
+                "native torch.amp needs no install, so those runs now go on")
+    return (f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
+            "native torch.amp needs no install, so those runs now use it")
+
+
+def _read_only_in_asserts(module: cst.Module, names: set[str]) -> bool:
+    """Whether ``names`` are read somewhere in ``module``, and only inside ``assert`` statements."""
+    reads = {"assert": 0, "other": 0}
+
+    class _Reads(cst.CSTVisitor):
+        depth = 0
+
+        def visit_Assert(self, node: cst.Assert) -> None:
+            self.depth += 1
+
+        def leave_Assert(self, node: cst.Assert) -> None:
+            self.depth -= 1
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+            return not isinstance(node.target, cst.Name)  # `flag = False` binds, reads nothing
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value in names:
+                reads["assert" if self.depth else "other"] += 1
+
+    module.visit(_Reads())
+    return reads["assert"] > 0 and reads["other"] == 0
+
+
 def catches_import_error(handler: cst.ExceptHandler) -> bool:
     """``except ImportError:`` or ``except (ModuleNotFoundError, X):``; a bare ``except:`` is not one."""
     return any(name in ("ImportError", "ModuleNotFoundError") for name in _caught(handler))

@@ -478,12 +478,9 @@ class _Collect(cst.CSTVisitor):
         imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
         if not any(imports_apex(small) for small in imports):
             return
-        fallback = nodes.import_error_fallback(node)
-        if fallback is not None:
-            self.tree.fallback_notes.append(
-                f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
-                "native torch.amp needs no install, so those runs now use it"
-            )
+        change = nodes.fallback_change(self.tree.module, node)
+        if change is not None:
+            self.tree.fallback_notes.append(change)
 
     def _binding(self, node: cst.CSTNode) -> bool:
         """``amp = None`` in an ``except``: a new binding of the name, not a use of apex."""

@@ -47,11 +47,20 @@ def known_test(read: cst.Name, parent_of: ParentOf, value: object) -> tuple[cst.
 def decided_by(read: cst.Name, parent_of: ParentOf, value: object) -> tuple[cst.CSTNode, object] | None:
     """What ``read`` being ``value`` decides, and what takes its place: an ``and`` and its other
     operand (``flag and x`` is ``x``), a conditional expression and the arm it takes, an ``if``
-    and whether its body runs (``not flag and x`` is False: the ``if`` takes its other arm)."""
+    and whether its body runs (``not flag and x`` is False: the ``if`` takes its other arm), an
+    ``assert`` that always passes (``assert not fp16 or fp16 and flag``), which goes."""
     test, holds = known_test(read, parent_of, value)
     holder = parent_of(test)
     if holds and isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And):
-        return holder, _parenthesized_as(holder.right if holder.left is test else holder.left, holder)
+        other = holder.right if holder.left is test else holder.left
+        if not _complemented(holder, other, parent_of):
+            return holder, _parenthesized_as(other, holder)
+        test, holder = parent_of(holder), parent_of(parent_of(holder))  # `not x or x and flag`: always true
+    while holds and isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.Or):
+        test, holder = holder, parent_of(holder)  # `not fp16 or flag`: true too
+    if holds and isinstance(holder, cst.Assert) and holder.test is test:  # it always passes
+        line = parent_of(holder)
+        return (line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else holder), cst.RemoveFromParent()
     while not holds and isinstance(holder, cst.BooleanOperation) and isinstance(holder.operator, cst.And):
         test, holder = holder, parent_of(holder)
     if isinstance(holder, cst.If) and holder.test is test:
@@ -60,6 +69,17 @@ def decided_by(read: cst.Name, parent_of: ParentOf, value: object) -> tuple[cst.
         kept = holder.body if holds else holder.orelse
         return holder, kept if isinstance(kept, _ATOMS) or kept.lpar else _parenthesized_as(kept, holder)
     return None
+
+
+def _complemented(operand: cst.BooleanOperation, kept: cst.BaseExpression, parent_of: ParentOf) -> bool:
+    """Whether ``operand``, an ``and`` that folds to ``kept``, is an operand of an ``or`` whose other
+    operand is ``not kept`` (``not fp16 or fp16 and has_apex``): that ``or`` is always true."""
+    either = parent_of(operand)
+    if not (isinstance(either, cst.BooleanOperation) and isinstance(either.operator, cst.Or)):
+        return False
+    other = either.left if either.right is operand else either.right
+    return (isinstance(other, cst.UnaryOperation) and isinstance(other.operator, cst.Not)
+            and nodes.code(other.expression) == nodes.code(kept))
 
 
 def arm_that_runs(statement: cst.If, body_runs: bool) -> list[cst.BaseStatement]:

@@ -307,9 +307,9 @@ class ApexImport(Rule):
         else:
             replacement = cst.RemoveFromParent()
         message = "this `try` guards an apex import that is gone: its `except` branch can no longer run"
-        fallback = nodes.import_error_fallback(node)
-        if fallback is not None:
-            message += f"; behaviour change: where apex was not installed, `{fallback}` turned mixed precision off, and those runs now use it"
+        change = nodes.fallback_change(self._module, node)
+        if change is not None:
+            message += f"; {change}"
         self.report(
             target,
             message,

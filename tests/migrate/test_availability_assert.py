@@ -69,3 +69,57 @@ def test_the_availability_assert_goes_with_apex(check, imports, place):
 def test_a_file_left_on_apex_keeps_its_assert(place):
     source = _script(ASSERTS[0], "try", place, level="O2")
     assert migrate_source(source, filename="train.py").new_source == source
+
+
+FLAGS = ("APEX_AVAILABLE", "has_apex")
+FLAG_ASSERTS = ("assert not fp16 or fp16 and {flag}, 'Apex is not available for you to use mixed precision training'",
+                "assert not fp16 or {flag}, 'install apex'", "assert {flag} or not fp16", "assert (not fp16) or (fp16 and {flag})")
+HANDLERS = ("except:", "except ImportError:")
+TRAINER = """\
+import torch
+
+try:
+    from apex import amp
+    {flag} = True
+{handler}
+    {flag} = False
+
+
+class Trainer:
+    def __init__(self, model, optimizer, fp16=False):
+        {check}
+        self.fp16 = fp16
+        self.model, self.optimizer = model, optimizer
+        if fp16:
+            self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+    def step(self, x):
+        loss = self.model(x).sum()
+        if self.fp16:
+            with amp.scale_loss(loss, self.optimizer) as scaled:
+                scaled.backward()
+        else:
+            loss.backward()
+        self.optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("check", FLAG_ASSERTS)
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_an_assert_on_the_apex_flag_goes_and_the_note_says_it_stopped_runs(flag, check, handler):
+    source = TRAINER.format(flag=flag, handler=handler, check=check.format(flag=flag))
+    result = migrate_source(source, filename="trainer.py")
+    fixed = result.new_source
+    assert "assert" not in fixed and flag not in fixed and "apex" not in fixed, fixed
+    notes = " ".join(f"{d.message} {d.fix.message}" for d in result.diagnostics if d.fix is not None)
+    assert f"where apex was not installed, an `assert` on `{flag}` stopped runs asking for mixed precision" in notes, notes
+    assert "turned mixed precision off" not in notes, notes
+    assert migrate_source(fixed, filename="trainer.py").new_source == fixed
+
+
+def test_a_flag_read_beside_its_assert_still_turned_mixed_precision_off():
+    source = TRAINER.format(flag="has_apex", handler="except ImportError:", check="assert not fp16 or has_apex, 'install apex'")
+    source = source.replace("        if fp16:\n", "        if fp16 and has_apex:\n")
+    notes = " ".join(d.fix.message for d in migrate_source(source, filename="trainer.py").diagnostics if d.fix is not None)
+    assert "`has_apex = False` turned mixed precision off" in notes, notes

@@ -56,8 +56,33 @@ def test_a_known_test_is_decided_as_python_decides_it(test, place, value):
         assert isinstance(node, cst.IfExp) and module.code_for_node(outcome) == ("1" if truth else "2")
 
 
+# a known test in an `or` (either side) and in an `assert`; `{{fp16}}` a name whose value is not known
+ALWAYS_TRUE_PLACES = ["if {test} or other:\n    a()\n", "if other or {test}:\n    a()\n", "assert {test}, 'needs apex'\n",
+                      "assert not fp16 or {test}, 'needs apex'\n", "assert not fp16 or fp16 and {test}, 'needs apex'\n",
+                      "assert not fp16 or {test} and fp16\n", "assert (not fp16) or (fp16 and {test})\n"]
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("place", range(len(ALWAYS_TRUE_PLACES)))
+@pytest.mark.parametrize("test", list(_tests()))
+def test_an_or_or_an_assert_a_known_test_makes_true_is_decided(test, place, value):
+    known, actual = VALUES[value]
+    source = ALWAYS_TRUE_PLACES[place].format(test=test)
+    truth = bool(eval(test, {"x": actual}))
+    decided, module = _decide(source, known)
+    if not truth:  # `False or other` is `other`, which nothing here knows; so is the assert's outcome
+        assert decided is None or not isinstance(decided[0], (cst.Assert, cst.SimpleStatementLine)), source
+        return
+    assert decided is not None, source
+    node, outcome = decided
+    if source.startswith("if"):
+        assert isinstance(node, cst.If) and outcome is True, source
+    else:  # the assert always passes: its line goes
+        assert isinstance(node, cst.SimpleStatementLine) and isinstance(outcome, cst.RemoveFromParent().__class__), source
+
+
 @pytest.mark.parametrize("source", [
-    "print(x)\n", "f(x)\n", "if x or other:\n    a()\n", "y = x\n", "if x is other:\n    a()\n",
+    "print(x)\n", "f(x)\n", "y = x\n", "if x is other:\n    a()\n", "assert x is other\n",
     "if x > 0:\n    a()\n", "while x:\n    a()\n", "z = [x]\n", "if (not x) is None:\n    a()\n",
 ])
 def test_a_read_that_is_not_a_known_test_decides_nothing(source):
