@@ -17,22 +17,24 @@ from migrate import disk_reads
 from migrate.files import project_root
 from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 
-__all__ = ["freezing_line", "frozen_in_imports"]
+__all__ = ["freezing_line", "freezing_line_elsewhere", "frozen_in_imports"]
 
 _MOST_MODULES = 200  # followed from one file: a project's models and their helpers, not a vendored library
 
 
-def frozen_in_imports(filename: str) -> str | None:
+def frozen_in_imports(filename: str, converted_at: int = 0) -> str | None:
     """The first line that freezes a parameter in ``filename`` or a module it imports, as
-    ``path:line`` (from the project's root); None where there is none or no file on disk."""
+    ``path:line`` (from the project's root); None where there is none or no file on disk. In
+    ``filename``, a freeze after the conversion at line ``converted_at``, in the same function (or
+    both at module level), froze the converted parameters under apex too: it does not count."""
     path = Path(filename)
     if path.suffix != ".py" or not path.is_file():
         return None
-    return _first_from(path.resolve())
+    return _first_from(path.resolve(), converted_at)
 
 
 @disk_reads.cached(maxsize=64)
-def _first_from(start: Path) -> str | None:
+def _first_from(start: Path, converted_at: int) -> str | None:
     root = project_root(start)
     seen, pending = {start}, [start]
     while pending and len(seen) <= _MOST_MODULES:
@@ -40,7 +42,7 @@ def _first_from(start: Path) -> str | None:
         tree = parsed_module(str(path))
         if tree is None:
             continue
-        line = freezing_line(tree)
+        line = freezing_line(tree, converted_at if path == start else 0)
         if line is not None:
             shown = path.relative_to(root) if path.is_relative_to(root) else path
             return f"{shown.as_posix()}:{line}"
@@ -68,11 +70,22 @@ def _imported_files(tree: ast.Module, importer: Path):
                 yield found.resolve()
 
 
-def freezing_line(tree: ast.AST) -> int | None:
+def freezing_line_elsewhere(tree: ast.AST) -> int | None:
+    """``freezing_line`` of another file of the project, but for a script converting a model of its
+    own (it calls ``convert_syncbn_model``): what it freezes is that model, not this file's."""
+    if any(isinstance(node, ast.Attribute) and node.attr == "convert_syncbn_model"
+           or isinstance(node, ast.Name) and node.id == "convert_syncbn_model" for node in ast.walk(tree)):
+        return None
+    return freezing_line(tree)
+
+
+def freezing_line(tree: ast.AST, converted_at: int = 0) -> int | None:
     """The first line of ``tree`` that sets ``.requires_grad`` to something other than ``True``
     (``False``, a flag) or calls ``.requires_grad_(...)`` with such an argument; not a copy of
-    another tensor's (``new.weight.requires_grad = old.weight.requires_grad``), which freezes nothing."""
+    another tensor's (``new.weight.requires_grad = old.weight.requires_grad``), which freezes nothing;
+    nor one after line ``converted_at`` (where given) in the function holding that line."""
     found = []
+    converting = _function_holding(tree, converted_at) if converted_at else None
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(
                 isinstance(target, ast.Attribute) and target.attr == "requires_grad" for target in node.targets):
@@ -84,6 +97,17 @@ def freezing_line(tree: ast.AST) -> int | None:
         else:
             continue
         copied = isinstance(value, ast.Attribute) and value.attr == "requires_grad"  # kept as another tensor's
-        if not (isinstance(value, ast.Constant) and value.value is True) and not copied:
+        after = converted_at and node.lineno > converted_at and _function_holding(tree, node.lineno) is converting
+        if not (isinstance(value, ast.Constant) and value.value is True) and not copied and not after:
             found.append(node.lineno)
     return min(found) if found else None
+
+
+def _function_holding(tree: ast.AST, line: int) -> ast.AST:
+    """The innermost function of ``tree`` whose lines hold ``line``; ``tree`` itself at module level."""
+    holding = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if holding is tree or node.lineno >= holding.lineno:
+                holding = node
+    return holding

@@ -14,7 +14,7 @@ from migrate import quiet
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.files import first_in_project
-from migrate.frozen_parameters import freezing_line, frozen_in_imports
+from migrate.frozen_parameters import freezing_line, freezing_line_elsewhere, frozen_in_imports
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
@@ -41,7 +41,9 @@ class ApexSyncBatchNorm(ApexRename):
     the new BatchNorm weights; natively it does. Unsafe also where the
     file, a module of the project it imports, or any other file of the project (a model built
     through a registry) freezes parameters (``requires_grad = False``: a frozen BatchNorm weight
-    trained under apex, and stays frozen natively); such a fix leaves a
+    trained under apex, and stays frozen natively; a freeze after the conversion in its own function
+    froze the converted layer under apex too, and another script converting a model of its own is
+    not this one's model); such a fix leaves a
     ``TODO(ampmigrate)`` marker above its line saying so. Reported with ``channel_last`` or
     ``fuse_relu`` (apex-only layouts and fusions) and for ``create_syncbn_process_group`` (use
     ``torch.distributed.new_group`` with the ranks of each group).
@@ -122,10 +124,10 @@ class ApexSyncBatchNorm(ApexRename):
         if Path(self.context.filename).is_file():
             # the file itself first, then what it imports, then any file of the project: a model
             # registered by a decorator is built from a module the converting file never imports
-            frozen = frozen_in_imports(self.context.filename) or first_in_project(
-                self.context.filename, (b"requires_grad",), freezing_line)
+            frozen = frozen_in_imports(self.context.filename, line) or first_in_project(
+                self.context.filename, (b"requires_grad",), freezing_line_elsewhere)
         else:  # source given without a file (stdin, the API): only its own lines are known
-            own = freezing_line(quiet.parse(self._module.code))
+            own = freezing_line(quiet.parse(self._module.code), line)
             frozen = f"line {own}" if own is not None else None
         if frozen is not None:
             return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "

@@ -166,3 +166,67 @@ def test_an_optimizer_the_object_held_before_the_converting_method(name, around)
         assert f"`self.{name}`, held before this method runs" in found.fix.why_unsafe
         marked = migrate_source(source, filename="trainer.py", unsafe_fixes=True).new_source
         assert "TODO(ampmigrate)" in marked and "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in marked
+
+
+def test_a_freeze_after_the_conversion_trains_the_same_under_both():
+    weights = []
+    for convert in (convert_syncbn_model, nn.SyncBatchNorm.convert_sync_batchnorm):
+        torch.manual_seed(0)
+        model = convert(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)))
+        model[1].weight.requires_grad_(False)  # after the conversion: the converted layer's own
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        model.eval()
+        model(torch.randn(8, 4)).pow(2).sum().backward()
+        optimizer.step()
+        weights.append((model[1].weight.detach().clone(), model[1].weight.requires_grad))
+    assert torch.equal(weights[0][0], weights[1][0]) and weights[0][1] == weights[1][1] is False
+
+
+FREEZES = ["for p in model.backbone.parameters(): p.requires_grad = False", "model.backbone.requires_grad_(False)",
+           "model.backbone.requires_grad_(requires_grad=cfg.train_backbone)"]
+# where the freeze is, against the conversion: and whether apex and torch then train alike
+FREEZE_PLACES = {"after_in_the_function": True, "before_in_the_function": False, "in_a_helper_called_after": False}
+
+
+def _freezing_script(freeze: str, place: str, module_level: bool) -> str:
+    conversion = "model = convert_syncbn_model(model)"
+    lines = {"after_in_the_function": [conversion, freeze], "before_in_the_function": [freeze, conversion],
+             "in_a_helper_called_after": [conversion, "freeze(model, cfg)"]}[place]
+    lines.append("optimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    helper = f"def freeze(model, cfg):\n    {freeze}\n\n\n" if place == "in_a_helper_called_after" else ""
+    head = "import torch\nfrom apex.parallel import convert_syncbn_model\n\n\n" + helper
+    if module_level:
+        return head + "model, cfg = build()\n" + "\n".join(lines) + "\n"
+    return head + "def setup(model, cfg):\n" + "".join(f"    {line}\n" for line in lines) + "    return model, optimizer\n"
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+@pytest.mark.parametrize("module_level", [False, True])
+@pytest.mark.parametrize("place", sorted(FREEZE_PLACES))
+@pytest.mark.parametrize("freeze", FREEZES)
+def test_a_freeze_after_the_conversion_in_its_function_is_no_reason(tmp_path, freeze, place, module_level, on_disk):
+    source = _freezing_script(freeze, place, module_level)
+    compile(source, "train.py", "exec")
+    if on_disk:
+        (tmp_path / "pyproject.toml").write_text("")
+        (tmp_path / "train.py").write_text(source)
+        [result] = migrate_paths([str(tmp_path / "train.py")], write=False)
+    else:
+        result = migrate_source(source, filename="train.py")
+    found = amp011(result)
+    alike = FREEZE_PLACES[place]
+    assert (found.fix.applicability.name == "SAFE") is alike, found.fix.why_unsafe
+    if not alike:
+        assert "parameters are frozen" in found.fix.why_unsafe
+
+
+def test_another_script_converting_its_own_model_is_not_cited(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "train_swa.py").write_text(_freezing_script(FREEZES[0], "after_in_the_function", True))
+    (tmp_path / "train.py").write_text(_freezing_script(FREEZES[1], "after_in_the_function", True))
+    results = migrate_paths([str(tmp_path)], write=False)
+    assert all(amp011(result).fix.applicability.name == "SAFE" for result in results), [amp011(r).fix.why_unsafe for r in results]
+    # a model file of the project that freezes (one a registry builds) still is
+    (tmp_path / "model.py").write_text("def build(net):\n    net.bn.weight.requires_grad = False\n    return net\n")
+    results = migrate_paths([str(tmp_path / "train.py")], write=False)
+    assert "model.py:2" in amp011(results[0]).fix.why_unsafe
