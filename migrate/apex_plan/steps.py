@@ -470,7 +470,11 @@ class StepPlanning(Step):
             if condition is not None and len(line.body) == 1:
                 body = "".join(f"    {text}\n" for text in new)
                 plain = nodes.code(small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT))
-                if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition:  # not a test on the backward's own flag
+                # not a test on the backward's own flag, or one joining several paths' tests: the plain
+                # step is right by construction, where AMP102 (reading the arms) could take it for one
+                # after a scaled backward and step it through a scaler that may be None there
+                if HOLDS_GRADIENTS.format(optimizer=optimizer) in condition or isinstance(
+                        nodes.parse_expression(condition, self.tree.module), cst.BooleanOperation):
                     plain = f"{PLAIN_STEP_REASON}\n    {plain}  {PLAIN_STEP_MARK}"
                 text = f"if {condition}:\n{body}else:\n    {plain}\n"
                 return nodes.with_leading(nodes.parse_statements(text, self.tree.module)[0], line)

@@ -426,7 +426,7 @@ def either(first: str | None, second: str | None) -> str | None:
     arms = len(rest[0]) == 1 and len(rest[1]) == 1 and (is_not(rest[0][0], rest[1][0]) or is_not(rest[1][0], rest[0][0]))
     if not rest[0] or not rest[1] or arms:
         return " and ".join(grouped_text(part) if len(shared) > 1 else part for part in shared) if shared else None
-    alternatives = " or ".join(f"({' and '.join(parts)})" for parts in rest)
+    alternatives = " or ".join(f"({' and '.join(map(_and_operand, parts))})" for parts in rest)  # a part may be an `or`
     return " and ".join([*(grouped_text(part) for part in shared), f"({alternatives})"]) if shared else alternatives
 
 
