@@ -39,8 +39,9 @@ class ApexImport(Rule):
 
     An unused import is left alone where it may be wanted all the same: in a class body (a class
     attribute), under ``if TYPE_CHECKING:`` (never imported at run time), in a ``try`` whose
-    ``except ImportError:`` sets a fallback (an availability check: ``HAS_APEX = False``) or
-    returns one (``def apex_available(): ... except ImportError: return False``), and
+    ``except ImportError:`` sets a fallback (an availability check: ``HAS_APEX = False``: reported
+    without a fix, so that a file left needing apex says why) or returns one (``def
+    apex_available(): ... except ImportError: return False``), and
     where a string that is Python code names it (``__all__``, a string annotation, ``eval``; not
     a message such as "please install apex").
 
@@ -70,7 +71,6 @@ class ApexImport(Rule):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
     VALID = [
         Valid("import apex\nfrom apex.amp import __version__\n\nprint(apex.amp.__version__.VERSION)\n"),
-        Valid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"),
         Valid("try:\n    import torch_xla\nexcept ImportError:\n    pass\n"),
         Valid("try:\n    value = compute()\nexcept ImportError:\n    value = None\n"),
         Valid("try:\n    class Norm(Base):\n        pass\nexcept ImportError:\n    Norm = None\n"),
@@ -85,6 +85,8 @@ class ApexImport(Rule):
         Valid("import apex.amp\n\nmodel = apex.parallel.convert_syncbn_model(model)\n"),
     ]
     INVALID = [
+        # the check stays (its answer may be read anywhere), said so that the file's need of apex is explained
+        Invalid("try:\n    import apex\n    HAS_APEX = True\nexcept ImportError:\n    HAS_APEX = False\n"),
         Invalid(
             "import torch\n\ntry:\n    APEX_AVAILABLE = True\nexcept ImportError:\n    raise ImportError('Please install apex')\n"
             "log(apex=APEX_AVAILABLE)\n",
@@ -143,6 +145,7 @@ class ApexImport(Rule):
         self._dotted: set[str] = set()  # `apex.amp.__version__`: a submodule reached through `import apex`
         self._aliases: list[tuple[cst.ImportAlias, str, ImportChange, cst.CSTNode]] = []
         self._stars: list[tuple[cst.ImportFrom, cst.CSTNode]] = []  # `from apex.fp16_utils import *` and its line
+        self._probes: list[tuple[cst.ImportAlias, str, ImportChange, cst.Try]] = []  # kept by a `try` asking for apex
         self._in_strings = re.compile(rf"\b(?:{'|'.join(map(re.escape, self._imported))})\b") if self._imported else None
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
@@ -162,6 +165,8 @@ class ApexImport(Rule):
         imported = nodes.apex_import(statement, node)
         if imported is not None and not _kept_on_purpose(statement, parent_of):
             self._aliases.append((node, *imported, parent_of(statement)))
+        elif imported is not None and isinstance(probe := _probing_try(statement, parent_of), cst.Try):
+            self._probes.append((node, *imported[:2], probe))
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         """A string that is code naming an import counts as a use of it: ``__all__ = ["amp"]``,
@@ -195,6 +200,13 @@ class ApexImport(Rule):
                 remove_imports=(change,),
                 why_unsafe="; ".join(reasons),
             )
+
+        for alias, bound, change, probe in self._probes:
+            if bound not in self._used and f"{change.module}.{change.obj}" not in self._dotted:
+                # said, so that a file left needing apex says why; the answer may be read anywhere
+                fallback = nodes.import_error_fallback(probe)
+                self.report(alias, f"`{_spelled(change)}` is never used; it stays, in a `try` that asks whether apex is "
+                            f"installed (`{fallback}` where not): remove that check by hand once nothing reads its answer")
 
         if self._stars and not nodes.reads_any(original_node, nodes.FP16_UTILS_NAMES):
             for star, line in self._stars:
@@ -380,6 +392,17 @@ def _kept_on_purpose(statement: cst.CSTNode, parent_of) -> bool:
             return True
         node = parent_of(node)
     return False
+
+
+def _probing_try(statement: cst.CSTNode, parent_of) -> cst.Try | None:
+    """The ``try`` around an import whose ``except ImportError:`` sets a fallback
+    (``HAS_APEX = False``), up to the function or module the import binds in."""
+    node = parent_of(statement)
+    while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+        if isinstance(node, cst.Try) and nodes.import_error_fallback(node) is not None:
+            return node
+        node = parent_of(node)
+    return None
 
 
 def _answers(node: cst.Try) -> bool:
