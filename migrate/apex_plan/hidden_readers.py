@@ -109,21 +109,22 @@ def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | No
 
 def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
     """The calls whose results the receiver of ``call`` (``x.update()``) was assigned: for
-    ``self.x``, in any method of the class or of its bases in the file; for a local ``x``, the
-    classes called in the function."""
+    ``self.x``, in any method of the class or of its bases in the file; for a name ``x``, the
+    classes called where it is bound: the function, or else a function around it or the module
+    (a loop under ``if __name__ == "__main__":``, a global read in a function)."""
     receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
     function = tree.function(call)
     if isinstance(receiver, cst.Call):
         return [receiver]  # made where it is called: `Trainer(cfg).fit(model)`
     if isinstance(receiver, cst.Name):
-        scopes = [function]
+        made = _made_where_bound(tree, function, receiver.value)
     elif isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and receiver.value.value == "self":
         owner = tree.owner_class(function)
         scopes = tree.lineage(owner) if owner is not None else [None]  # set in a base class's `__init__` too
+        made = [making for scope in scopes
+                for making in tree.per_scope(("made by", id(scope)), lambda: _made_by(scope)).get(nodes.code(receiver), [])]
     else:
         return []
-    made = [making for scope in scopes
-            for making in tree.per_scope(("made by", id(scope)), lambda: _made_by(scope)).get(nodes.code(receiver), [])]
     if isinstance(receiver, cst.Name):
         # a local made by a class (`reg = Regularizer(model)`), not a value a call returned
         # (`loss = compute_loss(model, batch)`, whose `loss.item()` reads no gradient)
@@ -131,10 +132,30 @@ def _makings(tree: FileTree, call: cst.Call) -> list[cst.Call]:
     return made
 
 
-def _made_by(scope: cst.CSTNode | None) -> dict[str, list[cst.Call]]:
-    """For each name or ``self.x`` that ``scope`` assigns a call's result: those calls."""
+def _made_where_bound(tree: FileTree, function: cst.FunctionDef | None, name: str) -> list[cst.Call]:
+    """The calls ``name`` is assigned in the innermost scope that makes it: ``function``, a
+    function around it, the module. None past a function taking it as a parameter."""
+    while function is not None:
+        made = tree.per_scope(("names made in", id(function)), lambda: _made_by(function, own_names=True)).get(name)
+        if made or name in _parameters(function):
+            return made or []
+        function = tree.function(tree.parent.get(id(function)))
+    return tree.per_scope(("names made in", id(tree.module)), lambda: _made_by(tree.module, own_names=True)).get(name, [])
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    named = [*params.posonly_params, *params.params, *params.kwonly_params]
+    starred = [star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)]
+    return {param.name.value for param in named + starred}
+
+
+def _made_by(scope: cst.CSTNode | None, own_names: bool = False) -> dict[str, list[cst.Call]]:
+    """For each name or ``self.x`` that ``scope`` assigns a call's result: those calls. With
+    ``own_names``, only its own statements: a nested function's names are its own."""
     found: dict[str, list[cst.Call]] = {}
-    for node in descendants(scope) if scope is not None else ():
+    within = (lambda node: node is scope or nodes.not_a_definition(node)) if own_names else None
+    for node in descendants(scope, within) if scope is not None else ():
         if type(node) is cst.Assign and type(node.value) is cst.Call:
             for target in node.targets:
                 if type(target.target) in (cst.Attribute, cst.Name):
