@@ -238,18 +238,24 @@ class FileTree:
     def _function_named(self, func: cst.BaseExpression, caller: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """The file's function or method of ``caller``'s class that ``func``, written in ``caller``, names."""
         if isinstance(func, cst.Name):
-            # a function defined in the caller or a function around it (a closure), else at the top level
+            # a function defined in the caller or a function around it (a closure), else in the module
             enclosing = caller
             while enclosing is not None:
-                found = next((s for s in enclosing.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
-                if found is not None:
+                if (found := self._functions_defined(enclosing).get(func.value)) is not None:
                     return found
                 enclosing = self.function(self.parent.get(id(enclosing)))
-            return next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == func.value), None)
+            return self._functions_defined(self.module).get(func.value)
         owner = self.owner_class(caller)
         if owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == self.first_param(caller)):
             return None
         return self._method(owner, func.attr.value)
+
+    def _functions_defined(self, scope: cst.CSTNode) -> dict[str, cst.FunctionDef]:
+        """The functions ``scope``'s own code defines (under an ``if``, a loop, a ``with`` too), by name."""
+        def gather() -> dict[str, cst.FunctionDef]:
+            own = descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+            return {node.name.value: node for node in reversed(list(own)) if type(node) is cst.FunctionDef and node is not scope}
+        return self.per_scope(("functions defined", id(scope)), gather)
 
     def lineage(self, owner: cst.ClassDef) -> list[cst.ClassDef]:
         """``owner`` and the bases of it defined at the top of the file, nearest first (what

@@ -120,3 +120,38 @@ def test_the_tracker_reads_unscaled_gradients_wherever_it_is_bound(place, norm, 
     assert torch.allclose(_weights(new, True, monkeypatch), _weights(new, False, monkeypatch), rtol=1e-3)
 
 
+
+
+HELPER = """\
+def lower_lr():
+    norm = sum(float(p.grad.pow(2).sum()) for p in model.parameters()) ** 0.5
+    for group in optimizer.param_groups:
+        group["lr"] = 0.1 / max(1.0, norm)
+"""
+# Where the helper reading the gradients is defined: in a block, not at the top of its scope.
+DEFINED = {
+    "under the main guard": lambda step: 'if __name__ == "__main__":\n' + _indented(MADE + INITIALIZE + HELPER + LOOP + _indented(step)),
+    "in the loop's body": lambda step: MADE + INITIALIZE + LOOP + _indented(HELPER + step),
+    "under an if in the function": lambda step: (
+        MADE + "\n\ndef train(model, optimizer, batches, use_amp):\n"
+        + _indented(INITIALIZE + "if True:\n" + _indented(HELPER) + LOOP + _indented(step)) + "    return model\n\n\n"
+        + "model = train(model, optimizer, batches, use_amp)\n"),
+    "in a with block of the function": lambda step: (
+        MADE + "\n\ndef train(model, optimizer, batches, use_amp):\n"
+        + _indented(INITIALIZE + "with torch.no_grad():\n" + _indented(HELPER) + LOOP + _indented(step)) + "    return model\n\n\n"
+        + "model = train(model, optimizer, batches, use_amp)\n"),
+}
+
+
+@pytest.mark.parametrize("defined", sorted(DEFINED))
+def test_a_helper_defined_in_a_block_reads_unscaled_gradients(defined, monkeypatch):
+    """A function of the file defined under an ``if``, a loop or a ``with`` is found by its call
+    as one at the top of its scope is."""
+    source = TRACKER.format(norm="0.0") + DEFINED[defined](STEP.replace("{tracker}.update()", "lower_lr()"))
+    new = migrate_source(source, filename="train.py").new_source
+    assert "from apex" not in new, new
+    lines = new.splitlines()
+    call = next(i for i, line in enumerate(lines) if line.strip() == "lower_lr()")
+    assert any(".unscale_(optimizer)" in line for line in lines[:call]), new
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert torch.allclose(_weights(new, True, monkeypatch), _weights(new, False, monkeypatch), rtol=1e-3)
