@@ -56,24 +56,22 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
     relative to its project) where another file of its project or of the run will still call ``amp.initialize``
     after a run in this mode (``unsafe_fixes``: one the run rewrites unsafely does not);
     ``partners``: each half's other half in this run (``migrate.halves``), which its plan reads."""
-    found: dict[Path, tuple[str, ...]] = {}
-    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
-    migrated: dict[Path, bool] = {}  # whether a file of this run migrates, asked once
-    in_run: tuple[tuple[Path, int], ...] | None = None
-    for path, text in texts.items():
-        if _CAST_USES.search(text):
-            if in_run is None:
-                in_run = tuple((file, line) for file, (source, _) in run.items()
-                               if any(needle in source for needle in _INITIALIZE_NEEDLES)
-                               and (line := _first_initialize(quiet.parse_or_none(source))))
-            root, me = _search_root(path), path.resolve()
-            # the project on disk, and the files of the run: a tree with no marker (an export, a
-            # copy) has no known extent, but what the run was given belongs to it
-            candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run) if file != me)
-            places = kept_places(list(candidates), root, run, settings, unsafe_fixes, migrated)
-            if places:
-                found[path] = places
-    return found
+    in_run: tuple[tuple[Path, int], ...] | None = None  # the run's own `amp.initialize` calls, gathered once
+
+    def places_of(path: Path, text: str, run: Mapping, migrated: dict) -> tuple[str, ...]:
+        nonlocal in_run
+        if not _CAST_USES.search(text):
+            return ()
+        if in_run is None:
+            in_run = tuple((file, line) for file, (source, _) in run.items()
+                           if any(needle in source for needle in _INITIALIZE_NEEDLES)
+                           and (line := _first_initialize(quiet.parse_or_none(source))))
+        root, me = _search_root(path), path.resolve()
+        # the project on disk, and the files of the run: a tree with no marker (an export, a
+        # copy) has no known extent, but what the run was given belongs to it
+        candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run) if file != me)
+        return kept_places(list(candidates), root, run, settings, unsafe_fixes, migrated)
+    return _per_file(texts, partners, places_of)
 
 
 def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
@@ -82,19 +80,13 @@ def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners
     project will still call an ``amp.initialize`` that may keep fp32 master weights after the run
     with ``--unsafe-fixes`` (see the module's docstring): the only run that would rewrite such a file
     alone, and whose fix a safe run offers."""
-    found: dict[Path, tuple[str, ...]] = {}
-    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
-    migrated: dict[Path, bool] = {}
-    for path, text in texts.items():
+    def places_of(path: Path, text: str, run: Mapping, migrated: dict) -> tuple[str, ...]:
         if getattr(partners.get(path), "facts", None) is not None:
-            continue  # planned with its other half: the two are rewritten together or not at all
+            return ()  # planned with its other half: the two are rewritten together or not at all
         half = halves.find_half(path, text)
         root = known_project_root(path) if half is not None and half.role == halves.SCALE_LOSS else None
-        if root is not None:
-            places = kept_places(list(_master_weight_initializes(root)), root, run, settings, True, migrated)
-            if places:
-                found[path] = places
-    return found
+        return kept_places(list(_master_weight_initializes(root)), root, run, settings, True, migrated) if root else ()
+    return _per_file(texts, partners, places_of)
 
 
 def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
@@ -103,17 +95,24 @@ def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, par
     the places of the project's ``amp.initialize`` calls, where it has one at least and a safe run
     rewrites each. apex's registry then stops with them, and native autocast casts in its place;
     in a folder gathered from many projects, apex may start where no search looks."""
-    found: dict[Path, tuple[str, ...]] = {}
-    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
-    migrated: dict[Path, bool] = {}
-    for path, text in texts.items():
+    def places_of(path: Path, text: str, run: Mapping, migrated: dict) -> tuple[str, ...]:
         if not _REGISTRATIONS.search(text) or known_project_root(path) is None or _first_initialize(quiet.parse_or_none(text)):
-            continue
+            return ()
         root, me = _search_root(path), path.resolve()
         candidates = [(file, line) for file, line in _initializes(root) if file != me]
         if candidates and not kept_places(candidates, root, run, settings, False, migrated):
-            found[path] = tuple(place(file, line, root) for file, line in candidates)
-    return found
+            return tuple(place(file, line, root) for file, line in candidates)
+        return ()
+    return _per_file(texts, partners, places_of)
+
+
+def _per_file(texts: Mapping[Path, str], partners: Mapping[Path, object], places_of) -> dict[Path, tuple[str, ...]]:
+    """``places_of(path, text, run, migrated)`` for each file of the run, where it names any:
+    ``run`` maps each resolved path to its text and partner; ``migrated`` keeps ``migrates``'s
+    answers across the files (each file of the run planned once)."""
+    run = {path.resolve(): (text, partners.get(path)) for path, text in texts.items()}
+    migrated: dict[Path, bool] = {}
+    return {path: places for path, text in texts.items() if (places := places_of(path, text, run, migrated))}
 
 
 def _search_root(path: Path) -> Path:
@@ -143,13 +142,13 @@ def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Pat
 
 def migrates(text: str, partner: object | None, settings: Mapping, unsafe_fixes: bool) -> bool:
     """Whether a run in this mode (``unsafe_fixes``) rewrites every apex site of ``text``."""
-    from migrate.apex_plan.provider import plan_text
+    from migrate.apex_plan.provider import level_made_known, plan_text
     from migrate.apex_plan.vocabulary import PARTNER
 
     plan = plan_text(text, {**settings, PARTNER: partner} if partner is not None else settings)
     # no finding: nothing of apex amp is rewritten there (a legacy `amp.init()` handle in use)
     return (plan is not None and bool(plan.findings) and all(report.replacement is not None for report in plan.findings)
-            and (unsafe_fixes or not plan.unsafe_reasons))
+            and (unsafe_fixes or not plan.unsafe_reasons or level_made_known(plan, settings)))
 
 
 @disk_reads.cached(maxsize=64)

@@ -85,7 +85,8 @@ def freezing_line(tree: ast.AST, converted_at: int = 0) -> int | None:
     another tensor's (``new.weight.requires_grad = old.weight.requires_grad``), which freezes nothing;
     nor one after line ``converted_at`` (where given) in the function holding that line."""
     found = []
-    converting = _function_holding(tree, converted_at) if converted_at else None
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))] if converted_at else []
+    converting = _function_holding(tree, functions, converted_at) if converted_at else None
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(
                 isinstance(target, ast.Attribute) and target.attr == "requires_grad" for target in node.targets):
@@ -97,17 +98,13 @@ def freezing_line(tree: ast.AST, converted_at: int = 0) -> int | None:
         else:
             continue
         copied = isinstance(value, ast.Attribute) and value.attr == "requires_grad"  # kept as another tensor's
-        after = converted_at and node.lineno > converted_at and _function_holding(tree, node.lineno) is converting
+        after = converted_at and node.lineno > converted_at and _function_holding(tree, functions, node.lineno) is converting
         if not (isinstance(value, ast.Constant) and value.value is True) and not copied and not after:
             found.append(node.lineno)
     return min(found) if found else None
 
 
-def _function_holding(tree: ast.AST, line: int) -> ast.AST:
-    """The innermost function of ``tree`` whose lines hold ``line``; ``tree`` itself at module level."""
-    holding = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if holding is tree or node.lineno >= holding.lineno:
-                holding = node
-    return holding
+def _function_holding(tree: ast.AST, functions: list[ast.AST], line: int) -> ast.AST:
+    """The innermost of ``functions`` (those of ``tree``) whose lines hold ``line``; ``tree`` itself at module level."""
+    holding = [node for node in functions if node.lineno <= line <= (node.end_lineno or node.lineno)]
+    return max(holding, key=lambda node: node.lineno) if holding else tree

@@ -10,7 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate import quiet
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
-from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved
+from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved, inference_step
 from migrate.apex_plan.vocabulary import (
     AUTOCAST,
     COMPUTED_LEVEL,
@@ -153,17 +153,8 @@ class CrossFilePlanning(Step):
             marked = (init.inference or not paired) and init.level != "O0"
             InitializePlanning(self.context).plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
             if marked:
-                named = model.elements[0].value if isinstance(model, (cst.List, cst.Tuple)) and len(model.elements) == 1 else model
-                models = " ".join(nodes.code(named).split())  # `[self.model]` is `self.model`
-                if isinstance(named, cst.Call) and init.restore and not init.restore.startswith("return "):
-                    # `model, opt = amp.initialize(model.cuda(), opt)`: what computes is `model`
-                    models = init.restore.split(" = ", 1)[0].split(",")[0].strip(" ()[]")
-                if init.level in ("O2", "O3"):
-                    step = f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
-                else:
-                    step = f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
                 self.draft.marked_reasons.append(INFERENCE_CAST)  # the marker says what to do
-                self.draft.leave_marker(init.statement, step)
+                self.draft.leave_marker(init.statement, inference_step(init))
 
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``

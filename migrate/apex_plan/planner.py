@@ -184,10 +184,9 @@ class Planner:
             else:
                 self._hand_off(reading, inits, others)
             return
-        # The scaler is made where the first training `initialize` was (a teacher readied for
-        # inference before it does not decide).
-        # Of several, the one whose function goes on to scale a loss (`main()` calling `train()`,
-        # not a test entry point that only evaluates).
+        # The scaler is made where the first training `initialize` was (not a teacher readied for
+        # inference); of several, the one whose function goes on to scale a loss (`main()` calling
+        # `train()`, not a test entry point that only evaluates).
         training = [site for site in inits if not site.inference]
         init = next((site for site in training if self._reaches_a_scale(site, scales)), training[0] if training else inits[0]) if inits else None
         if init is not None and self.initialized_elsewhere:
@@ -199,7 +198,7 @@ class Planner:
         level, partner_args = CrossFilePlanning(reading).scale_half() if init is None else (init.level, ())
         repeats = [extra for extra in others_inits if several.repeats(init, extra)]
         joined = [extra for extra in others_inits if extra not in repeats and (several.joins(init, extra) or several.inference_beside(init, extra))]
-        several.note_inference([extra for extra in inits if extra not in joined])
+        several.note_inference([init] if init is not None and init.inference else [])  # the others are marked where they go
         apart = [extra for extra in others_inits if extra not in repeats + joined and not extra.inference
                  and self.tree.exclusive(init.statement, extra.statement)]
         o0 = level == "O0"
@@ -362,8 +361,7 @@ class Planner:
             elif id(extra) in mirrored and not self.setup.o0:
                 initialize.plan_initialize(extra, mirrored[id(extra)], again=True)
             else:
-                # an inference-only call goes with an `if args.fp16:` holding it alone (the file's marker notes it)
-                initialize.plan_initialize_removal(extra, with_guard=extra in joined or extra.inference)
+                several.remove(extra, joined=extra in joined)
         if init is not None:
             initialize.plan_initialize(init, hoist)
         elif not self.setup.o0:

@@ -12,7 +12,7 @@ from libcst.metadata import BatchableMetadataProvider, MetadataWrapper, Position
 
 from migrate.apex_nodes import apex_imports
 from migrate.apex_plan.unbound import unbound_reads
-from migrate.apex_plan.vocabulary import ApexPlan
+from migrate.apex_plan.vocabulary import COMPUTED_LEVEL, MASTER_COPIES, ApexPlan
 
 
 class ApexPlanProvider(BatchableMetadataProvider[ApexPlan]):
@@ -56,3 +56,12 @@ class _PlanReader(cst.CSTVisitor):
 
 def plan_of(visitor: cst.MetadataDependent, module: cst.Module) -> ApexPlan:
     return visitor.get_metadata(ApexPlanProvider, module)
+
+
+def level_made_known(plan: ApexPlan, settings: Mapping) -> bool:
+    """Whether the ``opt-level`` setting makes the plan's only doubt (a computed opt level) go."""
+    return (
+        settings.get("opt-level") in ("O0", "O1")
+        and COMPUTED_LEVEL in plan.unsafe_reasons
+        and set(plan.unsafe_reasons) <= {COMPUTED_LEVEL, MASTER_COPIES}
+    )

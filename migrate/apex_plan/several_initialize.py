@@ -12,13 +12,37 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.syntax import backward_calls
-from migrate.apex_plan.vocabulary import InitializeSite, normal
+from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, normal
 from migrate.tree_walk import walk
 
 
 # Why a model readied for inference at O1 (or a level known at run time) is an unsafe removal.
 INFERENCE_CAST = "`amp.initialize` without optimizers (inference ran under apex's casts): put it under `torch.autocast` by hand"
+
+
+# Why a model readied for inference at O3, not kept as ``model.half()``, is an unsafe removal.
+INFERENCE_IN_HALF = "`amp.initialize` without optimizers at O3: apex ran the model in float16, weights and inputs"
+
+
+def inference_step(init: InitializeSite) -> str:
+    """What to do where a call readying a model for inference is removed: apex cast (O1) or
+    halved (O2, O3) that model from there on."""
+    model = nodes.argument(init.call, 0, "models").value
+    named = model.elements[0].value if isinstance(model, (cst.List, cst.Tuple)) and len(model.elements) == 1 else model
+    models = " ".join(nodes.code(named).split())  # `[self.model]` is `self.model`
+    if isinstance(named, cst.Call) and init.restore and not init.restore.startswith("return "):
+        # `model, opt = amp.initialize(model.cuda(), opt)`: what computes is `model`
+        models = init.restore.split(" = ", 1)[0].split(",")[0].strip(" ()[]")
+    if init.level in ("O2", "O3"):
+        return f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
+    return f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+
+
+def marks_inference(init: InitializeSite) -> bool:
+    """Whether a call readying a model for inference is removed with a marker: apex cast it."""
+    return init.inference and init.level != "O0"
 
 
 def halved(init: InitializeSite) -> bool:
@@ -147,7 +171,20 @@ class SeveralInitializePlanning(Step):
         if any(init.inference and init.level not in ("O0", "O3") for init in inits):
             self.draft.unsafe.append(INFERENCE_CAST)
         if any(init.inference and init.level == "O3" and not halved(init) for init in inits):  # no casts: all in float16
-            self.draft.unsafe.append("`amp.initialize` without optimizers at O3: apex ran the model in float16, weights and inputs")
+            self.draft.unsafe.append(INFERENCE_IN_HALF)
+
+    def remove(self, init: InitializeSite, joined: bool) -> None:
+        """``init``, a call besides the one making the scaler, goes: with an ``if args.fp16:``
+        holding it alone where it joins that one. Readying a model for inference
+        (``marks_inference``), it leaves a marker where it stood, in its ``if``, saying what to do
+        there (in another function than the training one, the file's marker would not say where)."""
+        marked = not joined and marks_inference(init)
+        InitializePlanning(self.context).plan_initialize_removal(init, with_guard=joined or (init.inference and not marked))
+        if marked:
+            reason = INFERENCE_IN_HALF if init.level == "O3" else INFERENCE_CAST
+            self.draft.unsafe.append(reason)
+            self.draft.marked_reasons.append(reason)
+            self.draft.leave_marker(init.statement, inference_step(init))
 
     @staticmethod
     def _options(site: InitializeSite) -> list[str] | None:

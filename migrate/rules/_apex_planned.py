@@ -8,17 +8,9 @@ from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvid
 
 from migrate.apex_kept import SETTING as KEPT_ELSEWHERE
 from migrate.apex_plan import COMPUTED_LEVEL, MASTER_COPIES, ApexPlanProvider, plan_of
+from migrate.apex_plan.provider import level_made_known
 from migrate.rule import Rule
 from migrate.types import FixSafety, Safety
-
-
-def level_made_known(plan, settings) -> bool:
-    """Whether the ``opt-level`` setting makes the plan's only doubt (a computed opt level) go."""
-    return (
-        settings.get("opt-level") in ("O0", "O1")
-        and COMPUTED_LEVEL in plan.unsafe_reasons
-        and set(plan.unsafe_reasons) <= {COMPUTED_LEVEL, MASTER_COPIES}
-    )
 
 
 def initialize_rewrite(plan, settings) -> tuple[bool, Safety, str]:

@@ -381,28 +381,28 @@ def _spelled(change: ImportChange) -> str:
 def _kept_on_purpose(statement: cst.CSTNode, parent_of) -> bool:
     """Whether an unused import here may be wanted: in a class body (a class attribute), under
     ``if TYPE_CHECKING:``, or in a ``try`` whose ``except ImportError:`` sets a fallback (it tests
-    that apex is installed). Looked for up to the function or module the import binds in."""
-    node = parent_of(statement)
-    while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef, cst.Lambda)):
-        if isinstance(node, cst.ClassDef):
-            return True
-        if isinstance(node, cst.If) and nodes.code(node.test).rsplit(".", 1)[-1] == "TYPE_CHECKING":
-            return True
-        if isinstance(node, cst.Try) and (nodes.import_error_fallback(node) is not None or _answers(node)):
-            return True
-        node = parent_of(node)
-    return False
+    that apex is installed)."""
+    return any(isinstance(node, cst.ClassDef)
+               or isinstance(node, cst.If) and nodes.code(node.test).rsplit(".", 1)[-1] == "TYPE_CHECKING"
+               or isinstance(node, cst.Try) and (nodes.import_error_fallback(node) is not None or _answers(node))
+               for node in _blocks_around(statement, parent_of))
 
 
 def _probing_try(statement: cst.CSTNode, parent_of) -> cst.Try | None:
-    """The ``try`` around an import whose ``except ImportError:`` sets a fallback
-    (``HAS_APEX = False``), up to the function or module the import binds in."""
+    """The ``try`` around an import whose ``except ImportError:`` sets a fallback (``HAS_APEX = False``)."""
+    return next((node for node in _blocks_around(statement, parent_of)
+                 if isinstance(node, cst.Try) and nodes.import_error_fallback(node) is not None), None)
+
+
+def _blocks_around(statement: cst.CSTNode, parent_of):
+    """The nodes around an import, innermost first, up to the function or module it binds in; a
+    class body is the last."""
     node = parent_of(statement)
-    while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-        if isinstance(node, cst.Try) and nodes.import_error_fallback(node) is not None:
-            return node
+    while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef, cst.Lambda)):
+        yield node
+        if isinstance(node, cst.ClassDef):
+            return
         node = parent_of(node)
-    return None
 
 
 def _answers(node: cst.Try) -> bool:

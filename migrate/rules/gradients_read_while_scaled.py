@@ -9,7 +9,7 @@ from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABR
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.rules._frameworks import scaled_by_a_framework
-from migrate.step_model import Backward, Event, Kind, Steps
+from migrate.step_model import Backward, Event, Kind, Steps, scaler_off_where
 from migrate.step_model import vocabulary as words
 from migrate.types import FixSafety, Safety
 
@@ -20,8 +20,9 @@ class GradientsReadWhileScaled(TrainingStepRule):
     ``scaler.scale(loss).backward()`` with no ``scaler.unscale_(optimizer)`` before it in the
     same step: one finding per missing ``unscale_``, at the first read, the others related. A
     reading call handed the scale or the scaler (``clip_gradients(model, max_norm,
-    scale=scaler.get_scale())``) knows the gradients are scaled and is not reported; a ``test_...``
-    function is no training step. A framework that scales the loss itself (Accelerate, Fabric,
+    scale=scaler.get_scale())``) knows the gradients are scaled and is not reported; nor is a read
+    where the scaler is off (``else:`` of ``if args.fp16:``, the scaler made with
+    ``enabled=args.fp16``, or a conjunction holding it); a ``test_...`` function is no training step. A framework that scales the loss itself (Accelerate, Fabric,
     Lightning's ``self.manual_backward``) has the same mistake: a torch clip between its backward
     pass and its optimizer step, instead of its own clip, which unscales first (see "In each
     framework").
@@ -372,7 +373,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
                 by_framework.setdefault(id(managed.node), []).append((steps, event, managed))
                 continue
             scaled = self._scaled_before(steps, event)
-            if scaled is None or _given_the_scale(event, scaled[0]):
+            if scaled is None or _given_the_scale(event, scaled[0]) or scaler_off_where(model.module, scaled[0], event):
                 continue
             reported.add(id(statement))
             scaler, backward = scaled

@@ -23,7 +23,7 @@ Map of the package:
 The model never imports torch: it reads source only.
 """
 from migrate.step_model.events import Arm, Backward, Event, Kind, Loop, Region, Via
-from migrate.step_model.model import StepModel, Steps
+from migrate.step_model.model import StepModel, Steps, scaler_off_where
 from migrate.step_model.provider import StepModelProvider, model_of
 
-__all__ = ["Arm", "Backward", "Event", "Kind", "Loop", "Region", "StepModel", "StepModelProvider", "Steps", "Via", "model_of"]
+__all__ = ["Arm", "Backward", "Event", "Kind", "Loop", "Region", "StepModel", "StepModelProvider", "Steps", "Via", "model_of", "scaler_off_where"]

@@ -344,17 +344,43 @@ class Steps:
 
 
 def _conjunction_fails(one: Event, other: Event) -> bool:
-    """Whether ``one`` sits in the ``else`` arm of an ``if a and b:`` whose every part holds
-    where ``other`` runs (its arms, and the parts of the conjunctions whose body it is in)."""
-    holds = {(arm.test, arm.polarity) for arm in other.arms() if not arm.modulo}
-    holds |= {part for arm in other.arms() if arm.body and not arm.modulo for part in words.conjuncts(arm.node.test)}
+    """Whether ``one`` sits in the ``else`` arm of an ``if a and b:`` whose every part holds where
+    ``other`` runs (``_holds_where``); of an ``if a and b or c and d:``, every part of one side."""
+    holds = _holds_where(other)
     for arm in one.arms():
         if arm.body or arm.modulo:
             continue
-        parts = words.conjuncts(arm.node.test)
-        if len(parts) > 1 and all(part in holds for part in parts):
+        sides = [words.conjuncts(side) for side in _alternatives(arm.node.test)]
+        if any(all(part in holds for part in parts) for parts in sides if len(sides) > 1 or len(parts) > 1):
             return True
     return False
+
+
+def _alternatives(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The conditions ``test`` joins with ``or``: ``[a and b, c]`` for ``(a and b) or c``."""
+    inner = test.with_changes(lpar=(), rpar=()) if getattr(test, "lpar", None) else test
+    if isinstance(inner, cst.BooleanOperation) and isinstance(inner.operator, cst.Or):
+        return _alternatives(inner.left) + _alternatives(inner.right)
+    return [test]
+
+
+def scaler_off_where(module: cst.Module, scaler: str, event: Event) -> bool:
+    """Whether ``scaler`` is disabled wherever ``event`` runs: each assignment of it in the file
+    makes a GradScaler whose ``enabled=`` is a flag, or a conjunction holding one, that fails
+    there (``else:`` of ``if args.fp16:`` beside ``enabled=args.fp16 and level != "O0"``). A
+    disabled scaler's ``scale(loss)`` is the loss itself: the gradients there are true ones."""
+    made = [node.value for node in descendants(module) if type(node) is cst.Assign and type(node.value) is cst.Call
+            and any(nodes.code(target.target) == scaler for target in node.targets)]
+    holds = _holds_where(event)
+    return bool(made) and all(_disabled_where(call, holds) for call in made)
+
+
+def _disabled_where(made: cst.Call, holds: set[tuple[str, bool]]) -> bool:
+    enabled = nodes.argument(made, None, "enabled") if nodes.code(made.func).endswith("GradScaler") else None
+    value = enabled.value if enabled is not None else None
+    if type(value) is cst.Call and nodes.code(value.func) == "bool" and len(value.args) == 1:
+        value = value.args[0].value  # `enabled=bool(args.fp16)`
+    return value is not None and any((test, not polarity) in holds for test, polarity in words.conjuncts(value))
 
 
 def _holds_where(event: Event) -> set[tuple[str, bool]]:

@@ -158,3 +158,18 @@ def test_the_project_without_its_registration_trains_as_apex_did(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ampshim", "compare", "--device", "cpu", str(original / "train.py"),
                           str(migrated / "train.py")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("level_setting", [None, "O0", "O1"])
+def test_an_opt_level_known_from_the_setting_counts_as_migrated(tmp_path, level_setting):
+    """A trainer whose opt level is computed by a call (``os.environ.get(...)``) migrates safely
+    where the ``opt-level`` setting names it: the registration beside it goes as safely."""
+    ops = _project(tmp_path, "from_import", "marker", "o1")
+    trainer = tmp_path / "train0.py"
+    trainer.write_text("import os\n" + trainer.read_text().replace('opt_level="O1"', 'opt_level=os.environ.get("OPT_LEVEL", "O1")'))
+    settings = {"opt-level": level_setting} if level_setting else None
+    results = {r.filename: r for r in api.migrate_paths([str(tmp_path)], write=False, settings=settings)}
+    assert ("apex" not in (results[str(trainer)].new_source or "apex")) == bool(level_setting), results[str(trainer)].new_source
+    [finding] = [d for d in results[str(ops)].diagnostics if d.code == "AMP007"]
+    known = level_setting is not None
+    assert (finding.fix is not None and finding.fix.applicability.value == "safe") == known, finding
