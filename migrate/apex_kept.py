@@ -68,8 +68,11 @@ def kept_elsewhere(texts: Mapping[Path, str], settings: Mapping, partners: Mappi
                            and (line := _first_initialize(quiet.parse_or_none(source))))
         root, me = _search_root(path), path.resolve()
         # the project on disk, and the files of the run: a tree with no marker (an export, a
-        # copy) has no known extent, but what the run was given belongs to it
-        candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run) if file != me)
+        # copy) has no known extent, but what the run was given belongs to it; where the extent
+        # is known, another project the run was given (a monorepo's sibling folder) is not this one
+        known = known_project_root(path) is not None
+        candidates = dict.fromkeys((file, line) for file, line in (*_initializes(root), *in_run)
+                                   if file != me and not (known and not file.is_relative_to(root)))
         return kept_places(list(candidates), root, run, settings, unsafe_fixes, migrated)
     return _per_file(texts, partners, places_of)
 
