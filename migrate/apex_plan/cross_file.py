@@ -12,7 +12,6 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved, inference_step
 from migrate.apex_plan.vocabulary import (
-    AUTOCAST,
     COMPUTED_LEVEL,
     INITIALIZE,
     InitializeSite,

@@ -7,7 +7,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate.apex_kept import SETTING as KEPT_ELSEWHERE
-from migrate.apex_plan import COMPUTED_LEVEL, MASTER_COPIES, ApexPlanProvider, plan_of
+from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.apex_plan.provider import level_made_known
 from migrate.rule import Rule
 from migrate.types import FixSafety, Safety
