@@ -377,10 +377,18 @@ def scaler_off_where(module: cst.Module, scaler: str, event: Event) -> bool:
 
 def _disabled_where(made: cst.Call, holds: set[tuple[str, bool]]) -> bool:
     enabled = nodes.argument(made, None, "enabled") if nodes.code(made.func).endswith("GradScaler") else None
-    value = enabled.value if enabled is not None else None
-    if type(value) is cst.Call and nodes.code(value.func) == "bool" and len(value.args) == 1:
-        value = value.args[0].value  # `enabled=bool(args.fp16)`
-    return value is not None and any((test, not polarity) in holds for test, polarity in words.conjuncts(value))
+    return enabled is not None and any((test, not polarity) in holds for test, polarity in _flags_needed(enabled.value))
+
+
+def _flags_needed(value: cst.BaseExpression) -> list[tuple[str, bool]]:
+    """``words.conjuncts`` of ``value``, each part taken out of ``bool(...)`` (``enabled=bool(args.fp16)
+    and args.level != "O0"``)."""
+    inner = value.with_changes(lpar=(), rpar=()) if getattr(value, "lpar", None) else value
+    if type(inner) is cst.Call and nodes.code(inner.func) == "bool" and len(inner.args) == 1:
+        return _flags_needed(inner.args[0].value)
+    if isinstance(inner, cst.BooleanOperation) and isinstance(inner.operator, cst.And):
+        return _flags_needed(inner.left) + _flags_needed(inner.right)
+    return [words.normalised_test(value)]
 
 
 def _holds_where(event: Event) -> set[tuple[str, bool]]:

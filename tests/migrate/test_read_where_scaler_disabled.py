@@ -50,6 +50,8 @@ ENABLED = {  # the scaler's `enabled=`, and whether it is off where `args.fp16` 
     "bool": ("bool(args.fp16)", True),
     "and_level": ('args.fp16 and args.level != "O0"', True),
     "level_and": ('args.level != "O0" and args.fp16', True),
+    "bool_and_level": ('bool(args.fp16) and args.level != "O0"', True),
+    "bool_of_and": ('bool(args.fp16 and args.level != "O0")', True),
     "other_flag": ("args.amp", False),
     "or_level": ('args.fp16 or args.level != "O0"', False),
 }
