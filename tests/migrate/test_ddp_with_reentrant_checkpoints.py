@@ -73,6 +73,7 @@ def test_a_reentrant_checkpoint_anywhere_in_the_project_keeps_apex_ddp_reported(
 
 
 _RUN = textwrap.dedent('''
+    import os
     import sys
     import torch
     import torch.distributed as dist
@@ -97,7 +98,10 @@ _RUN = textwrap.dedent('''
     model = torch.nn.parallel.DistributedDataParallel(Net(), **options)
     for _ in range(2):
         model(torch.randn(2, 4, requires_grad=True)).sum().backward()
-    dist.destroy_process_group()
+    print("trained 2 steps", flush=True)
+    # gloo's threads may abort the interpreter's teardown ("terminate called without an active
+    # exception", SIGABRT: a flaky CI run); what is tested has run by now
+    os._exit(0)
 ''')
 
 
@@ -119,4 +123,4 @@ def test_torch_ddp_finding_unused_parameters_raises_on_a_reentrant_checkpoint(tm
     failed = run("find_unused")
     assert failed.returncode != 0 and "ready only once" in failed.stdout + failed.stderr, failed.stderr[-2000:]
     passed = run("static")
-    assert passed.returncode == 0, passed.stderr[-2000:]
+    assert passed.returncode == 0 and "trained 2 steps" in passed.stdout, passed.stderr[-2000:]
