@@ -11,7 +11,7 @@ from migrate.apex_plan.conditions import StepConditions, delayed_unscale, on_del
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
-from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
+from migrate.apex_plan.syntax import backward_calls, with_first_line_comment, with_inner_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
     MASTER_COPIES,
@@ -254,7 +254,11 @@ class GradientPlanning(Step):
             if readers:
                 # AMP101 makes one finding of the reads after one backward: the first carries the mark
                 first = next(id(part) for part in entry[1].nodes if id(part) in readers)
-                parts = [with_first_line_comment(part, SCALED_READER_MARK, keep) if id(part) == first else part
+                # where AMP101 has no fix it reports the read itself, inside the block: its line has
+                # the `noqa` too, and the run's unused-noqa pass drops the one that suppressed nothing
+                noqa = SCALED_READER_MARK[:SCALED_READER_MARK.index(" reads")]
+                parts = [with_inner_line_comment(with_first_line_comment(part, SCALED_READER_MARK, keep), noqa,
+                                                 reads_gradients_in, keep) if id(part) == first else part
                          for part in entry[1].nodes]
                 self.draft.replace(scale.statement, cst.FlattenSentinel(parts))
 

@@ -153,6 +153,45 @@ def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: froze
     return statement
 
 
+def with_inner_line_comment(statement: cst.BaseStatement, text: str, holds, keep: frozenset[int] = frozenset(),
+                            itself: bool = False) -> cst.BaseStatement:
+    """``with_first_line_comment`` on the innermost statement inside ``statement``'s blocks (or
+    ``statement`` itself, if ``itself``) whose own line ``holds`` is first true of, in source
+    order: a finding reported at an expression inside a block is on that statement's line, not on
+    its block's header. Unchanged where ``statement``'s own line holds it and not ``itself``; a
+    kept node is not entered (a rewrite planned for it finds it)."""
+    if isinstance(statement, cst.SimpleStatementLine) or any(holds(part) for part in _header_of(statement)):
+        return with_first_line_comment(statement, text, keep) if itself else statement
+    changes = {}
+    for name in ("body", "handlers", "orelse", "finalbody"):
+        block = getattr(statement, name, None)
+        parts = block if isinstance(block, (tuple, list)) else [block]  # the `except` clauses, or one block
+        first = next((i for i, part in enumerate(parts) if part is not None and holds(part)), None)
+        if first is None:
+            continue
+        if isinstance(block, (cst.If, tuple, list)):  # an `elif`, or a clause
+            if id(parts[first]) in keep:
+                return statement
+            marked = with_inner_line_comment(parts[first], text, holds, keep, itself=True)
+            changes[name] = marked if isinstance(block, cst.If) else [*parts[:first], marked, *parts[first + 1:]]
+        else:
+            suite = block.body if isinstance(block, (cst.Else, cst.Finally)) else block
+            inner = next((i for i, part in enumerate(suite.body) if holds(part)), None)
+            if inner is None or id(suite.body[inner]) in keep or not isinstance(suite, cst.IndentedBlock):
+                return statement
+            marked = [*suite.body[:inner], with_inner_line_comment(suite.body[inner], text, holds, keep, itself=True), *suite.body[inner + 1:]]
+            suite = suite.with_changes(body=marked)
+            changes[name] = block.with_changes(body=suite) if isinstance(block, (cst.Else, cst.Finally)) else suite
+        return statement.with_changes(**changes)
+    return statement
+
+
+def _header_of(statement: cst.BaseStatement) -> list[cst.CSTNode]:
+    """The parts of a compound statement on its first line: its test, target, iterable or items."""
+    blocks = (cst.BaseSuite, cst.Else, cst.Finally, cst.If, cst.ExceptHandler, cst.ExceptStarHandler)
+    return [child for child in statement.children if not isinstance(child, blocks)]
+
+
 def imports_apex(small: cst.BaseSmallStatement) -> bool:
     if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
         return nodes.code(small.module).split(".")[0] == "apex"
