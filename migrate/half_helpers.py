@@ -49,13 +49,46 @@ def _helpers_for(path: Path, text: str) -> tuple[tuple[str, str], ...]:
 
 @disk_reads.cached(maxsize=256)
 def _casting_functions(file: str) -> dict[str, int]:
-    """The module-level functions of ``file`` whose body casts something to float16 (``.half()``,
-    ``.to(torch.float16)``, ``.to(dtype=torch.half)``), by name, with their line."""
+    """The module-level functions of ``file`` that cast a module they are handed to float16
+    (``.half()``, ``.to(torch.float16)``, ``.to(dtype=torch.half)``), by name, with their line."""
     tree = parsed_module(file)
     if tree is None:
         return {}
     return {node.name: node.lineno for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(_casts_to_half, ast.walk(node)))}
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _casts_a_module_handed(node)}
+
+
+_MODULE_METHODS = frozenset({"eval", "train", "cuda", "cpu", "to", "float", "half", "type", "requires_grad_"})  # return the module
+_SUBMODULES = frozenset({"modules", "children", "named_modules", "named_children"})
+
+
+def _casts_a_module_handed(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``function`` casts to float16 a module it is handed: a parameter (of it or of a
+    lambda in it), a name bound to one, or one of its ``modules()`` looped over. A tensor it
+    makes or gets back from a forward pass (``scores.data.squeeze(1).half()``) is no module."""
+    handed = {arg.arg for node in ast.walk(function) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+              for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+    for _ in range(2):  # a name bound to a name bound to a parameter
+        for node in ast.walk(function):
+            if isinstance(node, ast.For) and _module_root(node.iter, handed, _SUBMODULES) is not None:
+                handed |= {name.id for name in ast.walk(node.target) if isinstance(name, ast.Name)}
+            elif isinstance(node, ast.Assign) and _module_root(node.value, handed) is not None:
+                handed |= {name.id for target in node.targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+    return any(_casts_to_half(node) and _module_root(node.func.value, handed) is not None for node in ast.walk(function))
+
+
+def _module_root(value: ast.AST, handed: set[str], last: frozenset[str] = _MODULE_METHODS) -> str | None:
+    """The handed name ``value`` is a module of (``m``, ``m.eval()``, ``model.module``,
+    ``net if x else model``); with ``last``, the final call must be one of those methods."""
+    if isinstance(value, ast.IfExp):
+        return _module_root(value.body, handed) or _module_root(value.orelse, handed)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in last:
+        return _module_root(value.func.value, handed)
+    if last is _SUBMODULES:
+        return None
+    if isinstance(value, ast.Attribute) and value.attr == "module":  # a wrapper's module
+        return _module_root(value.value, handed)
+    return value.id if isinstance(value, ast.Name) and value.id in handed else None
 
 
 def _casts_to_half(node: ast.AST) -> bool:

@@ -35,9 +35,12 @@ def inference_step(init: InitializeSite) -> str:
     if isinstance(named, cst.Call) and init.restore and not init.restore.startswith("return "):
         # `model, opt = amp.initialize(model.cuda(), opt)`: what computes is `model`
         models = init.restore.split(" = ", 1)[0].split(",")[0].strip(" ()[]")
+    enabled = nodes.argument(init.call, 2, "enabled")
+    flag = " ".join(nodes.code(enabled.value).split()) if enabled is not None else "True"
+    where, autocast = ("", AUTOCAST.format(enabled="")) if flag == "True" else (f" where `{flag}`", AUTOCAST.format(enabled=f", enabled={flag}"))
     if init.level in ("O2", "O3"):
-        return f"apex {init.level} ran `{models}` in float16, weights and inputs: call `.half()` on both, or run it under {AUTOCAST.format(enabled='')}"
-    return f"run `{models}` under {AUTOCAST.format(enabled='')} where it computes: apex cast it from here on"
+        return f"apex {init.level} ran `{models}` in float16{where}, weights and inputs: call `.half()` on both, or run it under {autocast}"
+    return f"run `{models}` under {autocast} where it computes: apex cast it from here on"
 
 
 def marks_inference(init: InitializeSite) -> bool:

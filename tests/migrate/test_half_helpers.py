@@ -65,3 +65,41 @@ def test_a_function_that_casts_nothing_to_half_leaves_the_rewrite_alone(tmp_path
     train = _project(tmp_path, "def set_bn_eval(m):\n    m.eval()\n", "apply", False)
     [result] = [r for r in migrate_paths([train], write=False) if r.filename.endswith("train.py")]
     assert result.new_source and "amp.initialize" not in result.new_source, result.new_source
+
+
+TENSOR_CASTS = {  # functions of another file that cast tensors, not the module they are handed
+    "forward output": "import torch\n\n\n@torch.no_grad()\ndef evaluate(model, batches):\n    scores = []\n"
+                      "    for x in batches:\n        out = model(x)\n        scores.append(out.data.squeeze(1).half())\n    return scores\n",
+    "made tensor": "import torch\n\n\ndef evaluate(model, batches):\n    total = torch.zeros(3).half()\n"
+                   "    for x in batches:\n        total += model(x).sum()\n    return total\n",
+    "weight of it": "def evaluate(model, batches):\n    w = model.weight\n    return w.half().sum()\n",
+    "returned tensor": "import torch\n\n\ndef evaluate(model, batches):\n    return [model(x).to(dtype=torch.float16) for x in batches]\n",
+}
+MODULE_CASTS = {  # ... and functions that do cast it, however it is reached
+    "alias": "def evaluate(model, batches):\n    net = model.module if hasattr(model, 'module') else model\n    net.half()\n",
+    "lambda": "def evaluate(model, batches):\n    model.apply(lambda m: m.half())\n",
+    "named modules": "def evaluate(model, batches):\n    for _, layer in model.named_modules():\n        layer.eval().half()\n",
+    "chain": "def evaluate(model, batches):\n    model.cuda().eval().half()\n",
+}
+
+
+def _evaluating(root: Path, helper: str) -> Path:
+    train = _project(root, helper, "called", False)
+    train.write_text(train.read_text().replace("set_bn_eval", "evaluate").replace("evaluate(model)", "evaluate(model, [])"))
+    return train
+
+
+@pytest.mark.parametrize("helper", sorted(TENSOR_CASTS))
+def test_a_function_casting_tensors_it_makes_is_no_module_cast(tmp_path, helper):
+    train = _evaluating(tmp_path, TENSOR_CASTS[helper])
+    [result] = [r for r in migrate_paths([train], write=False) if r.filename.endswith("train.py")]
+    assert not any("casts modules to float16" in d.message for d in result.diagnostics), result.diagnostics
+    assert result.new_source and "amp.initialize" not in result.new_source, result.new_source
+
+
+@pytest.mark.parametrize("helper", sorted(MODULE_CASTS))
+def test_a_function_casting_the_module_it_is_handed_is_one(tmp_path, helper):
+    train = _evaluating(tmp_path, MODULE_CASTS[helper])
+    [result] = [r for r in migrate_paths([train], write=False, unsafe_fixes=True) if r.filename.endswith("train.py")]
+    assert result.new_source in (None, train.read_text()), result.new_source
+    assert any("casts modules to float16" in d.message for d in result.diagnostics if d.code == "AMP002"), result.diagnostics

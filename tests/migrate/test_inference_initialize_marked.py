@@ -62,8 +62,10 @@ def test_the_removed_inference_call_keeps_a_marker_where_it_stood(call, guard, p
     named = model if place == "another function" else "model"
     loop_end = next(i for i, line in enumerate(lines) if "optimizer.zero_grad()" in line)
     below = "\n".join(lines[loop_end + 1:])
-    step = "in float16, weights and inputs" if level in ("O2", "O3") else "where it computes: apex cast it"
-    assert "TODO(ampmigrate)" in below and f"`{named}`" in below and step in " ".join(below.split()), new
+    where = " where `cfg.fp16`" if call == "enabled" else ""  # the flag apex cast under, in the step and its autocast
+    step = f"in float16{where}, weights and inputs" if level in ("O2", "O3") else "where it computes: apex cast it"
+    assert "TODO(ampmigrate)" in below and f"`{named}`" in below and step in " ".join(below.replace("#", "").split()), new
+    assert ("enabled=cfg.fp16)" in below) == (call == "enabled"), new
     assert "without optimizers" not in "\n".join(lines[:loop_end]), new
     namespace = {}
     exec(compile(new, "train.py", "exec"), namespace)
