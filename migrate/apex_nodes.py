@@ -365,18 +365,29 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
     """What removing the apex import that ``node`` guards changes for a run without apex: its
     ``except`` branch's assignments turned mixed precision off, or, where the flags they set are
     read only in ``assert`` tests (``assert not fp16 or has_apex``), stopped a run asking for it."""
-    fallback = import_error_fallback(node)
-    if fallback is None:
+    fallback, skipped = import_error_fallback(node), _skipped_without_apex(node)
+    if fallback is None and not skipped:
         return None
-    flags = {target.target.value for handler in node.handlers for line in handler.body.body
-             if isinstance(line, cst.SimpleStatementLine) for small in line.body if isinstance(small, cst.Assign)
-             for target in small.targets if isinstance(target.target, cst.Name)}
+    lines = [line for handler in node.handlers for line in handler.body.body]
+    flags = {target.target.value for line in lines if isinstance(line, cst.SimpleStatementLine) for small in line.body
+             if isinstance(small, cst.Assign) for target in small.targets if isinstance(target.target, cst.Name)}
+    flags |= {target.target.value for small in skipped for target in small.targets if isinstance(target.target, cst.Name)}
     if flags and _read_only_in_asserts(module, flags):
         return ("behaviour change: where apex was not installed, an `assert` on "
                 f"{', '.join(f'`{flag}`' for flag in sorted(flags))} stopped runs asking for mixed precision; "
                 "native torch.amp needs no install, so those runs now go on")
-    return (f"behaviour change: where apex was not installed, `{fallback}` turned mixed precision off; "
+    # `has_apex = False` before the `try` and `has_apex = True` after the import in it: the failed import skipped it
+    what = f"`{fallback}`" if fallback is not None else f"skipping `{'; '.join(code(small) for small in skipped)}` after the import"
+    return (f"behaviour change: where apex was not installed, {what} turned mixed precision off; "
             "native torch.amp needs no install, so those runs now use it")
+
+
+def _skipped_without_apex(node: cst.Try) -> list[cst.Assign]:
+    """The assignments in ``node``'s body after its apex import, which a failed import skipped."""
+    body = [line for line in node.body.body if isinstance(line, cst.SimpleStatementLine)]
+    at = next((i for i, line in enumerate(body) for small in line.body
+               if isinstance(small, (cst.Import, cst.ImportFrom)) and "apex" in code(small).split()[1].split(".")[0]), None)
+    return [] if at is None else [small for line in body[at + 1:] for small in line.body if isinstance(small, cst.Assign)]
 
 
 def _read_only_in_asserts(module: cst.Module, names: set[str]) -> bool:
