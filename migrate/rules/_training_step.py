@@ -12,6 +12,7 @@ from migrate.rule import Rule
 from migrate.flow.reaching import reaching
 from migrate.step_model import Arm, Event, Loop, StepModel, StepModelProvider, Steps, Via, model_of
 from migrate.step_model import vocabulary as words
+from migrate.tree_walk import descendants
 
 
 class TrainingStepRule(Rule):
@@ -44,7 +45,7 @@ def made_each_iteration(steps: Steps, created: Event) -> bool:
         return False
     loops = set(created.loops())
     trained = [backward for backward in steps.backwards() if loops & set(backward.loops())]
-    return bool(trained) and not any(_whole_run(created, backward) for backward in trained) \
+    return bool(trained) and not any(_whole_run(steps, created, backward) for backward in trained) \
         and not _rebuilds_the_trainer(steps, created)
 
 
@@ -110,7 +111,7 @@ def _rebuilds_the_trainer(steps: Steps, created: Event) -> bool:
                for a in steps.assignments)
 
 
-def _whole_run(created: Event, backward: Event) -> bool:
+def _whole_run(steps: Steps, created: Event, backward: Event) -> bool:
     """Whether the scaler is made for a whole training (its own loop over epochs) run once per
     trial of a search: in a function the search calls, or in the search's loop before the epoch
     loop (``for trial in range(n): model = ...; scaler = GradScaler(); for epoch in ...``). Each
@@ -122,15 +123,21 @@ def _whole_run(created: Event, backward: Event) -> bool:
         inside = backward.frames[backward.frames.index(created.loops()[-1]) + 1:]
     else:
         return False
-    return any(isinstance(frame, Loop) and _over_epochs(frame.node) for frame in inside)
+    return any(isinstance(frame, Loop) and _over_epochs(frame.node, steps.function_of(backward.frames[:index]))
+               for index, frame in enumerate(backward.frames) if frame in inside)
 
 
 # A count within one epoch: `range(total_it_each_epoch)`, `iters_per_epoch`, `epoch_length`.
 _WITHIN_AN_EPOCH = re.compile(r"(each|per)_?epoch|epoch_?(len|length|size|iters?|steps?)", re.IGNORECASE)
 
 
-def _over_epochs(loop: cst.For | cst.While) -> bool:
-    head = (loop.target, loop.iter) if isinstance(loop, cst.For) else (loop.test,)
+def _over_epochs(loop: cst.For | cst.While, function: cst.CSTNode) -> bool:
+    """A loop over epochs: its head says so, or the name it iterates is bound to what does
+    (``train_iterator = trange(start, args.num_train_epochs)``, then ``for _ in train_iterator:``)."""
+    head = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
+    if isinstance(loop, cst.For) and type(loop.iter) is cst.Name:
+        head += [node.value for node in descendants(function) if type(node) is cst.Assign and len(node.targets) == 1
+                 and type(node.targets[0].target) is cst.Name and node.targets[0].target.value == loop.iter.value]
     return any("epoch" in nodes.code(part).lower() and not _WITHIN_AN_EPOCH.search(nodes.code(part)) for part in head)
 
 

@@ -18,7 +18,8 @@ class GradScalerInLoop(TrainingStepRule):
     in an epoch loop around it, or in a helper (``train_one_epoch``, ``train_step``) called there;
     also at the top of a function named for one epoch (``train_one_epoch``) that loops over its
     batches, where no function of the file calls it (its epoch loop is in another file).
-    A function that runs a whole training (its own loop over epochs) may make its scaler, even
+    A function that runs a whole training (its own loop over epochs, or over a name bound to
+    them: ``train_iterator = trange(args.num_train_epochs)``) may make its scaler, even
     when a search calls it once per trial, and so may a search's loop that makes it before its
     own loop over epochs. A scaler made by a factory or another class (timm's ``NativeScaler()``,
     ``build_grad_scaler(cfg)``) counts, except where the call that makes it binds a new optimizer
