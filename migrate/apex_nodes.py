@@ -385,8 +385,8 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
 def _skipped_without_apex(node: cst.Try) -> list[cst.Assign]:
     """The assignments in ``node``'s body after its apex import, which a failed import skipped."""
     body = [line for line in node.body.body if isinstance(line, cst.SimpleStatementLine)]
-    at = next((i for i, line in enumerate(body) for small in line.body
-               if isinstance(small, (cst.Import, cst.ImportFrom)) and "apex" in code(small).split()[1].split(".")[0]), None)
+    at = next((i for i, line in enumerate(body) for small in line.body if isinstance(small, (cst.Import, cst.ImportFrom))
+               and not isinstance(small.names, cst.ImportStar) and any(apex_import(small, alias) for alias in small.names)), None)
     return [] if at is None else [small for line in body[at + 1:] for small in line.body if isinstance(small, cst.Assign)]
 
 

@@ -162,8 +162,7 @@ def with_inner_line_comment(statement: cst.BaseStatement, text: str, holds, keep
     kept node is not entered (a rewrite planned for it finds it)."""
     if isinstance(statement, cst.SimpleStatementLine) or any(holds(part) for part in _header_of(statement)):
         return with_first_line_comment(statement, text, keep) if itself else statement
-    changes = {}
-    for name in ("body", "handlers", "orelse", "finalbody"):
+    for name in ("body", "handlers", "orelse", "finalbody"):  # the first block holding it
         block = getattr(statement, name, None)
         parts = block if isinstance(block, (tuple, list)) else [block]  # the `except` clauses, or one block
         first = next((i for i, part in enumerate(parts) if part is not None and holds(part)), None)
@@ -173,16 +172,14 @@ def with_inner_line_comment(statement: cst.BaseStatement, text: str, holds, keep
             if id(parts[first]) in keep:
                 return statement
             marked = with_inner_line_comment(parts[first], text, holds, keep, itself=True)
-            changes[name] = marked if isinstance(block, cst.If) else [*parts[:first], marked, *parts[first + 1:]]
-        else:
-            suite = block.body if isinstance(block, (cst.Else, cst.Finally)) else block
-            inner = next((i for i, part in enumerate(suite.body) if holds(part)), None)
-            if inner is None or id(suite.body[inner]) in keep or not isinstance(suite, cst.IndentedBlock):
-                return statement
-            marked = [*suite.body[:inner], with_inner_line_comment(suite.body[inner], text, holds, keep, itself=True), *suite.body[inner + 1:]]
-            suite = suite.with_changes(body=marked)
-            changes[name] = block.with_changes(body=suite) if isinstance(block, (cst.Else, cst.Finally)) else suite
-        return statement.with_changes(**changes)
+            return statement.with_changes(**{name: marked if isinstance(block, cst.If) else [*parts[:first], marked, *parts[first + 1:]]})
+        suite = block.body if isinstance(block, (cst.Else, cst.Finally)) else block
+        inner = next((i for i, part in enumerate(suite.body) if holds(part)), None)
+        if inner is None or id(suite.body[inner]) in keep or not isinstance(suite, cst.IndentedBlock):
+            return statement
+        marked = [*suite.body[:inner], with_inner_line_comment(suite.body[inner], text, holds, keep, itself=True), *suite.body[inner + 1:]]
+        suite = suite.with_changes(body=marked)
+        return statement.with_changes(**{name: block.with_changes(body=suite) if isinstance(block, (cst.Else, cst.Finally)) else suite})
     return statement
 
 

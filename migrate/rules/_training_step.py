@@ -118,13 +118,13 @@ def _whole_run(steps: Steps, created: Event, backward: Event) -> bool:
     run rightly starts a new scaler."""
     calls = [frame for frame in created.frames if isinstance(frame, Via)]
     if calls and calls[-1] in backward.frames:
-        inside = backward.frames[backward.frames.index(calls[-1]) + 1:]
+        start = backward.frames.index(calls[-1]) + 1
     elif not calls and created.loops() and created.loops()[-1] in backward.frames:
-        inside = backward.frames[backward.frames.index(created.loops()[-1]) + 1:]
+        start = backward.frames.index(created.loops()[-1]) + 1
     else:
         return False
     return any(isinstance(frame, Loop) and _over_epochs(frame.node, steps.function_of(backward.frames[:index]))
-               for index, frame in enumerate(backward.frames) if frame in inside)
+               for index, frame in enumerate(backward.frames[start:], start))
 
 
 # A count within one epoch: `range(total_it_each_epoch)`, `iters_per_epoch`, `epoch_length`.

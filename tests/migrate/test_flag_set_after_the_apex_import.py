@@ -68,3 +68,15 @@ def test_an_assignment_before_the_import_is_not_skipped():
     result = migrate_source(source, "train.py", unsafe_fixes=True)
     notes = " ".join(d.fix.message for d in result.diagnostics if d.fix is not None)
     assert "skipping" not in notes, notes
+
+
+@pytest.mark.parametrize("other", ["import apex_tools", "from pyapex import utils", "import apexlike.io as aio"])
+def test_only_what_follows_the_apex_import_is_named(other):
+    # an import whose name only contains "apex" runs before apex's: what follows it ran without apex too
+    source = SCRIPT.format(default="has_apex = False\n", imported=f"{other}\n    ready = True\n    from apex import amp",
+                           between="", flag="has_apex", caught=" ImportError", handler="print('no apex')")
+    compile(source, "train.py", "exec")
+    result = migrate_source(source, "train.py", unsafe_fixes=True)
+    notes = " ".join(" ".join(d.fix.message.split()) for d in result.diagnostics if d.fix is not None)
+    assert "skipping `has_apex = True` after the import" in notes, notes
+    assert "ready = True" not in notes, notes
