@@ -9,6 +9,7 @@ from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABR
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
 from migrate.rules._frameworks import scaled_by_a_framework
+from migrate.rules._unscaled_paths import unscaled_on_every_path
 from migrate.step_model import Backward, Event, Kind, Steps, scaler_off_where
 from migrate.step_model import vocabulary as words
 from migrate.types import FixSafety, Safety
@@ -22,7 +23,9 @@ class GradientsReadWhileScaled(TrainingStepRule):
     reading call handed the scale or the scaler (``clip_gradients(model, max_norm,
     scale=scaler.get_scale())``) knows the gradients are scaled and is not reported; nor is a read
     where the scaler is off (``else:`` of ``if args.fp16:``, the scaler made with
-    ``enabled=args.fp16``, or a conjunction holding it); a ``test_...`` function is no training step. A framework that scales the loss itself (Accelerate, Fabric,
+    ``enabled=args.fp16``, or a conjunction holding it), nor one after a loop of micro-batches whose
+    ``unscale_`` runs after the backward under a test of the pass (``if is_last_batch:``) and whose
+    step follows the loop: only the last pass may unscale there; a ``test_...`` function is no training step. A framework that scales the loss itself (Accelerate, Fabric,
     Lightning's ``self.manual_backward``) has the same mistake: a torch clip between its backward
     pass and its optimizer step, instead of its own clip, which unscales first (see "In each
     framework").
@@ -402,7 +405,7 @@ class GradientsReadWhileScaled(TrainingStepRule):
             start = steps.index(backward)
             between = [e for e in steps.events[start:end] if e.scaler == backward.scaler
                        and e.kind in (Kind.UNSCALE, Kind.SCALER_STEP)]
-            return None if _unscaled_on_every_path(steps, between, event, backward) else (backward.scaler, backward)
+            return None if unscaled_on_every_path(steps, between, event, backward) else (backward.scaler, backward)
         return None
 
     def _fix(self, steps: Steps, event: Event, scaler: str) -> tuple[cst.CSTNode | None, dict]:
@@ -457,21 +460,6 @@ def _framework_finding(reads: list) -> tuple:
         message += f" ({len(reads)} reads in this step)"
     related = tuple((other.node, f"also read before the step: `{text(other)}`") for _, other, _ in reads[1:])
     return read.node, message, {"related": related}
-
-
-def _unscaled_on_every_path(steps: Steps, unscaling: list[Event], read: Event, backward: Event) -> bool:
-    """Whether one of ``unscaling`` (``unscale_`` or ``scaler.step`` calls) runs on every path from
-    ``backward`` to ``read``: one runs whenever both do, or the two arms of an ``if``/``else``
-    each hold one (``if clip: scaler.unscale_(opt); clip(...); scaler.step(opt) / else: scaler.step(opt)``)."""
-    if any(steps.runs_whenever(e, read, backward) for e in unscaling):
-        return True
-    known = {*read.arms(), *backward.arms()}
-    sides: dict[int, set[bool]] = {}
-    for e in unscaling:
-        extra = [arm for arm in e.arms() if arm not in known]
-        if len(extra) == 1 and isinstance(extra[0].node.orelse, cst.Else):
-            sides.setdefault(id(extra[0].node), set()).add(extra[0].body)
-    return any(len(taken) == 2 for taken in sides.values())
 
 
 def _given_the_scale(read: Event, scaler: str) -> bool:
