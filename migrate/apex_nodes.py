@@ -364,22 +364,36 @@ def import_error_fallback(node: cst.Try) -> str | None:
 def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
     """What removing the apex import that ``node`` guards changes for a run without apex: its
     ``except`` branch's assignments turned mixed precision off, or, where the flags they set are
-    read only in ``assert`` tests (``assert not fp16 or has_apex``), stopped a run asking for it."""
+    read only in ``assert`` tests (``assert not fp16 or has_apex``), stopped a run asking for it.
+    Where the ``try`` also imports other things of apex's, it fails without apex until their own
+    fixes remove them too: the change is said to come then."""
     fallback, skipped = import_error_fallback(node), _skipped_without_apex(node)
     if fallback is None and not skipped:
         return None
+    others = _other_apex_imports(node)
+    when, then = ((f"behaviour change once this `try`'s other apex imports ({', '.join(f'`{name}`' for name in others)}) "
+                   "go too", "then") if others else ("behaviour change", "now"))
     lines = [line for handler in node.handlers for line in handler.body.body]
     flags = {target.target.value for line in lines if isinstance(line, cst.SimpleStatementLine) for small in line.body
              if isinstance(small, cst.Assign) for target in small.targets if isinstance(target.target, cst.Name)}
     flags |= {target.target.value for small in skipped for target in small.targets if isinstance(target.target, cst.Name)}
     if flags and _read_only_in_asserts(module, flags):
-        return ("behaviour change: where apex was not installed, an `assert` on "
+        return (f"{when}: where apex was not installed, an `assert` on "
                 f"{', '.join(f'`{flag}`' for flag in sorted(flags))} stopped runs asking for mixed precision; "
-                "native torch.amp needs no install, so those runs now go on")
+                f"native torch.amp needs no install, so those runs {then} go on")
     # `has_apex = False` before the `try` and `has_apex = True` after the import in it: the failed import skipped it
     what = f"`{fallback}`" if fallback is not None else f"skipping `{'; '.join(code(small) for small in skipped)}` after the import"
-    return (f"behaviour change: where apex was not installed, {what} turned mixed precision off; "
-            "native torch.amp needs no install, so those runs now use it")
+    return (f"{when}: where apex was not installed, {what} turned mixed precision off; "
+            f"native torch.amp needs no install, so those runs {then} use it")
+
+
+def _other_apex_imports(node: cst.Try) -> list[str]:
+    """What ``node``'s body imports of apex's besides ``amp`` (``apex.parallel.DistributedDataParallel``)."""
+    found = [apex_import(small, alias)[1] for line in node.body.body if isinstance(line, cst.SimpleStatementLine)
+             for small in line.body if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
+             for alias in small.names if apex_import(small, alias) is not None]
+    return [f"{change.module}.{change.obj}" if change.obj else change.module for change in found
+            if not (change.module.split(".")[:2] == ["apex", "amp"] or (change.module == "apex" and change.obj in (None, "amp")))]
 
 
 def _skipped_without_apex(node: cst.Try) -> list[cst.Assign]:
