@@ -70,12 +70,15 @@ class GradientPlanning(Step):
 
         found: list[tuple[cst.BaseStatement, str | None]] = []  # (statement, condition)
         among_backwards: set[int] = set()  # readers in a statement that also scales (a loop of micro-batches)
+        before_another: set[int] = set()  # readers between two scaled backward passes
         for between, conditions in passed:
             for statement in between:
                 if self.scales_again(statement, scale):
+                    before_another.update(id(reader) for reader, _ in found)
                     if self._reads_before_another_backward(statement, scale, reads):
                         found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
                         among_backwards.add(id(statement))
+                        before_another.add(id(statement))
                 elif reads(statement):
                     found.append((statement, conditions_of.step_condition(conditions, scale.call, optimizer)))
         condition = conditions_of.step_condition([*present, *(passed[-1][1] if passed else [])], scale.call, optimizer)
@@ -88,6 +91,8 @@ class GradientPlanning(Step):
                         # read before any backward pass: not between one and the step; read
                         # between two, it saw the first one's gradients (out of sight too: a
                         # regulariser's update before an auxiliary loss's backward)
+                        if scaled:
+                            before_another.update(id(reader) for reader, _ in found)
                         found, after_one, scaled = found if scaled else [], scaled, True
                         # a loop of micro-batches (in an arm too) reads after its own backward
                         # passes (a closure `limit_norm(0.5)` after `self.backward(loss)`)
@@ -148,10 +153,18 @@ class GradientPlanning(Step):
             refused = [reader for reader, _, follows in readers
                        if not follows and not any(self.tree.inside(step, reader) for step, _ in steps)]
             self.draft.unscale_refused.update(self._reached(refused))
-            for reader in (line for refused_reader in refused for line in self._reading_statements(refused_reader, reads)):
-                self.draft.mark(reader, reason, f"this reads gradients still scaled by the loss scale (apex had unscaled them; "
-                                f"`{optimizer}.step()` may not follow): call `{self.setup.scaler}.unscale_({optimizer})` by hand "
-                                "where they are final")
+            # between two scaled backward passes no gradients are final: the read divides the scale out itself
+            between = (f"gradients are read between two scaled backward passes (apex had unscaled them): an `unscale_` "
+                       f"there would mix scaled and unscaled gradients; read them divided by `{self.setup.scaler}.get_scale()`")
+            marks = {False: (reason, f"this reads gradients still scaled by the loss scale (apex had unscaled them; "
+                                     f"`{optimizer}.step()` may not follow): call `{self.setup.scaler}.unscale_({optimizer})` "
+                                     "by hand where they are final"),
+                     True: (between, f"this reads gradients still scaled by the loss scale (apex had unscaled them), and another "
+                                     f"scaled backward adds to them before `{optimizer}.step()`: an `unscale_` here would mix "
+                                     f"scaled and unscaled gradients; read them divided by `{self.setup.scaler}.get_scale()`")}
+            for refused_reader in refused:
+                for reader in self._reading_statements(refused_reader, reads):
+                    self.draft.mark(reader, *marks[id(refused_reader) in before_another])
             if not refused:
                 self.draft.unsafe.append(reason)
             return

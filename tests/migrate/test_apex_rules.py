@@ -490,7 +490,7 @@ def test_gradients_read_between_two_scaled_backward_passes_make_the_fix_unsafe()
     )
     output, diagnostics = _migrate(source)
     assert output == source
-    assert any("does not always follow" in (d.fix.why_unsafe if d.fix else "") for d in diagnostics)
+    assert any("gradients are read between two scaled backward passes" in (d.fix.why_unsafe if d.fix else "") for d in diagnostics)
 
 
 def test_min_loss_scale_beside_a_static_scale_is_dropped_safely():
