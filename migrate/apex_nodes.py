@@ -389,9 +389,9 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
 
 def _other_apex_imports(node: cst.Try) -> list[str]:
     """What ``node``'s body imports of apex's besides ``amp`` (``apex.parallel.DistributedDataParallel``)."""
-    found = [apex_import(small, alias)[1] for line in node.body.body if isinstance(line, cst.SimpleStatementLine)
+    found = [imported[1] for line in node.body.body if isinstance(line, cst.SimpleStatementLine)
              for small in line.body if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
-             for alias in small.names if apex_import(small, alias) is not None]
+             for alias in small.names if (imported := apex_import(small, alias)) is not None]
     return [f"{change.module}.{change.obj}" if change.obj else change.module for change in found
             if not (change.module.split(".")[:2] == ["apex", "amp"] or (change.module == "apex" and change.obj in (None, "amp")))]
 

@@ -154,12 +154,12 @@ class GradientPlanning(Step):
                        if not follows and not any(self.tree.inside(step, reader) for step, _ in steps)]
             self.draft.unscale_refused.update(self._reached(refused))
             # between two scaled backward passes no gradients are final: the read divides the scale out itself
-            between = (f"gradients are read between two scaled backward passes (apex had unscaled them): an `unscale_` "
-                       f"there would mix scaled and unscaled gradients; read them divided by `{self.setup.scaler}.get_scale()`")
+            mixing = (f"gradients are read between two scaled backward passes (apex had unscaled them): an `unscale_` "
+                      f"there would mix scaled and unscaled gradients; read them divided by `{self.setup.scaler}.get_scale()`")
             marks = {False: (reason, f"this reads gradients still scaled by the loss scale (apex had unscaled them; "
                                      f"`{optimizer}.step()` may not follow): call `{self.setup.scaler}.unscale_({optimizer})` "
                                      "by hand where they are final"),
-                     True: (between, f"this reads gradients still scaled by the loss scale (apex had unscaled them), and another "
+                     True: (mixing, f"this reads gradients still scaled by the loss scale (apex had unscaled them), and another "
                                      f"scaled backward adds to them before `{optimizer}.step()`: an `unscale_` here would mix "
                                      f"scaled and unscaled gradients; read them divided by `{self.setup.scaler}.get_scale()`")}
             for refused_reader in refused:
