@@ -4,7 +4,8 @@ Every round parses the current text once, lets all rules visit it together
 (``MetadataWrapper.visit_batched``), replaces the reported nodes whose fixes are allowed in one
 transformer pass (the outermost wins where fixes nest; the inner ones come back next round),
 then schedules the applied fixes' imports once. Rounds repeat on the new text until nothing
-changes, so a second run changes nothing. Output that does not compile is never returned.
+changes, so a second run changes nothing; the fixes of later rounds are listed with the first's
+(``migrate.follow_ups``). Output that does not compile is never returned.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider
 
 from migrate import import_changes, line_wrap, noqa, quiet
+from migrate.follow_ups import Applied, follow_up_diagnostics
 from migrate.metadata import FILE_SETTING, release, resolve
 from migrate.parsing import parse_module
 from migrate.positions import positions_by_statement
@@ -92,14 +94,15 @@ def run_rules(
         return EngineResult(source, diagnostics, remaining=tuple(d for d in diagnostics if not d.applied))
 
     try:
-        fixed, visited = _fix_to_fixed_point(source, visited, rules, context)
+        fixed, visited, rounds = _fix_to_fixed_point(source, visited, rules, context)
         # The fixed text may call for rules the original did not (the apex rewrite makes a
         # GradScaler, and the checkpoint rules now apply): they lint it in this run, so what it
         # reports as remaining is what the next run reports.
         # Its visit is also what judges the noqa directives the fixes wrote.
         while late := [rule for rule in selected if rule not in rules and rule.may_apply(fixed)]:
             rules = [rule for rule in selected if rule in rules or rule in late]
-            fixed, visited = _fix_to_fixed_point(fixed, _visit(_parse(fixed, rules), fixed, rules, context), rules, context)
+            fixed, visited, more = _fix_to_fixed_point(fixed, _visit(_parse(fixed, rules), fixed, rules, context), rules, context)
+            rounds += more
     except _RoundFailed as failure:
         return _failed(source, filename, INTERNAL_ERROR_CODE, f"{failure}; the file was left unchanged", diagnostics=diagnostics)
     remaining = tuple(
@@ -117,6 +120,8 @@ def run_rules(
             return _failed(source, filename, ERROR_CODE, f"does not compile: {problem}", diagnostics=diagnostics)
         message = f"the fixes produced code that does not compile ({problem}); the file was left unchanged"
         return _failed(source, filename, INTERNAL_ERROR_CODE, message, diagnostics=diagnostics)
+    diagnostics += follow_up_diagnostics(
+        source, diagnostics, rounds, lambda report, positions: _diagnostic(report, positions, filename, unsafe_fixes))
     return EngineResult(fixed, diagnostics, remaining=remaining)
 
 
@@ -228,15 +233,18 @@ def _row(positions: Mapping[cst.CSTNode, CodeRange], report: Report) -> int:
 
 def _fix_to_fixed_point(
     text: str, visited: _Visited, rules: Sequence[type[Rule]], context: RuleContext
-) -> tuple[str, _Visited]:
-    """Apply fixes round after round; returns the final text with its own visit."""
+) -> tuple[str, _Visited, list[list[Applied]]]:
+    """Apply fixes round after round; returns the final text with its own visit, and the fixes
+    each round applied."""
+    rounds: list[list[Applied]] = []
     for _ in range(_MAX_ROUNDS):
         allowed = [r for r in visited.reports if r.replacement is not None and _allowed(r.safety, context.unsafe_fixes)]
         if not allowed:
-            return text, visited
-        new_text = _apply(visited.module, allowed, context.filename)
+            return text, visited, rounds
+        new_text, applied = _apply(visited.module, allowed, context.filename)
         if new_text == text:
-            return text, visited
+            return text, visited, rounds
+        rounds.append([Applied(report, text, visited.positions) for report in applied])
         text = new_text
         try:
             visited = _visit(_parse(text, rules), text, rules, context)
@@ -245,8 +253,9 @@ def _fix_to_fixed_point(
     raise _RoundFailed(f"the fixes did not settle after {_MAX_ROUNDS} rounds")
 
 
-def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: bool = False) -> str:
-    """Replace the reported nodes (by identity) in one pass, then schedule the imports once.
+def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: bool = False) -> tuple[str, list[Report]]:
+    """Replace the reported nodes (by identity) in one pass, then schedule the imports once;
+    returns the new text and the reports whose fixes it holds (a fix inside another waits).
 
     ``alone``: one fix of a file's several, for its edits (see ``import_changes.apply``).
     """
@@ -257,7 +266,7 @@ def _apply(module: cst.Module, reports: list[Report], filename: str, *, alone: b
         raise _RoundFailed(f"a fix could not be applied: {type(error).__name__}: {error}") from error
     applied = [report for report in reports if id(report) in replacer.applied]
     # the lines the fixes wrote past the file's limit are laid out as a formatter would
-    return line_wrap.fit_new_lines(before, import_changes.apply(module, applied, filename, alone=alone).code)
+    return line_wrap.fit_new_lines(before, import_changes.apply(module, applied, filename, alone=alone).code), applied
 
 
 class _Replacer(cst.CSTTransformer):
@@ -366,7 +375,7 @@ def _with_edits(diagnostics: tuple[Diagnostic, ...], visited: _Visited, filename
     for diagnostic, report in zip(diagnostics, visited.reports):
         if diagnostic.fix is not None:
             try:
-                edited = _apply(visited.module, [report], filename, alone=True)
+                edited = _apply(visited.module, [report], filename, alone=True)[0]
             except _RoundFailed:  # the fix cannot be applied alone: it comes without edits
                 edited = text
             diagnostic = diagnostic._replace(fix=diagnostic.fix._replace(edits=text_edits(text, edited)))
