@@ -35,7 +35,9 @@ class ApexSyncBatchNorm(ApexRename):
     Fix safety:
     Safe for the standard arguments. apex's ``convert_syncbn_model`` gave the converted layers new
     parameters (requiring gradients), torch's keeps the layers' own: the conversion is unsafe
-    where an optimizer is made before it in its function, or the object holds one before the
+    where an optimizer is made before it in its function or handed to that function (a parameter
+    named for one, not for its settings: ``optimizer_name``), where that function converts the model
+    it is handed and a caller hands it an optimizer or made one before the call, or the object holds one before the
     converting method runs (``self.optimizer`` read there before anything assigns it, as one a base
     class's ``__init__`` made): under apex that optimizer held the old parameters and never updated
     the new BatchNorm weights; natively it does. Unsafe also where the
@@ -116,6 +118,9 @@ class ApexSyncBatchNorm(ApexRename):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
                         "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
+        handed = self._optimizer_handed_before(function, call)
+        if handed:
+            return handed
         held = _optimizer_held_before(self._module.code_for_node(function)) if function is not None else None
         if held is not None:
             return (f"`self.{held}`, held before this method runs (made by `__init__` or a base class), held the old "
@@ -132,6 +137,37 @@ class ApexSyncBatchNorm(ApexRename):
         if frozen is not None:
             return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "
                     "require gradients, so a frozen BatchNorm weight trained under apex; torch's keeps it frozen")
+        return ""
+
+    def _optimizer_handed_before(self, function: cst.FunctionDef | None, call: cst.Call) -> str:
+        """Why an optimizer existed before the conversion, handed in: a parameter of the converting
+        function (``def wrap(model, optimizer)``), or, where it converts a model it is handed, a
+        parameter of a function calling it, or an optimizer that function made before the call
+        (``set_up(self, model, optimizer)`` running ``self.to_sync(model)``). Empty where none."""
+        if function is None:
+            return ""
+        own = _optimizer_parameter(function)
+        if own is not None:
+            return (f"the optimizer `{own}` handed to `{function.name.value}` was made before the conversion and held "
+                    f"the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}")
+        converted = call.args[0].value if call.args else None
+        if not (isinstance(converted, cst.Name) and converted.value in _parameter_names(function)):
+            return ""
+        for other in descendants(self._module):
+            if not (isinstance(other, cst.Call) and _calls(other, function.name.value)):
+                continue
+            caller = self._enclosing_function(other)
+            if caller is None or caller is function:
+                continue
+            at = self.get_metadata(PositionProvider, other).start.line
+            name = _optimizer_parameter(caller)
+            made = name is None and next((self.get_metadata(PositionProvider, node).start.line for node in descendants(caller)
+                                          if isinstance(node, cst.Call) and _makes_an_optimizer(node)
+                                          and self.get_metadata(PositionProvider, node).start.line < at), None)
+            if name is not None or made:
+                what = f"the optimizer `{name}` handed to `{caller.name.value}`" if name else f"the optimizer made at line {made}"
+                return (f"{what}, before `{caller.name.value}` converts the model through `{function.name.value}` "
+                        f"(line {at}), held the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}")
         return ""
 
     def _init_before(self, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
@@ -151,6 +187,35 @@ class ApexSyncBatchNorm(ApexRename):
         while node is not None and not isinstance(node, cst.FunctionDef):
             node = self.get_metadata(ParentNodeProvider, node, None)
         return node
+
+
+_APEX_NEW_PARAMETERS = "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates"
+# a parameter naming an optimizer's settings or maker, not an optimizer
+_NOT_AN_OPTIMIZER = ("cfg", "config", "name", "type", "class", "cls", "fn", "factory", "builder", "args", "kwargs", "kind")
+
+
+def _optimizer_parameter(function: cst.FunctionDef) -> str | None:
+    """The first parameter of ``function`` that is an optimizer by its name (``optimizer``,
+    ``g_optim``), not its settings (``optimizer_cfg``) nor a string (``optimizer: str``)."""
+    for param in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params):
+        name = param.name.value.lower()
+        if "optim" not in name or any(word in name for word in _NOT_AN_OPTIMIZER):
+            continue
+        if param.annotation is not None and nodes.code(param.annotation.annotation) in ("str", "dict", "type"):
+            continue
+        return param.name.value
+    return None
+
+
+def _parameter_names(function: cst.FunctionDef) -> set[str]:
+    return {param.name.value for param in (*function.params.posonly_params, *function.params.params,
+                                           *function.params.kwonly_params)}
+
+
+def _calls(call: cst.Call, name: str) -> bool:
+    """``name(...)`` or ``<anything>.name(...)``."""
+    func = call.func
+    return (isinstance(func, cst.Name) and func.value == name) or (isinstance(func, cst.Attribute) and func.attr.value == name)
 
 
 def _optimizer_held_before(method: str) -> str | None:
