@@ -53,7 +53,9 @@ def follow_up_diagnostics(
         if pending[key] > 0:
             pending[key] -= 1
             continue
-        line_map = maps.get(applied.text) or maps.setdefault(applied.text, _LineMap(source, applied.text))
+        if applied.text not in maps:
+            maps[applied.text] = _LineMap(source, applied.text)
+        line_map = maps[applied.text]
         diagnostic = diagnostic_of(applied.report, applied.positions)
         found.append(diagnostic._replace(
             location=line_map.position(diagnostic.location),

@@ -116,16 +116,14 @@ class ApexSyncBatchNorm(ApexRename):
             if isinstance(node, cst.Call) and _makes_an_optimizer(node) and (
                     self.get_metadata(PositionProvider, node).start.line < line or init is not None and self._inside(node, init)):
                 made = self.get_metadata(PositionProvider, node).start.line
-                return (f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: "
-                        "apex's converted layers got new ones it never updated, torch's keeps the old ones, which it updates")
+                return f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}"
         handed = self._optimizer_handed_before(function, call)
         if handed:
             return handed
         held = _optimizer_held_before(self._module.code_for_node(function)) if function is not None else None
         if held is not None:
             return (f"`self.{held}`, held before this method runs (made by `__init__` or a base class), held the old "
-                    "BatchNorm parameters: apex's converted layers got new ones it never updated, torch's keeps the old "
-                    "ones, which it updates")
+                    f"BatchNorm parameters: {_APEX_NEW_PARAMETERS}")
         if Path(self.context.filename).is_file():
             # the file itself first, then what it imports, then any file of the project: a model
             # registered by a decorator is built from a module the converting file never imports
@@ -151,7 +149,7 @@ class ApexSyncBatchNorm(ApexRename):
             return (f"the optimizer `{own}` handed to `{function.name.value}` was made before the conversion and held "
                     f"the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}")
         converted = call.args[0].value if call.args else None
-        if not (isinstance(converted, cst.Name) and converted.value in _parameter_names(function)):
+        if not (isinstance(converted, cst.Name) and converted.value in {param.name.value for param in _params(function)}):
             return ""
         for other in descendants(self._module):
             if not (isinstance(other, cst.Call) and _calls(other, function.name.value)):
@@ -197,7 +195,7 @@ _NOT_AN_OPTIMIZER = ("cfg", "config", "name", "type", "class", "cls", "fn", "fac
 def _optimizer_parameter(function: cst.FunctionDef) -> str | None:
     """The first parameter of ``function`` that is an optimizer by its name (``optimizer``,
     ``g_optim``), not its settings (``optimizer_cfg``) nor a string (``optimizer: str``)."""
-    for param in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params):
+    for param in _params(function):
         name = param.name.value.lower()
         if "optim" not in name or any(word in name for word in _NOT_AN_OPTIMIZER):
             continue
@@ -207,9 +205,9 @@ def _optimizer_parameter(function: cst.FunctionDef) -> str | None:
     return None
 
 
-def _parameter_names(function: cst.FunctionDef) -> set[str]:
-    return {param.name.value for param in (*function.params.posonly_params, *function.params.params,
-                                           *function.params.kwonly_params)}
+def _params(function: cst.FunctionDef) -> tuple[cst.Param, ...]:
+    """``function``'s named parameters, in order (not ``*args`` nor ``**kwargs``)."""
+    return (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)
 
 
 def _calls(call: cst.Call, name: str) -> bool:
