@@ -55,7 +55,9 @@ class AutocastPlanning(Step):
         # a loss only read and divided (`losses = self.outputs["loss"]`) computes nothing autocast would cast
         if handed is not None or any(type(node) is cst.Call for statements in sliced for s in statements for node in descendants(s)):
             if handed is None:
-                self.draft.unsafe.append("the model's forward call is not seen next to `amp.scale_loss`: autocast covers what the loss is computed from in this block")
+                # at its own line: another `scale_loss` of the file may well have its forward
+                self.draft.unsafe_at(scale.statement, f"the model's forward call is not seen next to `amp.scale_loss` at line {self.tree.line(scale.call)}: "
+                                                      f"autocast covers what `{' '.join(loss.split())}` is computed from in that block")
             for statements in sliced:
                 self._wrap(statements, scale, loss)
             return
