@@ -370,7 +370,7 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
     fallback, skipped = import_error_fallback(node), _skipped_without_apex(node)
     if fallback is None and not skipped:
         return None
-    others = _other_apex_imports(node)
+    others = _other_apex_imports(module, node)
     when, then = ((f"behaviour change once this `try`'s other apex imports ({', '.join(f'`{name}`' for name in others)}) "
                    "go too", "then") if others else ("behaviour change", "now"))
     lines = [line for handler in node.handlers for line in handler.body.body]
@@ -387,13 +387,25 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
             f"native torch.amp needs no install, so those runs {then} use it")
 
 
-def _other_apex_imports(node: cst.Try) -> list[str]:
-    """What ``node``'s body imports of apex's besides ``amp`` (``apex.parallel.DistributedDataParallel``)."""
-    found = [imported[1] for line in node.body.body if isinstance(line, cst.SimpleStatementLine)
+def _other_apex_imports(module: cst.Module, node: cst.Try) -> list[str]:
+    """What ``node``'s body imports of apex's besides ``amp`` (``apex.parallel.DistributedDataParallel``);
+    for ``import apex``, what the file reads of it besides ``amp`` (``apex.parallel``)."""
+    found = [imported for line in node.body.body if isinstance(line, cst.SimpleStatementLine)
              for small in line.body if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
              for alias in small.names if (imported := apex_import(small, alias)) is not None]
-    return [f"{change.module}.{change.obj}" if change.obj else change.module for change in found
-            if not (change.module.split(".")[:2] == ["apex", "amp"] or (change.module == "apex" and change.obj in (None, "amp")))]
+    others = []
+    for bound, change in found:
+        if change.module == "apex" and change.obj is None:
+            others += [f"apex.{name}" for name in sorted(_attributes_read(module, bound) - {"amp"})]
+        elif not (change.module.split(".")[:2] == ["apex", "amp"] or (change.module == "apex" and change.obj == "amp")):
+            others.append(f"{change.module}.{change.obj}" if change.obj else change.module)
+    return others
+
+
+def _attributes_read(module: cst.Module, name: str) -> set[str]:
+    """The attributes of ``name`` the file reads: ``{"amp", "parallel"}`` for ``apex.amp.initialize``, ``apex.parallel.X``."""
+    return {node.attr.value for node in descendants(module) if type(node) is cst.Attribute
+            and type(node.value) is cst.Name and node.value.value == name}
 
 
 def _skipped_without_apex(node: cst.Try) -> list[cst.Assign]:

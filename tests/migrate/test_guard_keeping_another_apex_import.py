@@ -88,3 +88,33 @@ def test_a_guard_that_goes_keeps_the_note(amp_import, flag):
             assert "other apex imports (`apex.parallel.DistributedDataParallel`) go too" in said and THEN_ON in said, said
             return
     pytest.fail("the apex imports stayed in both modes")
+
+
+# `import apex` serves amp and what else the file reads of it: the kept reads keep the import
+PLAIN_IMPORTS = {"import apex": "apex", "import apex as apx": "apx"}
+PLAIN_USES = {
+    "kept": ("criterion = {name}.contrib.xentropy.SoftmaxCrossEntropyLoss()", "apex.contrib"),
+    "kept_twice": ("clip = {name}.contrib.clip_grad.clip_grad_norm_; mlp = {name}.mlp.MLP([4, 4])", "apex.contrib`, `apex.mlp"),
+}
+
+
+def _plain_script(statement: str, use: str, flag: str) -> str:
+    name = PLAIN_IMPORTS[statement]
+    source = _script(statement, ("", use.format(name=name)), flag)
+    return source.replace("amp.initialize", f"{name}.amp.initialize").replace("amp.scale_loss", f"{name}.amp.scale_loss")
+
+
+@pytest.mark.parametrize("statement, use, flag, unsafe",
+                         list(itertools.product(PLAIN_IMPORTS, PLAIN_USES, FLAGS, (False, True))))
+def test_a_plain_apex_import_serving_more_than_amp_is_no_behaviour_change(statement, use, flag, unsafe):
+    new, said = _said(_plain_script(statement, PLAIN_USES[use][0], flag), unsafe)
+    assert statement in new and "has_apex = True" in new, new  # the guard still fails without apex
+    assert NOW_ON not in said, said
+    assert f"behaviour change once this `try`'s other apex imports (`{PLAIN_USES[use][1]}`) go too" in said and THEN_ON in said, said
+
+
+@pytest.mark.parametrize("statement, flag", list(itertools.product(PLAIN_IMPORTS, FLAGS)))
+def test_a_plain_apex_import_serving_amp_alone_keeps_the_note(statement, flag):
+    new, said = _said(_plain_script(statement, "pass", flag), False)
+    assert statement not in new and "has_apex" not in new, new
+    assert NOW_ON in said and "other apex imports" not in said, said
