@@ -308,8 +308,7 @@ def tests_a_parameter(tree: FileTree, test_of: cst.If) -> bool:
     function = tree.function(test_of)
     if function is None or function.name.value == "__init__":
         return False
-    parameters = {param.name.value for param in (*function.params.posonly_params, *function.params.params,
-                                                 *function.params.kwonly_params)} - {"self", "cls"}
+    parameters = {param.name.value for param in parameters_of(function)} - {"self", "cls"}
     read = {node.value for node in descendants(test_of.test)
             if type(node) is cst.Name and not isinstance(tree.parent.get(id(node)), cst.Attribute)}
     return bool(parameters & read)

@@ -14,6 +14,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate import grad_readers
 from migrate.apex_plan.tree import FileTree
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 __all__ = ["helpers_reached", "reads_grads", "updates_otherwise"]
@@ -145,9 +146,8 @@ def _made_where_bound(tree: FileTree, function: cst.FunctionDef | None, name: st
 
 def _parameters(function: cst.FunctionDef) -> set[str]:
     params = function.params
-    named = [*params.posonly_params, *params.params, *params.kwonly_params]
     starred = [star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)]
-    return {param.name.value for param in named + starred}
+    return {param.name.value for param in parameters_of(function) + starred}
 
 
 def _made_by(scope: cst.CSTNode | None, own_names: bool = False) -> dict[str, list[cst.Call]]:

@@ -14,6 +14,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.flow.bindings import bindings, bound_value
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 _KEYS = ("scaler", "grad_scaler", "amp_scaler")
@@ -142,8 +143,7 @@ def _made_first(body, bound: list[cst.CSTNode], chain: list[cst.CSTNode], *, lat
 
 def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
     params = function.params
-    every = [*params.posonly_params, *params.params, *params.kwonly_params]
-    every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    every = parameters_of(function) + [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
     return next((p for p in every if p.name.value == name), None)
 
 

@@ -11,6 +11,7 @@ from migrate.apex_plan import ApexPlanProvider, plan_of
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_planned import GOES_WITH, apex_casts_after_run
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix
+from migrate.step_model.shapes import parameters_of
 from migrate.types import FixSafety, ImportChange, Safety
 
 _CASTS = {
@@ -205,7 +206,7 @@ scaler.update()
         params = function.params
         if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or len(function.decorators) > 1:
             return False
-        names = [param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)]
+        names = [param.name.value for param in parameters_of(function)]
         if names and names[0] in ("self", "cls"):
             names = names[1:]
         body = function.body

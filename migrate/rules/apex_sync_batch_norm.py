@@ -15,6 +15,7 @@ from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.files import first_in_project
 from migrate.frozen_parameters import freezing_line, freezing_line_elsewhere, frozen_in_imports
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
@@ -149,7 +150,7 @@ class ApexSyncBatchNorm(ApexRename):
             return (f"the optimizer `{own}` handed to `{function.name.value}` was made before the conversion and held "
                     f"the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}")
         converted = call.args[0].value if call.args else None
-        if not (isinstance(converted, cst.Name) and converted.value in {param.name.value for param in _params(function)}):
+        if not (isinstance(converted, cst.Name) and converted.value in {param.name.value for param in parameters_of(function)}):
             return ""
         for other in descendants(self._module):
             if not (isinstance(other, cst.Call) and _calls(other, function.name.value)):
@@ -195,7 +196,7 @@ _NOT_AN_OPTIMIZER = ("cfg", "config", "name", "type", "class", "cls", "fn", "fac
 def _optimizer_parameter(function: cst.FunctionDef) -> str | None:
     """The first parameter of ``function`` that is an optimizer by its name (``optimizer``,
     ``g_optim``), not its settings (``optimizer_cfg``) nor a string (``optimizer: str``)."""
-    for param in _params(function):
+    for param in parameters_of(function):
         name = param.name.value.lower()
         if "optim" not in name or any(word in name for word in _NOT_AN_OPTIMIZER):
             continue
@@ -203,11 +204,6 @@ def _optimizer_parameter(function: cst.FunctionDef) -> str | None:
             continue
         return param.name.value
     return None
-
-
-def _params(function: cst.FunctionDef) -> tuple[cst.Param, ...]:
-    """``function``'s named parameters, in order (not ``*args`` nor ``**kwargs``)."""
-    return (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)
 
 
 def _calls(call: cst.Call, name: str) -> bool:

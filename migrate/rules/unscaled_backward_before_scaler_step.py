@@ -11,6 +11,7 @@ from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, Training
 from migrate.rules._frameworks import precision_without_scaler, prepared_optimizers, steps_by_hand
 from migrate.step_model import Backward, Kind
 from migrate.step_model import vocabulary as words
+from migrate.step_model.shapes import parameters_of
 from migrate.types import FixSafety, Safety
 
 
@@ -300,5 +301,4 @@ def _framework_steps(model, prepared: dict[str, str], by_hand: set[int]):
 def _parameters(root) -> set[str]:
     if not isinstance(root, cst.FunctionDef):
         return set()
-    params = root.params
-    return {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    return {param.name.value for param in parameters_of(root)}
