@@ -36,7 +36,8 @@ dependence: no import cycle):
   and the ``Setup`` and writing the ``Draft``:
   ``stand_ins`` (the disabled GradScaler that stands in until the code making it has run),
   ``initialize`` (the GradScaler and where it is made; ``scaler_options``: its arguments for
-  apex's options, and the floor and cap apex kept the scale within, kept after each update),
+  apex's options, and the floor and cap apex kept the scale within, kept after each update;
+  ``module_fallbacks``: an ``else: amp = None`` beside it that nothing reads once rewritten),
   ``per_loss`` (apex's per-loss scalers, ``loss_id``: one GradScaler per loss id where each
   optimizer takes one loss id's gradients, else one for all, unsafely),
   ``several_initialize`` (which of several ``initialize`` calls makes the scaler, and what the

@@ -9,6 +9,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.module_fallbacks import only_module_fallbacks
 from migrate.apex_plan.scaler_options import scaler_options
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, body_through_withs, read_names
@@ -300,7 +301,8 @@ class InitializePlanning(Step):
         new = nodes.parse_statements("\n".join(lines) + "\n", self.tree.module, self.tree.indent_unit(hoist))
         fix = self._initialize_fix() + ", enabled by the same flag, before the `if`"
         rest = [s for s in hoist.body.body if s is not init.statement and not isinstance(self.draft.replacements.get(id(s), (None, None))[1], cst.RemovalSentinel)]
-        if not rest and hoist.orelse is None and init.restore is None:
+        orelse = None if only_module_fallbacks(self.tree, self.sites, hoist.orelse) else hoist.orelse  # `else: amp = None`
+        if not rest and orelse is None and init.restore is None:
             # The `if` held nothing else that stays: it goes, and its test is evaluated once, as before.
             self.draft.replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:]]))
             self.draft.kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
@@ -308,7 +310,8 @@ class InitializePlanning(Step):
         # The `if` is rebuilt behind the scaler; fixes planned inside it go along (`_compose_nested`).
         restored = nodes.parse_statements(init.restore + "\n", self.tree.module)[0] if init.restore else None
         inner = [restored if s is init.statement else s for s in hoist.body.body if s is not init.statement or restored]
-        kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]))
+        kept = hoist.with_changes(leading_lines=(), body=hoist.body.with_changes(body=inner or [cst.SimpleStatementLine([cst.Pass()])]),
+                                  orelse=orelse)
         self.draft.replace(hoist, cst.FlattenSentinel([nodes.with_leading(new[0], hoist), *new[1:], kept]))
         self.draft.kind(hoist, INITIALIZE, "`amp.initialize` is apex mixed precision", fix)
 
