@@ -1,31 +1,77 @@
-"""``else: amp = None`` beside the ``if`` that imported and initialized apex: the arm only
-gave apex's module name ``None`` for the runs that skipped apex. Once every reference to the
-module is a call the rewrite replaces, nothing reads that name, and the arm goes with the
-``if``'s apex lines (an ``if args.fp16: pass`` with an ``else:`` of dead stores otherwise stays)."""
+"""``else: amp = None`` beside the ``if`` that imported (and initialized) apex: the arm only
+gave apex's module name ``None`` for the runs that skipped apex. Once nothing reads that name,
+the arm goes with the ``if``'s apex lines (an ``if args.fp16: pass`` with an ``else:`` of dead
+stores otherwise stays): where the rewrite replaces every reference to the module
+(``only_module_fallbacks``), or where the import's removal left the ``if`` guarding nothing
+(``if_with_dead_fallback``)."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Sites
 from migrate.apex_plan.tree import FileTree
+from migrate.tree_walk import descendants
 
 
-def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.BaseSuite | cst.CSTNode | None) -> bool:
+def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.CSTNode | None) -> bool:
     """Whether ``arm`` (an ``if``'s ``else``) only assigns ``None`` to names an apex import
     binds, and every reference to apex's module in the file is a call of apex's API the plan
     rewrites (no ``if amp is not None:`` nor ``train(model, amp)`` still reads it)."""
-    if not isinstance(arm, cst.Else) or not isinstance(arm.body, cst.IndentedBlock):
+    names = _given_none(arm)
+    if not names or not names <= set(tree.imports):
         return False
-    for line in arm.body.body:
-        if not isinstance(line, cst.SimpleStatementLine):
-            return False
-        for small in line.body:
-            if not (isinstance(small, cst.Assign) and nodes.is_none(small.value) and all(
-                    isinstance(target.target, cst.Name) and target.target.value in tree.imports for target in small.targets)):
-                return False
     for node, _ in tree.refs:
         call = tree.parent.get(id(node))
         if not (isinstance(call, cst.Call) and call.func is node and id(call) in sites.ids):
             return False
     return True
+
+
+def if_with_dead_fallback(module: cst.Module, statement: cst.CSTNode,
+                          parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.If | None:
+    """The ``if <names and comparisons>:`` whose whole body is ``statement`` (a ``try`` left
+    guarding nothing) in a function, where its ``else`` only gives ``None`` to names nothing in
+    the file reads (``amp``, the import's fallback): removing ``statement`` removes it all."""
+    block = parent_of(statement)
+    owner = parent_of(block) if block is not None else None
+    if not isinstance(owner, cst.If) or owner.body is not block or len(block.body) != 1 or not nodes.is_pure(owner.test):
+        return None
+    names = _given_none(owner.orelse)
+    # a function's locals (another file may import a module's names)
+    if not names or not any(isinstance(node, cst.FunctionDef) for node in _ancestors(owner, parent_of)):
+        return None
+    return None if any(_reads(node, names, parent_of) for node in descendants(module)) else owner
+
+
+def _reads(node: cst.CSTNode, names: set[str], parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
+    """Whether ``node`` is a name of ``names`` read: not an assignment's target, an attribute
+    (``torch.amp``), a keyword (``f(amp=...)``) nor a parameter."""
+    if type(node) is not cst.Name or node.value not in names:
+        return False
+    parent = parent_of(node)
+    return not (isinstance(parent, (cst.AssignTarget, cst.Param)) or (isinstance(parent, cst.Attribute) and parent.attr is node)
+                or (isinstance(parent, cst.Arg) and parent.keyword is node))
+
+
+def _ancestors(node: cst.CSTNode, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]):
+    while (node := parent_of(node)) is not None:
+        yield node
+
+
+def _given_none(arm: cst.CSTNode | None) -> set[str]:
+    """The names an ``else`` arm gives ``None``, where that is all it does (else empty)."""
+    if not isinstance(arm, cst.Else) or not isinstance(arm.body, cst.IndentedBlock):
+        return set()
+    names: set[str] = set()
+    for line in arm.body.body:
+        if not isinstance(line, cst.SimpleStatementLine):
+            return set()
+        for small in line.body:
+            if not (isinstance(small, cst.Assign) and nodes.is_none(small.value)
+                    and all(isinstance(target.target, cst.Name) for target in small.targets)):
+                return set()
+            names |= {target.target.value for target in small.targets}
+    return names

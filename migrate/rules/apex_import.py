@@ -11,6 +11,7 @@ from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, Q
 from migrate import apex_nodes as nodes
 from migrate import quiet
 from migrate.apex_plan import MANUAL_STEP_MARKER
+from migrate.apex_plan.module_fallbacks import if_with_dead_fallback
 from migrate.importers import SETTING as IMPORTED_ELSEWHERE
 from migrate.names import may_resolve_within, qualified_names
 from migrate.rule import Invalid, Rule, Valid
@@ -28,7 +29,9 @@ class ApexImport(Rule):
     brings in: ``FP16_Optimizer``, ``network_to_half``, ``to_python_float`` and the rest), and finishes the job on the guards around an import: a ``try:`` left
     holding only ``pass`` or constant flags (``APEX_AVAILABLE = True``) cannot raise, so its
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
-    ``try`` is replaced by its body. It also reports the imports no rewrite can follow:
+    ``try`` is replaced by its body; an ``if args.fp16:`` holding only that ``try`` goes with
+    it, and so does its ``else:`` where that only gives ``None`` to names nothing in the
+    function's file reads (``else: amp = None``). It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
     (``if amp is not None:``) that keep apex imported. Where such checks are all that reads
     apex's module (the rewrites took the rest), and the name is bound only by the import and
@@ -93,6 +96,11 @@ class ApexImport(Rule):
             "import torch\n\nAPEX_AVAILABLE = True\nlog(apex=APEX_AVAILABLE)\n",
         ),
         Invalid("import torch\n\ntry:\n    pass\nexcept ImportError:\n    amp = None\n", "import torch\n"),
+        Invalid(
+            "def train(args):\n    if args.fp16:\n        try:\n            pass\n        except ImportError:\n"
+            "            raise ImportError('Please install apex')\n    else:\n        amp = None\n    return args\n",
+            "def train(args):\n    return args\n",
+        ),
         Invalid(
             "import torch\n\nif args.fp16:\n    try:\n        pass\n    except ImportError:\n        raise ImportError('Please install apex')\n",
             "import torch\n",
@@ -313,6 +321,8 @@ class ApexImport(Rule):
         guard = nodes.guarding_if(node, lambda n: self.get_metadata(ParentNodeProvider, n, None))
         if not kept and guard is not None:
             target = guard  # `if args.fp16:` around nothing but the dead guard goes too
+        elif not kept and (dead := if_with_dead_fallback(self._module, node, self._parent_of)) is not None:
+            target = dead  # and with an `else: amp = None` nothing reads
         if kept:
             kept[0] = nodes.with_leading(kept[0], node)
             replacement = cst.FlattenSentinel(kept)

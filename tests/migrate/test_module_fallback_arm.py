@@ -1,8 +1,10 @@
 """``if args.fp16: <import apex's amp>; amp.initialize(...)`` with ``else: amp = None``: once the
 rewrite has taken every reference to the module, the ``else`` only made a name nothing reads,
 and the whole ``if`` goes (it once stayed as ``if args.fp16: pass`` / ``else: amp = None``).
-Where the module is still read (``if amp is not None:``, handed on) or the arm does more, the
-arm stays."""
+The same for an ``if`` holding only the guarded import, ``amp.initialize`` in a later one: the
+``try`` left guarding nothing goes with the ``if`` and its ``else`` where nothing reads the names
+the ``else`` gives ``None``. Where the module is still read (``if amp is not None:``, handed on),
+a name is read later, or the arm does more, the arm stays."""
 from __future__ import annotations
 
 import itertools
@@ -24,18 +26,9 @@ GUARDS = {
     "try_bare": "try:\n    {imp}\nexcept:\n    raise RuntimeError('apex is needed')",
     "plain": "{imp}",
 }
-ARMS = {"one": "{name} = None", "two_lines": "{name} = None\nlogger_amp = None", "chained": "{name} = other = None"}
+ARMS = {"one": "{name} = None", "chained": "{name} = other = None"}
 
-SCRIPT = """\
-import torch
-
-
-def train(args, model, optimizer, loader):
-    if args.fp16:
-{guard}
-        model, optimizer = {name}.initialize(model, optimizer, opt_level="O1")
-    else:
-{arm}
+LOOP = """\
     for x, y in loader:
         loss = torch.nn.functional.mse_loss(model(x), y)
         if args.fp16:
@@ -47,6 +40,18 @@ def train(args, model, optimizer, loader):
         optimizer.zero_grad()
     return model
 """
+
+SCRIPT = """\
+import torch
+
+
+def train(args, model, optimizer, loader):
+    if args.fp16:
+{guard}
+        model, optimizer = {name}.initialize(model, optimizer, opt_level="O1")
+    else:
+{arm}
+""" + LOOP
 
 
 def _script(imp: str, guard: str, arm: str) -> str:
@@ -77,17 +82,46 @@ def test_the_else_giving_the_module_none_goes_with_the_if(imp, guard):
     _runs_without_mixed_precision(new)
 
 
-def test_an_arm_of_a_non_module_name_stays():
-    # `logger_amp` is not apex's module: the arm assigning it stays, and so does `amp = None` beside it
-    result = migrate_source(_script("from", "try_raise", ARMS["two_lines"]), "train.py")
-    assert "logger_amp = None" in result.new_source and "else:" in result.new_source, result.new_source
-    _runs_without_mixed_precision(result.new_source)
+def test_an_arm_giving_none_to_a_name_read_later_stays():
+    # `fallback` is read after the `if`: the arm assigning it is no dead store, and stays
+    source = _script("from", "try_raise", "{name} = None\nfallback = None").replace(
+        "    for x, y in loader:", "    print(fallback)\n    for x, y in loader:")
+    result = migrate_source(source, "train.py")
+    assert "fallback = None" in result.new_source and "else:" in result.new_source, result.new_source
+    namespace: dict = {}
+    exec(compile(result.new_source, "train.py", "exec"), namespace)  # it still defines `train`
+    assert callable(namespace["train"])
 
 
-@pytest.mark.parametrize("arm", ["chained", "doing_more"])
-def test_an_arm_doing_more_stays(arm):
-    text = ARMS["chained"] if arm == "chained" else "{name} = None\nmodel = model.float()"
-    result = migrate_source(_script("from", "try_raise", text), "train.py")
+IMPORT_ONLY = """\
+import torch
+
+
+def train(args, model, optimizer, loader):
+    if args.fp16:
+{guard}
+    else:
+{arm}
+    if args.fp16:
+        model, optimizer = {name}.initialize(model, optimizer, opt_level="O1")
+""" + LOOP
+
+
+@pytest.mark.parametrize(("imp", "guard", "arm"), list(itertools.product(IMPORTS, ["try_raise", "try_bare"], ["one", "chained"])))
+def test_an_import_only_if_with_its_fallback_arm_goes(imp, guard, arm):
+    # the import in an `if` of its own, `amp.initialize` in a later one (JinJackson/Eng_Paraphrase's shape)
+    statement, name = IMPORTS[imp]
+    source = IMPORT_ONLY.format(guard=textwrap.indent(GUARDS[guard].format(imp=statement), " " * 8), name=name,
+                                arm=textwrap.indent(ARMS[arm].format(name=name), " " * 8))
+    result = migrate_source(source, "train.py")
+    new = result.new_source
+    assert result.error is None and "apex" not in new, new
+    assert "else:" not in new.split("for x, y")[0] and "pass" not in new and "= None" not in new, new
+    _runs_without_mixed_precision(new)
+
+
+def test_an_arm_doing_more_stays():
+    result = migrate_source(_script("from", "try_raise", "{name} = None\nmodel = model.float()"), "train.py")
     assert result.error is None and "else:" in result.new_source.split("for x, y")[0], result.new_source
     _runs_without_mixed_precision(result.new_source)
 
