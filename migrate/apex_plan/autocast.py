@@ -38,6 +38,7 @@ class AutocastPlanning(Step):
 
     def plan_autocast(self, scale: ScaleLossSite) -> None:
         loss = nodes.code(scale.loss)
+        loss_text = " ".join(loss.split())  # as a message or a comment says it: one line
         if self._plan_region(scale.statement, loss, scale):
             self._plan_callers_forwards(scale)
             return
@@ -57,7 +58,7 @@ class AutocastPlanning(Step):
             if handed is None:
                 # at its own line: another `scale_loss` of the file may well have its forward
                 self.draft.unsafe_at(scale.statement, f"the model's forward call is not seen next to `amp.scale_loss` at line {self.tree.line(scale.call)}: "
-                                                      f"autocast covers what `{' '.join(loss.split())}` is computed from in that block")
+                                                      f"autocast covers what `{loss_text}` is computed from in that block")
             for statements in sliced:
                 self._wrap(statements, scale, loss)
             return
@@ -70,7 +71,6 @@ class AutocastPlanning(Step):
         reason = "no forward pass next to `amp.scale_loss`: put the forward pass under `torch.autocast` by hand"
         self.draft.unsafe.append(reason)
         self.draft.marked_reasons.append(reason)  # the marker below says what to do
-        loss_text = " ".join(nodes.code(scale.loss).split())  # a comment is one line
         self.draft.leave_marker(scale.statement, f"compute `{loss_text}` (the forward pass) under {AUTOCAST.format(enabled='')}: "
                                                    f"apex {self.setup.level if self.setup.level in ('O2', 'O3') else 'O1'} cast it")
 

@@ -30,20 +30,21 @@ def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.CSTNode | None)
     return True
 
 
-def if_with_dead_fallback(module: cst.Module, statement: cst.CSTNode,
-                          parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.If | None:
+def if_with_dead_fallback(statement: cst.CSTNode, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.If | None:
     """The ``if <names and comparisons>:`` whose whole body is ``statement`` (a ``try`` left
     guarding nothing) in a function, where its ``else`` only gives ``None`` to names nothing in
-    the file reads (``amp``, the import's fallback): removing ``statement`` removes it all."""
+    that function reads (``amp``, the import's fallback): removing ``statement`` removes it all."""
     block = parent_of(statement)
     owner = parent_of(block) if block is not None else None
     if not isinstance(owner, cst.If) or owner.body is not block or len(block.body) != 1 or not nodes.is_pure(owner.test):
         return None
     names = _given_none(owner.orelse)
-    # a function's locals (another file may import a module's names)
-    if not names or not any(isinstance(node, cst.FunctionDef) for node in _ancestors(owner, parent_of)):
+    # a function's locals, read in it only (a module's names another file may import; `global
+    # amp` in the function is a read of its own)
+    function = next((node for node in _ancestors(owner, parent_of) if isinstance(node, cst.FunctionDef)), None)
+    if not names or function is None:
         return None
-    return None if any(_reads(node, names, parent_of) for node in descendants(module)) else owner
+    return None if any(_reads(node, names, parent_of) for node in descendants(function)) else owner
 
 
 def _reads(node: cst.CSTNode, names: set[str], parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:

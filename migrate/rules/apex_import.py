@@ -31,7 +31,7 @@ class ApexImport(Rule):
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
     ``try`` is replaced by its body; an ``if args.fp16:`` holding only that ``try`` goes with
     it, and so does its ``else:`` where that only gives ``None`` to names nothing in the
-    function's file reads (``else: amp = None``). It also reports the imports no rewrite can follow:
+    function reads (``else: amp = None``). It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
     (``if amp is not None:``) that keep apex imported. Where such checks are all that reads
     apex's module (the rewrites took the rest), and the name is bound only by the import and
@@ -321,7 +321,7 @@ class ApexImport(Rule):
         guard = nodes.guarding_if(node, lambda n: self.get_metadata(ParentNodeProvider, n, None))
         if not kept and guard is not None:
             target = guard  # `if args.fp16:` around nothing but the dead guard goes too
-        elif not kept and (dead := if_with_dead_fallback(self._module, node, self._parent_of)) is not None:
+        elif not kept and (dead := if_with_dead_fallback(node, self._parent_of)) is not None:
             target = dead  # and with an `else: amp = None` nothing reads
         if kept:
             kept[0] = nodes.with_leading(kept[0], node)

@@ -132,3 +132,13 @@ def test_the_arm_stays_where_the_module_is_still_read(read):
     result = migrate_source(source, "train.py")
     assert result.error is None
     assert "amp = None" in (result.new_source or source), result.new_source
+
+
+def test_a_global_fallback_stays():
+    # `global amp`: the `else` sets the module's name, which another module may read
+    source = IMPORT_ONLY.format(guard=textwrap.indent(GUARDS["try_raise"].format(imp="from apex import amp"), " " * 8),
+                                name="amp", arm="        amp = None")
+    source = source.replace("def train(args, model, optimizer, loader):\n", "def train(args, model, optimizer, loader):\n    global amp\n")
+    result = migrate_source(source, "train.py")
+    assert result.error is None
+    assert "amp = None" in (result.new_source or source), result.new_source
