@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from migrate.importers import importers_of
 from migrate.halves import SCALE_LOSS, SCALER, UNPAIRED, Half, Pairing, find_half, in_package, on_disk, pair, read_text, shown
 
 __all__ = ["partners"]
@@ -69,12 +70,26 @@ def _paired(scale: Half, pairs: Mapping[Path, Pairing], facts: Callable) -> dict
     first = initializers[0]
     # whether the scale half writes an autocast region: the initialize halves' reasons say so
     autocast = facts(scale, Partner(shown(first.path), first.line, HalfFacts())).autocast
-    planned = [facts(half, Partner(shown(scale.path), scale.line, HalfFacts(scaler=SCALER, autocast=autocast),
-                                   pairs[half.path].scaler_import)) for half in initializers]
-    if any(each != planned[0] for each in planned[1:]):
+    guess = HalfFacts(scaler=SCALER, autocast=autocast)
+
+    def agreed(guess: HalfFacts) -> HalfFacts | None:
+        planned = [facts(half, Partner(shown(scale.path), scale.line, guess, pairs[half.path].scaler_import)) for half in initializers]
+        return planned[0] if all(each == planned[0] for each in planned[1:]) else None
+
+    planned = agreed(guess)
+    if planned is None:
         return {}
-    result = {scale.path: Partner(shown(first.path), first.line, planned[0])}
-    scale_facts = facts(scale, result[scale.path])
+    scale_facts = None
+    hands_to = planned.hands_to  # made where initialize was, and handed to these (``apex_plan.handed_across``)
+    if hands_to and not importers_of(scale.path, frozenset(hands_to)) - {half.path.resolve() for half in initializers}:
+        hoped = agreed(guess._replace(receives=hands_to))  # planned as the scale half would take it
+        taking = facts(scale, Partner(shown(first.path), first.line, hoped)) if hoped is not None else None
+        if taking is not None and taking.receives:
+            planned, scale_facts = hoped, taking
+    if scale_facts is None:  # made in the scale half's module, with the initialize halves' options
+        planned = planned._replace(hands_to=())
+        scale_facts = facts(scale, Partner(shown(first.path), first.line, planned))
+    result = {scale.path: Partner(shown(first.path), first.line, planned)}
     for half in initializers:
         result[half.path] = Partner(shown(scale.path), scale.line, scale_facts, pairs[half.path].scaler_import)
     return result

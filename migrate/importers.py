@@ -24,7 +24,7 @@ from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
 from migrate.prefilter import APEX_FLAG_NAME, sets_apex_flag
 
-__all__ = ["FUNCTIONS_SETTING", "SETTING", "apex_bound_names", "functions_imported_elsewhere", "imported_elsewhere"]
+__all__ = ["FUNCTIONS_SETTING", "SETTING", "apex_bound_names", "functions_imported_elsewhere", "imported_elsewhere", "importers_of"]
 
 SETTING = "imported-elsewhere"  # the setting that hands a file's rules these names (not a user setting)
 FUNCTIONS_SETTING = "functions-imported-elsewhere"  # and the plan the file's functions others import
@@ -41,6 +41,13 @@ def functions_imported_elsewhere(texts: Mapping[Path, str]) -> dict[Path, frozen
     its project imports from it (``from train import train_epoch``): a parameter the rewrite adds
     to one (the GradScaler handed on) would be missing from those calls."""
     return _imported({path: names for path, text in texts.items() if (names := _top_level_functions(text))})
+
+
+def importers_of(path: Path, names: frozenset[str]) -> frozenset[Path]:
+    """The files of ``path``'s project (resolved) that import any of ``names`` from it."""
+    exporter = path.resolve()
+    return frozenset(importer.resolve() for importer in project_python_files(project_root(path))
+                     if any(found for _, found in _imports_from(importer, {exporter: names}, names)))
 
 
 def _imported(bound: Mapping[Path, frozenset[str]]) -> dict[Path, frozenset[str]]:

@@ -73,8 +73,11 @@ dependence: no import cycle):
   handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global, and
   to another file's checkpoint helpers, ``save_checkpoint(..., scaler=scaler)``), ``module_reads`` (apex's
   module touched directly: its internals' loss scale, ``amp.__dict__`` probes, an unused legacy
-  ``amp.init()`` handle, a log line naming apex), and ``cross_file`` (a file holding one half
-  of apex amp, planned with the facts of the other half, ``migrate.halves``, ``migrate.half_partners``).
+  ``amp.init()`` handle, a log line naming apex), ``cross_file`` (a file holding one half
+  of apex amp, planned with the facts of the other half, ``migrate.halves``, ``migrate.half_partners``;
+  ``handed_across``: where ``initialize`` has options known at run time, the GradScaler made in
+  its half and handed to the other half's training function, ``train_epoch(..., scaler=scaler)``),
+  and ``after_imports`` (the definitions a rewrite adds at module level, after the last import).
 - ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
   the families' steps in order and emits the findings. A file is not planned where the project
   keeps apex's ``amp.scale_loss`` in a module linked to it by an import, or another file

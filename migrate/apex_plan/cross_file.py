@@ -97,6 +97,17 @@ class CrossFilePlanning(Step):
         self._take_partner_reasons()
         return partner.facts.level or "O1", partner.facts.scaler_args
 
+    def plan_scale_half_scaler(self, partner_args: tuple[str, ...], receivers: tuple[cst.FunctionDef, ...] | None) -> None:
+        """The scale half's GradScaler: taken as a parameter where its initialize half hands it over
+        (``handed_across``), else made at module level with the initialize half's options."""
+        if receivers is not None:
+            names = self.partner.facts.hands_to
+            self.draft.half_facts = {"scaler": self.setup.scaler, "receives": tuple(f.name.value for f in receivers if f.name.value in names)}
+            return
+        arguments = ", ".join(['"cuda"', *partner_args])
+        self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
+        self.draft.half_facts = {"scaler": self.setup.scaler}
+
     def _take_partner_reasons(self) -> None:
         """The pair is as safe as its less safe half: the other half's reasons, by its file."""
         self.draft.partner_unsafe += [f"{self.partner.file}: {reason}" for reason in self.partner.facts.reasons]
@@ -114,17 +125,19 @@ class CrossFilePlanning(Step):
         scaler = self._import_partner_scaler(others[0]) if others else None
         return Setup(level=inits[0].level, o0=True, scaler=scaler)  # no scaler made here
 
-    def plan_hand_off(self, inits: list[InitializeSite]) -> None:
+    def plan_hand_off(self, inits: list[InitializeSite], hands_to: tuple[str, ...] = ()) -> None:
         """The initialize half's calls go (see ``hand_off_setup``). Under O1 the returned models and
-        optimizers are the ones passed in."""
+        optimizers are the ones passed in. ``hands_to``: the other half's functions this file could
+        hand a GradScaler made here to (``handed_across``), for the other half's plan to take."""
         partner = self.partner
         paired = partner is not None and partner.facts is not None
-        static = all(_constant(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
+        static = all(constant_option(arg.split("=", 1)[1]) for arg in inits[0].scaler_args)
         # what a computed level becomes is the scale half's to say (an O1 scaler made at module
         # level, whatever the level): not "O0 keeps its meaning", which holds where this file made it
         self.draft.unsafe[:] = [reason.removesuffix(", and " + COMPUTED_LEVEL) for reason in self.draft.unsafe
                                 if reason != COMPUTED_LEVEL]
-        self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else ()}
+        self.draft.half_facts = {"level": inits[0].level, "scaler_args": tuple(inits[0].scaler_args) if static else (),
+                                 "hands_to": hands_to}
         SeveralInitializePlanning(self.context).note_inference(inits)
         if any(init.scale_bounds != ScaleBounds() for init in inits):
             self.draft.unsafe.append("`min_loss_scale`/`max_loss_scale` bound apex's scale here; the GradScaler made "
@@ -211,7 +224,7 @@ class CrossFilePlanning(Step):
             self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s {made} {are} on whether or not it ran")
 
 
-def _constant(expression: str) -> bool:
+def constant_option(expression: str) -> bool:
     """Whether a GradScaler argument's value names nothing (``128.0``, ``2**31 - 1``): one that
     reads the script's variables cannot be moved to another module's top level."""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.after_imports import AfterImportsPlanning
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.attribute_forwards import AttributeForwardPlanning
 from migrate.apex_plan.detached_forwards import DetachedForwardPlanning
@@ -16,6 +17,7 @@ from migrate.apex_plan.delay_flags import DelayFlagPlanning
 from migrate.apex_plan.cross_file import CrossFilePlanning
 from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.gradients import GradientPlanning
+from migrate.apex_plan.handed_across import HandedAcrossPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
@@ -34,10 +36,9 @@ from migrate.apex_plan.inference_tail import InferenceTailPlanning
 from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
-    ACCEPT_O2, EACH, GUESSED_MODELS, HELPER_NAME, HELPER_SOURCE, INITIALIZED_ELSEWHERE,
-    LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS, SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT,
-    STATE_CALLERS_PASS, STATE_DICT, STATE_HELPERS, ApexPlan, HalfFacts, InitializeSite, ScaleBounds,
-    ScaleLossSite, Setup, Unplannable, either,
+    ACCEPT_O2, EACH, GUESSED_MODELS, INITIALIZED_ELSEWHERE, LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS,
+    SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT, STATE_CALLERS_PASS, STATE_HELPERS, ApexPlan, HalfFacts,
+    InitializeSite, ScaleBounds, ScaleLossSite, Setup, Unplannable, either,
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.half_helpers import SETTING as HALF_HELPERS
@@ -237,6 +238,8 @@ class Planner:
                 maker, receivers, returned = handed  # `model, optimizer, scaler = build(args)`: the caller hands it on
             if receivers is not None and any(f.name.value in self.imported_elsewhere for f in (*receivers, *(returned or ())[:1])):
                 receivers, maker, returned = None, self.tree.function(init.statement), None  # called elsewhere without it
+        # handed over by the function initializing in another file, where it can be
+        receivers = HandedAcrossPlanning(reading).receivers(scaler_sites, self.imported_elsewhere) if init is None else receivers
         if receivers is not None:
             scope = "parameter"
         elif scope == "global" and not o0 and self.tree.import_anchor() is not None:
@@ -279,7 +282,7 @@ class Planner:
             stand_in=stand_in,
             in_block=in_block,
             may_be_disabled=not in_block and (
-                hoist is not None or stand_in is not None
+                hoist is not None or stand_in is not None or (init is None and receivers is not None)
                 or (init is not None and (init.enabled is not None or init.level_expression is not None))),
             merged_losses=names is None and merges,
             extra_scalers=tuple(extra_scalers) if names is not None else (),
@@ -364,10 +367,8 @@ class Planner:
                 several.remove(extra, joined=extra in joined)
         if init is not None:
             initialize.plan_initialize(init, hoist)
-        elif not self.setup.o0:
-            arguments = ", ".join(['"cuda"', *partner_args])
-            self.draft.after_imports.append(f"{self.setup.scaler} = torch.amp.GradScaler({arguments})\n")
-            self.draft.half_facts = {"scaler": self.setup.scaler}
+        elif not self.setup.o0:  # handed over by the other half, or made at module level with its options
+            CrossFilePlanning(writing).plan_scale_half_scaler(partner_args, receivers)
         if self.setup.scaler_receivers or self.setup.scaler_returned is not None:
             ScalerParameterPlanning(writing).plan_parameters()
         if not self.setup.o0:
@@ -379,7 +380,7 @@ class Planner:
             DetachedForwardPlanning(writing).plan_detached_forwards()
         for scale in scales:  # last: a region planned above may hold its line, which then stays
             DelayFlagPlanning(writing).plan_unread_flag(scale)
-        self._plan_after_imports()
+        AfterImportsPlanning(writing).plan_after_imports()
         self._emit(writing, scales)
 
     def _decided(self, reading: Context, setup: Setup) -> Context:
@@ -388,13 +389,17 @@ class Planner:
         return reading._replace(setup=setup)
 
     def _hand_off(self, reading: Context, inits: list[InitializeSite], others: list[cst.Call]) -> None:
-        """``amp.initialize`` with the scaled backward in another file (``cross_file``)."""
-        # no scaler is made here: the other half's `scale_loss` says whether apex's per-loss scalers merge
-        writing = self._decided(reading, CrossFilePlanning(reading).hand_off_setup(inits, others))
-        CrossFilePlanning(writing).plan_hand_off(inits)
+        """``amp.initialize`` with the scaled backward in another file (``cross_file``), where the
+        scaler may be made and handed to what the other file takes it as (``handed_across``)."""
+        if (calls := HandedAcrossPlanning(reading).calls(inits, others)) and set(calls) & set(self.partner.facts.receives):
+            writing = self._decided(reading, HandedAcrossPlanning(reading).made_here(inits[0]))
+            HandedAcrossPlanning(writing).plan_hand_across(inits[0], calls)
+        else:  # no scaler is made here: the other half's `scale_loss` says whether apex's per-loss scalers merge
+            writing = self._decided(reading, CrossFilePlanning(reading).hand_off_setup(inits, others))
+            CrossFilePlanning(writing).plan_hand_off(inits, tuple(calls or ()))
         if others:
             CheckpointPlanning(writing).plan_state_dicts()
-            self._plan_after_imports()
+            AfterImportsPlanning(writing).plan_after_imports()
         ModuleReadPlanning(writing).plan_module_reads(inits)
         self._emit(writing, [])
 
@@ -411,36 +416,8 @@ class Planner:
             if gradients.feeds_grad_consumer(call, self.tree.statement(call)):
                 raise Unplannable(call, "its gradients are read here, but the scaler that must unscale them first lives in another file")
         gradients.plan_master_params()
-        self._plan_after_imports()
+        AfterImportsPlanning(writing).plan_after_imports()
         self._emit(writing, [])
-
-    def _plan_after_imports(self) -> None:
-        """Definitions the rewrite needs at module level go after the last top-level import."""
-        if not self.draft.after_imports:
-            return
-        anchor = self.tree.import_anchor()
-        if anchor is None or self.draft.touched(anchor):
-            first = self.sites.all_calls()[0]
-            raise Unplannable(first, "no top-level import to put the module-level definitions after")
-        following = self.tree.module.body[self.tree.module.body.index(anchor) + 1 :]
-        blank_after = sum(1 for line in following[0].leading_lines if line.comment is None) if following else 2
-        added = []
-        for source in sorted(self.draft.after_imports, key=lambda text: text == HELPER_SOURCE):  # assignments first
-            statements = nodes.parse_statements(source, self.tree.module)
-            blank = 2 if isinstance(statements[0], cst.FunctionDef) else 1 if not added else 0
-            added += [statements[0].with_changes(leading_lines=[cst.EmptyLine()] * blank + [line for line in statements[0].leading_lines if line.comment]), *statements[1:]]
-        if isinstance(added[-1], cst.FunctionDef) and blank_after < 2:  # two blank lines after a def
-            footer = [*added[-1].body.footer, *[cst.EmptyLine(indent=False)] * (2 - blank_after)]
-            added[-1] = added[-1].with_changes(body=added[-1].body.with_changes(footer=footer))
-        self.draft.replace(anchor, cst.FlattenSentinel([anchor, *added]))
-        # said as what the file gains, where it gains it (a user reads this line, not the planner's)
-        what = []
-        if any(source != HELPER_SOURCE for source in self.draft.after_imports):
-            what.append(f"the GradScaler `{self.setup.scaler}` is made at module level, after the imports")
-        if HELPER_SOURCE in self.draft.after_imports:
-            what.append(f"`{HELPER_NAME}`, which reads old apex checkpoints into a GradScaler, is defined after the imports")
-        code = STATE_DICT if self.sites.calls["load_state_dict"] else SCALE_LOSS
-        self.draft.kind(anchor, code, "; ".join(what), "Add it after the imports" if len(what) == 1 else "Add them after the imports")
 
     def _reaches_a_scale(self, init: InitializeSite, scales: list[ScaleLossSite]) -> bool:
         """Whether the function running ``init`` scales a loss, or calls one of the file's

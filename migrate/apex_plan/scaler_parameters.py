@@ -76,6 +76,36 @@ class ScalerParameterPlanning(Step):
                     pending.append(caller)  # hands it on: takes it too
         return tuple(receiving)
 
+    def received(self, entries: frozenset[str], sites: list[cst.CSTNode]) -> tuple[cst.FunctionDef, ...] | None:
+        """The functions to hand a GradScaler made in another file to, which calls ``entries``
+        (``migrate.apex_plan.handed_across``): those using it, and the plain functions on the way
+        there from an entry, which this file never calls itself; None where one could be reached
+        another way."""
+        users = list({id(f): f for f in (self.tree.function(site) for site in sites)}.values())
+        if not users or None in users:
+            return None
+        receiving: list[cst.FunctionDef] = []
+        pending = list(users)
+        while pending:
+            user = pending.pop(0)
+            if not self._plain_function(user):
+                return None
+            receiving.append(user)
+            calls = self._references(user.name.value, self.tree.parent.get(id(user)))
+            if user.name.value in entries:
+                if calls:
+                    return None  # called here too, where no scaler is handed to it
+                continue
+            if not calls or None in calls:
+                return None
+            for call in calls:
+                caller = self.tree.function(call)
+                if caller is None:
+                    return None
+                if not any(caller is known for known in (*receiving, *pending)):
+                    pending.append(caller)  # hands it on: takes it too
+        return tuple(receiving)
+
     def returned(self, builder: cst.FunctionDef | None, made_at: cst.CSTNode, sites: list[cst.CSTNode], scaler: str
                  ) -> tuple[cst.FunctionDef, tuple[cst.FunctionDef, ...], tuple[cst.FunctionDef, cst.Tuple, cst.Tuple]] | None:
         """Where ``builder`` makes the scaler (at ``made_at``) and returns a tuple from its last
@@ -140,7 +170,6 @@ class ScalerParameterPlanning(Step):
                 self.draft.kind(node, SCALE_LOSS, f"`{builder.name.value}` makes the GradScaler that replaces `amp.initialize`",
                                 f"{what} with the rest: `{', '.join(scalers)}`")
         taken = ", ".join(f"{scaler}: torch.amp.GradScaler" for scaler in scalers)
-        given = ", ".join(f"{scaler}={scaler}" for scaler in scalers)
         for user in self.setup.scaler_receivers:
             params = user.params
             separator = self._separator([*params.posonly_params, *params.params], len(f", *, {taken}):"))
@@ -153,15 +182,20 @@ class ScalerParameterPlanning(Step):
                             f"Take it as the parameter `{scalers[0]}`" if len(scalers) == 1 else
                             f"Take them as the parameters {', '.join(f'`{scaler}`' for scaler in scalers)}")
             for call in self._references(user.name.value, self.tree.module):
-                separator = self._separator(list(call.args), len(f", {given})"))
-                args = list(call.args)
-                for scaler in scalers:
-                    argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
-                                       equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
-                    args = appended(args, argument, separator)
-                self.draft.replace(call, call.with_changes(args=args))
-                self.draft.kind(call, SCALE_LOSS, f"`{user.name.value}` uses the GradScaler made here",
-                                f"Pass it on: `{given}`")
+                self.pass_scaler(call, user.name.value)
+
+    def pass_scaler(self, call: cst.Call, name: str) -> None:
+        """``call`` of the function ``name``, which takes the GradScaler, passes it: ``scaler=scaler``."""
+        scalers = (self.setup.scaler, *self.setup.extra_scalers)
+        given = ", ".join(f"{scaler}={scaler}" for scaler in scalers)
+        separator = self._separator(list(call.args), len(f", {given})"))
+        args = list(call.args)
+        for scaler in scalers:
+            argument = cst.Arg(cst.Name(scaler), keyword=cst.Name(scaler),
+                               equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE))
+            args = appended(args, argument, separator)
+        self.draft.replace(call, call.with_changes(args=args))
+        self.draft.kind(call, SCALE_LOSS, f"`{name}` uses the GradScaler made here", f"Pass it on: `{given}`")
 
     def helper_calls(self, spellings: Mapping[str, str]) -> list[cst.Call]:
         """The calls of another file's checkpoint helpers that take the scaler (``migrate.state_helpers``:

@@ -18,20 +18,10 @@ CORE = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_d
 
 
 # apex.amp names handled by their own rules, independently of initialize (no scaler involved).
-CAST_API = frozenset(
-    {
-        "half_function",
-        "float_function",
-        "bfloat16_function",
-        "promote_function",
-        "register_half_function",
-        "register_float_function",
-        "register_bfloat16_function",
-        "register_promote_function",
-        "disable_casts",
-        "lists",
-    }
-)
+CAST_API = frozenset({
+    "half_function", "float_function", "bfloat16_function", "promote_function", "register_half_function",
+    "register_float_function", "register_bfloat16_function", "register_promote_function", "disable_casts", "lists",
+})
 
 
 INITIALIZE, SCALE_LOSS, MASTER_PARAMS, STATE_DICT = "AMP002", "AMP003", "AMP004", "AMP005"
@@ -223,7 +213,10 @@ class HalfFacts(NamedTuple):
 
     level: str | None = "O1"  # initialize half: its opt level, None when computed at run time
     scaler_args: tuple[str, ...] = ()  # initialize half: GradScaler's arguments for its options
-    scaler: str | None = None  # scale half: the module-level name of its GradScaler
+    # initialize half: the scale half's functions it calls once its own GradScaler exists, which could take it
+    hands_to: tuple[str, ...] = ()
+    scaler: str | None = None  # scale half: the name of its GradScaler (at module level, or a parameter of ...)
+    receives: tuple[str, ...] = ()  # scale half: ... these of ``hands_to``, which take it as ``scaler=``
     autocast: bool = True  # scale half: whether its rewrite writes an autocast region
     reasons: tuple[str, ...] = ()  # why its own rewrite is unsafe
     manual: str | None = None  # why it cannot be rewritten at all

@@ -99,9 +99,22 @@ def test_a_guarded_initialize_makes_the_pair_unsafe_in_both_files(tmp_path):
     assert "if fp16" not in (tmp_path / "train.py").read_text()
 
 
-def test_a_run_time_opt_level_makes_the_pair_unsafe(tmp_path):
+def test_a_run_time_opt_level_has_the_scaler_made_where_initialize_was_and_handed_over(tmp_path):
+    """(``test_scaler_handed_across_files`` generates the shapes.)"""
     (tmp_path / "engine.py").write_text(ENGINE)
     (tmp_path / "train.py").write_text(TRAIN.format(options="").replace('opt_level="O1"', "opt_level=args.opt_level"))
+    results = _by_name(migrate_paths([tmp_path]))
+    assert all(result.changed for result in results.values())
+    train = (tmp_path / "train.py").read_text()
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=args.opt_level != "O0")' in train
+    assert "train_epoch(model, optimizer, loader, scaler=scaler)" in train and '"amp": scaler.state_dict()' in train
+
+
+def test_a_run_time_opt_level_makes_the_pair_unsafe_where_the_scaler_cannot_be_handed_over(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    train = TRAIN.format(options="").replace('opt_level="O1"', "opt_level=args.opt_level")
+    (tmp_path / "train.py").write_text(train.replace("    model, optimizer = amp.initialize(",
+                                                     "    train_epoch(model, optimizer, [])\n    model, optimizer = amp.initialize("))
     results = _by_name(migrate_paths([tmp_path]))
     assert not any(result.changed for result in results.values())
     assert "opt level is computed at run time" in _reasons(results["engine.py"])

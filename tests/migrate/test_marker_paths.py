@@ -18,7 +18,8 @@ from {PACKAGE}.engine_components.training_loop_of_the_detector import do_train
 def train(cfg, model, optimizer, loader):
     use_mixed_precision = cfg.DTYPE == "float16"
     amp_opt_level = "O1" if use_mixed_precision else "O0"
-    model, optimizer = amp.initialize(model, optimizer, opt_level=amp_opt_level)
+    if cfg.SOLVER.AMP_ON:  # in a block: the scaler cannot be handed over, the pair is unsafe
+        model, optimizer = amp.initialize(model, optimizer, opt_level=amp_opt_level)
     do_train(model, loader, optimizer)
 """
 TRAINER = """\
