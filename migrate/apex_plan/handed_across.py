@@ -11,9 +11,10 @@ takes ``scaler: torch.amp.GradScaler``, and its autocast asks ``scaler.is_enable
 
 Only where both files show every way the scaler travels (``scaler_parameters`` says so within the
 scale half): the initialize half imports the function by name from that module, and calls it
-only from the function that initializes, after it; the scale half's functions using the scaler
-are plain module-level ones reached only from those it imports (which its own file never calls),
-and no other file of the project imports them (``migrate.half_partners`` checks that).
+only from the function that initializes (or the script's ``if __name__ == "__main__":``), after
+it; the scale half's functions using the scaler are plain module-level ones reached only from
+those it imports (which its own file never calls), and no other file of the project imports
+them (``migrate.half_partners`` checks that).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ class HandedAcrossPlanning(Step):
     def calls(self, inits: list[InitializeSite], others: list[cst.Call]) -> dict[str, list[cst.Call]] | None:
         """The initialize half's calls of the functions it imports from the scale half (by their
         name there), where a GradScaler made in place of ``inits`` (one, training) could be handed
-        to them: the function holding it runs it on every path, and makes every such call (and
-        reads apex's state, ``others``) after it. Only where the scaler cannot be made in the
+        to them: the function holding it (or the script's ``if __name__ == "__main__":``) runs it
+        on every path, and makes every such call (and reads apex's state, ``others``) after it. Only where the scaler cannot be made in the
         other module: an opt level, ``enabled=`` or a loss scale known at run time only. None
         where it cannot be handed."""
         imported = self.partner.scaler_import if self.partner is not None else None
@@ -49,8 +50,8 @@ class HandedAcrossPlanning(Step):
         known = init.level is not None and init.enabled is None and all(constant_option(arg.split("=", 1)[1]) for arg in init.scaler_args)
         if init.inference or halved(init) or init.level == "O0" or known:
             return None  # a GradScaler made in the other module serves as well
-        maker = self.tree.function(init.statement)
-        if maker is None or body_through_withs(self.tree.parent, init.statement) is not maker:
+        maker = self._runs_always(init.statement)
+        if maker is None:
             return None
         made = self.tree.order[id(init.statement)]
 
@@ -72,6 +73,15 @@ class HandedAcrossPlanning(Step):
             if uses:
                 found[name] = uses
         return found or None
+
+    def _runs_always(self, statement: cst.CSTNode) -> cst.FunctionDef | cst.If | None:
+        """The function whose body runs ``statement`` whenever it gets that far (through ``with``
+        blocks), or the script's ``if __name__ == "__main__":`` holding it; None otherwise."""
+        holder = body_through_withs(self.tree.parent, statement)
+        if isinstance(holder, cst.FunctionDef):
+            return holder
+        guard = self.tree.parent.get(id(self.tree.parent.get(id(statement))))
+        return guard if nodes.is_main_guard(guard) and isinstance(self.tree.parent.get(id(guard)), cst.Module) else None
 
     def _names_from(self, imported: ImportChange) -> dict[str, str]:
         """The names this file imports from the scale half's module (``from engine import

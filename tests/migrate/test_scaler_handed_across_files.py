@@ -28,7 +28,7 @@ from apex import amp
 {imports}
 
 
-def main():
+{header}
     parser = argparse.ArgumentParser()
     parser.add_argument("--opt-level", default="O1")
     parser.add_argument("--amp", action="store_true")
@@ -42,12 +42,12 @@ def main():
 {setup}    model, optimizer = amp.initialize(model, optimizer, {options})
     batches = [(torch.randn(4, 8, device=device), torch.randn(4, 1, device=device)) for _ in range(args.steps)]
 {calls}
-    return model
-
-
-if __name__ == "__main__":
-    main()
-"""
+{footer}"""
+# where the script initializes: in `main()`, or right under its `if __name__ == "__main__":`
+WHERE = {
+    "main()": ("def main():", '    return model\n\n\nif __name__ == "__main__":\n    main()\n'),
+    "script": ('if __name__ == "__main__":', ""),
+}
 
 # the opt level, `enabled=` or the loss scale, known when the script runs
 OPTIONS = {
@@ -113,24 +113,26 @@ def evaluate(model, batches):
 ENGINES = {"direct": ENGINE_DIRECT, "through a step": ENGINE_THROUGH_A_STEP}
 
 
-def _project(root: Path, option: str, spelled: str, call: str, engine: str) -> Path:
+def _project(root: Path, option: str, spelled: str, call: str, engine: str, where: str = "main()") -> Path:
     setup, options = OPTIONS[option]
+    header, footer = WHERE[where]
     imports, name = IMPORTS[spelled]
     calls = CALLS[call].format(name=name)
     if "evaluate" in calls and "evaluate" not in imports:
         imports += "\nfrom engine import evaluate"
     root.mkdir(parents=True, exist_ok=True)
     (root / "engine.py").write_text(ENGINES[engine])
-    (root / "train.py").write_text(SCRIPT.format(imports=imports, setup=setup, options=options, calls=calls))
+    (root / "train.py").write_text(SCRIPT.format(imports=imports, header=header, setup=setup, options=options, calls=calls,
+                                                 footer=footer))
     return root
 
 
-def _run(root: Path, *argv: str):
-    """The script's ``main()`` run in this process, on the CPU; its model."""
+def _run(root: Path, *argv: str) -> dict:
+    """The script run in this process, on the CPU, as ``python train.py``: its globals."""
     saved = sys.argv, list(sys.path)
     sys.argv, sys.path[:0] = ["train.py", *argv], [str(root)]
     try:
-        return runpy.run_path(str(root / "train.py"))["main"]()
+        return runpy.run_path(str(root / "train.py"), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved
         sys.modules.pop("engine", None)
@@ -140,13 +142,14 @@ def _by_name(results) -> dict:
     return {Path(result.filename).name: result for result in results}
 
 
-VARIANTS = [(option, spelled, call, engine) for (option, spelled, engine), call in
-            zip(itertools.product(OPTIONS, IMPORTS, ENGINES), itertools.cycle(CALLS))]
+# every option, import and training module; the calls and places cycled through them (all six pairs)
+VARIANTS = [(option, spelled, call, engine, where) for (option, spelled, engine), call, where in
+            zip(itertools.product(OPTIONS, IMPORTS, ENGINES), itertools.cycle(CALLS), itertools.cycle(WHERE))]
 
 
-@pytest.mark.parametrize("option, spelled, call, engine", VARIANTS)
-def test_the_scaler_is_made_where_initialize_was_and_handed_over(tmp_path, option, spelled, call, engine):
-    root = _project(tmp_path, option, spelled, call, engine)
+@pytest.mark.parametrize("option, spelled, call, engine, where", VARIANTS)
+def test_the_scaler_is_made_where_initialize_was_and_handed_over(tmp_path, option, spelled, call, engine, where):
+    root = _project(tmp_path, option, spelled, call, engine, where)
     results = _by_name(migrate_paths([root]))
     assert results["train.py"].changed and results["engine.py"].changed  # safe: both, in the default run
     script, module = (root / "train.py").read_text(), (root / "engine.py").read_text()
@@ -159,8 +162,8 @@ def test_the_scaler_is_made_where_initialize_was_and_handed_over(tmp_path, optio
     if engine == "through a step":
         assert "loss = _step(model, optimizer, x, y, scaler=scaler)" in module
     assert not any(result.changed for result in migrate_paths([root]))  # idempotent
-    for argv in ([], ["--amp"], ["--opt-level", "O0"]):  # runs, each way (the CPU turns the GradScaler off)
-        assert _run(root, *argv) is not None
+    for argv in ([], ["--amp"], ["--opt-level", "O0"]):  # runs each way (on the CPU, GradScaler("cuda") is off)
+        _run(root, *argv)  # an exception (a call without the scaler, a TypeError) fails it
 
 
 @pytest.mark.parametrize("option", ["argument", "computed"])
@@ -245,12 +248,13 @@ def test_a_decorated_training_function_stays_unsafe(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["--opt-level", "O1"], ["--opt-level", "O0"]])
-def test_a_pair_handed_its_scaler_trains_the_same(tmp_path, argv):
+@pytest.mark.parametrize("argv, where", [(["--opt-level", "O1"], "main()"), (["--opt-level", "O0"], "main()"),
+                                         (["--opt-level", "O1"], "script")])
+def test_a_pair_handed_its_scaler_trains_the_same(tmp_path, argv, where):
     from ampshim.compare import SAME, Target, compare
     from ampshim.compare.report import as_text
 
-    original = _project(tmp_path / "original", "argument", "by name", "in a loop", "through a step")
+    original = _project(tmp_path / "original", "argument", "by name", "in a loop", "through a step", where)
     migrated = tmp_path / "migrated"
     shutil.copytree(original, migrated)
     migrate_paths([migrated])
