@@ -16,7 +16,8 @@ from migrate import apex_nodes as nodes
 from migrate.apex_nodes import is_docstring, is_import_line, is_pure
 from migrate.flow.bindings import bindings
 from migrate.rule import Report
-from migrate.tree_walk import descendants, walk
+from migrate.fallback_arms import commented, given_none, reads
+from migrate.tree_walk import children, descendants, walk
 from migrate.types import ImportChange
 from migrate.unread import Unparsed
 
@@ -58,6 +59,8 @@ def _schedule(
                                          [imp for imp in adds if not imp.relative])
     if removes:
         before = _empty_ifs(module)
+        removed = {_bound_name(imp) for imp in removes}
+        fallbacks_before = _fallback_ifs(module, removed)
         # A name nothing reads any more goes without libcst's scope analysis (most of a fixing
         # run's time): only where a name of that spelling is still read does it decide.
         unread = _unread_names(module, {_bound_name(imp) for imp in removes})
@@ -66,6 +69,8 @@ def _schedule(
         else:
             module = _comments_kept(RemoveImportsVisitor)(context).transform_module(module)
             module = module.visit(_DeadGlobals({_bound_name(imp) for imp in removes}))
+        if _fallback_ifs(module, removed) - fallbacks_before:  # `if fp16: pass` / `else: amp = None`
+            module = module.visit(_DropDeadFallbacks(removed, fallbacks_before))
         if _empty_ifs(module) - before:
             module = module.visit(_DropEmptyIfs(before))
     return module
@@ -370,6 +375,43 @@ class _DropEmptyIfs(cst.CSTTransformer):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node.with_changes(body=self._filter(updated_node.body))
+
+
+def _fallback_ifs(module: cst.Module, names: set[str]) -> set[str]:
+    """The code of each ``if <test>: pass`` whose ``else`` only gives ``None`` to some of ``names``."""
+    return {_code(node) for node in descendants(module) if type(node) is cst.If and given_none(node.orelse) & names
+            and _only_pass(node.with_changes(orelse=None))}
+
+
+class _DropDeadFallbacks(cst.CSTTransformer):
+    """Drops the ``else: amp = None`` of an ``if fp16: pass`` that an import's removal left in a
+    function (``if fp16: from apex import amp`` / ``else: amp = None``), where nothing in the
+    function reads the names it gives ``None`` any more: dead stores, beside an arm of no effect, which
+    ``_DropEmptyIfs`` then removes. One written so before the removal, or an ``else`` with a
+    comment, is kept; so is a module's (another file may import the name)."""
+
+    def __init__(self, names: set[str], kept: set[str]) -> None:
+        super().__init__()
+        self.names, self.kept = names, kept
+        self.functions: list[tuple[cst.FunctionDef, dict[int, cst.CSTNode]]] = []  # each enclosing one, with its parents
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append((node, {id(child): parent for parent in descendants(node) for child in children(parent)}))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated_node
+
+    def _read(self, names: set[str]) -> bool:
+        function, parents = self.functions[-1]
+        return any(reads(node, names, lambda n: parents.get(id(n))) for node in descendants(function))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        names, orelse = given_none(updated_node.orelse), updated_node.orelse
+        if (not self.functions or not names & self.names or _code(original_node) in self.kept
+                or not _only_pass(updated_node.with_changes(orelse=None)) or self._read(names)):
+            return updated_node
+        return updated_node if commented(orelse) else updated_node.with_changes(orelse=None)
 
 
 def _unique(imports) -> list[ImportChange]:

@@ -11,17 +11,18 @@ from collections.abc import Callable
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.fallback_arms import commented, given_none, reads
 from migrate.apex_plan.context import Sites
 from migrate.apex_plan.tree import FileTree
 from migrate.tree_walk import descendants
 
 
 def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.CSTNode | None) -> bool:
-    """Whether ``arm`` (an ``if``'s ``else``) only assigns ``None`` to names an apex import
-    binds, and every reference to apex's module in the file is a call of apex's API the plan
+    """Whether ``arm`` (an ``if``'s ``else``, no comment in it) only assigns ``None`` to names an
+    apex import binds, and every reference to apex's module in the file is a call of apex's API the plan
     rewrites (no ``if amp is not None:`` nor ``train(model, amp)`` still reads it)."""
-    names = _given_none(arm)
-    if not names or not names <= set(tree.imports):
+    names = given_none(arm)
+    if not names or not names <= set(tree.imports) or commented(arm):
         return False
     for node, _ in tree.refs:
         call = tree.parent.get(id(node))
@@ -33,46 +34,21 @@ def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.CSTNode | None)
 def if_with_dead_fallback(statement: cst.CSTNode, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.If | None:
     """The ``if <names and comparisons>:`` whose whole body is ``statement`` (a ``try`` left
     guarding nothing) in a function, where its ``else`` only gives ``None`` to names nothing in
-    that function reads (``amp``, the import's fallback): removing ``statement`` removes it all."""
+    that function reads (``amp``, the import's fallback), and says nothing in a comment: removing
+    ``statement`` removes it all."""
     block = parent_of(statement)
     owner = parent_of(block) if block is not None else None
     if not isinstance(owner, cst.If) or owner.body is not block or len(block.body) != 1 or not nodes.is_pure(owner.test):
         return None
-    names = _given_none(owner.orelse)
+    names = given_none(owner.orelse) if not commented(owner.orelse) else set()
     # a function's locals, read in it only (a module's names another file may import; `global
     # amp` in the function is a read of its own)
     function = next((node for node in _ancestors(owner, parent_of) if isinstance(node, cst.FunctionDef)), None)
     if not names or function is None:
         return None
-    return None if any(_reads(node, names, parent_of) for node in descendants(function)) else owner
-
-
-def _reads(node: cst.CSTNode, names: set[str], parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
-    """Whether ``node`` is a name of ``names`` read: not an assignment's target, an attribute
-    (``torch.amp``), a keyword (``f(amp=...)``) nor a parameter."""
-    if type(node) is not cst.Name or node.value not in names:
-        return False
-    parent = parent_of(node)
-    return not (isinstance(parent, (cst.AssignTarget, cst.Param)) or (isinstance(parent, cst.Attribute) and parent.attr is node)
-                or (isinstance(parent, cst.Arg) and parent.keyword is node))
+    return None if any(reads(node, names, parent_of) for node in descendants(function)) else owner
 
 
 def _ancestors(node: cst.CSTNode, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]):
     while (node := parent_of(node)) is not None:
         yield node
-
-
-def _given_none(arm: cst.CSTNode | None) -> set[str]:
-    """The names an ``else`` arm gives ``None``, where that is all it does (else empty)."""
-    if not isinstance(arm, cst.Else) or not isinstance(arm.body, cst.IndentedBlock):
-        return set()
-    names: set[str] = set()
-    for line in arm.body.body:
-        if not isinstance(line, cst.SimpleStatementLine):
-            return set()
-        for small in line.body:
-            if not (isinstance(small, cst.Assign) and nodes.is_none(small.value)
-                    and all(isinstance(target.target, cst.Name) for target in small.targets)):
-                return set()
-            names |= {target.target.value for target in small.targets}
-    return names

@@ -31,7 +31,7 @@ class ApexImport(Rule):
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
     ``try`` is replaced by its body; an ``if args.fp16:`` holding only that ``try`` goes with
     it, and so does its ``else:`` where that only gives ``None`` to names nothing in the
-    function reads (``else: amp = None``). It also reports the imports no rewrite can follow:
+    function reads (``else: amp = None``) and holds no comment. It also reports the imports no rewrite can follow:
     ``importlib.import_module("apex.amp")``, ``__import__("apex")``, and availability checks
     (``if amp is not None:``) that keep apex imported. Where such checks are all that reads
     apex's module (the rewrites took the rest), and the name is bound only by the import and

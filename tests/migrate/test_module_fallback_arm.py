@@ -107,9 +107,10 @@ def train(args, model, optimizer, loader):
 """ + LOOP
 
 
-@pytest.mark.parametrize(("imp", "guard", "arm"), list(itertools.product(IMPORTS, ["try_raise", "try_bare"], ["one", "chained"])))
+@pytest.mark.parametrize(("imp", "guard", "arm"), list(itertools.product(IMPORTS, GUARDS, ARMS)))
 def test_an_import_only_if_with_its_fallback_arm_goes(imp, guard, arm):
-    # the import in an `if` of its own, `amp.initialize` in a later one (JinJackson/Eng_Paraphrase's shape)
+    # the import in an `if` of its own, `amp.initialize` in a later one (JinJackson/Eng_Paraphrase's
+    # shape); a plain import goes in the engine's import removal, a `try` around it by AMP001
     statement, name = IMPORTS[imp]
     source = IMPORT_ONLY.format(guard=textwrap.indent(GUARDS[guard].format(imp=statement), " " * 8), name=name,
                                 arm=textwrap.indent(ARMS[arm].format(name=name), " " * 8))
@@ -118,6 +119,13 @@ def test_an_import_only_if_with_its_fallback_arm_goes(imp, guard, arm):
     assert result.error is None and "apex" not in new, new
     assert "else:" not in new.split("for x, y")[0] and "pass" not in new and "= None" not in new, new
     _runs_without_mixed_precision(new)
+
+
+@pytest.mark.parametrize("guard", list(GUARDS))
+def test_an_arm_with_a_comment_stays(guard):
+    result = migrate_source(_script("from", guard, "{name} = None  # apex is optional"), "train.py")
+    assert result.error is None and "amp = None  # apex is optional" in result.new_source, result.new_source
+    _runs_without_mixed_precision(result.new_source)
 
 
 def test_an_arm_doing_more_stays():
@@ -132,6 +140,28 @@ def test_the_arm_stays_where_the_module_is_still_read(read):
     result = migrate_source(source, "train.py")
     assert result.error is None
     assert "amp = None" in (result.new_source or source), result.new_source
+
+
+@pytest.mark.parametrize("guard", list(GUARDS))
+@pytest.mark.parametrize("kept", ["comment", "read later", "module level"])
+def test_an_import_only_fallback_arm_stays_where_it_may_matter(guard, kept):
+    source = IMPORT_ONLY.format(guard=textwrap.indent(GUARDS[guard].format(imp="from apex import amp"), " " * 8),
+                                name="amp", arm="        amp = None")
+    if kept == "comment":
+        source = source.replace("        amp = None\n", "        amp = None  # apex is optional\n")
+    elif kept == "read later":
+        source = source.replace("    for x, y in loader:", "    print(amp is None)\n    for x, y in loader:", 1)
+    else:  # the `if` at the module's top level: another file may import the name
+        head, rest = source.split("def train(args, model, optimizer, loader):\n", 1)
+        first, second = rest.split("    if args.fp16:\n        model, optimizer", 1)
+        source = head + textwrap.dedent(first).replace("args.fp16", "FP16", 1) + (
+            "\n\ndef train(args, model, optimizer, loader):\n    if args.fp16:\n        model, optimizer" + second)
+        source = source.replace("import torch\n", "import torch\n\nFP16 = False\n", 1)
+    result = migrate_source(source, "train.py")
+    assert result.error is None
+    new = result.new_source or source
+    assert "amp = None" in new and "else:" in new.split("def train")[int(kept != "module level")], new
+    compile(new, "train.py", "exec")
 
 
 def test_a_global_fallback_stays():
