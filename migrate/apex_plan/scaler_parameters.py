@@ -286,7 +286,8 @@ def _with_parameter(params: cst.Parameters, new: cst.Param, separator: cst.Comma
     last = elements[-1]
     if isinstance(last.comma, cst.Comma):
         between = next((e.comma for e in reversed(elements[:-1]) if isinstance(e.comma, cst.Comma)), separator)
-        before, new = between, new.with_changes(comma=last.comma)
+        before, after = _commas_kept(between, last.comma)
+        new = new.with_changes(comma=after)
     else:
         before = separator
     if last_field == "star_arg":
@@ -297,7 +298,7 @@ def _with_parameter(params: cst.Parameters, new: cst.Param, separator: cst.Comma
     if not keyword_only:
         return params.with_changes(params=[*params.params, new])
     if star is None:
-        star_comma = before if isinstance(last.comma, cst.Comma) else cst.Comma(whitespace_after=_SPACE)
+        star_comma = _uncommented(before) if isinstance(last.comma, cst.Comma) else cst.Comma(whitespace_after=_SPACE)
         return params.with_changes(star_arg=cst.ParamStar(comma=star_comma), kwonly_params=[new])
     return params.with_changes(kwonly_params=[*params.kwonly_params, new])
 
@@ -310,8 +311,27 @@ def appended(items: list, new, separator: cst.Comma) -> list:
     last = items[-1]
     if isinstance(last.comma, cst.Comma):
         between = items[-2].comma if len(items) > 1 and isinstance(items[-2].comma, cst.Comma) else last.comma
-        return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
+        before, after = _commas_kept(between, last.comma)
+        return [*items[:-1], last.with_changes(comma=before), new.with_changes(comma=after)]
     # the space or line break before the closing parenthesis moves after the new item
     after = "whitespace_after_arg" if isinstance(last, cst.Arg) else "whitespace_after_param"
     closing = getattr(last, after)
     return [*items[:-1], last.with_changes(comma=separator, **{after: cst.SimpleWhitespace("")}), new.with_changes(**{after: closing})]
+
+
+def _commas_kept(between: cst.Comma, last: cst.Comma) -> tuple[cst.Comma, cst.Comma]:
+    """The commas after the last item and after the one added below it, one item a line: the last
+    keeps its own comment (``data,  # the batches``) on a line break indented as ``between``'s
+    (the one before it), and the new one ends the list as ``last`` did, with no comment."""
+    own, lines = last.whitespace_after, between.whitespace_after
+    if not (isinstance(own, cst.ParenthesizedWhitespace) and isinstance(lines, cst.ParenthesizedWhitespace)):
+        return between, last
+    kept = between.with_changes(whitespace_after=lines.with_changes(first_line=own.first_line, empty_lines=[]))
+    return kept, _uncommented(last)
+
+
+def _uncommented(comma: cst.Comma) -> cst.Comma:
+    """``comma`` ending its line with no comment (a new item's: the comment was another's)."""
+    space = comma.whitespace_after
+    return comma.with_changes(whitespace_after=space.with_changes(first_line=cst.TrailingWhitespace())) \
+        if isinstance(space, cst.ParenthesizedWhitespace) else comma
