@@ -36,10 +36,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from migrate import disk_reads, halves, quiet
+from migrate.apex_plan.vocabulary import DECORATORS_KEPT as DECORATORS_SETTING
 from migrate.apex_plan.vocabulary import MASTER_WEIGHTS_KEPT as MASTER_WEIGHTS_SETTING
 from migrate.files import known_project_root, place, project_root, project_trees_saying
 
-__all__ = ["MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "kept_elsewhere", "kept_for_scale_halves", "kept_places",
+__all__ = ["DECORATORS_SETTING", "MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "decorators_kept", "kept_elsewhere", "kept_for_scale_halves", "kept_places",
            "migrated_for_registrations", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
@@ -47,6 +48,7 @@ MIGRATED_SETTING = "apex-initialize-migrated"  # the places of ``migrated_for_re
 _REGISTRATIONS = re.compile(r"\bregister_(?:half|float|bfloat16|promote)_function\b")
 # apex's cast decorators, its registry, and its disabled region
 _CAST_USES = re.compile(r"\b(?:register_)?(?:half|float|bfloat16|promote)_function\b|\bdisable_casts\b")
+_DECORATORS = frozenset({"half_function", "float_function", "bfloat16_function", "promote_function", "disable_casts"})
 _INITIALIZE_NEEDLES = ("initialize(", "init(")  # what a file calling `amp.initialize` (or `amp.init`) says
 
 
@@ -107,6 +109,51 @@ def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, par
             return tuple(place(file, line, root) for file, line in candidates)
         return ()
     return _per_file(texts, partners, places_of)
+
+
+def decorators_kept(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object],
+                    unsafe_fixes: bool = False) -> dict[Path, tuple[str, ...]]:
+    """For each file in ``texts`` that calls ``amp.initialize``, and its other half in this run
+    (``partners``), the places in its project of apex's cast decorators (``@amp.float_function``,
+    the call form, ``amp.disable_casts()``) that stay on apex after a run in this mode, followed by
+    why: their file is not in the run, or another ``amp.initialize`` of the project stays on apex
+    (``kept_places``), which keeps them (``rules._apex_planned.apex_casts_after_run``). apex's
+    decorator casts only while its ``amp.initialize`` ran: where that is rewritten, native
+    autocast hands the function float16 inputs it used to get as float32 (a float32-only kernel
+    raises "not implemented for 'Half'"), so the rewrite is unsafe, on both halves of a pair. Only
+    in a project whose extent is known (``files.known_project_root``)."""
+    def places_of(path: Path, text: str, run: Mapping, migrated: dict) -> tuple[str, ...]:
+        if known_project_root(path) is None or not _first_initialize(quiet.parse_or_none(text)):
+            return ()  # a folder gathered from many projects: another file's decorators are not this one's
+        root, me = _search_root(path), path.resolve()
+        decorated = _decorated(root)
+        if not decorated:
+            return ()
+        places = tuple(place(file, line, root) for file, line in decorated)
+        missing = [file for file, _ in decorated if file not in run]
+        if missing:
+            return (*places, f"{missing[0].relative_to(root) if missing[0].is_relative_to(root) else missing[0]} is not in this run")
+        kept = kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, settings, unsafe_fixes, migrated)
+        return (*places, f"apex's `amp.initialize` stays at {', '.join(kept)}") if kept else ()
+    found = _per_file(texts, partners, places_of)
+    by_shown = {halves.shown(path): path for path in texts}
+    for path, places in list(found.items()):  # the other half is as unsafe: the two go together or not at all
+        other = by_shown.get(getattr(partners.get(path), "file", None))
+        if other is not None and getattr(partners.get(path), "facts", None) is not None:
+            found.setdefault(other, places)
+    return found
+
+
+@disk_reads.cached(maxsize=64)
+def _decorated(root: Path) -> tuple[tuple[Path, int], ...]:
+    """Each file of the project using apex's cast decorators (or ``disable_casts``), with its first such line."""
+    found = []
+    for file, tree in project_trees_saying(root, (b"_function", b"disable_casts")):
+        lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in _DECORATORS
+                 and ast.unparse(node.value).split(".")[-1] in ("amp", "apex_amp")]
+        if lines:
+            found.append((file, min(lines)))
+    return tuple(found)
 
 
 def _per_file(texts: Mapping[Path, str], partners: Mapping[Path, object], places_of) -> dict[Path, tuple[str, ...]]:

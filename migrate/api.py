@@ -220,7 +220,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     parameters (``migrate.base_bindings``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), as for a scale half
-    one that may keep master weights, and for one initializing
+    one that may keep master weights, for one initializing (and its other half) where apex's cast
+    decorators stay on apex, and for one initializing
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
     if not apex_texts:
         return options
@@ -249,12 +250,14 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     kept = apex_kept.kept_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes)
     master = apex_kept.kept_for_scale_halves(apex_texts, options.settings, partners)
     started = apex_kept.migrated_for_registrations(apex_texts, options.settings, partners)
+    decorated = apex_kept.decorators_kept(apex_texts, options.settings, partners, options.unsafe_fixes)
     options = replace(
         options,
         partners={str(path): partner for path, partner in partners.items()},
         apex_kept_elsewhere={str(path): places for path, places in kept.items()},
         master_weights_kept={str(path): places for path, places in master.items()},
         apex_initialize_migrated={str(path): places for path, places in started.items()},
+        apex_decorators_kept={str(path): places for path, places in decorated.items()},
     )
     passing, helpers, kept_by = state_helpers.handed(apex_texts, lambda path: file_settings(options, path), options.unsafe_fixes)
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex

@@ -41,6 +41,7 @@ class Options:
     apex_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.apex_kept``' places
     master_weights_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.kept_for_scale_halves``' places
     apex_initialize_migrated: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.migrated_for_registrations``'
+    apex_decorators_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.decorators_kept``' places
     scale_loss_kept_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.scale_kept``' places
     initialized_elsewhere: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``scale_kept.initialized_elsewhere``'s places
     levels_elsewhere: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # path -> ``migrate.level_settings``' names
@@ -66,6 +67,7 @@ _PROJECT_FACTS = (
     ("apex_kept_elsewhere", "apex-initialize-kept"),
     ("master_weights_kept", "apex-master-weights-kept"),
     ("apex_initialize_migrated", "apex-initialize-migrated"),
+    ("apex_decorators_kept", "apex-decorators-kept"),
     ("scale_loss_kept_elsewhere", "apex-scale-loss-kept"),
     ("initialized_elsewhere", "apex-initialized-elsewhere"),
     ("levels_elsewhere", "apex-level-set-elsewhere"),

@@ -36,7 +36,7 @@ from migrate.apex_plan.inference_tail import InferenceTailPlanning
 from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
-    ACCEPT_O2, EACH, GUESSED_MODELS, INITIALIZED_ELSEWHERE, LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS,
+    ACCEPT_O2, DECORATORS_KEPT, EACH, GUESSED_MODELS, INITIALIZED_ELSEWHERE, LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS,
     SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT, STATE_CALLERS_PASS, STATE_HELPERS, ApexPlan, HalfFacts,
     InitializeSite, ScaleBounds, ScaleLossSite, Setup, Unplannable, either,
 )
@@ -72,6 +72,7 @@ class Planner:
         self.partner = settings.get(PARTNER)  # the other half of apex amp, in another file
         self.master_weights_kept = settings.get(MASTER_WEIGHTS_KEPT, ())  # apex initializes left beside a scale half
         self.casts_elsewhere = settings.get(CASTS_ELSEWHERE, ())  # apex cast lists changed by other files
+        self.decorators_kept = settings.get(DECORATORS_KEPT, ())  # apex cast decorators left on apex, and why
         self.state_read_elsewhere = settings.get(STATE_READ_ELSEWHERE, ())  # apex's internal state read by other files
         self.handed_elsewhere = settings.get(HANDED_ELSEWHERE, ())  # what other files hand the file's functions
         self.scaled_elsewhere = settings.get(SCALE_LOSS_KEPT, ())  # linked files that keep apex's scale_loss
@@ -121,6 +122,12 @@ class Planner:
                     f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"
                     f"{', ...' if len(self.casts_elsewhere) > 3 else ''}): native autocast does not read them, so the "
                     "ops they name run in autocast's own precision")
+            if self.decorators_kept:  # given to a file initializing, and to its other half
+                *places, why = self.decorators_kept
+                self.draft.unsafe.append(
+                    f"apex's cast decorators stay on apex ({', '.join(places[:3])}{', ...' if len(places) > 3 else ''}: {why}): "
+                    "they cast only while apex's `amp.initialize` runs, so under native autocast their functions get "
+                    "float16 inputs (a float32-only kernel raises); migrate them with every `amp.initialize` of the project")
             self._rewrite(reading)
             self.draft.check_disjoint()
         except Unplannable as problem:

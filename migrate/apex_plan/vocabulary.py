@@ -166,6 +166,7 @@ SCALE_LOSS_KEPT = "apex-scale-loss-kept"  # hands a plan ``migrate.scale_kept``'
 LEVELS_ELSEWHERE = "apex-level-set-elsewhere"  # ``migrate.level_settings``' option names (not a user setting)
 INITIALIZED_ELSEWHERE = "apex-initialized-elsewhere"  # ``migrate.scale_kept.initialized_elsewhere``'s places (not a user setting)
 MASTER_WEIGHTS_KEPT = "apex-master-weights-kept"  # ``migrate.apex_kept.kept_for_scale_halves``' places (not a user setting)
+DECORATORS_KEPT = "apex-decorators-kept"  # ``migrate.apex_kept.decorators_kept``' places and why (not a user setting)
 # ``migrate.state_helpers``: a checkpoint utility's functions whose every caller passes the scaler,
 # and a training file's calls of them (spelling, the utility's place) (not user settings)
 STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"

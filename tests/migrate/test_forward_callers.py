@@ -106,7 +106,7 @@ def test_each_project_fact_reaches_the_setting_its_module_names():
 
     assert [setting for _, setting in _PROJECT_FACTS] == [
         PARTNER, importers.SETTING, importers.FUNCTIONS_SETTING, cast_registrations.SETTING, apex_state_reads.SETTING, optimizer_resumes.SETTING, forward_callers.SETTING, apex_kept.SETTING,
-        apex_kept.MASTER_WEIGHTS_SETTING, apex_kept.MIGRATED_SETTING,
+        apex_kept.MASTER_WEIGHTS_SETTING, apex_kept.MIGRATED_SETTING, apex_kept.DECORATORS_SETTING,
         scale_kept.SETTING, scale_kept.INITIALIZED_SETTING, level_settings.SETTING, state_helpers.KEEPER_SETTING,
         state_helpers.CALLER_SETTING, state_helpers.KEPT_SETTING, grad_norms.SETTING,
         half_helpers.SETTING, subclass_overrides.SETTING, base_bindings.SETTING]
