@@ -40,9 +40,9 @@ class HandedAcrossPlanning(Step):
         """The initialize half's calls of the functions it imports from the scale half (by their
         name there), where a GradScaler made in place of ``inits`` (one, training) could be handed
         to them: the function holding it (or the script's ``if __name__ == "__main__":``) runs it
-        on every path, and makes every such call (and reads apex's state, ``others``) after it. Only where the scaler cannot be made in the
-        other module: an opt level, ``enabled=`` or a loss scale known at run time only. None
-        where it cannot be handed."""
+        on every path, and makes every such call (and reads apex's state, ``others``) after it.
+        Only where the scaler cannot be made in the other module: an opt level, ``enabled=`` or a
+        loss scale known at run time only. None where it cannot be handed."""
         imported = self.partner.scaler_import if self.partner is not None else None
         if imported is None or len(inits) != 1:
             return None
