@@ -10,11 +10,11 @@ run time, off for O0), and passes it on: ``train_one_epoch(..., scaler=scaler)``
 takes ``scaler: torch.amp.GradScaler``, and its autocast asks ``scaler.is_enabled()``.
 
 Only where both files show every way the scaler travels (``scaler_parameters`` says so within the
-scale half): the initialize half imports the function by name from that module, and calls it
-only from the function that initializes (or the script's ``if __name__ == "__main__":``), after
-it; the scale half's functions using the scaler are plain module-level ones reached only from
-those it imports (which its own file never calls), and no other file of the project imports
-them (``migrate.half_partners`` checks that).
+scale half): the initialize half imports the function by name from that module (or the module,
+calling ``engine.train_one_epoch(...)``), and calls it only from the function that initializes
+(or the script's ``if __name__ == "__main__":``), after it; the scale half's functions using the
+scaler are plain module-level ones reached only from those it imports (which its own file never
+calls), and no other file of the project imports them (``migrate.half_partners`` checks that).
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class HandedAcrossPlanning(Step):
         found: dict[str, list[cst.Call]] = {}
         imports = {id(name) for node in descendants(self.tree.module) if isinstance(node, (cst.Import, cst.ImportFrom))
                    for name in descendants(node) if type(name) is cst.Name}
-        for local, name in self._names_from(imported).items():
+        names, module = self._names_from(imported)
+        for local, name in names.items():
             if local in self.tree.assigned:
                 return None
             uses = [self.tree.parent.get(id(node)) for node in descendants(self.tree.module) if type(node) is cst.Name
@@ -72,6 +73,18 @@ class HandedAcrossPlanning(Step):
                 return None  # handed on, stored, or called where the scaler is not made yet
             if uses:
                 found[name] = uses
+        if module is not None:  # `import engine`, then `engine.train_epoch(...)`: each use a call, made after it
+            if module in self.tree.assigned:
+                return None
+            for node in descendants(self.tree.module):
+                if type(node) is not cst.Name or node.value != module or id(node) in imports or self._naming_only(node):
+                    continue
+                attribute = self.tree.parent.get(id(node))
+                call = self.tree.parent.get(id(attribute))
+                if not (isinstance(attribute, cst.Attribute) and attribute.value is node and isinstance(call, cst.Call)
+                        and call.func is attribute and after(call)):
+                    return None
+                found.setdefault(attribute.attr.value, []).append(call)
         return found or None
 
     def _runs_always(self, statement: cst.CSTNode) -> cst.FunctionDef | cst.If | None:
@@ -83,17 +96,29 @@ class HandedAcrossPlanning(Step):
         guard = self.tree.parent.get(id(self.tree.parent.get(id(statement))))
         return guard if nodes.is_main_guard(guard) and isinstance(self.tree.parent.get(id(guard)), cst.Module) else None
 
-    def _names_from(self, imported: ImportChange) -> dict[str, str]:
+    def _names_from(self, imported: ImportChange) -> tuple[dict[str, str], str | None]:
         """The names this file imports from the scale half's module (``from engine import
-        train_one_epoch as train``): each local name, with its name there."""
+        train_one_epoch as train``): each local name, with its name there; and the local name of
+        the module itself (``import engine``, ``import engine as loop``, ``from pkg import
+        engine``), where one names it (the last one bound)."""
         names: dict[str, str] = {}
+        module = None
+        package, _, last = imported.module.rpartition(".")
         for node in descendants(self.tree.module):
-            if (isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and node.module is not None
-                    and len(node.relative) == imported.relative and nodes.code(node.module) == imported.module):
+            if isinstance(node, cst.Import) and not imported.relative:
+                for alias in node.names:
+                    if nodes.code(alias.name) == imported.module and (alias.asname is not None or not package):
+                        module = nodes.code(alias.asname.name) if alias.asname is not None else last
+            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and len(node.relative) == imported.relative:
+                source = nodes.code(node.module) if node.module is not None else ""
                 for alias in node.names:
                     name = nodes.code(alias.name)
-                    names[nodes.code(alias.asname.name) if alias.asname is not None else name] = name
-        return names
+                    local = nodes.code(alias.asname.name) if alias.asname is not None else name
+                    if source == imported.module:
+                        names[local] = name
+                    elif source == package and name == last:
+                        module = local
+        return names, module
 
     def _naming_only(self, node: cst.Name) -> bool:
         """A name that reads nothing: another object's attribute, a keyword."""

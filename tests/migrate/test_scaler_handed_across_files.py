@@ -61,6 +61,8 @@ IMPORTS = {
     "by name": ("from engine import train_epoch", "train_epoch"),
     "renamed": ("from engine import train_epoch as run_epoch", "run_epoch"),
     "beside another": ("from engine import evaluate, train_epoch", "train_epoch"),
+    "the module": ("import engine", "engine.train_epoch"),
+    "the module renamed": ("import engine as loop", "loop.train_epoch"),
 }
 CALLS = {
     "once": "    {name}(model, optimizer, batches)\n    evaluate(model, batches)",
@@ -135,7 +137,8 @@ def _run(root: Path, *argv: str) -> dict:
         return runpy.run_path(str(root / "train.py"), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved
-        sys.modules.pop("engine", None)
+        for name in [name for name, module in sys.modules.items() if str(getattr(module, "__file__", "")).startswith(str(root))]:
+            del sys.modules[name]  # the next project's `engine` is another
 
 
 def _by_name(results) -> dict:
@@ -238,6 +241,28 @@ def test_an_initialize_under_a_flag_stays_unsafe(tmp_path, option):
           "    if args.steps:\n        model, optimizer = amp.initialize(model, optimizer,")
     results = _by_name(migrate_paths([root]))
     assert not results["train.py"].changed and not results["engine.py"].changed
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_the_module_s_function_handed_on_stays_unsafe(tmp_path, option):
+    root = _project(tmp_path, option, "the module", "by keyword", "direct")
+    _edit(root, "train.py", "    engine.train_epoch(model=model", "    run = engine.train_epoch\n    run(model=model")
+    _unchanged_pair_is_unsafe(root)
+
+
+@pytest.mark.parametrize("spelled", ["from pkg import engine", "from pkg import engine as loop", "from pkg.engine import train_epoch"])
+def test_a_module_of_a_package_is_handed_the_scaler_too(tmp_path, spelled):
+    root = _project(tmp_path, "argument", "by name", "once", "direct")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "engine.py").rename(root / "pkg" / "engine.py")
+    called = {"from pkg import engine": "engine.train_epoch", "from pkg import engine as loop": "loop.train_epoch"}.get(spelled, "train_epoch")
+    _edit(root, "train.py", "from engine import train_epoch\nfrom engine import evaluate", f"{spelled}\nfrom pkg.engine import evaluate")
+    _edit(root, "train.py", "    train_epoch(model, optimizer, batches)", f"    {called}(model, optimizer, batches)")
+    results = _by_name(migrate_paths([root]))
+    assert results["train.py"].changed and results["engine.py"].changed
+    assert f"{called}(model, optimizer, batches, scaler=scaler)" in (root / "train.py").read_text()
+    _run(root)
 
 
 def test_a_decorated_training_function_stays_unsafe(tmp_path):
