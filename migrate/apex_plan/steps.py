@@ -409,7 +409,9 @@ class StepPlanning(Step):
         scaler's ``scale`` hands the loss back). Only where the scaler's name reaches it; the scaler
         of the same loss where an arm beside it scales it (apex's per-loss scalers)."""
         scaler = self.scaler_of(self.tree.scaled_in_another_arm(plain, self.sites.calls["scale_loss"]) or scale.call)
-        same_class = self.tree.owner_class(self.tree.function(plain)) is self.tree.owner_class(self.tree.function(scale.call))
+        # `self.scaler` is the same object in the scaling class and in a subclass of it (`class Trainer(BaseTrainer)`)
+        owner, scaling = (self.tree.owner_class(self.tree.function(node)) for node in (plain, scale.call))
+        same_class = owner is scaling or (owner is not None and any(cls is scaling for cls in self.tree.lineage(owner)))
         # a loss's own arguments are keywords (`retain_graph=True`, `**kwargs`); `engine.backward(loss)` is no tensor's
         by_keyword = all(arg.keyword is not None or arg.star for arg in plain.args)
         if (isinstance(plain.func, cst.Attribute) and by_keyword and id(plain) not in self.draft.replacements

@@ -601,3 +601,20 @@ def test_a_subclass_loop_a_base_trainers_set_up_method_and_a_gradient_penalty(fl
                      names=("model", "optimizer", "loss"), holder="method", backward_in="helper",
                      methods_in="base", amp_setup="method", penalty=penalty, grads_in=grads_in)
     assert_migrated_and_the_same(drawn, tmp_path)
+
+
+def test_a_warm_up_backward_in_a_subclass_of_the_scaling_trainer(tmp_path):
+    """Drawn by the bench (seed 5000): ``BaseTrainer.backward`` scales the loss, ``Trainer(BaseTrainer)``
+    runs a plain warm-up ``loss.backward()`` whose step goes through the scaler with every other:
+    ``self.scaler`` is the same object in the subclass, so that backward is scaled by it too (it
+    stayed plain, and the first ``scaler.step`` raised: "Attempted step but _scale is None")."""
+    drawn = Features(loss="inline", loop="while", accumulation="plain", boundary="plus_one", clip="parameters",
+                     clip_at="boundary", flag="on", import_guard=False, inner_fp32=False, names=("model", "optim", "loss"),
+                     holder="method", amp_via="module", optimizers="one", checkpoint=False, early_continue=True,
+                     between="parameter_loop", warmup=True, backward_in="helper", flag_copy=True, flag_via="options",
+                     level_in_block=True, delay_spelling="comparison", forward_via="wrapper", clip_in="closure",
+                     memory="after", native_beside=True, methods_in="base", amp_setup="method", penalty="keywords",
+                     import_in="function")
+    outcome = judge(drawn, tmp_path)
+    assert not outcome.unsafe_crash, outcome.summary
+    assert_rewrites_hold(outcome)
