@@ -8,6 +8,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.tree_walk import descendants
 
 
 def given_none(arm: cst.CSTNode | None) -> set[str]:
@@ -26,14 +27,17 @@ def given_none(arm: cst.CSTNode | None) -> set[str]:
     return names
 
 
-def reads(node: cst.CSTNode, names: set[str], parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
-    """Whether ``node`` is a name of ``names`` read: not an assignment's target, an attribute
-    (``torch.amp``), a keyword (``f(amp=...)``) nor a parameter. ``global amp`` is a read."""
-    if type(node) is not cst.Name or node.value not in names:
-        return False
-    parent = parent_of(node)
-    return not (isinstance(parent, (cst.AssignTarget, cst.Param)) or (isinstance(parent, cst.Attribute) and parent.attr is node)
-                or (isinstance(parent, cst.Arg) and parent.keyword is node))
+def read_in(function: cst.FunctionDef, names: set[str], parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]) -> bool:
+    """Whether ``function`` reads any of ``names``: a name of them that is not an assignment's
+    target, an attribute (``torch.amp``), a keyword (``f(amp=...)``) nor a parameter. ``global
+    amp`` is a read."""
+    for node in descendants(function):
+        if type(node) is cst.Name and node.value in names:
+            parent = parent_of(node)
+            if not (isinstance(parent, (cst.AssignTarget, cst.Param)) or (isinstance(parent, cst.Attribute) and parent.attr is node)
+                    or (isinstance(parent, cst.Arg) and parent.keyword is node)):
+                return True
+    return False
 
 
 def commented(arm: cst.Else) -> bool:

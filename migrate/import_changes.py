@@ -16,8 +16,9 @@ from migrate import apex_nodes as nodes
 from migrate.apex_nodes import is_docstring, is_import_line, is_pure
 from migrate.flow.bindings import bindings
 from migrate.rule import Report
-from migrate.fallback_arms import commented, given_none, reads
-from migrate.tree_walk import children, descendants, walk
+from migrate.fallback_arms import commented, given_none, read_in
+from migrate.metadata import parents
+from migrate.tree_walk import descendants, walk
 from migrate.types import ImportChange
 from migrate.unread import Unparsed
 
@@ -393,18 +394,18 @@ class _DropDeadFallbacks(cst.CSTTransformer):
     def __init__(self, names: set[str], kept: set[str]) -> None:
         super().__init__()
         self.names, self.kept = names, kept
-        self.functions: list[tuple[cst.FunctionDef, dict[int, cst.CSTNode]]] = []  # each enclosing one, with its parents
+        self.functions: list[tuple[cst.FunctionDef, dict[cst.CSTNode, cst.CSTNode]]] = []  # each enclosing one, with its parents
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append((node, {id(child): parent for parent in descendants(node) for child in children(parent)}))
+        self.functions.append((node, parents(node)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         self.functions.pop()
         return updated_node
 
     def _read(self, names: set[str]) -> bool:
-        function, parents = self.functions[-1]
-        return any(reads(node, names, lambda n: parents.get(id(n))) for node in descendants(function))
+        function, parent = self.functions[-1]
+        return read_in(function, names, parent.get)
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         names, orelse = given_none(updated_node.orelse), updated_node.orelse

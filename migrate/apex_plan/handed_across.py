@@ -61,24 +61,25 @@ class HandedAcrossPlanning(Step):
         if not all(after(other) for other in others):
             return None
         found: dict[str, list[cst.Call]] = {}
+        names, module = self._names_from(imported)
+        wanted = {*names, module} - {None}
+        if wanted & set(self.tree.assigned):
+            return None
+        # every read of those names, in one walk (not the imports' own names, nor attributes or keywords)
         imports = {id(name) for node in descendants(self.tree.module) if isinstance(node, (cst.Import, cst.ImportFrom))
                    for name in descendants(node) if type(name) is cst.Name}
-        names, module = self._names_from(imported)
+        read: dict[str, list[cst.Name]] = {}
+        for node in descendants(self.tree.module):
+            if type(node) is cst.Name and node.value in wanted and id(node) not in imports and not self._naming_only(node):
+                read.setdefault(node.value, []).append(node)
         for local, name in names.items():
-            if local in self.tree.assigned:
-                return None
-            uses = [self.tree.parent.get(id(node)) for node in descendants(self.tree.module) if type(node) is cst.Name
-                    and node.value == local and id(node) not in imports and not self._naming_only(node)]
+            uses = [self.tree.parent.get(id(node)) for node in read.get(local, [])]
             if any(not (isinstance(use, cst.Call) and nodes.code(use.func) == local and after(use)) for use in uses):
                 return None  # handed on, stored, or called where the scaler is not made yet
             if uses:
                 found[name] = uses
         if module is not None:  # `import engine`, then `engine.train_epoch(...)`: each use a call, made after it
-            if module in self.tree.assigned:
-                return None
-            for node in descendants(self.tree.module):
-                if type(node) is not cst.Name or node.value != module or id(node) in imports or self._naming_only(node):
-                    continue
+            for node in read.get(module, []):
                 attribute = self.tree.parent.get(id(node))
                 call = self.tree.parent.get(id(attribute))
                 if not (isinstance(attribute, cst.Attribute) and attribute.value is node and isinstance(call, cst.Call)

@@ -11,10 +11,9 @@ from collections.abc import Callable
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate.fallback_arms import commented, given_none, reads
+from migrate.fallback_arms import commented, given_none, read_in
 from migrate.apex_plan.context import Sites
 from migrate.apex_plan.tree import FileTree
-from migrate.tree_walk import descendants
 
 
 def only_module_fallbacks(tree: FileTree, sites: Sites, arm: cst.CSTNode | None) -> bool:
@@ -46,7 +45,7 @@ def if_with_dead_fallback(statement: cst.CSTNode, parent_of: Callable[[cst.CSTNo
     function = next((node for node in _ancestors(owner, parent_of) if isinstance(node, cst.FunctionDef)), None)
     if not names or function is None:
         return None
-    return None if any(reads(node, names, parent_of) for node in descendants(function)) else owner
+    return None if read_in(function, names, parent_of) else owner
 
 
 def _ancestors(node: cst.CSTNode, parent_of: Callable[[cst.CSTNode], cst.CSTNode | None]):
