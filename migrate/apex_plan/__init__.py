@@ -62,7 +62,8 @@ dependence: no import cycle):
   holds the step, widened rather than nested in; ``attribute_forwards``: a loss computed from
   ``self.x`` that another method sets by a forward pass: once every region is planned, that
   method's forward passes under an autocast of their own, unless each call of it is in one), ``inference_tail`` (an O1 ``initialize`` for
-  inference: the lines after it under autocast), ``detached_forwards`` (passes without gradients
+  inference, or the unused legacy ``amp.init()`` handle of a script with nothing else of apex amp:
+  the lines after it under autocast), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
@@ -83,7 +84,8 @@ dependence: no import cycle):
   keeps apex's ``amp.scale_loss`` in a module linked to it by an import, or another file
   initializes apex and calls what scales its losses (``migrate.scale_kept``), or where it
   initializes in arms that exclude each other. A computed opt level is unsafe where the project
-  sets its option to O2/O3 in another file (``migrate.level_settings``).
+  sets its option to O2/O3 in another file (``migrate.level_settings``). ``kept_elsewhere``: why
+  what other files keep on apex (cast lists, cast decorators) makes a rewrite here unsafe.
 - ``report_only``: the findings of a file that cannot be planned, each call with the reason;
   ``half_model``: a model the file casts to float16 itself, which stops the plan.
 - ``provider``: ``ApexPlanProvider``, the plan as metadata the rules read.

@@ -1,6 +1,8 @@
 """O1 inference: ``amp.initialize`` readies models for inference and only the lines after it,
 to the end of its function, run after it. apex cast every op from there on, as an autocast around
-those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation)."""
+those lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
+The legacy handle left unused (a test script's ``amp_handle = amp.init(enabled=fp16)``, then the
+evaluation) switched the same casts on, for the rest of the process."""
 from __future__ import annotations
 
 import re
@@ -21,6 +23,8 @@ Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
 
 _TRAINING_CALLS = frozenset({"step", "scale_loss", "autocast"})
 _TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
+# what a script may still call once its main function returned: none computes with tensors
+_IDLE_CALLS = frozenset({"empty_cache", "synchronize", "destroy_process_group", "barrier", "print", "exit"})
 
 
 class InferenceTailPlanning(Step):
@@ -65,19 +69,68 @@ class InferenceTailPlanning(Step):
             return None  # its caller may run the model it gets back, outside
         if enabled and self.tree.changes_its_test(anchor, rest):
             return None  # the flag may differ by the time the lines after it run
+        return (anchor, rest, enabled) if self._runs_last(block) else None
+
+    def handle_tail(self, call: cst.Call, imported_elsewhere: frozenset[str]) -> tuple[Tail, str | None] | None:
+        """Where the legacy handle (``amp_handle = amp.init(enabled=fp16)``, never used) switched
+        apex's casts on in a function and only the lines after it, to the end of that function, run
+        after it: those lines under autocast (``enabled`` as the handle was), and why that may differ
+        (None where the function is the script's last act: apex's casts stayed on after it returned,
+        for the rest of the process, where nothing else runs). ``imported_elsewhere``: the file's
+        functions other files import."""
+        if nodes.has_star(call) or (banned := nodes.argument(call, 4, "allow_banned")) is not None and nodes.code(banned.value) != "False":
+            return None  # apex let banned functions (binary_cross_entropy) take float16; autocast raises there
+        statement = self.tree.statement(call)
+        function = self.tree.function(statement)
+        block = self.tree.parent.get(id(statement))
+        if function is None or not self._runs_last(block):
+            return None
+        body = list(block.body)
+        rest = body[body.index(statement) + 1 :]
+        if not rest or any(defines(s) or contains(s, SUSPENDS) or self._trains(s, set()) for s in rest):
+            return None  # a training step keeps apex's casts on its own regions
+        enabled = nodes.argument(call, 0, "enabled")
+        on = "" if enabled is None or nodes.code(enabled.value) == "True" else f", enabled={as_bool(enabled.value, self.tree.boolean_options)}"
+        why = None if self._script_ends_with(function, imported_elsewhere) else (
+            f"the legacy `amp.init()` handle (line {self.tree.line(call)}) switched apex's casts on for the rest of the "
+            f"process: autocast covers the rest of `{function.name.value}` only, and this file does not show that nothing "
+            "runs after it returns")
+        return (statement, rest, on), why
+
+    def _runs_last(self, block: cst.CSTNode) -> bool:
+        """Whether ``block`` ends its function (or the module): it, and each block around it, the last that runs in its own
+        (an arm of an ``if``, a ``with``; not a loop, which runs what came before again, nor a ``try``)."""
         current = block
-        while not isinstance(current, cst.Module):  # up to the function: each block the last that runs in its own
+        while not isinstance(current, cst.Module):
             statement = self.tree.parent.get(id(current))
             if isinstance(statement, cst.FunctionDef):
-                return anchor, rest, enabled
+                return True
             while isinstance(statement, cst.Else) or isinstance(self.tree.parent.get(id(statement)), (cst.If, cst.Else)):
                 statement = self.tree.parent.get(id(statement))  # an `else`/`elif` arm: the whole `if` decides
             if not isinstance(statement, (cst.If, cst.With)):
-                return None  # a loop runs the lines before it again; a `try` has its handlers after it
+                return False
             current = self.tree.parent.get(id(statement))
             if not isinstance(current, (cst.IndentedBlock, cst.Module)) or list(current.body)[-1] is not statement:
-                return None
-        return anchor, rest, enabled
+                return False
+        return True  # the module's own lines: the script's last
+
+    def _script_ends_with(self, function: cst.FunctionDef, imported_elsewhere: frozenset[str]) -> bool:
+        """Whether ``function`` (at module level, imported by no other file) is called only by the
+        file's last statement, or the last of its closing ``if __name__ == "__main__":`` block
+        (``main()``, ``sys.exit(main(args))``), or one followed there only by lines that compute
+        nothing (``torch.cuda.empty_cache()``, ``print("done")``): the process ends after it returns."""
+        name = function.name.value
+        if self.tree.parent.get(id(function)) is not self.tree.module or name in imported_elsewhere:
+            return False
+        closing = list(self.tree.module.body)
+        last = closing[-1]
+        if isinstance(last, cst.If) and last.orelse is None and nodes.code(last.test).replace("'", '"') == '__name__ == "__main__"':
+            closing = list(last.body.body)
+        uses = [node for node in descendants(self.tree.module) if type(node) is cst.Name and node.value == name and node is not function.name]
+        calling = next((statement for statement in closing if uses and self.tree.inside(uses[0], statement)), None)
+        return calling is not None and isinstance(calling, cst.SimpleStatementLine) and len(calling.body) == 1 and all(
+            self.tree.inside(use, calling) and isinstance(call := self.tree.parent.get(id(use)), cst.Call) and call.func is use
+            for use in uses) and all(_idle(statement) for statement in closing[closing.index(calling) + 1 :])
 
     def _trains(self, statement: cst.CSTNode, models: set[str]) -> bool:
         """Whether ``statement``, or a function of the file it reaches, runs a backward pass, steps,
@@ -101,18 +154,37 @@ class InferenceTailPlanning(Step):
         """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
         the call goes (its models are the ones passed in, as under O1)."""
         anchor, rest, enabled = tail
-        regions = AutocastPlanning(self.context)
-        region = regions.under_autocast(rest, enabled)
-        placed = [*nodes.parse_statements(init.restore + "\n", self.tree.module), region] if init.restore else [region]
+        placed = nodes.parse_statements(init.restore + "\n", self.tree.module) if init.restore else []
         if anchor is not init.statement:  # the `if` keeps what else it holds
             kept = [statement for statement in anchor.body.body if statement is not init.statement]
             if kept or anchor.orelse is not None:
                 placed.insert(0, anchor.with_changes(body=anchor.body.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])])))
+        self._under_autocast(anchor, placed, rest, enabled, "`amp.initialize` readies the models for inference under apex's casts",
+                             "what runs after `amp.initialize` ran under apex's casts")
+
+    def plan_handle_tail(self, tail: Tail) -> None:
+        """The legacy handle's statement goes, and the lines after it go under autocast."""
+        anchor, rest, enabled = tail
+        self._under_autocast(anchor, [], rest, enabled, "the legacy `amp.init()` handle switches apex's casts on",
+                             "what runs after `amp.init()` ran under apex's casts")
+
+    def _under_autocast(self, anchor: cst.CSTNode, placed: list[cst.BaseStatement], rest: list[cst.BaseStatement], enabled: str,
+                        message: str, moved: str) -> None:
+        """``anchor`` becomes ``placed`` then an autocast region holding ``rest``."""
+        regions = AutocastPlanning(self.context)
+        region = regions.under_autocast(rest, enabled)
+        placed = [*placed, region]
         # The first line takes the place of `anchor`; the region keeps the blank lines above the
         # lines it holds.
         placed = [nodes.with_leading(statement, anchor) if i == 0 else statement if statement is region
                   else nodes.with_leading(statement, cst.SimpleStatementLine([])) for i, statement in enumerate(placed)]
         self.draft.replace(anchor, cst.FlattenSentinel(placed))
-        self.draft.kind(anchor, INITIALIZE, "`amp.initialize` readies the models for inference under apex's casts",
-                   "Run the lines after it under `torch.autocast`: apex cast every op from there on")
-        regions.move_into_region(rest, "what runs after `amp.initialize` ran under apex's casts")
+        self.draft.kind(anchor, INITIALIZE, message, "Run the lines after it under `torch.autocast`: apex cast every op from there on")
+        regions.move_into_region(rest, moved)
+
+
+def _idle(statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` only calls what computes nothing apex's casts reach (``torch.cuda.empty_cache()``)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+        and nodes.code(small.value.func).rsplit(".", 1)[-1] in _IDLE_CALLS for small in statement.body)

@@ -21,6 +21,7 @@ from migrate.apex_plan.handed_across import HandedAcrossPlanning
 from migrate.apex_plan.handed_on import HandedOnPlanning
 from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.kept_elsewhere import kept_elsewhere_reasons
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.per_loss import LOSSES_MERGED, LossesShareAStep, scalers_per_loss
 from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
@@ -105,7 +106,7 @@ class Planner:
                           self.levels_elsewhere, self.gradient_norms)
         core = self.sites.all_calls()
         if not core:
-            return ApexPlan()
+            return self._handle_alone(reading)
         if (arms := holds_only_dead_apex(self.tree.module, core, self.tree.inside)) is not None:
             return self._without_dead_arms(reading, arms)  # apex only for a torch older than native amp
         try:
@@ -117,17 +118,7 @@ class Planner:
                 return self._timm_scalers(reading)
             if self.sites.calls["initialize"] and (half := cast_to_half(self.tree.module, self.half_helpers)) is not None:
                 raise half
-            if self.casts_elsewhere and self.sites.calls["initialize"]:
-                self.draft.unsafe.append(
-                    f"another file of the project changes apex's cast lists ({', '.join(self.casts_elsewhere[:3])}"
-                    f"{', ...' if len(self.casts_elsewhere) > 3 else ''}): native autocast does not read them, so the "
-                    "ops they name run in autocast's own precision")
-            if self.decorators_kept:  # given to a file initializing, and to its other half
-                *places, why = self.decorators_kept
-                self.draft.unsafe.append(
-                    f"apex's cast decorators stay on apex ({', '.join(places[:3])}{', ...' if len(places) > 3 else ''}: {why}): "
-                    "they cast only while apex's `amp.initialize` runs, so under native autocast their functions get "
-                    "float16 inputs (a float32-only kernel raises); migrate them with every `amp.initialize` of the project")
+            self.draft.unsafe += kept_elsewhere_reasons(self.casts_elsewhere, self.decorators_kept, bool(self.sites.calls["initialize"]))
             self._rewrite(reading)
             self.draft.check_disjoint()
         except Unplannable as problem:
@@ -143,6 +134,23 @@ class Planner:
 
     def _is_half(self) -> bool:
         return bool(self.sites.calls["initialize"]) != bool(self.sites.calls["scale_loss"])
+
+    def _handle_alone(self, reading: Context) -> ApexPlan:
+        """The legacy handle, unused, in a file with nothing else of apex amp (a test script's
+        ``amp_handle = amp.init(enabled=fp16)``): autocast over what runs after it (``inference_tail``)."""
+        handles = self.sites.legacy_handles
+        found = InferenceTailPlanning(reading).handle_tail(handles[0], self.imported_elsewhere) if len(handles) == 1 else None
+        if (found is None or self.sites.blockers or self.sites.module_reads != [self.tree.statement(handles[0])]
+                or cast_to_half(self.tree.module, self.half_helpers) is not None):  # apex fed a float16 model float32 inputs
+            return ApexPlan()  # AMP009 says what the handle is
+        tail, why = found
+        writing = self._decided(reading, Setup(level="O1", o0=False))
+        self.draft.unsafe += kept_elsewhere_reasons(self.casts_elsewhere, self.decorators_kept, True) + ([why] if why else [])
+        InferenceTailPlanning(writing).plan_handle_tail(tail)
+        self.draft.check_disjoint()
+        self._emit(writing, [])
+        handled = {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
+        return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe)), handled=frozenset(handled) | self._unbound_calls())
 
     def _timm_scalers(self, reading: Context) -> ApexPlan:
         """timm's ``ApexScaler`` beside ``initialize`` becomes its ``NativeScaler`` (``timm_scalers``)."""
@@ -474,7 +482,7 @@ class Planner:
         # scaler hoisted before its flag's test), then the scaled backward passes
         setups = [next((node for node in (statement, *self.tree.ancestors(statement)) if id(node) in self.draft.replacements
                         or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module))), statement)
-                  for statement in map(self.tree.statement, self.sites.calls["initialize"])]
+                  for statement in map(self.tree.statement, self.sites.calls["initialize"] + self.sites.legacy_handles)]
         anchors = setups + [scale.statement for scale in scales]
         anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
         if anchor is not None:
