@@ -1,5 +1,6 @@
 """The argparse switches a file reads as bools: ``enabled=args.fp16`` needs no ``bool(...)``
-where ``--fp16`` is ``action="store_true"`` and ``args`` is what ``parse_args()`` returned."""
+where ``--fp16`` is ``action="store_true"`` and ``args`` is what ``parse_args()`` returned; nor
+does ``enabled=use_mixed_precision`` where every line binding it assigns a comparison."""
 from __future__ import annotations
 
 import libcst as cst
@@ -30,3 +31,36 @@ def boolean_options(module: cst.Module, switches: frozenset[str]) -> frozenset[s
                     parsing[bound.value] = parsing.get(bound.value, True) and parses and index == 0
     parsed = {name for name, only in parsing.items() if only}
     return frozenset(f"{name}.{option}" for name in parsed for option in switches - set_here)
+
+
+# where a name is bound other than by `name = value`: it may then hold anything
+_OTHER_BINDINGS = {cst.Param: "name", cst.AugAssign: "target", cst.AnnAssign: "target", cst.For: "target",
+                   cst.CompFor: "target", cst.AsName: "name", cst.NamedExpr: "target", cst.FunctionDef: "name",
+                   cst.ClassDef: "name", cst.ImportAlias: "name"}
+
+
+def boolean_names(module: cst.Module) -> frozenset[str]:
+    """The plain names every binding of which in the file assigns a comparison, a negation or a
+    bool literal (``use_mixed_precision = cfg.DTYPE == "float16"``): a bool, as ``enabled=`` needs."""
+    verdict: dict[str, bool] = {}
+    for node in descendants(module):
+        if type(node) is cst.Assign:
+            for target in node.targets:
+                bound = target.target
+                for name in [bound] if isinstance(bound, cst.Name) else descendants(bound, lambda _: True):
+                    if type(name) is cst.Name:
+                        verdict[name.value] = verdict.get(name.value, True) and bound is name and _comparison(node.value)
+        elif type(node) in _OTHER_BINDINGS or type(node) in (cst.Global, cst.Nonlocal):
+            held = getattr(node, _OTHER_BINDINGS[type(node)]) if type(node) in _OTHER_BINDINGS else node
+            for name in [held] if type(held) is cst.Name else descendants(held, lambda _: True):
+                if type(name) is cst.Name:
+                    verdict[name.value] = False
+    return frozenset(name for name, boolean in verdict.items() if boolean)
+
+
+def _comparison(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.Comparison) or (isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)):
+        return True
+    if isinstance(value, cst.BooleanOperation):
+        return _comparison(value.left) and _comparison(value.right)
+    return isinstance(value, cst.Name) and value.value in ("True", "False")

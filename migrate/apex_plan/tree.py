@@ -15,7 +15,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan import model_names
-from migrate.apex_plan.switches import boolean_options
+from migrate.apex_plan.switches import boolean_names, boolean_options
 from migrate.apex_plan.syntax import imports_apex, read_names
 from migrate.apex_plan.unbound import unbound_reads
 from migrate.flow.control import Graph
@@ -75,8 +75,8 @@ class FileTree:
 
     @functools.cached_property
     def boolean_options(self) -> frozenset[str]:
-        """``migrate.apex_plan.switches.boolean_options`` of this file (``args.fp16``)."""
-        return boolean_options(self.module, frozenset(self.switches))
+        """``migrate.apex_plan.switches.boolean_options`` and ``boolean_names`` of this file (``args.fp16``)."""
+        return boolean_options(self.module, frozenset(self.switches)) | boolean_names(self.module)
 
     @functools.cached_property
     def networks(self) -> frozenset[str]:

@@ -472,7 +472,7 @@ def _is_boolean(expression: cst.BaseExpression, switches: frozenset[str]) -> boo
         return True
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
         return True
-    if isinstance(expression, cst.Attribute) and nodes.code(expression) in switches:
+    if isinstance(expression, (cst.Attribute, cst.Name)) and nodes.code(expression) in switches:
         return True
     if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of its operands
         return _is_boolean(expression.left, switches) and _is_boolean(expression.right, switches)

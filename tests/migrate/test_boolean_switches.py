@@ -108,3 +108,54 @@ def test_and_joins_without_needless_parentheses(parts, expected):
     joined = ast.parse(expected, mode="eval").body
     assert isinstance(joined, ast.BoolOp) and [ast.unparse(v) for v in joined.values] == [
         ast.unparse(ast.parse(part, mode="eval").body) for part in parts]
+
+
+# A plain name every line binding which assigns a comparison (or a negation, a bool literal) is a
+# bool; one bound any other way too may hold an int.
+LOCAL = '''\
+import torch
+from apex import amp
+
+
+def main(cfg{parameter}):
+    {binding}
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", enabled=use_mp)
+    {other}
+    for _ in range(3):
+        x = torch.randn(8, 4)
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+BOOLEAN_BINDINGS = ['use_mp = cfg.DTYPE == "float16"', "use_mp = not cfg.fp32", 'use_mp = cfg.a > 0 and cfg.b != "x"',
+                    "use_mp = False"]
+# (the binding, another binding of the name somewhere in the file, a parameter of that name)
+OTHER_BINDINGS = [
+    ("use_mp = cfg.fp16", "", ""),
+    ('use_mp = cfg.DTYPE == "float16"', "use_mp += 1", ""),
+    ('use_mp = cfg.DTYPE == "float16"', "for use_mp in range(1):\n        pass", ""),
+    ('use_mp, other = cfg.DTYPE == "float16", 1', "", ""),
+    ('use_mp = cfg.DTYPE == "float16"', "", ", use_mp=0"),
+    ('use_mp = cfg.DTYPE == "float16"', "with open('f') as use_mp:\n        pass", ""),
+    ('use_mp = cfg.DTYPE == "float16"', "use_mp = cfg.level", ""),
+]
+
+
+def _scaler_options(binding: str, other: str = "", parameter: str = "") -> str:
+    result = migrate_source(LOCAL.format(binding=binding, other=other, parameter=parameter), filename="train.py")
+    assert "from apex" not in result.new_source, result.new_source
+    return scaler_line(result)
+
+
+@pytest.mark.parametrize("binding", BOOLEAN_BINDINGS)
+def test_a_name_only_ever_assigned_a_comparison_is_a_bool_already(binding):
+    assert _scaler_options(binding) == 'scaler = torch.amp.GradScaler("cuda", enabled=use_mp)'
+
+
+@pytest.mark.parametrize("binding, other, parameter", OTHER_BINDINGS)
+def test_a_name_bound_otherwise_too_is_made_a_bool(binding, other, parameter):
+    assert _scaler_options(binding, other, parameter) == 'scaler = torch.amp.GradScaler("cuda", enabled=bool(use_mp))'

@@ -107,7 +107,7 @@ def test_the_lines_after_an_unused_handle_run_under_autocast(imported, enabled, 
     new = result.new_source
     assert "apex" not in new and ".init(" not in new, new
     assert "TODO(ampmigrate)" not in new and all(d.fix is None or not d.fix.why_unsafe for d in result.diagnostics), _said(result)
-    expected = {"always": "", "store_true": ", enabled=args.fp16", "computed": ", enabled=bool(use_mixed_precision)",
+    expected = {"always": "", "store_true": ", enabled=args.fp16", "computed": ", enabled=use_mixed_precision",
                 "positional": ", enabled=args.fp16", "comparison": ', enabled=args.dtype == "float16"'}[enabled]
     region = f'with torch.autocast("cuda", dtype=torch.float16{expected}):'
     assert region in new, new
