@@ -112,7 +112,8 @@ class Draft:
         """The statements just before ``current`` in ``block`` that no other fix touches and that
         define nothing nor suspend: where an autocast region may start. A helper defined in the
         loop (``def debatch(fea): ...``, read by the lines after it) computes nothing where it is
-        defined: the region may go above it, to the forward pass it sits after."""
+        defined, and an import binds the same name inside a ``with``: the region may go above
+        either, to the forward pass it sits after."""
         body = list(block.body)
         end = body.index(current)
         start = end
@@ -310,8 +311,14 @@ def _backward_call(statement: cst.CSTNode) -> cst.Call | None:
 
 
 def _local_helper(statement: cst.BaseStatement, block: cst.CSTNode) -> bool:
-    """A function defined in a function's block, with no decorator to run where it is defined."""
-    return type(statement) is cst.FunctionDef and not statement.decorators and not isinstance(block, cst.Module)
+    """A function defined in a function's block, with no decorator to run where it is defined; or
+    a line of a function's block that imports (``import ipdb; ipdb.set_trace()``): in a ``with``
+    block it binds the same local name at the same moment."""
+    if isinstance(block, cst.Module):
+        return False
+    if type(statement) is cst.SimpleStatementLine:
+        return not any(isinstance(small, (cst.Global, cst.Nonlocal)) for small in statement.body)
+    return type(statement) is cst.FunctionDef and not statement.decorators
 
 
 def _test_and_body(line: str) -> tuple[str, str]:

@@ -2,7 +2,9 @@
 ...`` then ``q_t = debatch(q)``): it computes nothing where it is defined, so the autocast region
 goes above it to the forward pass apex cast, as a person would wrap it. The region used to stop at
 the definition: the safe fix was refused, and the unsafe one left the forward pass in float32
-with no marker. A decorated helper runs its decorator there and still ends the region."""
+with no marker. A decorated helper runs its decorator there and still ends the region. An import
+there (``import ipdb; ipdb.set_trace()``, ``from utils import split``) binds the same local name
+inside a ``with``: the region goes above it too, in a function; not at a script's top level."""
 from __future__ import annotations
 
 import ast
@@ -100,3 +102,37 @@ def test_the_region_over_a_helper_trains_as_apex_did(helper, tmp_path):
     comparison = compare(Target(str(tmp_path / "original.py")), Target(str(tmp_path / "rewritten.py")), [],
                          device="cpu", steps=15, parallel=True, timeout=240)
     assert comparison.verdict == SAME, as_text(comparison)
+
+
+# an import between the forward pass and the loss: `halves` then comes from it
+IMPORTS = {
+    "import": "import math\nhalves = lambda t: t.chunk(2, dim=1)\n",
+    "import then a call": "import math; math.sqrt(4.0)\nhalves = lambda t: t.chunk(2, dim=1)\n",
+    "from import": "from functools import partial\nhalves = partial(torch.chunk, chunks=2, dim=1)\n",
+    "from import as": "from torch import chunk as split\nhalves = lambda t: split(t, 2, dim=1)\n",
+}
+
+
+@pytest.mark.parametrize("imported, loop", list(itertools.product(IMPORTS, LOOPS)))
+def test_an_import_in_the_loop_is_inside_the_region_from_the_forward_pass(imported, loop):
+    source = SCRIPT.format(loop=LOOPS[loop], before="", after=textwrap.indent(IMPORTS[imported], " " * 8), call="halves(out)")
+    result = migrate_source(source, filename="train.py")
+    assert result.changed and "apex" not in result.new_source, [d.message for d in result.diagnostics]
+    assert _forward_in_a_region(result.new_source), result.new_source
+    namespace: dict = {}
+    exec(compile(result.new_source.replace('"cuda"', '"cpu"').replace("torch.float16", "torch.bfloat16"), "train.py", "exec"), namespace)
+    net = namespace["torch"].nn.Linear(4, 2)
+    namespace["train"](net, namespace["torch"].optim.SGD(net.parameters(), lr=0.1),
+                       [(namespace["torch"].randn(2, 4), namespace["torch"].randn(2, 1))])
+
+
+def test_a_global_declaration_ends_the_region():
+    """``global`` must come before the name's uses in the function: it stays out of the region."""
+    source = SCRIPT.format(loop=LOOPS["for"], before="", after="        global counted\n        halves = lambda t: t.chunk(2, dim=1)\n",
+                           call="halves(out)")
+    for unsafe_fixes in (False, True):
+        result = migrate_source(source, filename="train.py", unsafe_fixes=unsafe_fixes)
+        if result.changed:
+            regions = [node for node in ast.walk(ast.parse(result.new_source)) if isinstance(node, ast.With)
+                       and any("autocast" in ast.unparse(item.context_expr) for item in node.items)]
+            assert regions and not any(isinstance(inner, ast.Global) for region in regions for inner in ast.walk(region))
