@@ -118,7 +118,7 @@ class Draft:
         end = body.index(current)
         start = end
         while start > 0 and not self.touched(body[start - 1]) and not contains(body[start - 1], SUSPENDS) and (
-                not defines(body[start - 1]) or _local_helper(body[start - 1], block)):
+                not defines(body[start - 1]) or _binds_in_place(body[start - 1], block)):
             start -= 1
         return body[start:end]
 
@@ -310,7 +310,7 @@ def _backward_call(statement: cst.CSTNode) -> cst.Call | None:
     return None
 
 
-def _local_helper(statement: cst.BaseStatement, block: cst.CSTNode) -> bool:
+def _binds_in_place(statement: cst.BaseStatement, block: cst.CSTNode) -> bool:
     """A function defined in a function's block, with no decorator to run where it is defined; or
     a line of a function's block that imports (``import ipdb; ipdb.set_trace()``): in a ``with``
     block it binds the same local name at the same moment."""

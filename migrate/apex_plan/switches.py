@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.apex_plan.vocabulary import is_boolean
 from migrate.tree_walk import descendants
 
 
@@ -40,8 +41,8 @@ _OTHER_BINDINGS = {cst.Param: "name", cst.AugAssign: "target", cst.AnnAssign: "t
 
 
 def boolean_names(module: cst.Module) -> frozenset[str]:
-    """The plain names every binding of which in the file assigns a comparison, a negation or a
-    bool literal (``use_mixed_precision = cfg.DTYPE == "float16"``): a bool, as ``enabled=`` needs."""
+    """The plain names every binding of which in the file assigns a bool as written
+    (``vocabulary.is_boolean``: a comparison, a negation, a bool literal, ``bool(...)``) (``use_mixed_precision = cfg.DTYPE == "float16"``): a bool, as ``enabled=`` needs."""
     verdict: dict[str, bool] = {}
     for node in descendants(module):
         if type(node) is cst.Assign:
@@ -49,7 +50,7 @@ def boolean_names(module: cst.Module) -> frozenset[str]:
                 bound = target.target
                 for name in [bound] if isinstance(bound, cst.Name) else descendants(bound, lambda _: True):
                     if type(name) is cst.Name:
-                        verdict[name.value] = verdict.get(name.value, True) and bound is name and _comparison(node.value)
+                        verdict[name.value] = verdict.get(name.value, True) and bound is name and is_boolean(node.value)
         elif type(node) in _OTHER_BINDINGS or type(node) in (cst.Global, cst.Nonlocal):
             held = getattr(node, _OTHER_BINDINGS[type(node)]) if type(node) in _OTHER_BINDINGS else node
             for name in [held] if type(held) is cst.Name else descendants(held, lambda _: True):
@@ -57,10 +58,3 @@ def boolean_names(module: cst.Module) -> frozenset[str]:
                     verdict[name.value] = False
     return frozenset(name for name, boolean in verdict.items() if boolean)
 
-
-def _comparison(value: cst.BaseExpression) -> bool:
-    if isinstance(value, cst.Comparison) or (isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not)):
-        return True
-    if isinstance(value, cst.BooleanOperation):
-        return _comparison(value.left) and _comparison(value.right)
-    return isinstance(value, cst.Name) and value.value in ("True", "False")

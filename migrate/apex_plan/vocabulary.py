@@ -461,13 +461,14 @@ def as_bool(expression: cst.BaseExpression, switches: frozenset[str] = frozenset
     """``expression`` as a bool: autocast's and GradScaler's ``enabled=`` take nothing else (an
     ``int`` flag from argparse or a JSON config raises there). ``switches``: attributes known to
     hold a bool (``args.fp16``, an argparse ``store_true`` option on what ``parse_args()`` returned)."""
-    if _is_boolean(expression, switches):
+    if is_boolean(expression, switches):
         return nodes.code(expression)
     bare = expression.with_changes(lpar=[], rpar=[]) if getattr(expression, "lpar", ()) else expression
     return f"bool({nodes.code(bare)})"
 
 
-def _is_boolean(expression: cst.BaseExpression, switches: frozenset[str]) -> bool:
+def is_boolean(expression: cst.BaseExpression, switches: frozenset[str] = frozenset()) -> bool:
+    """Whether ``expression`` is a bool as written: a comparison, ``not``, a bool literal, ``bool(...)``, or one of ``switches``."""
     if isinstance(expression, cst.Comparison) or (isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not)):
         return True
     if isinstance(expression, cst.Name) and expression.value in ("True", "False"):
@@ -475,7 +476,7 @@ def _is_boolean(expression: cst.BaseExpression, switches: frozenset[str]) -> boo
     if isinstance(expression, (cst.Attribute, cst.Name)) and nodes.code(expression) in switches:
         return True
     if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of its operands
-        return _is_boolean(expression.left, switches) and _is_boolean(expression.right, switches)
+        return is_boolean(expression.left, switches) and is_boolean(expression.right, switches)
     return isinstance(expression, cst.Call) and nodes.code(expression.func).rsplit(".", 1)[-1] in ("bool", "isinstance", "is_enabled")
 
 # Put by the migration on what reads gradients inside `amp.scale_loss` after its backward: apex had
