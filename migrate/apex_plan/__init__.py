@@ -63,7 +63,8 @@ dependence: no import cycle):
   ``self.x`` that another method sets by a forward pass: once every region is planned, that
   method's forward passes under an autocast of their own, unless each call of it is in one), ``inference_tail`` (an O1 ``initialize`` for
   inference, or the unused legacy ``amp.init()`` handle of a script with nothing else of apex amp:
-  the lines after it under autocast), ``detached_forwards`` (passes without gradients
+  the lines after it under autocast; ``unused_optimizers``: an ``initialize`` given optimizers
+  nothing uses after it, which readied its models for inference only), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),

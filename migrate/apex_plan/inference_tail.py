@@ -13,8 +13,10 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached
-from migrate.apex_plan.syntax import SUSPENDS, backward_calls, calls, contains, defines, read_names
-from migrate.apex_plan.vocabulary import INITIALIZE, InitializeSite, as_bool
+from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.syntax import SUSPENDS, assigned_names, backward_calls, calls, contains, defines, read_names, reads_any
+from migrate.apex_plan.unused_optimizers import optimizers_unused
+from migrate.apex_plan.vocabulary import INITIALIZE, InitializeSite, as_bool, conjunction, operand
 from migrate.tree_walk import descendants
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
@@ -31,20 +33,24 @@ class InferenceTailPlanning(Step):
     """It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the
     ``Draft`` (the region through ``AutocastPlanning``'s own steps)."""
 
-    def inference_tail(self, init: InitializeSite) -> Tail | None:
+    def inference_tail(self, init: InitializeSite, imported_elsewhere: frozenset[str] = frozenset()) -> Tail | None:
         """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
         of its function, run after it: apex cast every op from there on, as autocast around those
         lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
+        Its optimizers, where it was given some, are used nowhere after it (``unused_optimizers``);
+        its level may be known at run time, where it is O0 or O1 (then the region is on for O1).
 
         The statement ``init`` leaves (itself, or the ``if flag:`` whose arm it ends), the lines
-        after it that go under autocast, and the region's ``enabled`` (the flag's test, or none)."""
-        if not init.inference or init.level != "O1" or init.level_expression is not None or init.enabled is not None:
+        after it that go under autocast, and the region's ``enabled`` (the flag's test, or none).
+        ``imported_elsewhere``: the file's functions other files import."""
+        level_on = self._level_on(init)
+        if level_on is None or init.enabled is not None or not (init.inference or optimizers_unused(self.tree, init)):
             return None
         if init.restore is not None and init.restore.startswith("return "):
             return None
         if any("." in code for code in init.model_codes):
             return None  # a model kept on an object may run elsewhere, later
-        anchor, enabled = init.statement, ""
+        anchor, tests = init.statement, [level_on] if level_on else []
         block = self.tree.parent.get(id(anchor))
         owner = self.tree.parent.get(id(block))
         if (list(block.body)[-1] is init.statement and init.restore is None and isinstance(owner, cst.If) and owner.body is block
@@ -52,7 +58,9 @@ class InferenceTailPlanning(Step):
                 and isinstance(self.tree.parent.get(id(owner)), (cst.IndentedBlock, cst.Module))):  # not an `elif`
             # `if has_amp: model = amp.initialize(model, ...)` last in its arm, then the evaluation:
             # autocast on the lines after the `if`, when its test held.
-            anchor, enabled, block = owner, f", enabled={as_bool(owner.test, self.tree.boolean_options)}", self.tree.parent.get(id(owner))
+            anchor, block = owner, self.tree.parent.get(id(owner))
+            tests.insert(0, as_bool(owner.test, self.tree.boolean_options))
+        enabled = f", enabled={conjunction(tests)}" if tests else ""
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
         training = next((index for index, statement in enumerate(rest) if self._trains(statement, init.model_codes)), None)
@@ -65,11 +73,58 @@ class InferenceTailPlanning(Step):
             rest = rest[:training]
         if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):
             return None
-        if any(defines(s) or contains(s, SUSPENDS) or self._returns_models(s, init.model_codes) for s in rest):
+        if any(defines(s) or contains(s, SUSPENDS) for s in rest):
+            return None
+        if any(self._returns_models(s, init.model_codes) for s in rest) and not self._callers_drop_models(rest, init.model_codes, imported_elsewhere):
             return None  # its caller may run the model it gets back, outside
-        if enabled and self.tree.changes_its_test(anchor, rest):
-            return None  # the flag may differ by the time the lines after it run
+        if enabled and (anchor is not init.statement and self.tree.changes_its_test(anchor, rest)
+                        or level_on and read_names(init.level_expression) & {n for s in rest for n in assigned_names(s)}):
+            return None  # the flag, or the level, may differ by the time the lines after it run
         return (anchor, rest, enabled) if self._runs_last(block) else None
+
+    def _level_on(self, init: InitializeSite) -> str | None:
+        """The test under which ``init``'s level is O1: "" where it is O1 as written, ``level !=
+        "O0"`` where it is known at run time and can be only O0 or O1; None where it can be
+        another (O2 and O3 cast the model itself, not what runs)."""
+        if init.level_expression is None:
+            return "" if init.level == "O1" else None
+        possible = InitializePlanning(self.context).possible_levels(init.level_expression)
+        if possible is None or "O1" not in possible or not possible <= {"O0", "O1"}:
+            return None
+        return f'{operand(init.level_expression)} != "O0"'
+
+    def _callers_drop_models(self, rest: list[cst.BaseStatement], models: set[str], imported_elsewhere: frozenset[str]) -> bool:
+        """Whether what ``rest`` returns reaches no code that could run a model: the function, at
+        module level and imported by no other file, hands its models back in the same places of a
+        tuple (``return model, results``) and each call of it in the file drops them there
+        (``_, results = evaluate(cfg)``): the one name bound there is read nowhere."""
+        function = self.tree.function(rest[0])
+        if function is None or self.tree.parent.get(id(function)) is not self.tree.module or function.name.value in imported_elsewhere:
+            return False
+        returned = [node.value for s in rest for node in descendants(s, nodes.not_a_definition) if type(node) is cst.Return]
+        if not returned or not all(isinstance(value, cst.Tuple) and len(value.elements) == len(returned[0].elements)
+                                   and not any(isinstance(e, cst.StarredElement) for e in value.elements) for value in returned):
+            return False
+        places = {i for value in returned for i, element in enumerate(value.elements) if read_names(element.value) & models}
+        uses = [node for node in descendants(self.tree.module) if type(node) is cst.Name and node.value == function.name.value
+                and node is not function.name]
+        calls = self.tree.calls_of(function)
+        if not calls or len(calls) != len(uses):
+            return False  # handed on (`launch(evaluate)`), or called through something else
+        for call in calls:
+            assign = self.tree.parent.get(id(call))
+            if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+                return False
+            target = assign.targets[0].target
+            if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != len(returned[0].elements):
+                return False
+            dropped = [target.elements[i].value for i in places]
+            caller = self.tree.function(call)
+            if not all(isinstance(name, cst.Name) for name in dropped) or (caller is None and any(n.value != "_" for n in dropped)):
+                return False
+            if caller is not None and reads_any(caller, {name.value for name in dropped}, self.tree.parent):
+                return False
+        return True
 
     def handle_tail(self, call: cst.Call, imported_elsewhere: frozenset[str]) -> tuple[Tail, str | None] | None:
         """Where the legacy handle (``amp_handle = amp.init(enabled=fp16)``, never used) switched

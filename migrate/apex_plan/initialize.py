@@ -63,7 +63,7 @@ class InitializePlanning(Step):
             return False
         if level is not None or level_arg is None:
             return level == "O0"
-        possible = self._possible_levels(level_arg.value)
+        possible = self.possible_levels(level_arg.value)
         return possible is None or "O0" in possible
 
     def _scaled_elsewhere(self) -> bool:
@@ -105,7 +105,7 @@ class InitializePlanning(Step):
         guard_level = False
         if level_arg is not None:
             level = nodes.literal_string(level_arg.value)
-            possible = self._possible_levels(level_arg.value)
+            possible = self.possible_levels(level_arg.value)
             if level is None and possible is not None and possible <= self.exact_levels:
                 # only O0 or O1 can reach this call: both keep their meaning (`opt_level = "O1"` just before it is O1)
                 level = next(iter(possible)) if len(possible) == 1 else None
@@ -193,7 +193,7 @@ class InitializePlanning(Step):
                            model_codes, on_self, inference=not has_optimizers, merges_losses=merges_losses,
                            dynamic_o0=dynamic_o0, scale_bounds=bounds)
 
-    def _possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
+    def possible_levels(self, expression: cst.BaseExpression, depth: int = 0) -> set[str] | None:
         """Every opt level ``expression`` can be, when the file shows them all; else None.
 
         ``"O1" if fp16 else "O0"``, a name only ever assigned such values, or an argparse option
@@ -205,12 +205,12 @@ class InitializePlanning(Step):
         if depth > 3:
             return None
         if isinstance(expression, cst.IfExp):
-            body, orelse = self._possible_levels(expression.body, depth + 1), self._possible_levels(expression.orelse, depth + 1)
+            body, orelse = self.possible_levels(expression.body, depth + 1), self.possible_levels(expression.orelse, depth + 1)
             return body | orelse if body is not None and orelse is not None else None
         if isinstance(expression, cst.Name) and expression.value in self.tree.assigned:
             found: set[str] = set()
             for value in self.tree.assigned[expression.value]:
-                levels = self._possible_levels(value, depth + 1)
+                levels = self.possible_levels(value, depth + 1)
                 if levels is None:
                     return None
                 found |= levels

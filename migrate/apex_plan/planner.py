@@ -178,7 +178,7 @@ class Planner:
         inits = [initialize.read_initialize(call) for call in self.sites.calls["initialize"]]
         others = self.sites.calls["master_params"] + self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         # No scaler for these: autocast on what follows (not in a file whose scaler state lives elsewhere).
-        found = {id(init): InferenceTailPlanning(reading).inference_tail(init) for init in inits} if self.sites.calls["scale_loss"] or not others else {}
+        found = {id(init): InferenceTailPlanning(reading).inference_tail(init, self.imported_elsewhere) for init in inits} if self.sites.calls["scale_loss"] or not others else {}
         tails = [init for init in inits if found.get(id(init)) is not None]
         inits = [init for init in inits if init not in tails]
         for tail in tails:

@@ -75,6 +75,25 @@ def assigned_names(statement: cst.CSTNode) -> set[str]:
     }
 
 
+def reads_any(scope: cst.CSTNode, names: set[str], parent: dict[int, cst.CSTNode]) -> bool:
+    """Whether code in ``scope`` reads one of ``names`` (a name bound there, ``_, results = ...``,
+    an attribute's or a keyword's name, is not a read); ``parent``: each node's, by its id."""
+    for node in descendants(scope):
+        if type(node) is cst.Name and node.value in names:
+            above = parent.get(id(node))
+            if not (in_assignment_target(above, parent) or isinstance(above, cst.Param)
+                    or isinstance(above, cst.Attribute) and above.attr is node or isinstance(above, cst.Arg) and above.keyword is node):
+                return True
+    return False
+
+
+def in_assignment_target(node: cst.CSTNode | None, parent: dict[int, cst.CSTNode]) -> bool:
+    """Whether ``node`` is an assignment's target, or an item of one (``model, optimizer = ...``)."""
+    while isinstance(node, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+        node = parent.get(id(node))
+    return isinstance(node, cst.AssignTarget)
+
+
 def read_names(expression: cst.CSTNode) -> set[str]:
     """The names and dotted attributes ``expression`` reads (``has_apex``, ``args.amp``, ``args``)."""
     found: set[str] = set()
