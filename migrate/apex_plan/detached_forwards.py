@@ -15,7 +15,9 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.inference_tail import trains
 from migrate.apex_plan.loss_slice import backward_slice, calls_model
+from migrate.apex_plan.steering import steers_training
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
@@ -25,6 +27,7 @@ from migrate.tree_walk import descendants
 _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
+_STEERING = "an evaluation whose result steers the training (a scheduler's step, an early stop) ran under apex's casts"
 
 
 class DetachedForwardPlanning(Step):
@@ -48,8 +51,8 @@ class DetachedForwardPlanning(Step):
             models = self.tree.models_seen_from(first, self.setup.model_codes)
             if self._casts_every_network():
                 models |= self.tree.networks
-            for statements in self._detached_blocks(loop.body, models):
-                self._wrap(statements, region_enabled)
+            for statements, message in self._detached_blocks(loop, loop.body, models):
+                self._wrap(statements, region_enabled, message)
 
     def _in_loops(self, first: cst.CSTNode, enabled: str) -> list[cst.CSTNode]:
         """``first`` where a loop of its function holds it; else the calls of that function in a
@@ -86,9 +89,10 @@ class DetachedForwardPlanning(Step):
                 return False  # O2 accepted as autocast: apex cast only the models given there
         return True
 
-    def _detached_blocks(self, block: cst.BaseSuite, models: set[str]):
+    def _detached_blocks(self, loop: cst.For | cst.While, block: cst.BaseSuite, models: set[str]):
         """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that
-        calls one of ``models`` itself, with the lines right after it that read what it bound."""
+        calls one of ``models`` itself, with the lines right after it that read what it bound; each
+        evaluation handed a model whose result steers the training ``loop``; with what to say."""
         if not isinstance(block, cst.IndentedBlock):
             return
         body = list(block.body)
@@ -102,14 +106,30 @@ class DetachedForwardPlanning(Step):
             plain = self._plain_pass(body, index, models, half)
             if plain:
                 half |= {name for line in plain for name in assigned_names(line)}
-                yield plain
+                yield plain, _MESSAGE
+                continue
+            if self._steering_evaluation(statement, models, loop):
+                yield [statement], _STEERING
                 continue
             if isinstance(statement, cst.With) and self._gradients_off(statement):
                 if self._wrappable(statement) and calls_model(statement, models):
-                    yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))]
+                    yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))], _MESSAGE
                 continue
             for child in self._blocks_of(statement):
-                yield from self._detached_blocks(child, models)
+                yield from self._detached_blocks(loop, child, models)
+
+    def _steering_evaluation(self, statement: cst.CSTNode, models: set[str], loop: cst.For | cst.While) -> bool:
+        """``val_loss = validate(model, val_loader)`` where ``scheduler.step(val_loss)`` or an early
+        stop reads what it returns (``steering``): apex ran it in float16, and its result decides
+        the training's course."""
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1 or type(statement.body[0]) is not cst.Assign:
+            return False
+        handed = any(type(node) is cst.Call and any(read_names(arg.value) & models for arg in node.args)
+                     for node in descendants(statement.body[0].value, nodes.not_a_definition))
+        # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region
+        # would leave autocast's cached float16 weights stale for the passes after it
+        return handed and self._wrappable(statement) and not trains(self.tree, statement, models) and steers_training(
+            loop, assigned_names(statement))
 
     def _plain_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],
                     half: set[str]) -> list[cst.BaseStatement]:
@@ -176,11 +196,11 @@ class DetachedForwardPlanning(Step):
             bound = bound | assigned_names(statement)
         return taken
 
-    def _wrap(self, statements: list[cst.BaseStatement], enabled: str) -> None:
+    def _wrap(self, statements: list[cst.BaseStatement], enabled: str, message: str) -> None:
         regions = AutocastPlanning(self.context)
         first = statements[0]
         self.draft.replace(first, regions.under_autocast(statements, enabled))
-        self.draft.kind(first, INITIALIZE, _MESSAGE, "Run it under `torch.autocast`, as the training forward pass")
-        regions.move_into_region(statements[1:], _MESSAGE)
+        self.draft.kind(first, INITIALIZE, message, "Run it under `torch.autocast`, as the training forward pass")
+        regions.move_into_region(statements[1:], message)
         self.draft.regions.add(id(first))
 

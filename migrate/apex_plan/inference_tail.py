@@ -15,6 +15,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, backward_calls, calls, contains, defines, read_names, reads_any
+from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.unused_optimizers import optimizers_unused
 from migrate.apex_plan.vocabulary import INITIALIZE, InitializeSite, as_bool, conjunction, operand
 from migrate.tree_walk import descendants
@@ -63,7 +64,7 @@ class InferenceTailPlanning(Step):
         enabled = f", enabled={conjunction(tests)}" if tests else ""
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
-        training = next((index for index, statement in enumerate(rest) if self._trains(statement, init.model_codes)), None)
+        training = next((index for index, statement in enumerate(rest) if trains(self.tree, statement, init.model_codes)), None)
         if training is not None:
             # `train(args, model)` after the evaluation: its own regions, nested in this one, would
             # keep autocast's cast weights from one step to the next (cleared where the outermost
@@ -142,7 +143,7 @@ class InferenceTailPlanning(Step):
             return None
         body = list(block.body)
         rest = body[body.index(statement) + 1 :]
-        if not rest or any(defines(s) or contains(s, SUSPENDS) or self._trains(s, set()) for s in rest):
+        if not rest or any(defines(s) or contains(s, SUSPENDS) or trains(self.tree, s, set()) for s in rest):
             return None  # a training step keeps apex's casts on its own regions
         enabled = nodes.argument(call, 0, "enabled")
         on = "" if enabled is None or nodes.code(enabled.value) == "True" else f", enabled={as_bool(enabled.value, self.tree.boolean_options)}"
@@ -187,15 +188,6 @@ class InferenceTailPlanning(Step):
             self.tree.inside(use, calling) and isinstance(call := self.tree.parent.get(id(use)), cst.Call) and call.func is use
             for use in uses) and all(_idle(statement) for statement in closing[closing.index(calling) + 1 :])
 
-    def _trains(self, statement: cst.CSTNode, models: set[str]) -> bool:
-        """Whether ``statement``, or a function of the file it reaches, runs a backward pass, steps,
-        scales a loss or enters an autocast region of its own; or hands a model to a function not
-        of the file that is named for training (``fit(model, loader)``, ``run_training(model)``)."""
-        reached = [statement, *helpers_reached(self.tree, statement, frozenset())]
-        return any(backward_calls(each) or calls(each, lambda name: name in _TRAINING_CALLS) for each in reached) or any(
-            self.tree.helper(call) is None and _TRAINING_NAME.search(nodes.code(call.func).rsplit(".", 1)[-1])
-            and any(nodes.code(arg.value) in models for arg in call.args) for call in calls(statement, lambda name: True))
-
     @staticmethod
     def _returns_models(statement: cst.CSTNode, models: set[str]) -> bool:
         """A ``return`` that may hand a model back (``return results`` with numbers only does not)."""
@@ -236,6 +228,16 @@ class InferenceTailPlanning(Step):
         self.draft.replace(anchor, cst.FlattenSentinel(placed))
         self.draft.kind(anchor, INITIALIZE, message, "Run the lines after it under `torch.autocast`: apex cast every op from there on")
         regions.move_into_region(rest, moved)
+
+
+def trains(tree: FileTree, statement: cst.CSTNode, models: set[str]) -> bool:
+    """Whether ``statement``, or a function of the file it reaches, runs a backward pass, steps,
+    scales a loss or enters an autocast region of its own; or hands one of ``models`` to a
+    function not of the file that is named for training (``fit(model, loader)``, ``run_training(model)``)."""
+    reached = [statement, *helpers_reached(tree, statement, frozenset())]
+    return any(backward_calls(each) or calls(each, lambda name: name in _TRAINING_CALLS) for each in reached) or any(
+        tree.helper(call) is None and _TRAINING_NAME.search(nodes.code(call.func).rsplit(".", 1)[-1])
+        and any(nodes.code(arg.value) in models for arg in call.args) for call in calls(statement, lambda name: True))
 
 
 def _idle(statement: cst.CSTNode) -> bool:

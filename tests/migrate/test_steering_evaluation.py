@@ -1,0 +1,146 @@
+"""An evaluation in the training loop whose result steers the training (``scheduler.step(val_loss)``
+for ReduceLROnPlateau, an early stop, a patience counter) ran under apex's casts: it goes under an
+autocast of its own, enabled as the loop's region, or the decay step and the stopping epoch can
+move. Generated over how the evaluation is called and bound, how its result steers, and where it
+stands in the loop; the negatives are results that only report."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from migrate.api import migrate_source
+
+from generated.inference_runs import printed_alike
+
+SCRIPT = """import argparse
+
+import torch
+from apex import amp
+
+
+def validate(model, batches):
+    model.eval()
+    with torch.no_grad():
+        total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)
+    model.train()
+    print("out", "val", round(total / len(batches), 6))
+    return total / len(batches), len(batches)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=6)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    batches = [(torch.randn(16, 8, device=device), torch.randn(16, 1, device=device)) for _ in range(4)]
+    val_batches = [(torch.randn(16, 8, device=device), torch.randn(16, 1, device=device)) for _ in range(2)]
+    best, bad = float("inf"), 0
+    for epoch in range(args.epochs):
+        for x, y in batches:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            with amp.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+            optimizer.step()
+{evaluation}
+        print("out", epoch, optimizer.param_groups[0]["lr"], round(float(model[0].weight.float().sum()), 5))
+
+
+if __name__ == "__main__":
+    main()
+"""
+# how the evaluation is called and what it binds: the line, and the name holding the loss
+CALLS = {
+    "pair": ("val_loss, _ = validate(model, val_batches)", "val_loss"),
+    "indexed": ("val_loss = validate(model, val_batches)[0]", "val_loss"),
+    "keyword": ("result = validate(model=model, batches=val_batches)", "result[0]"),
+    "starred": ("val_loss, *rest = validate(model, val_batches)", "val_loss"),
+}
+# how the result steers the training
+STEERS = {
+    "plateau": "scheduler.step({loss})",
+    "plateau keyword": "scheduler.step(metrics={loss})",
+    "early stop": "if {loss} > 50:\n    break",
+    "patience": "if {loss} < best:\n    best, bad = {loss}, 0\nelse:\n    bad += 1\nif bad > 3:\n    break\nscheduler.step(epoch)",
+    "returning": "scheduler.step({loss})\nif {loss} < 1e-6:\n    return",
+}
+# where the evaluation stands in the epoch loop
+WHERE = {"loop body": "", "every other epoch": "if epoch % 2 == 0:\n"}
+
+
+def _script(call="pair", steers="plateau", where="loop body") -> str:
+    line, loss = CALLS[call]
+    evaluation = line + "\n"
+    if WHERE[where]:
+        evaluation = WHERE[where] + "    " + line + "\n"
+        if steers in ("plateau", "plateau keyword", "returning"):
+            evaluation += "    " + STEERS[steers].format(loss=loss).replace("\n", "\n    ") + "\n"
+        else:
+            evaluation = "val_loss = None\n" + evaluation + "if val_loss is not None:\n" + "".join(
+                f"    {text}\n" for text in STEERS[steers].format(loss=loss).splitlines())
+            if call == "keyword":
+                evaluation = evaluation.replace("if val_loss is not None:", "if epoch % 2 == 0:")
+    else:
+        evaluation += STEERS[steers].format(loss=loss) + "\n"
+    body = "".join(f"        {text}\n" for text in evaluation.splitlines())
+    return SCRIPT.format(evaluation=body.rstrip("\n"))
+
+
+VARIANTS = [(call, steers, where) for (call, steers), where in zip(itertools.product(CALLS, STEERS), itertools.cycle(WHERE))]
+
+
+@pytest.mark.parametrize("call, steers, where", VARIANTS)
+def test_an_evaluation_steering_the_training_runs_under_autocast(call, steers, where):
+    source = _script(call, steers, where)
+    compile(source, "train.py", "exec")
+    new = migrate_source(source, "train.py").new_source
+    assert "apex" not in new and "TODO(ampmigrate)" not in new, new
+    evaluation = CALLS[call][0]
+    head, _, tail = new.partition(evaluation)
+    assert tail, new
+    assert head.rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
+    compile(new, "train.py", "exec")
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[7], VARIANTS[13]])
+def test_the_migrated_script_decays_and_stops_as_apex_did(tmp_path, variant):
+    """The original on ampshim and its rewrite print the same validation losses, learning rates
+    and weights each epoch: the evaluation computes in the same precision, and the plateau decays
+    at the same epochs."""
+    expected = printed_alike(tmp_path, _script(*variant), "train.py", [])
+    assert expected.count("\n") >= 1, expected
+
+
+# what only reports: the evaluation stays as it was, in float32
+REPORTS = {
+    "logged": "print('val', val_loss)",
+    "best kept": "if val_loss < best:\n    best = val_loss\n    torch.save(model.state_dict(), 'best.pt')",
+    "stepped without it": "scheduler.step(epoch)",
+}
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS))
+def test_an_evaluation_that_only_reports_stays_outside(report):
+    source = SCRIPT.format(evaluation="".join(f"        {text}\n" for text in (
+        "val_loss, _ = validate(model, val_batches)\n" + REPORTS[report]).splitlines()).rstrip("\n"))
+    new = migrate_source(source, "train.py").new_source
+    assert "apex" not in new, new
+    head = new.partition("val_loss, _ = validate(model, val_batches)")[0]
+    assert not head.rstrip().endswith("):") or "autocast" not in head.rstrip().splitlines()[-1], new
+
+
+def test_a_steering_call_that_trains_stays_outside():
+    """A call reaching a backward pass is a training step of its own: inside an outer region its
+    step would leave autocast's cached float16 weights stale for the passes after it."""
+    source = _script().replace("    model.train()\n    print(", "    model.train()\n    model(batches[0][0]).sum().backward()\n    print(")
+    assert source != _script()
+    new = migrate_source(source, "train.py", unsafe_fixes=True).new_source  # its plain backward pass is unsafe
+    head = new.partition(CALLS["pair"][0])[0]
+    assert "from apex" not in new and "autocast" not in head.rstrip().splitlines()[-1], new
