@@ -53,6 +53,46 @@ class DetachedForwardPlanning(Step):
                 models |= self.tree.networks
             for statements, message in self._detached_blocks(loop, loop.body, models):
                 self._wrap(statements, region_enabled, message)
+        # the loops of the functions calling a training function (`main()`'s epoch loop around
+        # `train_one_epoch()`): only the evaluations steering the training from there
+        callers: dict[int, tuple[cst.For | cst.While, set[str], set[str]]] = {}
+        for key, enabled in self.draft.region_enabled.items():
+            for loop, models in self._caller_loops(self.draft.replacements[key][0], enabled):
+                if id(loop) not in loops:
+                    found = callers.setdefault(id(loop), (loop, set(), set()))
+                    found[1].update(models)
+                    found[2].add(enabled)
+        for loop, models, enabled in callers.values():
+            if len(enabled) == 1 and not any(self.tree.inside(call, loop) for call in self.sites.calls["initialize"]):
+                for statements, message in self._detached_blocks(loop, loop.body, models, steering_only=True):
+                    self._wrap(statements, next(iter(enabled)), message)
+
+    def _caller_loops(self, first: cst.CSTNode, enabled: str) -> list[tuple[cst.For | cst.While, set[str]]]:
+        """The loops of other functions of the file around a call of ``first``'s function (at
+        module level), with the names the models go by there, where ``enabled`` reads there as it
+        does in that function: its names are the module's, or handed in under the same name."""
+        function = self.tree.function(first)
+        if function is None or self.tree.parent.get(id(function)) is not self.tree.module:
+            return []
+        expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
+        attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
+        roots = {node.value for node in descendants(expression) if type(node) is cst.Name and id(node) not in attrs} - {"bool", "True", "False"}
+        local = assigned_names(function.body)
+        models = self.tree.models_seen_from(first, self.setup.model_codes)
+        found = []
+        for call in self.tree.calls_of(function):
+            loop, caller = self.tree.outermost_loop(call), self.tree.function(call)
+            if loop is None or caller is None or caller is function:
+                continue
+            given = self.tree.arguments(function, call)
+            params = caller.params
+            caller_local = assigned_names(caller.body) | {param.name.value for param in (
+                *params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg)
+                if isinstance(param, cst.Param)}
+            if all(nodes.code(given[root]) == root if root in given else root not in local | caller_local for root in roots):
+                handed = {nodes.code(value) for name, value in given.items() if name in models}
+                found.append((loop, handed | self.tree.models_seen_from(call, self.setup.model_codes)))
+        return found
 
     def _in_loops(self, first: cst.CSTNode, enabled: str) -> list[cst.CSTNode]:
         """``first`` where a loop of its function holds it; else the calls of that function in a
@@ -89,7 +129,7 @@ class DetachedForwardPlanning(Step):
                 return False  # O2 accepted as autocast: apex cast only the models given there
         return True
 
-    def _detached_blocks(self, loop: cst.For | cst.While, block: cst.BaseSuite, models: set[str]):
+    def _detached_blocks(self, loop: cst.For | cst.While, block: cst.BaseSuite, models: set[str], steering_only: bool = False):
         """Each ``with torch.no_grad():`` in ``block`` (or in the arms and loops inside it) that
         calls one of ``models`` itself, with the lines right after it that read what it bound; each
         evaluation handed a model whose result steers the training ``loop``; with what to say."""
@@ -103,7 +143,7 @@ class DetachedForwardPlanning(Step):
                 continue
             if defines(statement):
                 continue
-            plain = self._plain_pass(body, index, models, half)
+            plain = [] if steering_only else self._plain_pass(body, index, models, half)
             if plain:
                 half |= {name for line in plain for name in assigned_names(line)}
                 yield plain, _MESSAGE
@@ -111,12 +151,12 @@ class DetachedForwardPlanning(Step):
             if self._steering_evaluation(statement, models, loop):
                 yield [statement], _STEERING
                 continue
-            if isinstance(statement, cst.With) and self._gradients_off(statement):
+            if isinstance(statement, cst.With) and self._gradients_off(statement) and not steering_only:
                 if self._wrappable(statement) and calls_model(statement, models):
                     yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))], _MESSAGE
                 continue
             for child in self._blocks_of(statement):
-                yield from self._detached_blocks(loop, child, models)
+                yield from self._detached_blocks(loop, child, models, steering_only)
 
     def _steering_evaluation(self, statement: cst.CSTNode, models: set[str], loop: cst.For | cst.While) -> bool:
         """``val_loss = validate(model, val_loader)`` where ``scheduler.step(val_loss)`` or an early
@@ -125,7 +165,8 @@ class DetachedForwardPlanning(Step):
         if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1 or type(statement.body[0]) is not cst.Assign:
             return False
         handed = any(type(node) is cst.Call and any(read_names(arg.value) & models for arg in node.args)
-                     for node in descendants(statement.body[0].value, nodes.not_a_definition))
+                     for node in descendants(statement.body[0].value, nodes.not_a_definition)
+                     ) or self.tree.calls_model(statement, models, self.sites.ids)  # `self.evaluate(val_data)`
         # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region
         # would leave autocast's cached float16 weights stale for the passes after it
         return handed and self._wrappable(statement) and not trains(self.tree, statement, models) and steers_training(

@@ -29,8 +29,9 @@ def steers_training(loop: cst.For | cst.While, names: set[str]) -> bool:
 
 
 def _reached(loop: cst.For | cst.While, names: set[str]) -> set[str]:
-    """``names`` and every name the loop binds from them: by an assignment reading them, or under
-    a branch testing them (``if val_loss < best: best, bad = val_loss, 0 else: bad += 1``)."""
+    """``names`` and every name the loop binds from them: by an assignment reading them, under a
+    branch testing them (``if val_loss < best: best, bad = val_loss, 0 else: bad += 1``), or as
+    an object whose method is handed them (``meter.update(val_loss)``, later ``meter.average()``)."""
     reached = set(names)
     changed = True
     while changed:
@@ -41,6 +42,9 @@ def _reached(loop: cst.For | cst.While, names: set[str]) -> set[str]:
                 made = assigned_names(node)
             elif type(node) is cst.If and read_names(node.test) & reached:
                 made = assigned_names(node.body) | (assigned_names(node.orelse) if node.orelse is not None else set())
+            elif type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name \
+                    and any(read_names(arg.value) & reached for arg in node.args):
+                made = {node.func.value.value}  # `meter.update(val_loss)`: the object may keep it (`meter.average()`)
             else:
                 continue
             if not made <= reached:

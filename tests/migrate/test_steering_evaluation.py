@@ -28,10 +28,22 @@ def validate(model, batches):
     return total / len(batches), len(batches)
 
 
+class Meter:
+    def __init__(self):
+        self.values = []
+
+    def update(self, value):
+        self.values.append(value)
+
+    def last(self):
+        return self.values[-1]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args(argv)
+    meter = Meter()
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
@@ -69,6 +81,7 @@ STEERS = {
     "early stop": "if {loss} > 50:\n    break",
     "patience": "if {loss} < best:\n    best, bad = {loss}, 0\nelse:\n    bad += 1\nif bad > 3:\n    break\nscheduler.step(epoch)",
     "returning": "scheduler.step({loss})\nif {loss} < 1e-6:\n    return",
+    "through an object": "meter.update({loss})\nscheduler.step(meter.last())",
 }
 # where the evaluation stands in the epoch loop
 WHERE = {"loop body": "", "every other epoch": "if epoch % 2 == 0:\n"}
@@ -79,7 +92,7 @@ def _script(call="pair", steers="plateau", where="loop body") -> str:
     evaluation = line + "\n"
     if WHERE[where]:
         evaluation = WHERE[where] + "    " + line + "\n"
-        if steers in ("plateau", "plateau keyword", "returning"):
+        if steers in ("plateau", "plateau keyword", "returning", "through an object"):
             evaluation += "    " + STEERS[steers].format(loss=loss).replace("\n", "\n    ") + "\n"
         else:
             evaluation = "val_loss = None\n" + evaluation + "if val_loss is not None:\n" + "".join(
@@ -144,3 +157,118 @@ def test_a_steering_call_that_trains_stays_outside():
     new = migrate_source(source, "train.py", unsafe_fixes=True).new_source  # its plain backward pass is unsafe
     head = new.partition(CALLS["pair"][0])[0]
     assert "from apex" not in new and "autocast" not in head.rstrip().splitlines()[-1], new
+
+
+# the training step in a function of its own, the evaluation in the caller's epoch loop
+HELPER_SCRIPT = """import argparse
+
+import torch
+from apex import amp
+
+
+def validate(model, batches):
+    model.eval()
+    with torch.no_grad():
+        total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)
+    model.train()
+    print("out", "val", round(total / len(batches), 6))
+    return total / len(batches), len(batches)
+
+
+def train_one_epoch(model, optimizer, batches):
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--fp16", action="store_true")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+    net, optimizer = amp.initialize(net, optimizer, opt_level="O1"{enabled})
+    batches = [(torch.randn(16, 8, device=device), torch.randn(16, 1, device=device)) for _ in range(4)]
+    val_batches = [(torch.randn(16, 8, device=device), torch.randn(16, 1, device=device)) for _ in range(2)]
+    best, bad = float("inf"), 0
+    for epoch in range(args.epochs):
+        train_one_epoch(net, optimizer, batches)
+{evaluation}
+        print("out", epoch, optimizer.param_groups[0]["lr"], round(float(net[0].weight.float().sum()), 5))
+
+
+if __name__ == "__main__":
+    main()
+"""
+# the region's enabled: always, or by the flag (the scaler handed to the training function)
+HELPER_ENABLED = {"always": ("", ""), "flag": (", enabled=args.fp16", ", enabled=scaler.is_enabled()")}
+
+
+def _helper_script(call="pair", steers="plateau", enabled="always") -> str:
+    line, loss = CALLS[call]
+    evaluation = (line + "\n" + STEERS[steers].format(loss=loss)).replace("model", "net")
+    body = "".join(f"        {text}\n" for text in evaluation.splitlines())
+    return HELPER_SCRIPT.format(enabled=HELPER_ENABLED[enabled][0], evaluation=body.rstrip("\n"))
+
+
+HELPER_VARIANTS = [(call, steers, enabled) for (call, steers), enabled in zip(
+    itertools.product(["pair", "keyword"], STEERS), itertools.cycle(HELPER_ENABLED))]
+
+
+@pytest.mark.parametrize("call, steers, enabled", HELPER_VARIANTS)
+def test_an_evaluation_in_the_loop_calling_the_training_function_runs_under_autocast(call, steers, enabled):
+    source = _helper_script(call, steers, enabled)
+    compile(source, "train.py", "exec")
+    new = migrate_source(source, "train.py").new_source
+    assert "apex" not in new and "TODO(ampmigrate)" not in new, new
+    head, _, tail = new.partition(CALLS[call][0].replace("model", "net"))
+    assert tail and head.rstrip().endswith(f'with torch.autocast("cuda", dtype=torch.float16{HELPER_ENABLED[enabled][1]}):'), new
+    compile(new, "train.py", "exec")
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("variant", [HELPER_VARIANTS[0], HELPER_VARIANTS[3]])
+@pytest.mark.parametrize("argv", [["--fp16"], []])
+def test_the_migrated_helper_script_decays_as_apex_did(tmp_path, variant, argv):
+    printed_alike(tmp_path, _helper_script(*variant), "train.py", argv)
+
+
+
+TRAINER = """import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, batches, val_batches):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(self.optimizer, patience=0)
+        self.batches, self.val_batches = batches, val_batches
+
+    def evaluate(self):
+        with torch.no_grad():
+            return sum(float(self.model(x).sum()) for x in self.val_batches)
+
+    def fit(self, epochs):
+        for epoch in range(epochs):
+            for x in self.batches:
+                loss = self.model(x).sum()
+                self.optimizer.zero_grad()
+                with amp.scale_loss(loss, self.optimizer) as scaled:
+                    scaled.backward()
+                self.optimizer.step()
+            val_loss = self.evaluate()
+            self.scheduler.step(val_loss)
+"""
+
+
+def test_a_method_evaluating_the_model_it_holds_steers_too():
+    new = migrate_source(TRAINER, "trainer.py").new_source
+    assert "apex" not in new, new
+    assert new.partition("val_loss = self.evaluate()")[0].rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
