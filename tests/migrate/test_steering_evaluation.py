@@ -13,7 +13,8 @@ from migrate.api import migrate_source
 
 from generated.inference_runs import printed_alike
 
-SCRIPT = """import argparse
+# the imports and the evaluation both scripts share
+HEAD = """import argparse
 
 import torch
 from apex import amp
@@ -26,7 +27,9 @@ def validate(model, batches):
     model.train()
     print("out", "val", round(total / len(batches), 6))
     return total / len(batches), len(batches)
+"""
 
+SCRIPT = HEAD + """
 
 class Meter:
     def __init__(self):
@@ -160,20 +163,7 @@ def test_a_steering_call_that_trains_stays_outside():
 
 
 # the training step in a function of its own, the evaluation in the caller's epoch loop
-HELPER_SCRIPT = """import argparse
-
-import torch
-from apex import amp
-
-
-def validate(model, batches):
-    model.eval()
-    with torch.no_grad():
-        total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)
-    model.train()
-    print("out", "val", round(total / len(batches), 6))
-    return total / len(batches), len(batches)
-
+HELPER_SCRIPT = HEAD + """
 
 def train_one_epoch(model, optimizer, batches):
     for x, y in batches:
