@@ -82,11 +82,11 @@ class DetachedForwardPlanning(Step):
         found = []
         for call in self.tree.calls_of(function):
             loop, caller = self.tree.outermost_loop(call), self.tree.function(call)
-            if loop is None or caller is None or caller is function:
+            if loop is None or caller is function:
                 continue
             given = self.tree.arguments(function, call)
-            params = caller.params
-            caller_local = assigned_names(caller.body) | {param.name.value for param in (
+            params = caller.params if caller is not None else cst.Parameters()  # a script's own loop: its names are the module's
+            caller_local = (assigned_names(caller.body) if caller is not None else set()) | {param.name.value for param in (
                 *params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg)
                 if isinstance(param, cst.Param)}
             if all(nodes.code(given[root]) == root if root in given else root not in local | caller_local for root in roots):

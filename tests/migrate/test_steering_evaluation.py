@@ -262,3 +262,14 @@ def test_a_method_evaluating_the_model_it_holds_steers_too():
     new = migrate_source(TRAINER, "trainer.py").new_source
     assert "apex" not in new, new
     assert new.partition("val_loss = self.evaluate()")[0].rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
+
+
+def test_a_script_s_own_epoch_loop_around_the_training_function_steers_too():
+    """The epoch loop at module level (a script without main()): its names are the module's."""
+    main = _helper_script().split("def main(argv=None):\n")[1].split("\n\nif __name__")[0]
+    body = "".join(line[4:] + "\n" for line in main.splitlines()).replace("parser.parse_args(argv)", "parser.parse_args([])")
+    source = _helper_script().split("def main(argv=None):")[0] + body
+    compile(source, "train.py", "exec")
+    new = migrate_source(source, "train.py").new_source
+    assert "apex" not in new, new
+    assert new.partition("val_loss, _ = validate(net, val_batches)")[0].rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
