@@ -21,6 +21,7 @@ from migrate.apex_plan.steering import steers_training
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 # What turns gradients off for a block: `with torch.no_grad():` and its kin.
@@ -74,9 +75,7 @@ class DetachedForwardPlanning(Step):
         function = self.tree.function(first)
         if function is None or self.tree.parent.get(id(function)) is not self.tree.module:
             return []
-        expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
-        attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
-        roots = {node.value for node in descendants(expression) if type(node) is cst.Name and id(node) not in attrs} - {"bool", "True", "False"}
+        roots = self._names_read(enabled) - {"bool", "True", "False"}
         local = assigned_names(function.body)
         models = self.tree.models_seen_from(first, self.setup.model_codes)
         found = []
@@ -85,10 +84,9 @@ class DetachedForwardPlanning(Step):
             if loop is None or caller is function:
                 continue
             given = self.tree.arguments(function, call)
-            params = caller.params if caller is not None else cst.Parameters()  # a script's own loop: its names are the module's
-            caller_local = (assigned_names(caller.body) if caller is not None else set()) | {param.name.value for param in (
-                *params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg)
-                if isinstance(param, cst.Param)}
+            # a script's own loop (no caller): its names are the module's
+            caller_local = set() if caller is None else assigned_names(caller.body) | {param.name.value for param in (
+                *parameters_of(caller), caller.params.star_arg, caller.params.star_kwarg) if isinstance(param, cst.Param)}
             if all(nodes.code(given[root]) == root if root in given else root not in local | caller_local for root in roots):
                 handed = {nodes.code(value) for name, value in given.items() if name in models}
                 found.append((loop, handed | self.tree.models_seen_from(call, self.setup.model_codes)))
@@ -106,14 +104,16 @@ class DetachedForwardPlanning(Step):
         if function is None:
             return []
         owner = self.tree.owner_class(function)
-        expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
-        attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
-        readable = {"self", "bool", "True", self.setup.scaler}
-        if owner is None or any(type(node) is cst.Name and id(node) not in attrs and node.value not in readable
-                                for node in descendants(expression)):
+        if owner is None or self._names_read(enabled) - {"self", "bool", "True", self.setup.scaler}:
             return []
         return [call for call in self.tree.calls_of(function) if self.tree.outermost_loop(call) is not None
                 and (caller := self.tree.owner_class(self.tree.function(call))) is not None and owner in self.tree.lineage(caller)]
+
+    def _names_read(self, enabled: str) -> set[str]:
+        """The plain names a region's ``, enabled=...`` reads (``scaler`` of ``scaler.is_enabled()``, not ``is_enabled``)."""
+        expression = nodes.parse_expression(enabled.removeprefix(", enabled=") or "True", self.tree.module)
+        attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
+        return {node.value for node in descendants(expression) if type(node) is cst.Name and id(node) not in attrs}
 
     def _casts_every_network(self) -> bool:
         """Whether apex ran O1 here: every ``initialize`` at O1 (written so, or by default), or at a

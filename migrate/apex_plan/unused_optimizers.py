@@ -11,6 +11,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.syntax import in_assignment_target, read_names
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import InitializeSite
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 
@@ -64,7 +65,7 @@ def _bound_locals(function: cst.FunctionDef) -> set[str]:
 
 def _declared(function: cst.FunctionDef) -> set[str]:
     """The names of the function's parameters and of its ``global`` / ``nonlocal`` lines."""
-    found = {param.name.value for param in (*function.params.params, *function.params.posonly_params, *function.params.kwonly_params)}
+    found = {param.name.value for param in parameters_of(function)}
     for node in descendants(function.body, nodes.not_a_definition):
         if type(node) in (cst.Global, cst.Nonlocal):
             found |= {item.name.value for item in node.names}
