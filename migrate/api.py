@@ -23,7 +23,7 @@ from migrate import disk_reads, files, run_in_workers
 from migrate.file_run import (Options, error_result, file_settings, migrate_file, migrate_one, migrate_path, triage,
                               triage_in_worker, write_result)
 from migrate.files import DEFAULT_EXCLUDES
-from migrate.prefilter import step_words, trigger_words
+from migrate.prefilter import reads_amp_api, sets_apex_flag, step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import FileResult
 
@@ -222,7 +222,15 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), as for a scale half
     one that may keep master weights, for one initializing (and its other half) where apex's cast
     decorators stay on apex, and for one initializing
-    apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``)."""
+    apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``); for
+    one reading apex amp's API through a name, the modules of its project handing it out
+    (``migrate.amp_reexports``). ``apex_texts``: the texts ``triage`` kept."""
+    reading_amp = {path: text for path, text in apex_texts.items() if reads_amp_api(text)}
+    apex_texts = {path: text for path, text in apex_texts.items() if "apex" in text or sets_apex_flag(text)}
+    if reading_amp:
+        from migrate import amp_reexports
+
+        options = replace(options, amp_reexported={str(path): names for path, names in amp_reexports.reexported(reading_amp).items()})
     if not apex_texts:
         return options
     from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, grad_norms, half_helpers,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from migrate import files, quiet
-from migrate.prefilter import may_apply, needs_parsing, sets_apex_flag, step_words, trigger_words
+from migrate.prefilter import may_apply, needs_parsing, reads_amp_api, sets_apex_flag, step_words, trigger_words
 from migrate.rules import select_rules
 from migrate.types import ERROR_CODE, INTERNAL_ERROR_CODE, Diagnostic, FileResult, Position
 
@@ -52,6 +52,7 @@ class Options:
     half_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.half_helpers``' names and places
     subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
     base_bindings: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.base_bindings``' attributes
+    amp_reexported: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.amp_reexports``' names
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -78,6 +79,7 @@ _PROJECT_FACTS = (
     ("half_helpers", "half-cast-helpers"),
     ("subclass_overrides", "subclass-overrides"),
     ("base_bindings", "base-bindings"),
+    ("amp_reexported", "apex-amp-reexported"),
 )
 
 
@@ -99,8 +101,9 @@ def triage(path: Path, words: tuple[str, ...] | None, stepping: frozenset[str]) 
         return (source, None) if may_apply(notebook.searchable(text), words) else FileResult(str(path))
     if not needs_parsing(text, words, stepping):  # the whole check here, so that a run of such files never imports a rule
         return FileResult(str(path))
-    # a flag left once apex went (`HAS_APEX = True`) is asked about too: whether other modules import it
-    return source, text if "apex" in text or sets_apex_flag(text) else None
+    # a flag left once apex went (`HAS_APEX = True`) is asked about too: whether other modules import
+    # it; and apex's amp API read through a name: whether a module of the project hands it out
+    return source, text if "apex" in text or sets_apex_flag(text) or reads_amp_api(text) else None
 
 
 def triage_in_worker(paths: list[Path], words: tuple[str, ...] | None, stepping: frozenset[str]) -> list[tuple[Path, object]]:

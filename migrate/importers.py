@@ -24,7 +24,8 @@ from migrate.files import project_python_files, project_root
 from migrate.module_paths import is_module
 from migrate.prefilter import APEX_FLAG_NAME, sets_apex_flag
 
-__all__ = ["FUNCTIONS_SETTING", "SETTING", "apex_bound_names", "functions_imported_elsewhere", "imported_elsewhere", "importers_of"]
+__all__ = ["FUNCTIONS_SETTING", "SETTING", "apex_bound_names", "functions_imported_elsewhere", "imported_elsewhere", "importers_of",
+           "top_level_statements"]
 
 SETTING = "imported-elsewhere"  # the setting that hands a file's rules these names (not a user setting)
 FUNCTIONS_SETTING = "functions-imported-elsewhere"  # and the plan the file's functions others import
@@ -85,7 +86,7 @@ def apex_bound_names(text: str) -> frozenset[str]:
     except (SyntaxError, ValueError):
         return frozenset()
     names: set[str] = set()
-    for node in _top_level(tree.body):
+    for node in top_level_statements(tree.body):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and _is_apex(node.module or ""):
             names.update(alias.asname or alias.name for alias in node.names if alias.name != "*")
         elif isinstance(node, ast.Import):
@@ -100,16 +101,16 @@ def _is_apex(module: str) -> bool:
     return module == "apex" or module.startswith("apex.")
 
 
-def _top_level(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
+def top_level_statements(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
     """The statements that run when the module is imported, through ``if``, ``try`` and ``with``."""
     for statement in statements:
         yield statement
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         for field in ("body", "orelse", "finalbody"):
-            yield from _top_level(getattr(statement, field, []) or [])
+            yield from top_level_statements(getattr(statement, field, []) or [])
         for handler in getattr(statement, "handlers", []) or []:
-            yield from _top_level(handler.body)
+            yield from top_level_statements(handler.body)
 
 
 def _imports_from(importer: Path, exporters: Mapping[Path, frozenset[str]], wanted: frozenset[str]) -> Iterator[tuple[Path, set[str]]]:

@@ -43,7 +43,8 @@ from typing import Sequence
 from migrate import quiet
 from migrate.types import holds_trigger, holds_word
 
-__all__ = ["PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "sets_apex_flag", "step_words", "trigger_words"]
+__all__ = ["AMP_API", "PLAIN_RUN_STEP_WORDS", "PLAIN_RUN_WORDS", "needs_parsing", "reads_amp_api", "sets_apex_flag", "step_words",
+           "trigger_words"]
 
 # The TRIGGERS of the rules a plain run uses (``Rule.DEFAULT``): what a run without --select
 # looks for before importing any rule. test_prefilter keeps it equal to the catalogue's.
@@ -64,6 +65,11 @@ _AMP_DIRECTIVE = re.compile(r"(?i:noqa)\s*:[^\n#]*AMP[0-9]")
 _AMP_DIRECTIVE_BYTES = re.compile(_AMP_DIRECTIVE.pattern.encode())
 # apex amp's calls, as reached through a name (``amp.initialize``); AMP016 reads these.
 _AMP_CALLS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
+# ...and the rest of its API, read through an import from a module of the project that hands out
+# apex's amp (``migrate.amp_reexports``), under any name; these are apex amp's own, whatever reads them.
+_AMP_OWN_NAMES = frozenset({"scale_loss", "master_params", "float_function", "half_function", "promote_function",
+                            "register_float_function", "register_half_function", "register_promote_function", "disable_casts"})
+AMP_API = _AMP_CALLS | _AMP_OWN_NAMES | {"init"}
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 # An apex-availability flag (AMP018 folds one that is always True): has_apex, APEX_AVAILABLE,
 # IS_AMP_AVAILABLE...
@@ -155,13 +161,22 @@ def sets_apex_flag(text: str) -> bool:
     return _APEX_FLAG_SET.search(text) is not None
 
 
+def reads_amp_api(text: str) -> bool:
+    """Whether ``text`` may read apex amp's API through a name (``amp.initialize``, ``A.scale_loss``
+    after ``from utils.amp_compat import apex_amp as A``): it names one only apex's amp has, or
+    says ``amp`` (in any word) and one of the others."""
+    return (any(_holds_word(text, name) for name in _AMP_OWN_NAMES)
+            or "amp" in text and any(_holds_word(text, name) for name in AMP_API))
+
+
 def _may_hold_a_shape(content: bytes | str) -> bool:
     """Whether the text spells out what one of ``_has_amp_shape``'s shapes needs: one of the apex
     names, an import error or a step's call as a word of its own, or ``amp`` and one of its calls.
     Searched for as literals, a fraction of the time of a regex or of parsing."""
     return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS, "training_step"))
             or (_SCALER_CALL_BYTES if isinstance(content, bytes) else _SCALER_CALL).search(content) is not None
-            or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in _AMP_CALLS))
+            or any(_holds_word(content, name) for name in _AMP_OWN_NAMES)
+            or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in AMP_API))
             or (_APEX_FLAG_SET_BYTES if isinstance(content, bytes) else _APEX_FLAG_SET).search(content) is not None)
 
 
@@ -192,7 +207,8 @@ def _has_amp_shape(tree: ast.AST, casts: bool) -> bool:
             if node.id in _APEX_NAMES or (casts and node.id in _HALF_NAMES):
                 return True
         elif kind is ast.Attribute:
-            if node.attr in _APEX_NAMES or node.attr in _STEP_CALLS or (node.attr in _AMP_CALLS and _is_amp(node.value)):
+            if (node.attr in _APEX_NAMES or node.attr in _STEP_CALLS or node.attr in _AMP_OWN_NAMES
+                    or (node.attr in AMP_API and _is_amp(node.value))):
                 return True
             if casts and node.attr in _HALF_NAMES:
                 return True

@@ -14,8 +14,10 @@ from libcst.metadata import (
 )
 
 from migrate import apex_nodes as nodes
+from migrate.amp_reexports import SETTING as REEXPORTED
 from migrate.apex_plan import CORE, ApexPlanProvider, plan_of
 from migrate.names import may_resolve_within, qualified_names
+from migrate.prefilter import AMP_API
 from migrate.rule import Invalid, Rule, Valid
 
 
@@ -43,6 +45,11 @@ class AmpThroughAnotherName(Rule):
     module on, and the receiver has its name) are left to it, and so is an ``amp`` that no binding
     reaches (its import local to another function, or commented out) where the file calls
     ``scale_loss`` or ``master_params`` through it: ``--unsafe-fixes`` reads that one as apex's.
+
+    It reports too every use of apex amp's API through an import from a module of the project that
+    hands out apex's amp (``from utils.amp_compat import amp``, where ``utils/amp_compat.py`` does
+    ``from apex import amp``, often in a ``try`` with a stand-in for machines without apex): the
+    codemod rewrites only an amp imported from apex.
 
     Fix safety:
     No fix. Migrate them together with the place ``amp`` comes from (pass a ``GradScaler`` instead
@@ -82,11 +89,13 @@ class AmpThroughAnotherName(Rule):
         self._state_calls: list[tuple[cst.Call, str]] = []
         self._handed_on: list[cst.CSTNode] = []
         self._apex_names: Mapping[str, object] = {}
+        self._reexported: Mapping[str, str] = {}  # a dotted name meaning apex's amp here -> the module handing it out
 
     def visit_Module(self, node: cst.Module) -> None:
         self._handled = plan_of(self, node).handled  # the apex rewrite hands a GradScaler to these
         self._apex_names = nodes.apex_imports(node)  # the names apex imports bind: `amp`, `apex`
         self._apex_seen = bool(self._apex_names)
+        self._reexported = dict(self.context.settings.get(REEXPORTED, ()))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
@@ -101,6 +110,13 @@ class AmpThroughAnotherName(Rule):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "amp":
             self._may_hand_on(node)
+        if self._reexported and node.attr.value in AMP_API:
+            module = next((self._reexported[name] for name in qualified_names(self, node.value) if name in self._reexported), None)
+            if module is not None:
+                self.report(node, f"apex amp reached through a module of this project: `{nodes.code(node.value)}` is apex's "
+                            f"amp, handed out by `{module}` (which imports it from apex); the codemod rewrites only an amp "
+                            "imported from apex: import it from apex here and run ampmigrate again, or keep the file "
+                            "running on ampshim")
 
     def _may_hand_on(self, node: cst.Name | cst.Attribute) -> None:
         """Collects ``amp`` (or ``apex.amp``) handed on as a value: stored, passed, returned."""
