@@ -68,9 +68,10 @@ def _paired(scale: Half, pairs: Mapping[Path, Pairing], facts: Callable) -> dict
     if any(pairs.get(half.path) is None for half in initializers):
         return {}
     first = initializers[0]
-    # whether the scale half writes an autocast region: the initialize halves' reasons say so
-    autocast = facts(scale, Partner(shown(first.path), first.line, HalfFacts())).autocast
-    guess = HalfFacts(scaler=SCALER, autocast=autocast)
+    # whether the scale half writes an autocast region, and the switches it is enabled by: the
+    # initialize halves' reasons say so
+    alone = facts(scale, Partner(shown(first.path), first.line, HalfFacts()))
+    guess = HalfFacts(scaler=SCALER, autocast=alone.autocast, switches=alone.switches)
 
     def agreed(guess: HalfFacts) -> HalfFacts | None:
         planned = [facts(half, Partner(shown(scale.path), scale.line, guess, pairs[half.path].scaler_import)) for half in initializers]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 
 import libcst as cst
 
@@ -220,8 +221,56 @@ class CrossFilePlanning(Step):
         # a script's `if __name__ == "__main__":` runs whenever the script does, as its top level would
         runs_always = isinstance(block, cst.Module) or isinstance(holder, cst.FunctionDef) or (
             nodes.is_main_guard(holder) and isinstance(self.tree.parent.get(id(holder)), cst.Module))
-        if not runs_always:
+        if not runs_always and not self._under_the_partners_switch(statement, block, holder):
             self.draft.unsafe.append(f"`amp.initialize` runs inside a block here: {other}'s {made} {are} on whether or not it ran")
+
+    def _under_the_partners_switch(self, statement: cst.CSTNode, block: cst.CSTNode, holder: cst.CSTNode) -> bool:
+        """Whether ``statement`` is in the body of an ``if`` that runs whenever its function does,
+        testing a switch (``if args.fp16:``, ``if args['do_apex']:``) by which every autocast region
+        of the scale half is enabled too, read there under the same name (``if self.args.fp16:``,
+        ``if p['do_apex']:``): its scaled backward passes, autocast and steps through the scaler
+        run only where that switch is on, where this ran; where it is off, neither did. The two
+        reads are taken for one setting by their name."""
+        if not isinstance(holder, cst.If) or holder.body is not block or switch_name(holder.test) not in self.partner.facts.switches:
+            return False
+        around = self.tree.parent.get(id(holder))
+        owner = self.tree.parent.get(id(around))
+        return isinstance(around, cst.Module) or isinstance(owner, cst.FunctionDef) or (
+            nodes.is_main_guard(owner) and isinstance(self.tree.parent.get(id(owner)), cst.Module))
+
+
+def region_switches(enabled: Iterable[str], module: cst.Module) -> frozenset[str]:
+    """The switches every region's ``enabled`` argument (``, enabled=bool(p['do_apex'])``, ``,
+    enabled=args.fp16 and x``) holds among the operands of its conjunction; none where a region
+    is always on."""
+    found: frozenset[str] | None = None
+    for argument in enabled:
+        names = frozenset()
+        if argument.startswith(", enabled="):
+            names = frozenset(name for operand in _conjuncts(nodes.parse_expression(argument[len(", enabled="):], module))
+                              if (name := switch_name(operand)) is not None)
+        found = names if found is None else found & names
+    return found or frozenset()
+
+
+def _conjuncts(expression: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(expression, cst.BooleanOperation) and isinstance(expression.operator, cst.And):
+        return [*_conjuncts(expression.left), *_conjuncts(expression.right)]
+    return [expression]
+
+
+def switch_name(test: cst.BaseExpression) -> str | None:
+    """The name a switch is read by: ``fp16`` of ``args.fp16``, ``self.args.fp16`` or ``bool(fp16)``,
+    ``do_apex`` of ``p['do_apex']``; None for any other test."""
+    if isinstance(test, cst.Call) and nodes.code(test.func) == "bool" and len(test.args) == 1:
+        test = test.args[0].value
+    if isinstance(test, cst.Name):
+        return test.value
+    if isinstance(test, cst.Attribute):
+        return test.attr.value
+    if isinstance(test, cst.Subscript) and len(test.slice) == 1 and isinstance(test.slice[0].slice, cst.Index):
+        return nodes.literal_string(test.slice[0].slice.value)
+    return None
 
 
 def constant_option(expression: str) -> bool:

@@ -14,7 +14,7 @@ from migrate.apex_plan.classify import classify
 from migrate.apex_plan.conditions import disabling_if, flag_spellings, in_failing_arm
 from migrate.apex_plan.context import Context, Sites
 from migrate.apex_plan.delay_flags import DelayFlagPlanning
-from migrate.apex_plan.cross_file import CrossFilePlanning
+from migrate.apex_plan.cross_file import CrossFilePlanning, region_switches
 from migrate.apex_plan.draft import Draft
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.handed_across import HandedAcrossPlanning
@@ -129,6 +129,7 @@ class Planner:
         handled |= {id(node) for node, _ in self.tree.refs if self.tree.statement(node) in self.sites.module_reads}
         handled |= {id(call) for _, call in self.setup.receiver_calls} | self._unbound_calls()
         half = HalfFacts(**(self.draft.half_facts or {}), autocast=bool(self.draft.regions),
+                         switches=region_switches(self.draft.region_enabled.values(), self.tree.module),
                          reasons=tuple(dict.fromkeys(self.draft.unsafe))) if self._is_half() else None
         return ApexPlan(self.findings, tuple(dict.fromkeys(self.draft.unsafe + self.draft.partner_unsafe)), handled=handled, half=half)
 

@@ -219,6 +219,9 @@ class HalfFacts(NamedTuple):
     scaler: str | None = None  # scale half: the name of its GradScaler (at module level, or a parameter of ...)
     receives: tuple[str, ...] = ()  # scale half: ... these of ``hands_to``, which take it as ``scaler=``
     autocast: bool = True  # scale half: whether its rewrite writes an autocast region
+    # scale half: the switches every autocast region of its rewrite is enabled by (`do_apex` of
+    # `enabled=bool(p['do_apex'])`): its scaled backward passes run only where they are on
+    switches: frozenset[str] = frozenset()
     reasons: tuple[str, ...] = ()  # why its own rewrite is unsafe
     manual: str | None = None  # why it cannot be rewritten at all
 
