@@ -234,11 +234,15 @@ class Planner:
         hoist, in_block = None, False
         # `initialize` in each arm of an `if`/`else`, alike: the scaler is made in every arm
         mirrored = (several.mirrored(init, apart, None) or {}) if apart else {}
-        if init is not None and not o0 and not mirrored:  # O0: no scaler
+        # or alone in the arms of a chain under `if flag:`: one `initialize` under that flag
+        chained = several.chained_under_flag(init, apart, scope) if apart and not mirrored and not o0 else None
+        if chained is not None:
+            hoist = chained[0]
+        elif init is not None and not o0 and not mirrored:  # O0: no scaler
             hoist, stand_in, in_block = initialize.hoist_guard(init, scaler_sites, scaler, scope, stand_in)
             # or under the same `if flag:` in each arm, hoisted out of it there
             mirrored = (several.mirrored(init, apart, hoist) or {}) if apart and hoist is not None else mirrored
-        if any(id(extra) not in mirrored for extra in apart):  # a run training through that arm would have none
+        if chained is None and any(id(extra) not in mirrored for extra in apart):  # a run training through that arm would have none
             extra = next(extra for extra in apart if id(extra) not in mirrored)
             raise Unplannable(extra.call, f"`amp.initialize` runs here or at line {self.tree.line(init.statement)}, in arms "
                               "that exclude each other: the GradScaler would be made in one only")
@@ -275,7 +279,7 @@ class Planner:
                               "that exclude each other, and the scaler would be a global or stand in before them: "
                               "made in each arm, it would not be")
         inferring = [e for e in others_inits if e.inference and e not in joined and id(e) not in elsewhere]  # removed, no scaler
-        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere) + len(mirrored) + len(inferring):
+        if len(inits) > 1 + len(repeats) + len(joined) + len(elsewhere) + len(mirrored) + len(inferring) + (len(apart) if chained else 0):
             self.draft.unsafe.append(f"`amp.initialize` is called {len(inits)} times: one GradScaler serves them all")
         # the test under which the scaler is enabled: the hoisted `if`'s, or that of the block
         # it is made in after a disabled stand-in
@@ -372,7 +376,11 @@ class Planner:
         module_reads.plan_probes()
         module_reads.plan_scale_reads()
         module_reads.plan_module_reads(inits)
+        if chained is not None:
+            several.remove_chain(chained[1])
         for extra in others_inits:  # first: the `if` around `init` goes when nothing else stays in it
+            if chained is not None and extra in apart:
+                continue  # it goes with the chain
             if extra in repeats and not self.setup.o0:
                 initialize.plan_initialize(extra, None, reinitialize=True)
             elif id(extra) in elsewhere and not self.setup.o0:

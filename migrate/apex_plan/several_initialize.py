@@ -11,10 +11,11 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.syntax import backward_calls
-from migrate.apex_plan.vocabulary import AUTOCAST, InitializeSite, normal
+from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, normal
 from migrate.tree_walk import walk
 
 
@@ -133,6 +134,14 @@ class SeveralInitializePlanning(Step):
     def _arm_chain(self, statement: cst.CSTNode, function: cst.FunctionDef) -> tuple[int, ...] | None:
         """The blocks of the ``if``/``elif``/``else`` chain whose arm holds ``statement`` directly
         (as ids), the chain at the top of ``function`` and ending in ``else``; None otherwise."""
+        found = self._chain_of(statement)
+        if found is None or not self._at_top(found[0], function):
+            return None
+        return tuple(id(block) for block in found[1])
+
+    def _chain_of(self, statement: cst.CSTNode) -> tuple[cst.If, list[cst.IndentedBlock]] | None:
+        """The ``if``/``elif``/``else`` chain whose arm holds ``statement`` directly, ending in
+        ``else``, and the blocks of its arms; None otherwise (a way through no arm)."""
         block = self.tree.parent.get(id(statement))
         owner = self.tree.parent.get(id(block))
         if not isinstance(block, cst.IndentedBlock) or not isinstance(owner, (cst.If, cst.Else)):
@@ -140,15 +149,49 @@ class SeveralInitializePlanning(Step):
         top = owner
         while isinstance(self.tree.parent.get(id(top)), cst.If) and self.tree.parent.get(id(top)).orelse is top:
             top = self.tree.parent.get(id(top))
-        if not isinstance(top, cst.If) or not self._at_top(top, function):
+        if not isinstance(top, cst.If):
             return None
         blocks, arm = [], top
         while isinstance(arm, cst.If):
-            blocks.append(id(arm.body))
+            blocks.append(arm.body)
             arm = arm.orelse
         if not isinstance(arm, cst.Else):
             return None  # a way through no arm would make no scaler
-        return (*blocks, id(arm.body))
+        return top, [*blocks, arm.body]
+
+    def chained_under_flag(self, first: InitializeSite, apart: list[InitializeSite], scope: str) -> tuple[cst.If, cst.If] | None:
+        """Where ``first`` and the calls ``apart`` from it are each alone in one arm of an
+        ``if``/``elif``/``else`` chain of plain tests, with the same options and nothing to restore
+        (``if t_cfg: [model, t_model], optimizer = amp.initialize([model, t_model], optimizer,
+        opt_level="O1")`` ``else: model, optimizer = amp.initialize(model, optimizer, opt_level="O1")``),
+        and the chain is alone under an ``if flag:`` whose test says whether apex ran
+        (``conditions.flag_if``): that ``if`` and the chain. Whichever arm ran, apex made its one
+        loss scaler alike and cast every model, so the chain is one ``initialize`` under the flag:
+        the scaler is made before the ``if``, enabled by its test, and the chain goes."""
+        mine = self._options(first)
+        if mine is None or any(site.inference or site.restore is not None or self._options(site) != mine for site in (first, *apart)):
+            return None
+        found = self._chain_of(first.statement)
+        if found is None:
+            return None
+        chain, blocks = found
+        arms = {id(self.tree.parent.get(id(site.statement))) for site in (first, *apart)}
+        if len(blocks) != 1 + len(apart) or arms != {id(block) for block in blocks} or any(len(block.body) != 1 for block in blocks):
+            return None
+        tests, arm = [], chain
+        while isinstance(arm, cst.If):
+            tests.append(arm.test)
+            arm = arm.orelse
+        flag = flag_if(self.tree, chain, self.sites.calls["initialize"])
+        if flag is None or list(flag.body.body) != [chain] or flag.orelse is not None or not all(map(nodes.is_pure, [flag.test, *tests])):
+            return None
+        # a test of a parameter may differ from call to call: a scaler made before the `if` would be made again, disabled
+        return None if scope != "local" and tests_a_parameter(self.tree, flag) else (flag, chain)
+
+    def remove_chain(self, chain: cst.If) -> None:
+        """The chain ``chained_under_flag`` found goes: its arms held only ``initialize``."""
+        self.draft.replace(chain, cst.RemoveFromParent())
+        self.draft.kind(chain, INITIALIZE, "`amp.initialize` is apex mixed precision", "Remove it: the scaler is made before the `if`")
 
     def chain_made_in(self, first: InitializeSite, hoist: cst.If | None) -> cst.If:
         """The ``if`` chain whose arms ``mirrored`` found making the scaler: it exists after it."""

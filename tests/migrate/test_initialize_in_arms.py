@@ -1,7 +1,9 @@
-"""``amp.initialize`` in arms that exclude each other (``if not gt: initialize([pre, G, D], ...)
-else: initialize([G, D], ...)``): the rewrite makes one GradScaler, where the first one was, so a
-run through the other arm would train without a scaler or autocast. Left alone in either mode,
-saying why; initializes that run one after the other (a GAN's two models) still migrate."""
+"""``amp.initialize`` in arms that exclude each other (``if not gt: initialize([pre, G, D], ...);
+pre.eval() else: initialize([G, D], ...)``): the rewrite makes one GradScaler, where the first one
+was, so a run through the other arm would train without a scaler or autocast. Left alone in either
+mode, saying why; initializes that run one after the other (a GAN's two models) still migrate.
+(Where each arm holds only its ``initialize``, the chain is one ``initialize`` under the flag:
+``test_initialize_chain_under_a_flag``.)"""
 from __future__ import annotations
 
 import textwrap
@@ -26,6 +28,7 @@ def train(args, pre, gen, dis, opt_g, opt_d, batches):
 """
 APART = {
     "if_else": "if not args.gt:\n    [pre, gen, dis], [opt_g, opt_d] = amp.initialize([pre, gen, dis], [opt_g, opt_d], opt_level='O1')\n"
+               "    pre.eval()\n"
                "else:\n    [gen, dis], [opt_g, opt_d] = amp.initialize([gen, dis], [opt_g, opt_d], opt_level='O1')",
     "elif": "if args.gt:\n    [gen, dis], [opt_g, opt_d] = amp.initialize([gen, dis], [opt_g, opt_d], opt_level='O1')\n"
             "elif args.pre:\n    [pre, gen, dis], [opt_g, opt_d] = amp.initialize([pre, gen, dis], [opt_g, opt_d], opt_level='O1')",
