@@ -86,11 +86,24 @@ def _hands_on(tree: FileTree, call: cst.Call, holders: frozenset[str]) -> bool:
         return False
     if "grad" in nodes.call_name(call).lower() and grad_readers.names_a_gradient_flag(nodes.call_name(call)):
         return False  # `set_requires_grad(nets, False)`: it turns the flag, whatever it is handed
-    if any(nodes.code(arg.value) in holders for arg in call.args):
+    if any(_holds(arg.value, holders) for arg in call.args):
         return True
     return any(
         argument in holders for making in _makings(tree, call) for argument in _handed(tree, making)
     )
+
+
+def _holds(value: cst.BaseExpression, holders: frozenset[str]) -> bool:
+    """Whether ``value`` is one of ``holders``, or a part of a model among them (``model.module_list``,
+    ``self.model.backbone``: its parameters' gradients are there); not another attribute of ``self``
+    (``self.iteration``)."""
+    if nodes.code(value) in holders:
+        return True
+    while type(value) is cst.Attribute:
+        value = value.value
+        if nodes.code(value) in holders:
+            return nodes.code(value) != "self"
+    return False
 
 
 def _method_of_own_class(tree: FileTree, call: cst.Call) -> cst.FunctionDef | None:

@@ -1,6 +1,7 @@
 """Gradients read out of the training function's sight between the scaled backward and the step:
 in a helper of the file, or by code the file does not show that is handed what holds them
-(callbacks given the trainer, a handler made with it, a hook given the model). apex unscaled as
+(callbacks given the trainer, a handler made with it, a hook given the model or a part of it: a
+sparsity term added to a layer's gradient). apex unscaled as
 ``scale_loss`` exited, so they saw true gradients; the rewrite must ``unscale_`` before them.
 Judged by running the rewrite on the CPU: with mixed precision on, a clipping callback must move
 the weights as it does with it off (before, it clipped scaled gradients: ~65,000x too small)."""
@@ -80,6 +81,8 @@ BETWEEN = {
     "an object of a class of the file, made in the function": ("norms.update()", True),
     "an object made by code not shown, handed the model": ("self.regularizer.update()", True),
     "a closure that clips": ("def clip_now():\n    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\nclip_now()", True),
+    "code not shown handed a part of the model": ("add_sparsity(self.model.weight, 0.5)", True),
+    "code not shown handed another attribute of the trainer": ("self.logger.info(self.use_amp)", False),
     "a helper that only logs": ("self.note()", False),
     "a logger made without the trainer": ("self.logger.info('backward done')", False),
 }
@@ -118,8 +121,12 @@ class Regularizer:  # code the file does not show, made with the model: it clips
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
 
 
+def add_sparsity(weight, strength):  # code the file does not show, handed a part of the model: a sparsity term on its gradient
+    weight.grad.add_(strength * torch.sign(weight.detach()))
+
+
 def _update(source: str, use_amp: bool) -> float:
-    namespace = {"Handler": Handler, "Logger": Logger, "make_regularizer": Regularizer}
+    namespace = {"Handler": Handler, "Logger": Logger, "make_regularizer": Regularizer, "add_sparsity": add_sparsity}
     exec(compile(source, "trainer.py", "exec"), namespace)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
