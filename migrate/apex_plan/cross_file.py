@@ -1,16 +1,15 @@
 """One half of apex amp in this file, the other half in another: planned with that half's facts."""
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
-from migrate import quiet
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.scaler_options import constant_option
 from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved, inference_step
 from migrate.apex_plan.vocabulary import (
     COMPUTED_LEVEL,
@@ -271,13 +270,3 @@ def switch_name(test: cst.BaseExpression) -> str | None:
     if isinstance(test, cst.Subscript) and len(test.slice) == 1 and isinstance(test.slice[0].slice, cst.Index):
         return nodes.literal_string(test.slice[0].slice.value)
     return None
-
-
-def constant_option(expression: str) -> bool:
-    """Whether a GradScaler argument's value names nothing (``128.0``, ``2**31 - 1``): one that
-    reads the script's variables cannot be moved to another module's top level."""
-    try:
-        tree = quiet.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        return False
-    return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) for node in ast.walk(tree))

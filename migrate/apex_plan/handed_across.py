@@ -22,7 +22,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.cross_file import constant_option
+from migrate.apex_plan.scaler_options import constant_option
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import halved

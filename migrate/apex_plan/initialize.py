@@ -10,7 +10,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.module_fallbacks import only_module_fallbacks
-from migrate.apex_plan.scaler_options import scaler_options
+from migrate.apex_plan.scaler_options import read_where, scaler_options
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, body_through_withs, read_names
 from migrate.apex_plan.vocabulary import (
@@ -28,7 +28,6 @@ from migrate.apex_plan.vocabulary import (
     operand,
     same_places,
 )
-from migrate.tree_walk import descendants
 
 
 class InitializePlanning(Step):
@@ -271,7 +270,9 @@ class InitializePlanning(Step):
                 lines.append(f"global {self.setup.scaler}")
             lines += [] if reinitialize else self._run_time_checks(init, hoist)
             enabled = self._enabled_expression(init, hoist)
-            options = ['"cuda"', *init.scaler_args, *([f"enabled={enabled}"] if enabled else [])]
+            # made before `hoist`, an option read at run time is read where the flag holds, as apex read it
+            arguments = init.scaler_args if hoist is None else read_where(init.scaler_args, conjunction(self._flags(init, hoist)))
+            options = ['"cuda"', *arguments, *([f"enabled={enabled}"] if enabled else [])]
             line = f"{self.setup.scaler} = torch.amp.GradScaler({', '.join(options)})"
             room = self.tree.line_limit - self.tree.line_indent(hoist or init.statement)
             if len(line) > room:  # one option a line, as a formatter would put them

@@ -1,11 +1,15 @@
 """GradScaler's arguments for the options of one ``amp.initialize`` call, read before any plan."""
 from __future__ import annotations
 
+import ast
+
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import libcst as cst
 
 from migrate import apex_nodes as nodes
+from migrate import quiet
 from migrate.apex_plan.vocabulary import NEVER, NO_NATIVE_OPTION, O2_O3_OPTIONS, ScaleBounds, float_text, run_time_scale
 
 
@@ -81,3 +85,41 @@ def scaler_options(call: cst.Call, o0_or_o1: bool) -> ScalerOptions:
                       "apex raised the scale to the floor after an overflow, past the cap")
         bounds = ScaleBounds()
     return ScalerOptions(options, merges_losses, bounds, unsafe)
+
+
+def constant_option(expression: str) -> bool:
+    """Whether a GradScaler argument's value names nothing (``128.0``, ``2**31 - 1``): one that
+    reads the script's variables cannot be moved to another module's top level."""
+    try:
+        tree = quiet.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) for node in ast.walk(tree))
+
+
+# GradScaler's own values: where its scaler is off, what it is given does not matter
+_DEFAULTS = {"init_scale": "2.0**16", "growth_interval": "2000", "growth_factor": "2.0", "backoff_factor": "0.5"}
+
+
+def read_where(arguments: Sequence[str], flags: str) -> list[str]:
+    """GradScaler's ``arguments`` for a scaler made before the ``if`` whose test (``flags``) said
+    whether apex ran: one read from a section of a config (``params['amp']['loss_scale']``,
+    ``cfg.amp.loss_scale``) is read only where it holds, as apex read it (a config without that
+    section ran where it did not); an option of the parsed arguments (``args.loss_scale``) is
+    always there."""
+    found = []
+    for argument in arguments:
+        name, value = argument.split("=", 1)
+        default = _DEFAULTS.get(name)
+        found.append(f"{name}=({value}) if {flags} else {default}" if default is not None and _from_a_section(value) else argument)
+    return found
+
+
+def _from_a_section(expression: str) -> bool:
+    """Whether ``expression`` reads an item (``params['amp']``) or an attribute of an attribute (``cfg.amp.loss_scale``)."""
+    try:
+        tree = quiet.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        return True
+    return any(isinstance(node, ast.Subscript) or isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+               for node in ast.walk(tree))
