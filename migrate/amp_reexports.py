@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from migrate import quiet
-from migrate.files import project_root
+from migrate.halves import shown
 from migrate.importers import top_level_statements
 from migrate.module_paths import PROJECT_FOLDERS_UP, find_on_disk, parsed_module
 from migrate.prefilter import AMP_API
@@ -42,8 +42,7 @@ def reexported(texts: Mapping[Path, str]) -> dict[Path, tuple[tuple[str, str], .
             tree = quiet.parse(text)
         except (SyntaxError, ValueError):
             continue
-        root = project_root(path)
-        names = {(name, _relative(module, root)) for name, module in _dotted_names(path.resolve(), tree, bound)}
+        names = {(name, shown(module)) for name, module in _dotted_names(path.resolve(), tree, bound)}
         if names:
             found[path] = tuple(sorted(names))
     return found
@@ -113,10 +112,3 @@ def _module(importer: Path, level: int, parts: list[str]) -> Path | None:
         return None
     found = find_on_disk(importer, level, parts, PROJECT_FOLDERS_UP)
     return found.resolve() if found is not None and found.resolve() != importer else None
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()

@@ -165,8 +165,12 @@ def reads_amp_api(text: str) -> bool:
     """Whether ``text`` may read apex amp's API through a name (``amp.initialize``, ``A.scale_loss``
     after ``from utils.amp_compat import apex_amp as A``): it names one only apex's amp has, or
     says ``amp`` (in any word) and one of the others."""
-    return (any(_holds_word(text, name) for name in _AMP_OWN_NAMES)
-            or "amp" in text and any(_holds_word(text, name) for name in AMP_API))
+    return _names_amp_own(text) or "amp" in text and any(_holds_word(text, name) for name in AMP_API)
+
+
+def _names_amp_own(content: bytes | str) -> bool:
+    """Whether ``content`` says one of the names only apex's amp has (``scale_loss``, ``float_function``)."""
+    return any(_holds_word(content, name) for name in _AMP_OWN_NAMES)
 
 
 def _may_hold_a_shape(content: bytes | str) -> bool:
@@ -175,7 +179,7 @@ def _may_hold_a_shape(content: bytes | str) -> bool:
     Searched for as literals, a fraction of the time of a regex or of parsing."""
     return (any(_holds_word(content, word) for word in (*_APEX_NAMES, *_IMPORT_ERRORS, *_STEP_CALLS, "training_step"))
             or (_SCALER_CALL_BYTES if isinstance(content, bytes) else _SCALER_CALL).search(content) is not None
-            or any(_holds_word(content, name) for name in _AMP_OWN_NAMES)
+            or _names_amp_own(content)
             or (_holds_word(content, "amp") and any(_holds_word(content, call) for call in AMP_API))
             or (_APEX_FLAG_SET_BYTES if isinstance(content, bytes) else _APEX_FLAG_SET).search(content) is not None)
 
