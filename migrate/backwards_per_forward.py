@@ -12,15 +12,26 @@ forward's result flows into, statement by statement in source order, and gives t
 backward passes reading it that can run in the same pass: not in two arms of one ``if``. One in
 a loop that the forward pass is outside counts twice. A value under ``.detach()``, or computed
 under ``torch.no_grad()``, carries nothing back (a GAN's discriminator loss on ``fake.detach()``).
+
+``differing_forwards(module, model)`` is the other way round: two forward passes that one backward
+pass reads, called with different options (``net(x, task="semantic")``, then ``net(y,
+task="traversability")``). They may run different parts of the model, and torch's DDP finding
+unused parameters, which searches the graph from the last forward pass only, takes what only the
+first ran for unused, then raises when its gradient comes ("Expected to mark a variable ready only
+once"). Two passes called alike (a siamese network's ``net(a)``, ``net(b)``) run the same parts.
 """
 from __future__ import annotations
 
-import libcst as cst
+from pathlib import Path
 
-from migrate import apex_nodes as nodes
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from migrate import apex_nodes as nodes, disk_reads
+from migrate.files import in_project, project_files_saying, project_root
 from migrate.tree_walk import descendants
 
-__all__ = ["second_backward"]
+__all__ = ["differing_forwards", "forwards_in_callers", "second_backward"]
 
 _LOOPS = (cst.For, cst.While)
 
@@ -47,6 +58,81 @@ def second_backward(module: cst.Module, model: str) -> tuple[cst.CSTNode, cst.CS
             if pair is not None:
                 return pair
     return None
+
+
+def differing_forwards(module: cst.Module, model: str) -> tuple[cst.Call, cst.Call] | None:
+    """Two forward passes (calls of ``model``) with different options that one backward pass reads, or None."""
+    last = model.rsplit(".", 1)[-1]
+    scopes = [module, *(node for node in descendants(module) if type(node) is cst.FunctionDef)]
+    for scope in scopes:
+        statements = list(_statements(scope))
+        read_by: dict[int, list[tuple[cst.Call, tuple]]] = {}  # a backward call's id -> the forward calls it reads
+        for index, (statement, path) in enumerate(statements):
+            forwards = _forward_calls(statement, model, last)
+            if not forwards or _no_grad(path):
+                continue
+            carried = set(_targets(statement))
+            for later, later_path in statements[index + 1:]:
+                call = _backward_reading(later, carried)
+                if call is not None:
+                    read_by.setdefault(id(call), []).extend((forward, path) for forward in forwards)
+                _carry(later, carried, _no_grad(later_path))
+        for forwards in read_by.values():
+            for i, (first, first_path) in enumerate(forwards):
+                for second, second_path in forwards[i + 1:]:
+                    if _options(first) != _options(second) and _together([(first, first_path), (second, second_path)]):
+                        return first, second
+    return None
+
+
+def forwards_in_callers(filename: str, function: str) -> list[tuple[str, tuple[int, int]]]:
+    """``differing_forwards`` in the other files of the project holding ``filename`` through the names
+    they assign a call of ``function`` to (``net = network.wrap(net)``), each as the file's path
+    from the project's root (``"train.py: "``) and the two lines."""
+    path = Path(filename)
+    if path.suffix != ".py" or not path.is_file():
+        return []
+    return _forwards_in_callers(project_root(path), path.resolve(), function)
+
+
+@disk_reads.cached(maxsize=64)
+def _forwards_in_callers(root: Path, own: Path, function: str) -> list[tuple[str, tuple[int, int]]]:
+    found: list[tuple[str, tuple[int, int]]] = []
+    for path, data in project_files_saying(root, f"{function}(".encode()):
+        if path.resolve() == own or not in_project(path, root):
+            continue
+        try:
+            wrapper = MetadataWrapper(cst.parse_module(data.decode("utf-8")), unsafe_skip_copy=True)
+        except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError):
+            continue
+        names = {nodes.code(node.targets[0].target) for node in descendants(wrapper.module)
+                 if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call
+                 and nodes.call_name(node.value) == function}
+        for name in sorted(names):
+            pair = differing_forwards(wrapper.module, name)
+            if pair is not None:
+                positions = wrapper.resolve(PositionProvider)
+                found.append((f"{path.relative_to(root).as_posix()}: ", tuple(positions[node].start.line for node in pair)))
+                break
+    return found
+
+
+def _forward_calls(statement: cst.CSTNode, model: str, last: str) -> list[cst.Call]:
+    if not _forward_of(statement, model, last):
+        return []
+    return [node for node in descendants(statement, nodes.not_a_definition) if type(node) is cst.Call
+            and (nodes.code(node.func) == model or nodes.code(node.func).rsplit(".", 1)[-1] == last)]
+
+
+def _options(call: cst.Call) -> tuple:
+    """What tells a forward pass's path through the model: its keywords, each literal's value
+    (``task="semantic"``, ``True``), and how many positional values it is given; not the data (``gts=labels``)."""
+    def literal(value: cst.BaseExpression) -> str | None:
+        plain = isinstance(value, (cst.SimpleString, cst.Integer, cst.Float)) or (
+            type(value) is cst.Name and value.value in ("True", "False", "None"))
+        return nodes.code(value) if plain else None
+    positional = tuple(literal(arg.value) for arg in call.args if arg.keyword is None)
+    return positional, sorted((arg.keyword.value, literal(arg.value)) for arg in call.args if arg.keyword is not None)
 
 
 def _statements(scope: cst.CSTNode, path: tuple = ()):

@@ -97,7 +97,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     tolerated as in apex, which bucketed only those the first backward pass reached (with
     ``delay_allreduce``, whatever got one): ``find_unused_parameters=True`` either way. torch's
     DDP then raises at a reentrant activation checkpoint (``checkpoint(block, x)``), whose
-    parameters its search of the graph does not see; ``AMPSHIM_DDP_GRAPH=static`` chooses
+    parameters its search of the graph does not see, and where two forward passes run different
+    parts before one backward pass (the search starts from the last); ``AMPSHIM_DDP_GRAPH=static`` chooses
     ``static_graph=True`` instead, which runs them where the same parameters get gradients every
     pass and the first pass synchronises (not under ``disable_allreduce()``), as the code stands.
     ``num_allreduce_streams``, ``allreduce_communicators``, ``allreduce_trigger_params``,

@@ -1,12 +1,14 @@
 """AMP010: ``apex.parallel.DistributedDataParallel`` -> ``torch.nn.parallel.DistributedDataParallel``."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from migrate import apex_nodes as nodes
 from migrate.activation_checkpoints import reentrant_in_project
-from migrate.backwards_per_forward import second_backward
+from migrate.backwards_per_forward import differing_forwards, forwards_in_callers, second_backward
 from migrate.rule import Invalid, Valid
 from migrate.rules._apex_rename import ApexRename, NativeCall, NoFix, without_native
 from migrate.tree_walk import descendants
@@ -58,7 +60,12 @@ class ApexDistributedDataParallel(ApexRename):
     Reported where one forward pass through the wrapped model takes several backward passes in the
     same iteration (``losses = net(x)``, the main loss's backward pass, then each discriminator
     loss's): apex all-reduced after each, where torch's DDP reduces once per forward pass (finding
-    unused parameters, it raises at the second).
+    unused parameters, it raises at the second). Reported, too, where one backward pass reads two
+    forward passes through the wrapped model called with different options (``net(x, task="semantic")``,
+    then ``net(y, task="depth")``; also in a file of the project assigning a call of the function
+    that returns the wrapped model): torch's DDP looks for unused parameters from the last forward
+    pass only, and raises when a gradient comes to a part only the first ran. Two passes called
+    alike (a siamese pair) run the same parts, and are rewritten.
 
     Options:
     None.
@@ -126,12 +133,36 @@ class ApexDistributedDataParallel(ApexRename):
     def _second_backward(self, call: cst.Call) -> str | None:
         """Why not, where one forward pass through the wrapped model takes two backward passes."""
         pair = next(filter(None, (second_backward(self._module, name) for name in self._wrapped_names(call))), None)
-        if pair is None:
-            return None
-        first, second = (self.get_metadata(PositionProvider, node).start.line for node in pair)
-        return (f"one forward pass through the wrapped model takes several backward passes (lines {first} and {second}): "
-                "apex all-reduced the gradients after each, where torch's DDP reduces once per forward pass (finding "
-                "unused parameters, it raises at the second); wrap it by hand, e.g. one forward pass per backward pass")
+        if pair is not None:
+            first, second = (self.get_metadata(PositionProvider, node).start.line for node in pair)
+            return (f"one forward pass through the wrapped model takes several backward passes (lines {first} and {second}): "
+                    "apex all-reduced the gradients after each, where torch's DDP reduces once per forward pass (finding "
+                    "unused parameters, it raises at the second); wrap it by hand, e.g. one forward pass per backward pass")
+        for where, (first, second) in self._differing_forwards(call):
+            return (f"one backward pass reads two forward passes through the wrapped model called with different options "
+                    f"({where}lines {first} and {second}): torch's DDP finding unused parameters, as apex tolerated them, "
+                    "looks for them from the last forward pass only, and raises where the first ran parts the last did not "
+                    "('Expected to mark a variable ready only once'); wrap it by hand with `static_graph=True`, or "
+                    "`find_unused_parameters=False` where every parameter gets a gradient")
+        return None
+
+    def _differing_forwards(self, call: cst.Call) -> Iterator[tuple[str, tuple[int, int]]]:
+        """Two forward passes with different options one backward pass reads, as their lines: in this
+        file, then in the project's files assigning a call of the function returning the wrapped
+        model (``net = network.wrap_network_in_dataparallel(net, args.apex)``), with their path."""
+        for name in self._wrapped_names(call):
+            pair = differing_forwards(self._module, name)
+            if pair is not None:
+                yield "", tuple(self.get_metadata(PositionProvider, node).start.line for node in pair)
+        returner = self._returning_function(call)
+        if returner is not None:
+            yield from forwards_in_callers(self.context.filename, returner)
+
+    def _returning_function(self, call: cst.Call) -> str | None:
+        owner = self.get_metadata(ParentNodeProvider, call, None)
+        while owner is not None and not isinstance(owner, cst.FunctionDef):
+            owner = self.get_metadata(ParentNodeProvider, owner, None)
+        return None if owner is None else owner.name.value
 
     def _wrapped_names(self, call: cst.Call) -> list[str]:
         """What the wrapped model is called where it runs: the name it is assigned to (``net =

@@ -208,6 +208,38 @@ def test_a_reentrant_checkpoint_needs_the_static_graph_setting(world_of_one, mon
     assert all(p.grad is not None for p in model.parameters())
 
 
+class _TwoHeads(torch.nn.Module):
+    """A multi-task net: one body, a head per task, the task chosen at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+
+    def forward(self, x, task):
+        return (self.a if task == "a" else self.b)(self.body(x)).sum()
+
+
+def test_forward_passes_through_different_heads_before_one_backward_need_the_static_graph_setting(
+        world_of_one, monkeypatch):
+    """torch's search for unused parameters starts from the last forward pass only: the first task's
+    head, reached by the first, is taken for unused and raises when its gradient comes (the
+    documented limit, as for torch's own DDP); the setting trains it, with every head's gradient."""
+    model = DistributedDataParallel(_TwoHeads())
+    with pytest.raises(RuntimeError, match="mark a variable ready only once"):
+        (model(torch.ones(2, 3), task="a") + model(torch.ones(2, 3), task="b")).backward()
+    monkeypatch.setenv("AMPSHIM_DDP_GRAPH", "static")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(_TwoHeads())
+    twin = copy.deepcopy(model.module)
+    for _ in range(2):
+        model.zero_grad()
+        twin.zero_grad()
+        (model(torch.ones(2, 3), task="a") + model(torch.ones(2, 3), task="b")).backward()
+        (twin(torch.ones(2, 3), task="a") + twin(torch.ones(2, 3), task="b")).backward()
+    for p, q in zip(model.module.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_an_unknown_ddp_graph_setting_is_named(world_of_one, monkeypatch):
     monkeypatch.setenv("AMPSHIM_DDP_GRAPH", "dynamic")
     with pytest.raises(ValueError, match="AMPSHIM_DDP_GRAPH='dynamic'.*'unused'.*'static'"):
