@@ -113,8 +113,13 @@ class ApexSyncBatchNorm(ApexRename):
         scope = function or self._module
         # a method converting the model after its class's `__init__` made the optimizer runs later
         init = self._init_before(function)
-        for node in [*descendants(scope), *(descendants(init) if init is not None else ())]:
-            if isinstance(node, cst.Call) and _makes_an_optimizer(node) and (
+        makers = self._makers()
+
+        def runs_there(node: cst.CSTNode) -> bool:  # not the body of a function defined there
+            return node is scope or node is init or nodes.not_a_definition(node)
+
+        for node in [*descendants(scope, runs_there), *(descendants(init, runs_there) if init is not None else ())]:
+            if isinstance(node, cst.Call) and (_makes_an_optimizer(node) or nodes.call_name(node) in makers) and (
                     self.get_metadata(PositionProvider, node).start.line < line or init is not None and self._inside(node, init)):
                 made = self.get_metadata(PositionProvider, node).start.line
                 return f"the optimizer made at line {made}, before the conversion, held the old BatchNorm parameters: {_APEX_NEW_PARAMETERS}"
@@ -137,6 +142,12 @@ class ApexSyncBatchNorm(ApexRename):
             return (f"parameters are frozen ({frozen}): apex's converted BatchNorm layers got new parameters that "
                     "require gradients, so a frozen BatchNorm weight trained under apex; torch's keeps it frozen")
         return ""
+
+    def _makers(self) -> set[str]:
+        """The file's functions making an optimizer when called (``def build(model): return
+        optim.SGD(...)``, or through a helper defined in it), by name."""
+        return {statement.name.value for statement in self._module.body if isinstance(statement, cst.FunctionDef)
+                and any(isinstance(node, cst.Call) and _makes_an_optimizer(node) for node in descendants(statement.body))}
 
     def _optimizer_handed_before(self, function: cst.FunctionDef | None, call: cst.Call) -> str:
         """Why an optimizer existed before the conversion, handed in: a parameter of the converting
@@ -262,7 +273,12 @@ def _makes_an_optimizer(call: cst.Call) -> bool:
     """``torch.optim.SGD(...)``, ``optim.Adam(...)``, ``apex.optimizers.FusedAdam(...)``,
     ``create_optimizer(cfg, model)``: a class of an optimizer module, or a function named for
     making one; not ``model.get_optim_policies()``, a scheduler, nor a method of an optimizer."""
-    *path, last = nodes.code(call.func).lower().split(".")
+    *path, last = nodes.code(call.func).split(".")
+    path, lowered = [part.lower() for part in path], last.lower()
+    if "sched" in lowered or any("sched" in part for part in path):
+        return False
     if any(part in ("optim", "optimizer", "optimizers") for part in path):
-        return "sched" not in last and last not in {"step", "zero_grad", "state_dict", "load_state_dict", "add_param_group"}
-    return "optimizer" in last and "state" not in last
+        # a class (SGD, FusedAdam) or a maker (optimizer.get_optimizer: a module of that name); not
+        # a method of an optimizer (optimizer.first_step, optimizer.step)
+        return last[:1].isupper() or "optim" in lowered and "state" not in lowered
+    return "optimizer" in lowered and "state" not in lowered

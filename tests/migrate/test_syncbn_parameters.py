@@ -230,3 +230,34 @@ def test_another_script_converting_its_own_model_is_not_cited(tmp_path):
     (tmp_path / "model.py").write_text("def build(net):\n    net.bn.weight.requires_grad = False\n    return net\n")
     results = migrate_paths([str(tmp_path / "train.py")], write=False)
     assert "model.py:2" in amp011(results[0]).fix.why_unsafe
+
+
+# what a script defines or calls before its module-level conversion: does an optimizer exist then?
+BEFORE_A_SCRIPTS_CONVERSION = {
+    # a training function defined above, run later: its optimizer calls are no optimizer made
+    "method_in_a_function": ("def train(model, optimizer):\n    optimizer.first_step(zero_grad=True)\n"
+                             "    optimizer.step()\n\n\n", False),
+    "maker_in_a_function": ("def build(model):\n    return optim.SGD(model.parameters(), lr=0.1)\n\n\n", False),
+    "scheduler_in_a_function": ("def schedule(optimizer):\n    return torch.optim.lr_scheduler.StepLR(optimizer, 3)\n\n\n", False),
+    # the same function called before the conversion makes it
+    "maker_called": ("def build(model):\n    return optim.SGD(model.parameters(), lr=0.1)\n\n\noptimizer = build(model)\n", True),
+    "maker_in_a_nested_helper_called": ("def build(model):\n    def make():\n        return optim.SGD(model.parameters())\n"
+                                        "    return make()\n\n\noptimizer = build(model)\n", True),
+    "module_maker": ("optimizer = optim.Adam(model.parameters())\n", True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEFORE_A_SCRIPTS_CONVERSION))
+@pytest.mark.parametrize("sam", [False, True])
+def test_only_an_optimizer_made_before_a_scripts_conversion_is_cited(case, sam):
+    before, made = BEFORE_A_SCRIPTS_CONVERSION[case]
+    after = ("optimizer = SAM(model.parameters(), optim.SGD, lr=0.1)\n" if sam
+             else "optimizer = optim.SGD(model.parameters(), lr=0.1)\n")
+    source = ("import torch\nimport torch.optim as optim\nimport apex\n\nmodel = torch.nn.BatchNorm1d(3)\n" + before
+              + "model = apex.parallel.convert_syncbn_model(model)\n" + after)
+    compile(source, "train.py", "exec")
+    found = amp011(migrate_source(source, filename="train.py"))
+    assert (found.fix.applicability.name == "SAFE") is not made, found.fix.why_unsafe
+    if made:
+        line = 1 + source.splitlines().index(next(line for line in source.splitlines() if line.startswith("optimizer = ")))
+        assert f"made at line {line}" in found.fix.why_unsafe, found.fix.why_unsafe
