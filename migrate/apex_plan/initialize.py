@@ -414,7 +414,13 @@ class InitializePlanning(Step):
         # scaler made before the `if` would be made again, disabled, over the live one (a setting
         # read from one, `args.fp16`, is the run's)
         per_call = scope != "local" and flag is not None and tests_a_parameter(self.tree, flag)
-        if flag is not None and not reads_block and not per_call:
+        # a local made before the `if` set in another block (`else:` of `if torch.cuda.device_count()
+        # > 1:`) that its users are not all in would not exist on the other paths (an `initialize`
+        # in every arm makes one in each: `several_initialize`; an attribute has its stand-ins)
+        unchecked = scope != "local" or len(self.sites.calls["initialize"]) > 1 or flag is None
+        reaches = unchecked or body_through_withs(self.tree.parent, flag) is not None or all(
+            self.tree.inside(site, self.tree.parent.get(id(flag))) for site in sites)
+        if flag is not None and not reads_block and not per_call and reaches:
             alone = len(block.body) == 1 and init.restore is None and flag.orelse is None
             if nodes.is_pure(flag.test) or alone:
                 return flag, stand_in, False
