@@ -47,7 +47,8 @@ dependence: no import cycle):
   of the function's sight, ``hidden_readers``: a helper, a closure, an object of the file's class
   or one made with the model;
   ``master_params``; ``optimizer_params``: the model's ``parameters()`` where the
-  optimizer holds exactly them), ``steps`` (``scale_loss`` and the optimizer steps after it; ``delay_flags``: a local
+  optimizer holds exactly them; ``scaled_readers``: reads inside ``amp.scale_loss``, kept scaled,
+  unsafe where earlier backward passes' gradients are there too), ``steps`` (``scale_loss`` and the optimizer steps after it; ``delay_flags``: a local
   that only fed its ``delay_unscale``, gone with it;
   ``step_sites``: where an optimizer steps, in a statement, the file, or the callers handing a
   function the optimizer it scales for; ``late_backwards``: a plain backward pass after the

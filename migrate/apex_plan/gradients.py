@@ -11,7 +11,7 @@ from migrate.apex_plan.conditions import StepConditions, delayed_unscale, on_del
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached, reads_grads
 from migrate.apex_plan.optimizer_params import model_parameters
-from migrate.apex_plan.syntax import backward_calls, with_first_line_comment, with_inner_line_comment
+from migrate.apex_plan.syntax import backward_calls, with_first_line_comment
 from migrate.apex_plan.vocabulary import (
     EACH,
     MASTER_COPIES,
@@ -19,13 +19,11 @@ from migrate.apex_plan.vocabulary import (
     NORM_OF_SCALED_MARK,
     SCALE_AWARE_MARK,
     SCALE_LOSS,
-    SCALED_READER_MARK,
     ScaleLossSite,
     Unplannable,
     alias_present,
 )
 from migrate.flow.control import Edge, Graph
-from migrate.step_model.vocabulary import reads_gradients_in
 from migrate.tree_walk import descendants
 
 
@@ -246,34 +244,6 @@ class GradientPlanning(Step):
             if isinstance(elements, (cst.List, cst.Tuple)):
                 return "\n".join(f"{scaler}.unscale_({nodes.code(element.value)})" for element in elements.elements)
         return f"{scaler}.unscale_({optimizer})"
-
-    def mark_scaled_readers(self, scales: list[ScaleLossSite]) -> None:
-        """What reads gradients inside ``amp.scale_loss``, after its backward, read scaled ones:
-        apex unscaled them only on leaving the block. Kept so, and marked ``# noqa: AMP101`` to
-        say it, so that the lint does not unscale them before it on a later run."""
-        if self.setup.o0:
-            return  # nothing is scaled
-        keep = frozenset(self.draft.replacements)
-        for scale in scales:
-            entry = self.draft.replacements.get(id(scale.statement))
-            if entry is None or not isinstance(entry[1], cst.FlattenSentinel):
-                continue  # the block was only its backward
-            readers, backward_seen = set(), False
-            for statement in scale.body:
-                # as AMP101 counts reads: where it would report nothing, an unused `noqa` is noise
-                if backward_seen and reads_gradients_in(statement) and id(statement) not in keep:
-                    readers.add(id(statement))
-                backward_seen = backward_seen or bool(backward_calls(statement))
-            if readers:
-                # AMP101 makes one finding of the reads after one backward: the first carries the mark
-                first = next(id(part) for part in entry[1].nodes if id(part) in readers)
-                # where AMP101 has no fix it reports the read itself, inside the block: its line has
-                # the `noqa` too, and the run's unused-noqa pass drops the one that suppressed nothing
-                noqa = SCALED_READER_MARK[:SCALED_READER_MARK.index(" reads")]
-                parts = [with_inner_line_comment(with_first_line_comment(part, SCALED_READER_MARK, keep), noqa,
-                                                 reads_gradients_in, keep) if id(part) == first else part
-                         for part in entry[1].nodes]
-                self.draft.replace(scale.statement, cst.FlattenSentinel(parts))
 
     def _plan_scale_aware(self, scale: ScaleLossSite, clips: list[tuple[cst.Call, str | None]], marker: str | None = None) -> None:
         """Clips where the step may not follow work on the scaled gradients (see ``grad_readers``);

@@ -24,6 +24,7 @@ from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.kept_elsewhere import kept_elsewhere_reasons
 from migrate.apex_plan.module_reads import ModuleReadPlanning
 from migrate.apex_plan.per_loss import LOSSES_MERGED, LossesShareAStep, scalers_per_loss
+from migrate.apex_plan.scaled_readers import ScaledReaderPlanning
 from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
@@ -455,7 +456,7 @@ class Planner:
 
     def _emit(self, writing: Context, scales: list[ScaleLossSite]) -> None:
         self._mark_unsafe(scales)
-        GradientPlanning(writing).mark_scaled_readers(scales)
+        ScaledReaderPlanning(writing).mark_scaled_readers(scales)
         for scale in scales:
             scaler = self.setup.loss_scalers.get(id(scale.call), self.setup.scaler)
             fix = f"Use `{scaler}.scale(loss).backward()`" if not self.setup.o0 else "Use `loss.backward()` (O0: no scaling)"

@@ -69,8 +69,14 @@ def test_the_mark_stands_where_amp101_reports(read, block, step, unsafe):
     result = migrate_source(source, "train.py", unsafe_fixes=unsafe)
     assert result.error is None, result.error
     migrated = result.new_source
+    # gradients handed to a helper (which may change them) at a boundary step: apex had set the
+    # earlier micro-batches' aside in the block (test_scaled_reads_under_accumulation)
+    aside = read == "helper_after" and step == "boundary"
+    if aside and not unsafe:
+        assert migrated == source
+        return
     assert "from apex" not in migrated, migrated
     assert migrated.count("# noqa: AMP101") == 1, migrated
     assert migrated.count("# reads scaled gradients, as apex did inside amp.scale_loss") == 1, migrated
     again = migrate_source(migrated, "train.py", fix=False)
-    assert [(d.code, d.message) for d in again.diagnostics] == [], migrated
+    assert [d.code for d in again.diagnostics] == (["AMP017"] if aside else []), migrated
