@@ -164,7 +164,9 @@ class DetachedForwardPlanning(Step):
         the training's course."""
         if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1 or type(statement.body[0]) is not cst.Assign:
             return False
-        handed = any(type(node) is cst.Call and any(read_names(arg.value) & models for arg in node.args)
+        # the model itself handed on, not what a method of it gives (`clip_grad_norm_(net.parameters(), 1.0)`)
+        handed = any(type(node) is cst.Call and any(type(arg.value) is not cst.Call and read_names(arg.value) & models
+                                                    for arg in node.args)
                      for node in descendants(statement.body[0].value, nodes.not_a_definition)
                      ) or self.tree.calls_model(statement, models, self.sites.ids)  # `self.evaluate(val_data)`
         # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region

@@ -152,6 +152,18 @@ def test_an_evaluation_that_only_reports_stays_outside(report):
     assert not head.rstrip().endswith("):") or "autocast" not in head.rstrip().splitlines()[-1], new
 
 
+@pytest.mark.parametrize("call", ["total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+                                  "total = norm_of(model.parameters(), p=2)", "total = norm_of(list(model.parameters()))"])
+def test_a_call_given_what_a_method_of_the_model_returns_is_no_evaluation(call):
+    """A clip of the model's parameters, its value steering a scheduler: no forward pass runs
+    there, and nothing goes under autocast (a trainer's clip in its float32 branch did)."""
+    source = SCRIPT.format(evaluation=f"        {call}\n        scheduler.step(total)")
+    new = migrate_source(source, "train.py").new_source
+    assert "from apex" not in new, new
+    head = new.partition(call)[0]
+    assert "autocast" not in head.rstrip().splitlines()[-1], new
+
+
 def test_a_steering_call_that_trains_stays_outside():
     """A call reaching a backward pass is a training step of its own: inside an outer region its
     step would leave autocast's cached float16 weights stale for the passes after it."""
