@@ -225,6 +225,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     apex amp, which files it is linked to keep scaling losses with apex (``migrate.scale_kept``); for
     one reading apex amp's API through a name, the modules of its project handing it out
     (``migrate.amp_reexports``). ``apex_texts``: the texts ``triage`` kept."""
+    # by path: the triage hands them back in the order its workers finish
+    apex_texts = dict(sorted(apex_texts.items()))
     reading_amp = {path: text for path, text in apex_texts.items() if reads_amp_api(text)}
     apex_texts = {path: text for path, text in apex_texts.items() if "apex" in text or sets_apex_flag(text)}
     if reading_amp:

@@ -64,7 +64,8 @@ def _paired(scale: Half, pairs: Mapping[Path, Pairing], facts: Callable) -> dict
     each takes the scale half's facts."""
     from migrate.apex_plan.vocabulary import HalfFacts, Partner
 
-    initializers = [pairs[scale.path].other, *pairs[scale.path].also]
+    # in a fixed order, whatever order the run read them in: the first names the pair in the reasons
+    initializers = sorted([pairs[scale.path].other, *pairs[scale.path].also], key=lambda half: str(half.path))
     if any(pairs.get(half.path) is None for half in initializers):
         return {}
     first = initializers[0]
