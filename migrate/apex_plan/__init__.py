@@ -66,7 +66,8 @@ dependence: no import cycle):
   inference, or the unused legacy ``amp.init()`` handle of a script with nothing else of apex amp:
   the lines after it under autocast; ``unused_optimizers``: an ``initialize`` given optimizers
   nothing uses after it, which readied its models for inference only), ``detached_forwards`` (passes without gradients
-  in the training loop under autocast too, and evaluations whose result steers it, ``steering``), ``warm_ups`` (a
+  in the training loop under autocast too, evaluations whose result steers it, ``steering``, and
+  those fed float16 tensors, ``half_inputs``), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
   ``checkpoints`` (``state_dict``/``load_state_dict``; a checkpoint utility's functions take the

@@ -15,6 +15,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
+from migrate.apex_plan.half_inputs import fed_half
 from migrate.apex_plan.inference_tail import trains
 from migrate.apex_plan.loss_slice import backward_slice, calls_model
 from migrate.apex_plan.steering import steers_training
@@ -29,6 +30,8 @@ _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.auto
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
 _STEERING = "an evaluation whose result steers the training (a scheduler's step, an early stop) ran under apex's casts"
+_FED_HALF = ("a forward pass fed float16 inputs (`x.half()`) ran under apex's casts: outside autocast it raises "
+             "(float16 inputs, float32 weights)")
 
 
 class DetachedForwardPlanning(Step):
@@ -150,6 +153,10 @@ class DetachedForwardPlanning(Step):
                 continue
             if self._steering_evaluation(statement, models, loop):
                 yield [statement], _STEERING
+                continue
+            if self._wrappable(statement) and fed_half(self.tree, statement, models, self.sites.ids) \
+                    and not trains(self.tree, statement, models):
+                yield [statement], _FED_HALF
                 continue
             if isinstance(statement, cst.With) and self._gradients_off(statement) and not steering_only:
                 if self._wrappable(statement) and calls_model(statement, models):
