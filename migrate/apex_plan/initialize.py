@@ -261,10 +261,7 @@ class InitializePlanning(Step):
         made afresh later in its function; ``again``: in another function, its stand-in made once."""
         lines: list[str] = []
         if (self.setup.stand_in == "module") and not reinitialize and not again:
-            line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)'
-            until = f"# {StandInPlanning(self.context).until(init)}"
-            fits = len(line) + 2 + len(until) <= self.tree.line_limit
-            self.draft.after_imports.append(f"{line}  {until}\n" if fits else f"{until}\n{line}\n")
+            StandInPlanning(self.context).plan_module_stand_in(init)
         if not self.setup.o0:
             if self.setup.scope == "global" and not reinitialize:
                 lines.append(f"global {self.setup.scaler}")

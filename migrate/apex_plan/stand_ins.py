@@ -1,7 +1,7 @@
 """The disabled GradScaler that stands in until the code that makes it has run: made in
 ``__init__`` for a ``self.scaler`` a later method makes (a class attribute where the class has no
 ``__init__`` of its own), at the top of the function for one a block makes (``if epoch ==
-start:``), or at module level (its line is written by ``initialize``)."""
+start:``), or at module level, before the block that makes it."""
 from __future__ import annotations
 
 import libcst as cst
@@ -22,6 +22,22 @@ class StandInPlanning(Step):
     def until(self, init: InitializeSite) -> str:
         function = self.tree.function(init.statement)
         return f"until `{function.name.value}()` runs" if function is not None else "until the block below that creates it runs"
+
+    def plan_module_stand_in(self, init: InitializeSite) -> None:
+        """A disabled scaler at module level, after the imports, until the block holding ``init``
+        has run; before that block where the script imports more further down (after such an
+        import, it would undo the scaler the block made)."""
+        line = f'{self.setup.scaler} = torch.amp.GradScaler("cuda", enabled=False)'
+        until = f"# {self.until(init)}"
+        fits = len(line) + 2 + len(until) <= self.tree.line_limit
+        top = init.statement
+        while not isinstance(self.tree.parent.get(id(top)), cst.Module):
+            top = self.tree.parent[id(top)]
+        body, anchor = list(self.tree.module.body), self.tree.import_anchor()
+        if anchor is not None and body.index(top) < body.index(anchor):
+            self.draft.insert_before.setdefault(id(top), (top, []))[1].extend([f"{line}  {until}"] if fits else [until, line])
+        else:
+            self.draft.after_imports.append(f"{line}  {until}\n" if fits else f"{until}\n{line}\n")
 
     def _only_stand_ins_set_beside(self, init: InitializeSite) -> bool:
         """Whether the scaler is only ever used through ``self.amp``, a stand-in for the module that
