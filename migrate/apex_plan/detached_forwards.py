@@ -73,10 +73,13 @@ class DetachedForwardPlanning(Step):
 
     def _caller_loops(self, first: cst.CSTNode, enabled: str) -> list[tuple[cst.For | cst.While, set[str]]]:
         """The loops of other functions of the file around a call of ``first``'s function (at
-        module level), with the names the models go by there, where ``enabled`` reads there as it
+        module level, in a block of it too), with the names the models go by there, where ``enabled`` reads there as it
         does in that function: its names are the module's, or handed in under the same name."""
         function = self.tree.function(first)
-        if function is None or self.tree.parent.get(id(function)) is not self.tree.module:
+        # defined at the module's top level, or in its blocks (`if __name__ == "__main__":`): its
+        # free names are the module's
+        if function is None or self.tree.function(self.tree.parent.get(id(function))) is not None \
+                or self.tree.owner_class(function) is not None:
             return []
         roots = self._names_read(enabled) - {"bool", "True", "False"}
         local = assigned_names(function.body)

@@ -2,13 +2,15 @@
 the loop around the training function. apex O1 cast each op's inputs, so the float32 weights took
 them; outside autocast the pass raises ("Input type (c10::Half) and bias type (float)"), and the
 safe rewrite of a diabetic-macular-edema trainer crashed at its first validation. Such an
-evaluation goes under autocast, enabled as the training region; one fed float32 tensors and only
-logged stays outside, as before.
+evaluation goes under autocast, enabled as the training region, also where the script and its
+functions stand under ``if __name__ == "__main__":``; one fed float32 tensors and only logged
+stays outside, as before.
 """
 from __future__ import annotations
 
 import itertools
 import shutil
+import textwrap
 
 import pytest
 
@@ -71,20 +73,24 @@ EVALUATIONS = {
 }
 
 
-def _script(half: str, evaluation: str, float_eval: bool = False) -> str:
+def _script(half: str, evaluation: str, float_eval: bool = False, guarded: bool = False) -> str:
     body, call = EVALUATIONS[evaluation]
     spelled = HALVES[half]
-    return SCRIPT.format(half=spelled, evaluation=body.format(half="x" if float_eval else spelled), call=call)
+    source = SCRIPT.format(half=spelled, evaluation=body.format(half="x" if float_eval else spelled), call=call)
+    if guarded:  # the whole script, its functions too, under `if __name__ == "__main__":`
+        head, _, rest = source.partition("parser = argparse")
+        source = head + 'if __name__ == "__main__":\n' + textwrap.indent("parser = argparse" + rest, "    ")
+    return source
 
 
-@pytest.mark.parametrize(("half", "evaluation"), list(itertools.product(HALVES, EVALUATIONS)))
-def test_an_evaluation_fed_float16_runs_under_autocast(half, evaluation):
-    source = _script(half, evaluation)
+@pytest.mark.parametrize(("half", "evaluation", "guarded"), list(itertools.product(HALVES, EVALUATIONS, [False, True])))
+def test_an_evaluation_fed_float16_runs_under_autocast(half, evaluation, guarded):
+    source = _script(half, evaluation, guarded=guarded)
     compile(source, "train.py", "exec")
     new = migrate_source(source, "train.py").new_source
     assert "from apex import" not in new, new
     call = EVALUATIONS[evaluation][1]
-    head = new.partition(f"\n        {call}\n")[0]
+    head = new.partition(f"\n{' ' * (12 if guarded else 8)}{call}\n")[0]
     assert head != new and head.rstrip().splitlines()[-1].strip().startswith("with torch.autocast("), new
 
 
