@@ -43,7 +43,7 @@ def second_backward(module: cst.Module, model: str) -> tuple[cst.CSTNode, cst.CS
     for scope in scopes:
         statements = list(_statements(scope))
         for index, (statement, path) in enumerate(statements):
-            if not _forward_of(statement, model, last):
+            if not _forward_calls(statement, model, last):
                 continue
             carried = set(_targets(statement))
             around = {id(node) for node, _ in path}
@@ -118,7 +118,9 @@ def _forwards_in_callers(root: Path, own: Path, function: str) -> list[tuple[str
 
 
 def _forward_calls(statement: cst.CSTNode, model: str, last: str) -> list[cst.Call]:
-    if not _forward_of(statement, model, last):
+    """The calls of ``model`` (or ``self.model``, ``model`` under another owner) in ``statement``
+    where it binds a result (``out = model(x)``); none elsewhere."""
+    if not isinstance(statement, cst.SimpleStatementLine) or not _targets(statement):
         return []
     return [node for node in descendants(statement, nodes.not_a_definition) if type(node) is cst.Call
             and (nodes.code(node.func) == model or nodes.code(node.func).rsplit(".", 1)[-1] == last)]
@@ -169,18 +171,6 @@ def _compound(statement: cst.CSTNode, path: tuple):
         yield from _statements(statement, (*path, (statement, "body")))
     elif hasattr(statement, "body") and isinstance(getattr(statement, "body"), cst.IndentedBlock):
         yield from _statements(statement, (*path, (statement, "body")))
-
-
-def _forward_of(statement: cst.CSTNode, model: str, last: str) -> bool:
-    """``out = model(x)`` (or ``self.model``, ``model`` under another owner) binding a result."""
-    if not isinstance(statement, cst.SimpleStatementLine) or not _targets(statement):
-        return False
-    for node in descendants(statement, nodes.not_a_definition):
-        if type(node) is cst.Call:
-            callee = nodes.code(node.func)
-            if callee == model or callee.rsplit(".", 1)[-1] == last:
-                return True
-    return False
 
 
 def _targets(statement: cst.CSTNode) -> list[str]:

@@ -159,6 +159,7 @@ class ApexDistributedDataParallel(ApexRename):
             yield from forwards_in_callers(self.context.filename, returner)
 
     def _returning_function(self, call: cst.Call) -> str | None:
+        """The name of the function the wrapping ``call`` is made in (None at module level)."""
         owner = self.get_metadata(ParentNodeProvider, call, None)
         while owner is not None and not isinstance(owner, cst.FunctionDef):
             owner = self.get_metadata(ParentNodeProvider, owner, None)
@@ -171,13 +172,12 @@ class ApexDistributedDataParallel(ApexRename):
         owner = self.get_metadata(ParentNodeProvider, call, None)
         if isinstance(owner, cst.Assign) and len(owner.targets) == 1:
             return [nodes.code(owner.targets[0].target)]
-        while owner is not None and not isinstance(owner, cst.FunctionDef):
-            owner = self.get_metadata(ParentNodeProvider, owner, None)
-        if owner is None:
+        returner = self._returning_function(call)
+        if returner is None:
             return []
         return [nodes.code(node.targets[0].target) for node in descendants(self._module)
                 if type(node) is cst.Assign and len(node.targets) == 1 and type(node.value) is cst.Call
-                and nodes.call_name(node.value) == owner.name.value]
+                and nodes.call_name(node.value) == returner]
 
     def _apex_only_uses(self) -> list[str]:
         """The attributes only apex's class has that the file reads, calls or sets, in order."""
