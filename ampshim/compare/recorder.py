@@ -63,7 +63,7 @@ class Recorder:
         self._taken: list = []  # (optimizer name, gradient norm) of the optimizer steps inside one
         self._optimizers: dict[int, tuple[int, object]] = {}
         self._scaled: dict[int, tuple[weakref.ref, dict]] = {}
-        self._scale_blocks: list[dict] = []  # apex scale_loss / FP16_Optimizer.backward in progress
+        self._scale_blocks: list[tuple] = []  # (loss, fields): apex scale_loss / FP16_Optimizer.backward in progress
         self._detached = [0, 0]  # matmul-class layers run without gradients since the last step, in half
         self.stopped = False
         self.ended = False
@@ -90,7 +90,7 @@ class Recorder:
 
     def begin_scale_block(self, loss, scale: float, growth, via: str) -> None:
         """A backward run by a library call (``FP16_Optimizer.backward``, inside ``scale_loss``)."""
-        self._scale_blocks.append(_loss_fields(loss, scale, growth, via))
+        self._scale_blocks.append((loss, _loss_fields(loss, scale, growth, via)))
 
     def end_scale_block(self) -> None:
         if self._scale_blocks:
@@ -168,7 +168,10 @@ class Recorder:
         if entry is not None and entry[0]() is tensor:
             return entry[1]
         if self._scale_blocks:
-            return self._scale_blocks[-1]
+            loss, fields = self._scale_blocks[-1]
+            if tensor is not loss:
+                return fields
+            # `loss.backward()` inside `scale_loss`: the loss itself, never multiplied by the scale
         return _loss_fields(tensor, 1.0, None, "plain")
 
     def _checksum(self) -> dict | None:

@@ -5,6 +5,7 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
+from migrate.rules._apex_rename import marked
 from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
@@ -12,6 +13,7 @@ from migrate.rules._frameworks import precision_without_scaler, prepared_optimiz
 from migrate.step_model import Backward, Kind
 from migrate.step_model import vocabulary as words
 from migrate.step_model.shapes import parameters_of
+from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
 
@@ -35,7 +37,11 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     Fix safety:
     Unsafe: ``loss.backward()`` becomes ``scaler.scale(loss).backward()`` (or the framework's
     ``accelerator.backward(loss)``, ``fabric.backward(loss)``, ``self.manual_backward(loss)``),
-    which changes every update (that is its point).
+    which changes every update (that is its point). The rewritten line carries a
+    ``TODO(ampmigrate)`` comment saying so: in code migrated from apex (a ``loss.backward()``
+    inside ``amp.scale_loss``, whose gradients apex divided by the scale as well) the fix trains
+    differently from the original. A backward pass in a helper the step model inlined, or on the
+    line of an ``if``, is reported with no fix.
     """
 
     CODE = "AMP109"
@@ -143,6 +149,8 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             "def train(model, optimizer, loader, scaler):\n"
             "    for step, (x, y) in enumerate(loader):\n"
             "        loss = model(x, y)\n"
+            "        # TODO(ampmigrate): review, this rewrite is unsafe: every update changes: the\n"
+            "        #   gradients were never scaled, and scaler.step divides them by the scale\n"
             "        scaler.scale(loss).backward()\n"
             "        scaler.step(optimizer)\n"
             "        scaler.update()\n",
@@ -244,15 +252,11 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             if any(not b.inlined() and b.subject in _parameters(steps.root) for b in backwards):
                 continue  # `def _backward(self, loss)`: its callers (elsewhere) may hand it a scaled loss
             for backward in backwards:
-                fix = {}
                 loss = nodes.code(backward.node.func.value)
-                if not backward.inlined():
-                    replacement = backward.node.with_changes(
-                        func=backward.node.func.with_changes(value=nodes.parse_expression(f"{event.scaler}.scale({loss})", model.module)))
-                    fix = {"replacement": replacement, "safety": Safety.UNSAFE,
-                           "fix_message": f"Use `{event.scaler}.scale({loss}).backward()`",
-                           "why_unsafe": "every update changes: the gradients were never scaled, and scaler.step divides them by the scale"}
-                yield backward.node, None, fix
+                replacement = backward.node.with_changes(
+                    func=backward.node.func.with_changes(value=nodes.parse_expression(f"{event.scaler}.scale({loss})", model.module)))
+                yield _marked_fix(steps.root, backward, replacement, None, f"Use `{event.scaler}.scale({loss}).backward()`",
+                                  "every update changes: the gradients were never scaled, and scaler.step divides them by the scale")
         prepared, by_hand = prepared_optimizers(model.module), steps_by_hand(model.module)
         for steps, backward, instead in _framework_steps(model, prepared, by_hand):
             runner = "self" if instead == _MANUAL_BACKWARD else instead.rsplit(".", 1)[0]
@@ -262,12 +266,11 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             framework = words.scaling_framework(runner)[0]
             message = (f"`{loss}.backward()` bypasses {framework}'s loss scaling: in float16 mixed precision its optimizer "
                        f"step unscales gradients that were never scaled; use `{instead}({loss})`")
-            fix = {}
-            if not backward.inlined() and not backward.node.args:
-                fix = {"replacement": nodes.parse_expression(f"{instead}({loss})", model.module), "safety": Safety.UNSAFE,
-                       "fix_message": f"Use `{instead}({loss})`",
-                       "why_unsafe": _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None])}
-            yield backward.node, message, fix
+            if backward.node.args:
+                yield backward.node, message, {}
+                continue
+            yield _marked_fix(steps.root, backward, nodes.parse_expression(f"{instead}({loss})", model.module), message,
+                              f"Use `{instead}({loss})`", _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None]))
 
 
 _MANUAL_BACKWARD = "self.manual_backward"  # Lightning's, in a LightningModule that steps by hand
@@ -276,6 +279,26 @@ _WHY_UNSAFE = {
                   "the `gradient_accumulation_steps` the Accelerator is made with",
     None: "in float16 the loss becomes scaled, which changes every update (that is the point)",
 }
+
+
+def _marked_fix(root: cst.CSTNode, backward, replacement: cst.BaseExpression, message: str | None, fix_message: str,
+                why: str) -> tuple[cst.CSTNode, str | None, dict]:
+    """The finding of a plain backward pass, with its unsafe fix: the statement holding the call,
+    rewritten and marked with a ``TODO(ampmigrate)`` saying what changes (an unsafe fix changes the
+    training only where it says so). None where the call is inlined from a helper or sits in a
+    one-line compound statement (no line of its own to mark)."""
+    statement = None if backward.inlined() else _statement_holding(root, backward.node)
+    if statement is None:
+        return backward.node, message, {}
+    return statement, message, {"replacement": marked(statement.deep_replace(backward.node, replacement), why),
+                                "safety": Safety.UNSAFE, "fix_message": fix_message, "why_unsafe": why}
+
+
+def _statement_holding(root: cst.CSTNode, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+    for statement in descendants(root):
+        if isinstance(statement, cst.SimpleStatementLine) and any(n is node for n in descendants(statement)):
+            return statement
+    return None
 
 
 def _framework_steps(model, prepared: dict[str, str], by_hand: set[int]):
