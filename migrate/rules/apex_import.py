@@ -245,8 +245,7 @@ class ApexImport(Rule):
         branch, body_runs = decided
         if not isinstance(branch, cst.If):
             return decided
-        kept = [line for line in arm_that_runs(branch, body_runs)
-                if not (isinstance(line, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in line.body))]
+        kept = [line for line in arm_that_runs(branch, body_runs) if not _bare_pass(line)]
         if kept:
             return branch, in_place_of(branch, kept)
         block = self._parent_of(branch)
@@ -380,6 +379,13 @@ class ApexImport(Rule):
         elif tested:
             self.report(node, "this availability check keeps apex imported: test a flag of your own "
                         "(e.g. `args.fp16`) once the file no longer uses apex")
+
+
+def _bare_pass(line: cst.CSTNode) -> bool:
+    """``pass`` with no comment above it: a ``pass`` under a ``TODO(ampmigrate)`` marker (where
+    the rewrite removed the arm's last statement) stays, or the marker would go with the arm."""
+    return (isinstance(line, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in line.body)
+            and not any(empty.comment is not None for empty in line.leading_lines))
 
 
 def _spelled(change: ImportChange) -> str:
