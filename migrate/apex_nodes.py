@@ -92,6 +92,12 @@ def not_a_definition(node: cst.CSTNode) -> bool:
     return not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
 
+def own_code(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``root`` and the nodes under it that run where they stand: none in a function, class or
+    lambda defined under it (``root`` may itself be a function, whose body is walked)."""
+    return descendants(root, lambda node: node is root or not_a_definition(node))
+
+
 def call_name(call: cst.Call) -> str:
     """``f`` for ``f(x)``, ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(x)``, else ""."""
     func = call.func

@@ -210,10 +210,7 @@ def _grad_attributes(statement: cst.CSTNode) -> list[cst.Attribute]:
 
 
 def _outside_definitions(statement: cst.CSTNode, kind: type) -> list:
-    def enter(node: cst.CSTNode) -> bool:
-        return node is statement or nodes.not_a_definition(node)
-
-    return [node for node in descendants(statement, enter) if isinstance(node, kind)]
+    return [node for node in nodes.own_code(statement) if isinstance(node, kind)]
 
 
 def _subtree(node: cst.CSTNode) -> list[cst.CSTNode]:

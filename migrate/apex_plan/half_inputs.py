@@ -31,10 +31,7 @@ def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls
 
 
 def _in_scope(scope: cst.CSTNode, models: set[str]) -> bool:
-    def runs_there(node: cst.CSTNode) -> bool:
-        return node is scope or nodes.not_a_definition(node)
-
-    assigns = [node for node in descendants(scope, runs_there) if type(node) is cst.Assign]
+    assigns = [node for node in nodes.own_code(scope) if type(node) is cst.Assign]
     halves: set[str] = set()
     changed = True
     while changed:  # `image = batch.half()`, then `image = image.unsqueeze(1)`
@@ -45,7 +42,7 @@ def _in_scope(scope: cst.CSTNode, models: set[str]) -> bool:
                 if bound:
                     halves |= bound
                     changed = True
-    for call in descendants(scope, runs_there):
+    for call in nodes.own_code(scope):
         if type(call) is cst.Call and _calls_a_model(call, models) and any(_is_half(arg.value, halves) for arg in call.args):
             return True
     return False

@@ -64,7 +64,7 @@ def _calls(tree: FileTree, statement: cst.CSTNode, skip: frozenset[int]):
     """Each call in ``statement`` but apex's own (``skip``), with the file's function it runs
     (a function, a closure, a method of the caller's class or of an object of a class of the
     file), or None."""
-    for call in descendants(statement, lambda node: node is statement or nodes.not_a_definition(node)):
+    for call in nodes.own_code(statement):
         if type(call) is cst.Call and id(call) not in skip:
             yield call, tree.helper(call) or _method_of_own_class(tree, call)
 
@@ -196,7 +196,7 @@ def updates_otherwise(function: cst.CSTNode, optimizer: str) -> cst.Call | None:
     """A call of a method of ``optimizer`` in ``function`` that steps or reads its gradients other
     than ``step()``: SAM's ``first_step()``/``second_step()``, a wrapper's ``step_and_update_lr()``,
     a ``clip_grad_norm()`` of its own. GradScaler unscales and skips for ``step()`` only."""
-    for node in descendants(function, lambda node: node is function or nodes.not_a_definition(node)):
+    for node in nodes.own_code(function):
         if type(node) is cst.Call and isinstance(node.func, cst.Attribute) and nodes.code(node.func.value) == optimizer:
             name = node.func.attr.value.lower()
             if name not in _KEEPS_GRADIENTS_UNREAD and any(word in name for word in ("step", "grad", "clip")):

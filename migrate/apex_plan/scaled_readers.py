@@ -75,7 +75,7 @@ class ScaledReaderPlanning(Step):
             return None
         optimizers = {nodes.code(optimizer) for optimizer in scale.optimizers}
         scope = self.tree.function(scale.statement) or self.tree.module
-        clearing = [node for node in descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+        clearing = [node for node in nodes.own_code(scope)
                     if type(node) is cst.SimpleStatementLine and any(
                         type(call) is cst.Call and type(call.func) is cst.Attribute and (
                             call.func.attr.value == "zero_grad" or call.func.attr.value == "step" and nodes.code(call.func.value) in optimizers)

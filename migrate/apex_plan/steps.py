@@ -369,7 +369,7 @@ class StepPlanning(Step):
         if beside is None:
             return candidates
         scope = self.tree.function(beside) or self.tree.module
-        calls = [call for call in descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+        calls = [call for call in nodes.own_code(scope)
                  if type(call) is cst.Call and not self.tree.never_together(call, beside)]
         called = {id(helper) for call in calls if (helper := self.tree.helper(call)) is not None}
         return [call for call in candidates

@@ -22,7 +22,6 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.vocabulary import CORE, INITIALIZE, Unplannable, same_places
 from migrate.names import imported_as, qualified_names
-from migrate.tree_walk import descendants
 from migrate.types import ImportChange
 
 BY_HAND = "timm's `ApexScaler` calls apex's `amp.scale_loss` itself: use timm's `NativeScaler` (with `torch.autocast`) there first"
@@ -99,7 +98,7 @@ class TimmScalerPlanning(Step):
     def _autocast_factory(self, statement: cst.CSTNode) -> str:
         """The one name the function (or module) around ``statement`` binds to an autocast factory."""
         scope = self.tree.function(statement) or self.tree.module
-        names = {assign.targets[0].target.value for assign in descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+        names = {assign.targets[0].target.value for assign in nodes.own_code(scope)
                  if type(assign) is cst.Assign and len(assign.targets) == 1 and type(assign.targets[0].target) is cst.Name
                  and self._makes_autocast(assign.value)}
         if len(names) != 1:

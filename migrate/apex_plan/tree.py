@@ -253,7 +253,7 @@ class FileTree:
     def _functions_defined(self, scope: cst.CSTNode) -> dict[str, cst.FunctionDef]:
         """The functions ``scope``'s own code defines (under an ``if``, a loop, a ``with`` too), by name."""
         def gather() -> dict[str, cst.FunctionDef]:
-            own = descendants(scope, lambda node: node is scope or nodes.not_a_definition(node))
+            own = nodes.own_code(scope)
             return {node.name.value: node for node in reversed(list(own)) if type(node) is cst.FunctionDef and node is not scope}
         return self.per_scope(("functions defined", id(scope)), gather)
 
