@@ -273,7 +273,7 @@ class ApexRename(Rule):
 
     def _fix(self, node: cst.CSTNode, replacement: cst.CSTNode, safety: Safety, message: str, why_unsafe: str = "") -> None:
         root = nodes.root_name(self._use(node))
-        statement = self._line_of(node) if safety is Safety.UNSAFE and self.MARK_UNSAFE and why_unsafe else None
+        statement = line_holding(self, node) if safety is Safety.UNSAFE and self.MARK_UNSAFE and why_unsafe else None
         if statement is not None:  # the line, with a marker above it saying how training changes
             node, replacement = statement, marked(statement.deep_replace(node, replacement), why_unsafe)
         self.report(
@@ -288,11 +288,6 @@ class ApexRename(Rule):
 
     def native_call(self, call: cst.Call, target: str) -> NativeCall | NoFix:
         raise NotImplementedError
-
-    def _line_of(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
-        while node is not None and not isinstance(node, cst.SimpleStatementLine):
-            node = self.get_metadata(ParentNodeProvider, node, None)
-        return node
 
     # Helpers for subclasses.
     @staticmethod
@@ -324,6 +319,14 @@ def binds(parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
     if isinstance(parent, cst.Attribute) and parent.attr is node:
         return True
     return isinstance(parent, (cst.AssignTarget, cst.Param, cst.AsName, cst.NameItem))
+
+
+def line_holding(rule: cst.MetadataDependent, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+    """The line ``node`` stands on (``rule`` asks for ``ParentNodeProvider``); None in a one-line
+    compound statement (``if x: loss.backward()``), which has no line of its own to mark."""
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        node = rule.get_metadata(ParentNodeProvider, node, None)
+    return node
 
 
 def marked(statement: cst.SimpleStatementLine, why: str) -> cst.SimpleStatementLine:

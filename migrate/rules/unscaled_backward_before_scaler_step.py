@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ParentNodeProvider
 
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
-from migrate.rules._apex_rename import marked
+from migrate.rules._apex_rename import line_holding, marked
 from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
                                               TIMM)
 from migrate.rules._training_step import CORRECT_LOOP, CORRECT_TRAINER, TrainingStepRule
@@ -13,7 +14,6 @@ from migrate.rules._frameworks import precision_without_scaler, prepared_optimiz
 from migrate.step_model import Backward, Kind
 from migrate.step_model import vocabulary as words
 from migrate.step_model.shapes import parameters_of
-from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
 
@@ -50,6 +50,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     MESSAGE = "a backward pass on an unscaled loss is followed by `scaler.step()`; use `scaler.scale(loss).backward()`"
     TRIGGERS = ("scaler", "accelerator", "fabric", "automatic_optimization")
     NEEDS_A_STEP = True
+    METADATA_DEPENDENCIES = (*TrainingStepRule.METADATA_DEPENDENCIES, ParentNodeProvider)  # the line a fix marks
 
     FRAMEWORKS = {
         GRAD_SCALER: (
@@ -255,7 +256,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                 loss = nodes.code(backward.node.func.value)
                 replacement = backward.node.with_changes(
                     func=backward.node.func.with_changes(value=nodes.parse_expression(f"{event.scaler}.scale({loss})", model.module)))
-                yield _marked_fix(steps.root, backward, replacement, None, f"Use `{event.scaler}.scale({loss}).backward()`",
+                yield self._marked_fix(backward, replacement, None, f"Use `{event.scaler}.scale({loss}).backward()`",
                                   "every update changes: the gradients were never scaled, and scaler.step divides them by the scale")
         prepared, by_hand = prepared_optimizers(model.module), steps_by_hand(model.module)
         for steps, backward, instead in _framework_steps(model, prepared, by_hand):
@@ -269,8 +270,20 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             if backward.node.args:
                 yield backward.node, message, {}
                 continue
-            yield _marked_fix(steps.root, backward, nodes.parse_expression(f"{instead}({loss})", model.module), message,
+            yield self._marked_fix(backward, nodes.parse_expression(f"{instead}({loss})", model.module), message,
                               f"Use `{instead}({loss})`", _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None]))
+
+    def _marked_fix(self, backward, replacement: cst.BaseExpression, message: str | None, fix_message: str,
+                    why: str) -> tuple[cst.CSTNode, str | None, dict]:
+        """The finding of a plain backward pass with its unsafe fix: the line holding the call,
+        rewritten and marked with a ``TODO(ampmigrate)`` saying what changes (an unsafe fix changes
+        the training only where it says so). No fix where the call is inlined from a helper or has
+        no line of its own."""
+        statement = None if backward.inlined() else line_holding(self, backward.node)
+        if statement is None:
+            return backward.node, message, {}
+        return statement, message, {"replacement": marked(statement.deep_replace(backward.node, replacement), why),
+                                    "safety": Safety.UNSAFE, "fix_message": fix_message, "why_unsafe": why}
 
 
 _MANUAL_BACKWARD = "self.manual_backward"  # Lightning's, in a LightningModule that steps by hand
@@ -279,26 +292,6 @@ _WHY_UNSAFE = {
                   "the `gradient_accumulation_steps` the Accelerator is made with",
     None: "in float16 the loss becomes scaled, which changes every update (that is the point)",
 }
-
-
-def _marked_fix(root: cst.CSTNode, backward, replacement: cst.BaseExpression, message: str | None, fix_message: str,
-                why: str) -> tuple[cst.CSTNode, str | None, dict]:
-    """The finding of a plain backward pass, with its unsafe fix: the statement holding the call,
-    rewritten and marked with a ``TODO(ampmigrate)`` saying what changes (an unsafe fix changes the
-    training only where it says so). None where the call is inlined from a helper or sits in a
-    one-line compound statement (no line of its own to mark)."""
-    statement = None if backward.inlined() else _statement_holding(root, backward.node)
-    if statement is None:
-        return backward.node, message, {}
-    return statement, message, {"replacement": marked(statement.deep_replace(backward.node, replacement), why),
-                                "safety": Safety.UNSAFE, "fix_message": fix_message, "why_unsafe": why}
-
-
-def _statement_holding(root: cst.CSTNode, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
-    for statement in descendants(root):
-        if isinstance(statement, cst.SimpleStatementLine) and any(n is node for n in descendants(statement)):
-            return statement
-    return None
 
 
 def _framework_steps(model, prepared: dict[str, str], by_hand: set[int]):
