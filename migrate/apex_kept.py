@@ -27,12 +27,18 @@ inf checks were recorded for this optimizer"). Only a project whose extent is kn
 The other way round, a file that registers a cast function and initializes nothing is told
 (``MIGRATED_SETTING``) where its known project's ``amp.initialize`` calls are, where a safe run
 migrates every one of them: its registration can go as safely as theirs.
+
+A checkpoint utility (apex's ``amp.state_dict``/``load_state_dict``, neither ``initialize`` nor
+``scale_loss``) whose callers the run does not hand a GradScaler is told
+(``vocabulary.STATE_INITIALIZE_KEPT``) where its known project keeps an ``amp.initialize`` on apex
+after the run: apex's loss-scaler state is saved and loaded through it for those runs, so it
+stays on apex with them (``kept_for_state_helpers``).
 """
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from migrate import disk_reads, halves, quiet
@@ -40,8 +46,8 @@ from migrate.apex_plan.vocabulary import DECORATORS_KEPT as DECORATORS_SETTING
 from migrate.apex_plan.vocabulary import MASTER_WEIGHTS_KEPT as MASTER_WEIGHTS_SETTING
 from migrate.files import known_project_root, place, project_root, project_trees_saying
 
-__all__ = ["DECORATORS_SETTING", "MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "decorators_kept", "kept_elsewhere", "kept_for_scale_halves", "kept_places",
-           "migrated_for_registrations", "migrates"]
+__all__ = ["DECORATORS_SETTING", "MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "decorators_kept", "kept_elsewhere", "kept_for_scale_halves",
+           "kept_for_state_helpers", "kept_places", "migrated_for_registrations", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
 MIGRATED_SETTING = "apex-initialize-migrated"  # the places of ``migrated_for_registrations``
@@ -92,6 +98,36 @@ def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners
         root = known_project_root(path) if half is not None and half.role == halves.SCALE_LOSS else None
         return kept_places(list(_master_weight_initializes(root)), root, run, settings, True, migrated) if root else ()
     return _per_file(texts, partners, places_of)
+
+
+def kept_for_state_helpers(texts: Mapping[Path, str], file_settings: Callable[[Path], Mapping], partners: Mapping[Path, object],
+                           unsafe_fixes: bool, handed: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+    """For each checkpoint utility of ``texts`` (apex's ``amp.state_dict``/``load_state_dict``, neither
+    ``initialize`` nor ``scale_loss``; ``halves.find_state_keeper``) whose callers the run does not
+    hand the GradScaler (not in ``handed``), in a project whose extent is known: the places where
+    the project will still call ``amp.initialize`` after a run in this mode, each file of the run
+    planned with what the run found for it (``file_settings(path)``). apex keeps its loss-scaler
+    state for those runs, saved and loaded through the utility; rewritten, it would drop that
+    state, and no GradScaler of the project exists to pass it instead."""
+    run = {path.resolve(): path for path in texts}
+    migrated: dict[Path, bool] = {}
+
+    def stays(file: Path) -> bool:
+        if file not in run:
+            return True
+        if file not in migrated:
+            path = run[file]
+            migrated[file] = migrates(texts[path], partners.get(path), file_settings(path), unsafe_fixes)
+        return not migrated[file]
+
+    found = {}
+    for path, text in texts.items():
+        if path in handed or known_project_root(path) is None or halves.find_state_keeper(path, text) is None:
+            continue  # in a folder gathered from many projects, another file's initialize is not this one's
+        root, me = _search_root(path), path.resolve()
+        if places := tuple(place(file, line, root) for file, line in _initializes(root) if file != me and stays(file)):
+            found[path] = places
+    return found
 
 
 def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:

@@ -48,6 +48,7 @@ class Options:
     state_callers_pass: Mapping[str, frozenset[str]] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' functions
     state_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' calls
     state_callers_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> callers left on apex
+    state_initialize_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.kept_for_state_helpers``' places
     gradient_norms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.grad_norms``' names
     half_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.half_helpers``' names and places
     subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
@@ -75,6 +76,7 @@ _PROJECT_FACTS = (
     ("state_callers_pass", "apex-state-callers-pass"),
     ("state_helpers", "apex-state-helpers"),
     ("state_callers_kept", "apex-state-callers-kept"),
+    ("state_initialize_kept", "apex-state-initialize-kept"),
     ("gradient_norms", "gradient-norm-helpers"),
     ("half_helpers", "half-cast-helpers"),
     ("subclass_overrides", "subclass-overrides"),

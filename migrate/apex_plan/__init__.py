@@ -72,7 +72,8 @@ dependence: no import cycle):
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
   ``checkpoints`` (``state_dict``/``load_state_dict``; a checkpoint utility's functions take the
   GradScaler as ``scaler=None``, without a doubt where every caller passes it,
-  ``migrate.state_helpers``), ``handed_on`` (the amp module passed
+  ``migrate.state_helpers``, and not at all where the project keeps an ``amp.initialize`` on
+  apex, ``migrate.apex_kept``), ``handed_on`` (the amp module passed
   to a function or kept on an object, and what receives it), ``scaler_parameters`` (the GradScaler
   handed to the functions using it, ``train(..., scaler=scaler)``, instead of a module global, and
   to another file's checkpoint helpers, ``save_checkpoint(..., scaler=scaler)``), ``module_reads`` (apex's

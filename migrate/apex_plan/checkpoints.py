@@ -69,6 +69,9 @@ class CheckpointPlanning(Step):
         if self.setup.callers_kept:  # rewritten alone, it would stop saving the state apex keeps for them
             raise Unplannable(calls[0], f"its callers ({', '.join(self.setup.callers_kept)}) stay on apex amp in this run and "
                               "save or load apex's loss-scaler state through it: migrate them together")
+        if self.setup.initialize_kept:  # no GradScaler is made for those runs, and apex's state would go unsaved
+            raise Unplannable(calls[0], f"apex amp stays initialized at {', '.join(self.setup.initialize_kept)} after this run, and "
+                              "its loss-scaler state is saved or loaded through this file: migrate them together")
         passed = self.setup.callers_pass  # `migrate.state_helpers`: every caller, migrated in this run, passes it
         if passed and self.setup.scaler != HELPER_SCALER:
             raise Unplannable(calls[0], f"its callers pass the GradScaler as `{HELPER_SCALER}=`, a name this file uses already")

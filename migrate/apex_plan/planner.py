@@ -1,7 +1,6 @@
 """The planner: classifies the file's apex.amp references, then plans every rewrite or none."""
 from __future__ import annotations
 
-
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -39,7 +38,7 @@ from migrate.apex_plan.late_backwards import uncleared_plain_backward
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2, DECORATORS_KEPT, EACH, GUESSED_MODELS, INITIALIZED_ELSEWHERE, LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS,
-    SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT, STATE_CALLERS_PASS, STATE_HELPERS, ApexPlan, HalfFacts,
+    SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT, STATE_CALLERS_PASS, STATE_HELPERS, STATE_INITIALIZE_KEPT, ApexPlan, HalfFacts,
     InitializeSite, ScaleBounds, ScaleLossSite, Setup, Unplannable, either,
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
@@ -83,6 +82,7 @@ class Planner:
         self.state_helpers = dict(settings.get(STATE_HELPERS, ()))  # another file's checkpoint helpers, handed the scaler
         self.callers_pass = frozenset(settings.get(STATE_CALLERS_PASS, ()))  # this file's helpers, each caller handing it
         self.callers_kept = tuple(settings.get(STATE_CALLERS_KEPT, ()))  # or callers left on apex
+        self.initialize_kept = tuple(settings.get(STATE_INITIALIZE_KEPT, ()))  # or the project's initializes left on apex
         self.gradient_norms = frozenset(settings.get(GRADIENT_NORMS, ()))  # names it calls returning a gradient norm
         self.half_helpers = dict(settings.get(HALF_HELPERS, ()))  # imported functions casting modules to float16
         self.overrides = tuple(settings.get(OVERRIDES, ()))  # its classes' methods subclasses elsewhere override
@@ -433,7 +433,7 @@ class Planner:
         states = self.sites.calls["state_dict"] + self.sites.calls["load_state_dict"]
         scaler = next((name for name in SCALER_NAMES if name not in self.tree.names), None) if states else None
         writing = self._decided(reading, Setup(level=None, o0=True, scaler=scaler, callers_pass=self.callers_pass,
-                                                  callers_kept=self.callers_kept))
+                                                  callers_kept=self.callers_kept, initialize_kept=self.initialize_kept))
         if states:
             CheckpointPlanning(writing).plan_state_alone()
         gradients = GradientPlanning(writing)

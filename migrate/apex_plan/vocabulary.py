@@ -171,6 +171,7 @@ DECORATORS_KEPT = "apex-decorators-kept"  # ``migrate.apex_kept.decorators_kept`
 # and a training file's calls of them (spelling, the utility's place) (not user settings)
 STATE_CALLERS_PASS, STATE_HELPERS = "apex-state-callers-pass", "apex-state-helpers"
 STATE_CALLERS_KEPT = "apex-state-callers-kept"  # a checkpoint utility's callers the run leaves on apex (not a user setting)
+STATE_INITIALIZE_KEPT = "apex-state-initialize-kept"  # ``apex_kept.kept_for_state_helpers``' places (not a user setting)
 HELPER_SCALER = "scaler"  # the parameter those functions take, and the keyword the calls pass
 ACCEPT_O2 = "o2-as-autocast"  # the setting that accepts apex O2 rewritten as autocast with fp32 weights
 
@@ -346,6 +347,7 @@ class Setup:
     scale_bounds: ScaleBounds = ScaleBounds()  # apex's floor and cap of the scale, kept after each update
     callers_pass: frozenset[str] = frozenset()  # a checkpoint utility's functions every caller hands the scaler
     callers_kept: tuple[str, ...] = ()  # a checkpoint utility's callers that stay on apex amp in this run
+    initialize_kept: tuple[str, ...] = ()  # or its project's `amp.initialize` calls that do
 
 
 def run_time_scale(value: cst.BaseExpression) -> tuple[str, str]:
