@@ -235,9 +235,9 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         options = replace(options, amp_reexported={str(path): names for path, names in amp_reexports.reexported(reading_amp).items()})
     if not apex_texts:
         return options
-    from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, grad_norms, half_helpers,
-                         half_partners, importers, level_settings, optimizer_resumes, scale_kept, state_helpers,
-                         subclass_overrides)
+    from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, forwardless_models,
+                         grad_norms, half_helpers, half_partners, importers, level_settings, optimizer_resumes, scale_kept,
+                         state_helpers, subclass_overrides)
 
     options = replace(
         options,
@@ -254,6 +254,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         half_helpers={str(path): names for path, names in half_helpers.elsewhere(apex_texts).items()},
         subclass_overrides={str(path): methods for path, methods in subclass_overrides.elsewhere(apex_texts).items()},
         base_bindings={str(path): kept for path, kept in base_bindings.elsewhere(apex_texts).items()},
+        forwardless_models={str(path): lines for path, lines in forwardless_models.elsewhere(apex_texts).items()},
     )
     # each half's facts are planned with what the other files say of it, as its run is
     partners = half_partners.partners(apex_texts, options.settings, lambda path: file_settings(options, path))

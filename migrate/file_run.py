@@ -49,6 +49,7 @@ class Options:
     state_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.state_helpers``' calls
     state_callers_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> callers left on apex
     state_initialize_kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``apex_kept.kept_for_state_helpers``' places
+    forwardless_models: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # path -> ``migrate.forwardless_models``' lines
     gradient_norms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # path -> ``migrate.grad_norms``' names
     half_helpers: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.half_helpers``' names and places
     subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
@@ -77,6 +78,7 @@ _PROJECT_FACTS = (
     ("state_helpers", "apex-state-helpers"),
     ("state_callers_kept", "apex-state-callers-kept"),
     ("state_initialize_kept", "apex-state-initialize-kept"),
+    ("forwardless_models", "apex-o3-forwardless"),
     ("gradient_norms", "gradient-norm-helpers"),
     ("half_helpers", "half-cast-helpers"),
     ("subclass_overrides", "subclass-overrides"),

@@ -81,7 +81,9 @@ dependence: no import cycle):
   ``amp.init()`` handle, a log line naming apex), ``cross_file`` (a file holding one half
   of apex amp, planned with the facts of the other half, ``migrate.halves``, ``migrate.half_partners``;
   ``handed_across``: where ``initialize`` has options known at run time, the GradScaler made in
-  its half and handed to the other half's training function, ``train_epoch(..., scaler=scaler)``),
+  its half and handed to the other half's training function, ``train_epoch(..., scaler=scaler)``;
+  an O3 model for inference becomes ``model.half()``, without a doubt where its ``forward`` is
+  never called, ``migrate.forwardless_models``),
   and ``after_imports`` (the definitions a rewrite adds at module level, after the last import).
 - ``planner``: the ``Planner``: classifies, reads the sites, decides the ``Setup`` once, then runs
   the families' steps in order and emits the findings. A file is not planned where the project

@@ -11,6 +11,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
 from migrate.apex_plan.scaler_options import constant_option
 from migrate.apex_plan.several_initialize import INFERENCE_CAST, SeveralInitializePlanning, halved, inference_step
+from migrate.forwardless_models import SETTING as FORWARDLESS
 from migrate.apex_plan.vocabulary import (
     COMPUTED_LEVEL,
     INITIALIZE,
@@ -170,8 +171,10 @@ class CrossFilePlanning(Step):
 
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``
-        inputs it is given working (fp32 weights would refuse them)."""
-        self.draft.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
+        inputs it is given working (fp32 weights would refuse them). apex's ``forward`` also cast
+        its inputs and outputs: safe only where nothing calls it (``migrate.forwardless_models``)."""
+        if self.tree.line(init.call) not in (self.tree.provider.cache or {}).get(FORWARDLESS, ()):
+            self.draft.unsafe.append("apex O3 also cast the model's inputs to float16 and its outputs to float32; `.half()` does neither")
         code = nodes.code(model)
         target, values = init.restore.split(" = ", 1) if init.restore else (code, code)  # `model, _ = ...(model, [])`
         restore = f"{target} = {values.replace(code, f'{code}.half()', 1)}"
