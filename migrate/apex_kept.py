@@ -30,7 +30,7 @@ migrates every one of them: its registration can go as safely as theirs.
 
 A checkpoint utility (apex's ``amp.state_dict``/``load_state_dict``, neither ``initialize`` nor
 ``scale_loss``) whose callers the run does not hand a GradScaler is told
-(``vocabulary.STATE_INITIALIZE_KEPT``) where its known project keeps an ``amp.initialize`` on apex
+(``STATE_SETTING``) where its known project keeps an ``amp.initialize`` on apex
 after the run: apex's loss-scaler state is saved and loaded through it for those runs, so it
 stays on apex with them (``kept_for_state_helpers``).
 """
@@ -44,9 +44,10 @@ from pathlib import Path
 from migrate import disk_reads, halves, quiet
 from migrate.apex_plan.vocabulary import DECORATORS_KEPT as DECORATORS_SETTING
 from migrate.apex_plan.vocabulary import MASTER_WEIGHTS_KEPT as MASTER_WEIGHTS_SETTING
+from migrate.apex_plan.vocabulary import STATE_INITIALIZE_KEPT as STATE_SETTING
 from migrate.files import known_project_root, place, project_root, project_trees_saying
 
-__all__ = ["DECORATORS_SETTING", "MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "decorators_kept", "kept_elsewhere", "kept_for_scale_halves",
+__all__ = ["DECORATORS_SETTING", "MASTER_WEIGHTS_SETTING", "MIGRATED_SETTING", "SETTING", "STATE_SETTING", "decorators_kept", "kept_elsewhere", "kept_for_scale_halves",
            "kept_for_state_helpers", "kept_places", "migrated_for_registrations", "migrates"]
 
 SETTING = "apex-initialize-kept"  # the setting that hands a file these places (not a user setting)
