@@ -102,14 +102,15 @@ def kept_for_scale_halves(texts: Mapping[Path, str], settings: Mapping, partners
 
 
 def kept_for_state_helpers(texts: Mapping[Path, str], file_settings: Callable[[Path], Mapping], partners: Mapping[Path, object],
-                           unsafe_fixes: bool, handed: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
+                           handed: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
     """For each checkpoint utility of ``texts`` (apex's ``amp.state_dict``/``load_state_dict``, neither
     ``initialize`` nor ``scale_loss``; ``halves.find_state_keeper``) whose callers the run does not
     hand the GradScaler (not in ``handed``), in a project whose extent is known: the places where
-    the project will still call ``amp.initialize`` after a run in this mode, each file of the run
-    planned with what the run found for it (``file_settings(path)``). apex keeps its loss-scaler
-    state for those runs, saved and loaded through the utility; rewritten, it would drop that
-    state, and no GradScaler of the project exists to pass it instead."""
+    the project will still call ``amp.initialize`` after a run with ``--unsafe-fixes`` (the only
+    run that rewrites such a utility alone: its fix is unsafe), each file of the run planned with
+    what the run found for it (``file_settings(path)``). apex keeps its loss-scaler state for those
+    runs, saved and loaded through the utility; rewritten, it would drop that state, and no
+    GradScaler of the project exists to pass it instead."""
     run = {path.resolve(): path for path in texts}
     migrated: dict[Path, bool] = {}
 
@@ -118,7 +119,7 @@ def kept_for_state_helpers(texts: Mapping[Path, str], file_settings: Callable[[P
             return True
         if file not in migrated:
             path = run[file]
-            migrated[file] = migrates(texts[path], partners.get(path), file_settings(path), unsafe_fixes)
+            migrated[file] = migrates(texts[path], partners.get(path), file_settings(path), True)
         return not migrated[file]
 
     found = {}

@@ -274,8 +274,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     # a checkpoint utility whose callers all pass the scaler is migrated with them: it keeps nothing of apex
     scaled = scale_kept.scaled_elsewhere(apex_texts, options.settings, partners, options.unsafe_fixes,
                                          {path.resolve(): True for path in passing})
-    initialized = apex_kept.kept_for_state_helpers(apex_texts, lambda path: file_settings(options, path), partners,
-                                                   options.unsafe_fixes, passing)
+    initialized = apex_kept.kept_for_state_helpers(apex_texts, lambda path: file_settings(options, path), partners, passing)
     return replace(
         options,
         scale_loss_kept_elsewhere={str(path): places for path, places in scaled.items()},

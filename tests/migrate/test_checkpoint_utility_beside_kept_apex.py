@@ -130,3 +130,15 @@ def test_a_folder_that_is_no_known_project_rewrites_the_utility_as_before(tmp_pa
     (root / "apex_setup.py").write_text(KEPT["outside_the_run"][1])
     migrate_paths([root / "checkpoint.py"], unsafe_fixes=True)
     assert "scaler" in (root / "checkpoint.py").read_text()
+
+
+@pytest.mark.parametrize("utility", sorted(UTILITIES))
+def test_a_safe_run_offers_the_unsafe_fix_where_an_unsafe_run_migrates_every_initialize(tmp_path, utility):
+    # O2 is rewritten only with --unsafe-fixes: the safe run leaves both, and says what that run would do
+    root = _project(tmp_path / "p", utility, None)
+    (root / "train.py").write_text(_TRAIN.format(prepare="").replace('opt_level="O1"', 'opt_level="O2"'))
+    results = migrate_paths([root])
+    assert (root / _UTILITY).read_text() == UTILITIES[utility]
+    found = [d for r in results if r.filename.endswith("checkpoint.py") for d in r.diagnostics]
+    assert found and not any("stays initialized" in d.message for d in found), [d.message for d in found]
+    assert any(d.fix is not None for d in found), [d.message for d in found]
