@@ -291,7 +291,10 @@ class _Replacer(cst.CSTTransformer):
         report = self._report_for(original_node)
         if report is None:
             if isinstance(updated_node, (cst.Module, cst.IndentedBlock)):
-                return updated_node.with_changes(body=self._without_placeholders(updated_node.body))
+                body = self._without_placeholders(updated_node.body)
+                if isinstance(updated_node, cst.IndentedBlock) and body and self._removed(original_node.body[0]):
+                    body[0] = import_changes.without_leading_blank_lines(body[0])  # the block does not open on a blank line
+                return updated_node.with_changes(body=body)
             return updated_node
         self.applied.add(id(report))
         replacement = report.replacement
@@ -302,6 +305,12 @@ class _Replacer(cst.CSTTransformer):
         placed = replacement.nodes if isinstance(replacement, cst.FlattenSentinel) else [replacement]
         self._placed.update(map(id, placed))
         return replacement
+
+    def _removed(self, statement: cst.CSTNode) -> bool:
+        """A fix removes ``statement``, leaving nothing in its place."""
+        report = self._report_for(statement)
+        replacement = report.replacement if report is not None else None
+        return isinstance(replacement, cst.RemovalSentinel) or isinstance(replacement, cst.FlattenSentinel) and not replacement.nodes
 
     def _without_placeholders(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """A ``pass`` a fix put where it removed a statement only keeps the block non-empty, or

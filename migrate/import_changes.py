@@ -209,6 +209,16 @@ def _narrowed(node: cst.Import | cst.ImportFrom | cst.Global, kept: list):
     return node.with_changes(names=kept)
 
 
+def without_leading_blank_lines(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """``statement`` with the blank lines before its first comment (or before it) dropped: the
+    ones that stood between it and the statement a fix removed above it, first in its block, which
+    would open the block now."""
+    lines = list(statement.leading_lines)
+    while lines and lines[0].comment is None:
+        lines.pop(0)
+    return statement.with_changes(leading_lines=lines)
+
+
 def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer]:
     """``remover``, keeping the comments above an import line it removes: they go to the next
     statement (or the end of the block; a block left empty loses them). libcst drops them with
@@ -236,6 +246,8 @@ def _comments_kept(remover: type[cst.CSTTransformer]) -> type[cst.CSTTransformer
                     carried += self._removed[id(statement)]
                     continue
                 survivor = next(survivors)
+                if not kept and statement is not original_node.body[0] and isinstance(original_node, cst.IndentedBlock):
+                    survivor = without_leading_blank_lines(survivor)  # the block opens on it
                 if carried:
                     survivor = survivor.with_changes(leading_lines=(*carried, *survivor.leading_lines))
                     carried = []
