@@ -111,25 +111,15 @@ def kept_for_state_helpers(texts: Mapping[Path, str], file_settings: Callable[[P
     what the run found for it (``file_settings(path)``). apex keeps its loss-scaler state for those
     runs, saved and loaded through the utility; rewritten, it would drop that state, and no
     GradScaler of the project exists to pass it instead."""
-    run = {path.resolve(): path for path in texts}
-    migrated: dict[Path, bool] = {}
+    originals = {path.resolve(): path for path in texts}  # what `file_settings` knows each file by
 
-    def stays(file: Path) -> bool:
-        if file not in run:
-            return True
-        if file not in migrated:
-            path = run[file]
-            migrated[file] = migrates(texts[path], partners.get(path), file_settings(path), True)
-        return not migrated[file]
-
-    found = {}
-    for path, text in texts.items():
+    def places_of(path: Path, text: str, run: Mapping, migrated: dict) -> tuple[str, ...]:
         if path in handed or known_project_root(path) is None or halves.find_state_keeper(path, text) is None:
-            continue  # in a folder gathered from many projects, another file's initialize is not this one's
+            return ()  # in a folder gathered from many projects, another file's initialize is not this one's
         root, me = _search_root(path), path.resolve()
-        if places := tuple(place(file, line, root) for file, line in _initializes(root) if file != me and stays(file)):
-            found[path] = places
-    return found
+        return kept_places([(file, line) for file, line in _initializes(root) if file != me], root, run, {}, True, migrated,
+                           settings_of=lambda file: file_settings(originals[file]))
+    return _per_file(texts, partners, places_of)
 
 
 def migrated_for_registrations(texts: Mapping[Path, str], settings: Mapping, partners: Mapping[Path, object]) -> dict[Path, tuple[str, ...]]:
@@ -212,16 +202,18 @@ def _search_root(path: Path) -> Path:
 
 
 def kept_places(candidates: list[tuple[Path, int]], root: Path, run: Mapping[Path, tuple[str, object | None]],
-                settings: Mapping, unsafe_fixes: bool, migrated: dict[Path, bool]) -> tuple[str, ...]:
+                settings: Mapping, unsafe_fixes: bool, migrated: dict[Path, bool],
+                settings_of: Callable[[Path], Mapping] | None = None) -> tuple[str, ...]:
     """Those of ``candidates`` (resolved file, line) that stay on apex after the run, as
     ``path:line`` relative to ``root``: a file not in ``run`` (resolved path -> text and partner),
-    or one whose plan the run does not apply (every site, and no doubt unless ``unsafe_fixes``).
-    ``migrated`` keeps the answers across calls."""
+    or one whose plan the run does not apply (every site, and no doubt unless ``unsafe_fixes``),
+    planned with ``settings``, or with ``settings_of(file)`` where the caller knows what the run
+    found for each file. ``migrated`` keeps the answers across calls."""
     places = []
     for file, line in candidates:
         if file in run:
             if file not in migrated:
-                migrated[file] = migrates(*run[file], settings, unsafe_fixes)
+                migrated[file] = migrates(*run[file], settings_of(file) if settings_of else settings, unsafe_fixes)
             if migrated[file]:
                 continue
         places.append(place(file, line, root))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from migrate import disk_reads, quiet
 from migrate.files import in_project, project_python_files, project_root
 
-__all__ = ["SETTING", "Handed", "handed_elsewhere"]
+__all__ = ["SETTING", "Handed", "handed_elsewhere", "own_nodes"]
 
 SETTING = "forward-callers"  # the setting that hands a file these calls (not a user setting)
 _MOST_NAMES = 8  # functions of one file searched for: a training file scales its loss in few
@@ -70,7 +70,7 @@ def _scaling_functions(text: str) -> tuple[str, ...]:
     names = []
     for function in ast.walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_parameters(function) and any(
-            isinstance(node, ast.Call) and _callee(node) == "scale_loss" for node in _own_nodes(function)
+            isinstance(node, ast.Call) and _callee(node) == "scale_loss" for node in own_nodes(function)
         ):
             names.append(function.name)
     return tuple(dict.fromkeys(names))[:_MOST_NAMES]
@@ -105,7 +105,7 @@ def _calls(root: Path, names: frozenset[str]) -> tuple[tuple[Path, Handed], ...]
 
 
 def _handed_in(scope: ast.AST, names: frozenset[str], place: str) -> Iterator[Handed]:
-    own = list(_own_nodes(scope))
+    own = list(own_nodes(scope))
     made: dict[str, set[str]] = {}  # a name the scope binds -> the callees whose results it was bound to
     for node in own:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
@@ -129,8 +129,9 @@ def _handed_in(scope: ast.AST, names: frozenset[str], place: str) -> Iterator[Ha
                 yield Handed(_callee(call), f"{place}:{call.lineno}", key, maker)
 
 
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``scope``'s own body: not those of a function or class defined in it."""
+def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope``'s own body: a function, class or lambda defined in it is given, but
+    not what it holds (``ast``'s counterpart of ``apex_nodes.own_code``)."""
     stack = list(ast.iter_child_nodes(scope))
     while stack:
         node = stack.pop()

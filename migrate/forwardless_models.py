@@ -28,6 +28,7 @@ from pathlib import Path
 
 from migrate import quiet
 from migrate.files import project_root, project_trees_saying
+from migrate.forward_callers import own_nodes
 from migrate.module_paths import project_imports
 
 __all__ = ["SETTING", "elsewhere"]
@@ -55,7 +56,7 @@ def elsewhere(texts: Mapping[Path, str]) -> dict[Path, tuple[int, ...]]:
 
 
 def _forwardless_lines(path: Path, tree: ast.Module) -> Iterator[int]:
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    parents = _parents(tree)
     reader = _Reader(path, tree, parents)
     for node in ast.walk(tree):
         model = _halved_model(node, parents)
@@ -127,7 +128,7 @@ class _Reader:
         of the project, a checkpoint's (``torch.load(path)["model"]``: its classes are the
         project's), or what one of its own methods returns (``model.remove_weightnorm(model)``): so
         the methods it is read through are those the project defines, not another package's."""
-        values = [node.value for node in _own_nodes(scope) if isinstance(node, ast.Assign) and node.lineno < before
+        values = [node.value for node in own_nodes(scope) if isinstance(node, ast.Assign) and node.lineno < before
                   and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)]
         return bool(values) and all(self._made_by_the_project(value, name) for value in values)
 
@@ -143,7 +144,7 @@ class _Reader:
             or isinstance(value.func.value, ast.Name) and value.func.value.id == name)
 
     def reads_are_forwardless(self, scope: ast.AST, name: str, after: int) -> bool:
-        for node in _own_nodes(scope):
+        for node in own_nodes(scope):
             if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
                 return False
             if isinstance(node, _SCOPES) and node is not scope and any(
@@ -198,7 +199,7 @@ class _Reader:
     def _self_forwardless(self, function: ast.FunctionDef) -> bool:
         if not function.args.args:
             return False
-        parents = {id(child): node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+        parents = _parents(function)
         own = function.args.args[0].arg
         return all(isinstance(node.ctx, ast.Load) and self._forwardless_read(node, parents, own=True) for node in ast.walk(function)
                    if isinstance(node, ast.Name) and node.id == own)
@@ -220,7 +221,7 @@ class _Reader:
             keyword = params[index]
         elif keyword not in params + [arg.arg for arg in function.args.kwonlyargs]:
             return False
-        parents = {id(child): node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+        parents = _parents(function)
         return not any(isinstance(node, (ast.Global, ast.Nonlocal, ast.Lambda, ast.FunctionDef)) and node is not function
                        for node in ast.walk(function)) and all(
             isinstance(node.ctx, ast.Load) and self._forwardless_read_in(node, parents) for node in ast.walk(function)
@@ -247,14 +248,9 @@ class _Reader:
         return None
 
 
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """``scope`` and what it holds, each nested function, lambda or class given but not entered."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, _SCOPES):
-            stack.extend(ast.iter_child_nodes(node))
+def _parents(tree: ast.AST) -> dict[int, ast.AST]:
+    """Each node's parent, by the node's id."""
+    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
 
 def _result_dropped(call: ast.Call, parents: dict) -> bool:
