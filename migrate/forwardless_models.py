@@ -19,6 +19,11 @@ such methods of ``self``); ``eval()``, ``cuda()`` and the like as a statement of
 the file or of a file it imports whose parameter is used in the same ways. Anything else (the
 model called, handed to a function not found, returned, stored, read by a nested function, the
 call inside a loop) and the ``initialize`` is not counted: its rewrite stays unsafe.
+
+The model may be kept on an instance (``self.waveglow, _ = amp.initialize(self.waveglow, [], ...)``
+in a method of a class): then every read of an attribute of that name in the project must be
+``self.waveglow`` in a method of that class, used in the same ways (not read by another file, by
+another object's attribute, by name through ``getattr``, or in a nested function).
 """
 from __future__ import annotations
 
@@ -63,14 +68,19 @@ def _forwardless_lines(path: Path, tree: ast.Module) -> Iterator[int]:
         if model is None:
             continue
         scope, inside_loop = _scope_of(node, parents)
-        if not inside_loop and reader.made_by_the_project(scope, model, node.lineno) and reader.reads_are_forwardless(
-                scope, model, node.end_lineno):
+        if inside_loop or not reader.made_by_the_project(scope, model, node.lineno):
+            continue
+        if "." in model:
+            if reader.attribute_reads_are_forwardless(scope, model, node.end_lineno):
+                yield node.lineno
+        elif reader.reads_are_forwardless(scope, model, node.end_lineno):
             yield node.lineno
 
 
 def _halved_model(call: ast.AST, parents: dict) -> str | None:
-    """The model's name where ``call`` is ``name = amp.initialize(name, [], opt_level="O3")`` (or
-    ``name, _ = ...``) with no option that changes more than its weights' type."""
+    """The model where ``call`` is ``model = amp.initialize(model, [], opt_level="O3")`` (or
+    ``model, _ = ...``) with no option that changes more than its weights' type: its name, or
+    ``self.name`` for an attribute of the instance a method is given."""
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "initialize"
             and ast.unparse(call.func.value).split(".")[-1] in ("amp", "apex_amp")):
         return None
@@ -80,7 +90,8 @@ def _halved_model(call: ast.AST, parents: dict) -> str | None:
     models = call.args[0] if call.args else given.get("models")
     optimizers = call.args[1] if len(call.args) > 1 else given.get("optimizers")
     level = given.get("opt_level")
-    if not (isinstance(models, ast.Name) and isinstance(level, ast.Constant) and level.value == "O3"):
+    if not ((isinstance(models, ast.Name) or _instance_attribute(models)) and isinstance(level, ast.Constant)
+            and level.value == "O3"):
         return None
     if optimizers is not None and not (isinstance(optimizers, (ast.List, ast.Tuple)) and not optimizers.elts
                                        or isinstance(optimizers, ast.Constant) and optimizers.value is None):
@@ -100,7 +111,13 @@ def _halved_model(call: ast.AST, parents: dict) -> str | None:
                 and target.elts[1].id == "_"):
             return None
         target = target.elts[0]
-    return models.id if isinstance(target, ast.Name) and target.id == models.id else None
+    model = ast.unparse(models)
+    return model if isinstance(target, (ast.Name, ast.Attribute)) and ast.unparse(target) == model else None
+
+
+def _instance_attribute(node: ast.AST) -> bool:
+    """``node`` is ``self.name``: an attribute of a plain name."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
 
 
 def _scope_of(node: ast.AST, parents: dict) -> tuple[ast.AST, bool]:
@@ -129,7 +146,8 @@ class _Reader:
         project's), or what one of its own methods returns (``model.remove_weightnorm(model)``): so
         the methods it is read through are those the project defines, not another package's."""
         values = [node.value for node in own_nodes(scope) if isinstance(node, ast.Assign) and node.lineno < before
-                  and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)]
+                  and any(isinstance(target, (ast.Name, ast.Attribute)) and ast.unparse(target) == name
+                          for target in node.targets)]
         return bool(values) and all(self._made_by_the_project(value, name) for value in values)
 
     def _made_by_the_project(self, value: ast.AST, name: str) -> bool:
@@ -140,8 +158,7 @@ class _Reader:
         if isinstance(value.func, ast.Name):
             return self._definition(value.func.id, classes_only=True) is not None
         return isinstance(value.func, ast.Attribute) and (
-            ast.unparse(value.func) == "torch.load"
-            or isinstance(value.func.value, ast.Name) and value.func.value.id == name)
+            ast.unparse(value.func) == "torch.load" or ast.unparse(value.func.value) == name)
 
     def reads_are_forwardless(self, scope: ast.AST, name: str, after: int) -> bool:
         for node in own_nodes(scope):
@@ -153,6 +170,33 @@ class _Reader:
             if isinstance(node, ast.Name) and node.id == name and node.lineno > after:
                 if not isinstance(node.ctx, ast.Load) or not self._forwardless_read(node, self.parents):
                     return False
+        return True
+
+    def attribute_reads_are_forwardless(self, method: ast.AST, model: str, after: int) -> bool:
+        """``model`` is ``self.name`` in ``method`` of a class, and every read of an attribute
+        ``name`` in the project is ``self.name`` in a method of that class (not in a function or
+        lambda nested in it) that does not reach the model's ``forward``; those in ``method``
+        before line ``after`` read it before it was cast."""
+        owner, attribute = model.split(".")
+        cls = self.parents.get(id(method))
+        if not (isinstance(method, ast.FunctionDef) and isinstance(cls, ast.ClassDef) and method.args.args
+                and method.args.args[0].arg == owner):
+            return False
+        others = (tree for path, tree in project_trees_saying(project_root(self.path), f".{attribute}".encode())
+                  if path.resolve() != self.path.resolve())
+        if any(isinstance(node, ast.Attribute) and node.attr == attribute for tree in others for node in ast.walk(tree)):
+            return False  # the instance's model read from another file
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Constant) and node.value == attribute:
+                return False  # `getattr(self, "vocoder")`: read by name
+            if not (isinstance(node, ast.Attribute) and node.attr == attribute and isinstance(node.ctx, ast.Load)):
+                continue
+            function = _enclosing_function(node, self.parents)
+            if function is method and node.lineno <= after:
+                continue
+            if not (self.parents.get(id(function)) is cls and function.args.args and isinstance(node.value, ast.Name)
+                    and node.value.id == function.args.args[0].arg and self._forwardless_read(node, self.parents)):
+                return False
         return True
 
     def _forwardless_read(self, node: ast.AST, parents: dict, own: bool = False) -> bool:
@@ -246,6 +290,13 @@ class _Reader:
                     return node if classes_only else next(
                         (item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
         return None
+
+
+def _enclosing_function(node: ast.AST, parents: dict) -> ast.AST | None:
+    """The function, lambda or class whose own code holds ``node``; None at module level."""
+    while (node := parents.get(id(node))) is not None and not isinstance(node, _SCOPES):
+        pass
+    return node
 
 
 def _parents(tree: ast.AST) -> dict[int, ast.AST]:

@@ -117,14 +117,17 @@ def test_a_model_never_called_is_halved_in_a_safe_run(tmp_path, initialize, guar
 def test_the_halved_model_prints_what_apex_o3_printed(tmp_path, initialize, uses, infer, made):
     # ampshim on the CPU runs float16 as bfloat16: the inputs take the weights' type, not `.half()`
     script = _script(initialize, True, uses, "function", made).replace("x.half() if fp16 else x", "x.to(model.upsample.weight.dtype)")
-    original = _project(tmp_path / "original", script, infer)
+    _assert_the_halved_model_prints_what_apex_printed(tmp_path, _project(tmp_path / "original", script, infer), "model")
+
+
+def _assert_the_halved_model_prints_what_apex_printed(tmp_path: Path, original: Path, model: str) -> None:
     migrated = tmp_path / "migrated"
     shutil.copytree(original, migrated)
     migrate_paths([migrated])
     text = (migrated / "inference.py").read_text()
-    assert "apex" not in text and "model = model.half()\n" in text, text
+    assert "apex" not in text and f"{model} = {model}.half()\n" in text, text
     # ampshim on the CPU casts apex O3's float16 to bfloat16: the rewrite's `.half()` is given the same type there
-    (migrated / "inference.py").write_text(text.replace("model = model.half()\n", "model = model.to(torch.bfloat16)\n"))
+    (migrated / "inference.py").write_text(text.replace(f"{model} = {model}.half()\n", f"{model} = {model}.to(torch.bfloat16)\n"))
     expected = printed(original / "inference.py")
     assert expected.startswith("out torch."), expected
     assert printed(migrated / "inference.py") == expected
@@ -162,6 +165,111 @@ def test_a_model_whose_forward_may_run_keeps_the_rewrite_unsafe(tmp_path, case):
     root = _project(tmp_path / "p", script, model=model if model not in (None, "calls") else None)
     if model == "calls":
         (root / "denoiser.py").write_text(DENOISER.replace("vocoder.infer(zeros)", "vocoder(zeros)"))
+    migrate_paths([root])
+    assert (root / "inference.py").read_text() == script  # the safe run leaves it
+    migrate_paths([root], unsafe_fixes=True)
+    text = (root / "inference.py").read_text()
+    assert "from apex" in text or "TODO(ampmigrate)" in text, text
+
+
+# the model kept on an instance (`self.vocoder`), cast in one method and used in others
+CLASS_SCRIPT = (
+    "import torch\nfrom apex import amp\n\nfrom denoiser import Denoiser\nfrom vocoder import Vocoder\n\n\n"
+    "class Synthesizer:\n"
+    "    def __init__({me}, fp16=True):\n"
+    "        {me}.fp16 = fp16\n"
+    "{setup_call}"
+    "\n"
+    "    def {setup}({me}):\n"
+    "        torch.manual_seed(0)\n"
+    "{made}"
+    "        {me}.{attr}.cuda().eval()\n"
+    "{initialize}"
+    "\n"
+    "    def synthesize({me}, x):\n"
+    "        x = x.half() if {me}.fp16 else x\n"
+    "        with torch.no_grad():\n"
+    "{uses}"
+    "        return y\n"
+    "{extra}"
+    "\n\n"
+    "def main():\n"
+    "    synthesizer = Synthesizer()\n"
+    "    y = synthesizer.synthesize(torch.randn(2, 8).cuda())\n"
+    '    print("out", y.dtype, [round(v, 3) for v in y.float().flatten().tolist()])\n'
+    "{main_extra}"
+    "\n\nif __name__ == \"__main__\":\n    main()\n"
+)
+CLASS_MADE = {
+    "class": "        {me}.{attr} = Vocoder()\n",
+    "loaded": "        torch.save({{\"model\": Vocoder()}}, \"vocoder.pt\")\n"
+              "        {me}.{attr} = torch.load(\"vocoder.pt\", weights_only=False)[\"model\"]\n"
+              "        {me}.{attr} = {me}.{attr}.eval()\n",
+}
+
+
+def _class_script(attr: str, me: str, guarded: bool, uses: str, setup: str, made: str, extra: str = "", main_extra: str = "") -> str:
+    initialize = INITIALIZES["pair_empty_list"].replace("model", f"{me}.{attr}")
+    initialize = f"        if {me}.fp16:\n            {initialize}\n" if guarded else f"        {initialize}\n"
+    use = "".join("    " + line.replace("model", f"{me}.{attr}") + "\n" for line in USES[uses].splitlines())
+    return CLASS_SCRIPT.format(
+        me=me, attr=attr, setup="__init__" if setup == "init" else "load",
+        setup_call="" if setup == "init" else f"        {me}.load()\n",
+        made=CLASS_MADE[made].format(me=me, attr=attr), initialize=initialize, uses=use, extra=extra, main_extra=main_extra,
+    ).replace("    def __init__({me}, fp16=True):\n        {me}.fp16 = fp16\n\n    def __init__({me}):\n".format(me=me),
+              "    def __init__({me}, fp16=True):\n        {me}.fp16 = fp16\n".format(me=me))
+
+
+CLASS_CASES = list(itertools.product(("vocoder", "waveglow"), ("self", "this"), (True, False), sorted(USES), ("init", "load"), sorted(MADE)))
+
+
+@pytest.mark.parametrize(("attr", "me", "guarded", "uses", "setup", "made"), CLASS_CASES)
+def test_an_instance_model_never_called_is_halved_in_a_safe_run(tmp_path, attr, me, guarded, uses, setup, made):
+    script = _class_script(attr, me, guarded, uses, setup, made)
+    compile(script, "inference.py", "exec")
+    root = _project(tmp_path / "p", script)
+    migrate_paths([root])
+    text = (root / "inference.py").read_text()
+    assert "apex" not in text and "amp." not in text, text
+    assert f"{me}.{attr} = {me}.{attr}.half()\n" in text and "TODO(ampmigrate)" not in text, text
+
+
+@pytest.mark.parametrize(("uses", "setup", "made"), [("denoiser", "init", "loaded"), ("weight_dtype", "load", "class")])
+def test_the_halved_instance_model_prints_what_apex_o3_printed(tmp_path, uses, setup, made):
+    script = _class_script("vocoder", "self", True, uses, setup, made).replace(
+        "x.half() if self.fp16 else x", "x.to(self.vocoder.upsample.weight.dtype)")
+    _assert_the_halved_model_prints_what_apex_printed(tmp_path, _project(tmp_path / "original", script), "self.vocoder")
+
+
+_CLASS = _class_script("vocoder", "self", True, "infer", "init", "class")
+_OTHER_FILE = "from inference import Synthesizer\n\n\ndef run(x):\n    return Synthesizer().vocoder(x)\n"
+# each reaches (or may reach) the instance model's forward, or reads it where it cannot be followed
+INSTANCE_REACHING = {
+    "called": (_CLASS.replace("y = self.vocoder.infer(x)", "y = self.vocoder(x)"), None),
+    "called_in_another_method": (_class_script("vocoder", "self", True, "infer", "init", "class",
+                                               extra="\n    def raw(self, x):\n        return self.vocoder(x)\n"), None),
+    "called_from_outside": (_class_script("vocoder", "self", True, "infer", "init", "class",
+                                          main_extra="    print(synthesizer.vocoder(torch.randn(2, 8).cuda()).dtype)\n"), None),
+    "read_in_another_file": (_CLASS, _OTHER_FILE),
+    "aliased": (_CLASS.replace("        y = self.vocoder.infer(x)\n", "        self.net = self.vocoder\n        y = self.net(x)\n"), None),
+    "by_name": (_CLASS.replace("y = self.vocoder.infer(x)", 'y = getattr(self, "vocoder")(x)'), None),
+    "nested_function": (_CLASS.replace("        y = self.vocoder.infer(x)\n", "        run = lambda v: self.vocoder(v)\n        y = run(x)\n"), None),
+    "another_instance": (_class_script("vocoder", "self", True, "infer", "init", "class",
+                                       extra="\n    def compare(self, other, x):\n        return other.vocoder(x)\n"), None),
+    "subclass": (_CLASS.replace("\n\ndef main():", "\n\nclass Raw(Synthesizer):\n    def raw(self, x):\n        return self.vocoder(x)\n\n\ndef main():"), None),
+    "another_package_model": (_CLASS.replace("self.vocoder = Vocoder()", "self.vocoder = torch.hub.load('org/repo', 'vocoder')"), None),
+    "state_dict": (_CLASS.replace("        return y\n", "        torch.save(self.vocoder.state_dict(), 'm.pt')\n        return y\n"), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INSTANCE_REACHING))
+def test_an_instance_model_whose_forward_may_run_keeps_the_rewrite_unsafe(tmp_path, case):
+    script, other = INSTANCE_REACHING[case]
+    assert script != _CLASS or other is not None, case
+    compile(script, "inference.py", "exec")
+    root = _project(tmp_path / "p", script)
+    if other is not None:
+        (root / "server.py").write_text(other)
     migrate_paths([root])
     assert (root / "inference.py").read_text() == script  # the safe run leaves it
     migrate_paths([root], unsafe_fixes=True)
