@@ -233,6 +233,8 @@ class Draft:
             if type(node) is not cst.If or not isinstance(node.orelse, cst.Else) or not nodes.is_pure(node.test) \
                     or self.touched(node.test) or getattr(self.tree.parent.get(id(node)), "orelse", None) is node:
                 continue  # an `elif` stays: it is no statement
+            if not (isinstance(node.body, cst.IndentedBlock) and isinstance(node.orelse.body, cst.IndentedBlock)):
+                continue  # an arm on its header's line (`else: loss.backward()`) stays as written
             touched = [self.touched(node.body), self.touched(node.orelse.body)]
             said = [line.comment for line in node.orelse.leading_lines] + [node.body.header.comment, node.orelse.body.header.comment]
             arms = [self._rendered(block.body[0]) if isinstance(block, cst.IndentedBlock) and len(block.body) == 1 else None
