@@ -15,7 +15,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.half_inputs import fed_half
+from migrate.apex_plan.half_inputs import fed_half, half_runs
 from migrate.apex_plan.inference_tail import trains
 from migrate.apex_plan.loss_slice import backward_slice, calls_model
 from migrate.apex_plan.steering import steers_training
@@ -30,8 +30,10 @@ _GRADIENTS_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.auto
                             "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"})
 _MESSAGE = "a forward pass without gradients in the training loop ran under apex's casts"
 _STEERING = "an evaluation whose result steers the training (a scheduler's step, an early stop) ran under apex's casts"
-_FED_HALF = ("a forward pass fed float16 inputs (`x.half()`) ran under apex's casts: outside autocast it raises "
-             "(float16 inputs, float32 weights)")
+_HALF_OUTSIDE = ("a forward pass here mixes float16 and float32 (a network cast with `.half()`, or `.half()` inputs) "
+                 "outside autocast: apex's casts made the types meet, natively it raises")
+_FED_HALF = ("a forward pass mixing float16 and float32 (`x.half()` inputs, or a network cast with `.half()`) ran under "
+             "apex's casts: outside autocast it raises")
 
 
 class DetachedForwardPlanning(Step):
@@ -70,6 +72,30 @@ class DetachedForwardPlanning(Step):
             if len(enabled) == 1 and not any(self.tree.inside(call, loop) for call in self.sites.calls["initialize"]):
                 for statements, message in self._detached_blocks(loop, loop.body, models, steering_only=True):
                     self._wrap(statements, next(iter(enabled)), message)
+        self._mark_half_runs_outside()
+
+    def _mark_half_runs_outside(self) -> None:
+        """A pass mixing float16 and float32 that no autocast holds after the rewrite (an export
+        of a network cast to float16 after the loop, an evaluation fed ``x.half()``): apex's casts
+        made it run, natively it raises. The rewrite is unsafe, and a marker says where."""
+        every_network = self._casts_every_network()
+        scopes = [self.tree.module, *(node for node in descendants(self.tree.module) if type(node) is cst.FunctionDef)]
+        for scope in scopes:
+            for call in half_runs(scope, set(self.setup.model_codes), every_network):
+                if self._under_autocast(call, set()):
+                    continue
+                self.draft.mark(self.tree.statement(call), _HALF_OUTSIDE, "run it under `torch.autocast`, or give it inputs "
+                                "and weights of one type: apex's casts made them meet")
+
+    def _under_autocast(self, node: cst.CSTNode, seen: set[int]) -> bool:
+        """Whether a region of the rewrite holds ``node``, or every call of the function holding it
+        (called somewhere in the file) stands under one."""
+        if any(id(outer) in self.draft.regions for outer in (node, *self.tree.ancestors(node))):
+            return True
+        function = self.tree.function(node)
+        if function is None or id(function) in seen or not (calls := self.tree.calls_of(function)):
+            return False
+        return all(self._under_autocast(call, seen | {id(function)}) for call in calls)
 
     def _caller_loops(self, first: cst.CSTNode, enabled: str) -> list[tuple[cst.For | cst.While, set[str]]]:
         """The loops of other functions of the file around a call of ``first``'s function (at
@@ -157,7 +183,7 @@ class DetachedForwardPlanning(Step):
             if self._steering_evaluation(statement, models, loop):
                 yield [statement], _STEERING
                 continue
-            if self._wrappable(statement) and fed_half(self.tree, statement, models, self.sites.ids) \
+            if self._wrappable(statement) and fed_half(self.tree, statement, models, self.sites.ids, self._casts_every_network()) \
                     and not trains(self.tree, statement, models):
                 yield [statement], _FED_HALF
                 continue

@@ -1,4 +1,4 @@
-"""Whether a statement runs a forward pass of a model on float16 tensors it made itself.
+"""Whether a statement runs a forward pass that mixes float16 and float32, as apex's casts allowed.
 
 A script feeding ``image = batch.half().cuda() / 255`` to its model trained under apex O1, whose
 patched functions cast inputs to each op's precision: the float32 weights met float16 inputs
@@ -8,6 +8,11 @@ training loop or in the loop calling the training function, goes under autocast 
 region does. Followed in the statement and in the file's functions it calls, name by name: a
 name bound from a ``.half()`` (``.to(torch.float16)``, ``.type(torch.HalfTensor)``), or from one
 such, handed to a model.
+
+Under O1 the other way round too: a network the file casts to float16 itself (``copy =
+copy.half()``, ``net.half()``) and then runs (``copy(x)``, ``torch.jit.trace(copy, x)``,
+``torch.onnx.export(copy, ...)``) on float32 inputs, which apex's casts made float16
+(``half_runs``; a tensor is never called, so what is run is a network).
 """
 from __future__ import annotations
 
@@ -19,18 +24,58 @@ from migrate.apex_plan.syntax import read_names
 from migrate.apex_plan.tree import FileTree
 from migrate.tree_walk import descendants
 
-__all__ = ["fed_half"]
+__all__ = ["fed_half", "half_runs"]
 
 _HALF_DTYPES = frozenset({"torch.float16", "torch.half", "torch.cuda.HalfTensor", "torch.HalfTensor"})
+# what runs the network it is given first: a trace or an export runs its forward pass
+_RUNNERS = frozenset({"torch.jit.trace", "torch.jit.trace_module", "torch.onnx.export", "jit.trace", "onnx.export"})
+# what returns the network it is called on: `net.cuda().half()` casts `net`
+_RETURNS_ITSELF = frozenset({"cuda", "cpu", "eval", "train", "to", "float", "half"})
 
 
-def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int]) -> bool:
+def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int], every_network: bool = False) -> bool:
     """Whether ``statement``, or a function of the file it calls, hands one of ``models`` a
-    float16 tensor it made (``model(x.half())``, or through the names bound from one)."""
-    return any(_in_scope(scope, models) for scope in (statement, *helpers_reached(tree, statement, amp_calls)))
+    float16 tensor it made (``model(x.half())``, or through the names bound from one); with
+    ``every_network`` (O1: apex cast every op), also whether it runs a network it cast to float16."""
+    return any(_half_calls(scope, models, every_network) for scope in (statement, *helpers_reached(tree, statement, amp_calls)))
 
 
-def _in_scope(scope: cst.CSTNode, models: set[str]) -> bool:
+def half_runs(scope: cst.CSTNode, models: set[str], every_network: bool) -> list[cst.Call]:
+    """The calls in ``scope``'s own code (not in a function defined in it) that hand one of
+    ``models`` a float16 tensor, or (``every_network``) run a network the scope cast to float16."""
+    return _half_calls(scope, models, every_network)
+
+
+def _half_calls(scope: cst.CSTNode, models: set[str], every_network: bool) -> list[cst.Call]:
+    halves = _half_names(scope)
+    calls = [node for node in nodes.own_code(scope) if type(node) is cst.Call]
+    found = [call for call in calls if _calls_a_model(call, models) and any(_is_half(arg.value, halves) for arg in call.args)]
+    if every_network:
+        cast = halves | {_receiver(node.value) for node in nodes.own_code(scope)
+                         if type(node) is cst.Expr and _is_half(node.value, set()) and _receiver(node.value)}
+        run = {name for name in cast if any(_runs(call, name) for call in calls)}
+        found += [call for call in calls if any(_runs(call, name) for name in run) and call not in found]
+    return found
+
+
+def _runs(call: cst.Call, network: str) -> bool:
+    """Whether ``call`` runs ``network``'s forward pass: calls it, its ``forward``, or traces or exports it."""
+    func = nodes.code(call.func)
+    if func in (network, f"{network}.forward"):
+        return True
+    return func in _RUNNERS and bool(call.args) and nodes.code(call.args[0].value) == network
+
+
+def _receiver(expression: cst.BaseExpression) -> str:
+    """``net`` for ``net.half()`` and ``net.cuda().half()``: what a cast in place casts; else ""."""
+    while type(expression) is cst.Call and type(expression.func) is cst.Attribute \
+            and expression.func.attr.value in _RETURNS_ITSELF:
+        expression = expression.func.value
+    return nodes.code(expression) if type(expression) in (cst.Name, cst.Attribute) else ""
+
+
+def _half_names(scope: cst.CSTNode) -> set[str]:
+    """The names ``scope`` binds to float16 tensors or networks (``image = batch.half()``)."""
     assigns = [node for node in nodes.own_code(scope) if type(node) is cst.Assign]
     halves: set[str] = set()
     changed = True
@@ -42,10 +87,7 @@ def _in_scope(scope: cst.CSTNode, models: set[str]) -> bool:
                 if bound:
                     halves |= bound
                     changed = True
-    for call in nodes.own_code(scope):
-        if type(call) is cst.Call and _calls_a_model(call, models) and any(_is_half(arg.value, halves) for arg in call.args):
-            return True
-    return False
+    return halves
 
 
 def _calls_a_model(call: cst.Call, models: set[str]) -> bool:
