@@ -208,7 +208,7 @@ class DetachedForwardPlanning(Step):
         # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region
         # would leave autocast's cached float16 weights stale for the passes after it
         return handed and self._wrappable(statement) and not trains(self.tree, statement, models) and steers_training(
-            loop, assigned_names(statement))
+            loop, assigned_names(statement), self.tree.module)
 
     def _plain_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],
                     half: set[str]) -> list[cst.BaseStatement]:

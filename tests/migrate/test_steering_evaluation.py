@@ -27,9 +27,7 @@ def validate(model, batches):
     model.train()
     print("out", "val", round(total / len(batches), 6))
     return total / len(batches), len(batches)
-"""
 
-SCRIPT = HEAD + """
 
 class Meter:
     def __init__(self):
@@ -40,7 +38,9 @@ class Meter:
 
     def last(self):
         return self.values[-1]
+"""
 
+SCRIPT = HEAD + """
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
@@ -139,6 +139,10 @@ REPORTS = {
     "logged": "print('val', val_loss)",
     "best kept": "if val_loss < best:\n    best = val_loss\n    torch.save(model.state_dict(), 'best.pt')",
     "stepped without it": "scheduler.step(epoch)",
+    # a module's function keeps nothing, though the loop leaves on a test reading that module
+    "saved, a stop on the training loss": "torch.save(val_loss, 'val.pt')\nif not torch.isfinite(loss):\n    break",
+    # a holder gives the value back through its attributes only: testing it for truth reads none
+    "held, the holder tested": "meter.update(val_loss)\nif meter:\n    stop = not torch.isfinite(loss)\n    if stop:\n        break",
 }
 
 
@@ -191,6 +195,7 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--fp16", action="store_true")
     args = parser.parse_args(argv)
+    meter = Meter()
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
