@@ -78,10 +78,10 @@ class DetachedForwardPlanning(Step):
         """A pass mixing float16 and float32 that no autocast holds after the rewrite (an export
         of a network cast to float16 after the loop, an evaluation fed ``x.half()``): apex's casts
         made it run, natively it raises. The rewrite is unsafe, and a marker says where."""
-        every_network = self._casts_every_network()
+        every_network = self._apex_tests()
         scopes = [self.tree.module, *(node for node in descendants(self.tree.module) if type(node) is cst.FunctionDef)]
         for scope in scopes:
-            for call in half_runs(scope, set(self.setup.model_codes), every_network):
+            for call in half_runs(self.tree, scope, set(self.setup.model_codes), every_network):
                 if self._under_autocast(call, set()):
                     continue
                 self.draft.mark(self.tree.statement(call), _HALF_OUTSIDE, "run it under `torch.autocast`, or give it inputs "
@@ -147,6 +147,12 @@ class DetachedForwardPlanning(Step):
         attrs = {id(node.attr) for node in descendants(expression) if type(node) is cst.Attribute}
         return {node.value for node in descendants(expression) if type(node) is cst.Name and id(node) not in attrs}
 
+    def _apex_tests(self) -> frozenset[str] | None:
+        """Under O1, the spellings of the test guarding ``initialize`` (none where it is not
+        guarded): a network cast to float16 under them (or unconditionally) ran under apex's casts.
+        None under another level, where apex cast only the models it was given."""
+        return self.setup.guard_tests if self._casts_every_network() else None
+
     def _casts_every_network(self) -> bool:
         """Whether apex ran O1 here: every ``initialize`` at O1 (written so, or by default), or at a
         level computed at run time where only O0 and O1 are migrated (O0 leaves the region off)."""
@@ -183,7 +189,7 @@ class DetachedForwardPlanning(Step):
             if self._steering_evaluation(statement, models, loop):
                 yield [statement], _STEERING
                 continue
-            if self._wrappable(statement) and fed_half(self.tree, statement, models, self.sites.ids, self._casts_every_network()) \
+            if self._wrappable(statement) and fed_half(self.tree, statement, models, self.sites.ids, self._apex_tests()) \
                     and not trains(self.tree, statement, models):
                 yield [statement], _FED_HALF
                 continue

@@ -33,29 +33,51 @@ _RUNNERS = frozenset({"torch.jit.trace", "torch.jit.trace_module", "torch.onnx.e
 _RETURNS_ITSELF = frozenset({"cuda", "cpu", "eval", "train", "to", "float", "half"})
 
 
-def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int], every_network: bool = False) -> bool:
+def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls: frozenset[int],
+             every_network: frozenset[str] | None = None) -> bool:
     """Whether ``statement``, or a function of the file it calls, hands one of ``models`` a
     float16 tensor it made (``model(x.half())``, or through the names bound from one); with
-    ``every_network`` (O1: apex cast every op), also whether it runs a network it cast to float16."""
-    return any(_half_calls(scope, models, every_network) for scope in (statement, *helpers_reached(tree, statement, amp_calls)))
+    ``every_network`` (O1: apex cast every op), also whether it runs a network it cast to float16
+    where apex is on (``_networks_cast``)."""
+    return any(_half_calls(tree, scope, models, every_network)
+               for scope in (statement, *helpers_reached(tree, statement, amp_calls)))
 
 
-def half_runs(scope: cst.CSTNode, models: set[str], every_network: bool) -> list[cst.Call]:
+def half_runs(tree: FileTree, scope: cst.CSTNode, models: set[str], every_network: frozenset[str] | None) -> list[cst.Call]:
     """The calls in ``scope``'s own code (not in a function defined in it) that hand one of
     ``models`` a float16 tensor, or (``every_network``) run a network the scope cast to float16."""
-    return _half_calls(scope, models, every_network)
+    return _half_calls(tree, scope, models, every_network)
 
 
-def _half_calls(scope: cst.CSTNode, models: set[str], every_network: bool) -> list[cst.Call]:
+def _half_calls(tree: FileTree, scope: cst.CSTNode, models: set[str], every_network: frozenset[str] | None) -> list[cst.Call]:
     halves = _half_names(scope)
     calls = [node for node in nodes.own_code(scope) if type(node) is cst.Call]
     found = [call for call in calls if _calls_a_model(call, models) and any(_is_half(arg.value, halves) for arg in call.args)]
-    if every_network:
-        cast = halves | {_receiver(node.value) for node in nodes.own_code(scope)
-                         if type(node) is cst.Expr and _is_half(node.value, set()) and _receiver(node.value)}
-        run = {name for name in cast if any(_runs(call, name) for call in calls)}
-        found += [call for call in calls if any(_runs(call, name) for name in run) and call not in found]
+    if every_network is not None:
+        casts = _networks_cast(scope)
+        found += [call for call in calls if call not in found and any(
+            _runs(call, name) and _where_apex_is(tree, cast, call, every_network) for name, cast in casts)]
     return found
+
+
+def _networks_cast(scope: cst.CSTNode) -> list[tuple[str, cst.CSTNode]]:
+    """What ``scope`` casts to float16 (``copy = copy.half()``, ``net.cuda().half()`` in place),
+    each with the statement casting it."""
+    cast = []
+    for node in nodes.own_code(scope):
+        if type(node) is cst.Assign and _is_half(node.value, set()):
+            cast += [(name, node) for target in node.targets for name in nodes.bound_texts(target.target)]
+        elif type(node) is cst.Expr and _is_half(node.value, set()) and _receiver(node.value):
+            cast.append((_receiver(node.value), node))
+    return cast
+
+
+def _where_apex_is(tree: FileTree, cast: cst.CSTNode, run: cst.Call, apex_tests: frozenset[str]) -> bool:
+    """Whether ``cast`` happens wherever apex is on before ``run``: each ``if`` holding the cast
+    and not the run tests apex's own flag (``apex_tests``). A cast under an option of the file's
+    own (``if args.fp16_full_eval:``) suits the inputs it was made for (token ids), natively too."""
+    return all(nodes.code(outer.test) in apex_tests for outer in tree.ancestors(cast)
+               if type(outer) is cst.If and not tree.inside(run, outer))
 
 
 def _runs(call: cst.Call, network: str) -> bool:

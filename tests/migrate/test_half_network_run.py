@@ -6,7 +6,8 @@ it on ``torch.randn(...)``: apex O1's patched functions cast each op's inputs, s
 met float16 weights. Natively, outside autocast, the trace raises ("Input type (float) and bias
 type (c10::Half) should be the same"), and the safe rewrite crashed at its first checkpoint. In
 the training loop the block goes under autocast, enabled as the training region; anywhere else
-(after the loop, in a function called after it) the rewrite is unsafe and marked there.
+(after the loop, in a function called after it) the rewrite is unsafe and marked there. A cast
+under an option of the file's own (not apex's flag) is left as it was.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ use_amp = True
 model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 shadow = copy.deepcopy(model)
-model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+if use_amp:
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
 batches = [(torch.randn(4, 8, device=device), torch.randn(4, 1, device=device)) for _ in range(4)]
 {export}
 for step, (x, y) in enumerate(batches):
@@ -103,6 +105,19 @@ def test_a_float16_network_run_outside_the_loop_keeps_the_rewrite_unsafe(cast, r
     at = next(index for index, line in enumerate(lines) if line.strip() == _run_line(run))
     above = [line.strip() for line in lines[:at] if line.strip().startswith("#")]
     assert above and "TODO(ampmigrate)" in "\n".join(lines[at - 4:at]), new
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_network_cast_under_an_option_of_its_own_stays_as_it_was(place):
+    """``if eval_in_half: shadow = shadow.half()``: not apex's flag, an option of the file's own,
+    which casts for inputs it suits (token ids), natively too; the run is left as it was."""
+    source = _script("assigned", "called", True, place).replace("if use_amp:\n" + " " * (8 if place == "loop" else 4 if place == "function" else 0) + "    shadow",
+                                                              "if eval_in_half:\n" + " " * (8 if place == "loop" else 4 if place == "function" else 0) + "    shadow")
+    source = source.replace("use_amp = True\n", "use_amp = True\neval_in_half = True\n")
+    assert "if eval_in_half:" in source
+    new = migrate_source(source, "train.py").new_source
+    assert "from apex import" not in new and "TODO(ampmigrate)" not in new, new
+    assert new.count("with torch.autocast(") == 1, new
 
 
 @pytest.mark.parametrize("place", PLACES)
