@@ -18,7 +18,7 @@ from migrate.apex_plan.context import Step
 from migrate.apex_plan.half_inputs import fed_half, half_runs
 from migrate.apex_plan.inference_tail import trains
 from migrate.apex_plan.loss_slice import backward_slice, calls_model
-from migrate.apex_plan.steering import steers_training
+from migrate.apex_plan.steering import objects_of, steers_training
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import INITIALIZE
 from migrate.names import qualified_names
@@ -214,7 +214,7 @@ class DetachedForwardPlanning(Step):
         # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region
         # would leave autocast's cached float16 weights stale for the passes after it
         return handed and self._wrappable(statement) and not trains(self.tree, statement, models) and steers_training(
-            loop, assigned_names(statement), self.tree.module)
+            loop, assigned_names(statement), self.tree.per_scope(("objects",), lambda: objects_of(self.tree.module)))
 
     def _plain_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],
                     half: set[str]) -> list[cst.BaseStatement]:

@@ -39,17 +39,13 @@ def fed_half(tree: FileTree, statement: cst.CSTNode, models: set[str], amp_calls
     float16 tensor it made (``model(x.half())``, or through the names bound from one); with
     ``every_network`` (O1: apex cast every op), also whether it runs a network it cast to float16
     where apex is on (``_networks_cast``)."""
-    return any(_half_calls(tree, scope, models, every_network)
+    return any(half_runs(tree, scope, models, every_network)
                for scope in (statement, *helpers_reached(tree, statement, amp_calls)))
 
 
 def half_runs(tree: FileTree, scope: cst.CSTNode, models: set[str], every_network: frozenset[str] | None) -> list[cst.Call]:
     """The calls in ``scope``'s own code (not in a function defined in it) that hand one of
     ``models`` a float16 tensor, or (``every_network``) run a network the scope cast to float16."""
-    return _half_calls(tree, scope, models, every_network)
-
-
-def _half_calls(tree: FileTree, scope: cst.CSTNode, models: set[str], every_network: frozenset[str] | None) -> list[cst.Call]:
     halves = _half_names(scope)
     calls = [node for node in nodes.own_code(scope) if type(node) is cst.Call]
     found = [call for call in calls if _calls_a_model(call, models) and any(_is_half(arg.value, halves) for arg in call.args)]

@@ -15,10 +15,11 @@ from migrate.tree_walk import descendants
 _LEAVES = (cst.Break, cst.Return)
 
 
-def steers_training(loop: cst.For | cst.While, names: set[str], module: cst.Module) -> bool:
+def steers_training(loop: cst.For | cst.While, names: set[str], objects: set[str]) -> bool:
     """Whether ``names`` (bound in ``loop``) reach an argument of a step (an optimizer's takes none
-    but a closure) or the test of a branch of ``loop`` holding a ``break`` or ``return``."""
-    reached, holders = _reached(loop, names, _objects(module))
+    but a closure) or the test of a branch of ``loop`` holding a ``break`` or ``return``;
+    ``objects``: the names the file binds itself (``objects_of``), which may hold a value."""
+    reached, holders = _reached(loop, names, objects)
     for node in descendants(loop.body, nodes.not_a_definition):
         if type(node) is cst.Call and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step":
             if any(_reads(arg.value, reached, holders) for arg in node.args):
@@ -69,7 +70,7 @@ def _leaves(block: cst.CSTNode) -> bool:
     return any(isinstance(node, _LEAVES) for node in descendants(block, nodes.not_a_definition))
 
 
-def _objects(module: cst.Module) -> set[str]:
+def objects_of(module: cst.Module) -> set[str]:
     """The names the file binds itself: by an assignment or as a parameter, in any scope; not by an
     import (a module, or what one holds), nor by a star import, which binds no name it shows."""
     names = set()
