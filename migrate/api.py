@@ -216,7 +216,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     its project loads an optimizer's state (``migrate.optimizer_resumes``), the functions it imports
     that return a gradient norm (``migrate.grad_norms``) or cast modules to float16
     (``migrate.half_helpers``), the methods of its classes that subclasses elsewhere override
-    (``migrate.subclass_overrides``), what the bases it imports keep of their ``__init__``'s
+    (``migrate.subclass_overrides``) and which of their methods running a model feed its training from a
+    loop (``migrate.loop_feeds``), what the bases it imports keep of their ``__init__``'s
     parameters (``migrate.base_bindings``), and what other files
     hand its training functions (``migrate.forward_callers``), and for one using apex's cast decorators,
     where its project keeps apex's ``amp.initialize`` (``migrate.apex_kept``), as for a scale half
@@ -236,8 +237,8 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
     if not apex_texts:
         return options
     from migrate import (apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers, forwardless_models,
-                         grad_norms, half_helpers, half_partners, importers, level_settings, optimizer_resumes, scale_kept,
-                         state_helpers, subclass_overrides)
+                         grad_norms, half_helpers, half_partners, importers, level_settings, loop_feeds, optimizer_resumes,
+                         scale_kept, state_helpers, subclass_overrides)
 
     options = replace(
         options,
@@ -255,6 +256,7 @@ def _with_partners(options: Options, apex_texts: dict[Path, str]) -> Options:
         subclass_overrides={str(path): methods for path, methods in subclass_overrides.elsewhere(apex_texts).items()},
         base_bindings={str(path): kept for path, kept in base_bindings.elsewhere(apex_texts).items()},
         forwardless_models={str(path): lines for path, lines in forwardless_models.elsewhere(apex_texts).items()},
+        loop_feeds={str(path): feeds for path, feeds in loop_feeds.elsewhere(apex_texts).items()},
     )
     # each half's facts are planned with what the other files say of it, as its run is
     partners = half_partners.partners(apex_texts, options.settings, lambda path: file_settings(options, path))

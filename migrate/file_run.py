@@ -55,6 +55,7 @@ class Options:
     subclass_overrides: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.subclass_overrides``' methods
     base_bindings: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.base_bindings``' attributes
     amp_reexported: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.amp_reexports``' names
+    loop_feeds: Mapping[str, tuple] = field(default_factory=dict)  # path -> ``migrate.loop_feeds``' feeds
 
 
 # Each Options field holding what other files tell a file, and the setting its plan reads it from
@@ -84,6 +85,7 @@ _PROJECT_FACTS = (
     ("subclass_overrides", "subclass-overrides"),
     ("base_bindings", "base-bindings"),
     ("amp_reexported", "apex-amp-reexported"),
+    ("loop_feeds", "model-runs-feeding-training"),
 )
 
 

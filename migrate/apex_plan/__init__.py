@@ -67,7 +67,8 @@ dependence: no import cycle):
   the lines after it under autocast; ``unused_optimizers``: an ``initialize`` given optimizers
   nothing uses after it, which readied its models for inference only), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too, evaluations whose result steers it, ``steering``, and
-  those fed float16 tensors, ``half_inputs``), ``warm_ups`` (a
+  those fed float16 tensors, ``half_inputs``; a method of the class running its model whose result a
+  loop of the project hands back to the training, ``migrate.loop_feeds``), ``warm_ups`` (a
   backward pass whose gradients are cleared right after it: its forward pass under autocast),
   ``version_gated`` (apex arms that run only on a torch older than native amp: removed),
   ``checkpoints`` (``state_dict``/``load_state_dict``; a checkpoint utility's functions take the

@@ -26,6 +26,7 @@ from migrate.apex_plan.vocabulary import (
 )
 from migrate.flow.bindings import bound_value
 from migrate.flow.reaching import binding_nodes, reaching
+from migrate.loop_feeds import fed_lines
 from migrate.names import qualified_names
 from migrate.tree_walk import descendants
 
@@ -210,9 +211,11 @@ class AutocastPlanning(Step):
         statement = self.tree.statement(call)
         models = self.tree.models_seen_from(statement, self.setup.model_codes)
 
+        fed = fed_lines(self.tree.provider.cache or {})  # an agent's `select_action` whose run `loop_feeds` plans
+
         def runs(node: cst.CSTNode) -> bool:  # a model, or a function of the file whose body calls one
             return _calls_a_model(node, models) or any(
-                self._runs_a_model(nodes.call_name(inner), defined)
+                self._runs_a_model(nodes.call_name(inner), defined) and self.tree.line(inner) not in fed
                 for inner in descendants(node, nodes.not_a_definition) if type(inner) is cst.Call)
 
         if nodes.code(value) in models:

@@ -21,6 +21,7 @@ from migrate.apex_plan.loss_slice import backward_slice, calls_model
 from migrate.apex_plan.steering import objects_of, steers_training
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, contains, defines, read_names
 from migrate.apex_plan.vocabulary import INITIALIZE
+from migrate.loop_feeds import SETTING as LOOP_FEEDS, Feed
 from migrate.names import qualified_names
 from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
@@ -73,6 +74,7 @@ class DetachedForwardPlanning(Step):
                 for statements, message in self._detached_blocks(loop, loop.body, models, steering_only=True):
                     self._wrap(statements, next(iter(enabled)), message)
         self._mark_half_runs_outside()
+        self._mark_loop_feeds()
 
     def _mark_half_runs_outside(self) -> None:
         """A pass mixing float16 and float32 that no autocast holds after the rewrite (an export
@@ -87,10 +89,56 @@ class DetachedForwardPlanning(Step):
                 self.draft.mark(self.tree.statement(call), _HALF_OUTSIDE, "run it under `torch.autocast`, or give it inputs "
                                 "and weights of one type: apex's casts made them meet")
 
+    def _mark_loop_feeds(self) -> None:
+        """Under O1, a method running a model this file initializes on ``self`` whose result a loop
+        hands back to the training (``migrate.loop_feeds``: an agent's ``select_action`` filling the
+        replay buffer ``train`` samples): apex ran it in float16, natively it runs in float32. Unless
+        a region of this rewrite holds it, the rewrite is unsafe, marked at the model's run where this
+        file holds the method, else at the training method's scaled backward."""
+        if not self._casts_every_network():
+            return
+        for feed in map(Feed._make, (self.tree.provider.cache or {}).get(LOOP_FEEDS, ())):
+            fed = self._call_at(feed.fed_line, lambda call: nodes.code(call.func).endswith(f".{feed.method}"))
+            run = self._call_at(feed.run_line, lambda call: f".{feed.model}" in nodes.code(call.func))
+            if (fed is not None and self._under_autocast(fed, set())) or (run is not None and self._in_region(run)):
+                continue
+            ran = (f"`{feed.method}` ({feed.run_at}) runs `self.{feed.model}`, and the loop at {feed.fed_at} hands what "
+                   f"it returns to `{feed.trainer}`: apex's casts ran it in float16")
+            reason = ran.replace("`, and the loop", "` outside autocast, and the loop", 1)
+            step = f"run `self.{feed.model}` in `{feed.method}` ({feed.run_at}) under `torch.autocast`, as apex's casts did"
+            trained = [call for call in self.sites.calls["scale_loss"]
+                       if getattr(self.tree.function(call), "name", None) and self.tree.function(call).name.value == feed.trainer]
+            enabled = {self.draft.region_enabled.get(key) for key in self.draft.region_enabled
+                       if self.tree.function(self.draft.replacements[key][0]) in {self.tree.function(call) for call in trained}}
+            if run is None:
+                if trained:
+                    self.draft.mark(self.tree.statement(trained[0]), reason, step)
+                continue
+            statement, method = self.tree.statement(run), self.tree.function(run)
+            # the initializing class's own method (a base class's may serve subclasses without a scaler)
+            owners = {self.tree.owner_class(self.tree.function(call)) for call in self.sites.calls["initialize"]}
+            if len(enabled) == 1 and self.tree.owner_class(method) in owners and self.tree.first_param(method) == "self" \
+                    and self._wrappable(statement) and not self._names_read(next(iter(enabled))) - {"self", "bool", "True"}:
+                self._wrap([statement], next(iter(enabled)), ran)  # the method's own self holds the scaler
+            else:
+                self.draft.replace(statement, statement)
+                self.draft.kind(statement, INITIALIZE, reason, step)
+                self.draft.mark(statement, reason, step)
+
+    def _in_region(self, node: cst.CSTNode) -> bool:
+        return any(id(outer) in self.draft.regions for outer in (node, *self.tree.ancestors(node)))
+
+    def _call_at(self, line: int, wanted) -> cst.Call | None:
+        """The first call on ``line`` of this file that is ``wanted``; None for line 0 (another file's)."""
+        if not line:
+            return None
+        return next((node for node in descendants(self.tree.module) if type(node) is cst.Call and self.tree.line(node) == line
+                     and wanted(node)), None)
+
     def _under_autocast(self, node: cst.CSTNode, seen: set[int]) -> bool:
         """Whether a region of the rewrite holds ``node``, or every call of the function holding it
         (called somewhere in the file) stands under one."""
-        if any(id(outer) in self.draft.regions for outer in (node, *self.tree.ancestors(node))):
+        if self._in_region(node):
             return True
         function = self.tree.function(node)
         if function is None or id(function) in seen or not (calls := self.tree.calls_of(function)):
