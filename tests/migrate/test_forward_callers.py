@@ -100,8 +100,8 @@ def test_a_file_that_scales_in_a_function_without_parameters_searches_nothing(tm
 
 def test_each_project_fact_reaches_the_setting_its_module_names():
     from migrate import (amp_reexports, apex_kept, apex_state_reads, base_bindings, cast_registrations, forward_callers,
-                         forwardless_models, grad_norms, half_helpers, importers, level_settings, optimizer_resumes, scale_kept,
-                         state_helpers, subclass_overrides)
+                         forwardless_models, grad_norms, half_helpers, importers, level_settings, loop_feeds, optimizer_resumes,
+                         scale_kept, state_helpers, subclass_overrides)
     from migrate.apex_plan.vocabulary import PARTNER
     from migrate.file_run import _PROJECT_FACTS
 
@@ -110,4 +110,4 @@ def test_each_project_fact_reaches_the_setting_its_module_names():
         apex_kept.MASTER_WEIGHTS_SETTING, apex_kept.MIGRATED_SETTING, apex_kept.DECORATORS_SETTING,
         scale_kept.SETTING, scale_kept.INITIALIZED_SETTING, level_settings.SETTING, state_helpers.KEEPER_SETTING,
         state_helpers.CALLER_SETTING, state_helpers.KEPT_SETTING, apex_kept.STATE_SETTING, forwardless_models.SETTING, grad_norms.SETTING,
-        half_helpers.SETTING, subclass_overrides.SETTING, base_bindings.SETTING, amp_reexports.SETTING]
+        half_helpers.SETTING, subclass_overrides.SETTING, base_bindings.SETTING, amp_reexports.SETTING, loop_feeds.SETTING]
