@@ -144,9 +144,12 @@ def _right_hand(body: str, tokens: list[_Token]) -> tuple[str, str, str] | None:
     for index in range(len(tokens) - 1, -1, -1):
         token = tokens[index]
         if token.depth == 0 and token.kind == tokenize.OP and token.text in _OPENERS:
-            closing = tokens[_closing(tokens, index)]
+            end = _closing(tokens, index)
+            closing = tokens[end]
             inner = body[token.end: closing.start].strip()
-            if inner:  # an empty pair (`.cuda()`) is a trailer: split the one before it
+            # an empty pair (`.cuda()`), or one holding a lone name or number (`.pow(2)`), is a
+            # trailer: split the one before it
+            if inner and not (end == index + 2 and tokens[index + 1].kind in (tokenize.NAME, tokenize.NUMBER)):
                 return body[: token.end], inner, body[closing.start:]
     return None
 

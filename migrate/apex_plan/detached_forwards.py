@@ -33,6 +33,7 @@ _MESSAGE = "a forward pass without gradients in the training loop ran under apex
 _STEERING = "an evaluation whose result steers the training (a scheduler's step, an early stop) ran under apex's casts"
 _HALF_OUTSIDE = ("a forward pass here mixes float16 and float32 (a network cast with `.half()`, or `.half()` inputs) "
                  "outside autocast: apex's casts made the types meet, natively it raises")
+_FEEDS_REGION = "a forward pass outside the region whose result the loss reads ran under apex's casts"
 _FED_HALF = ("a forward pass mixing float16 and float32 (`x.half()` inputs, or a network cast with `.half()`) ran under "
              "apex's casts: outside autocast it raises")
 
@@ -234,6 +235,10 @@ class DetachedForwardPlanning(Step):
                 half |= {name for line in plain for name in assigned_names(line)}
                 yield plain, _MESSAGE
                 continue
+            feeding = [] if steering_only else self._feeding_pass(body, index, models, loop)
+            if feeding:
+                yield feeding, _FEEDS_REGION
+                continue
             if self._steering_evaluation(statement, models, loop):
                 yield [statement], _STEERING
                 continue
@@ -284,6 +289,21 @@ class DetachedForwardPlanning(Step):
         start = backward_slice(body[first:index], {call.func.value.value})[0]
         lines = [] if start is None else body[first + start:index]
         return lines if any(calls_model(line, models) or read_names(line) & half for line in lines) else []
+
+    def _feeding_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],
+                      loop: cst.For | cst.While) -> list[cst.BaseStatement]:
+        """Where ``body[index]`` runs a network outside every region (``clean = model(x)`` before an
+        inner loop of adversarial steps whose region reads it), with the lines right after it that
+        compute from it: those a region of ``loop`` reads. Empty where no region reads them."""
+        statement = body[index]
+        if type(statement) is not cst.SimpleStatementLine or not _runs_forward(statement, models) \
+                or not self._wrappable(statement) or defines(statement) or trains(self.tree, statement, models):
+            return []
+        lines = [statement, *self._readers_after(body[index + 1:], assigned_names(statement))]
+        bound = set().union(*map(assigned_names, lines))
+        read = set().union(*(read_names(self.draft.replacements[key][1]) for key in self.draft.region_enabled
+                             if self.tree.inside(self.draft.replacements[key][0], loop)))
+        return lines if bound & read else []
 
     @staticmethod
     def _blocks_of(statement: cst.CSTNode) -> list[cst.BaseSuite]:
@@ -337,3 +357,10 @@ class DetachedForwardPlanning(Step):
         regions.move_into_region(statements[1:], message)
         self.draft.regions.add(id(first))
 
+
+def _runs_forward(statement: cst.CSTNode, models: set[str]) -> bool:
+    """A call of the network itself (``model(x)``, ``model.forward(x)``, ``model.module(x)``), not
+    of another method of it (``model.init_hidden(n)`` makes zeros apex's casts did not touch)."""
+    return any(type(node) is cst.Call and (nodes.code(node.func) in models or (
+        type(node.func) is cst.Attribute and node.func.attr.value in ("forward", "module") and nodes.code(node.func.value) in models))
+        for node in descendants(statement, nodes.not_a_definition))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from migrate import apex_nodes as nodes
+from migrate import apex_nodes as nodes, import_fallbacks
 from migrate.apex_plan import model_names
 from migrate.apex_plan.switches import boolean_names, boolean_options
 from migrate.apex_plan.syntax import imports_apex, read_names
@@ -484,7 +484,7 @@ class _Collect(cst.CSTVisitor):
         imports = [s for line in node.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
         if not any(imports_apex(small) for small in imports):
             return
-        change = nodes.fallback_change(self.tree.module, node)
+        change = import_fallbacks.fallback_change(self.tree.module, node)
         if change is not None:
             self.tree.fallback_notes.append(change)
 

@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
+from migrate.import_fallbacks import fallback_change
 from migrate import quiet
 from migrate.apex_plan import MANUAL_STEP_MARKER
 from migrate.apex_plan.module_fallbacks import if_with_dead_fallback
@@ -328,7 +329,7 @@ class ApexImport(Rule):
         else:
             replacement = cst.RemoveFromParent()
         message = "this `try` guards an apex import that is gone: its `except` branch can no longer run"
-        change = nodes.fallback_change(self._module, node)
+        change = fallback_change(self._module, node)
         if change is not None:
             message += f"; {change}"
         self.report(

@@ -110,7 +110,9 @@ class Features:
     #                       `torch.no_grad()` fills a memory (the mean prediction) that the next losses'
     #                       targets add: after the step, the same with the model in eval() and the mean
     #                       taken after the block, before the training forward pass, or after the step
-    #                       by a teacher (a copy of the model made after initialize, in eval())
+    #                       by a teacher (a copy of the model made after initialize, in eval()); reference:
+    #                       before the training forward pass, with gradients and detached (`bank =
+    #                       model(x).detach().mean()`; with micro-batches, outside their loop's region)
     native_beside: bool = False  # with a flag: where it is off, a native GradScaler of the module
     #                              scales the backward pass (`native_scaler.scale(loss).backward()`,
     #                              in the loop or the trainer's `backward`) and steps the optimizer,
@@ -304,7 +306,7 @@ def features():
         nan_skip=st.booleans(),
         entry=st.sampled_from(["main", "guard"]),
         clip_or_norm=st.booleans(),
-        memory=st.sampled_from(["none", "after", "eval_after", "before", "teacher"]),
+        memory=st.sampled_from(["none", "after", "eval_after", "before", "teacher", "reference"]),
         methods_in=st.sampled_from(["class", "base"]),
         amp_setup=st.sampled_from(["init", "method"]),
         penalty=st.sampled_from(["none", "positional", "keywords"]),
@@ -476,6 +478,8 @@ def _step_body(f: Features, s: _Spelling) -> list[str]:
         body.insert(0, f"{s.optimizer}.zero_grad()")
     if f.memory == "before":
         body += ["with torch.no_grad():", f"    bank = {s.forward}(x).mean()"]
+    elif f.memory == "reference":  # a pass with gradients, detached: outside an inner loop's region
+        body.append(f"bank = {s.forward}(x).detach().mean()")
     if f.memory != "none":
         body.append("y = y + 0.5 * bank")
     steps_body = body

@@ -618,3 +618,18 @@ def test_a_warm_up_backward_in_a_subclass_of_the_scaling_trainer(tmp_path):
     outcome = judge(drawn, tmp_path)
     assert not outcome.unsafe_crash, outcome.summary
     assert_rewrites_hold(outcome)
+
+
+@pytest.mark.parametrize("flag, loop", [("none", "range"), ("on", "while"), ("off", "enumerate")])
+def test_a_detached_pass_outside_the_micro_batch_loop_goes_under_autocast(flag, loop, tmp_path):
+    """``bank = model(x).detach().mean()`` before the micro-batches' own loop, whose region reads
+    the targets it shifts: apex ran that pass in float16 too, and the rewrite runs it under an
+    autocast of its own (``detached_forwards``); it trains the same. (The shift is too small for
+    the compare to part without it: tests/migrate/test_region_fed_from_outside.py shows one that does.)"""
+    drawn = Features(loss="inline", loop=loop, accumulation="inner_loop", boundary="plus_one", clip="none",
+                     clip_at="boundary", flag=flag, import_guard=False, inner_fp32=False,
+                     names=("model", "optimizer", "loss"), memory="reference")
+    assert_migrated_and_the_same(drawn, tmp_path)
+    lines = (tmp_path / "safe.py").read_text().splitlines()
+    at = next(index for index, line in enumerate(lines) if line.strip() == "bank = model(x).detach().mean()")
+    assert lines[at - 1].strip().startswith("with torch.autocast("), "\n".join(lines)

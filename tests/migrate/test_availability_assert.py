@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -121,5 +122,45 @@ def test_an_assert_on_the_apex_flag_goes_and_the_note_says_it_stopped_runs(flag,
 def test_a_flag_read_beside_its_assert_still_turned_mixed_precision_off():
     source = TRAINER.format(flag="has_apex", handler="except ImportError:", check="assert not fp16 or has_apex, 'install apex'")
     source = source.replace("        if fp16:\n", "        if fp16 and has_apex:\n")
+    notes = " ".join(d.fix.message for d in migrate_source(source, filename="trainer.py").diagnostics if d.fix is not None)
+    assert "`has_apex = False` turned mixed precision off" in notes, notes
+
+
+# a check that raises where apex is missing: on the flag itself, or through a function returning it
+RAISING = {
+    "flag": ("", "if fp16 and not {flag}:\n            raise ImportError('install apex')"),
+    "flag_first": ("", "if not {flag} and fp16:\n            raise RuntimeError('Apex is not available')"),
+    "function": ("\n\ndef is_apex_available():\n    return {flag}\n",
+                 "if fp16:\n            if not is_apex_available():\n                raise ImportError('install apex')"),
+}
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("raising", sorted(RAISING))
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_a_raising_check_of_the_apex_flag_is_said_to_have_stopped_runs(flag, raising, handler):
+    """``if fp16 and not has_apex: raise ImportError(...)`` (or ``if not is_apex_available():
+    raise`` through a function returning the flag, a transformers-style trainer): runs without
+    apex raised, they did not fall back to float32; the note says so, and the migrated file runs."""
+    helper, check = RAISING[raising]
+    source = TRAINER.format(flag=flag, handler=handler, check=check.format(flag=flag))
+    source = source.replace("\n\nclass Trainer:", helper.format(flag=flag) + "\n\nclass Trainer:")
+    compile(source, "trainer.py", "exec")
+    result = migrate_source(source, filename="trainer.py")
+    fixed = result.new_source
+    assert "apex import" not in fixed and "from apex" not in fixed and "TODO(ampmigrate)" not in fixed, fixed
+    notes = " ".join(f"{d.message} {d.fix.message}" for d in result.diagnostics if d.fix is not None)
+    assert f"where apex was not installed, a test of `{flag}` raised and stopped runs asking for mixed precision" in notes, notes
+    assert "turned mixed precision off" not in notes, notes
+    namespace = {}
+    exec(compile(fixed, "trainer.py", "exec"), namespace)  # the check, where it stays, passes: the flag reads True
+    namespace["Trainer"](torch.nn.Linear(2, 1), None, fp16=False)
+
+
+def test_a_flag_returned_by_a_function_read_elsewhere_still_turned_mixed_precision_off():
+    helper, check = RAISING["function"]
+    source = TRAINER.format(flag="has_apex", handler="except ImportError:", check=check.format(flag="has_apex"))
+    source = source.replace("\n\nclass Trainer:", helper.format(flag="has_apex") + "\n\nclass Trainer:")
+    source = source.replace("        self.fp16 = fp16\n", "        self.fp16 = fp16 and is_apex_available()\n")
     notes = " ".join(d.fix.message for d in migrate_source(source, filename="trainer.py").diagnostics if d.fix is not None)
     assert "`has_apex = False` turned mixed precision off" in notes, notes

@@ -164,3 +164,18 @@ def test_any_layout_keeps_the_code_and_only_shortens(expression, form, depth):
     assert max(len(line) for line in fitted.splitlines()) <= max(longest_before, 60)
     if fitted != code:  # a changed layout made the longest line shorter
         assert max(len(line) for line in fitted.splitlines()) < longest_before
+
+
+def test_a_trailer_holding_one_number_or_name_is_not_split_on_its_own():
+    """``.pow(2)`` last on a line past the file's limit of 105: the value goes in parentheses, as
+    Black lays it out, not ``pow(`` / ``2`` / ``).mean()``."""
+    for trailer in ("scores.pow(2).mean()", "scores.pow(p).mean()"):
+        fitted = _fit(f"""\
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.kl_div(F.log_softmax(scores, dim=1), clean_prob, reduction="batchmean") + {trailer}
+        """, limit=105)
+        assert fitted.splitlines()[1:] == [
+            "    loss = (",
+            f"        F.kl_div(F.log_softmax(scores, dim=1), clean_prob, reduction=\"batchmean\") + {trailer}",
+            "    )",
+        ], fitted
