@@ -78,26 +78,32 @@ def _read_only_to_stop(module: cst.Module, names: set[str]) -> str | None:
     test, in the test of an ``if`` whose block raises (``if args.fp16 and not has_apex: raise``), or
     returned by a function (``def is_apex_available(): return _has_apex``) whose every call is read
     so (``if not is_apex_available(): raise ImportError(...)``). ``"assert"`` where each read is
-    an ``assert``'s, ``"raise"`` where any is an ``if``'s; None where one is read otherwise."""
+    an ``assert``'s, ``"raise"`` where any is an ``if``'s; None where one is read otherwise. Where
+    the fallback binds apex's own name (``amp = None``), its uses (``amp.initialize``) test nothing."""
+    parents = _parents(module)
     returned_by = set()
     for function in (node for node in descendants(module) if type(node) is cst.FunctionDef):
-        reads = _reads(function, names)
+        reads = _reads(function, names, parents)
         if reads and all(_returned(read, function) for read in reads):
             returned_by.add(function.name.value)
-    reads = [read for read in _reads(module, names) if not any(_returned(read, function) for function in _functions_holding(module, read))]
+    reads = [read for read in _reads(module, names, parents)
+             if not any(_returned(read, function) for function in _functions_holding(module, read))]
     calls = [node for node in descendants(module) if type(node) is cst.Call and type(node.func) is cst.Name
              and node.func.value in returned_by]
     if not reads and not calls:
         return None
-    parents = _parents(module)
     stops = {_stops(node, parents) for node in (*reads, *calls)}
     return None if None in stops else "raise" if "raise" in stops else "assert"
 
 
-def _reads(root: cst.CSTNode, names: set[str]) -> list[cst.Name]:
-    """The reads of ``names`` in ``root``: not ``flag = False``, which binds."""
+def _reads(root: cst.CSTNode, names: set[str], parents: dict[int, cst.CSTNode]) -> list[cst.Name]:
+    """The reads of ``names`` in ``root`` that test them: not ``flag = False``, which binds, nor
+    ``from apex import amp``, nor ``amp.initialize``, a use of the module a fallback's ``amp =
+    None`` stands in for."""
     bound = {id(target.target) for target in descendants(root) if type(target) is cst.AssignTarget}
-    return [node for node in descendants(root) if type(node) is cst.Name and node.value in names and id(node) not in bound]
+    return [node for node in descendants(root) if type(node) is cst.Name and node.value in names and id(node) not in bound
+            and type(parent := parents.get(id(node))) not in (cst.ImportAlias, cst.AsName)
+            and not (type(parent) is cst.Attribute and parent.value is node)]
 
 
 def _functions_holding(module: cst.Module, node: cst.CSTNode) -> list[cst.FunctionDef]:

@@ -248,7 +248,7 @@ class DetachedForwardPlanning(Step):
                 continue
             if isinstance(statement, cst.With) and self._gradients_off(statement) and not steering_only:
                 if self._wrappable(statement) and calls_model(statement, models):
-                    yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement))], _MESSAGE
+                    yield [statement, *self._readers_after(body[index + 1:], assigned_names(statement), models)], _MESSAGE
                 continue
             for child in self._blocks_of(statement):
                 yield from self._detached_blocks(loop, child, models, steering_only)
@@ -299,7 +299,7 @@ class DetachedForwardPlanning(Step):
         if type(statement) is not cst.SimpleStatementLine or not _runs_forward(statement, models) \
                 or not self._wrappable(statement) or defines(statement) or trains(self.tree, statement, models):
             return []
-        lines = [statement, *self._readers_after(body[index + 1:], assigned_names(statement))]
+        lines = [statement, *self._readers_after(body[index + 1:], assigned_names(statement), models)]
         bound = set().union(*map(assigned_names, lines))
         read = set().union(*(read_names(self.draft.replacements[key][1]) for key in self.draft.region_enabled
                              if self.tree.inside(self.draft.replacements[key][0], loop)))
@@ -337,17 +337,23 @@ class DetachedForwardPlanning(Step):
         return not any(id(node) in self.draft.regions or (type(node) is cst.Call and nodes.call_name(node) == "autocast")
                        for node in descendants(statement))
 
-    def _readers_after(self, following: list[cst.BaseStatement], bound: set[str]) -> list[cst.BaseStatement]:
-        """The lines right after the block that compute from what it bound (``bank = out / out.norm()``):
-        apex cast those ops too."""
-        taken = []
+    def _readers_after(self, following: list[cst.BaseStatement], bound: set[str],
+                       models: set[str]) -> list[cst.BaseStatement]:
+        """The lines after the block up to the last that computes from what it bound, directly or
+        through what the lines before it bound (``bank = out / out.norm()``; a validation's losses
+        on its passes' outputs a few lines on, ``loss_vgg = vgg_loss(target, output)``): apex cast
+        those ops too, and a float16 output handed to a float32 network outside autocast raises.
+        The lines between go with them; the span ends before a line that trains or is not wrappable."""
+        taken, last = [], 0
         for statement in following:
-            if not isinstance(statement, cst.SimpleStatementLine) or not read_names(statement) & bound \
-                    or not self._wrappable(statement) or defines(statement) or id(statement) in self.draft.regions:
+            if not self._wrappable(statement) or defines(statement) or id(statement) in self.draft.regions \
+                    or trains(self.tree, statement, models):
                 break
             taken.append(statement)
-            bound = bound | assigned_names(statement)
-        return taken
+            if read_names(statement) & bound:
+                bound = bound | assigned_names(statement)
+                last = len(taken)
+        return taken[:last]
 
     def _wrap(self, statements: list[cst.BaseStatement], enabled: str, message: str) -> None:
         regions = AutocastPlanning(self.context)

@@ -164,3 +164,32 @@ def test_a_flag_returned_by_a_function_read_elsewhere_still_turned_mixed_precisi
     source = source.replace("        self.fp16 = fp16\n", "        self.fp16 = fp16 and is_apex_available()\n")
     notes = " ".join(d.fix.message for d in migrate_source(source, filename="trainer.py").diagnostics if d.fix is not None)
     assert "`has_apex = False` turned mixed precision off" in notes, notes
+
+
+@pytest.mark.parametrize("check", ["if amp is None:", "if use_amp and amp is None:", "if not amp:"])
+def test_a_fallback_binding_amp_itself_to_none_tested_to_raise_is_said_to_have_stopped_runs(check):
+    """``except ImportError: amp = None`` and ``if amp is None: raise RuntimeError(...)`` before
+    training (an SSD trainer's ``--apex``): ``amp.initialize``/``amp.scale_loss`` use the module
+    and test nothing, so the only test of the name raised; the fixes' note says so."""
+    source = (
+        "import torch\n\ntry:\n    from apex import amp\nexcept ImportError:\n    amp = None\n\n\n"
+        "def train(use_amp=True):\n"
+        "    if use_amp:\n"
+        f"        {check}\n"
+        "            raise RuntimeError('Failed to import apex')\n"
+        "    model = torch.nn.Linear(4, 1).cuda()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+        "    for _ in range(3):\n"
+        "        loss = model(torch.randn(2, 4, device='cuda')).sum()\n"
+        "        optimizer.zero_grad()\n"
+        "        with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "            scaled_loss.backward()\n"
+        "        optimizer.step()\n"
+    )
+    compile(source, "train.py", "exec")
+    result = migrate_source(source, filename="train.py")
+    assert "from apex" not in result.new_source, result.new_source
+    notes = " ".join(d.fix.message for d in result.diagnostics if d.fix is not None)
+    assert "a test of `amp` raised and stopped runs asking for mixed precision" in notes, notes
+    assert "turned mixed precision off" not in notes, notes
