@@ -17,6 +17,7 @@ import shutil
 import textwrap
 
 import pytest
+from rewrite_runs import compare_with_its_rewrite
 
 from migrate.api import migrate_paths
 
@@ -186,14 +187,11 @@ def test_an_evaluation_outside_the_training_loop_leaves_the_method_as_it_was(tmp
 def test_the_rewrite_trains_on_the_actions_apex_computed(tmp_path, run, flow, driver):
     """The original on ampshim and its rewrite train the same on the CPU; with the method left in
     float32 (the rewrite before) the losses part at the first step."""
-    from ampshim.compare import SAME, Target, compare
+    from ampshim.compare import SAME
     from ampshim.compare.report import as_text
 
     original = tmp_path / "original"
     original.mkdir()
-    path = project(original, run, flow, "own", driver)
-    migrated = tmp_path / "migrated"
-    shutil.copytree(original, migrated)
-    migrate_paths([migrated])
-    result = compare(Target(str(path)), Target(str(migrated / "train.py")), [], device="cpu", steps=6, parallel=True, timeout=600)
+    project(original, run, flow, "own", driver)
+    result = compare_with_its_rewrite(original, steps=6)
     assert result.verdict == SAME, as_text(result)
