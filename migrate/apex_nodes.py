@@ -405,13 +405,17 @@ FP16_UTILS_NAMES = frozenset(
 
 def reads_any(module: cst.Module, names: frozenset[str]) -> bool:
     """Whether ``module`` names one of ``names`` outside imports (not as an attribute: ``x.tofp16``),
-    or in a string that may be code (``__all__``, ``eval``)."""
+    or in a string that may be code (``__all__``, ``eval``); not in a string standing alone as a
+    statement (code commented out in ``'''...'''``, a docstring), which never runs."""
     attributes: set[int] = set()
+    alone: set[int] = set()
     for node in descendants(module, lambda node: type(node) not in (cst.Import, cst.ImportFrom)):
         if type(node) is cst.Attribute:
             attributes.add(id(node.attr))
+        elif type(node) is cst.Expr:
+            alone.add(id(node.value))
         elif type(node) is cst.Name and node.value in names and id(node) not in attributes:
             return True
-        elif type(node) is cst.SimpleString and any(name in node.value for name in names):
+        elif type(node) is cst.SimpleString and id(node) not in alone and any(name in node.value for name in names):
             return True
     return False

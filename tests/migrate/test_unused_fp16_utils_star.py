@@ -38,3 +38,22 @@ def test_a_star_import_whose_names_are_used_stays(name):
 def test_a_star_import_kept_on_purpose(kept):
     result = migrate_source("import torch\n" + kept, filename="train.py")
     assert "from apex.fp16_utils import *" in result.new_source
+
+
+@pytest.mark.parametrize("name", ["network_to_half", "FP16_Optimizer", "to_python_float"])
+@pytest.mark.parametrize("alone", [
+    "'''\nif opt.fp16:\n    model = {name}(model)\n'''\n",  # code commented out in a string
+    '"""Trains with {name} where asked."""\n',  # a docstring
+])
+def test_a_name_only_in_a_string_standing_alone_does_not_keep_the_star_import(name, alone):
+    """A re-identification test script keeps its old fp16 lines in a bare ``'''...'''`` block:
+    a string standing alone as a statement never runs, so the names in it use nothing."""
+    source = "import torch\nfrom apex.fp16_utils import *\n\n" + alone.format(name=name) + "model = torch.nn.Linear(2, 2)\n"
+    result = migrate_source(source, filename="test.py")
+    assert "apex" not in result.new_source, result.new_source
+
+
+@pytest.mark.parametrize("name", ["network_to_half", "FP16_Optimizer"])
+def test_a_name_in_a_string_handed_to_eval_still_keeps_it(name):
+    source = f"import torch\nfrom apex.fp16_utils import *\n\nmodel = eval('{name}')(torch.nn.Linear(2, 2))\n"
+    assert "from apex.fp16_utils import *" in migrate_source(source, filename="test.py").new_source
