@@ -27,7 +27,9 @@ class ApexImport(Rule):
     ``import apex``, and so on, resolved by qualified name). This rule removes the apex imports
     that nothing in the file used in the first place (``from apex import optimizers`` left over
     from an experiment; ``from apex.fp16_utils import *`` where the file names none of what it
-    brings in: ``FP16_Optimizer``, ``network_to_half``, ``to_python_float`` and the rest), and finishes the job on the guards around an import: a ``try:`` left
+    brings in: ``FP16_Optimizer``, ``network_to_half``, ``to_python_float`` and the rest; a name
+    in a string standing alone as a statement, old code commented out in ``'''...'''``, uses
+    nothing), and finishes the job on the guards around an import: a ``try:`` left
     holding only ``pass`` or constant flags (``APEX_AVAILABLE = True``) cannot raise, so its
     ``except ImportError:`` branch (or bare ``except:``, ``except NameError:``) is dead and the
     ``try`` is replaced by its body; an ``if args.fp16:`` holding only that ``try`` goes with
