@@ -81,13 +81,13 @@ def _read_only_to_stop(module: cst.Module, names: set[str]) -> str | None:
     an ``assert``'s, ``"raise"`` where any is an ``if``'s; None where one is read otherwise. Where
     the fallback binds apex's own name (``amp = None``), its uses (``amp.initialize``) test nothing."""
     parents = _parents(module)
-    returned_by = set()
-    for function in (node for node in descendants(module) if type(node) is cst.FunctionDef):
-        reads = _reads(function, names, parents)
-        if reads and all(_returned(read, function) for read in reads):
-            returned_by.add(function.name.value)
-    reads = [read for read in _reads(module, names, parents)
-             if not any(_returned(read, function) for function in _functions_holding(module, read))]
+    reads = _reads(module, names, parents)
+    returned = [read for read in reads if _returned(read, parents)]
+    reads = [read for read in reads if not _returned(read, parents)]
+    # a function returning the flag stands for it where that is all it reads of it
+    otherwise = {id(_function_of(read, parents)) for read in reads}
+    returned_by = {function.name.value for read in returned
+                   if (function := _function_of(read, parents)) is not None and id(function) not in otherwise}
     calls = [node for node in descendants(module) if type(node) is cst.Call and type(node.func) is cst.Name
              and node.func.value in returned_by]
     if not reads and not calls:
@@ -106,16 +106,18 @@ def _reads(root: cst.CSTNode, names: set[str], parents: dict[int, cst.CSTNode]) 
             and not (type(parent) is cst.Attribute and parent.value is node)]
 
 
-def _functions_holding(module: cst.Module, node: cst.CSTNode) -> list[cst.FunctionDef]:
-    return [function for function in descendants(module) if type(function) is cst.FunctionDef
-            and any(inner is node for inner in descendants(function))]
+def _function_of(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.FunctionDef | None:
+    while (node := parents.get(id(node))) is not None and type(node) is not cst.FunctionDef:
+        pass
+    return node
 
 
-def _returned(read: cst.Name, function: cst.FunctionDef) -> bool:
-    """``return flag`` (``return not flag``) in ``function``."""
-    return any(type(node) is cst.Return and node.value is not None and (
-        node.value is read or (type(node.value) is cst.UnaryOperation and node.value.expression is read))
-        for node in descendants(function))
+def _returned(read: cst.Name, parents: dict[int, cst.CSTNode]) -> bool:
+    """``return flag`` (``return not flag``)."""
+    parent = parents.get(id(read))
+    if type(parent) is cst.UnaryOperation:
+        parent = parents.get(id(parent))
+    return type(parent) is cst.Return
 
 
 def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:

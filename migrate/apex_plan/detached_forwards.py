@@ -108,9 +108,10 @@ class DetachedForwardPlanning(Step):
             reason = ran.replace("`, and the loop", "` outside autocast, and the loop", 1)
             step = f"run `self.{feed.model}` in `{feed.method}` ({feed.run_at}) under `torch.autocast`, as apex's casts did"
             trained = [call for call in self.sites.calls["scale_loss"]
-                       if getattr(self.tree.function(call), "name", None) and self.tree.function(call).name.value == feed.trainer]
-            enabled = {self.draft.region_enabled.get(key) for key in self.draft.region_enabled
-                       if self.tree.function(self.draft.replacements[key][0]) in {self.tree.function(call) for call in trained}}
+                       if (function := self.tree.function(call)) is not None and function.name.value == feed.trainer]
+            trainers = {id(self.tree.function(call)) for call in trained}
+            enabled = {flag for key, flag in self.draft.region_enabled.items()
+                       if id(self.tree.function(self.draft.replacements[key][0])) in trainers}
             if run is None:
                 if trained:
                     self.draft.mark(self.tree.statement(trained[0]), reason, step)
