@@ -54,7 +54,8 @@ dependence: no import cycle):
   function the optimizer it scales for; ``late_backwards``: a plain backward pass after the
   step, safe where a ``zero_grad()`` clears it on every way to the next step, or where its loss
   comes only from a network built apart from the models and their detached outputs;
-  ``native_scalings``: a plain backward pass whose loss the file's own GradScaler scaled),
+  ``native_scalings``: a plain backward pass whose loss the file's own GradScaler scaled;
+  ``fresh_losses``: a scaled loss that is only ever a new tensor, left on apex),
   ``autocast`` (the region around the forward pass; where a caller of the file hands in what a
   forward pass made, a region of its own around that forward; unsafe where the caller is in
   another file, ``migrate.forward_callers``; ``loss_slice``: the statements that compute what

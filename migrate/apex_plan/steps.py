@@ -9,6 +9,7 @@ from migrate.apex_plan.conditions import StepConditions, in_failing_arm, never_r
 from migrate.apex_plan.context import Context, Step
 from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
+from migrate.apex_plan.fresh_losses import fresh_loss, refusal
 from migrate.apex_plan.native_scalings import natively_scaled
 from migrate.apex_plan.per_loss import loss_id_of
 from migrate.apex_plan.step_sites import accumulates, steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
@@ -70,6 +71,9 @@ class StepPlanning(Step):
         optimizers = nodes.argument(call, 1, "optimizers")
         if loss is None or optimizers is None:
             raise Unplannable(call, "`amp.scale_loss` is called without a loss and an optimizer")
+        fresh = fresh_loss(self.tree, statement, loss.value)
+        if fresh is not None:
+            raise Unplannable(call, refusal(fresh))
         delay_check = nodes.argument(call, None, "delay_overflow_check")
         if delay_check is not None and nodes.code(delay_check.value) not in ("False", "0"):
             self.draft.unsafe.append("`delay_overflow_check` has no native equivalent")
