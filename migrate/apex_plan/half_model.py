@@ -20,6 +20,9 @@ def cast_to_half(module: cst.Module, helpers: Mapping[str, str]) -> Unplannable 
     (``model.apply(set_bn_eval)``, ``migrate.half_helpers``); None where it does neither."""
     half = model_made_half(module)
     if half is not None:  # a float16 model fed float32 outside autocast raises: not even an unsafe rewrite
+        if not model_like(nodes.code(half.func.value), set()):  # `param.data = param.data.half()`
+            return Unplannable(half, f"`{nodes.code(half)}` makes a parameter float16: its gradients are float16, which "
+                                     "apex stepped and `GradScaler.unscale_` refuses (\"Attempting to unscale FP16 gradients\")")
         return Unplannable(half, f"`{nodes.code(half)}` casts a model to float16: after `amp.initialize` apex's casts "
                                  "let it take float32 inputs in any forward pass (an evaluation pass too); native "
                                  "autocast covers only the forward passes a rewrite puts under it")
@@ -98,11 +101,13 @@ _PRECISION_OPTION = re.compile(r"fp16|half|float16|bf16", re.IGNORECASE)
 
 
 def _half_casts(node: cst.CSTNode, optioned: bool):
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not optioned:
-        name, receiver = node.func.attr.value, node.func.value
-        to_half = name == "half" or (name == "to" and any(dtype_of(arg.value) == "float16" for arg in node.args))
-        if to_half and isinstance(receiver, (cst.Name, cst.Attribute)) and model_like(nodes.code(receiver), set()):
+    if isinstance(node, cst.Call) and not optioned and _to_half(node):
+        receiver = node.func.value
+        if isinstance(receiver, (cst.Name, cst.Attribute)) and model_like(nodes.code(receiver), set()):
             yield node
+    if isinstance(node, cst.Assign) and not optioned and isinstance(node.value, cst.Call) and _to_half(node.value) and any(
+            isinstance(target.target, cst.Attribute) and target.target.attr.value == "data" for target in node.targets):
+        yield node.value  # a parameter's data made float16 (`param.data = param.data.to(torch.float16)`)
     if isinstance(node, cst.If) and _PRECISION_OPTION.search(nodes.code(node.test)):
         yield from _half_casts(node.body, True)
         if node.orelse is not None:
@@ -110,3 +115,16 @@ def _half_casts(node: cst.CSTNode, optioned: bool):
         return
     for child in children(node):
         yield from _half_casts(child, optioned)
+
+
+def _to_half(call: cst.Call) -> bool:
+    """``x.half()``, ``x.to(torch.float16)``, ``x.to(dtype=torch.half)``, ``x.type(torch.cuda.HalfTensor)``."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    name = call.func.attr.value
+    if name == "half":
+        return True
+    if name == "to":
+        return any(dtype_of(arg.value) == "float16" for arg in call.args)
+    return name == "type" and any(nodes.code(arg.value).endswith("HalfTensor") for arg in call.args)
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from migrate.api import migrate_paths
+from migrate.api import migrate_paths, migrate_source
 
 
 def compare_with_its_rewrite(folder: Path, script: str = "train.py", steps: int = 4):
@@ -17,3 +17,12 @@ def compare_with_its_rewrite(folder: Path, script: str = "train.py", steps: int 
     migrate_paths([migrated])
     return compare(Target(str(folder / script)), Target(str(migrated / script)), [], device="cpu",
                    steps=steps, parallel=True, timeout=600)
+
+
+def reasons_left_on_apex(source: str, unsafe: bool) -> list[str]:
+    """The reasons a run (``unsafe``: with unsafe fixes) gives for leaving ``source``, a
+    ``train.py`` that compiles, unchanged on apex; the test fails where it changed the file."""
+    compile(source, "train.py", "exec")
+    result = migrate_source(source, "train.py", unsafe_fixes=unsafe)
+    assert result.new_source == source
+    return [finding.message for finding in result.diagnostics if "not rewritten" in finding.message]
