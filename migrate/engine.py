@@ -66,7 +66,7 @@ def run_rules(
     (or would be, with ``fix=False``). A file with nothing to do comes back as the same string.
     ``edits``: give each fix its text edits (``Fix.edits``), worked out one fix at a time.
     """
-    context = RuleContext(filename=filename, unsafe_fixes=unsafe_fixes, settings=dict(settings or {}))
+    context = RuleContext(filename=filename, unsafe_fixes=unsafe_fixes, settings=dict(settings or {}), first_source=source)
     if noqa.skips_file(source):
         return EngineResult(source, ())
     try:

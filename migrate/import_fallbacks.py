@@ -12,7 +12,7 @@ import libcst as cst
 from migrate.apex_nodes import apex_import, code, import_error_fallback
 from migrate.tree_walk import children, descendants
 
-__all__ = ["fallback_change"]
+__all__ = ["arm_change", "fallback_change", "fallback_change_first"]
 
 
 def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
@@ -21,9 +21,10 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
     read only to stop a run (``assert not fp16 or has_apex``, ``if not is_apex_available(): raise``),
     stopped a run asking for it.
     Where the ``try`` also imports other things of apex's, it fails without apex until their own
-    fixes remove them too: the change is said to come then."""
+    fixes remove them too: the change is said to come then. None where the file imports apex
+    outside any guard as well: no run took the ``except`` branch."""
     fallback, skipped = import_error_fallback(node), _skipped_without_apex(node)
-    if fallback is None and not skipped:
+    if fallback is None and not skipped or _imports_apex_anyway(module):
         return None
     others = _other_apex_imports(module, node)
     when, then = ((f"behaviour change once this `try`'s other apex imports ({', '.join(f'`{name}`' for name in others)}) "
@@ -42,6 +43,59 @@ def fallback_change(module: cst.Module, node: cst.Try) -> str | None:
     what = f"`{fallback}`" if fallback is not None else f"skipping `{'; '.join(code(small) for small in skipped)}` after the import"
     return (f"{when}: where apex was not installed, {what} turned mixed precision off; "
             f"native torch.amp needs no install, so those runs {then} use it")
+
+
+def fallback_change_first(first_source: str | None, module: cst.Module, node: cst.Try) -> str | None:
+    """``fallback_change`` of a ``try`` whose apex import a fix of an earlier round removed, asked
+    of the file as it was before any fix (``first_source``), where a ``try`` with the same handlers
+    guarded an apex import: what showed what the ``except`` branch did (``if amp is None: raise``,
+    an unguarded ``import apex``) may be gone with it."""
+    first = _parsed(first_source) if first_source else None
+    handlers = [code(handler) for handler in node.handlers]
+    for candidate in descendants(first) if first is not None else ():
+        if type(candidate) is cst.Try and [code(handler) for handler in candidate.handlers] == handlers and any(
+                type(small) in (cst.Import, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar)
+                and any(apex_import(small, alias) for alias in small.names)
+                for line in candidate.body.body if type(line) is cst.SimpleStatementLine for small in line.body):
+            return fallback_change(first, candidate)
+    return fallback_change(module, node)
+
+
+def arm_change(first_source: str | None, module: cst.Module, dropped: cst.CSTNode | None) -> str | None:
+    """What keeping apex's arm of an availability test (``if amp is None: ...``) changes for a run
+    without apex, where ``dropped`` is the arm that ran there: it raised and stopped the run, or it
+    ran instead; nothing where the file imports apex outside any guard as well (as it was before
+    any fix, ``first_source``), as it then never ran without apex."""
+    first = _parsed(first_source) if first_source else None
+    if _imports_apex_anyway(first if first is not None else module) is not None:
+        return None
+    lines = [line for line in getattr(getattr(dropped, "body", None), "body", ()) if type(line) is cst.SimpleStatementLine]
+    if lines and any(type(small) is cst.Raise for small in lines[-1].body):
+        return ("behaviour change: where apex was not installed, this test raised and stopped the run; "
+                "native torch.amp needs no install, so those runs now go on")
+    return ("behaviour change: where apex was not installed, the other arm ran; "
+            "native torch.amp needs no install, so those runs now take apex's")
+
+
+def _parsed(source: str) -> cst.Module | None:
+    try:
+        return cst.parse_module(source)
+    except (cst.ParserSyntaxError, RecursionError):
+        return None
+
+
+def _imports_apex_anyway(module: cst.Module) -> str | None:
+    """A line of the module's own (not in a ``try``, an ``if`` or a function) importing apex
+    (``import apex``, ``from apex import pyprof``): without apex the file never ran, so no run
+    took the ``except`` branch."""
+    for line in module.body:
+        for small in line.body if type(line) is cst.SimpleStatementLine else ():
+            if type(small) is cst.ImportFrom and small.module is not None and not small.relative and (
+                    code(small.module) == "apex" or code(small.module).startswith("apex.")):
+                return code(small)
+            if type(small) is cst.Import and any(apex_import(small, alias) is not None for alias in small.names):
+                return code(small)
+    return None
 
 
 def _other_apex_imports(module: cst.Module, node: cst.Try) -> list[str]:
@@ -103,7 +157,8 @@ def _reads(root: cst.CSTNode, names: set[str], parents: dict[int, cst.CSTNode]) 
     bound = {id(target.target) for target in descendants(root) if type(target) is cst.AssignTarget}
     return [node for node in descendants(root) if type(node) is cst.Name and node.value in names and id(node) not in bound
             and type(parent := parents.get(id(node))) not in (cst.ImportAlias, cst.AsName)
-            and not (type(parent) is cst.Attribute and parent.value is node)]
+            and not (type(parent) is cst.Attribute and (parent.value is node or parent.attr is node))
+            and not (type(parent) is cst.Arg and parent.keyword is node)]  # `args.amp`, `f(amp=...)`: other names
 
 
 def _function_of(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.FunctionDef | None:

@@ -72,6 +72,7 @@ class RuleContext:
     filename: str = "<stdin>"
     unsafe_fixes: bool = False
     settings: dict = field(default_factory=dict)
+    first_source: str | None = None  # the text before any fix: a later round reads what a fix removed there
 
 
 class Rule(cst.BatchableCSTVisitor):

@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.metadata import GlobalScope, ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from migrate import apex_nodes as nodes
-from migrate.import_fallbacks import fallback_change
+from migrate.import_fallbacks import arm_change, fallback_change_first
 from migrate import quiet
 from migrate.apex_plan import MANUAL_STEP_MARKER
 from migrate.apex_plan.module_fallbacks import if_with_dead_fallback
@@ -229,11 +229,11 @@ class ApexImport(Rule):
                             safety=Safety.UNSAFE if reasons else Safety.SAFE, fix_message="Remove the unused import",
                             why_unsafe="; ".join(reasons))
 
-    def _availability_fold(self, node: cst.Name) -> tuple[cst.CSTNode, object] | None:
+    def _availability_fold(self, node: cst.Name) -> tuple[cst.CSTNode, object, cst.CSTNode | None] | None:
         """``if amp is None: <fallback> else: <apex's arm>`` (``if not amp:``, ``if amp:``, ``amp
         and x``, ``x if amp else y``, ...), where the module's ``amp`` is bound only by an apex
-        import and ``amp = None`` fallbacks and every read of it is such a test: the node that
-        goes, and what replaces it (for an ``if``, apex's arm: nothing, or ``pass`` alone in its block)."""
+        import and ``amp = None`` fallbacks and every read of it is such a test: the node that goes, what
+        replaces it (for an ``if``, apex's arm: nothing, or ``pass`` alone) and the arm that ran without apex."""
         decided = self._decided(node)
         if decided is None:
             return None
@@ -247,19 +247,20 @@ class ApexImport(Rule):
             return None  # apex's module is still used elsewhere
         branch, body_runs = decided
         if not isinstance(branch, cst.If):
-            return decided
+            return (*decided, None)
+        dropped = branch.orelse if body_runs else branch
         kept = [line for line in arm_that_runs(branch, body_runs) if not _bare_pass(line)]
         if kept:
-            return branch, in_place_of(branch, kept)
+            return branch, in_place_of(branch, kept), dropped
         block = self._parent_of(branch)
         if len(getattr(block, "body", ())) == 1:  # alone: an `if args.apex:` around it goes too, or it is `pass`
             owner = self._parent_of(block)
             if (isinstance(owner, cst.If) and owner.body is block and owner.orelse is None
                     and not isinstance(self._parent_of(owner), cst.If) and len(getattr(self._parent_of(owner), "body", ())) > 1
                     and not any(isinstance(n, (cst.Call, cst.NamedExpr)) for n in descendants(owner.test))):
-                return owner, cst.RemoveFromParent()
-            return branch, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), branch)
-        return branch, cst.RemoveFromParent()
+                return owner, cst.RemoveFromParent(), dropped
+            return branch, nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), branch), dropped
+        return branch, cst.RemoveFromParent(), dropped
 
     def _read_only_in_tests(self, name: str, global_scope) -> bool:
         """Whether every read of the module's ``name`` is an availability test ``_decided`` folds
@@ -331,7 +332,7 @@ class ApexImport(Rule):
         else:
             replacement = cst.RemoveFromParent()
         message = "this `try` guards an apex import that is gone: its `except` branch can no longer run"
-        change = fallback_change(self._module, node)
+        change = fallback_change_first(self.context.first_source, self._module, node)
         if change is not None:
             message += f"; {change}"
         self.report(
@@ -372,13 +373,13 @@ class ApexImport(Rule):
             parent, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
         )
         if (fold := self._availability_fold(node)) is not None:
-            branch, replacement = fold
-            asked = nodes.code(branch.test) if isinstance(branch, cst.If) else node.value
+            branch, replacement, dropped = fold
+            test, change = self._decided(node)[0], arm_change(self.context.first_source, self._module, dropped)
+            asked = nodes.code(test.test) if isinstance(test, cst.If) else node.value  # not an `if args.amp:` around it
             self.report(branch, f"`{asked}` only asks whether apex is installed, and nothing else in the "
                         "file uses apex's module any more", replacement=replacement, safety=Safety.SAFE,
                         remove_imports=tuple(self._imported.get(node.value, ())),
-                        fix_message="Keep apex's arm (note: behaviour change: where apex was not installed, the other "
-                        "arm ran; native torch.amp needs no install, so those runs now take apex's)")
+                        fix_message="Keep apex's arm" + (f" (note: {change})" if change else ""))
         elif tested:
             self.report(node, "this availability check keeps apex imported: test a flag of your own "
                         "(e.g. `args.fp16`) once the file no longer uses apex")
