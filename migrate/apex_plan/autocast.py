@@ -6,7 +6,7 @@ import libcst as cst
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import StepConditions
 from migrate.apex_plan.context import Step
-from migrate.apex_plan.earlier_regions import computed_in_a_region
+from migrate.apex_plan.earlier_regions import computed_in_a_region, continues_a_region
 from migrate.apex_plan.loss_slice import backward_slice, carried, function_slice
 from migrate.apex_plan.own_autocast import enclosing_autocast
 from migrate.apex_plan.syntax import (
@@ -56,7 +56,7 @@ class AutocastPlanning(Step):
         handed = self._plan_callers_forwards(scale) if sliced else None
         # a loss only read and divided (`losses = self.outputs["loss"]`) computes nothing autocast would cast
         if handed is not None or any(type(node) is cst.Call for statements in sliced for s in statements for node in descendants(s)):
-            if handed is None:
+            if handed is None and not continues_a_region(self.tree, self.draft.regions, sliced[0]):
                 # at its own line: another `scale_loss` of the file may well have its forward
                 self.draft.unsafe_at(scale.statement, f"the model's forward call is not seen next to `amp.scale_loss` at line {self.tree.line(scale.call)}: "
                                                       f"autocast covers what `{loss_text}` is computed from in that block")

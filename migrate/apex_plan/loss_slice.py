@@ -20,7 +20,7 @@ def backward_slice(window: list[cst.BaseStatement], wanted: set[str], networks: 
     wanted, start = set(wanted), None
     for index in range(len(window) - 1, -1, -1):
         if assigned_names(window[index]) & wanted:
-            if (networks is None or runs_a_network(window[index], networks)) and not (computing and _moves_data(window[index])):
+            if (networks is None or runs_a_network(window[index], networks)) and not (computing and moves_data(window[index])):
                 start = index
             wanted |= read_names(window[index])
     return start, wanted
@@ -42,7 +42,7 @@ def carried(region: list[cst.BaseStatement]) -> set[str]:
     return bound & read
 
 
-def _moves_data(statement: cst.BaseStatement) -> bool:
+def moves_data(statement: cst.BaseStatement) -> bool:
     """Whether ``statement`` binds data only: names, constants, items picked and tensors moved or
     reshaped (``y = y.cuda()``, ``x, y = batch[0], batch[1]``, ``Variable(x)``, ``tuple(t.cuda() for
     t in batch)``); nothing apex cast."""
