@@ -7,6 +7,8 @@ forward pass to go under autocast: it is there already.
 """
 from __future__ import annotations
 
+import builtins
+
 import libcst as cst
 
 from migrate import apex_nodes as nodes
@@ -63,31 +65,42 @@ def continues_a_region(tree: FileTree, regions: set[int], statements: list[cst.B
         return False
     bound = set().union(*(assigned_names(statement) for statement in statements))
     from_a_region = False
-    for name in sorted(set().union(*(read_names(statement) for statement in statements)) - bound):
+    for name in sorted(set().union(*(_identifiers(tree, statement) for statement in statements)) - bound):
         found = reaching(graph, name, statements[0])
-        if not found.bindings:
-            continue  # a builtin
-        if found.from_outside:
+        if not found.bindings and name in _BUILTINS:
+            continue
+        if found.from_outside:  # a parameter, a global read in a function: whatever made it is not seen
             return False
         for binding in found.bindings:
             if in_a_region(tree, regions, binding):
                 from_a_region = True
-            elif not (moves_data(binding) or _not_a_computed_tensor(binding, name) or _over_data(graph, binding)):
+            elif not (moves_data(binding) or _not_a_computed_tensor(binding, name) or _over_data(tree, graph, binding)):
                 return False
     return from_a_region
 
 
-def _over_data(graph, binding: cst.CSTNode) -> bool:
+def _over_data(tree: FileTree, graph, binding: cst.CSTNode) -> bool:
     """A loop over data: ``for x, y in loader`` (``enumerate(tqdm(loader))``), where what its
     iterable reads is an object made by a class (``DataLoader(...)``), data moved or an import."""
     if type(binding) is not cst.For:
         return False
-    for name in read_names(binding.iter):
+    for name in _identifiers(tree, binding.iter):
         found = reaching(graph, name, binding)
-        if found.from_outside and found.bindings or not all(
-                moves_data(bound) or _not_a_computed_tensor(bound, name) for bound in found.bindings):
+        if not found.bindings and name in _BUILTINS:
+            continue
+        if found.from_outside or not all(moves_data(bound) or _not_a_computed_tensor(bound, name) for bound in found.bindings):
             return False
     return True
+
+
+def _identifiers(tree: FileTree, node: cst.CSTNode) -> set[str]:
+    """The plain names ``node`` reads: not an attribute's name (``args.weight``: ``args``) nor a keyword."""
+    return {name.value for name in descendants(node) if type(name) is cst.Name
+            and not (type(parent := tree.parent.get(id(name))) is cst.Attribute and parent.attr is name)
+            and not (type(parent) is cst.Arg and parent.keyword is name)}
+
+
+_BUILTINS = frozenset(dir(builtins))
 
 
 def _not_a_computed_tensor(binding: cst.CSTNode, name: str) -> bool:

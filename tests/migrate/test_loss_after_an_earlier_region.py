@@ -11,6 +11,7 @@ Where a value comes from a forward pass outside every region, the file stays uns
 from __future__ import annotations
 
 import itertools
+import textwrap
 
 import pytest
 from rewrite_runs import compare_with_its_rewrite
@@ -112,6 +113,20 @@ def test_a_value_from_outside_every_region_keeps_it_unsafe(outside):
     source = _script("", "moved", "enumerate", before=before, g_text=g_text)
     new = migrate_source(source, "train.py").new_source
     assert new == source
+
+
+@pytest.mark.parametrize("handed", ["parameter", "global"])
+def test_a_value_handed_to_the_training_function_keeps_it_unsafe(handed):
+    """``def train(anchor)``: what made the parameter (or a global read there) is not seen from the loop."""
+    source = _script("", "moved", "enumerate", g_text="loss_g = F.mse_loss(output, target) + (output - anchor).pow(2).mean()")
+    head, loop = source.split("for epoch in range(2):\n")
+    signature = "def train(anchor):\n" if handed == "parameter" else "def train():\n"
+    call = "train(generator(torch.zeros(1, 4).cuda()).detach())\n" if handed == "parameter" else "train()\n"
+    made = "" if handed == "parameter" else "anchor = generator(torch.zeros(1, 4).cuda()).detach()\n"
+    body = textwrap.indent("for epoch in range(2):\n" + loop, "    ")
+    source = f"{head}{made}{signature}{body}\n\n{call}"
+    compile(source, "train.py", "exec")
+    assert migrate_source(source, "train.py").new_source == source
 
 
 @pytest.mark.slow
