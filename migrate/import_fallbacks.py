@@ -7,6 +7,8 @@ install, so those runs now use mixed precision, or go on: the import's fix says 
 """
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
 
 from migrate.apex_nodes import apex_import, code, import_error_fallback
@@ -77,6 +79,7 @@ def arm_change(first_source: str | None, module: cst.Module, dropped: cst.CSTNod
             "native torch.amp needs no install, so those runs now take apex's")
 
 
+@functools.lru_cache(maxsize=2)  # a file's first text, asked of by each later round's findings
 def _parsed(source: str) -> cst.Module | None:
     try:
         return cst.parse_module(source)

@@ -7,7 +7,9 @@ import libcst as cst
 
 from migrate import apex_nodes as nodes
 from migrate.apex_plan.tree import FileTree
+from migrate.flow.bindings import bound_names
 from migrate.names import qualified_names
+from migrate.step_model.shapes import parameters_of
 from migrate.tree_walk import descendants
 
 _FACTORIES = frozenset({"zeros", "ones", "full", "empty", "tensor", "as_tensor", "rand", "randn", "arange",
@@ -28,7 +30,7 @@ def fresh_loss(tree: FileTree, statement: cst.With, loss: cst.BaseExpression) ->
     if not isinstance(loss, cst.Name):
         return None
     function = tree.function(statement)
-    if function is not None and loss.value in _parameters(function):
+    if function is not None and loss.value in {param.name.value for param in parameters_of(function)}:
         return None
     scope = tree.module if function is None else function.body
     bindings = [(node, new) for node in descendants(scope, nodes.not_a_definition)
@@ -43,34 +45,16 @@ def refusal(reason: str) -> str:
             "recorded for this optimizer\" where apex's step left the model as it was")
 
 
-def _parameters(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    every = [*params.posonly_params, *params.params, *params.kwonly_params]
-    every += [star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)]
-    return {param.name.value for param in every}
-
-
 def _binding(tree: FileTree, node: cst.CSTNode, name: str) -> bool | None:
     """Whether ``node`` binds ``name`` to a new tensor (``loss = loss_G = torch.zeros(1)`` too), False
-    where it binds it otherwise, None where it does not bind it."""
-    kind = type(node)
-    if kind is cst.Assign:
-        if not any(name in nodes.bound_texts(target.target) for target in node.targets):
-            return None
+    where it binds it otherwise (``+=``, a loop, ``with ... as``, ``global``), None where it does not bind it."""
+    if type(node) in (cst.Global, cst.Nonlocal):
+        return False if any(item.name.value == name for item in node.names) else None
+    if name not in bound_names(node):
+        return None
+    if type(node) is cst.Assign:
         return all(type(target.target) is cst.Name for target in node.targets) and _new_tensor(tree, node.value)
-    if kind is cst.AnnAssign and nodes.code(node.target) == name:
-        return node.value is not None and _new_tensor(tree, node.value)
-    if kind in (cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr) and name in _names(node.target):
-        return False
-    if kind is cst.AsName and name in _names(node.name):  # `with ... as loss`, `except E as loss`, imports
-        return False
-    if kind in (cst.Global, cst.Nonlocal) and any(item.name.value == name for item in node.names):
-        return False
-    return None
-
-
-def _names(target: cst.CSTNode) -> set[str]:
-    return {leaf.value for leaf in descendants(target) if type(leaf) is cst.Name}
+    return type(node) is cst.AnnAssign and node.value is not None and _new_tensor(tree, node.value)
 
 
 def _new_tensor(tree: FileTree, value: cst.BaseExpression) -> bool:
