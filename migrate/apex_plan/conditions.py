@@ -164,12 +164,14 @@ class StepConditions(Step):
     """The test under which a scaled backward ran, said again where its optimizer steps."""
 
     def step_condition(self, conditions: list[str | None], call: cst.Call, optimizer: str,
-                       at: cst.CSTNode | None = None) -> str | None:
+                       at: cst.CSTNode | None = None, skipped: cst.CSTNode | None = None) -> str | None:
         """The test under which the scaled backward ran, when the step sits outside that ``if``.
 
         None when no test is needed: no branch, or the branch's test is the flag the scaler
         was created with (a disabled scaler steps the optimizer plainly). Tests that an ``if``
-        around the step ``at`` already makes are left out.
+        around the step ``at`` already makes are left out. A None condition is asked as whether
+        the optimizer holds gradients: a test that cannot be asked again, or (``skipped``, the
+        step) a way to the step that runs no backward pass.
         """
         if self.setup.in_block:
             # The block that creates the scaler may not have run: there apex was off, and the
@@ -191,19 +193,17 @@ class StepConditions(Step):
             # optimizer holds gradients can: a skipped batch leaves none after `zero_grad()`,
             # where `scaler.step` would find nothing scaled and fail. That is the same question
             # where nothing else gives the optimizer gradients.
+            why = (f"a way to `{optimizer}.step()` at line {self.tree.line(skipped)} runs no backward pass" if skipped is not None
+                   else f"the scaled backward runs under a test that calls something (line {self.tree.line(call)})")
             if any(delayed_unscale(scale) is not None for scale in self.sites.calls["scale_loss"]):
                 # a skipped last micro-batch: apex stepped with the gradients a `delay_unscale`
                 # pass left scaled; the scaler unscales them
                 self.draft.unsafe.append(
-                    f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}) and "
-                    "`delay_unscale` keeps gradients scaled: where the pass before the step is skipped, apex stepped "
+                    f"{why} and `delay_unscale` keeps gradients scaled: where the pass before the step is skipped, apex stepped "
                     "with the scaled gradients of the passes before it; the scaler unscales them"
                 )
             elif not self.tree.per_scope(("only scaled gradients", self.setup.guard_tests), self._only_scaled_gradients):
-                self.draft.unsafe.append(
-                    f"the scaled backward runs under a test that calls something (line {self.tree.line(call)}): "
-                    f"`{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did"
-                )
+                self.draft.unsafe.append(f"{why}: `{optimizer}` steps through the scaler where it holds gradients, else plainly as apex did")
             conditions = [c for c in conditions if c is not None]
             listed = any(index == EACH for _, index in steps_in_file(self.tree.module, optimizer))  # a list, stepped in a loop
             conditions.insert(0, (HOLDS_GRADIENTS_EACH if listed else HOLDS_GRADIENTS).format(optimizer=optimizer))
@@ -230,8 +230,9 @@ class StepConditions(Step):
                and node.target.attr.value == "grad" for node in descendants(self.tree.module)):
             return False  # gradients written by hand (`p.grad = g`)
         withs = self.sites.scale_loss_statements
+        # a call of the file's own `backward(loss)` helper is not a backward pass: those in its body are asked
         return all(self.tree.inside_any(backward, withs) or in_failing_arm(self.tree, backward, self.setup.guard_tests)
-                   or never_runs(self.tree, backward) or self.warm_up(backward)
+                   or never_runs(self.tree, backward) or self.warm_up(backward) or self.tree.helper(backward) is not None
                    for backward in backward_calls(self.tree.module, nested=True))
 
     def warm_up(self, backward: cst.Call) -> bool:

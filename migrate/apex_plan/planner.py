@@ -28,6 +28,7 @@ from migrate.apex_plan.scaler_parameters import ScalerParameterPlanning
 from migrate.apex_plan.several_initialize import SeveralInitializePlanning
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.steps import StepPlanning
+from migrate.apex_plan.step_updates import placed_steps
 from migrate.apex_plan.timm_scalers import TimmScalerPlanning
 from migrate.apex_plan.version_gated import VersionGatedPlanning, holds_only_dead_apex
 from migrate.apex_plan.warm_ups import WarmUpPlanning
@@ -39,7 +40,7 @@ from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2, DECORATORS_KEPT, EACH, GUESSED_MODELS, INITIALIZED_ELSEWHERE, LEVELS_ELSEWHERE, MASTER_WEIGHTS_KEPT, PARTNER, SCALE_LOSS,
     SCALE_LOSS_KEPT, SCALER_NAMES, STATE_CALLERS_KEPT, STATE_CALLERS_PASS, STATE_HELPERS, STATE_INITIALIZE_KEPT, ApexPlan, HalfFacts,
-    InitializeSite, ScaleBounds, ScaleLossSite, Setup, Unplannable, either,
+    InitializeSite, ScaleBounds, ScaleLossSite, Setup, Unplannable,
 )
 from migrate.apex_state_reads import SETTING as STATE_READ_ELSEWHERE
 from migrate.half_helpers import SETTING as HALF_HELPERS
@@ -328,12 +329,7 @@ class Planner:
         elif stand_in == "local":
             StandInPlanning(writing).plan_local_default(init)
 
-        # Each optimizer step after a scaled backward goes through the scaler; the scale is
-        # updated once per scaled backward, after the last of its optimizers' steps (in each
-        # branch, when the steps sit in different branches).
-        # With apex's per-loss scalers (`loss_id`) merged into one GradScaler, the scale is
-        # updated after the last step of all the losses' optimizers in each block instead.
-        stepped: dict[int, tuple[cst.SimpleStatementLine, dict[int, bool], str | None]] = {}
+        # Each optimizer step after a scaled backward goes through the scaler (see step_updates).
         step_scaler: dict[int, str] = {}
         found_by_scale = []
         for scale in scales:
@@ -350,24 +346,15 @@ class Planner:
                 if step_scaler.setdefault(id(line), named) != named and self.setup.extra_scalers:
                     raise LossesShareAStep()
                 step_scaler[id(line)] = named
-        if self.setup.merged_losses:
-            found_by_scale = [[hit for found in found_by_scale for hit in found]]
-        for found in found_by_scale:
-            found.sort(key=lambda hit: (self.tree.order[id(hit[0])], hit[1]))
-            last_in_block = {id(self.tree.parent[id(line)]): (id(line), index) for line, index, _ in found}
-            for line, index, condition in found:
-                entry = stepped.setdefault(id(line), (line, {}, condition))
-                if entry[2] != condition:  # two scaled backward passes in different arms step it
-                    entry = stepped[id(line)] = (line, entry[1], either(entry[2], condition))
-                last = last_in_block[id(self.tree.parent[id(line)])] == (id(line), index) and not steps.under_gradient_guard(line)
-                entry[1][index] = entry[1].get(index, False) or last
-        for line, updates, condition in stepped.values():
+        stepped = placed_steps(self.tree, found_by_scale, steps.under_gradient_guard, self.setup.merged_losses)
+        for line, updates, condition, update_after in stepped:
             if EACH in updates:
                 self.draft.replace(line, steps.each_step_replacement(line, updates[EACH], condition, step_scaler[id(line)]))
                 self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler",
                            f"Use `{self.setup.scaler}.step(optimizer)` for each optimizer, then `{self.setup.scaler}.update()` once")
                 continue
-            self.draft.replace(line, steps.step_replacement(line, updates, condition, step_scaler[id(line)]))
+            replacement = steps.step_replacement(line, dict.fromkeys(updates, False) if update_after else updates, condition, step_scaler[id(line)])
+            self.draft.replace(line, cst.FlattenSentinel([replacement, *steps.updates(step_scaler[id(line)], None)]) if update_after else replacement)
             self.draft.kind(line, SCALE_LOSS, "`optimizer.step()` after `amp.scale_loss` must go through the scaler", f"Use `{self.setup.scaler}.step(optimizer)` and `{self.setup.scaler}.update()`")
         steps.plan_gradient_guards()
         gradients.plan_master_params()

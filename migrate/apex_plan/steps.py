@@ -13,6 +13,7 @@ from migrate.apex_plan.fresh_losses import fresh_loss, refusal
 from migrate.apex_plan.native_scalings import natively_scaled
 from migrate.apex_plan.per_loss import loss_id_of
 from migrate.apex_plan.step_sites import accumulates, steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
+from migrate.apex_plan.skipped_backwards import backward_runs_before
 from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
@@ -227,8 +228,8 @@ class StepPlanning(Step):
         plains = [plain for plain in self.plain_backwards() if not (alias and where_absent(self.tree, plain, alias))]
         if plains:
             self.draft.unsafe.append(
-                f"`{wanted}.step()` is not next to `amp.scale_loss`, and the backward pass at line {self.tree.line(plains[0])} "
-                "is not scaled: every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
+                f"`{wanted}.step()` is not next to `amp.scale_loss`, and apex left the backward pass at line {self.tree.line(plains[0])} "
+                "unscaled: the rewrite scales it, as every `{wanted}.step()` in the file goes through the scaler".replace("{wanted}", wanted)
             )
             for plain in plains:
                 self._scale_plain_backward(plain, scale)
@@ -236,16 +237,20 @@ class StepPlanning(Step):
             self.draft.unsafe.append(f"`{wanted}.step()` runs in a `finally:`/`except:`, also where nothing was scaled")
         if any(self.tree.exclusive(line, scale.statement) and not self._scaled_before(line, name_of[id(line)]) for line, _ in anywhere):
             self.draft.unsafe.append(f"a `{wanted}.step()` sits in another branch than the scaled backward: it may run before anything is scaled")
+        # a step no backward pass surely comes before (a threshold test around it, a helper
+        # returning early) asks whether its optimizer holds gradients, as `scaler.step` raises otherwise
+        ways = {id(line): present if backward_runs_before(self.tree, line) else [*present, None] for line, _ in anywhere}
         for line, index in anywhere:
             name = name_of[id(line)]
-            condition = self.conditions.step_condition(present, scale.call, name)
+            condition = self.conditions.step_condition(ways[id(line)], scale.call, name, skipped=line)
             container = self.tree.function(line) or self.tree.module
             guards = self._gradient_guards(*self._top_statement(container, line), [(line, index)], scale)
             for guard in guards:
                 self._guard_updates(guard, scale, condition)
             self.gradients.plan_grad_readers(scale, name, [], container, [(line, index)], stepped[name],
                                              guards=frozenset(map(id, guards)), present=tuple(present))
-        return [(line, index, self.conditions.step_condition(present, scale.call, name_of[id(line)], at=line)) for line, index in anywhere]
+        return [(line, index, self.conditions.step_condition(ways[id(line)], scale.call, name_of[id(line)], at=line, skipped=line))
+                for line, index in anywhere]
 
     def _guard_updates(self, guard: cst.If, scale: ScaleLossSite, condition: str | None) -> None:
         """The scaler's ``update()`` after a gradient guard, under the test of the scaled backward
@@ -316,7 +321,7 @@ class StepPlanning(Step):
                 name = next(n for n in ("scaled_this_step", *(f"scaled_this_step_{i}" for i in range(2, 99)), "scaled_this_step_")
                             if n not in self.tree.names)
                 before, condition = nodes.parse_statements(f"{name} = {condition}\n", self.tree.module), name
-            self.draft.replace(guard, cst.FlattenSentinel([*before, guard, *self._updates(scaler, condition)]))
+            self.draft.replace(guard, cst.FlattenSentinel([*before, guard, *self.updates(scaler, condition)]))
             self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
                        f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
             # apex armed a skip of the next `step()` on an overflow; where this test skipped the
@@ -455,9 +460,9 @@ class StepPlanning(Step):
         new = loop.visit(ReplaceByIdentity(inner))
         if not update:
             return new
-        return cst.FlattenSentinel([new, *self._updates(scaler, condition)])
+        return cst.FlattenSentinel([new, *self.updates(scaler, condition)])
 
-    def _updates(self, scaler: str, condition: str | None) -> list[cst.BaseStatement]:
+    def updates(self, scaler: str, condition: str | None) -> list[cst.BaseStatement]:
         """``scaler.update()`` (and apex's bounds of the scale after it), under ``condition`` when given."""
         lines = update_lines(scaler, self.setup.scale_bounds)
         text = "".join(f"{line}\n" for line in lines) if condition is None else f"if {condition}:\n" + "".join(f"    {line}\n" for line in lines)

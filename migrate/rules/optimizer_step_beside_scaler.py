@@ -1,6 +1,8 @@
 """AMP102: ``optimizer.step()`` on an optimizer whose loss a GradScaler scales."""
 from __future__ import annotations
 
+import libcst as cst
+
 from migrate import apex_nodes as nodes
 from migrate.rule import Invalid, Valid
 from migrate.rules._framework_loops import (ACCELERATE, CORRECT, DEEPSPEED, FABRIC, FACTORY, GRAD_SCALER, LIGHTNING,
@@ -24,8 +26,10 @@ class OptimizerStepBesideScaler(TrainingStepRule):
 
     Fix safety:
     Unsafe: ``optimizer.step()`` becomes ``scaler.step(optimizer)`` where ``scaler.update()``
-    follows in the same iteration. It changes the training (that is its point): updates are
-    unscaled, and steps with inf/NaN gradients are skipped.
+    follows in the same iteration. Where every update after it runs only with a later step of
+    its own (``if <holds gradients>: scaler.step(d_opt); scaler.update()``), ``scaler.update()``
+    follows the new step too: a second ``scaler.step`` before an update raises. It changes the
+    training (that is its point): updates are unscaled, and steps with inf/NaN gradients are skipped.
     """
 
     CODE = "AMP102"
@@ -120,6 +124,27 @@ class OptimizerStepBesideScaler(TrainingStepRule):
             "        scaler.update()\n",
             unsafe_fixes=True,
         ),
+        # the only update after it runs with a later step of its own: the fixed step gets its update
+        Invalid(
+            "def train(g, d, opt_g, opt_d, loader, scaler):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(g(x).mean()).backward()\n"
+            "        opt_g.step()\n"
+            "        if x.sum() > 0:\n"
+            "            scaler.scale(d(x).mean()).backward()\n"
+            "            scaler.step(opt_d)\n"
+            "            scaler.update()\n",
+            "def train(g, d, opt_g, opt_d, loader, scaler):\n"
+            "    for x in loader:\n"
+            "        scaler.scale(g(x).mean()).backward()\n"
+            "        scaler.step(opt_g)\n"
+            "        scaler.update()\n"
+            "        if x.sum() > 0:\n"
+            "            scaler.scale(d(x).mean()).backward()\n"
+            "            scaler.step(opt_d)\n"
+            "            scaler.update()\n",
+            unsafe_fixes=True,
+        ),
         Invalid(
             "def train(model, opt, data, scaler):\n"
             "    while True:\n"
@@ -180,15 +205,38 @@ class OptimizerStepBesideScaler(TrainingStepRule):
             fix = {}
             scaler = next(iter(scalers))
             updates = [u for u in steps.after(event, (Kind.UPDATE,)) if u.scaler == scaler]
+            found = event.node
             if len(scalers) == 1 and updates and not event.node.args and not event.inlined():
-                fix = {
-                    "replacement": nodes.parse_expression(f"{scaler}.step({event.subject})", model.module),
-                    "safety": Safety.UNSAFE,
-                    "fix_message": f"Use `{scaler}.step({event.subject})`",
-                    "why_unsafe": "updates become unscaled, and steps with inf/NaN gradients are skipped",
-                }
+                replacement = nodes.parse_expression(f"{scaler}.step({event.subject})", model.module)
+                if not any(steps.runs_whenever(update, event) for update in updates):
+                    # the update after it runs only with a later step of its own (`if <holds
+                    # gradients>: scaler.step(d_opt); scaler.update()`): this step's update comes
+                    # after it, as a second `scaler.step` before an update raises
+                    found, replacement = _with_its_update(steps, event, updates, replacement, scaler, model.module)
+                if replacement is not None:
+                    fix = {
+                        "replacement": replacement,
+                        "safety": Safety.UNSAFE,
+                        "fix_message": f"Use `{scaler}.step({event.subject})`",
+                        "why_unsafe": "updates become unscaled, and steps with inf/NaN gradients are skipped",
+                    }
             message = f"`{event.subject}.step()` after `{scaler}.scale(loss).backward()`: use `{scaler}.step({event.subject})`"
-            yield event.node, message, fix
+            yield found, message, fix
+
+
+def _with_its_update(steps: Steps, event: Event, updates: list[Event], call: cst.Call, scaler: str, module: cst.Module):
+    """The line of ``event`` (a step alone on its line) as ``scaler.step(opt)`` then ``scaler.update()``,
+    where every later update has a scaler step of its own before it that runs whenever it does;
+    else no fix (the event's node, None)."""
+    line = event.statements[-1] if event.statements else None
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr)
+            and line.body[0].value is event.node):
+        return event.node, None
+    own_steps = [e for e in steps.after(event, (Kind.SCALER_STEP,)) if e.scaler == scaler]
+    if not all(any(steps.index(e) < steps.index(update) and steps.runs_whenever(e, update) for e in own_steps) for update in updates):
+        return event.node, None
+    update = nodes.parse_statements(f"{scaler}.update()\n", module)[0]
+    return line, cst.FlattenSentinel([line.with_changes(body=[line.body[0].with_changes(value=call)]), update])
 
 
 def _cleared_between(steps: Steps, backward: Event, step: Event) -> bool:

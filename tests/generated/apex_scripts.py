@@ -152,6 +152,10 @@ class Features:
     #                         flag, and returns both; main unpacks them before training: the scaler
     #                         goes back with them, not through a global) | builder_in_with (the same,
     #                         main's call of it inside a `with` block)
+    skip_pass: str = "none"  # with backward_in=helper: none | return (the trainer's `backward` counts its
+    #                          passes and returns before scaling every third: a bad batch skipped, the
+    #                          loop's step then finds no gradients) | arm (the same test around its
+    #                          `scale_loss`, the plain fp32 pass before it)
 
     def label(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in asdict(self).items() if key != "names")
@@ -260,6 +264,8 @@ def _coherent(f: Features) -> Features:
         f = replace(f, own_autocast="none")
     if f.holder != "function":
         f = replace(f, setup_in="main")
+    if f.backward_in != "helper":
+        f = replace(f, skip_pass="none")  # the test sits in the trainer's `backward`
     return f
 
 
@@ -314,6 +320,7 @@ def features():
         local_helper=st.sampled_from(["none", "before", "after"]),
         own_autocast=st.sampled_from(["none", "forward", "step"]),
         setup_in=st.sampled_from(["main", "builder", "builder_in_with"]),
+        skip_pass=st.sampled_from(["none", "return", "arm"]),
     ).map(_coherent)
 
 
@@ -758,8 +765,13 @@ def _backward_method(f: Features, s: _Spelling) -> list[str]:
         return []
     unscaled = "native_scaler.scale(loss).backward()" if f.native_beside else "loss.backward()"
     plain = [f"if not {s.mixed}:", f"    {unscaled}", "    return"] if s.mixed else []
-    return ["", "def backward(self, loss):", *_indent([*plain, f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:",
-                                                      "    scaled_loss.backward()"])]
+    scaled = [f"with amp.scale_loss(loss, {s.stepped}) as scaled_loss:", "    scaled_loss.backward()"]
+    counted = ['self.passes = getattr(self, "passes", 0) + 1']
+    if f.skip_pass == "return":
+        plain = [*counted, "if self.passes % 3 == 0:", "    return  # a bad batch: no backward pass", *plain]
+    elif f.skip_pass == "arm":
+        plain, scaled = [*counted, *plain], ["if self.passes % 3 != 0:", *_indent(scaled)]
+    return ["", "def backward(self, loss):", *_indent([*plain, *scaled])]
 
 
 def _training_prelude(f: Features, s: _Spelling) -> list[str]:

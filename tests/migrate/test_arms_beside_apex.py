@@ -121,7 +121,7 @@ def test_a_native_arms_scaled_backward_is_not_scaled_again(scaler, native_first)
     native = [line.strip() for line in migrated.splitlines() if f"self.{scaler}.scale(" in line]
     assert native == [f"self.{scaler}.scale(loss).backward()"], migrated
     native_line = source.splitlines().index(f"            self.{scaler}.scale(loss).backward()") + 1
-    assert f"line {native_line} is not scaled" not in migrated, migrated
+    assert f"backward pass at line {native_line} unscaled" not in migrated, migrated
     namespace: dict = {}
     exec(compile(migrated, "trainer.py", "exec"), namespace)
     original: dict = {}
