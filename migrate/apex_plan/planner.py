@@ -289,7 +289,9 @@ class Planner:
             disabling_if(self.tree, init.statement, self.sites.calls["initialize"])
             if init is not None and stand_in is not None and not in_block else None)
         merges = any(site.merges_losses for site in (*inits, *scales))  # apex kept one scaler per loss
-        names = scalers_per_loss(self.sites, inits, scales, scaler, self.tree.module.code) if (
+        # a chain of `initialize` arms (`chained`) is one setup, whichever arm runs: its loss ids are the first's
+        per_loss = [site for site in inits if chained is None or site not in apart]
+        names = scalers_per_loss(self.sites, per_loss, scales, scaler, self.tree.module.code) if (
             self.keep_losses and init is not None and not o0 and stand_in is None
             and scope in ("self", "local", "module", "parameter")) else None
         if names is not None:
@@ -468,6 +470,16 @@ class Planner:
             why_unsafe = self.draft.reasons_for(node, reasons) if reasons else ""
             self.findings.append(Report(code, node, message, replacement, safety, fix + notes, adds, removes, why_unsafe))
 
+    def _setup_anchor(self, statement: cst.CSTNode) -> cst.CSTNode:
+        """The replaced node nearest ``statement`` (it, or an ancestor), where a marker goes; past
+        a removed one inside another replaced (a chain of `initialize` arms that goes, the `if`
+        around it rebuilt): a marker there would overlap."""
+        around = [node for node in (statement, *self.tree.ancestors(statement)) if id(node) in self.draft.replacements
+                  or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module))]
+        while len(around) > 1 and id(around[1]) in self.draft.replacements and isinstance(self.draft.replacements.get(id(around[0]), (None, None))[1], cst.RemovalSentinel):
+            around.pop(0)
+        return around[0] if around else statement
+
     def _mark_unsafe(self, scales: list[ScaleLossSite]) -> None:
         """An unsafe rewrite may train differently: it says why in the code, where apex amp was set
         up (or scaled the loss), as a ``TODO(ampmigrate)`` that AMP017 reports until reviewed. A
@@ -477,9 +489,7 @@ class Planner:
             return
         # `initialize`'s statement, or the `if` around it that the rewrite replaced as a whole (the
         # scaler hoisted before its flag's test), then the scaled backward passes
-        setups = [next((node for node in (statement, *self.tree.ancestors(statement)) if id(node) in self.draft.replacements
-                        or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module))), statement)
-                  for statement in map(self.tree.statement, self.sites.calls["initialize"] + self.sites.legacy_handles)]
+        setups = [self._setup_anchor(statement) for statement in map(self.tree.statement, self.sites.calls["initialize"] + self.sites.legacy_handles)]
         anchors = setups + [scale.statement for scale in scales]
         anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
         if anchor is not None:

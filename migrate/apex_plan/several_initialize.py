@@ -176,7 +176,8 @@ class SeveralInitializePlanning(Step):
             return None
         chain, blocks = found
         arms = {id(self.tree.parent.get(id(site.statement))) for site in (first, *apart)}
-        if len(blocks) != 1 + len(apart) or arms != {id(block) for block in blocks} or any(len(block.body) != 1 for block in blocks):
+        if len(blocks) != 1 + len(apart) or arms != {id(block) for block in blocks} or any(
+                len([line for line in block.body if not _imports_amp(line)]) != 1 for block in blocks):
             return None
         tests, arm = [], chain
         while isinstance(arm, cst.If):
@@ -308,3 +309,10 @@ class SeveralInitializePlanning(Step):
         body = list(block.body)
         between = body[body.index(first.statement) + 1 : body.index(statement)] if statement in body else None
         return between is not None and not any(backward_calls(s, nested=True) for s in between)
+
+
+def _imports_amp(line: cst.CSTNode) -> bool:
+    """``from apex import amp`` (or ``import apex``) alone on its line, beside ``initialize`` in an arm: it goes with the arm."""
+    small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+    return (isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
+            and all(nodes.apex_import(small, alias) is not None for alias in small.names))
