@@ -5,7 +5,7 @@ the step goes through the scaler. ``GradScaler.step`` raises where nothing was s
 optimizer since the last ``update()`` ("No inf checks were recorded for this optimizer"), while
 apex's step stepped whatever the optimizer held, or nothing. So the step keeps apex's plain path
 where a backward pass may have been skipped: under a threshold test (``if loss_D >= threshold:``),
-in a helper whose body returns early, or in a loop that may not run.
+or in a helper whose body returns early. A ``for`` loop is taken to run at least once.
 
 Answered on each function's control-flow graph: a way from the start of the step's function,
 or from a ``zero_grad()`` in it, to the step that runs no backward pass, nor a call of the file's
