@@ -14,7 +14,7 @@ from migrate import apex_nodes as nodes
 from migrate.apex_plan.conditions import flag_if, tests_a_parameter
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.initialize import InitializePlanning
-from migrate.apex_plan.syntax import backward_calls
+from migrate.apex_plan.syntax import backward_calls, imports_apex
 from migrate.apex_plan.vocabulary import AUTOCAST, INITIALIZE, InitializeSite, normal
 from migrate.tree_walk import walk
 
@@ -314,5 +314,5 @@ class SeveralInitializePlanning(Step):
 def _imports_amp(line: cst.CSTNode) -> bool:
     """``from apex import amp`` (or ``import apex``) alone on its line, beside ``initialize`` in an arm: it goes with the arm."""
     small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-    return (isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
-            and all(nodes.apex_import(small, alias) is not None for alias in small.names))
+    # `import apex, os` also imports what stays
+    return small is not None and imports_apex(small) and (isinstance(small, cst.ImportFrom) or len(small.names) == 1)
