@@ -13,6 +13,7 @@ from migrate.apex_plan.module_fallbacks import only_module_fallbacks
 from migrate.apex_plan.scaler_options import read_where, scaler_options
 from migrate.apex_plan.stand_ins import StandInPlanning
 from migrate.apex_plan.syntax import assigned_names, body_through_withs, read_names
+from migrate.level_settings import on_a_command_line
 from migrate.apex_plan.vocabulary import (
     ACCEPT_O2,
     COMPUTED_LEVEL,
@@ -224,11 +225,14 @@ class InitializePlanning(Step):
 
     def _set_elsewhere(self, expression: cst.BaseExpression) -> str | None:
         """Where the project sets the option ``args.amp_level`` reads to a level not kept exactly
-        (``configs/config.py:229: O2``), when the file gives it no default of its own."""
-        if not isinstance(expression, cst.Attribute) or expression.attr.value in self.tree.defaults:
+        (``configs/config.py:229: O2``), when the file gives it no default of its own; a command
+        line the project ships (``scripts/train.sh:4: O2``) overrides that default too."""
+        if not isinstance(expression, cst.Attribute):
             return None
         place = self.context.levels_elsewhere.get(expression.attr.value)
-        return place if place is not None and place.rsplit(": ", 1)[-1] not in self.exact_levels else None
+        if place is None or place.rsplit(": ", 1)[-1] in self.exact_levels:
+            return None
+        return place if expression.attr.value not in self.tree.defaults or on_a_command_line(place) else None
 
     def _stored_on_self(self, statement: cst.CSTNode, models: set[str]) -> set[str]:
         """``self.model = model`` (or ``self.model, self.opt = model, opt``) in the function that
