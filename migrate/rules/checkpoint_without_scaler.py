@@ -474,8 +474,8 @@ class CheckpointWithoutScaler(TrainingStepRule):
             grown = one_per_line(grown, model.module)  # as a person would break it
             fixed = call.with_changes(args=[call.args[0].with_changes(value=grown), *call.args[1:]])
         return {"replacement": fixed,
-                "fix_message": f"Save `{scaler}.state_dict()` in the checkpoint; load it where the "
-                               "optimizer's state is loaded"}
+                "fix_message": f"Save `{scaler}.state_dict()` in the checkpoint (loading it is left to you: "
+                               f"`{scaler}.load_state_dict(...)` where the optimizer's state is loaded)"}
 
 
 def _used(model: StepModel) -> bool:

@@ -98,6 +98,8 @@ def test_the_scaler_is_saved_where_it_surely_exists_and_the_script_still_runs(
     assert found[0].applied == fixed, source
     assert (result.source != source) == fixed
     if fixed:
+        # the fix saves the state; the message says that loading it is still the user's to add
+        assert "loading it is left to you" in found[0].fix.message, found[0].fix.message
         limit = max(88, *(len(line) for line in source.splitlines()))
         assert all(len(line) <= limit for line in result.source.splitlines()), result.source
         assert run_rules(result.source, "generated.py", RULES).source == result.source
