@@ -55,6 +55,8 @@ dependence: no import cycle):
   step, safe where a ``zero_grad()`` clears it on every way to the next step, or where its loss
   comes only from a network built apart from the models and their detached outputs;
   ``native_scalings``: a plain backward pass whose loss the file's own GradScaler scaled;
+  ``gradient_guards``: the update after a test of the gradients read that skips the step
+  (``if math.isfinite(norm):``), or before each arm's ``return``;
   ``fresh_losses``: a scaled loss that is only ever a new tensor, left on apex),
   ``autocast`` (the region around the forward pass; where a caller of the file hands in what a
   forward pass made, a region of its own around that forward; unsafe where the caller is in

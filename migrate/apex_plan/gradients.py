@@ -168,8 +168,10 @@ class GradientPlanning(Step):
             return
         first, condition, _ = readers[0]
         unscale = self._unscale_each(self.scaler_of(scale.call), optimizer, steps)
-        # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it.
-        places = self._first_readers(first, scale.statement) if len(readers) == 1 else [first]
+        # `if clip: clip_grad_norm_(...)` alone: unscale in the branches that read, as one would write it;
+        # before the `if` where a test of what it read skips the step (`if isfinite(norm):`): the
+        # update after that test needs the inf checks `unscale_` records, whether the clip ran or not
+        places = self._first_readers(first, scale.statement) if len(readers) == 1 and not self._guards(guards) else [first]
         for place in places:
             line = unscale
             if condition is not None and (condition, True) not in self.tree.arm_tests(place):  # not in `if fp16:` already

@@ -11,6 +11,7 @@ from migrate.apex_plan.gradients import GradientPlanning
 from migrate.apex_plan.hidden_readers import updates_otherwise
 from migrate.apex_plan.fresh_losses import fresh_loss, refusal
 from migrate.apex_plan.native_scalings import natively_scaled
+from migrate.apex_plan.gradient_guards import plan_gradient_guards
 from migrate.apex_plan.per_loss import loss_id_of
 from migrate.apex_plan.step_sites import accumulates, steps_after, steps_each, steps_in, steps_in_file, steps_of_callers
 from migrate.apex_plan.skipped_backwards import backward_runs_before
@@ -18,7 +19,7 @@ from migrate.apex_plan.syntax import (
     ReplaceByIdentity,
     assigned_names,
     backward_calls,
-    is_step,
+    final_exits,
     loop_exit,
 )
 from migrate.apex_plan.vocabulary import (
@@ -297,53 +298,26 @@ class StepPlanning(Step):
 
     def _tests_gradients_read(self, branch: cst.If, before: list[cst.BaseStatement], scale: ScaleLossSite) -> str | None:
         """Whether ``branch`` tests what a gradient reader before it assigned: "exact" where that
-        reader always runs and no arm ends the iteration or scales again (``unscale_`` before it
-        and ``update()`` after the ``if`` keep apex's scale), "inexact" where it does not, None
-        where the test is on something else (a counter: accumulation)."""
+        reader is a statement of the block (``norm = clip_grad_norm_(...)``) or an ``if`` of it
+        (``if args.clip > 0: norm = ...``) and no arm scales again or ends the iteration but at
+        its end (``else: return False``): ``unscale_`` before the reader and ``update()`` after
+        the ``if``, or before each arm's exit, keep apex's scale whichever way the test goes;
+        "inexact" where not; None where the test is on something else (a counter: accumulation)."""
         tested = {node.value for node in descendants(branch.test) if type(node) is cst.Name}
         read_into = {target for reader in before if grad_readers.reads_grads(reader) for target in assigned_names(reader)}
         if not read_into & tested:
             return None
-        always = {target for reader in before if isinstance(reader, cst.SimpleStatementLine) and grad_readers.reads_grads(reader)
+        always = {target for reader in before if grad_readers.reads_grads(reader) and (
+                      isinstance(reader, cst.SimpleStatementLine)
+                      or (isinstance(reader, cst.If) and loop_exit(reader) is None and not self.gradients.scales_again(reader, scale)))
                   for target in assigned_names(reader)}
-        if always & tested and loop_exit(branch) is None and not self.gradients.scales_again(branch, scale):
+        if always & tested and final_exits(branch) is not None and not self.gradients.scales_again(branch, scale):
             return "exact"
         return "inexact"
 
     def plan_gradient_guards(self) -> None:
         """``update()`` after each exact gradient guard, a marker at each inexact one (see ``_gradient_guards``)."""
-        for guard, scaler, condition in self.draft.gradient_guards.values():
-            before: list[cst.BaseStatement] = []
-            if condition is not None and HOLDS_GRADIENTS.partition(" for group")[0] in condition and any(
-                    type(node) is cst.Call and nodes.call_name(node) == "zero_grad" for node in descendants(guard)):
-                # a `zero_grad()` under the guard clears what the test reads: asked after it, the
-                # update would be skipped where the step was taken (and the next `unscale_` raise)
-                name = next(n for n in ("scaled_this_step", *(f"scaled_this_step_{i}" for i in range(2, 99)), "scaled_this_step_")
-                            if n not in self.tree.names)
-                before, condition = nodes.parse_statements(f"{name} = {condition}\n", self.tree.module), name
-            self.draft.replace(guard, cst.FlattenSentinel([*before, guard, *self.updates(scaler, condition)]))
-            self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
-                       f"Call `{scaler}.update()` after the test, whichever way it goes, as apex lowered the scale")
-            # apex armed a skip of the next `step()` on an overflow; where this test skipped the
-            # call, the skip waited for the next iteration's step: natively only this one is skipped
-            reason = ("on an overflow apex also skipped the next iteration's step (its skip waited for a `step()` "
-                      "this test did not call); natively only this iteration's step is skipped")
-            self.draft.unsafe.append(reason)
-            self.draft.marked_reasons.append(reason)
-            self.draft.leave_marker(guard, reason)
-        for guard in self.draft.inexact_gradient_guards.values():
-            if any(guard is exact for exact, _, _ in self.draft.gradient_guards.values()):
-                continue
-            reason = (f"the step is skipped on a test of the gradients read after the backward (`if {nodes.code(guard.test)}:`), "
-                      "on a path the scaler's `update()` does not follow: after an overflow the scale is not lowered there, "
-                      "as apex did; call `update()` on that path too")
-            self.draft.unsafe.append(reason)
-            self.draft.marked_reasons.append(reason)
-            if id(guard) not in self.draft.replacements:
-                self.draft.replace(guard, guard)
-                self.draft.kind(guard, SCALE_LOSS, "the step is skipped on a test of the gradients read after `amp.scale_loss`",
-                           "Call the scaler's `update()` on every path after the test, as apex lowered the scale")
-            self.draft.leave_marker(guard, reason)
+        plan_gradient_guards(self.draft, self.tree, self.updates)
 
     def under_gradient_guard(self, line: cst.CSTNode) -> bool:
         return any(self.tree.inside(line, guard) for guard, _, _ in self.draft.gradient_guards.values())

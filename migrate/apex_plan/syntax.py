@@ -133,6 +133,59 @@ def loop_exit(statement: cst.CSTNode) -> cst.CSTNode | None:
                  if type(node) in (cst.Break, cst.Continue)), None)
 
 
+def arms(branch: cst.If) -> list[cst.BaseSuite]:
+    """The blocks of an ``if``/``elif``/``else`` chain, in order."""
+    blocks = [branch.body]
+    while isinstance(branch.orelse, cst.If):
+        branch = branch.orelse
+        blocks.append(branch.body)
+    return blocks + [branch.orelse.body] if isinstance(branch.orelse, cst.Else) else blocks
+
+
+def final_exits(branch: cst.If) -> list[cst.SimpleStatementLine] | None:
+    """The statements that end the iteration (``return False``, ``continue``), where each is the
+    last statement of its arm of ``branch`` and no other way out is in it; None where one is
+    nested deeper or comes before the end of its arm."""
+    found = []
+    for block in arms(branch):
+        body = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+        if not isinstance(block, cst.IndentedBlock) and loop_exit(block) is not None:
+            return None  # `else: return False` on the header's line
+        last = body[-1] if body else None
+        ends = isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], (cst.Return, cst.Continue, cst.Break))
+        if any(loop_exit(statement) is not None for statement in (body[:-1] if ends else body)):
+            return None
+        if ends:
+            found.append(last)
+    return found
+
+
+def ends_every_way(branch: cst.If) -> bool:
+    """Whether each way through ``branch`` ends the iteration at the end of its arm (an ``else``
+    too: without one, the test's failing way goes on after it)."""
+    last = branch
+    while isinstance(last.orelse, cst.If):
+        last = last.orelse
+    exits = final_exits(branch)
+    return isinstance(last.orelse, cst.Else) and exits is not None and len(exits) == len(arms(branch))
+
+
+def before_each(branch: cst.If, exits: list[cst.SimpleStatementLine], make) -> cst.If:
+    """``branch`` with the statements ``make()`` gives before each of ``exits`` (the last
+    statements of its arms); the statements it held stay the same objects."""
+    def block(suite: cst.BaseSuite) -> cst.BaseSuite:
+        if not isinstance(suite, cst.IndentedBlock) or not suite.body or not any(suite.body[-1] is end for end in exits):
+            return suite
+        return suite.with_changes(body=[*suite.body[:-1], *make(), suite.body[-1]])
+
+    orelse = branch.orelse
+    if isinstance(orelse, cst.If):
+        orelse = before_each(orelse, exits, make)
+    elif isinstance(orelse, cst.Else):
+        orelse = orelse.with_changes(body=block(orelse.body))
+    return branch.with_changes(body=block(branch.body), orelse=orelse)
+
+
 def with_first_line_comment(statement: cst.BaseStatement, text: str, keep: frozenset[int] = frozenset()) -> cst.BaseStatement:
     """``statement`` with ``text`` (a ``# ...`` comment) at the end of its first line, after any
     comment already there: where a ``# noqa`` for a finding on the statement goes; the reason
