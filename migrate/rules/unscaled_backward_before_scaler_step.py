@@ -1,6 +1,8 @@
 """AMP109: a plain ``loss.backward()`` followed by ``scaler.step(optimizer)``."""
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
@@ -14,6 +16,7 @@ from migrate.rules._frameworks import precision_without_scaler, prepared_optimiz
 from migrate.step_model import Backward, Kind
 from migrate.step_model import vocabulary as words
 from migrate.step_model.shapes import parameters_of
+from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
 
@@ -40,8 +43,15 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
     which changes every update (that is its point). The rewritten line carries a
     ``TODO(ampmigrate)`` comment saying so: in code migrated from apex (a ``loss.backward()``
     inside ``amp.scale_loss``, whose gradients apex divided by the scale as well) the fix trains
-    differently from the original. A backward pass in a helper the step model inlined, or on the
-    line of an ``if``, is reported with no fix.
+    differently from the original. Where the scaler steps only under a test the backward pass is
+    not under (``if fp16: scaler.step(optimizer) else: optimizer.step()``), the loss is scaled
+    there only: ``(scaler.scale(loss) if fp16 else loss).backward()`` (a scaler that is ``None``
+    where the flag is off, or gradients the plain step never divides, would break the other runs);
+    the test is the one choosing the scaler's step over a plain one, not an accumulation boundary
+    around both, whose every micro-batch feeds the scaler's step. Where that test cannot be said
+    again (an ``elif``, a test that calls something), or no plain step is beside it, no fix. A
+    backward pass in a helper the step model inlined, or on the line of an ``if``, is reported
+    with no fix.
     """
 
     CODE = "AMP109"
@@ -140,6 +150,32 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
         ),
     ]
     INVALID = [
+        Invalid(
+            "def train(model, optimizer, loader, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda') if args.fp16 else None\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        if args.fp16:\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        else:\n"
+            "            optimizer.step()\n",
+            "def train(model, optimizer, loader, args):\n"
+            "    scaler = torch.amp.GradScaler('cuda') if args.fp16 else None\n"
+            "    for x, y in loader:\n"
+            "        loss = model(x, y)\n"
+            "        # TODO(ampmigrate): review, this rewrite is unsafe: where `args.fp16`, every\n"
+            "        #   update changes: the gradients were never scaled, and scaler.step divides\n"
+            "        #   them by the scale\n"
+            "        (scaler.scale(loss) if args.fp16 else loss).backward()\n"
+            "        if args.fp16:\n"
+            "            scaler.step(optimizer)\n"
+            "            scaler.update()\n"
+            "        else:\n"
+            "            optimizer.step()\n",
+            unsafe_fixes=True,
+        ),
         Invalid(
             "def train(model, optimizer, loader, scaler):\n"
             "    for step, (x, y) in enumerate(loader):\n"
@@ -254,10 +290,16 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                 continue  # `def _backward(self, loss)`: its callers (elsewhere) may hand it a scaled loss
             for backward in backwards:
                 loss = nodes.code(backward.node.func.value)
+                test = self._only_where(event.node, backward.node, event.subject)
+                if test is False:
+                    yield backward.node, None, {}  # `elif fp16: scaler.step(...)`: scaled on every run, the others' updates change
+                    continue
+                scaled = f"{event.scaler}.scale({loss})" if test is None else f"({event.scaler}.scale({loss}) if {test} else {loss})"
                 replacement = backward.node.with_changes(
-                    func=backward.node.func.with_changes(value=nodes.parse_expression(f"{event.scaler}.scale({loss})", model.module)))
-                yield self._marked_fix(backward, replacement, None, f"Use `{event.scaler}.scale({loss}).backward()`",
-                                  "every update changes: the gradients were never scaled, and scaler.step divides them by the scale")
+                    func=backward.node.func.with_changes(value=nodes.parse_expression(scaled, model.module)))
+                where = "every update changes" if test is None else f"where `{test}`, every update changes"
+                yield self._marked_fix(backward, replacement, None, f"Use `{scaled}.backward()`",
+                                       f"{where}: the gradients were never scaled, and scaler.step divides them by the scale")
         prepared, by_hand = prepared_optimizers(model.module), steps_by_hand(model.module)
         for steps, backward, instead in _framework_steps(model, prepared, by_hand):
             runner = "self" if instead == _MANUAL_BACKWARD else instead.rsplit(".", 1)[0]
@@ -272,6 +314,35 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                 continue
             yield self._marked_fix(backward, nodes.parse_expression(f"{instead}({loss})", model.module), message,
                               f"Use `{instead}({loss})`", _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None]))
+
+    def _only_where(self, step: cst.CSTNode, backward: cst.CSTNode, optimizer: str | None) -> str | None | bool:
+        """The test choosing between the scaler's ``step`` and a plain ``optimizer.step()`` in its
+        other arm (``if fp16: scaler.step(opt) else: opt.step()``: ``fp16``; the scaler's in the
+        ``else:``: ``not fp16``), for the backward to be scaled only where the scaler steps; an
+        ``if`` around them both (an accumulation boundary) is no such test: every micro-batch
+        feeding the scaler's step is scaled. None where the step runs wherever the backward does;
+        False where it runs under another test, or one that cannot be said again at the backward
+        (an ``elif``, a test that calls something, a loop or a function between)."""
+        parent_of = functools.partial(self.get_metadata, ParentNodeProvider, default=None)
+        around, node = set(), backward
+        while node is not None:
+            around.add(id(node))
+            node = parent_of(node)
+        tested = False
+        child, node = step, parent_of(step)
+        while node is not None and id(node) not in around:
+            if isinstance(node, (cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda)):
+                return False
+            if isinstance(node, cst.If) and child is not node.test:
+                tested = True
+                other = node.orelse if child is node.body else node.body
+                if optimizer is not None and _steps_plainly(other, optimizer):
+                    outer = parent_of(node)
+                    if (isinstance(outer, cst.If) and outer.orelse is node) or isinstance(child, cst.If) or not nodes.is_pure(node.test):
+                        return False
+                    return nodes.code(node.test) if child is node.body else _negated(node.test)
+            child, node = node, parent_of(node)
+        return False if tested else None
 
     def _marked_fix(self, backward, replacement: cst.BaseExpression, message: str | None, fix_message: str,
                     why: str) -> tuple[cst.CSTNode, str | None, dict]:
@@ -292,6 +363,19 @@ _WHY_UNSAFE = {
                   "the `gradient_accumulation_steps` the Accelerator is made with",
     None: "in float16 the loss becomes scaled, which changes every update (that is the point)",
 }
+
+
+def _steps_plainly(arm: cst.CSTNode | None, optimizer: str) -> bool:
+    """Whether ``arm`` (an ``if``'s block or ``else:``) calls ``optimizer.step()``."""
+    return arm is not None and any(
+        type(node) is cst.Call and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"
+        and nodes.code(node.func.value) == optimizer for node in descendants(arm, nodes.not_a_definition))
+
+
+def _negated(test: cst.BaseExpression) -> str:
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return nodes.code(test.expression)
+    return f"not {nodes.code(test)}" if isinstance(test, (cst.Name, cst.Attribute)) else f"not ({nodes.code(test)})"
 
 
 def _framework_steps(model, prepared: dict[str, str], by_hand: set[int]):
