@@ -150,8 +150,10 @@ class CrossFilePlanning(Step):
                 self._note_what_cannot_cross(inits, static)
             elif partner is not None or not all(init.inference for init in inits):  # inference alone scales nothing
                 reason = (f"`amp.scale_loss` is in {self._partner_at()}, not in this file: {BOTH}" if partner is not None else
-                          "`amp.scale_loss` is not in this file: the file that scales the loss gets the GradScaler and "
-                          "autocast when it is migrated (migrate both, or neither)")
+                          "no file found with this one scales the loss with `amp.scale_loss`: where one does, it gets the GradScaler "
+                          "and autocast when it is migrated (migrate both, or neither); where none does, apex only cast the forward "
+                          "passes here, or a library handed the model or optimizer scales the loss with apex, which raises once this "
+                          "call is gone")
                 self.draft.unsafe.append(reason)
                 if any(init.level != "O0" for init in inits):
                     self.draft.marked_reasons.append(reason)  # each removed call is marked with what to do
@@ -167,7 +169,14 @@ class CrossFilePlanning(Step):
             InitializePlanning(self.context).plan_initialize_removal(init, with_guard=not marked)  # an `if fp16:` that held only this goes too
             if marked:
                 self.draft.marked_reasons.append(INFERENCE_CAST)  # the marker says what to do
-                self.draft.leave_marker(init.statement, inference_step(init))
+                step = inference_step(init)
+                optimizers = nodes.argument(init.call, 1, "optimizers")
+                if not init.inference and not paired and optimizers is not None:
+                    # nothing migrated with it scales a loss: a library may, with apex (helperbot's `BaseBot`)
+                    step += (f"; where code handed `{' '.join(nodes.code(optimizers.value).split())}` (another file, a library) "
+                             "scales the loss with apex's `amp.scale_loss`, it raises once this call is gone: migrate it too, "
+                             "or keep this call on apex")
+                self.draft.leave_marker(init.statement, step)
 
     def _plan_half(self, init: InitializeSite, model: cst.BaseExpression) -> None:
         """O3 for inference: apex ran the model in float16, so ``model.half()`` keeps the ``.half()``

@@ -78,11 +78,13 @@ class Draft:
     def kind(self, node: cst.CSTNode, code: str, message: str, fix: str) -> None:
         self.kinds[id(node)] = (code, message, fix)
 
-    def unsafe_at(self, node: cst.CSTNode, reason: str) -> None:
+    def unsafe_at(self, node: cst.CSTNode, reason: str, among: int = 2) -> None:
         """Record ``reason`` as being about ``node`` only: the fix there says it; the others say
-        they go with it."""
+        they go with it. ``among``: how many calls like ``node`` the file has; of one alone (an
+        `initialize`'s O2 level) the reason is the whole rewrite's."""
         self.unsafe.append(reason)
-        self.unsafe_sites.setdefault(reason, []).append(node)
+        if among > 1:
+            self.unsafe_sites.setdefault(reason, []).append(node)
 
     def reasons_for(self, fixed: cst.CSTNode, reasons: list[str]) -> str:
         """Why the fix of ``fixed`` is unsafe: the reasons about it or about the whole rewrite,

@@ -100,7 +100,7 @@ class InitializePlanning(Step):
             nodes.is_none(optimizers.value)
             or (isinstance(optimizers.value, (cst.List, cst.Tuple)) and not optimizers.value.elements)
         )
-        level_arg = nodes.argument(call, 3, "opt_level")
+        level_arg, inits = nodes.argument(call, 3, "opt_level"), len(self.sites.calls["initialize"])  # a level's reason: one call's of several
         level: str | None = None if splat and level_arg is None else "O1"
         guard_level = False
         if level_arg is not None:
@@ -136,10 +136,10 @@ class InitializePlanning(Step):
                 self.draft.notes.append(f"{level} as autocast, by the `{ACCEPT_O2}` setting: fp32 weights, no master copies")
                 level = "O1"
             elif level == "O2" and has_optimizers:  # the project may accept it: the reason says how
-                self.draft.unsafe.append("O2 keeps fp16 weights with fp32 master copies, where native autocast keeps fp32 weights, "
-                                         f"like O1 (`{ACCEPT_O2} = true` in [tool.ampmigrate.settings] accepts that)")
+                self.draft.unsafe_at(call, "O2 keeps fp16 weights with fp32 master copies, where native autocast keeps fp32 weights, "
+                                     f"like O1 (`{ACCEPT_O2} = true` in [tool.ampmigrate.settings] accepts that)", among=inits)
             elif level == "O3" and has_optimizers:  # readied for inference: `.half()`, or a marker, says why
-                self.draft.unsafe.append("O3 keeps fp16 weights, where native autocast keeps fp32 weights, like O1")
+                self.draft.unsafe_at(call, "O3 keeps fp16 weights, where native autocast keeps fp32 weights, like O1", among=inits)
         enabled_arg = nodes.argument(call, 2, "enabled")
         enabled = enabled_arg.value if enabled_arg is not None else None
         if isinstance(enabled, cst.Name) and enabled.value == "True":
@@ -227,9 +227,7 @@ class InitializePlanning(Step):
         """Where the project sets the option ``args.amp_level`` reads to a level not kept exactly
         (``configs/config.py:229: O2``), when the file gives it no default of its own; a command
         line the project ships (``scripts/train.sh:4: O2``) overrides that default too."""
-        if not isinstance(expression, cst.Attribute):
-            return None
-        place = self.context.levels_elsewhere.get(expression.attr.value)
+        place = self.context.levels_elsewhere.get(expression.attr.value) if isinstance(expression, cst.Attribute) else None
         if place is None or place.rsplit(": ", 1)[-1] in self.exact_levels:
             return None
         return place if expression.attr.value not in self.tree.defaults or on_a_command_line(place) else None

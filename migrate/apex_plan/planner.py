@@ -491,7 +491,9 @@ class Planner:
         # scaler hoisted before its flag's test), then the scaled backward passes
         setups = [self._setup_anchor(statement) for statement in map(self.tree.statement, self.sites.calls["initialize"] + self.sites.legacy_handles)]
         anchors = setups + [scale.statement for scale in scales]
-        anchor = next((statement for statement in anchors if id(statement) in self.draft.replacements), None)
+        placed = [statement for statement in anchors if id(statement) in self.draft.replacements]
+        sited = [site for reason in reasons for site in self.draft.unsafe_sites.get(reason, [])]  # one call's reason: at its line
+        anchor = next((a for a in placed if any(self.tree.inside(site, a) for site in sited)), placed[0] if placed else None)
         if anchor is not None:
             self.draft.leave_marker(anchor, "review, this rewrite is unsafe: " + "; ".join(reasons))
 

@@ -47,7 +47,10 @@ class AmpDisableCasts(ApexRename):
             "from apex import amp\n\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O2')\n"
             "with amp.disable_casts():\n    y = model(x.float())\n",
             "import torch\n\n# TODO(ampmigrate): apex O2 ran `model` in float16, weights and inputs: call `.half()`\n"
-            '#   on both, or run it under torch.autocast("cuda", dtype=torch.float16)\n'
+            '#   on both, or run it under torch.autocast("cuda", dtype=torch.float16); where code\n'
+            "#   handed `optimizer` (another file, a library) scales the loss with apex's\n"
+            "#   `amp.scale_loss`, it raises once this call is gone: migrate it too, or keep this\n"
+            "#   call on apex\n"
             "# TODO(ampmigrate): review, this rewrite is unsafe: O2 keeps fp16 weights with fp32\n"
             "#   master copies, where native autocast keeps fp32 weights, like O1 (`o2-as-autocast =\n"
             "#   true` in [tool.ampmigrate.settings] accepts that)\n"

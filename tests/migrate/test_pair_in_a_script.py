@@ -151,7 +151,7 @@ def test_a_package_name_that_is_not_re_exported_pairs_nothing(tmp_path):
     root = _package_project(tmp_path / "p", "from utils import make_batches", "make_batches", RE_EXPORTS[0])
     results = _by_name(migrate_paths([root]))
     assert not results["train.py"].changed and not results["loop.py"].changed
-    assert "not in this file" in _reasons(results["train.py"])
+    assert "no file found with this one scales the loss" in _reasons(results["train.py"])
 
 
 @pytest.mark.slow
