@@ -16,7 +16,6 @@ from migrate.rules._frameworks import precision_without_scaler, prepared_optimiz
 from migrate.step_model import Backward, Kind
 from migrate.step_model import vocabulary as words
 from migrate.step_model.shapes import parameters_of
-from migrate.tree_walk import descendants
 from migrate.types import FixSafety, Safety
 
 
@@ -290,7 +289,8 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
                 continue  # `def _backward(self, loss)`: its callers (elsewhere) may hand it a scaled loss
             for backward in backwards:
                 loss = nodes.code(backward.node.func.value)
-                test = self._only_where(event.node, backward.node, event.subject)
+                plain = [step.node for step in model.all_events(Kind.STEP) if step.subject == event.subject and not step.inlined()]
+                test = self._only_where(event.node, backward.node, plain)
                 if test is False:
                     yield backward.node, None, {}  # `elif fp16: scaler.step(...)`: scaled on every run, the others' updates change
                     continue
@@ -315,7 +315,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             yield self._marked_fix(backward, nodes.parse_expression(f"{instead}({loss})", model.module), message,
                               f"Use `{instead}({loss})`", _WHY_UNSAFE.get(framework, _WHY_UNSAFE[None]))
 
-    def _only_where(self, step: cst.CSTNode, backward: cst.CSTNode, optimizer: str | None) -> str | None | bool:
+    def _only_where(self, step: cst.CSTNode, backward: cst.CSTNode, plain: list[cst.CSTNode]) -> str | None | bool:
         """The test choosing between the scaler's ``step`` and a plain ``optimizer.step()`` in its
         other arm (``if fp16: scaler.step(opt) else: opt.step()``: ``fp16``; the scaler's in the
         ``else:``: ``not fp16``), for the backward to be scaled only where the scaler steps; an
@@ -324,10 +324,15 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
         False where it runs under another test, or one that cannot be said again at the backward
         (an ``elif``, a test that calls something, a loop or a function between)."""
         parent_of = functools.partial(self.get_metadata, ParentNodeProvider, default=None)
-        around, node = set(), backward
-        while node is not None:
-            around.add(id(node))
-            node = parent_of(node)
+
+        def ancestors(node: cst.CSTNode | None) -> set[int]:
+            found = set()
+            while node is not None:
+                found.add(id(node))
+                node = parent_of(node)
+            return found
+
+        around, plain_in = ancestors(backward), set().union(*map(ancestors, plain))  # the plain steps' blocks
         tested = False
         child, node = step, parent_of(step)
         while node is not None and id(node) not in around:
@@ -336,7 +341,7 @@ class UnscaledBackwardBeforeScalerStep(TrainingStepRule):
             if isinstance(node, cst.If) and child is not node.test:
                 tested = True
                 other = node.orelse if child is node.body else node.body
-                if optimizer is not None and _steps_plainly(other, optimizer):
+                if other is not None and id(other) in plain_in:
                     outer = parent_of(node)
                     if (isinstance(outer, cst.If) and outer.orelse is node) or isinstance(child, cst.If) or not nodes.is_pure(node.test):
                         return False
@@ -363,13 +368,6 @@ _WHY_UNSAFE = {
                   "the `gradient_accumulation_steps` the Accelerator is made with",
     None: "in float16 the loss becomes scaled, which changes every update (that is the point)",
 }
-
-
-def _steps_plainly(arm: cst.CSTNode | None, optimizer: str) -> bool:
-    """Whether ``arm`` (an ``if``'s block or ``else:``) calls ``optimizer.step()``."""
-    return arm is not None and any(
-        type(node) is cst.Call and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"
-        and nodes.code(node.func.value) == optimizer for node in descendants(arm, nodes.not_a_definition))
 
 
 def _negated(test: cst.BaseExpression) -> str:
