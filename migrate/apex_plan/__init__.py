@@ -67,7 +67,8 @@ dependence: no import cycle):
   ``self.x`` that another method sets by a forward pass: once every region is planned, that
   method's forward passes under an autocast of their own, unless each call of it is in one), ``inference_tail`` (an O1 ``initialize`` for
   inference, or the unused legacy ``amp.init()`` handle of a script with nothing else of apex amp:
-  the lines after it under autocast; ``unused_optimizers``: an ``initialize`` given optimizers
+  the lines after it under autocast, or, where it ends one arm of ``if args.do_train:``, the arms
+  of a later ``if`` on that test that run on its way; ``unused_optimizers``: an ``initialize`` given optimizers
   nothing uses after it, which readied its models for inference only), ``detached_forwards`` (passes without gradients
   in the training loop under autocast too, evaluations whose result steers it, ``steering``, and
   those fed float16 tensors, ``half_inputs``; a method of the class running its model whose result a

@@ -266,8 +266,9 @@ class DetachedForwardPlanning(Step):
                      for node in descendants(statement.body[0].value, nodes.not_a_definition)
                      ) or self.tree.calls_model(statement, models, self.sites.ids)  # `self.evaluate(val_data)`
         # not a training step of its own (`loss = train_step(model, batch)`): a step inside an outer region
-        # would leave autocast's cached float16 weights stale for the passes after it
-        return handed and self._wrappable(statement) and not trains(self.tree, statement, models) and steers_training(
+        # would leave autocast's cached float16 weights stale for the passes after it (an evaluation's
+        # own region, in a native-mode arm, updates nothing: it nests)
+        return handed and self._wrappable(statement) and not trains(self.tree, statement, models, own_regions=False) and steers_training(
             loop, assigned_names(statement), self.tree.per_scope(("objects",), lambda: objects_of(self.tree.module)))
 
     def _plain_pass(self, body: list[cst.BaseStatement], index: int, models: set[str],

@@ -14,27 +14,34 @@ from migrate.apex_plan.autocast import AutocastPlanning
 from migrate.apex_plan.context import Step
 from migrate.apex_plan.hidden_readers import helpers_reached
 from migrate.apex_plan.initialize import InitializePlanning
+from migrate.apex_plan.loss_slice import calls_model as passes_through_model
 from migrate.apex_plan.syntax import SUSPENDS, assigned_names, backward_calls, calls, contains, defines, read_names, reads_any
+from migrate.step_model.vocabulary import moves_only
 from migrate.apex_plan.tree import FileTree
 from migrate.apex_plan.unused_optimizers import optimizers_unused
 from migrate.apex_plan.vocabulary import INITIALIZE, InitializeSite, as_bool, conjunction, operand
 from migrate.tree_walk import descendants
 
 # What an inference `initialize` leaves for autocast: the statement it goes with, the lines after
-# it, and the region's `enabled` argument.
+# it (one region), or the arms that run on its way only (a region each), and the regions' `enabled`.
 Tail = tuple[cst.CSTNode, list[cst.BaseStatement], str]
+ArmsTail = tuple[cst.CSTNode, list[list[cst.BaseStatement]], str]
 
 _TRAINING_CALLS = frozenset({"step", "scale_loss", "autocast"})
 _TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
 # what a script may still call once its main function returned: none computes with tensors
 _IDLE_CALLS = frozenset({"empty_cache", "synchronize", "destroy_process_group", "barrier", "print", "exit"})
+# what a line run on every way may call after an inference `initialize` in one arm: it readies the
+# model or reports, and computes nothing apex's casts reach
+_READYING_CALLS = frozenset({"DataParallel", "DistributedDataParallel", "device_count", "is_available", "get_rank",
+                             "get_world_size", "info", "warning", "debug", "len", "str", "int", "format", "device"})
 
 
 class InferenceTailPlanning(Step):
     """It reads the ``FileTree``, the classified sites and the frozen ``Setup``, and writes to the
     ``Draft`` (the region through ``AutocastPlanning``'s own steps)."""
 
-    def inference_tail(self, init: InitializeSite, imported_elsewhere: frozenset[str] = frozenset()) -> Tail | None:
+    def inference_tail(self, init: InitializeSite, imported_elsewhere: frozenset[str] = frozenset()) -> Tail | ArmsTail | None:
         """Where ``init`` readies models for inference at O1 and only the lines after it, to the end
         of its function, run after it: apex cast every op from there on, as autocast around those
         lines does (``else: model = amp.initialize(model, opt_level="O1")``, then the evaluation).
@@ -64,15 +71,20 @@ class InferenceTailPlanning(Step):
         enabled = f", enabled={conjunction(tests)}" if tests else ""
         body = list(block.body)
         rest = body[body.index(anchor) + 1 :]
-        training = next((index for index, statement in enumerate(rest) if trains(self.tree, statement, init.model_codes)), None)
+        if not rest:
+            arms = self._arms_on_its_way(block, init.model_codes, read_names(init.level_expression) if level_on else set())
+            return (anchor, arms, enabled) if arms and not (enabled and anchor is not init.statement and self.tree.changes_its_test(
+                anchor, [s for arm in arms for s in arm])) else None
+        holders = holders_of(self.tree, rest, init.model_codes)
+        training = next((index for index, statement in enumerate(rest) if trains(self.tree, statement, init.model_codes, holders)), None)
         if training is not None:
             # `train(args, model)` after the evaluation: its own regions, nested in this one, would
             # keep autocast's cast weights from one step to the next (cleared where the outermost
             # region exits); the region stops before it, where nothing after it runs the model
-            if any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest[training + 1:]):
+            if any(self._runs_model(s, init.model_codes) for s in rest[training + 1:]):
                 return None
             rest = rest[:training]
-        if not any(self.tree.calls_model(s, init.model_codes, self.sites.ids) for s in rest):
+        if not any(self._runs_model(s, init.model_codes) for s in rest):
             return None
         if any(defines(s) or contains(s, SUSPENDS) for s in rest):
             return None
@@ -83,6 +95,73 @@ class InferenceTailPlanning(Step):
             return None  # the flag, or the level, may differ by the time the lines after it run
         return (anchor, rest, enabled) if self._runs_last(block) else None
 
+    def _runs_model(self, statement: cst.CSTNode, models: set[str]) -> bool:
+        """Whether ``statement`` runs one of ``models``: a call of it or of what it is handed to, or
+        of one of its methods that computes (``model.encode_q(ids, mask)``), also in the file's helpers."""
+        return self.tree.calls_model(statement, models, self.sites.ids) or any(
+            passes_through_model(each, models) for each in [statement, *helpers_reached(self.tree, statement, frozenset())])
+
+    def _arms_on_its_way(self, arm: cst.IndentedBlock, models: set[str], level: set[str]) -> list[list[cst.BaseStatement]] | None:
+        """Where ``arm``, ending with the inference ``initialize``, is an arm of ``if flag: ... else:
+        ...`` (``if args.do_train:`` readies for training, ``else:`` for inference) and the lines after
+        that ``if``, to the end of the function, run the model only in the arms of a later ``if`` on
+        the same test that run on this way (``if args.do_train: train ... elif args.do_predict:
+        predict(model)``): those arms, each a region. Every other line after it only readies the
+        model or reports (``model = torch.nn.DataParallel(model)``), and nothing after it changes the
+        flag or the level."""
+        owner = self.tree.parent.get(id(arm))
+        branch = self.tree.parent.get(id(owner)) if isinstance(owner, cst.Else) else owner
+        if not isinstance(branch, cst.If) or not nodes.is_pure(branch.test) or (owner is branch and branch.body is not arm):
+            return None
+        block = self.tree.parent.get(id(branch))
+        if not isinstance(block, (cst.IndentedBlock, cst.Module)) or not self._runs_last(block):
+            return None  # an `elif`, or a block that runs again
+        holds = owner is branch  # the flag's value on this way
+        if not holds and not isinstance(branch.orelse, cst.Else):
+            return None
+        body = list(block.body)
+        after = body[body.index(branch) + 1 :]
+        flags = read_names(branch.test) | level
+        holders = holders_of(self.tree, after, models)
+        arms: list[list[cst.BaseStatement]] = []
+        for statement in after:
+            if defines(statement) or contains(statement, SUSPENDS) or flags & assigned_names(statement) or self._returns_models(statement, models):
+                return None
+            if isinstance(statement, cst.If) and nodes.code(statement.test) == nodes.code(branch.test):
+                run = self._arms_run(statement, holds)
+                if run is None:
+                    return None
+                arms += run
+            elif not self._readies(statement, models) or trains(self.tree, statement, models, holders):
+                return None  # it may compute where apex cast it, outside the regions
+        arms = [arm for arm in arms if arm]
+        if not any(self._runs_model(s, models) for arm in arms for s in arm) or any(
+                trains(self.tree, s, models, holders) or self._returns_models(s, models) for arm in arms for s in arm):
+            return None
+        return arms
+
+    def _arms_run(self, branch: cst.If, holds: bool) -> list[list[cst.BaseStatement]] | None:
+        """The bodies of ``branch``'s arms that may run where its test ``holds`` (or not): its own
+        body, or each arm of its ``elif``/``else`` chain (whose tests read the same each time)."""
+        if holds:
+            return [list(branch.body.body)]
+        found: list[list[cst.BaseStatement]] = []
+        rest = branch.orelse
+        while isinstance(rest, cst.If):
+            if not nodes.is_pure(rest.test):
+                return None  # a test that computes would run outside the regions
+            found.append(list(rest.body.body))
+            rest = rest.orelse
+        if isinstance(rest, cst.Else):
+            found.append(list(rest.body.body))
+        return found
+
+    def _readies(self, statement: cst.CSTNode, models: set[str]) -> bool:
+        """Whether ``statement`` only wraps or moves the model and reports (``if n_gpu > 1: model =
+        torch.nn.DataParallel(model)``, ``model.to(device)``, ``logger.info(...)``): none of its calls computes."""
+        return all(moves_only(call) or nodes.call_name(call) in _READYING_CALLS | _IDLE_CALLS
+                   for call in calls(statement, lambda name: True)) and not passes_through_model(statement, models)
+
     def _level_on(self, init: InitializeSite) -> str | None:
         """The test under which ``init``'s level is O1: "" where it is O1 as written, ``level !=
         "O0"`` where it is known at run time and can be only O0 or O1; None where it can be
@@ -90,8 +169,8 @@ class InferenceTailPlanning(Step):
         if init.level_expression is None:
             return "" if init.level == "O1" else None
         possible = InitializePlanning(self.context).possible_levels(init.level_expression)
-        if possible is None or "O1" not in possible or not possible <= {"O0", "O1"}:
-            return None
+        if not init.guard_level and (possible is None or "O1" not in possible or not possible <= {"O0", "O1"}):
+            return None  # a guarded level stops O2/O3 at run time (`run_time_checks`), as for training
         return f'{operand(init.level_expression)} != "O0"'
 
     def _callers_drop_models(self, rest: list[cst.BaseStatement], models: set[str], imported_elsewhere: frozenset[str]) -> bool:
@@ -197,17 +276,31 @@ class InferenceTailPlanning(Step):
             if type(node) is cst.Return
         )
 
-    def plan_inference_tail(self, init: InitializeSite, tail: Tail) -> None:
+    def plan_inference_tail(self, init: InitializeSite, tail: Tail | ArmsTail) -> None:
         """The lines after ``init`` (or after the ``if flag:`` whose arm it ends) go under autocast;
         the call goes (its models are the ones passed in, as under O1)."""
         anchor, rest, enabled = tail
         placed = nodes.parse_statements(init.restore + "\n", self.tree.module) if init.restore else []
+        checks = InitializePlanning(self.context).run_time_checks(init, anchor if anchor is not init.statement else None)
+        placed += nodes.parse_statements("\n".join(checks) + "\n", self.tree.module) if checks else []
         if anchor is not init.statement:  # the `if` keeps what else it holds
             kept = [statement for statement in anchor.body.body if statement is not init.statement]
             if kept or anchor.orelse is not None:
                 placed.insert(0, anchor.with_changes(body=anchor.body.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])])))
-        self._under_autocast(anchor, placed, rest, enabled, "`amp.initialize` readies the models for inference under apex's casts",
-                             "what runs after `amp.initialize` ran under apex's casts")
+        message, moved = "`amp.initialize` readies the models for inference under apex's casts", "what runs after `amp.initialize` ran under apex's casts"
+        if rest and isinstance(rest[0], list):  # the arms that run on its way, a region each
+            arm_of_anchor = list(self.tree.parent[id(anchor)].body)
+            self.draft.replace(anchor, cst.FlattenSentinel(placed) if placed else cst.RemoveFromParent() if len(arm_of_anchor) > 1
+                               else nodes.with_leading(cst.SimpleStatementLine([cst.Pass()]), anchor))
+            self.draft.kind(anchor, INITIALIZE, message, "Run the arms that run after it on its way under `torch.autocast`: apex cast every op from there on")
+            regions = AutocastPlanning(self.context)
+            for arm in rest:
+                self.draft.replace(arm[0], cst.FlattenSentinel([regions.under_autocast(arm, enabled)]))
+                self.draft.kind(arm[0], INITIALIZE, moved, "Moved under `torch.autocast`")
+                regions.move_into_region(arm[1:], moved)
+                self.draft.regions.add(id(arm[0]))
+            return
+        self._under_autocast(anchor, placed, rest, enabled, message, moved)
 
     def plan_handle_tail(self, tail: Tail) -> None:
         """The legacy handle's statement goes, and the lines after it go under autocast."""
@@ -230,14 +323,34 @@ class InferenceTailPlanning(Step):
         regions.move_into_region(rest, moved)
 
 
-def trains(tree: FileTree, statement: cst.CSTNode, models: set[str]) -> bool:
+def trains(tree: FileTree, statement: cst.CSTNode, models: set[str], holders: frozenset[str] = frozenset(), own_regions: bool = True) -> bool:
     """Whether ``statement``, or a function of the file it reaches, runs a backward pass, steps,
     scales a loss or enters an autocast region of its own; or hands one of ``models`` to a
-    function not of the file that is named for training (``fit(model, loader)``, ``run_training(model)``)."""
+    function not of the file that is named for training (``fit(model, loader)``, ``run_training(model)``),
+    or calls such a method of what was made from one (``Bot(model, optimizer).train()``; of
+    ``holders``, the names bound to such objects: ``bot = Bot(model, optimizer)``, ``bot.train()``).
+    ``own_regions``: whether a region of its own counts (not for an evaluation, which updates no
+    weight inside an outer region: ``with torch.cuda.amp.autocast():`` in its native-mode arm)."""
     reached = [statement, *helpers_reached(tree, statement, frozenset())]
-    return any(backward_calls(each) or calls(each, lambda name: name in _TRAINING_CALLS) for each in reached) or any(
+    training_calls = _TRAINING_CALLS if own_regions else _TRAINING_CALLS - {"autocast"}
+    return any(backward_calls(each) or calls(each, lambda name: name in training_calls) for each in reached) or any(
         tree.helper(call) is None and _TRAINING_NAME.search(nodes.code(call.func).rsplit(".", 1)[-1])
-        and any(nodes.code(arg.value) in models for arg in call.args) for call in calls(statement, lambda name: True))
+        and (any(nodes.code(arg.value) in models for arg in call.args) or isinstance(call.func, cst.Attribute) and (
+            nodes.code(call.func.value) in holders or isinstance(call.func.value, cst.Call) and bool(read_names(call.func.value) & models)))
+        for call in calls(statement, lambda name: True))
+
+
+def holders_of(tree: FileTree, statements: list[cst.BaseStatement], models: set[str]) -> frozenset[str]:
+    """The names ``statements`` bind to what a call not of the file made from one of ``models``
+    (``bot = Bot(model, optimizer)``), but for the model's own wrappers and moves."""
+    found = set()
+    for statement in statements:
+        for node in descendants(statement, nodes.not_a_definition):
+            if (type(node) is cst.Assign and isinstance(node.value, cst.Call) and tree.helper(node.value) is None
+                    and not moves_only(node.value) and nodes.call_name(node.value) not in _READYING_CALLS
+                    and any(nodes.code(arg.value) in models for arg in node.value.args)):
+                found.update(nodes.code(target.target) for target in node.targets)
+    return frozenset(found - models)
 
 
 def _idle(statement: cst.CSTNode) -> bool:

@@ -267,7 +267,7 @@ class InitializePlanning(Step):
         if not self.setup.o0:
             if self.setup.scope == "global" and not reinitialize:
                 lines.append(f"global {self.setup.scaler}")
-            lines += [] if reinitialize else self._run_time_checks(init, hoist)
+            lines += [] if reinitialize else self.run_time_checks(init, hoist)
             enabled = self._enabled_expression(init, hoist)
             # made before `hoist`, an option read at run time is read where the flag holds, as apex read it
             arguments = init.scaler_args if hoist is None else read_where(init.scaler_args, conjunction(self._flags(init, hoist)))
@@ -337,7 +337,7 @@ class InitializePlanning(Step):
                 return pinned
         return None
 
-    def _run_time_checks(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
+    def run_time_checks(self, init: InitializeSite, hoist: cst.If | None) -> list[str]:
         """Lines stopping a run that the rewrite would not reproduce: a computed O2/O3 opt level.
         O0/O1 are exact, whatever their loss scale, so nothing else stops."""
         if not init.guard_level or self._pinned_level(init, hoist) is not None:

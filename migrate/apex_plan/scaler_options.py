@@ -23,8 +23,9 @@ class ScalerOptions(NamedTuple):
 def scaler_options(call: cst.Call, o0_or_o1: bool) -> ScalerOptions:
     """GradScaler's arguments for apex's options; an option with no native form makes it unsafe.
 
-    Dropping one is safe where it changes nothing: ``max_loss_scale`` of 2**24 or more (apex's
-    default cap; GradScaler has none) or beside a static scale (which never grows), and, for
+    Dropping one is taken as safe: ``max_loss_scale`` of 2**24 or more (apex's default cap;
+    GradScaler has none, so it grows past it and may skip a step apex took, one in 2,000 where the
+    largest gradient stays just under apex's overflow; docs/codemod.md says so) or beside a static scale (which never grows), and, for
     O0/O1, the options apex only applies under O2/O3 (under O1 it refuses them outright). A
     lower cap, or a floor (``min_loss_scale``), given as a number bounds a dynamic scale: each
     ``update()`` is followed by one putting the scale back within it (``ScaleBounds``); below

@@ -2,6 +2,7 @@
 (float16 autocast as bfloat16): they must print the same lines."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ def printed_alike(tmp_path: Path, source: str, name: str, argv: list[str]) -> st
     migrated = tmp_path / "migrated" / name
     migrated.parent.mkdir()
     migrated.write_text(migrate_source(source, name).new_source)
-    assert "apex" not in migrated.read_text(), migrated.read_text()
+    # free of apex: no import of it (a run-time check's message may name it)
+    assert not re.search(r"^\s*(from apex\b|import apex\b)|(?<![.\w])amp\.", migrated.read_text(), re.MULTILINE), migrated.read_text()
     expected = printed(original, *argv)
     assert expected == printed(migrated, *argv)
     return expected

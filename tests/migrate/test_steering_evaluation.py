@@ -290,3 +290,43 @@ def test_a_script_s_own_epoch_loop_around_the_training_function_steers_too():
     new = migrate_source(source, "train.py").new_source
     assert "apex" not in new, new
     assert new.partition("val_loss, _ = validate(net, val_batches)")[0].rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
+
+
+# the evaluation's own autocast, in an arm for the native mode the script also has
+OWN_REGIONS = {
+    "torch.cuda.amp": "with torch.cuda.amp.autocast():",
+    "torch.autocast": 'with torch.autocast("cuda", dtype=torch.float16):',
+    "imported": "with autocast(enabled=True):",
+}
+
+
+def _with_native_arm(source: str, region: str) -> str:
+    native = ("def validate(model, batches, native=False):\n    model.eval()\n    with torch.no_grad():\n        if native:\n"
+              f"            {region}\n                total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)\n"
+              "        else:\n            total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)\n")
+    plain = ("def validate(model, batches):\n    model.eval()\n    with torch.no_grad():\n"
+             "        total = sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in batches)\n")
+    assert plain in source
+    head = "from torch.cuda.amp import autocast\n" if region.startswith("with autocast") else ""
+    return source.replace(plain, native).replace("from apex import amp\n", "from apex import amp\n" + head)
+
+
+@pytest.mark.parametrize("region", sorted(OWN_REGIONS))
+@pytest.mark.parametrize("steers", ["plateau", "early stop"])
+def test_an_evaluation_with_its_own_region_in_a_native_arm_still_steers_under_autocast(region, steers):
+    """``validate()`` holding ``with torch.cuda.amp.autocast():`` in the arm of a native mode the
+    apex run never takes (an image-classification trainer's ``basic_validate``): on the apex way it
+    computes in float32 unless the call goes under autocast, and its result decays the learning
+    rate. Its own region updates no weight, so the outer region may hold it."""
+    source = _with_native_arm(_script(steers=steers), OWN_REGIONS[region])
+    compile(source, "train.py", "exec")
+    new = migrate_source(source, "train.py").new_source
+    assert "from apex" not in new and "TODO(ampmigrate)" not in new, new
+    head, _, tail = new.partition(CALLS["pair"][0])
+    assert tail and head.rstrip().endswith('with torch.autocast("cuda", dtype=torch.float16):'), new
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_evaluation_with_a_native_arm_decays_as_apex_did(tmp_path):
+    expected = printed_alike(tmp_path, _with_native_arm(_script(), OWN_REGIONS["torch.cuda.amp"]), "train.py", [])
+    assert expected.count("\n") >= 1, expected
